@@ -1,1 +1,23 @@
-//! placeholder
+//! pdwarden's orchestrator: it knows the PD pairs, runs ordered co-restarts
+//! gated on real generation readiness, judges them, and journals everything.
+//!
+//! Layout:
+//! - [`config`]: the static TOML (pairs, budgets, timeouts).
+//! - [`fleet`]: connected agents, their facts, command delivery (`AgentLink`).
+//! - [`corestart`]: the co-restart state machine (evidence gathering).
+//! - [`verdict`]: pure judgement of that evidence, unit-tested with the
+//!   incidents' numbers.
+//! - [`journal`]: the SQLite journal of operations.
+//! - [`report`]: the operation report (`--json`) and its terminal rendering.
+//! - [`server`]: the gRPC edge and `serve(listener, config, shutdown)`.
+//!
+//! The binaries `pdwarden-orchestrator` (the daemon) and `pdwarden` (the CLI)
+//! are thin wrappers over this library.
+
+pub mod config;
+pub mod corestart;
+pub mod fleet;
+pub mod journal;
+pub mod report;
+pub mod server;
+pub mod verdict;

@@ -1,1 +1,45 @@
-fn main() {}
+//! `pdwarden-orchestrator --config PATH`: parses flags, binds, and runs the
+//! library's server until SIGTERM or Ctrl-C.
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Parser;
+use pdwarden_orchestrator::config::OrchestratorConfig;
+
+#[derive(Parser)]
+#[command(
+    version,
+    about = "pdwarden orchestrator: knows the PD pairs and runs their operations"
+)]
+struct Args {
+    /// Orchestrator TOML config.
+    #[arg(long)]
+    config: PathBuf,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let config = OrchestratorConfig::load(&args.config)?;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {} (field `listen`)", config.listen))?;
+    tracing::info!(addr = %listener.local_addr()?, "orchestrator listening");
+    let shutdown = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("install SIGTERM handler");
+        tokio::select! {
+            _ = term.recv() => {},
+            _ = tokio::signal::ctrl_c() => {},
+        }
+        tracing::info!("shutting down");
+    };
+    pdwarden_orchestrator::server::serve(listener, config, shutdown).await?;
+    Ok(())
+}

@@ -1,0 +1,750 @@
+//! The ordered co-restart of a PD pair: prefill, then decode, then router,
+//! each gated on real generation readiness, then end-to-end probes.
+//!
+//! Why this order (INCIDENTS row 1): decode bootstraps its KV-transfer link to
+//! prefill when it starts, and the router discovers both. A decode started
+//! against a prefill that is not yet generating, or a prefill restarted under
+//! a running decode, leaves the transfer path broken while every health check
+//! says 200. So each step waits for `generating` — not for health 200 — before
+//! the next one begins, and only a probe through the router, which crosses the
+//! new prefill→decode link, counts as proof that the pair works.
+//!
+//! The workflow is an explicit state machine ([`CoRestartStep`]); each
+//! transition is journaled before the commands of that step are sent, and
+//! every phase event and probe is journaled as it arrives. The verdict comes
+//! from the pure [`crate::verdict`] module; this module only gathers evidence.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::join_all;
+use pdwarden_proto::v1::{
+    ChatProbe, Command, OperationStarted, OperationUpdate, Phase, ProbeOutcome, ProbeRequest,
+    ProbeSample, ReadinessSpec, StartUnit, StepUpdate, TimelineEntry, command, operation_update,
+};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::config::{DecodeStartPolicy, PairConfig, UnitRef};
+use crate::fleet::{AgentReport, Fleet, phase_name};
+use crate::journal::Journal;
+use crate::report::{OperationReport, ProbeRecord, StepRecord, TimelineRecord};
+use crate::verdict::{
+    ColdAllowance, ProbeObservation, ProbePolicy, ReadinessPhase, UnitStartup, judge,
+};
+
+/// Slack the orchestrator adds to an agent-side deadline before it gives up on
+/// hearing from the agent at all.
+const AGENT_SILENCE_SLACK: Duration = Duration::from_secs(10);
+
+/// The steps of a co-restart, in order. Each is journaled on entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CoRestartStep {
+    /// The operation exists in the journal; nothing has been sent.
+    Started,
+    /// Prefill restart sent; waiting for every prefill to generate. With the
+    /// `overlap` policy decode is started here too, once prefill has spawned.
+    RestartingPrefill,
+    /// Decode restart sent (or already running under `overlap`); waiting for
+    /// every decode to generate.
+    RestartingDecode,
+    /// Router restart sent; waiting for a generation through it.
+    RestartingRouter,
+    /// End-to-end probes through the router.
+    Probing,
+    /// The verdict is recorded.
+    Concluded,
+}
+
+impl CoRestartStep {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Started => "started",
+            Self::RestartingPrefill => "restarting_prefill",
+            Self::RestartingDecode => "restarting_decode",
+            Self::RestartingRouter => "restarting_router",
+            Self::Probing => "probing",
+            Self::Concluded => "concluded",
+        }
+    }
+}
+
+/// Collects the operation's evidence, journals it and streams it live.
+struct Recorder {
+    operation_id: String,
+    start: Instant,
+    journal: Arc<Journal>,
+    updates: mpsc::UnboundedSender<OperationUpdate>,
+    state: Mutex<RecordedEvidence>,
+}
+
+#[derive(Default)]
+struct RecordedEvidence {
+    steps: Vec<StepRecord>,
+    timeline: Vec<TimelineRecord>,
+    probes: Vec<ProbeRecord>,
+}
+
+impl Recorder {
+    fn now_ms(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, RecordedEvidence> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn send(&self, kind: operation_update::Kind) {
+        // The CLI may have gone away; the operation carries on regardless.
+        let _ = self.updates.send(OperationUpdate { kind: Some(kind) });
+    }
+
+    fn journal_entry(&self, at_ms: u64, kind: &str, payload: &impl serde::Serialize) {
+        if let Err(e) = self
+            .journal
+            .append(&self.operation_id, at_ms, kind, payload)
+        {
+            tracing::error!(operation = %self.operation_id, error = %e, "journal append failed");
+        }
+    }
+
+    fn transition(&self, step: CoRestartStep) -> Result<(), crate::journal::JournalError> {
+        self.journal
+            .transition(&self.operation_id, self.now_ms(), step.as_str())
+    }
+
+    fn step_started(&self, name: &str, unit: &str) -> usize {
+        let rec = StepRecord {
+            name: name.into(),
+            unit: unit.into(),
+            started_ms: self.now_ms(),
+            ended_ms: None,
+            outcome: "running".into(),
+        };
+        self.journal_entry(rec.started_ms, "step", &rec);
+        self.send(operation_update::Kind::Step(step_update(&rec)));
+        let mut st = self.lock();
+        st.steps.push(rec);
+        st.steps.len() - 1
+    }
+
+    fn step_ended(&self, idx: usize, outcome: String) {
+        let now = self.now_ms();
+        let rec = {
+            let mut st = self.lock();
+            let s = &mut st.steps[idx];
+            s.ended_ms = Some(now);
+            s.outcome = outcome;
+            s.clone()
+        };
+        self.journal_entry(now, "step", &rec);
+        self.send(operation_update::Kind::Step(step_update(&rec)));
+    }
+
+    fn phase(&self, rec: TimelineRecord) {
+        self.journal_entry(rec.at_ms, "phase", &rec);
+        self.send(operation_update::Kind::Phase(TimelineEntry {
+            unit: rec.unit.clone(),
+            role: rec.role.clone(),
+            phase: rec.phase.clone(),
+            at_ms: rec.at_ms,
+            detail: rec.detail.clone(),
+        }));
+        self.lock().timeline.push(rec);
+    }
+
+    fn probe(&self, rec: ProbeRecord) {
+        self.journal_entry(self.now_ms(), "probe", &rec);
+        self.send(operation_update::Kind::Probe(ProbeSample {
+            target: rec.target.clone(),
+            seq: rec.seq,
+            latency_ms: rec.latency_ms,
+            tokens: rec.tokens,
+            outcome: rec.outcome.clone(),
+            error: rec.error.clone(),
+        }));
+        self.lock().probes.push(rec);
+    }
+}
+
+fn step_update(s: &StepRecord) -> StepUpdate {
+    StepUpdate {
+        name: s.name.clone(),
+        unit: s.unit.clone(),
+        started_ms: s.started_ms,
+        ended_ms: s.ended_ms,
+        outcome: s.outcome.clone(),
+    }
+}
+
+/// One unit's start within the operation, and what has been heard of it.
+struct UnitStart {
+    unit: UnitRef,
+    role: &'static str,
+    command_id: String,
+    /// When the start command was sent, in operation ms. Agent times are
+    /// relative to receipt of the command (DESIGN.md 5); on one host the
+    /// transit is negligible, across hosts it is the one-way delay.
+    sent_at_ms: u64,
+    step_idx: usize,
+    rx: Option<mpsc::UnboundedReceiver<AgentReport>>,
+    deadline: Instant,
+    /// The agent has spawned the new process (events before it belong to
+    /// stopping the old one).
+    spawned: bool,
+    acked: bool,
+    furthest: Option<ReadinessPhase>,
+    exited: bool,
+    generating: bool,
+    done: bool,
+    last_detail: String,
+    check_latency_ms: u64,
+    check_tokens: u32,
+}
+
+impl UnitStart {
+    fn evidence(&self, now_ms: u64) -> UnitStartup {
+        UnitStartup {
+            unit: self.unit.unit.clone(),
+            role: self.role.into(),
+            furthest: self.furthest,
+            exited: self.exited,
+            last_detail: self.last_detail.clone(),
+            waited_ms: now_ms.saturating_sub(self.sent_at_ms),
+        }
+    }
+
+    fn outcome(&self) -> String {
+        if self.generating {
+            "generating".into()
+        } else if self.exited {
+            format!("exited: {}", self.last_detail)
+        } else {
+            format!("not ready: {}", self.last_detail)
+        }
+    }
+}
+
+/// Everything a co-restart needs from the orchestrator.
+#[derive(Clone)]
+pub struct OperationContext {
+    pub fleet: Fleet,
+    pub journal: Arc<Journal>,
+}
+
+/// Runs a co-restart whose operation row already exists in the journal, to
+/// its verdict. Progress goes to `updates`; the report is returned, journaled
+/// and sent as the last update.
+pub async fn run_co_restart(
+    ctx: OperationContext,
+    pair: PairConfig,
+    operation_id: String,
+    updates: mpsc::UnboundedSender<OperationUpdate>,
+) -> OperationReport {
+    let rec = Recorder {
+        operation_id: operation_id.clone(),
+        start: Instant::now(),
+        journal: ctx.journal.clone(),
+        updates,
+        state: Mutex::default(),
+    };
+    rec.send(operation_update::Kind::Started(OperationStarted {
+        operation_id: operation_id.clone(),
+        pair: pair.name.clone(),
+        decode_start_policy: pair.decode_start_policy.as_str().into(),
+    }));
+    let policy = ProbePolicy {
+        warm_budget_ms: pair.probe.warm_budget_ms,
+        cold_allowance: ColdAllowance::Configured {
+            ms: pair.probe.cold_allowance_ms,
+        },
+    };
+    let mut run = CoRestart {
+        ctx,
+        pair,
+        rec: &rec,
+        starts: Vec::new(),
+        probes: Vec::new(),
+    };
+    let journal_error = run.drive().await.err();
+
+    let now = rec.now_ms();
+    let mut startups: Vec<UnitStartup> = run.starts.iter().map(|s| s.evidence(now)).collect();
+    // Units never started (gated behind one that failed) are evidence too.
+    for (role, units) in run.roles() {
+        for u in units {
+            if !run.starts.iter().any(|s| &s.unit == u) {
+                startups.push(UnitStartup {
+                    unit: u.unit.clone(),
+                    role: role.into(),
+                    furthest: None,
+                    exited: false,
+                    last_detail: "not started".into(),
+                    waited_ms: 0,
+                });
+            }
+        }
+    }
+    let mut verdict = judge(&startups, &run.probes, &policy);
+    if let Some(e) = journal_error {
+        verdict.kind = crate::verdict::VerdictKind::Failed;
+        verdict.reasons.insert(
+            0,
+            format!("stopped: the journal could not record a step ({e})"),
+        );
+    }
+    let _ = rec.transition(CoRestartStep::Concluded);
+    let evidence = std::mem::take(&mut *rec.lock());
+    let report = OperationReport {
+        operation_id: operation_id.clone(),
+        pair: run.pair.name.clone(),
+        kind: "co_restart".into(),
+        decode_start_policy: run.pair.decode_start_policy.as_str().into(),
+        verdict: verdict.kind,
+        reasons: verdict.reasons,
+        steps: evidence.steps,
+        timeline: evidence.timeline,
+        probes: evidence.probes,
+        warm_budget_ms: policy.warm_budget_ms,
+        cold_allowance: policy.cold_allowance,
+        total_ms: rec.now_ms(),
+    };
+    if let Err(e) = rec
+        .journal
+        .conclude(&operation_id, report.verdict.as_str(), &report)
+    {
+        tracing::error!(operation = %operation_id, error = %e, "could not journal the verdict");
+    }
+    if let Ok(json) = serde_json::to_string(&report) {
+        rec.send(operation_update::Kind::Report(
+            pdwarden_proto::v1::JsonReply { json },
+        ));
+    }
+    report
+}
+
+struct CoRestart<'a> {
+    ctx: OperationContext,
+    pair: PairConfig,
+    rec: &'a Recorder,
+    starts: Vec<UnitStart>,
+    probes: Vec<ProbeObservation>,
+}
+
+impl CoRestart<'_> {
+    fn roles(&self) -> [(&'static str, &Vec<UnitRef>); 3] {
+        [
+            ("prefill", &self.pair.prefill),
+            ("decode", &self.pair.decode),
+            ("router", &self.pair.router),
+        ]
+    }
+
+    /// The state machine. Returns early (with the evidence gathered so far)
+    /// as soon as a gate fails: nothing after a unit that is not generating
+    /// is started.
+    async fn drive(&mut self) -> Result<(), crate::journal::JournalError> {
+        let t = self.pair.timeouts.clone();
+        let engine_readiness = |deadline_ms| ReadinessSpec {
+            deadline_ms,
+            poll_interval_ms: t.poll_interval_ms,
+            check_timeout_ms: t.check_timeout_ms,
+            chat: None,
+        };
+
+        self.rec.transition(CoRestartStep::RestartingPrefill)?;
+        let prefills = self.pair.prefill.clone();
+        let decodes = self.pair.decode.clone();
+        let first_prefill = self.starts.len();
+        for u in &prefills {
+            let s = self
+                .start_unit(u, "prefill", engine_readiness(t.prefill_ready_ms))
+                .await;
+            self.starts.push(s);
+        }
+        match self.pair.decode_start_policy {
+            DecodeStartPolicy::AfterPrefillReady => {
+                if !self.await_generating(first_prefill).await {
+                    return Ok(());
+                }
+                self.rec.transition(CoRestartStep::RestartingDecode)?;
+                let first_decode = self.starts.len();
+                for u in &decodes {
+                    let s = self
+                        .start_unit(u, "decode", engine_readiness(t.decode_ready_ms))
+                        .await;
+                    self.starts.push(s);
+                }
+                if !self.await_generating(first_decode).await {
+                    return Ok(());
+                }
+            }
+            DecodeStartPolicy::Overlap => {
+                // Decode loads its weights while prefill does; it is started
+                // as soon as every prefill has been spawned.
+                if !self.await_spawned(first_prefill).await {
+                    return Ok(());
+                }
+                self.rec.transition(CoRestartStep::RestartingDecode)?;
+                for u in &decodes {
+                    let s = self
+                        .start_unit(u, "decode", engine_readiness(t.decode_ready_ms))
+                        .await;
+                    self.starts.push(s);
+                }
+                if !self.await_generating(first_prefill).await {
+                    return Ok(());
+                }
+            }
+        }
+
+        self.rec.transition(CoRestartStep::RestartingRouter)?;
+        let probe = &self.pair.probe;
+        // The router's readiness is a probe-tagged generation through it; it
+        // is also probe 1 of the series (the first generation after the start,
+        // the one a cold start slows), so its timeout is the probe timeout.
+        let router_readiness = ReadinessSpec {
+            deadline_ms: t.router_ready_ms + probe.probe_timeout_ms,
+            poll_interval_ms: t.poll_interval_ms,
+            check_timeout_ms: probe.probe_timeout_ms,
+            chat: Some(self.chat_probe()),
+        };
+        let first_router = self.starts.len();
+        for u in self.pair.router.clone() {
+            let s = self
+                .start_unit(&u, "router", router_readiness.clone())
+                .await;
+            self.starts.push(s);
+        }
+        if !self.await_generating(first_router).await {
+            return Ok(());
+        }
+
+        self.rec.transition(CoRestartStep::Probing)?;
+        self.probe_series(first_router).await;
+        Ok(())
+    }
+
+    fn chat_probe(&self) -> ChatProbe {
+        ChatProbe {
+            model: self.pair.probe.model.clone(),
+            prompt: self.pair.probe.prompt.clone(),
+            max_tokens: self.pair.probe.max_tokens,
+        }
+    }
+
+    async fn start_unit(
+        &self,
+        unit: &UnitRef,
+        role: &'static str,
+        readiness: ReadinessSpec,
+    ) -> UnitStart {
+        let step_idx = self
+            .rec
+            .step_started(&format!("restart-{role}"), &unit.unit);
+        let command_id = uuid::Uuid::new_v4().to_string();
+        let deadline = Instant::now()
+            + Duration::from_millis(readiness.deadline_ms + self.pair.timeouts.stop_grace_ms)
+            + AGENT_SILENCE_SLACK;
+        let cmd = Command {
+            command_id: command_id.clone(),
+            action: Some(command::Action::Start(StartUnit {
+                unit: unit.unit.clone(),
+                restart: true,
+                stop_grace_ms: self.pair.timeouts.stop_grace_ms,
+                readiness: Some(readiness),
+            })),
+        };
+        self.rec.journal_entry(
+            self.rec.now_ms(),
+            "command",
+            &serde_json::json!({ "command_id": command_id, "action": "start", "unit": unit.to_string(), "restart": true }),
+        );
+        let sent_at_ms = self.rec.now_ms();
+        let mut s = UnitStart {
+            unit: unit.clone(),
+            role,
+            command_id: command_id.clone(),
+            sent_at_ms,
+            step_idx,
+            rx: None,
+            deadline,
+            spawned: false,
+            acked: false,
+            furthest: None,
+            exited: false,
+            generating: false,
+            done: false,
+            last_detail: String::new(),
+            check_latency_ms: 0,
+            check_tokens: 0,
+        };
+        match self.ctx.fleet.send(&unit.host, &unit.unit, cmd).await {
+            Ok(rx) => s.rx = Some(rx),
+            Err(e) => {
+                s.done = true;
+                s.last_detail = e.to_string();
+                self.rec.step_ended(step_idx, format!("failed: {e}"));
+            }
+        }
+        s
+    }
+
+    /// Waits until every unit from `from` on has been spawned (or failed).
+    async fn await_spawned(&mut self, from: usize) -> bool {
+        let rec = self.rec;
+        let fleet = &self.ctx.fleet;
+        join_all(self.starts[from..].iter_mut().map(|s| async move {
+            while !s.done && !(s.acked && s.spawned) {
+                next_report(rec, fleet, s).await;
+            }
+            s.acked && s.spawned
+        }))
+        .await
+        .into_iter()
+        .all(|ok| ok)
+    }
+
+    /// Waits until every unit from `from` on generates (or fails to).
+    async fn await_generating(&mut self, from: usize) -> bool {
+        let rec = self.rec;
+        let fleet = &self.ctx.fleet;
+        join_all(self.starts[from..].iter_mut().map(|s| async move {
+            while !s.done {
+                next_report(rec, fleet, s).await;
+            }
+            s.generating
+        }))
+        .await
+        .into_iter()
+        .all(|ok| ok)
+    }
+
+    /// Probe 1 is the router's readiness generation; later probes go through
+    /// the first router until `warm_probes` consecutive probes are warm, a
+    /// probe times out (a timeout ends the series: it is decisive, and a
+    /// serial engine should not be handed more work behind a stuck request),
+    /// or `max_probes` have run.
+    async fn probe_series(&mut self, first_router: usize) {
+        let router = &self.starts[first_router];
+        let target = format!("router:{}", router.unit.unit);
+        let (host, unit) = (router.unit.host.clone(), router.unit.unit.clone());
+        let first = ProbeObservation::Ok {
+            latency_ms: router.check_latency_ms,
+            tokens: router.check_tokens,
+        };
+        self.rec.probe(ProbeRecord {
+            target: target.clone(),
+            seq: 1,
+            latency_ms: Some(router.check_latency_ms),
+            tokens: router.check_tokens,
+            outcome: "ok".into(),
+            error: "readiness generation".into(),
+            request_id: String::new(),
+        });
+        self.probes.push(first);
+        let step_idx = self.rec.step_started("probe", &unit);
+        let p = self.pair.probe.clone();
+        for seq in 2..=p.max_probes {
+            let warm_tail = self
+                .probes
+                .iter()
+                .rev()
+                .take_while(|o| matches!(o, ProbeObservation::Ok { latency_ms, .. } if *latency_ms <= p.warm_budget_ms))
+                .count();
+            if warm_tail >= p.warm_probes as usize
+                || matches!(self.probes.last(), Some(ProbeObservation::Timeout { .. }))
+            {
+                break;
+            }
+            let (obs, record) = self.probe_once(&host, &unit, &target, seq).await;
+            self.rec.probe(record);
+            self.probes.push(obs);
+        }
+        self.rec
+            .step_ended(step_idx, format!("{} probes", self.probes.len()));
+    }
+
+    async fn probe_once(
+        &self,
+        host: &str,
+        unit: &str,
+        target: &str,
+        seq: u32,
+    ) -> (ProbeObservation, ProbeRecord) {
+        let timeout_ms = self.pair.probe.probe_timeout_ms;
+        let command_id = uuid::Uuid::new_v4().to_string();
+        let cmd = Command {
+            command_id: command_id.clone(),
+            action: Some(command::Action::Probe(ProbeRequest {
+                unit: unit.into(),
+                chat: Some(self.chat_probe()),
+                timeout_ms,
+                seq,
+            })),
+        };
+        let mut record = ProbeRecord {
+            target: target.into(),
+            seq,
+            latency_ms: None,
+            tokens: 0,
+            outcome: "error".into(),
+            error: String::new(),
+            request_id: String::new(),
+        };
+        let started = Instant::now();
+        let deadline = started + Duration::from_millis(timeout_ms) + AGENT_SILENCE_SLACK;
+        let result = match self.ctx.fleet.send(host, unit, cmd).await {
+            Err(e) => Err(e.to_string()),
+            Ok(mut rx) => loop {
+                match tokio::time::timeout_at(deadline, rx.recv()).await {
+                    Ok(Some(AgentReport::Probe(r))) => break Ok(r),
+                    Ok(Some(AgentReport::Disconnected)) | Ok(None) => {
+                        break Err("agent disconnected".to_string());
+                    }
+                    Ok(Some(_)) => continue,
+                    Err(_) => {
+                        self.ctx.fleet.forget(&command_id);
+                        break Err(format!(
+                            "no probe result from the agent within {} ms",
+                            timeout_ms
+                        ));
+                    }
+                }
+            },
+        };
+        let obs = match result {
+            Err(message) => {
+                record.error = message.clone();
+                ProbeObservation::Error { message }
+            }
+            Ok(r) => {
+                record.request_id = r.request_id.clone();
+                record.tokens = r.tokens;
+                record.error = r.error.clone();
+                match ProbeOutcome::try_from(r.outcome).unwrap_or(ProbeOutcome::Unspecified) {
+                    ProbeOutcome::Ok => {
+                        record.outcome = "ok".into();
+                        record.latency_ms = Some(r.latency_ms);
+                        ProbeObservation::Ok {
+                            latency_ms: r.latency_ms,
+                            tokens: r.tokens,
+                        }
+                    }
+                    ProbeOutcome::Timeout => {
+                        record.outcome = "timeout".into();
+                        record.latency_ms = Some(r.latency_ms);
+                        ProbeObservation::Timeout {
+                            after_ms: r.latency_ms,
+                        }
+                    }
+                    _ => {
+                        let message = if r.http_status != 0 {
+                            format!("http {}: {}", r.http_status, r.error)
+                        } else {
+                            r.error.clone()
+                        };
+                        record.latency_ms = Some(r.latency_ms);
+                        ProbeObservation::Error { message }
+                    }
+                }
+            }
+        };
+        (obs, record)
+    }
+}
+
+/// Receives and applies one report for a unit's start (or concludes it at
+/// its deadline).
+async fn next_report(rec: &Recorder, fleet: &Fleet, s: &mut UnitStart) {
+    let Some(rx) = s.rx.as_mut() else {
+        s.done = true;
+        return;
+    };
+    let report = match tokio::time::timeout_at(s.deadline, rx.recv()).await {
+        Ok(Some(r)) => r,
+        Ok(None) => AgentReport::Disconnected,
+        Err(_) => {
+            fleet.forget(&s.command_id);
+            s.done = true;
+            s.last_detail = format!(
+                "no word from the agent on {} by its deadline; last: {}",
+                s.unit, s.last_detail
+            );
+            rec.step_ended(s.step_idx, s.outcome());
+            return;
+        }
+    };
+    apply_report(rec, s, report);
+    if s.done {
+        fleet.forget(&s.command_id);
+        rec.step_ended(s.step_idx, s.outcome());
+    }
+}
+
+fn apply_report(rec: &Recorder, s: &mut UnitStart, report: AgentReport) {
+    match report {
+        AgentReport::Unit(ev) => {
+            let phase = Phase::try_from(ev.phase).unwrap_or(Phase::Unspecified);
+            let mut name = phase_name(ev.phase).to_string();
+            if !s.spawned && matches!(phase, Phase::Exited) {
+                // The previous instance stopping, not the new one failing.
+                name = "stopped".into();
+            }
+            rec.phase(TimelineRecord {
+                unit: s.unit.unit.clone(),
+                role: s.role.into(),
+                phase: name,
+                at_ms: s.sent_at_ms + ev.ms_since_command,
+                detail: ev.detail.clone(),
+            });
+            if !ev.detail.is_empty() {
+                s.last_detail = ev.detail.clone();
+            }
+            let reached = match phase {
+                Phase::Spawned => {
+                    s.spawned = true;
+                    Some(ReadinessPhase::Spawned)
+                }
+                Phase::Refused => Some(ReadinessPhase::Refused),
+                Phase::Http503 => Some(ReadinessPhase::Http503),
+                Phase::Healthy => Some(ReadinessPhase::Healthy),
+                Phase::Generating => {
+                    s.generating = true;
+                    s.done = true;
+                    s.check_latency_ms = ev.check_latency_ms;
+                    s.check_tokens = ev.check_tokens;
+                    Some(ReadinessPhase::Generating)
+                }
+                Phase::Exited if s.spawned => {
+                    s.exited = true;
+                    s.done = true;
+                    None
+                }
+                Phase::NotReady => {
+                    s.done = true;
+                    None
+                }
+                _ => None,
+            };
+            if let Some(r) = reached {
+                s.furthest = Some(s.furthest.map_or(r, |f| f.max(r)));
+            }
+        }
+        AgentReport::Result(r) => {
+            s.acked = true;
+            if !r.ok {
+                s.done = true;
+                s.last_detail = format!("start failed: {}", r.error);
+            }
+        }
+        AgentReport::Probe(_) => {}
+        AgentReport::Disconnected => {
+            s.done = true;
+            s.last_detail = format!(
+                "agent {} disconnected; last: {}",
+                s.unit.host, s.last_detail
+            );
+        }
+    }
+}

@@ -1,0 +1,348 @@
+//! The orchestrator's view of its agents: who is connected, what they say is
+//! true on their hosts, and the delivery of commands and their reports.
+//!
+//! Agents dial in (DESIGN.md 1) and own the facts (DESIGN.md 2); this module
+//! only records them. Reports that belong to a command are routed to whoever
+//! sent it through a per-command channel rather than a broadcast, so a busy
+//! operation never sees another operation's traffic and nothing is dropped
+//! for lag. A disconnect is delivered to every command still waiting on that
+//! agent, so no operation waits forever on a host that went away.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use pdwarden_proto::v1::{
+    AgentMessage, Command, CommandResult, OrchestratorMessage, Phase, ProbeResult, RegisterAck,
+    Role, UnitEvent, UnitInfo, agent_link_server::AgentLink, agent_message, orchestrator_message,
+};
+use serde::Serialize;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+#[derive(Debug, thiserror::Error)]
+pub enum FleetError {
+    #[error("agent {host} is not connected")]
+    AgentNotConnected { host: String },
+    #[error("agent {host} has no unit named {unit}")]
+    UnknownUnit { host: String, unit: String },
+}
+
+/// Something an agent said about a command this side sent.
+#[derive(Debug, Clone)]
+pub enum AgentReport {
+    Unit(UnitEvent),
+    Result(CommandResult),
+    Probe(ProbeResult),
+    /// The agent's stream ended; no more reports will come for the command.
+    Disconnected,
+}
+
+/// What `status` shows about one agent.
+#[derive(Debug, Clone, Serialize)]
+pub struct AgentStatus {
+    pub host: String,
+    pub connected: bool,
+    pub agent_instance_id: String,
+    pub agent_version: String,
+    pub units: Vec<UnitStatus>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct UnitStatus {
+    pub name: String,
+    pub role: String,
+    pub phase: String,
+    pub pid: Option<u32>,
+    pub base_url: String,
+}
+
+struct AgentSession {
+    /// Distinguishes this connection from a later one of the same host.
+    session: u64,
+    instance_id: String,
+    version: String,
+    tx: Option<mpsc::Sender<Result<OrchestratorMessage, Status>>>,
+    units: BTreeMap<String, UnitInfo>,
+}
+
+#[derive(Default)]
+struct FleetState {
+    agents: BTreeMap<String, AgentSession>,
+    waiters: HashMap<String, (String, mpsc::UnboundedSender<AgentReport>)>,
+    next_session: u64,
+}
+
+/// The registry of agents, shared by the gRPC services and the operations.
+#[derive(Clone, Default)]
+pub struct Fleet {
+    state: Arc<Mutex<FleetState>>,
+    orchestrator_instance_id: Arc<String>,
+}
+
+pub fn role_name(role: i32) -> &'static str {
+    match Role::try_from(role).unwrap_or(Role::Unspecified) {
+        Role::Prefill => "prefill",
+        Role::Decode => "decode",
+        Role::Router => "router",
+        Role::Unspecified => "unknown",
+    }
+}
+
+pub fn phase_name(phase: i32) -> &'static str {
+    match Phase::try_from(phase).unwrap_or(Phase::Unspecified) {
+        Phase::Unspecified => "unknown",
+        Phase::Stopped => "stopped",
+        Phase::Spawned => "spawned",
+        Phase::Refused => "refused",
+        Phase::Http503 => "http_503",
+        Phase::Healthy => "healthy",
+        Phase::Generating => "generating",
+        Phase::Exited => "exited",
+        Phase::NotReady => "not_ready",
+        Phase::Stopping => "stopping",
+    }
+}
+
+impl Fleet {
+    pub fn new() -> Self {
+        Self {
+            state: Arc::default(),
+            orchestrator_instance_id: Arc::new(uuid::Uuid::new_v4().to_string()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, FleetState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sends a command to the agent of `host` and returns the channel its
+    /// reports arrive on. The unit must be one the agent registered.
+    pub async fn send(
+        &self,
+        host: &str,
+        unit: &str,
+        command: Command,
+    ) -> Result<mpsc::UnboundedReceiver<AgentReport>, FleetError> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let agent_tx = {
+            let mut st = self.lock();
+            let agent = st
+                .agents
+                .get(host)
+                .filter(|a| a.tx.is_some())
+                .ok_or_else(|| FleetError::AgentNotConnected { host: host.into() })?;
+            if !agent.units.contains_key(unit) {
+                return Err(FleetError::UnknownUnit {
+                    host: host.into(),
+                    unit: unit.into(),
+                });
+            }
+            let agent_tx = agent.tx.clone().expect("filtered on is_some");
+            st.waiters
+                .insert(command.command_id.clone(), (host.to_string(), tx.clone()));
+            agent_tx
+        };
+        let id = command.command_id.clone();
+        let msg = OrchestratorMessage {
+            kind: Some(orchestrator_message::Kind::Command(command)),
+        };
+        if agent_tx.send(Ok(msg)).await.is_err() {
+            self.lock().waiters.remove(&id);
+            return Err(FleetError::AgentNotConnected { host: host.into() });
+        }
+        Ok(rx)
+    }
+
+    /// Stops routing reports for a command (its operation no longer listens).
+    pub fn forget(&self, command_id: &str) {
+        self.lock().waiters.remove(command_id);
+    }
+
+    pub fn is_connected(&self, host: &str) -> bool {
+        self.lock().agents.get(host).is_some_and(|a| a.tx.is_some())
+    }
+
+    pub fn unit(&self, host: &str, unit: &str) -> Option<UnitInfo> {
+        self.lock()
+            .agents
+            .get(host)
+            .and_then(|a| a.units.get(unit).cloned())
+    }
+
+    pub fn status(&self) -> Vec<AgentStatus> {
+        self.lock()
+            .agents
+            .iter()
+            .map(|(host, a)| AgentStatus {
+                host: host.clone(),
+                connected: a.tx.is_some(),
+                agent_instance_id: a.instance_id.clone(),
+                agent_version: a.version.clone(),
+                units: a
+                    .units
+                    .values()
+                    .map(|u| UnitStatus {
+                        name: u.name.clone(),
+                        role: role_name(u.role).into(),
+                        phase: phase_name(u.phase).into(),
+                        pid: (u.pid != 0).then_some(u.pid),
+                        base_url: u.base_url.clone(),
+                    })
+                    .collect(),
+            })
+            .collect()
+    }
+
+    fn deliver(&self, host: &str, command_id: &str, report: AgentReport) {
+        if command_id.is_empty() {
+            return;
+        }
+        let st = self.lock();
+        if let Some((owner, tx)) = st.waiters.get(command_id)
+            && owner == host
+        {
+            let _ = tx.send(report);
+        }
+    }
+
+    fn on_message(&self, host: &str, msg: AgentMessage) {
+        match msg.kind {
+            Some(agent_message::Kind::UnitEvent(ev)) => {
+                {
+                    let mut st = self.lock();
+                    if let Some(u) = st
+                        .agents
+                        .get_mut(host)
+                        .and_then(|a| a.units.get_mut(&ev.unit))
+                    {
+                        u.phase = ev.phase;
+                        u.pid = if matches!(
+                            Phase::try_from(ev.phase),
+                            Ok(Phase::Exited | Phase::Stopped)
+                        ) {
+                            0
+                        } else if ev.pid != 0 {
+                            ev.pid
+                        } else {
+                            u.pid
+                        };
+                    }
+                }
+                let id = ev.command_id.clone();
+                self.deliver(host, &id, AgentReport::Unit(ev));
+            }
+            Some(agent_message::Kind::CommandResult(r)) => {
+                let id = r.command_id.clone();
+                self.deliver(host, &id, AgentReport::Result(r));
+            }
+            Some(agent_message::Kind::ProbeResult(r)) => {
+                let id = r.command_id.clone();
+                self.deliver(host, &id, AgentReport::Probe(r));
+            }
+            Some(agent_message::Kind::Register(reg)) => {
+                // A re-registration on a live stream refreshes the facts.
+                let mut st = self.lock();
+                if let Some(a) = st.agents.get_mut(host) {
+                    a.units = reg.units.into_iter().map(|u| (u.name.clone(), u)).collect();
+                }
+            }
+            Some(agent_message::Kind::Heartbeat(_)) | None => {}
+        }
+    }
+
+    fn on_disconnect(&self, host: &str, session: u64) {
+        let mut st = self.lock();
+        let current = st.agents.get(host).is_some_and(|a| a.session == session);
+        if !current {
+            return;
+        }
+        if let Some(a) = st.agents.get_mut(host) {
+            a.tx = None;
+        }
+        st.waiters.retain(|_, (owner, tx)| {
+            if owner == host {
+                let _ = tx.send(AgentReport::Disconnected);
+                false
+            } else {
+                true
+            }
+        });
+        tracing::warn!(host, "agent disconnected");
+    }
+}
+
+/// The `AgentLink` gRPC service: one bidirectional stream per agent.
+#[derive(Clone)]
+pub struct AgentLinkService {
+    pub fleet: Fleet,
+}
+
+#[tonic::async_trait]
+impl AgentLink for AgentLinkService {
+    type AttachStream = ReceiverStream<Result<OrchestratorMessage, Status>>;
+
+    async fn attach(
+        &self,
+        request: Request<Streaming<AgentMessage>>,
+    ) -> Result<Response<Self::AttachStream>, Status> {
+        let mut inbound = request.into_inner();
+        let first = inbound
+            .message()
+            .await?
+            .ok_or_else(|| Status::invalid_argument("stream ended before Register"))?;
+        let Some(agent_message::Kind::Register(reg)) = first.kind else {
+            return Err(Status::invalid_argument(
+                "the first message on AgentLink.Attach must be Register",
+            ));
+        };
+        if reg.host.trim().is_empty() {
+            return Err(Status::invalid_argument("Register.host must not be empty"));
+        }
+        let (tx, rx) = mpsc::channel(1024);
+        let host = reg.host.clone();
+        let session = {
+            let mut st = self.fleet.lock();
+            st.next_session += 1;
+            let session = st.next_session;
+            if let Some(old) = st.agents.get(&host)
+                && old.tx.is_some()
+            {
+                tracing::warn!(host, "agent re-attached; replacing its previous stream");
+            }
+            st.agents.insert(
+                host.clone(),
+                AgentSession {
+                    session,
+                    instance_id: reg.agent_instance_id.clone(),
+                    version: reg.agent_version.clone(),
+                    tx: Some(tx.clone()),
+                    units: reg.units.into_iter().map(|u| (u.name.clone(), u)).collect(),
+                },
+            );
+            session
+        };
+        tracing::info!(host, instance = %reg.agent_instance_id, "agent attached");
+        let ack = OrchestratorMessage {
+            kind: Some(orchestrator_message::Kind::RegisterAck(RegisterAck {
+                orchestrator_instance_id: self.fleet.orchestrator_instance_id.to_string(),
+            })),
+        };
+        let _ = tx.send(Ok(ack)).await;
+        let fleet = self.fleet.clone();
+        tokio::spawn(async move {
+            loop {
+                match inbound.message().await {
+                    Ok(Some(msg)) => fleet.on_message(&host, msg),
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::warn!(host, error = %e, "agent stream error");
+                        break;
+                    }
+                }
+            }
+            fleet.on_disconnect(&host, session);
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}

@@ -1,0 +1,225 @@
+//! The record of an operation as people and scripts read it: the `--json`
+//! object of `restart pd-pair`, and its rendering for a terminal.
+//!
+//! Defined once here and carried over gRPC as JSON, so the CLI, the journal
+//! and `history` cannot drift apart.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::{Deserialize, Serialize};
+
+use crate::verdict::{ColdAllowance, VerdictKind, secs};
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct StepRecord {
+    pub name: String,
+    pub unit: String,
+    pub started_ms: u64,
+    pub ended_ms: Option<u64>,
+    pub outcome: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct TimelineRecord {
+    pub unit: String,
+    pub role: String,
+    pub phase: String,
+    /// Milliseconds since the operation began.
+    pub at_ms: u64,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ProbeRecord {
+    pub target: String,
+    pub seq: u32,
+    pub latency_ms: Option<u64>,
+    pub tokens: u32,
+    /// `ok`, `timeout` or `error`.
+    pub outcome: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub error: String,
+    /// The probe's X-Request-Id, so it can be found in engine logs.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub request_id: String,
+}
+
+/// The final report of a co-restart.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct OperationReport {
+    pub operation_id: String,
+    pub pair: String,
+    pub kind: String,
+    pub decode_start_policy: String,
+    pub verdict: VerdictKind,
+    pub reasons: Vec<String>,
+    pub steps: Vec<StepRecord>,
+    pub timeline: Vec<TimelineRecord>,
+    pub probes: Vec<ProbeRecord>,
+    pub warm_budget_ms: u64,
+    pub cold_allowance: ColdAllowance,
+    pub total_ms: u64,
+}
+
+/// One line of live progress, as `restart pd-pair` prints it.
+pub fn live_step_line(s: &StepRecord) -> String {
+    match s.ended_ms {
+        None => format!(
+            "[{:>8}] step {} ({}) started",
+            secs(s.started_ms),
+            s.name,
+            s.unit
+        ),
+        Some(end) => format!(
+            "[{:>8}] step {} ({}) {} after {}",
+            secs(end),
+            s.name,
+            s.unit,
+            s.outcome,
+            secs(end.saturating_sub(s.started_ms))
+        ),
+    }
+}
+
+pub fn live_phase_line(t: &TimelineRecord) -> String {
+    let detail = if t.detail.is_empty() {
+        String::new()
+    } else {
+        format!("  ({})", t.detail)
+    };
+    format!(
+        "[{:>8}]   {:<8} {:<12} {}{detail}",
+        secs(t.at_ms),
+        t.role,
+        t.unit,
+        t.phase
+    )
+}
+
+pub fn live_probe_line(p: &ProbeRecord) -> String {
+    let lat = p.latency_ms.map(secs).unwrap_or_else(|| "-".into());
+    let err = if p.error.is_empty() {
+        String::new()
+    } else {
+        format!("  ({})", p.error)
+    };
+    format!(
+        "           probe {} via {}: {} {} ({} tokens){err}",
+        p.seq, p.target, p.outcome, lat, p.tokens
+    )
+}
+
+/// Summarises each unit's start-up as the incident reports describe one:
+/// "refused 0.00–1.12 s, 503 at 1.12 s, 200 at 1.44 s, generating at 1.45 s".
+pub fn timeline_summary(timeline: &[TimelineRecord]) -> Vec<String> {
+    let mut order: Vec<&str> = Vec::new();
+    let mut by_unit: BTreeMap<&str, Vec<&TimelineRecord>> = BTreeMap::new();
+    for t in timeline {
+        if !by_unit.contains_key(t.unit.as_str()) {
+            order.push(&t.unit);
+        }
+        by_unit.entry(&t.unit).or_default().push(t);
+    }
+    order
+        .into_iter()
+        .map(|unit| {
+            let events = &by_unit[unit];
+            let role = &events[0].role;
+            let mut parts = Vec::new();
+            for (i, e) in events.iter().enumerate() {
+                let label = match e.phase.as_str() {
+                    "http_503" => "503",
+                    "healthy" => "200",
+                    p => p,
+                };
+                if e.phase == "refused" {
+                    let end = events.get(i + 1).map(|n| n.at_ms).unwrap_or(e.at_ms);
+                    parts.push(format!(
+                        "refused {}–{}",
+                        secs(e.at_ms).trim_end_matches(" s"),
+                        secs(end)
+                    ));
+                } else {
+                    parts.push(format!("{label} at {}", secs(e.at_ms)));
+                }
+            }
+            format!("{role} {unit}: {}", parts.join(", "))
+        })
+        .collect()
+}
+
+/// The closing summary printed after the live lines.
+pub fn render_summary(r: &OperationReport) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\ntimeline (decode start policy: {}):",
+        r.decode_start_policy
+    );
+    for line in timeline_summary(&r.timeline) {
+        let _ = writeln!(out, "  {line}");
+    }
+    if !r.probes.is_empty() {
+        let _ = writeln!(
+            out,
+            "probes through the router (warm budget {}, cold allowance {}):",
+            secs(r.warm_budget_ms),
+            secs(r.cold_allowance.ms())
+        );
+        for p in &r.probes {
+            let _ = writeln!(
+                out,
+                "{}",
+                live_probe_line(p).trim_start().replace("probe", "  probe")
+            );
+        }
+    }
+    let mark = if r.verdict.is_healthy() { "OK" } else { "!!" };
+    let _ = writeln!(
+        out,
+        "\n{mark} verdict: {}  (pair {}, operation {}, {})",
+        r.verdict,
+        r.pair,
+        r.operation_id,
+        secs(r.total_ms)
+    );
+    for reason in &r.reasons {
+        let _ = writeln!(out, "   - {reason}");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(unit: &str, phase: &str, at_ms: u64) -> TimelineRecord {
+        TimelineRecord {
+            unit: unit.into(),
+            role: "prefill".into(),
+            phase: phase.into(),
+            at_ms,
+            detail: String::new(),
+        }
+    }
+
+    /// The summary reads like seed 004's restart log, with INCIDENTS row 1's numbers.
+    #[test]
+    fn summary_reads_like_the_incident_timeline() {
+        let tl = vec![
+            t("prefill-0", "spawned", 0),
+            t("prefill-0", "refused", 10),
+            t("prefill-0", "http_503", 56_000),
+            t("prefill-0", "healthy", 72_000),
+            t("prefill-0", "generating", 72_400),
+        ];
+        assert_eq!(
+            timeline_summary(&tl),
+            vec![
+                "prefill prefill-0: spawned at 0.00 s, refused 0.01–56.0 s, 503 at 56.0 s, 200 at 72.0 s, generating at 72.4 s"
+            ]
+        );
+    }
+}

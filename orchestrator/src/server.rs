@@ -1,0 +1,258 @@
+//! The orchestrator process: the gRPC edge (`AgentLink` for agents, `Control`
+//! for the CLI) around the fleet registry, the journal and the operations.
+//!
+//! `serve` takes its listener and shutdown signal as arguments (mini-redis
+//! style) so tests run the real server in-process on `127.0.0.1:0`. Errors of
+//! the library become `tonic::Status` only here.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use pdwarden_proto::v1::{
+    HistoryRequest, JsonReply, OperationUpdate, RestartPairRequest, RestartUnitRequest,
+    StatusRequest,
+    agent_link_server::AgentLinkServer,
+    control_server::{Control, ControlServer},
+};
+use serde::Serialize;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::{TcpListenerStream, UnboundedReceiverStream};
+use tonic::{Request, Response, Status};
+
+use crate::config::OrchestratorConfig;
+use crate::corestart::{OperationContext, run_co_restart};
+use crate::fleet::{AgentLinkService, AgentStatus, Fleet};
+use crate::journal::{Journal, JournalError, OperationRecord};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+    #[error("gRPC server failed: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// The `Control` service the CLI talks to.
+#[derive(Clone)]
+pub struct ControlService {
+    config: Arc<OrchestratorConfig>,
+    ctx: OperationContext,
+}
+
+/// `pdwarden status --json`.
+#[derive(Debug, Serialize)]
+pub struct StatusView {
+    pub agents: Vec<AgentStatus>,
+    pub pairs: Vec<PairStatus>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PairStatus {
+    pub name: String,
+    pub running_operation: Option<String>,
+    pub last_operation: Option<String>,
+    pub last_verdict: Option<String>,
+}
+
+fn internal(e: impl std::fmt::Display) -> Status {
+    Status::internal(e.to_string())
+}
+
+impl ControlService {
+    /// Checks that every unit of the pair is on a connected agent that knows it,
+    /// so an operation never starts that could only fail half-way.
+    fn check_reachable(&self, pair: &crate::config::PairConfig) -> Result<(), Status> {
+        for u in pair.prefill.iter().chain(&pair.decode).chain(&pair.router) {
+            if !self.ctx.fleet.is_connected(&u.host) {
+                return Err(Status::unavailable(format!(
+                    "agent {} (unit {}) is not connected; nothing was restarted",
+                    u.host, u.unit
+                )));
+            }
+            if self.ctx.fleet.unit(&u.host, &u.unit).is_none() {
+                return Err(Status::failed_precondition(format!(
+                    "agent {} does not supervise a unit named {}; check the agent's config",
+                    u.host, u.unit
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[tonic::async_trait]
+impl Control for ControlService {
+    type RestartPairStream = UnboundedReceiverStream<Result<OperationUpdate, Status>>;
+    type RestartUnitStream = UnboundedReceiverStream<Result<OperationUpdate, Status>>;
+
+    async fn restart_pair(
+        &self,
+        request: Request<RestartPairRequest>,
+    ) -> Result<Response<Self::RestartPairStream>, Status> {
+        let req = request.into_inner();
+        let pair = self.config.pair(&req.pair).cloned().ok_or_else(|| {
+            let known: Vec<&str> = self.config.pairs.iter().map(|p| p.name.as_str()).collect();
+            Status::not_found(format!(
+                "unknown pair {:?} (configured: {})",
+                req.pair,
+                known.join(", ")
+            ))
+        })?;
+        self.check_reachable(&pair)?;
+        let operation_id = uuid::Uuid::new_v4().to_string();
+        let request_id = (!req.request_id.is_empty()).then_some(req.request_id.as_str());
+        match self
+            .ctx
+            .journal
+            .begin(&operation_id, "co_restart", &pair.name, request_id)
+        {
+            Ok(()) => {}
+            Err(e @ JournalError::PairBusy { .. }) => {
+                return Err(Status::failed_precondition(e.to_string()));
+            }
+            Err(e) => return Err(internal(e)),
+        }
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let (out_tx, out_rx) = mpsc::unbounded_channel();
+        // The operation runs on its own task: a CLI that disconnects does not
+        // cancel a half-done restart.
+        let ctx = self.ctx.clone();
+        tokio::spawn(run_co_restart(ctx, pair, operation_id, tx));
+        tokio::spawn(async move {
+            while let Some(u) = rx.recv().await {
+                let _ = out_tx.send(Ok(u));
+            }
+        });
+        Ok(Response::new(UnboundedReceiverStream::new(out_rx)))
+    }
+
+    async fn restart_unit(
+        &self,
+        request: Request<RestartUnitRequest>,
+    ) -> Result<Response<Self::RestartUnitStream>, Status> {
+        let req = request.into_inner();
+        for pair in &self.config.pairs {
+            let is = |units: &[crate::config::UnitRef]| {
+                units
+                    .iter()
+                    .any(|u| u.unit == req.unit && (req.host.is_empty() || u.host == req.host))
+            };
+            if is(&pair.decode) {
+                return Err(Status::failed_precondition(format!(
+                    "refused: {} is the decode of pd-pair {}. A decode-only restart against a running prefill leaves the KV-transfer bootstrap degraded and every request wedges (INCIDENTS row 1). Run `pdwarden restart pd-pair {}` for an ordered co-restart (prefill, then decode, then router).",
+                    req.unit, pair.name, pair.name
+                )));
+            }
+            if is(&pair.prefill) {
+                return Err(Status::failed_precondition(format!(
+                    "refused: {} is the prefill of pd-pair {}. Restarting prefill under a running decode breaks the decode's cached bootstrap and every transfer fails. Run `pdwarden restart pd-pair {}`.",
+                    req.unit, pair.name, pair.name
+                )));
+            }
+            if is(&pair.router) {
+                return Err(Status::unimplemented(format!(
+                    "a router-only restart is not supported yet; `pdwarden restart pd-pair {}` restarts {} after its engines",
+                    pair.name, req.unit
+                )));
+            }
+        }
+        Err(Status::not_found(format!(
+            "unit {:?} is not part of any configured pair; pdwarden restarts units only as part of a pair",
+            req.unit
+        )))
+    }
+
+    async fn status(
+        &self,
+        _request: Request<StatusRequest>,
+    ) -> Result<Response<JsonReply>, Status> {
+        let mut pairs = Vec::new();
+        for p in &self.config.pairs {
+            let hist = self.ctx.journal.history(&p.name, 5).map_err(internal)?;
+            let running = hist.iter().find(|r| r.ended_unix_ms.is_none());
+            let last = hist.iter().find(|r| r.ended_unix_ms.is_some());
+            pairs.push(PairStatus {
+                name: p.name.clone(),
+                running_operation: running.map(|r| r.operation_id.clone()),
+                last_operation: last.map(|r| r.operation_id.clone()),
+                last_verdict: last.and_then(|r| r.verdict.clone()),
+            });
+        }
+        let view = StatusView {
+            agents: self.ctx.fleet.status(),
+            pairs,
+        };
+        Ok(Response::new(JsonReply {
+            json: serde_json::to_string(&view).map_err(internal)?,
+        }))
+    }
+
+    async fn history(
+        &self,
+        request: Request<HistoryRequest>,
+    ) -> Result<Response<JsonReply>, Status> {
+        let req = request.into_inner();
+        if self.config.pair(&req.pair).is_none() {
+            return Err(Status::not_found(format!("unknown pair {:?}", req.pair)));
+        }
+        let limit = if req.limit == 0 {
+            20
+        } else {
+            req.limit.min(1000)
+        };
+        let records: Vec<OperationRecord> = self
+            .ctx
+            .journal
+            .history(&req.pair, limit)
+            .map_err(internal)?;
+        Ok(Response::new(JsonReply {
+            json: serde_json::to_string(&records).map_err(internal)?,
+        }))
+    }
+}
+
+/// Concludes operations an earlier orchestrator process left running. It
+/// does not resume them (yet): it says so honestly, so the pair is not held
+/// by an operation nobody runs.
+fn conclude_interrupted(journal: &Journal) -> Result<(), JournalError> {
+    for op in journal.unfinished()? {
+        let report = serde_json::json!({
+            "operation_id": op.operation_id,
+            "pair": op.pair,
+            "kind": op.kind,
+            "verdict": "failed",
+            "reasons": [format!(
+                "the orchestrator stopped while this operation was in state {}; it was concluded without resuming: check the pair's units",
+                op.state
+            )],
+        });
+        tracing::warn!(operation = %op.operation_id, pair = %op.pair, state = %op.state, "concluding interrupted operation as failed");
+        journal.conclude(&op.operation_id, "failed", &report)?;
+    }
+    Ok(())
+}
+
+/// Runs the orchestrator on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: TcpListener,
+    config: OrchestratorConfig,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
+    let journal = Arc::new(Journal::open(&config.journal)?);
+    conclude_interrupted(&journal)?;
+    let fleet = Fleet::new();
+    let control = ControlService {
+        config: Arc::new(config),
+        ctx: OperationContext {
+            fleet: fleet.clone(),
+            journal,
+        },
+    };
+    tonic::transport::Server::builder()
+        .add_service(AgentLinkServer::new(AgentLinkService { fleet }))
+        .add_service(ControlServer::new(control))
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await?;
+    Ok(())
+}
