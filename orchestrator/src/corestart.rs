@@ -495,7 +495,7 @@ impl CoRestart<'_> {
         let rec = self.rec;
         let fleet = &self.ctx.fleet;
         join_all(self.starts[from..].iter_mut().map(|s| async move {
-            while !s.done && !(s.acked && s.spawned) {
+            while !(s.done || (s.acked && s.spawned)) {
                 next_report(rec, fleet, s).await;
             }
             s.acked && s.spawned

@@ -1,1 +1,344 @@
-fn main() {}
+//! `pdwarden`: what an operator types at 3 a.m.
+//!
+//! Exit codes: 0 when the verdict is healthy (or healthy after a cold start),
+//! 2 for any other verdict, 1 when the command could not run at all (the
+//! orchestrator unreachable, an unknown pair, a busy pair, a refused request),
+//! always with a one-line reason.
+
+mod demo;
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use pdwarden_orchestrator::report::{
+    OperationReport, ProbeRecord, StepRecord, TimelineRecord, live_phase_line, live_probe_line,
+    live_step_line, render_summary,
+};
+use pdwarden_proto::v1::{
+    HistoryRequest, RestartPairRequest, RestartUnitRequest, StatusRequest,
+    control_client::ControlClient, operation_update,
+};
+use tonic::transport::Channel;
+
+#[derive(Parser)]
+#[command(version, about = "pdwarden: restart and verify prefill/decode pairs")]
+struct Cli {
+    /// The orchestrator's gRPC address.
+    #[arg(
+        long,
+        global = true,
+        env = "PDWARDEN_ORCHESTRATOR",
+        default_value = "http://127.0.0.1:7070"
+    )]
+    orchestrator: String,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Restart a PD pair in order, or (refused) a single engine.
+    Restart {
+        #[command(subcommand)]
+        what: RestartWhat,
+    },
+    /// Agents, units and pairs as the orchestrator knows them.
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// A pair's operations, newest first.
+    History {
+        pair: String,
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Start a whole local stack (orchestrator, agent, two pd-sim engines, the
+    /// real sglang-router) and run a real `restart pd-pair` against it.
+    Demo(demo::DemoArgs),
+}
+
+#[derive(Subcommand)]
+enum RestartWhat {
+    /// Ordered co-restart: prefill, then decode, then router, each gated on
+    /// generation readiness; then end-to-end probes and a verdict.
+    #[command(name = "pd-pair")]
+    PdPair {
+        name: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Restart one unit. Refused for a pair's engines: restart the pair.
+    Unit {
+        name: String,
+        #[arg(long)]
+        host: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// A failure to run at all (exit 1), as opposed to a verdict.
+#[derive(Debug)]
+pub struct CouldNotRun(pub String);
+
+pub async fn connect(url: &str) -> Result<ControlClient<Channel>, CouldNotRun> {
+    let endpoint = Channel::from_shared(url.to_string())
+        .map_err(|e| CouldNotRun(format!("invalid --orchestrator URL {url:?}: {e}")))?
+        .connect_timeout(Duration::from_secs(5));
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(|e| CouldNotRun(format!("orchestrator unreachable at {url}: {e}")))?;
+    Ok(ControlClient::new(channel))
+}
+
+fn status_reason(s: &tonic::Status) -> String {
+    if s.message().is_empty() {
+        format!("{:?}", s.code())
+    } else {
+        s.message().to_string()
+    }
+}
+
+/// Runs `restart pd-pair`, printing live progress (unless `json`), and
+/// returns the final report.
+pub async fn restart_pair(
+    url: &str,
+    pair: &str,
+    json: bool,
+) -> Result<OperationReport, CouldNotRun> {
+    let mut client = connect(url).await?;
+    let mut stream = client
+        .restart_pair(RestartPairRequest {
+            pair: pair.to_string(),
+            request_id: uuid::Uuid::new_v4().to_string(),
+        })
+        .await
+        .map_err(|s| CouldNotRun(status_reason(&s)))?
+        .into_inner();
+    let mut out = std::io::stdout();
+    loop {
+        let update = match stream.message().await {
+            Ok(Some(u)) => u,
+            Ok(None) => {
+                return Err(CouldNotRun(
+                    "the orchestrator ended the operation stream without a report".into(),
+                ));
+            }
+            Err(s) => {
+                return Err(CouldNotRun(format!(
+                    "lost the operation stream: {}",
+                    status_reason(&s)
+                )));
+            }
+        };
+        let line = match update.kind {
+            Some(operation_update::Kind::Started(s)) => Some(format!(
+                "restart pd-pair {}: operation {} (decode start policy: {})",
+                s.pair, s.operation_id, s.decode_start_policy
+            )),
+            Some(operation_update::Kind::Step(s)) => Some(live_step_line(&StepRecord {
+                name: s.name,
+                unit: s.unit,
+                started_ms: s.started_ms,
+                ended_ms: s.ended_ms,
+                outcome: s.outcome,
+            })),
+            Some(operation_update::Kind::Phase(p)) => Some(live_phase_line(&TimelineRecord {
+                unit: p.unit,
+                role: p.role,
+                phase: p.phase,
+                at_ms: p.at_ms,
+                detail: p.detail,
+            })),
+            Some(operation_update::Kind::Probe(p)) => Some(live_probe_line(&ProbeRecord {
+                target: p.target,
+                seq: p.seq,
+                latency_ms: p.latency_ms,
+                tokens: p.tokens,
+                outcome: p.outcome,
+                error: p.error,
+                request_id: String::new(),
+            })),
+            Some(operation_update::Kind::Report(r)) => {
+                let report: OperationReport = serde_json::from_str(&r.json).map_err(|e| {
+                    CouldNotRun(format!("unreadable report from the orchestrator: {e}"))
+                })?;
+                if json {
+                    println!(
+                        "{}",
+                        serde_json::to_string_pretty(&report).unwrap_or(r.json)
+                    );
+                } else {
+                    print!("{}", render_summary(&report));
+                }
+                return Ok(report);
+            }
+            None => None,
+        };
+        if let (Some(line), false) = (line, json) {
+            let _ = writeln!(out, "{line}");
+            let _ = out.flush();
+        }
+    }
+}
+
+fn exit_for(report: &OperationReport) -> ExitCode {
+    if report.verdict.is_healthy() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(2)
+    }
+}
+
+fn could_not_run(reason: &str, json: bool) -> ExitCode {
+    if json {
+        println!("{}", serde_json::json!({ "error": reason }));
+    }
+    eprintln!("pdwarden: {reason}");
+    ExitCode::from(1)
+}
+
+async fn restart_unit(url: &str, name: &str, host: Option<String>, json: bool) -> ExitCode {
+    let mut client = match connect(url).await {
+        Ok(c) => c,
+        Err(CouldNotRun(r)) => return could_not_run(&r, json),
+    };
+    let res = client
+        .restart_unit(RestartUnitRequest {
+            host: host.unwrap_or_default(),
+            unit: name.to_string(),
+            request_id: uuid::Uuid::new_v4().to_string(),
+        })
+        .await;
+    match res {
+        Ok(_) => could_not_run(
+            "the orchestrator accepted a unit restart this CLI cannot follow",
+            json,
+        ),
+        Err(s) => {
+            let reason = status_reason(&s);
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({ "refused": s.code() == tonic::Code::FailedPrecondition, "unit": name, "reason": reason })
+                );
+            }
+            eprintln!("pdwarden: {reason}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn status(url: &str, json: bool) -> anyhow::Result<()> {
+    let mut client = connect(url).await.map_err(|e| anyhow::anyhow!(e.0))?;
+    let reply = client
+        .status(StatusRequest {})
+        .await
+        .map_err(|s| anyhow::anyhow!(status_reason(&s)))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&reply.into_inner().json).context("unreadable status")?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    for a in v["agents"].as_array().into_iter().flatten() {
+        let conn = if a["connected"].as_bool() == Some(true) {
+            "connected"
+        } else {
+            "DISCONNECTED"
+        };
+        println!(
+            "host {} ({conn}, agent {})",
+            a["host"].as_str().unwrap_or("?"),
+            a["agent_version"].as_str().unwrap_or("?")
+        );
+        for u in a["units"].as_array().into_iter().flatten() {
+            println!(
+                "  {:<14} {:<8} {:<11} pid {:<8} {}",
+                u["name"].as_str().unwrap_or("?"),
+                u["role"].as_str().unwrap_or("?"),
+                u["phase"].as_str().unwrap_or("?"),
+                u["pid"]
+                    .as_u64()
+                    .map(|p| p.to_string())
+                    .unwrap_or_else(|| "-".into()),
+                u["base_url"].as_str().unwrap_or("")
+            );
+        }
+    }
+    for p in v["pairs"].as_array().into_iter().flatten() {
+        let running = p["running_operation"]
+            .as_str()
+            .map(|o| format!(", running operation {o}"))
+            .unwrap_or_default();
+        println!(
+            "pair {}: last verdict {}{running}",
+            p["name"].as_str().unwrap_or("?"),
+            p["last_verdict"].as_str().unwrap_or("none")
+        );
+    }
+    Ok(())
+}
+
+async fn history(url: &str, pair: &str, limit: u32, json: bool) -> anyhow::Result<()> {
+    let mut client = connect(url).await.map_err(|e| anyhow::anyhow!(e.0))?;
+    let reply = client
+        .history(HistoryRequest {
+            pair: pair.to_string(),
+            limit,
+        })
+        .await
+        .map_err(|s| anyhow::anyhow!(status_reason(&s)))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&reply.into_inner().json).context("unreadable history")?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    for op in v.as_array().into_iter().flatten() {
+        println!(
+            "{}  {}  {}  {}",
+            op["operation_id"].as_str().unwrap_or("?"),
+            op["kind"].as_str().unwrap_or("?"),
+            op["verdict"].as_str().unwrap_or("(running)"),
+            op["state"].as_str().unwrap_or("?"),
+        );
+        for r in op["report"]["reasons"].as_array().into_iter().flatten() {
+            println!("    - {}", r.as_str().unwrap_or(""));
+        }
+    }
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let url = cli.orchestrator.clone();
+    match cli.command {
+        Cmd::Restart {
+            what: RestartWhat::PdPair { name, json },
+        } => match restart_pair(&url, &name, json).await {
+            Ok(report) => exit_for(&report),
+            Err(CouldNotRun(reason)) => could_not_run(&reason, json),
+        },
+        Cmd::Restart {
+            what: RestartWhat::Unit { name, host, json },
+        } => restart_unit(&url, &name, host, json).await,
+        Cmd::Status { json } => match status(&url, json).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => could_not_run(&format!("{e:#}"), json),
+        },
+        Cmd::History { pair, limit, json } => match history(&url, &pair, limit, json).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => could_not_run(&format!("{e:#}"), json),
+        },
+        Cmd::Demo(args) => demo::run(args).await,
+    }
+}

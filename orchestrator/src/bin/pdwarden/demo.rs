@@ -1,0 +1,423 @@
+//! `pdwarden demo`: a whole local stack and a real `restart pd-pair`.
+//!
+//! It starts, on free loopback ports in a temporary directory, an
+//! orchestrator and an agent (both real processes, the binaries next to this
+//! one), and lets the agent supervise a prefill and a decode `pd-sim` and the
+//! real `sglang-router` in PD mode. The restart it runs is the same code path
+//! as `pdwarden restart pd-pair`. Everything it started is stopped by PID
+//! before it exits, and its exit code is the restart's.
+//!
+//! Start-up phases follow seed 004's restart (port refused ~60 s, 503 until
+//! ~70 s) and a small genuine cold-start penalty, scaled by `--time-scale`;
+//! budgets and timeouts are scaled by the same factor so the verdict does not
+//! depend on the scale.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::Args;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use crate::{CouldNotRun, could_not_run, exit_for, restart_pair};
+
+#[derive(Args)]
+pub struct DemoArgs {
+    /// Print the restart's report as one JSON object.
+    #[arg(long)]
+    json: bool,
+    /// Multiplies every simulated duration and every budget (0 < F ≤ 1).
+    #[arg(long, default_value_t = 0.05)]
+    time_scale: f64,
+    /// `after-prefill-ready` or `overlap`.
+    #[arg(long, default_value = "after-prefill-ready")]
+    decode_start_policy: String,
+    /// sglang-router's `smg` launcher (default: .venv/bin/smg of this checkout, then PATH).
+    #[arg(long, env = "PDWARDEN_SMG")]
+    router_bin: Option<PathBuf>,
+    /// Keep the temporary directory (configs, logs, journal) for inspection.
+    #[arg(long)]
+    keep: bool,
+}
+
+/// Simulated start-up of one engine, in simulated ms (seed 004's shape).
+struct EngineTiming {
+    listen_after_ms: u64,
+    ready_after_ms: u64,
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn sibling_binary(name: &str) -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("cannot locate the pdwarden binary")?;
+    let dir = exe
+        .parent()
+        .context("pdwarden binary has no parent directory")?;
+    let p = dir.join(name);
+    if p.is_file() {
+        Ok(p)
+    } else {
+        bail!(
+            "{name} not found next to pdwarden ({}); build the whole workspace first: cargo build --workspace",
+            dir.display()
+        )
+    }
+}
+
+fn find_router(explicit: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    if let Some(p) = explicit {
+        if p.is_file() {
+            return Ok(p);
+        }
+        bail!("--router-bin {} does not exist", p.display());
+    }
+    let exe = std::env::current_exe()?;
+    for dir in exe.ancestors().skip(1) {
+        let candidate = dir.join(".venv/bin/smg");
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&path) {
+            let candidate = dir.join("smg");
+            if candidate.is_file() {
+                return Ok(candidate);
+            }
+        }
+    }
+    bail!("sglang-router (smg) not found: run scripts/setup-router.sh, or pass --router-bin")
+}
+
+/// A child process this demo started; stopped by PID when dropped.
+struct Owned {
+    name: &'static str,
+    child: Child,
+}
+
+impl Owned {
+    /// SIGTERM, then SIGKILL after `grace`.
+    fn stop(&mut self, grace: Duration) {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
+        let pid = Pid::from_raw(self.child.id() as i32);
+        let _ = kill(pid, Signal::SIGTERM);
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        eprintln!(
+            "demo: {} did not stop within {grace:?}; killing it",
+            self.name
+        );
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Owned {
+    fn drop(&mut self) {
+        self.stop(Duration::from_secs(10));
+    }
+}
+
+fn spawn_logged(
+    name: &'static str,
+    program: &Path,
+    args: &[String],
+    dir: &Path,
+) -> anyhow::Result<Owned> {
+    let log = std::fs::File::create(dir.join(format!("{name}.log")))?;
+    let child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .with_context(|| format!("cannot start {}", program.display()))?;
+    Ok(Owned { name, child })
+}
+
+fn toml_str(s: &str) -> String {
+    toml::Value::String(s.to_string()).to_string()
+}
+
+fn toml_list(items: &[String]) -> String {
+    let inner: Vec<String> = items.iter().map(|s| toml_str(s)).collect();
+    format!("[{}]", inner.join(", "))
+}
+
+struct Stack {
+    dir: tempfile::TempDir,
+    orchestrator_url: String,
+    agent: Owned,
+    orchestrator: Owned,
+}
+
+fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<(String, PathBuf, PathBuf)> {
+    let scale = args.time_scale;
+    if !(scale > 0.0 && scale <= 1.0) {
+        bail!("--time-scale must be in (0, 1], got {scale}");
+    }
+    if !matches!(
+        args.decode_start_policy.as_str(),
+        "after-prefill-ready" | "overlap"
+    ) {
+        bail!(
+            "--decode-start-policy must be `after-prefill-ready` or `overlap`, got {:?}",
+            args.decode_start_policy
+        );
+    }
+    let scaled = |ms: u64| ((ms as f64 * scale).round() as u64).max(1);
+    let pd_sim = sibling_binary("pd-sim")?;
+    let smg = find_router(args.router_bin.clone())?;
+    let (orch, prefill, bootstrap, decode, router, prom) = (
+        free_port()?,
+        free_port()?,
+        free_port()?,
+        free_port()?,
+        free_port()?,
+        free_port()?,
+    );
+
+    let engine = |role: &str, port: u16, t: &EngineTiming| -> Vec<String> {
+        let mut v: Vec<String> = vec![
+            pd_sim.display().to_string(),
+            "--role".into(),
+            role.into(),
+            "--host".into(),
+            "127.0.0.1".into(),
+            "--port".into(),
+            port.to_string(),
+            "--model".into(),
+            "demo-model".into(),
+            "--listen-after-ms".into(),
+            t.listen_after_ms.to_string(),
+            "--ready-after-ms".into(),
+            t.ready_after_ms.to_string(),
+            "--ttft-ms".into(),
+            "120".into(),
+            "--tpot-ms".into(),
+            "12".into(),
+            "--cold-first-ms".into(),
+            "6000".into(),
+            "--time-scale".into(),
+            scale.to_string(),
+        ];
+        if role == "prefill" {
+            v.extend(["--bootstrap-port".into(), bootstrap.to_string()]);
+        }
+        v
+    };
+    let prefill_argv = engine(
+        "prefill",
+        prefill,
+        &EngineTiming {
+            listen_after_ms: 60_000,
+            ready_after_ms: 70_000,
+        },
+    );
+    let decode_argv = engine(
+        "decode",
+        decode,
+        &EngineTiming {
+            listen_after_ms: 62_000,
+            ready_after_ms: 72_000,
+        },
+    );
+    let router_argv: Vec<String> = vec![
+        smg.display().to_string(),
+        "launch".into(),
+        "--pd-disaggregation".into(),
+        "--prefill".into(),
+        format!("http://127.0.0.1:{prefill}"),
+        bootstrap.to_string(),
+        "--decode".into(),
+        format!("http://127.0.0.1:{decode}"),
+        "--host".into(),
+        "127.0.0.1".into(),
+        "--port".into(),
+        router.to_string(),
+        "--prometheus-port".into(),
+        prom.to_string(),
+        "--log-level".into(),
+        "warn".into(),
+    ];
+    let agent_toml = format!(
+        r#"host = "local"
+orchestrator = "http://127.0.0.1:{orch}"
+state_dir = {state}
+on_exit = "stop-units"
+
+[[unit]]
+name = "prefill-0"
+role = "prefill"
+argv = {prefill_argv}
+base_url = "http://127.0.0.1:{prefill}"
+bootstrap_port = {bootstrap}
+
+[[unit]]
+name = "decode-0"
+role = "decode"
+argv = {decode_argv}
+base_url = "http://127.0.0.1:{decode}"
+
+[[unit]]
+name = "router-0"
+role = "router"
+argv = {router_argv}
+base_url = "http://127.0.0.1:{router}"
+health_path = "/readiness"
+"#,
+        state = toml_str(&dir.join("agent").display().to_string()),
+        prefill_argv = toml_list(&prefill_argv),
+        decode_argv = toml_list(&decode_argv),
+        router_argv = toml_list(&router_argv),
+    );
+    let orchestrator_toml = format!(
+        r#"listen = "127.0.0.1:{orch}"
+journal = {journal}
+
+[[pair]]
+name = "demo"
+decode_start_policy = "{policy}"
+prefill = [{{ host = "local", unit = "prefill-0" }}]
+decode = [{{ host = "local", unit = "decode-0" }}]
+router = [{{ host = "local", unit = "router-0" }}]
+
+[pair.probe]
+model = "demo-model"
+prompt = "pdwarden readiness probe: reply with one word."
+max_tokens = 8
+warm_budget_ms = {warm}
+cold_allowance_ms = {cold}
+probe_timeout_ms = {probe_timeout}
+warm_probes = 2
+max_probes = 5
+
+[pair.timeouts]
+prefill_ready_ms = {ready}
+decode_ready_ms = {ready}
+router_ready_ms = {router_ready}
+stop_grace_ms = 5000
+poll_interval_ms = 20
+check_timeout_ms = {check}
+"#,
+        journal = toml_str(&dir.join("journal.sqlite").display().to_string()),
+        policy = args.decode_start_policy,
+        warm = scaled(1_000),
+        cold = scaled(30_000),
+        probe_timeout = scaled(120_000),
+        ready = scaled(600_000),
+        // The router itself is not simulated: it starts in about half a
+        // second whatever the scale.
+        router_ready = scaled(120_000).max(30_000),
+        check = scaled(30_000).max(1_000),
+    );
+    let agent_path = dir.join("agent.toml");
+    let orch_path = dir.join("orchestrator.toml");
+    std::fs::write(&agent_path, agent_toml)?;
+    std::fs::write(&orch_path, orchestrator_toml)?;
+    Ok((format!("http://127.0.0.1:{orch}"), orch_path, agent_path))
+}
+
+async fn start_stack(args: &DemoArgs) -> anyhow::Result<Stack> {
+    let dir = tempfile::Builder::new()
+        .prefix("pdwarden-demo-")
+        .tempdir()?;
+    let (url, orch_cfg, agent_cfg) = write_configs(args, dir.path())?;
+    let orchestrator = spawn_logged(
+        "orchestrator",
+        &sibling_binary("pdwarden-orchestrator")?,
+        &["--config".into(), orch_cfg.display().to_string()],
+        dir.path(),
+    )?;
+    let agent = spawn_logged(
+        "agent",
+        &sibling_binary("pdwarden-agent")?,
+        &["--config".into(), agent_cfg.display().to_string()],
+        dir.path(),
+    )?;
+    let stack = Stack {
+        dir,
+        orchestrator_url: url,
+        agent,
+        orchestrator,
+    };
+    wait_for_agent(&stack.orchestrator_url, Duration::from_secs(20)).await?;
+    Ok(stack)
+}
+
+/// Polls `status` until the agent has registered its three units.
+async fn wait_for_agent(url: &str, limit: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + limit;
+    let mut last = String::from("orchestrator not reachable yet");
+    while Instant::now() < deadline {
+        match crate::connect(url).await {
+            Ok(mut c) => match c.status(pdwarden_proto::v1::StatusRequest {}).await {
+                Ok(r) => {
+                    let v: serde_json::Value = serde_json::from_str(&r.into_inner().json)?;
+                    let units = v["agents"]
+                        .as_array()
+                        .and_then(|a| a.iter().find(|a| a["connected"] == true))
+                        .and_then(|a| a["units"].as_array().map(|u| u.len()))
+                        .unwrap_or(0);
+                    if units == 3 {
+                        return Ok(());
+                    }
+                    last = "agent not registered yet".into();
+                }
+                Err(s) => last = s.message().to_string(),
+            },
+            Err(CouldNotRun(r)) => last = r,
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    bail!("the local stack did not come up within {limit:?}: {last}")
+}
+
+pub async fn run(args: DemoArgs) -> ExitCode {
+    let started = Instant::now();
+    let mut stack = match start_stack(&args).await {
+        Ok(s) => s,
+        Err(e) => return could_not_run(&format!("demo: {e:#}"), args.json),
+    };
+    if !args.json {
+        println!(
+            "demo stack in {} (orchestrator {}, logs there); restarting pd-pair `demo`\n",
+            stack.dir.path().display(),
+            stack.orchestrator_url
+        );
+    }
+    let outcome = tokio::select! {
+        r = restart_pair(&stack.orchestrator_url, "demo", args.json) => Some(r),
+        _ = tokio::signal::ctrl_c() => None,
+    };
+    // The agent stops its units (on_exit = "stop-units") before it exits.
+    stack.agent.stop(Duration::from_secs(15));
+    stack.orchestrator.stop(Duration::from_secs(5));
+    if args.keep {
+        let kept = stack.dir.keep();
+        eprintln!("demo: kept {}", kept.display());
+    }
+    if !args.json {
+        println!(
+            "demo: stack stopped; {:.1} s in all",
+            started.elapsed().as_secs_f64()
+        );
+    }
+    match outcome {
+        Some(Ok(report)) => exit_for(&report),
+        Some(Err(CouldNotRun(r))) => could_not_run(&format!("demo: {r}"), args.json),
+        None => could_not_run("demo: interrupted", args.json),
+    }
+}
