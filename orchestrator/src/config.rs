@@ -290,6 +290,13 @@ probe_timeout_ms = 120000
         assert_eq!(p.timeouts.poll_interval_ms, 20);
     }
 
+    /// The shipped example must stay valid.
+    #[test]
+    fn deploy_local_example_is_valid() {
+        let c = OrchestratorConfig::from_toml_str(include_str!("../../deploy/local/orchestrator.toml")).unwrap();
+        assert_eq!(c.pairs[0].name, "local");
+    }
+
     #[test]
     fn unknown_field_is_named() {
         let e = OrchestratorConfig::from_toml_str(&EXAMPLE.replace("max_tokens", "x").replace(

@@ -22,7 +22,7 @@ use clap::Args;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-use crate::{CouldNotRun, could_not_run, exit_for, restart_pair};
+use crate::{CouldNotRun, could_not_run, exit_for, print_json, restart_pair};
 
 #[derive(Args)]
 pub struct DemoArgs {
@@ -41,6 +41,18 @@ pub struct DemoArgs {
     /// Keep the temporary directory (configs, logs, journal) for inspection.
     #[arg(long)]
     keep: bool,
+    /// After the restart, keep the stack running until SIGTERM or Ctrl-C, so
+    /// `pdwarden --orchestrator URL status|history|restart ...` can be tried
+    /// against it (the URL is printed, and is `demo.orchestrator` in --json).
+    #[arg(long)]
+    hold: bool,
+    /// Extra pd-sim flags for the prefill, e.g. "--ttft-ms 900"; a flag given
+    /// here replaces the demo's default for it. Split on whitespace.
+    #[arg(long, allow_hyphen_values = true, default_value = "")]
+    prefill_sim: String,
+    /// Extra pd-sim flags for the decode (as --prefill-sim).
+    #[arg(long, allow_hyphen_values = true, default_value = "")]
+    decode_sim: String,
 }
 
 /// Simulated start-up of one engine, in simulated ms (seed 004's shape).
@@ -147,6 +159,23 @@ fn spawn_logged(
     Ok(Owned { name, child })
 }
 
+/// Splits "--flag value --switch" into (flag, value) pairs; a token that
+/// does not start with `--` is the previous flag's value.
+fn parse_sim_flags(extra: &str) -> anyhow::Result<Vec<(String, Option<String>)>> {
+    let mut out: Vec<(String, Option<String>)> = Vec::new();
+    for tok in extra.split_whitespace() {
+        if tok.starts_with("--") {
+            out.push((tok.to_string(), None));
+        } else {
+            match out.last_mut() {
+                Some((_, v @ None)) => *v = Some(tok.to_string()),
+                _ => bail!("unexpected value {tok:?}: each value must follow a --flag"),
+            }
+        }
+    }
+    Ok(out)
+}
+
 fn toml_str(s: &str) -> String {
     toml::Value::String(s.to_string()).to_string()
 }
@@ -189,34 +218,35 @@ fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<(String, PathBuf
         free_port()?,
     );
 
-    let engine = |role: &str, port: u16, t: &EngineTiming| -> Vec<String> {
-        let mut v: Vec<String> = vec![
-            pd_sim.display().to_string(),
-            "--role".into(),
-            role.into(),
-            "--host".into(),
-            "127.0.0.1".into(),
-            "--port".into(),
-            port.to_string(),
-            "--model".into(),
-            "demo-model".into(),
-            "--listen-after-ms".into(),
-            t.listen_after_ms.to_string(),
-            "--ready-after-ms".into(),
-            t.ready_after_ms.to_string(),
-            "--ttft-ms".into(),
-            "120".into(),
-            "--tpot-ms".into(),
-            "12".into(),
-            "--cold-first-ms".into(),
-            "6000".into(),
-            "--time-scale".into(),
-            scale.to_string(),
+    let engine = |role: &str, port: u16, t: &EngineTiming, extra: &str| -> anyhow::Result<Vec<String>> {
+        let mut flags: Vec<(String, Option<String>)> = vec![
+            ("--role".into(), Some(role.into())),
+            ("--host".into(), Some("127.0.0.1".into())),
+            ("--port".into(), Some(port.to_string())),
+            ("--model".into(), Some("demo-model".into())),
+            ("--listen-after-ms".into(), Some(t.listen_after_ms.to_string())),
+            ("--ready-after-ms".into(), Some(t.ready_after_ms.to_string())),
+            ("--ttft-ms".into(), Some("120".into())),
+            ("--tpot-ms".into(), Some("12".into())),
+            ("--cold-first-ms".into(), Some("6000".into())),
+            ("--time-scale".into(), Some(scale.to_string())),
         ];
         if role == "prefill" {
-            v.extend(["--bootstrap-port".into(), bootstrap.to_string()]);
+            flags.push(("--bootstrap-port".into(), Some(bootstrap.to_string())));
         }
-        v
+        for (flag, value) in parse_sim_flags(extra).with_context(|| format!("--{role}-sim"))? {
+            if matches!(flag.as_str(), "--role" | "--host" | "--port" | "--bootstrap-port" | "--time-scale") {
+                bail!("--{role}-sim: {flag} is set by the demo itself");
+            }
+            flags.retain(|(f, _)| *f != flag);
+            flags.push((flag, value));
+        }
+        let mut v = vec![pd_sim.display().to_string()];
+        for (f, val) in flags {
+            v.push(f);
+            v.extend(val);
+        }
+        Ok(v)
     };
     let prefill_argv = engine(
         "prefill",
@@ -225,7 +255,8 @@ fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<(String, PathBuf
             listen_after_ms: 60_000,
             ready_after_ms: 70_000,
         },
-    );
+        &args.prefill_sim,
+    )?;
     let decode_argv = engine(
         "decode",
         decode,
@@ -233,7 +264,8 @@ fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<(String, PathBuf
             listen_after_ms: 62_000,
             ready_after_ms: 72_000,
         },
-    );
+        &args.decode_sim,
+    )?;
     let router_argv: Vec<String> = vec![
         smg.display().to_string(),
         "launch".into(),
@@ -398,10 +430,35 @@ pub async fn run(args: DemoArgs) -> ExitCode {
             stack.orchestrator_url
         );
     }
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(t) => t,
+        Err(e) => return could_not_run(&format!("demo: cannot handle SIGTERM: {e}"), args.json),
+    };
     let outcome = tokio::select! {
         r = restart_pair(&stack.orchestrator_url, "demo", args.json) => Some(r),
         _ = tokio::signal::ctrl_c() => None,
+        _ = term.recv() => None,
     };
+    if let (Some(Ok(report)), true) = (&outcome, args.json) {
+        let mut v = serde_json::to_value(report).unwrap_or_default();
+        v["demo"] = serde_json::json!({
+            "orchestrator": stack.orchestrator_url,
+            "dir": stack.dir.path().display().to_string(),
+        });
+        print_json(&v);
+    }
+    if args.hold && matches!(outcome, Some(Ok(_))) {
+        if !args.json {
+            println!(
+                "\ndemo: holding the stack; try `pdwarden --orchestrator {} status`; Ctrl-C to stop",
+                stack.orchestrator_url
+            );
+        }
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {},
+            _ = term.recv() => {},
+        }
+    }
     // The agent stops its units (on_exit = "stop-units") before it exits.
     stack.agent.stop(Duration::from_secs(15));
     stack.orchestrator.stop(Duration::from_secs(5));

@@ -106,8 +106,8 @@ fn status_reason(s: &tonic::Status) -> String {
     }
 }
 
-/// Runs `restart pd-pair`, printing live progress (unless `json`), and
-/// returns the final report.
+/// Runs `restart pd-pair`, printing live progress and the summary (unless
+/// `json`), and returns the final report; the caller prints `--json`.
 pub async fn restart_pair(
     url: &str,
     pair: &str,
@@ -189,6 +189,14 @@ pub async fn restart_pair(
     }
 }
 
+/// `--json` output: one object on one line.
+pub fn print_json(value: &impl serde::Serialize) {
+    match serde_json::to_string(value) {
+        Ok(s) => println!("{s}"),
+        Err(e) => eprintln!("pdwarden: cannot encode JSON output: {e}"),
+    }
+}
+
 fn exit_for(report: &OperationReport) -> ExitCode {
     if report.verdict.is_healthy() {
         ExitCode::SUCCESS
@@ -245,7 +253,7 @@ async fn status(url: &str, json: bool) -> anyhow::Result<()> {
     let v: serde_json::Value =
         serde_json::from_str(&reply.into_inner().json).context("unreadable status")?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        print_json(&v);
         return Ok(());
     }
     for a in v["agents"].as_array().into_iter().flatten() {
@@ -299,7 +307,7 @@ async fn history(url: &str, pair: &str, limit: u32, json: bool) -> anyhow::Resul
     let v: serde_json::Value =
         serde_json::from_str(&reply.into_inner().json).context("unreadable history")?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        print_json(&v);
         return Ok(());
     }
     for op in v.as_array().into_iter().flatten() {
@@ -325,7 +333,12 @@ async fn main() -> ExitCode {
         Cmd::Restart {
             what: RestartWhat::PdPair { name, json },
         } => match restart_pair(&url, &name, json).await {
-            Ok(report) => exit_for(&report),
+            Ok(report) => {
+                if json {
+                    print_json(&report);
+                }
+                exit_for(&report)
+            }
             Err(CouldNotRun(reason)) => could_not_run(&reason, json),
         },
         Cmd::Restart {

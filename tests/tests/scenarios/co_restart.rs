@@ -1,0 +1,115 @@
+//! The walking skeleton: `restart pd-pair` end to end (issue 2, INCIDENTS rows 1–3).
+
+use std::time::Duration;
+
+use crate::harness::{HeldDemo, at, must_at, pdwarden};
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+/// The ordered co-restart: prefill generates before decode is spawned, decode
+/// generates before the router is spawned, every unit walks its start-up
+/// phases in order, and probes through the real router end healthy.
+#[test]
+fn ordered_co_restart_is_gated_on_generation() {
+    let out = pdwarden(&["demo", "--json"], LIMIT);
+    let r = out.json();
+    assert_eq!(out.code, 0, "verdict {} reasons {:#}\n{}", r["verdict"], r["reasons"], out.stderr);
+    assert!(
+        matches!(r["verdict"].as_str(), Some("healthy" | "healthy_after_cold_start")),
+        "{r:#}"
+    );
+    assert_eq!(r["decode_start_policy"], "after-prefill-ready");
+    for unit in ["prefill-0", "decode-0"] {
+        let phases = ["spawned", "refused", "http_503", "healthy", "generating"].map(|p| must_at(&r, unit, p));
+        assert!(phases.windows(2).all(|w| w[0] <= w[1]), "{unit} phases out of order: {phases:?}");
+    }
+    assert!(must_at(&r, "prefill-0", "generating") <= must_at(&r, "decode-0", "spawned"));
+    assert!(must_at(&r, "decode-0", "generating") <= must_at(&r, "router-0", "spawned"));
+    assert!(must_at(&r, "router-0", "spawned") <= must_at(&r, "router-0", "generating"));
+    // Probes went through the real router and returned tokens.
+    let probes = r["probes"].as_array().unwrap();
+    assert!(probes.len() >= 2, "{probes:?}");
+    for p in probes {
+        assert_eq!(p["target"], "router:router-0");
+        assert_eq!(p["outcome"], "ok", "{p}");
+        assert!(p["tokens"].as_u64().unwrap() >= 1, "{p}");
+    }
+    let steps: Vec<&str> = r["steps"].as_array().unwrap().iter().map(|s| s["name"].as_str().unwrap()).collect();
+    assert_eq!(steps, ["restart-prefill", "restart-decode", "restart-router", "probe"]);
+    // History has the operation, with the same verdict.
+    assert!(r["operation_id"].as_str().is_some_and(|s| !s.is_empty()));
+}
+
+/// `overlap`: decode loads while prefill does, but the router still starts
+/// only once both generate.
+#[test]
+fn overlap_policy_overlaps_engine_loads_but_still_gates_the_router() {
+    let out = pdwarden(&["demo", "--json", "--decode-start-policy", "overlap"], LIMIT);
+    let r = out.json();
+    assert_eq!(out.code, 0, "{r:#}");
+    assert_eq!(r["decode_start_policy"], "overlap");
+    assert!(must_at(&r, "decode-0", "spawned") < must_at(&r, "prefill-0", "generating"));
+    let both = must_at(&r, "prefill-0", "generating").max(must_at(&r, "decode-0", "generating"));
+    assert!(both <= must_at(&r, "router-0", "spawned"));
+}
+
+/// A decode-only restart is refused with the reason, and nothing restarts:
+/// the decode keeps its PID. History and status see the pair's operation.
+#[test]
+fn decode_only_restart_is_refused() {
+    let demo = HeldDemo::start(&[], LIMIT);
+    assert!(matches!(
+        demo.report["verdict"].as_str(),
+        Some("healthy" | "healthy_after_cold_start")
+    ));
+    let pid_of = |status: &serde_json::Value, unit: &str| {
+        status["agents"][0]["units"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|u| u["name"] == unit)
+            .and_then(|u| u["pid"].as_u64())
+    };
+    let before = demo.cli(&["status", "--json"]).json();
+    let decode_pid = pid_of(&before, "decode-0").expect("decode running");
+
+    let out = demo.cli(&["restart", "unit", "decode-0", "--json"]);
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    let refusal = out.json();
+    assert_eq!(refusal["refused"], true);
+    let reason = refusal["reason"].as_str().unwrap();
+    assert!(reason.contains("decode-only restart"), "{reason}");
+    assert!(reason.contains("pdwarden restart pd-pair demo"), "{reason}");
+
+    let after = demo.cli(&["status", "--json"]).json();
+    assert_eq!(pid_of(&after, "decode-0"), Some(decode_pid), "the decode was restarted anyway");
+    assert_eq!(after["pairs"][0]["last_verdict"], demo.report["verdict"]);
+
+    let history = demo.cli(&["history", "demo", "--json"]).json();
+    assert_eq!(history[0]["operation_id"], demo.report["operation_id"]);
+
+    // An unknown pair cannot run: exit 1 with the reason.
+    let out = demo.cli(&["restart", "pd-pair", "nope", "--json"]);
+    assert_eq!(out.code, 1);
+    assert!(out.json()["error"].as_str().unwrap().contains("unknown pair"));
+}
+
+/// INCIDENTS row 3: a decode that listens and answers `/v1/models` but never
+/// generates never reaches `generating`; the router is never started after
+/// it, and the verdict is failed or wedged with that evidence, never healthy.
+#[test]
+fn decode_that_never_generates_is_never_healthy() {
+    let out = pdwarden(
+        &["demo", "--json", "--time-scale", "0.01", "--decode-sim", "--ttft-ms 100000000"],
+        LIMIT,
+    );
+    let r = out.json();
+    assert_eq!(out.code, 2, "{r:#}");
+    assert!(matches!(r["verdict"].as_str(), Some("wedged" | "failed")), "{r:#}");
+    must_at(&r, "decode-0", "http_503");
+    assert_eq!(at(&r, "decode-0", "generating"), None);
+    assert_eq!(at(&r, "router-0", "spawned"), None, "router started behind a decode that never generated");
+    let reasons = r["reasons"].to_string();
+    assert!(reasons.contains("decode-0"), "{reasons}");
+    assert!(r["probes"].as_array().unwrap().is_empty());
+}

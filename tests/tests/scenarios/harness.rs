@@ -1,0 +1,172 @@
+//! Fixtures for the cross-process scenarios: the workspace's binaries, and
+//! `pdwarden demo` run as a real process (orchestrator, agent, pd-sim engines
+//! and the real sglang-router, all on loopback).
+//!
+//! Every process a scenario starts is stopped by PID: the demo stops its own
+//! stack on SIGTERM, and a demo that outlives its deadline is killed.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::Value;
+
+/// A workspace binary. The scenario binaries are built by `cargo build
+/// --workspace`, which the README's test command runs first.
+pub fn bin(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_BIN_EXE_pd-sim"))
+        .parent()
+        .expect("target dir")
+        .to_path_buf();
+    let p = dir.join(name);
+    assert!(
+        p.is_file(),
+        "{} is missing: build the workspace first (cargo build --workspace)",
+        p.display()
+    );
+    p
+}
+
+pub struct Output {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Output {
+    /// The last stdout line, parsed as the command's `--json` object.
+    pub fn json(&self) -> Value {
+        let line = self.stdout.lines().rev().find(|l| l.starts_with('{')).unwrap_or_else(|| {
+            panic!("no JSON object on stdout.\nstdout:\n{}\nstderr:\n{}", self.stdout, self.stderr)
+        });
+        serde_json::from_str(line).unwrap_or_else(|e| panic!("bad JSON ({e}): {line}"))
+    }
+}
+
+fn stop_by_pid(child: &mut Child, grace: Duration) {
+    if let Ok(Some(_)) = child.try_wait() {
+        return;
+    }
+    let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// Runs `pdwarden ARGS` to completion, killing it (by PID) after `limit`.
+pub fn pdwarden(args: &[&str], limit: Duration) -> Output {
+    let mut child = Command::new(bin("pdwarden"))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn pdwarden");
+    let stdout = child.stdout.take().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let out_t = std::thread::spawn(move || std::io::read_to_string(stdout).unwrap_or_default());
+    let err_t = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap_or_default());
+    let deadline = Instant::now() + limit;
+    let code = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status.code().unwrap_or(-1);
+        }
+        if Instant::now() > deadline {
+            // SIGTERM lets a demo stop the stack it started.
+            stop_by_pid(&mut child, Duration::from_secs(20));
+            let (o, e) = (out_t.join().unwrap(), err_t.join().unwrap());
+            panic!("pdwarden {args:?} ran past {limit:?}\nstdout:\n{o}\nstderr:\n{e}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Output {
+        code,
+        stdout: out_t.join().unwrap(),
+        stderr: err_t.join().unwrap(),
+    }
+}
+
+/// `pdwarden demo --json --hold`: the stack stays up after the restart until
+/// this value is dropped.
+pub struct HeldDemo {
+    child: Child,
+    pub report: Value,
+    pub orchestrator: String,
+}
+
+impl HeldDemo {
+    pub fn start(extra: &[&str], limit: Duration) -> Self {
+        let mut child = Command::new(bin("pdwarden"))
+            .args(["demo", "--json", "--hold"])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn pdwarden demo");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let deadline = Instant::now() + limit;
+        let report = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(line) if line.starts_with('{') => break serde_json::from_str::<Value>(&line).expect("demo JSON"),
+                Ok(_) => continue,
+                Err(e) => {
+                    stop_by_pid(&mut child, Duration::from_secs(20));
+                    panic!("demo produced no report within {limit:?}: {e}");
+                }
+            }
+        };
+        let orchestrator = report["demo"]["orchestrator"].as_str().expect("demo.orchestrator").to_string();
+        HeldDemo {
+            child,
+            report,
+            orchestrator,
+        }
+    }
+
+    /// `pdwarden --orchestrator URL ARGS` against the held stack.
+    pub fn cli(&self, args: &[&str]) -> Output {
+        let mut all = vec!["--orchestrator", self.orchestrator.as_str()];
+        all.extend_from_slice(args);
+        pdwarden(&all, Duration::from_secs(60))
+    }
+}
+
+impl Drop for HeldDemo {
+    fn drop(&mut self) {
+        stop_by_pid(&mut self.child, Duration::from_secs(30));
+    }
+}
+
+/// When `unit` reached `phase` in a report's timeline (ms since the operation began).
+pub fn at(report: &Value, unit: &str, phase: &str) -> Option<u64> {
+    report["timeline"]
+        .as_array()?
+        .iter()
+        .find(|t| t["unit"] == unit && t["phase"] == phase)
+        .and_then(|t| t["at_ms"].as_u64())
+}
+
+/// Like [`at`], but the phase must be there.
+pub fn must_at(report: &Value, unit: &str, phase: &str) -> u64 {
+    at(report, unit, phase).unwrap_or_else(|| panic!("{unit} never reached {phase}: {:#}", report["timeline"]))
+}

@@ -1,0 +1,6 @@
+//! Cross-process scenarios: real processes on loopback, the real
+//! sglang-router, pd-sim standing in for the GPU engines. One test binary
+//! (ripgrep style); one module per area.
+
+mod co_restart;
+mod harness;
