@@ -1,1 +1,129 @@
-//! placeholder
+//! pdwarden's per-host agent.
+//!
+//! The agent is the orchestrator's eyes and hands on one host (DESIGN.md 2:
+//! facts from the agent). It supervises the host's units (prefill and decode
+//! engines, routers) as child processes, watches each start-up phase as it
+//! happens (`spawned → refused → http_503 → healthy → generating`), runs
+//! probe-tagged chat completions on request, and reports all of it over one
+//! gRPC stream that it dials out to the orchestrator.
+//!
+//! Layout:
+//! - [`config`]: the TOML config (host, orchestrator, units).
+//! - [`readiness`]: the pure, clock-injected phase classifier and its poll driver.
+//! - [`checks`]: the HTTP edge: health polls, generation checks, chat probes.
+//! - `supervisor`: processes (spawn, stop, exit detection, logs), one actor per unit.
+//! - `commands`: executes commands at most once per command id.
+//! - `link`: the orchestrator stream, with reconnect/backoff and heartbeats.
+//!
+//! [`run`] ties them together; the `pdwarden-agent` binary only parses its
+//! flag, loads the config and wires SIGTERM/SIGINT to `shutdown`.
+
+pub mod checks;
+mod commands;
+pub mod config;
+mod link;
+mod outbox;
+pub mod readiness;
+mod supervisor;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use pdwarden_proto::v1::Register;
+use thiserror::Error;
+use tokio::time::Instant;
+use tracing::info;
+
+pub use config::{AgentConfig, ConfigError, OnExit, Role, UnitConfig};
+pub use link::LinkError;
+pub use supervisor::SupervisorError;
+
+/// Reported in `Register.agent_version`.
+pub const AGENT_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Why the agent could not run.
+#[derive(Debug, Error)]
+pub enum AgentError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("cannot create the state directory {}", path.display())]
+    StateDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Link(#[from] LinkError),
+}
+
+/// Runs the agent until `shutdown` resolves.
+///
+/// Starts the `autostart` units, then keeps a stream to the orchestrator
+/// (reconnecting forever while it is unreachable) and executes its commands.
+/// When `shutdown` resolves, units are stopped first if `on_exit =
+/// "stop-units"` (SIGTERM, SIGKILL after `shutdown_grace_ms`), else left
+/// running. Errors only for a bad config or an unusable state directory.
+pub async fn run(
+    config: AgentConfig,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), AgentError> {
+    config.validate()?;
+    let log_dir = config.state_dir.join("logs");
+    std::fs::create_dir_all(&log_dir).map_err(|source| AgentError::StateDir {
+        path: log_dir.clone(),
+        source,
+    })?;
+    let endpoint = link::endpoint(&config.orchestrator)?;
+    let instance_id = uuid::Uuid::new_v4().to_string();
+    info!(host = %config.host, agent_instance_id = %instance_id, units = config.units.len(), "agent starting");
+
+    let http = checks::http_client();
+    let (outbox, mut outbox_rx) = outbox::Outbox::new();
+    let supervisor = Arc::new(supervisor::Supervisor::new(
+        &config,
+        outbox.clone(),
+        http.clone(),
+    ));
+    let dispatcher = Arc::new(commands::Dispatcher::new(
+        Arc::clone(&supervisor),
+        outbox,
+        http,
+    ));
+
+    for unit in config.units.iter().filter(|u| u.autostart) {
+        // Autostart events carry command id "" and count from this moment.
+        let start = supervisor.start(
+            &unit.name,
+            supervisor::CommandContext::new("", Instant::now()),
+            false,
+            Duration::from_millis(supervisor::DEFAULT_STOP_GRACE_MS),
+            readiness::ReadinessParams::default(),
+        );
+        if let Err(e) = start.await {
+            tracing::error!(unit = %unit.name, error = %checks::error_chain(&e), "autostart failed");
+        }
+    }
+
+    let register = {
+        let supervisor = Arc::clone(&supervisor);
+        let host = config.host.clone();
+        move || Register {
+            host: host.clone(),
+            agent_version: AGENT_VERSION.to_owned(),
+            agent_instance_id: instance_id.clone(),
+            units: supervisor.unit_infos(),
+        }
+    };
+    let shutdown = std::pin::pin!(shutdown);
+    link::run(endpoint, register, &dispatcher, &mut outbox_rx, shutdown).await;
+
+    info!(on_exit = ?config.on_exit, "agent shutting down");
+    if config.on_exit == OnExit::StopUnits {
+        supervisor
+            .stop_all(Duration::from_millis(config.shutdown_grace_ms))
+            .await;
+    }
+    Ok(())
+}

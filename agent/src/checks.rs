@@ -1,0 +1,328 @@
+//! HTTP evidence gathering: health polls, generation checks and probe-tagged
+//! chat completions, each turned into a plain observation value.
+//!
+//! This is the only place the agent talks HTTP to its units. Requests go over
+//! a fresh connection each time (no pooling), so a poll never rides a
+//! keep-alive connection to a process that has since been replaced, and
+//! system proxies are ignored (units are on loopback). Every probe carries
+//! `X-Request-Id: pdwarden-probe-<uuid>` and `X-Pdwarden-Probe: 1`: only the
+//! request id survives sglang-router (ROUTER-NOTES.md), so engines behind a
+//! router can still tell probes from traffic.
+
+use std::time::Duration;
+
+use pdwarden_proto::v1::{ChatProbe, ProbeOutcome};
+use serde_json::json;
+use tokio::time::Instant;
+
+use crate::readiness::{Checker, GenerationObservation, HealthObservation};
+
+/// Header carrying the probe's request id; the prefix marks it as a probe.
+pub const REQUEST_ID_HEADER: &str = "X-Request-Id";
+pub const REQUEST_ID_PREFIX: &str = "pdwarden-probe-";
+/// Extra tag for probes sent straight to an engine (dropped by the router).
+pub const PROBE_HEADER: &str = "X-Pdwarden-Probe";
+
+/// The agent's HTTP client for health polls and probes.
+pub fn http_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(0)
+        .build()
+        .expect("reqwest client with static settings")
+}
+
+/// The outcome of one probe-tagged chat completion.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatOutcome {
+    pub outcome: ProbeOutcome,
+    pub latency: Duration,
+    pub tokens: u32,
+    /// Empty when `outcome` is OK.
+    pub error: String,
+    /// 0 when no HTTP answer arrived.
+    pub http_status: u16,
+    pub request_id: String,
+}
+
+/// POSTs one probe-tagged, non-streaming, temperature-0 chat completion to
+/// `base_url/v1/chat/completions`. OK requires at least one completion token
+/// within `timeout` (body included).
+pub async fn chat_probe(
+    client: &reqwest::Client,
+    base_url: &str,
+    chat: &ChatProbe,
+    timeout: Duration,
+) -> ChatOutcome {
+    let request_id = format!("{REQUEST_ID_PREFIX}{}", uuid::Uuid::new_v4());
+    let body = json!({
+        "model": chat.model,
+        "messages": [{"role": "user", "content": chat.prompt}],
+        "max_tokens": chat.max_tokens,
+        "stream": false,
+        "temperature": 0,
+    });
+    let url = format!("{}/v1/chat/completions", base_url.trim_end_matches('/'));
+    let started = Instant::now();
+    let mut http_status = 0u16;
+    let exchange = async {
+        let resp = client
+            .post(&url)
+            .header(REQUEST_ID_HEADER, &request_id)
+            .header(PROBE_HEADER, "1")
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| format!("request failed: {}", error_chain(&e)))?;
+        http_status = resp.status().as_u16();
+        let ok = resp.status().is_success();
+        let text = resp
+            .text()
+            .await
+            .map_err(|e| format!("reading response: {}", error_chain(&e)))?;
+        if !ok {
+            return Err(format!("http {http_status}: {}", snippet(&text)));
+        }
+        let value: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| format!("response is not JSON ({e}): {}", snippet(&text)))?;
+        let tokens = completion_tokens(&value);
+        if tokens == 0 {
+            return Err(format!("no completion tokens: {}", snippet(&text)));
+        }
+        Ok(tokens)
+    };
+    let result = tokio::time::timeout(timeout, exchange).await;
+    let latency = started.elapsed();
+    let (outcome, tokens, error) = match result {
+        Ok(Ok(tokens)) => (ProbeOutcome::Ok, tokens, String::new()),
+        Ok(Err(error)) => (ProbeOutcome::Error, 0, error),
+        Err(_) => (
+            ProbeOutcome::Timeout,
+            0,
+            format!("no answer within {} ms", timeout.as_millis()),
+        ),
+    };
+    ChatOutcome {
+        outcome,
+        latency,
+        tokens,
+        error,
+        http_status,
+        request_id,
+    }
+}
+
+/// `usage.completion_tokens`, or 1 if it is missing/zero but
+/// `choices[0].message.content` is non-empty.
+fn completion_tokens(v: &serde_json::Value) -> u32 {
+    let usage = v
+        .pointer("/usage/completion_tokens")
+        .and_then(serde_json::Value::as_u64)
+        .unwrap_or(0);
+    if usage > 0 {
+        return u32::try_from(usage).unwrap_or(u32::MAX);
+    }
+    let content = v
+        .pointer("/choices/0/message/content")
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or("");
+    u32::from(!content.is_empty())
+}
+
+fn snippet(text: &str) -> String {
+    const MAX: usize = 200;
+    let t = text.trim();
+    match t.char_indices().nth(MAX) {
+        Some((i, _)) => format!("{}…", &t[..i]),
+        None => t.to_owned(),
+    }
+}
+
+/// The error and its causes, joined: reqwest's top-level message alone hides
+/// "Connection refused".
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let m = c.to_string();
+        if !s.contains(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+        cur = c.source();
+    }
+    s
+}
+
+/// Which generation check a start-up watch runs.
+#[derive(Debug, Clone)]
+pub enum GenerationCheck {
+    /// GET this URL; any 2xx passes (SGLang's `/health_generate`).
+    Get { url: String, path: String },
+    /// A probe-tagged chat completion that must return ≥1 token (routers).
+    Chat { base_url: String, chat: ChatProbe },
+}
+
+/// The real [`Checker`]: HTTP against one unit.
+#[derive(Debug, Clone)]
+pub struct HttpChecker {
+    pub client: reqwest::Client,
+    pub health_url: String,
+    pub health_timeout: Duration,
+    pub generation: GenerationCheck,
+    pub check_timeout: Duration,
+}
+
+impl HttpChecker {
+    pub fn new(
+        client: reqwest::Client,
+        base_url: &str,
+        health_path: &str,
+        generation_path: &str,
+        params: &crate::readiness::ReadinessParams,
+    ) -> Self {
+        let base = base_url.trim_end_matches('/');
+        let generation = match &params.chat {
+            Some(chat) => GenerationCheck::Chat {
+                base_url: base.to_owned(),
+                chat: chat.clone(),
+            },
+            None => GenerationCheck::Get {
+                url: format!("{base}{generation_path}"),
+                path: generation_path.to_owned(),
+            },
+        };
+        HttpChecker {
+            client,
+            health_url: format!("{base}{health_path}"),
+            health_timeout: params.health_timeout,
+            generation,
+            check_timeout: params.check_timeout,
+        }
+    }
+}
+
+impl Checker for HttpChecker {
+    async fn health(&self) -> HealthObservation {
+        let req = self.client.get(&self.health_url).send();
+        match tokio::time::timeout(self.health_timeout, req).await {
+            Err(_) => HealthObservation::TimedOut {
+                after: self.health_timeout,
+            },
+            Ok(Ok(resp)) => HealthObservation::Status {
+                status: resp.status().as_u16(),
+            },
+            Ok(Err(e)) if e.is_connect() => HealthObservation::Refused {
+                error: root_cause(&e),
+            },
+            Ok(Err(e)) => HealthObservation::Failed {
+                error: error_chain(&e),
+            },
+        }
+    }
+
+    async fn generation(&self) -> GenerationObservation {
+        match &self.generation {
+            GenerationCheck::Chat { base_url, chat } => {
+                let r = chat_probe(&self.client, base_url, chat, self.check_timeout).await;
+                match r.outcome {
+                    ProbeOutcome::Ok => GenerationObservation::Passed {
+                        latency: r.latency,
+                        detail: format!(
+                            "generation check: {} in {} ms (chat completion, request id {})",
+                            if r.tokens == 1 {
+                                "1 token".to_owned()
+                            } else {
+                                format!("{} tokens", r.tokens)
+                            },
+                            r.latency.as_millis(),
+                            r.request_id
+                        ),
+                    },
+                    ProbeOutcome::Timeout => GenerationObservation::TimedOut {
+                        after: self.check_timeout,
+                    },
+                    _ => GenerationObservation::Failed {
+                        latency: r.latency,
+                        reason: format!("chat completion failed ({})", r.error),
+                    },
+                }
+            }
+            GenerationCheck::Get { url, path } => {
+                let started = Instant::now();
+                let exchange = async {
+                    let resp = self
+                        .client
+                        .get(url)
+                        .header(
+                            REQUEST_ID_HEADER,
+                            format!("{REQUEST_ID_PREFIX}{}", uuid::Uuid::new_v4()),
+                        )
+                        .header(PROBE_HEADER, "1")
+                        .send()
+                        .await?;
+                    let status = resp.status();
+                    // Read the body so the check covers the whole answer.
+                    resp.bytes().await?;
+                    Ok::<_, reqwest::Error>(status)
+                };
+                match tokio::time::timeout(self.check_timeout, exchange).await {
+                    Err(_) => GenerationObservation::TimedOut {
+                        after: self.check_timeout,
+                    },
+                    Ok(Ok(status)) if status.is_success() => GenerationObservation::Passed {
+                        latency: started.elapsed(),
+                        detail: format!(
+                            "generation check: GET {path} {} in {} ms",
+                            status.as_u16(),
+                            started.elapsed().as_millis()
+                        ),
+                    },
+                    Ok(Ok(status)) => GenerationObservation::Failed {
+                        latency: started.elapsed(),
+                        reason: format!("GET {path} answered {}", status.as_u16()),
+                    },
+                    Ok(Err(e)) => GenerationObservation::Failed {
+                        latency: started.elapsed(),
+                        reason: format!("GET {path} failed ({})", error_chain(&e)),
+                    },
+                }
+            }
+        }
+    }
+}
+
+fn root_cause(e: &reqwest::Error) -> String {
+    let mut cur: &dyn std::error::Error = e;
+    while let Some(next) = cur.source() {
+        cur = next;
+    }
+    cur.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Property: tokens come from usage.completion_tokens, else 1 for non-empty content.
+    #[test]
+    fn token_count_rules() {
+        assert_eq!(
+            completion_tokens(&json!({"usage": {"completion_tokens": 7}})),
+            7
+        );
+        let content_only = json!({"choices": [{"message": {"content": "hi"}}]});
+        assert_eq!(completion_tokens(&content_only), 1);
+        let empty =
+            json!({"choices": [{"message": {"content": ""}}], "usage": {"completion_tokens": 0}});
+        assert_eq!(completion_tokens(&empty), 0);
+        assert_eq!(completion_tokens(&json!({})), 0);
+    }
+
+    #[test]
+    fn snippet_truncates_on_char_boundaries() {
+        let long = "é".repeat(300);
+        let s = snippet(&long);
+        assert_eq!(s.chars().count(), 201);
+    }
+}

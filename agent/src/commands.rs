@@ -1,0 +1,228 @@
+//! Executes the orchestrator's commands, each command id at most once.
+//!
+//! The orchestrator journals a step before sending its command and may send
+//! the same command again after a reconnect (DESIGN.md 4). The agent therefore
+//! remembers recent command ids with their replies: a duplicate is answered
+//! with the original reply (once the original finishes, if it is still
+//! running) and never executed again.
+//!
+//! Handling never blocks the link: start/stop are queued on the unit's actor
+//! at once (which keeps their order) and awaited in a task; probes run
+//! concurrently in their own tasks.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pdwarden_proto::v1::{
+    AgentMessage, Command, CommandResult, ProbeOutcome, ProbeRequest, ProbeResult,
+    agent_message::Kind, command::Action,
+};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::info;
+
+use crate::checks::{chat_probe, error_chain};
+use crate::outbox::Outbox;
+use crate::readiness::{DEFAULT_CHECK_MAX_TOKENS, ReadinessParams};
+use crate::supervisor::{CommandContext, DEFAULT_STOP_GRACE_MS, StopOutcome, Supervisor};
+
+/// How many command ids (with their replies) are remembered.
+pub const REMEMBERED_COMMANDS: usize = 4096;
+/// Probe timeout when a `ProbeRequest` leaves it 0.
+pub const DEFAULT_PROBE_TIMEOUT_MS: u64 = 30_000;
+
+type Reply = watch::Receiver<Option<AgentMessage>>;
+
+/// Recent command ids, oldest first, with their (eventual) replies.
+#[derive(Default)]
+struct Recent {
+    order: VecDeque<String>,
+    replies: HashMap<String, Reply>,
+}
+
+pub(crate) struct Dispatcher {
+    supervisor: Arc<Supervisor>,
+    outbox: Outbox,
+    http: reqwest::Client,
+    recent: Mutex<Recent>,
+}
+
+impl Dispatcher {
+    pub(crate) fn new(supervisor: Arc<Supervisor>, outbox: Outbox, http: reqwest::Client) -> Self {
+        Dispatcher {
+            supervisor,
+            outbox,
+            http,
+            recent: Mutex::new(Recent::default()),
+        }
+    }
+
+    /// Takes one command received at `received_at`; never waits.
+    pub(crate) fn handle(self: &Arc<Self>, command: Command, received_at: Instant) {
+        let id = command.command_id.clone();
+        if id.is_empty() {
+            self.outbox.send(Kind::CommandResult(CommandResult {
+                command_id: id,
+                ok: false,
+                error: "command_id must not be empty".into(),
+                ms_since_command: 0,
+            }));
+            return;
+        }
+        let reply_tx = {
+            let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(reply) = recent.replies.get(&id) {
+                info!(command_id = %id, "duplicate command: answering with the original reply");
+                let mut reply = reply.clone();
+                let outbox = self.outbox.clone();
+                tokio::spawn(async move {
+                    if let Ok(r) = reply.wait_for(Option::is_some).await
+                        && let Some(msg) = r.clone()
+                    {
+                        outbox.send_message(msg);
+                    }
+                });
+                return;
+            }
+            let (tx, rx) = watch::channel(None);
+            recent.order.push_back(id.clone());
+            recent.replies.insert(id.clone(), rx);
+            while recent.order.len() > REMEMBERED_COMMANDS {
+                if let Some(old) = recent.order.pop_front() {
+                    recent.replies.remove(&old);
+                }
+            }
+            tx
+        };
+        let ctx = CommandContext::new(id, received_at);
+        let reply = self.execute(command.action, ctx);
+        let outbox = self.outbox.clone();
+        tokio::spawn(async move {
+            let msg = AgentMessage {
+                kind: Some(reply.await),
+            };
+            reply_tx.send_replace(Some(msg.clone()));
+            outbox.send_message(msg);
+        });
+    }
+
+    /// Queues the action now; the returned future yields the reply.
+    fn execute(
+        &self,
+        action: Option<Action>,
+        ctx: CommandContext,
+    ) -> futures::future::BoxFuture<'static, Kind> {
+        let grace =
+            |ms: u64| Duration::from_millis(if ms == 0 { DEFAULT_STOP_GRACE_MS } else { ms });
+        match action {
+            Some(Action::Start(start)) => {
+                info!(command_id = %ctx.id, unit = %start.unit, restart = start.restart, "start");
+                let params = ReadinessParams::from_spec(start.readiness.as_ref());
+                let done = self.supervisor.start(
+                    &start.unit,
+                    ctx.clone(),
+                    start.restart,
+                    grace(start.stop_grace_ms),
+                    params,
+                );
+                Box::pin(async move { command_result(&ctx, done.await.map(drop)) })
+            }
+            Some(Action::Stop(stop)) => {
+                info!(command_id = %ctx.id, unit = %stop.unit, "stop");
+                let done = self
+                    .supervisor
+                    .stop(&stop.unit, ctx.clone(), grace(stop.grace_ms));
+                Box::pin(async move {
+                    let result = done.await.map(|outcome| {
+                        if outcome == StopOutcome::NotRunning {
+                            info!(command_id = %ctx.id, "stop: unit was not running");
+                        }
+                    });
+                    command_result(&ctx, result)
+                })
+            }
+            Some(Action::Probe(probe)) => {
+                let base_url = self
+                    .supervisor
+                    .unit_config(&probe.unit)
+                    .map(|u| u.base_url.clone());
+                let http = self.http.clone();
+                Box::pin(
+                    async move { Kind::ProbeResult(run_probe(&http, base_url, probe, &ctx).await) },
+                )
+            }
+            None => Box::pin(async move {
+                Kind::CommandResult(CommandResult {
+                    command_id: ctx.id.clone(),
+                    ok: false,
+                    error: "command has no action".into(),
+                    ms_since_command: ctx_ms(&ctx),
+                })
+            }),
+        }
+    }
+}
+
+fn ctx_ms(ctx: &CommandContext) -> u64 {
+    u64::try_from(ctx.received_at.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+fn command_result(
+    ctx: &CommandContext,
+    result: Result<(), crate::supervisor::SupervisorError>,
+) -> Kind {
+    let (ok, error) = match result {
+        Ok(()) => (true, String::new()),
+        Err(e) => (false, error_chain(&e)),
+    };
+    Kind::CommandResult(CommandResult {
+        command_id: ctx.id.clone(),
+        ok,
+        error,
+        ms_since_command: ctx_ms(ctx),
+    })
+}
+
+async fn run_probe(
+    http: &reqwest::Client,
+    base_url: Option<String>,
+    probe: ProbeRequest,
+    ctx: &CommandContext,
+) -> ProbeResult {
+    let mut result = ProbeResult {
+        command_id: ctx.id.clone(),
+        unit: probe.unit.clone(),
+        seq: probe.seq,
+        outcome: ProbeOutcome::Error as i32,
+        ..Default::default()
+    };
+    let Some(base_url) = base_url else {
+        result.error = format!("unknown unit {:?}", probe.unit);
+        return result;
+    };
+    let Some(mut chat) = probe.chat else {
+        result.error = "probe request has no chat spec".into();
+        return result;
+    };
+    if chat.max_tokens == 0 {
+        chat.max_tokens = DEFAULT_CHECK_MAX_TOKENS;
+    }
+    let timeout = Duration::from_millis(if probe.timeout_ms == 0 {
+        DEFAULT_PROBE_TIMEOUT_MS
+    } else {
+        probe.timeout_ms
+    });
+    let r = chat_probe(http, &base_url, &chat, timeout).await;
+    info!(
+        command_id = %ctx.id, unit = %probe.unit, seq = probe.seq, outcome = ?r.outcome,
+        latency_ms = r.latency.as_millis() as u64, tokens = r.tokens, "probe"
+    );
+    result.outcome = r.outcome as i32;
+    result.latency_ms = u64::try_from(r.latency.as_millis()).unwrap_or(u64::MAX);
+    result.tokens = r.tokens;
+    result.error = r.error;
+    result.http_status = i32::from(r.http_status);
+    result.request_id = r.request_id;
+    result
+}

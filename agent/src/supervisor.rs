@@ -1,0 +1,972 @@
+//! Supervision of the host's units as child processes.
+//!
+//! Each unit has one actor task that executes its start/stop operations in
+//! the order the commands arrived, so a restart and a stop can never
+//! interleave. Everything the agent knows about a unit (phase, pid, which
+//! command its events belong to) sits in one small mutex-guarded state;
+//! phase events are sent while that lock is held, so the event stream of a
+//! unit is always in the order the facts changed, and a readiness watch can
+//! never report a phase after the process it watched has exited.
+//!
+//! Processes are exec'd from argv (never a shell string) in their own process
+//! group, with stdout and stderr appended to `state_dir/logs/<unit>.log`.
+//! Stops signal the process group, by PID (SIGTERM, then SIGKILL after the
+//! grace), never by name. A reaper task per process observes its exit; an
+//! exit nobody asked for is reported with an empty command id.
+
+use std::collections::BTreeMap;
+use std::fs::OpenOptions;
+use std::io::Write as _;
+use std::os::unix::process::ExitStatusExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use pdwarden_proto::v1::{Phase, UnitEvent, UnitInfo, agent_message::Kind};
+use thiserror::Error;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use crate::checks::HttpChecker;
+use crate::config::{AgentConfig, UnitConfig};
+use crate::outbox::Outbox;
+use crate::readiness::{self, PhaseChange, ReadinessParams, ReadinessWatch};
+
+/// Grace before SIGKILL when a command leaves it 0.
+pub const DEFAULT_STOP_GRACE_MS: u64 = 10_000;
+/// How long to wait for the exit after SIGKILL before calling the stop failed.
+const KILL_WAIT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Error)]
+pub enum SupervisorError {
+    #[error("unknown unit {unit:?}")]
+    UnknownUnit { unit: String },
+    #[error("unit {unit:?} is already running (pid {pid}); send restart to replace it")]
+    AlreadyRunning { unit: String, pid: u32 },
+    #[error("cannot open log file {}", path.display())]
+    OpenLog {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot spawn unit {unit:?} ({program})")]
+    Spawn {
+        unit: String,
+        program: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot signal unit {unit:?} (process group {pid})")]
+    Signal {
+        unit: String,
+        pid: u32,
+        #[source]
+        source: nix::Error,
+    },
+    #[error("unit {unit:?} (pid {pid}) still running {} ms after SIGKILL", KILL_WAIT.as_millis())]
+    StopTimedOut { unit: String, pid: u32 },
+    #[error("the agent is shutting down")]
+    ShuttingDown,
+}
+
+/// The command a unit's events belong to, and when the agent received it
+/// (the zero of `ms_since_command`).
+#[derive(Debug, Clone)]
+pub struct CommandContext {
+    pub id: String,
+    pub received_at: Instant,
+}
+
+impl CommandContext {
+    pub fn new(id: impl Into<String>, received_at: Instant) -> Self {
+        CommandContext {
+            id: id.into(),
+            received_at,
+        }
+    }
+
+    fn ms_at(&self, now: Instant) -> u64 {
+        duration_ms(now.saturating_duration_since(self.received_at))
+    }
+}
+
+fn duration_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// How a process ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExitInfo {
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+    /// "exit status 1", "killed by signal 9 (SIGKILL)".
+    pub detail: String,
+}
+
+impl ExitInfo {
+    fn from_wait(result: std::io::Result<ExitStatus>) -> Self {
+        match result {
+            Ok(status) => {
+                let code = status.code();
+                let signal = status.signal();
+                let detail = match (code, signal) {
+                    (Some(c), _) => format!("exit status {c}"),
+                    (None, Some(s)) => match Signal::try_from(s) {
+                        Ok(sig) => format!("killed by signal {s} ({})", sig.as_str()),
+                        Err(_) => format!("killed by signal {s}"),
+                    },
+                    (None, None) => format!("exited ({status})"),
+                };
+                ExitInfo {
+                    code,
+                    signal,
+                    detail,
+                }
+            }
+            Err(e) => ExitInfo {
+                code: None,
+                signal: None,
+                detail: format!("waiting for the process failed: {e}"),
+            },
+        }
+    }
+}
+
+/// What a stop did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopOutcome {
+    NotRunning,
+    Stopped {
+        /// Exited within the grace after SIGTERM (no SIGKILL needed).
+        graceful: bool,
+        exit: ExitInfo,
+    },
+}
+
+/// Whose events a unit's phase changes are right now.
+#[derive(Debug, Clone)]
+enum Attribution {
+    /// Nobody's: a crash now is reported with an empty command id.
+    Spontaneous,
+    /// A start command whose readiness watch is running.
+    Starting(CommandContext),
+    /// A stop (or the stop half of a restart) in progress.
+    Stopping(CommandContext),
+}
+
+#[derive(Debug)]
+struct Running {
+    pid: u32,
+    /// Which spawn this is (see `UnitState::runs`).
+    run: u64,
+    exited: watch::Receiver<Option<ExitInfo>>,
+}
+
+#[derive(Debug)]
+struct UnitState {
+    /// The last phase reported for this unit.
+    phase: Phase,
+    running: Option<Running>,
+    /// Spawns so far; lets late reports from an old process be ignored.
+    runs: u64,
+    attribution: Attribution,
+    /// The readiness watch of the current start, if one runs.
+    watch: Option<AbortHandle>,
+}
+
+/// One configured unit and its live state.
+#[derive(Debug)]
+pub struct Unit {
+    config: UnitConfig,
+    log_path: PathBuf,
+    outbox: Outbox,
+    http: reqwest::Client,
+    state: Mutex<UnitState>,
+}
+
+impl Unit {
+    fn new(config: UnitConfig, log_dir: &Path, outbox: Outbox, http: reqwest::Client) -> Self {
+        Unit {
+            log_path: log_dir.join(format!("{}.log", config.name)),
+            config,
+            outbox,
+            http,
+            state: Mutex::new(UnitState {
+                phase: Phase::Stopped,
+                running: None,
+                runs: 0,
+                attribution: Attribution::Spontaneous,
+                watch: None,
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, UnitState> {
+        // A panic while holding this lock leaves plain data behind; keep going.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn info(&self) -> UnitInfo {
+        let st = self.lock();
+        UnitInfo {
+            name: self.config.name.clone(),
+            role: self.config.role.to_proto() as i32,
+            base_url: self.config.base_url.clone(),
+            phase: st.phase as i32,
+            pid: st.running.as_ref().map_or(0, |r| r.pid),
+            bootstrap_port: self.config.bootstrap_port.map_or(0, u32::from),
+        }
+    }
+
+    fn running_pid(&self) -> Option<u32> {
+        self.lock().running.as_ref().map(|r| r.pid)
+    }
+
+    /// Builds one event; send it with the state lock held.
+    fn event(
+        &self,
+        ctx: Option<&CommandContext>,
+        now: Instant,
+        pid: u32,
+        phase: Phase,
+    ) -> UnitEvent {
+        UnitEvent {
+            unit: self.config.name.clone(),
+            phase: phase as i32,
+            command_id: ctx.map(|c| c.id.clone()).unwrap_or_default(),
+            ms_since_command: ctx.map_or(0, |c| c.ms_at(now)),
+            pid,
+            ..Default::default()
+        }
+    }
+
+    fn send(&self, event: UnitEvent) {
+        info!(
+            unit = %event.unit,
+            phase = ?Phase::try_from(event.phase).unwrap_or(Phase::Unspecified),
+            command_id = %event.command_id,
+            ms = event.ms_since_command,
+            detail = %event.detail,
+            "unit event"
+        );
+        self.outbox.send(Kind::UnitEvent(event));
+    }
+
+    async fn start(
+        self: &Arc<Self>,
+        ctx: CommandContext,
+        restart: bool,
+        grace: Duration,
+        params: ReadinessParams,
+    ) -> Result<u32, SupervisorError> {
+        if let Some(pid) = self.running_pid() {
+            if !restart {
+                return Err(SupervisorError::AlreadyRunning {
+                    unit: self.config.name.clone(),
+                    pid,
+                });
+            }
+            self.stop(&ctx, grace).await?;
+        }
+        self.spawn(ctx, params)
+    }
+
+    fn open_log(&self, ctx: &CommandContext) -> Result<std::fs::File, SupervisorError> {
+        let err = |source| SupervisorError::OpenLog {
+            path: self.log_path.clone(),
+            source,
+        };
+        if let Some(dir) = self.log_path.parent() {
+            std::fs::create_dir_all(dir).map_err(err)?;
+        }
+        let mut log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log_path)
+            .map_err(err)?;
+        let wall = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        writeln!(
+            log,
+            "--- pdwarden-agent: starting unit {} (command {:?}) at unix time {wall}: {:?}",
+            self.config.name, ctx.id, self.config.argv
+        )
+        .map_err(err)?;
+        Ok(log)
+    }
+
+    fn spawn(
+        self: &Arc<Self>,
+        ctx: CommandContext,
+        params: ReadinessParams,
+    ) -> Result<u32, SupervisorError> {
+        let cfg = &self.config;
+        let log = self.open_log(&ctx)?;
+        let log_err = log.try_clone().map_err(|source| SupervisorError::OpenLog {
+            path: self.log_path.clone(),
+            source,
+        })?;
+        let mut cmd = tokio::process::Command::new(&cfg.argv[0]);
+        cmd.args(&cfg.argv[1..])
+            .envs(&cfg.env)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::from(log_err))
+            .process_group(0)
+            .kill_on_drop(false);
+        if let Some(cwd) = &cfg.cwd {
+            cmd.current_dir(cwd);
+        }
+        let child = cmd.spawn().map_err(|source| SupervisorError::Spawn {
+            unit: cfg.name.clone(),
+            program: cfg.argv[0].clone(),
+            source,
+        })?;
+        let pid = child.id().unwrap_or_default();
+        let now = Instant::now();
+        let (exit_tx, exit_rx) = watch::channel(None);
+
+        let mut st = self.lock();
+        st.runs += 1;
+        let run = st.runs;
+        st.running = Some(Running {
+            pid,
+            run,
+            exited: exit_rx,
+        });
+        st.phase = Phase::Spawned;
+        st.attribution = Attribution::Starting(ctx.clone());
+        let mut event = self.event(Some(&ctx), now, pid, Phase::Spawned);
+        event.detail = format!("pid {pid}");
+        self.send(event);
+
+        let checker = HttpChecker::new(
+            self.http.clone(),
+            &cfg.base_url,
+            &cfg.health_path,
+            &cfg.generation_path,
+            &params,
+        );
+        let unit = Arc::clone(self);
+        let w = ReadinessWatch::new(ctx.received_at, params.deadline);
+        let watch_task = tokio::spawn(async move {
+            readiness::watch(&checker, w, params.poll_interval, |change| {
+                unit.on_phase_change(run, change)
+            })
+            .await;
+        });
+        st.watch = Some(watch_task.abort_handle());
+        drop(st);
+
+        tokio::spawn(reap(Arc::clone(self), run, child, exit_tx));
+        Ok(pid)
+    }
+
+    /// Reports a readiness transition of spawn `run`; false once that watch
+    /// is no longer current (stopped, exited or replaced).
+    fn on_phase_change(&self, run: u64, change: PhaseChange) -> bool {
+        let mut st = self.lock();
+        let Some(pid) = st.running.as_ref().filter(|r| r.run == run).map(|r| r.pid) else {
+            return false;
+        };
+        let Attribution::Starting(ctx) = st.attribution.clone() else {
+            return false;
+        };
+        st.phase = change.phase;
+        let finished = matches!(change.phase, Phase::Generating | Phase::NotReady);
+        if finished {
+            st.attribution = Attribution::Spontaneous;
+            st.watch = None;
+        }
+        let mut event = self.event(
+            Some(&ctx),
+            ctx.received_at + change.since_command,
+            pid,
+            change.phase,
+        );
+        event.detail = change.detail;
+        event.http_status = change.http_status;
+        event.check_latency_ms = change.check_latency.map_or(0, duration_ms);
+        self.send(event);
+        !finished
+    }
+
+    /// Called by the reaper when spawn `run` exits.
+    fn on_exit(&self, run: u64, exit: &ExitInfo, now: Instant) {
+        let mut st = self.lock();
+        let Some(pid) = st.running.as_ref().filter(|r| r.run == run).map(|r| r.pid) else {
+            return;
+        };
+        let ctx = match std::mem::replace(&mut st.attribution, Attribution::Spontaneous) {
+            Attribution::Starting(c) | Attribution::Stopping(c) => Some(c),
+            Attribution::Spontaneous => None,
+        };
+        if let Some(w) = st.watch.take() {
+            w.abort();
+        }
+        st.running = None;
+        st.phase = Phase::Exited;
+        let mut event = self.event(ctx.as_ref(), now, pid, Phase::Exited);
+        event.exit_code = exit.code;
+        event.detail = exit.detail.clone();
+        if ctx.is_none() {
+            warn!(unit = %self.config.name, pid, detail = %exit.detail, "unit exited unexpectedly");
+        }
+        self.send(event);
+    }
+
+    async fn stop(
+        &self,
+        ctx: &CommandContext,
+        grace: Duration,
+    ) -> Result<StopOutcome, SupervisorError> {
+        let (pid, mut exited) = {
+            let mut st = self.lock();
+            let Some(running) = &st.running else {
+                return Ok(StopOutcome::NotRunning);
+            };
+            let (pid, exited) = (running.pid, running.exited.clone());
+            st.attribution = Attribution::Stopping(ctx.clone());
+            if let Some(w) = st.watch.take() {
+                w.abort();
+            }
+            st.phase = Phase::Stopping;
+            let mut event = self.event(Some(ctx), Instant::now(), pid, Phase::Stopping);
+            event.detail = format!(
+                "SIGTERM to process group {pid}, SIGKILL after {} ms",
+                grace.as_millis()
+            );
+            self.send(event);
+            (pid, exited)
+        };
+        self.signal(pid, Signal::SIGTERM)?;
+        let graceful = tokio::time::timeout(grace, exited.wait_for(Option::is_some))
+            .await
+            .is_ok();
+        if !graceful {
+            info!(unit = %self.config.name, pid, "grace expired; sending SIGKILL");
+            self.signal(pid, Signal::SIGKILL)?;
+            tokio::time::timeout(KILL_WAIT, exited.wait_for(Option::is_some))
+                .await
+                .map_err(|_| SupervisorError::StopTimedOut {
+                    unit: self.config.name.clone(),
+                    pid,
+                })?
+                .ok();
+        }
+        // Whatever the unit left behind in its group (engine worker
+        // processes) goes too; the group is gone if nothing is left.
+        let _ = self.signal(pid, Signal::SIGKILL);
+        let exit = exited.borrow().clone().unwrap_or_else(|| ExitInfo {
+            code: None,
+            signal: None,
+            detail: "exited".into(),
+        });
+        Ok(StopOutcome::Stopped { graceful, exit })
+    }
+
+    /// Signals the unit's process group; a group that is already gone is fine.
+    fn signal(&self, pid: u32, signal: Signal) -> Result<(), SupervisorError> {
+        let pgid = i32::try_from(pid).unwrap_or(0);
+        if pgid <= 1 {
+            // Never signal group 0 (our own) or 1.
+            return Ok(());
+        }
+        match killpg(Pid::from_raw(pgid), signal) {
+            Ok(()) | Err(nix::Error::ESRCH) => Ok(()),
+            Err(source) => Err(SupervisorError::Signal {
+                unit: self.config.name.clone(),
+                pid,
+                source,
+            }),
+        }
+    }
+}
+
+/// Waits for spawn `run` to exit and reports it.
+async fn reap(
+    unit: Arc<Unit>,
+    run: u64,
+    mut child: tokio::process::Child,
+    exited: watch::Sender<Option<ExitInfo>>,
+) {
+    let info = ExitInfo::from_wait(child.wait().await);
+    unit.on_exit(run, &info, Instant::now());
+    exited.send_replace(Some(info));
+}
+
+enum UnitOp {
+    Start {
+        ctx: CommandContext,
+        restart: bool,
+        grace: Duration,
+        params: ReadinessParams,
+        done: oneshot::Sender<Result<u32, SupervisorError>>,
+    },
+    Stop {
+        ctx: CommandContext,
+        grace: Duration,
+        done: oneshot::Sender<Result<StopOutcome, SupervisorError>>,
+    },
+}
+
+/// Executes one unit's operations in arrival order.
+async fn actor(unit: Arc<Unit>, mut ops: mpsc::UnboundedReceiver<UnitOp>) {
+    while let Some(op) = ops.recv().await {
+        match op {
+            UnitOp::Start {
+                ctx,
+                restart,
+                grace,
+                params,
+                done,
+            } => {
+                let _ = done.send(unit.start(ctx, restart, grace, params).await);
+            }
+            UnitOp::Stop { ctx, grace, done } => {
+                let _ = done.send(unit.stop(&ctx, grace).await);
+            }
+        }
+    }
+}
+
+struct UnitHandle {
+    unit: Arc<Unit>,
+    ops: mpsc::UnboundedSender<UnitOp>,
+}
+
+/// All of the host's units.
+pub struct Supervisor {
+    units: BTreeMap<String, UnitHandle>,
+}
+
+impl Supervisor {
+    /// Sets up the configured units (none running) and their actors. Must be
+    /// called within a tokio runtime.
+    pub(crate) fn new(config: &AgentConfig, outbox: Outbox, http: reqwest::Client) -> Self {
+        let log_dir = config.state_dir.join("logs");
+        let units = config
+            .units
+            .iter()
+            .map(|uc| {
+                let unit = Arc::new(Unit::new(
+                    uc.clone(),
+                    &log_dir,
+                    outbox.clone(),
+                    http.clone(),
+                ));
+                let (ops, rx) = mpsc::unbounded_channel();
+                tokio::spawn(actor(Arc::clone(&unit), rx));
+                (uc.name.clone(), UnitHandle { unit, ops })
+            })
+            .collect();
+        Supervisor { units }
+    }
+
+    fn handle(&self, name: &str) -> Result<&UnitHandle, SupervisorError> {
+        self.units
+            .get(name)
+            .ok_or_else(|| SupervisorError::UnknownUnit {
+                unit: name.to_owned(),
+            })
+    }
+
+    pub fn unit_config(&self, name: &str) -> Option<&UnitConfig> {
+        self.units.get(name).map(|h| &h.unit.config)
+    }
+
+    /// Current facts about every unit, for `Register`.
+    pub fn unit_infos(&self) -> Vec<UnitInfo> {
+        self.units.values().map(|h| h.unit.info()).collect()
+    }
+
+    /// Queues a start now (so starts and stops keep arrival order) and
+    /// returns a future resolving to the pid once spawned. With `restart`, a
+    /// running unit is stopped first; without, a running unit is an error.
+    pub fn start(
+        &self,
+        name: &str,
+        ctx: CommandContext,
+        restart: bool,
+        grace: Duration,
+        params: ReadinessParams,
+    ) -> impl Future<Output = Result<u32, SupervisorError>> + Send + use<> {
+        let queued = self.handle(name).map(|h| {
+            let (done, rx) = oneshot::channel();
+            let _ = h.ops.send(UnitOp::Start {
+                ctx,
+                restart,
+                grace,
+                params,
+                done,
+            });
+            rx
+        });
+        async move { queued?.await.unwrap_or(Err(SupervisorError::ShuttingDown)) }
+    }
+
+    /// Queues a stop now; resolves once the process has exited.
+    pub fn stop(
+        &self,
+        name: &str,
+        ctx: CommandContext,
+        grace: Duration,
+    ) -> impl Future<Output = Result<StopOutcome, SupervisorError>> + Send + use<> {
+        let queued = self.handle(name).map(|h| {
+            let (done, rx) = oneshot::channel();
+            let _ = h.ops.send(UnitOp::Stop { ctx, grace, done });
+            rx
+        });
+        async move { queued?.await.unwrap_or(Err(SupervisorError::ShuttingDown)) }
+    }
+
+    /// Stops every running unit (concurrently), for `on_exit = "stop-units"`.
+    pub async fn stop_all(&self, grace: Duration) {
+        let now = Instant::now();
+        let stops: Vec<_> = self
+            .units
+            .keys()
+            .map(|name| {
+                let name = name.clone();
+                let stop = self.stop(&name, CommandContext::new("", now), grace);
+                async move { (name, stop.await) }
+            })
+            .collect();
+        for (name, result) in futures::future::join_all(stops).await {
+            match result {
+                Ok(StopOutcome::NotRunning) => {}
+                Ok(StopOutcome::Stopped { exit, .. }) => {
+                    info!(unit = %name, detail = %exit.detail, "stopped on agent shutdown")
+                }
+                Err(e) => {
+                    warn!(unit = %name, error = %crate::checks::error_chain(&e), "stop on shutdown failed")
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Supervisor {
+    fn drop(&mut self) {
+        // Readiness watches report nothing once the agent is gone.
+        for h in self.units.values() {
+            if let Some(w) = h.unit.lock().watch.take() {
+                w.abort();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pdwarden_proto::v1::AgentMessage;
+
+    /// A supervisor over `units` (name, argv) with logs in a temp dir.
+    struct Fixture {
+        sup: Supervisor,
+        events: mpsc::UnboundedReceiver<AgentMessage>,
+        dir: tempfile::TempDir,
+        pids: Vec<u32>,
+    }
+
+    impl Fixture {
+        fn new(units: &[(&str, &[&str])]) -> Self {
+            let mut extra = String::new();
+            for (name, argv) in units {
+                extra.push_str(&format!(
+                    "[[unit]]\nname='{name}'\nrole='prefill'\nargv={argv:?}\n\
+                     base_url='http://127.0.0.1:1'\n"
+                ));
+            }
+            Self::from_units_toml(&extra)
+        }
+
+        fn from_units_toml(units: &str) -> Self {
+            let dir = tempfile::tempdir().unwrap();
+            let text = format!(
+                "host='t'\norchestrator='http://127.0.0.1:1'\nstate_dir={:?}\n{units}",
+                dir.path()
+            );
+            let config = AgentConfig::from_toml_str(&text).unwrap();
+            let (outbox, events) = Outbox::new();
+            let sup = Supervisor::new(&config, outbox, crate::checks::http_client());
+            Fixture {
+                sup,
+                events,
+                dir,
+                pids: Vec::new(),
+            }
+        }
+
+        async fn start(&mut self, unit: &str, id: &str) -> u32 {
+            let params = ReadinessParams {
+                // Nothing listens on port 1: the watch reports refused, then
+                // keeps quiet; these tests are about processes.
+                poll_interval: Duration::from_millis(50),
+                ..Default::default()
+            };
+            let pid = self
+                .sup
+                .start(
+                    unit,
+                    CommandContext::new(id, Instant::now()),
+                    false,
+                    Duration::from_secs(5),
+                    params,
+                )
+                .await
+                .unwrap();
+            self.pids.push(pid);
+            pid
+        }
+
+        /// The next event of `unit` with `phase`, skipping others; panics after 10 s.
+        async fn wait_phase(&mut self, unit: &str, phase: Phase) -> UnitEvent {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let msg = tokio::time::timeout_at(deadline, self.events.recv())
+                    .await
+                    .unwrap_or_else(|_| panic!("no {phase:?} event for {unit}"))
+                    .unwrap();
+                if let Some(Kind::UnitEvent(e)) = msg.kind
+                    && e.unit == unit
+                    && e.phase == phase as i32
+                {
+                    return e;
+                }
+            }
+        }
+    }
+
+    impl Drop for Fixture {
+        fn drop(&mut self) {
+            for &pid in &self.pids {
+                let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
+            }
+        }
+    }
+
+    // Property: a spawned unit is reported with its pid, and an exit nobody
+    // asked for is reported with the exit code and an empty command id.
+    #[tokio::test]
+    async fn crash_is_reported_with_exit_code() {
+        let mut f = Fixture::new(&[("crashy", &["sh", "-c", "exit 3"])]);
+        let pid = f.start("crashy", "c1").await;
+        let spawned = f.wait_phase("crashy", Phase::Spawned).await;
+        assert_eq!((spawned.pid, spawned.command_id.as_str()), (pid, "c1"));
+        let exited = f.wait_phase("crashy", Phase::Exited).await;
+        assert_eq!(exited.exit_code, Some(3));
+        assert_eq!(exited.detail, "exit status 3");
+        assert_eq!(exited.pid, pid);
+        // Exited during its readiness watch: attributed to the start command.
+        assert_eq!(exited.command_id, "c1");
+        assert!(f.sup.unit_infos()[0].pid == 0);
+    }
+
+    // Property: a crash after the watch ended (here: unit runs, then is
+    // killed from outside) carries command id "" and the signal.
+    #[tokio::test]
+    async fn external_kill_after_watch_is_spontaneous() {
+        let mut f = Fixture::new(&[("s", &["sleep", "30"])]);
+        let pid = f.start("s", "c1").await;
+        f.wait_phase("s", Phase::Refused).await;
+        // End the watch the way a finished start-up would.
+        f.sup.units["s"].unit.lock().attribution = Attribution::Spontaneous;
+        killpg(Pid::from_raw(pid as i32), Signal::SIGKILL).unwrap();
+        let exited = f.wait_phase("s", Phase::Exited).await;
+        assert_eq!(exited.command_id, "");
+        assert_eq!(exited.ms_since_command, 0);
+        assert_eq!(exited.exit_code, None);
+        assert_eq!(exited.detail, "killed by signal 9 (SIGKILL)");
+    }
+
+    // Property: stop sends SIGTERM to the group; a process that exits on it
+    // is stopped gracefully, reported STOPPING then EXITED under the stop's id.
+    #[tokio::test]
+    async fn stop_is_graceful_for_cooperative_process() {
+        let mut f = Fixture::new(&[("s", &["sleep", "30"])]);
+        let pid = f.start("s", "c1").await;
+        let out = f
+            .sup
+            .stop(
+                "s",
+                CommandContext::new("c2", Instant::now()),
+                Duration::from_secs(5),
+            )
+            .await
+            .unwrap();
+        let StopOutcome::Stopped { graceful, exit } = out else {
+            panic!("{out:?}")
+        };
+        assert!(graceful);
+        assert_eq!(exit.signal, Some(15));
+        let stopping = f.wait_phase("s", Phase::Stopping).await;
+        assert_eq!((stopping.command_id.as_str(), stopping.pid), ("c2", pid));
+        let exited = f.wait_phase("s", Phase::Exited).await;
+        assert_eq!(exited.command_id, "c2");
+        assert!(exited.detail.contains("signal 15"), "{}", exited.detail);
+        // Stopping a stopped unit is a no-op.
+        let again = f
+            .sup
+            .stop(
+                "s",
+                CommandContext::new("c3", Instant::now()),
+                Duration::from_secs(5),
+            )
+            .await
+            .unwrap();
+        assert_eq!(again, StopOutcome::NotRunning);
+    }
+
+    // Property: a process that ignores SIGTERM is SIGKILLed after the grace,
+    // and its whole process group (the sleep child too) goes with it.
+    #[tokio::test]
+    async fn stop_escalates_to_sigkill_after_grace() {
+        let mut f = Fixture::new(&[(
+            "stubborn",
+            &["sh", "-c", "trap '' TERM; echo ready; sleep 30"],
+        )]);
+        let pid = f.start("stubborn", "c1").await;
+        // Wait until the trap is installed (the shell printed "ready").
+        let log = f.dir.path().join("logs/stubborn.log");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("\nready\n")
+        {
+            assert!(Instant::now() < deadline, "shell never started");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let t0 = Instant::now();
+        let out = f
+            .sup
+            .stop(
+                "stubborn",
+                CommandContext::new("c2", t0),
+                Duration::from_millis(300),
+            )
+            .await
+            .unwrap();
+        let elapsed = t0.elapsed();
+        let StopOutcome::Stopped { graceful, exit } = out else {
+            panic!("{out:?}")
+        };
+        assert!(!graceful);
+        assert_eq!(exit.signal, Some(9));
+        assert!(elapsed >= Duration::from_millis(300), "{elapsed:?}");
+        let exited = f.wait_phase("stubborn", Phase::Exited).await;
+        assert!(exited.ms_since_command >= 300);
+        // The group empties (orphans are reaped by init, so poll briefly).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while killpg(Pid::from_raw(pid as i32), None::<Signal>) != Err(nix::Error::ESRCH) {
+            assert!(Instant::now() < deadline, "process group {pid} still alive");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    // Property: stdout and stderr are appended to state_dir/logs/<unit>.log,
+    // and env and cwd reach the process.
+    #[tokio::test]
+    async fn output_env_and_cwd() {
+        let cwd = tempfile::tempdir().unwrap();
+        let mut f = Fixture::from_units_toml(&format!(
+            "[[unit]]\nname='talk'\nrole='decode'\n\
+             argv=['sh','-c','echo out-$PDW_TEST; echo err >&2; pwd']\n\
+             env={{PDW_TEST='yes'}}\ncwd={:?}\nbase_url='http://127.0.0.1:1'\n",
+            cwd.path()
+        ));
+        f.start("talk", "c1").await;
+        f.wait_phase("talk", Phase::Exited).await;
+        f.start("talk", "c2").await;
+        f.wait_phase("talk", Phase::Exited).await;
+        let log = std::fs::read_to_string(f.dir.path().join("logs/talk.log")).unwrap();
+        assert_eq!(log.matches("out-yes\n").count(), 2, "{log}");
+        assert_eq!(log.matches("err\n").count(), 2, "{log}");
+        assert!(log.contains(cwd.path().to_str().unwrap()), "{log}");
+        assert!(log.contains("starting unit talk (command \"c2\")"), "{log}");
+    }
+
+    // Property: starting a running unit without restart is refused; with
+    // restart it is stopped first (same command id) and respawned.
+    #[tokio::test]
+    async fn restart_stops_then_spawns() {
+        let mut f = Fixture::new(&[("s", &["sleep", "30"])]);
+        let pid1 = f.start("s", "c1").await;
+        let err = f
+            .sup
+            .start(
+                "s",
+                CommandContext::new("c2", Instant::now()),
+                false,
+                Duration::from_secs(5),
+                ReadinessParams::default(),
+            )
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, SupervisorError::AlreadyRunning { .. }),
+            "{err}"
+        );
+        let pid2 = f
+            .sup
+            .start(
+                "s",
+                CommandContext::new("c3", Instant::now()),
+                true,
+                Duration::from_secs(5),
+                ReadinessParams::default(),
+            )
+            .await
+            .unwrap();
+        f.pids.push(pid2);
+        assert_ne!(pid1, pid2);
+        let stopping = f.wait_phase("s", Phase::Stopping).await;
+        assert_eq!((stopping.command_id.as_str(), stopping.pid), ("c3", pid1));
+        let exited = f.wait_phase("s", Phase::Exited).await;
+        assert_eq!((exited.command_id.as_str(), exited.pid), ("c3", pid1));
+        let spawned = f.wait_phase("s", Phase::Spawned).await;
+        assert_eq!((spawned.command_id.as_str(), spawned.pid), ("c3", pid2));
+        assert_eq!(f.sup.unit_infos()[0].pid, pid2);
+    }
+
+    // Property: unknown units and unspawnable programs are errors naming them.
+    #[tokio::test]
+    async fn errors_name_the_unit() {
+        let f = Fixture::new(&[("ghost", &["/nonexistent/pdwarden-binary"])]);
+        let err = f
+            .sup
+            .start(
+                "nope",
+                CommandContext::new("c", Instant::now()),
+                false,
+                Duration::ZERO,
+                ReadinessParams::default(),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(err.to_string(), "unknown unit \"nope\"");
+        let err = f
+            .sup
+            .start(
+                "ghost",
+                CommandContext::new("c", Instant::now()),
+                false,
+                Duration::ZERO,
+                ReadinessParams::default(),
+            )
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("ghost"), "{err}");
+        assert!(
+            err.to_string().contains("/nonexistent/pdwarden-binary"),
+            "{err}"
+        );
+    }
+}
