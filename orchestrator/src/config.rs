@@ -115,6 +115,14 @@ pub struct ProbeConfig {
     pub max_probes: u32,
     /// Timeout of one probe after the first.
     pub probe_timeout_ms: u64,
+    /// The cold allowance measured from this pair's history is its slowest
+    /// healthy first probe times this margin.
+    #[serde(default = "default_cold_margin")]
+    pub cold_allowance_margin: f64,
+}
+
+fn default_cold_margin() -> f64 {
+    2.0
 }
 
 fn default_max_tokens() -> u32 {
@@ -183,16 +191,9 @@ impl OrchestratorConfig {
                 return Err(invalid(at("name"), "must not be empty"));
             }
             if !names.insert(p.name.as_str()) {
-                return Err(invalid(
-                    at("name"),
-                    format!("duplicate pair name {:?}", p.name),
-                ));
+                return Err(invalid(at("name"), format!("duplicate pair name {:?}", p.name)));
             }
-            for (field, units) in [
-                ("prefill", &p.prefill),
-                ("decode", &p.decode),
-                ("router", &p.router),
-            ] {
+            for (field, units) in [("prefill", &p.prefill), ("decode", &p.decode), ("router", &p.router)] {
                 if units.is_empty() {
                     return Err(invalid(at(field), "needs at least one unit"));
                 }
@@ -247,6 +248,12 @@ impl OrchestratorConfig {
                     ),
                 ));
             }
+            if !(pr.cold_allowance_margin >= 1.0 && pr.cold_allowance_margin.is_finite()) {
+                return Err(invalid(
+                    at("probe.cold_allowance_margin"),
+                    "must be a finite number >= 1",
+                ));
+            }
             if pr.warm_probes == 0 || pr.max_probes < pr.warm_probes {
                 return Err(invalid(
                     at("probe.max_probes"),
@@ -299,10 +306,11 @@ probe_timeout_ms = 120000
 
     #[test]
     fn unknown_field_is_named() {
-        let e = OrchestratorConfig::from_toml_str(&EXAMPLE.replace("max_tokens", "x").replace(
-            "warm_budget_ms = 1000",
-            "warm_budget_ms = 1000\nwarm_budjet = 3",
-        ))
+        let e = OrchestratorConfig::from_toml_str(
+            &EXAMPLE
+                .replace("max_tokens", "x")
+                .replace("warm_budget_ms = 1000", "warm_budget_ms = 1000\nwarm_budjet = 3"),
+        )
         .unwrap_err()
         .to_string();
         assert!(e.contains("warm_budjet"), "{e}");
@@ -310,16 +318,14 @@ probe_timeout_ms = 120000
 
     #[test]
     fn bad_values_name_their_field() {
-        let e = OrchestratorConfig::from_toml_str(
-            &EXAMPLE.replace("probe_timeout_ms = 120000", "probe_timeout_ms = 5000"),
-        )
-        .unwrap_err()
-        .to_string();
+        let e =
+            OrchestratorConfig::from_toml_str(&EXAMPLE.replace("probe_timeout_ms = 120000", "probe_timeout_ms = 5000"))
+                .unwrap_err()
+                .to_string();
         assert!(e.contains("pair[0].probe.probe_timeout_ms"), "{e}");
-        let e = OrchestratorConfig::from_toml_str(&EXAMPLE.replace(
-            "decode = [{ host = \"h1\", unit = \"decode-0\" }]",
-            "decode = []",
-        ))
+        let e = OrchestratorConfig::from_toml_str(
+            &EXAMPLE.replace("decode = [{ host = \"h1\", unit = \"decode-0\" }]", "decode = []"),
+        )
         .unwrap_err()
         .to_string();
         assert!(e.contains("pair[0].decode"), "{e}");

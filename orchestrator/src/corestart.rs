@@ -19,8 +19,8 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use pdwarden_proto::v1::{
-    ChatProbe, Command, OperationStarted, OperationUpdate, Phase, ProbeOutcome, ProbeRequest,
-    ProbeSample, ReadinessSpec, StartUnit, StepUpdate, TimelineEntry, command, operation_update,
+    ChatProbe, Command, OperationStarted, OperationUpdate, Phase, ProbeOutcome, ProbeRequest, ProbeSample,
+    ReadinessSpec, StartUnit, StepUpdate, TimelineEntry, command, operation_update,
 };
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -29,9 +29,8 @@ use crate::config::{DecodeStartPolicy, PairConfig, UnitRef};
 use crate::fleet::{AgentReport, Fleet, phase_name};
 use crate::journal::Journal;
 use crate::report::{OperationReport, ProbeRecord, StepRecord, TimelineRecord};
-use crate::verdict::{
-    ColdAllowance, ProbeObservation, ProbePolicy, ReadinessPhase, UnitStartup, judge,
-};
+use crate::stats::summarize;
+use crate::verdict::{ProbeObservation, ProbePolicy, ReadinessPhase, UnitStartup, cold_allowance, judge};
 
 /// Slack the orchestrator adds to an agent-side deadline before it gives up on
 /// hearing from the agent at all.
@@ -100,10 +99,7 @@ impl Recorder {
     }
 
     fn journal_entry(&self, at_ms: u64, kind: &str, payload: &impl serde::Serialize) {
-        if let Err(e) = self
-            .journal
-            .append(&self.operation_id, at_ms, kind, payload)
-        {
+        if let Err(e) = self.journal.append(&self.operation_id, at_ms, kind, payload) {
             tracing::error!(operation = %self.operation_id, error = %e, "journal append failed");
         }
     }
@@ -255,9 +251,12 @@ pub async fn run_co_restart(
     }));
     let policy = ProbePolicy {
         warm_budget_ms: pair.probe.warm_budget_ms,
-        cold_allowance: ColdAllowance::Configured {
-            ms: pair.probe.cold_allowance_ms,
-        },
+        cold_allowance: cold_allowance(
+            &healthy_first_probes(&ctx.journal, &pair.name),
+            pair.probe.cold_allowance_margin,
+            pair.probe.cold_allowance_ms,
+            pair.probe.warm_budget_ms,
+        ),
     };
     let mut run = CoRestart {
         ctx,
@@ -288,10 +287,9 @@ pub async fn run_co_restart(
     let mut verdict = judge(&startups, &run.probes, &policy);
     if let Some(e) = journal_error {
         verdict.kind = crate::verdict::VerdictKind::Failed;
-        verdict.reasons.insert(
-            0,
-            format!("stopped: the journal could not record a step ({e})"),
-        );
+        verdict
+            .reasons
+            .insert(0, format!("stopped: the journal could not record a step ({e})"));
     }
     let _ = rec.transition(CoRestartStep::Concluded);
     let evidence = std::mem::take(&mut *rec.lock());
@@ -304,23 +302,45 @@ pub async fn run_co_restart(
         reasons: verdict.reasons,
         steps: evidence.steps,
         timeline: evidence.timeline,
+        probe_latency: summarize(
+            &evidence
+                .probes
+                .iter()
+                .filter_map(|p| p.latency_ms.filter(|_| p.outcome == "ok"))
+                .collect::<Vec<_>>(),
+        ),
         probes: evidence.probes,
         warm_budget_ms: policy.warm_budget_ms,
         cold_allowance: policy.cold_allowance,
         total_ms: rec.now_ms(),
     };
-    if let Err(e) = rec
-        .journal
-        .conclude(&operation_id, report.verdict.as_str(), &report)
-    {
+    if let Err(e) = rec.journal.conclude(&operation_id, report.verdict.as_str(), &report) {
         tracing::error!(operation = %operation_id, error = %e, "could not journal the verdict");
     }
     if let Ok(json) = serde_json::to_string(&report) {
-        rec.send(operation_update::Kind::Report(
-            pdwarden_proto::v1::JsonReply { json },
-        ));
+        rec.send(operation_update::Kind::Report(pdwarden_proto::v1::JsonReply { json }));
     }
     report
+}
+
+/// First-probe latencies of the pair's earlier restarts that ended healthy:
+/// the evidence the cold allowance is measured from.
+fn healthy_first_probes(journal: &Journal, pair: &str) -> Vec<(String, u64)> {
+    let history = match journal.history(pair, 50) {
+        Ok(h) => h,
+        Err(e) => {
+            tracing::warn!(pair, error = %e, "cannot read history; using the configured cold allowance");
+            return Vec::new();
+        }
+    };
+    history
+        .into_iter()
+        .filter(|r| matches!(r.verdict.as_deref(), Some("healthy" | "healthy_after_cold_start")))
+        .filter_map(|r| {
+            let first = r.report?.get("probes")?.get(0)?.get("latency_ms")?.as_u64()?;
+            Some((r.operation_id, first))
+        })
+        .collect()
 }
 
 struct CoRestart<'a> {
@@ -370,9 +390,7 @@ impl CoRestart<'_> {
                 self.rec.transition(CoRestartStep::RestartingDecode)?;
                 let first_decode = self.starts.len();
                 for u in &decodes {
-                    let s = self
-                        .start_unit(u, "decode", engine_readiness(t.decode_ready_ms))
-                        .await;
+                    let s = self.start_unit(u, "decode", engine_readiness(t.decode_ready_ms)).await;
                     self.starts.push(s);
                 }
                 if !self.await_generating(first_decode).await {
@@ -387,9 +405,7 @@ impl CoRestart<'_> {
                 }
                 self.rec.transition(CoRestartStep::RestartingDecode)?;
                 for u in &decodes {
-                    let s = self
-                        .start_unit(u, "decode", engine_readiness(t.decode_ready_ms))
-                        .await;
+                    let s = self.start_unit(u, "decode", engine_readiness(t.decode_ready_ms)).await;
                     self.starts.push(s);
                 }
                 if !self.await_generating(first_prefill).await {
@@ -411,9 +427,7 @@ impl CoRestart<'_> {
         };
         let first_router = self.starts.len();
         for u in self.pair.router.clone() {
-            let s = self
-                .start_unit(&u, "router", router_readiness.clone())
-                .await;
+            let s = self.start_unit(&u, "router", router_readiness.clone()).await;
             self.starts.push(s);
         }
         if !self.await_generating(first_router).await {
@@ -433,15 +447,8 @@ impl CoRestart<'_> {
         }
     }
 
-    async fn start_unit(
-        &self,
-        unit: &UnitRef,
-        role: &'static str,
-        readiness: ReadinessSpec,
-    ) -> UnitStart {
-        let step_idx = self
-            .rec
-            .step_started(&format!("restart-{role}"), &unit.unit);
+    async fn start_unit(&self, unit: &UnitRef, role: &'static str, readiness: ReadinessSpec) -> UnitStart {
+        let step_idx = self.rec.step_started(&format!("restart-{role}"), &unit.unit);
         let command_id = uuid::Uuid::new_v4().to_string();
         let deadline = Instant::now()
             + Duration::from_millis(readiness.deadline_ms + self.pair.timeouts.stop_grace_ms)
@@ -561,17 +568,10 @@ impl CoRestart<'_> {
             self.rec.probe(record);
             self.probes.push(obs);
         }
-        self.rec
-            .step_ended(step_idx, format!("{} probes", self.probes.len()));
+        self.rec.step_ended(step_idx, format!("{} probes", self.probes.len()));
     }
 
-    async fn probe_once(
-        &self,
-        host: &str,
-        unit: &str,
-        target: &str,
-        seq: u32,
-    ) -> (ProbeObservation, ProbeRecord) {
+    async fn probe_once(&self, host: &str, unit: &str, target: &str, seq: u32) -> (ProbeObservation, ProbeRecord) {
         let timeout_ms = self.pair.probe.probe_timeout_ms;
         let command_id = uuid::Uuid::new_v4().to_string();
         let cmd = Command {
@@ -605,10 +605,7 @@ impl CoRestart<'_> {
                     Ok(Some(_)) => continue,
                     Err(_) => {
                         self.ctx.fleet.forget(&command_id);
-                        break Err(format!(
-                            "no probe result from the agent within {} ms",
-                            timeout_ms
-                        ));
+                        break Err(format!("no probe result from the agent within {} ms", timeout_ms));
                     }
                 }
             },
@@ -634,9 +631,7 @@ impl CoRestart<'_> {
                     ProbeOutcome::Timeout => {
                         record.outcome = "timeout".into();
                         record.latency_ms = Some(r.latency_ms);
-                        ProbeObservation::Timeout {
-                            after_ms: r.latency_ms,
-                        }
+                        ProbeObservation::Timeout { after_ms: r.latency_ms }
                     }
                     _ => {
                         let message = if r.http_status != 0 {
@@ -741,10 +736,7 @@ fn apply_report(rec: &Recorder, s: &mut UnitStart, report: AgentReport) {
         AgentReport::Probe(_) => {}
         AgentReport::Disconnected => {
             s.done = true;
-            s.last_detail = format!(
-                "agent {} disconnected; last: {}",
-                s.unit.host, s.last_detail
-            );
+            s.last_detail = format!("agent {} disconnected; last: {}", s.unit.host, s.last_detail);
         }
     }
 }

@@ -12,8 +12,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use pdwarden_proto::v1::{
-    AgentMessage, Command, CommandResult, OrchestratorMessage, Phase, ProbeResult, RegisterAck,
-    Role, UnitEvent, UnitInfo, agent_link_server::AgentLink, agent_message, orchestrator_message,
+    AgentMessage, Command, CommandResult, OrchestratorMessage, Phase, ProbeResult, RegisterAck, Role, UnitEvent,
+    UnitInfo, agent_link_server::AgentLink, agent_message, orchestrator_message,
 };
 use serde::Serialize;
 use tokio::sync::mpsc;
@@ -164,10 +164,7 @@ impl Fleet {
     }
 
     pub fn unit(&self, host: &str, unit: &str) -> Option<UnitInfo> {
-        self.lock()
-            .agents
-            .get(host)
-            .and_then(|a| a.units.get(unit).cloned())
+        self.lock().agents.get(host).and_then(|a| a.units.get(unit).cloned())
     }
 
     pub fn status(&self) -> Vec<AgentStatus> {
@@ -211,16 +208,9 @@ impl Fleet {
             Some(agent_message::Kind::UnitEvent(ev)) => {
                 {
                     let mut st = self.lock();
-                    if let Some(u) = st
-                        .agents
-                        .get_mut(host)
-                        .and_then(|a| a.units.get_mut(&ev.unit))
-                    {
+                    if let Some(u) = st.agents.get_mut(host).and_then(|a| a.units.get_mut(&ev.unit)) {
                         u.phase = ev.phase;
-                        u.pid = if matches!(
-                            Phase::try_from(ev.phase),
-                            Ok(Phase::Exited | Phase::Stopped)
-                        ) {
+                        u.pid = if matches!(Phase::try_from(ev.phase), Ok(Phase::Exited | Phase::Stopped)) {
                             0
                         } else if ev.pid != 0 {
                             ev.pid
@@ -282,10 +272,7 @@ pub struct AgentLinkService {
 impl AgentLink for AgentLinkService {
     type AttachStream = ReceiverStream<Result<OrchestratorMessage, Status>>;
 
-    async fn attach(
-        &self,
-        request: Request<Streaming<AgentMessage>>,
-    ) -> Result<Response<Self::AttachStream>, Status> {
+    async fn attach(&self, request: Request<Streaming<AgentMessage>>) -> Result<Response<Self::AttachStream>, Status> {
         let mut inbound = request.into_inner();
         let first = inbound
             .message()

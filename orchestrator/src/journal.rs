@@ -80,9 +80,7 @@ impl Journal {
         let conn = Connection::open(path)?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         conn.execute_batch(SCHEMA)?;
-        Ok(Self {
-            conn: Mutex::new(conn),
-        })
+        Ok(Self { conn: Mutex::new(conn) })
     }
 
     fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
@@ -106,9 +104,7 @@ impl Journal {
         );
         match res {
             Ok(_) => Ok(()),
-            Err(rusqlite::Error::SqliteFailure(e, _))
-                if e.code == rusqlite::ErrorCode::ConstraintViolation =>
-            {
+            Err(rusqlite::Error::SqliteFailure(e, _)) if e.code == rusqlite::ErrorCode::ConstraintViolation => {
                 let running: Option<String> = conn
                     .query_row(
                         "SELECT id FROM operations WHERE pair = ?1 AND ended_unix_ms IS NULL",
@@ -118,9 +114,7 @@ impl Journal {
                     .optional()?;
                 Err(JournalError::PairBusy {
                     pair: pair.to_string(),
-                    operation_id: running.unwrap_or_else(|| {
-                        format!("with request id {}", request_id.unwrap_or("?"))
-                    }),
+                    operation_id: running.unwrap_or_else(|| format!("with request id {}", request_id.unwrap_or("?"))),
                 })
             }
             Err(e) => Err(e.into()),
@@ -145,12 +139,7 @@ impl Journal {
 
     /// Records a state transition: the new state on the operation row and a
     /// `transition` entry, in one transaction, before the state's commands go out.
-    pub fn transition(
-        &self,
-        operation_id: &str,
-        at_ms: u64,
-        state: &str,
-    ) -> Result<(), JournalError> {
+    pub fn transition(&self, operation_id: &str, at_ms: u64, state: &str) -> Result<(), JournalError> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         tx.execute(
@@ -166,12 +155,7 @@ impl Journal {
     }
 
     /// Concludes an operation with its verdict and final report.
-    pub fn conclude(
-        &self,
-        operation_id: &str,
-        verdict: &str,
-        report: &impl Serialize,
-    ) -> Result<(), JournalError> {
+    pub fn conclude(&self, operation_id: &str, verdict: &str, report: &impl Serialize) -> Result<(), JournalError> {
         let report = serde_json::to_string(report)?;
         self.conn().execute(
             "UPDATE operations SET state = 'concluded', ended_unix_ms = ?2, verdict = ?3, report = ?4 WHERE id = ?1",
@@ -182,10 +166,7 @@ impl Journal {
 
     /// Operations that were running when the orchestrator last stopped.
     pub fn unfinished(&self) -> Result<Vec<OperationRecord>, JournalError> {
-        self.query(
-            "WHERE ended_unix_ms IS NULL ORDER BY started_unix_ms",
-            params![],
-        )
+        self.query("WHERE ended_unix_ms IS NULL ORDER BY started_unix_ms, rowid", params![])
     }
 
     /// The pair's operations, newest first.
@@ -197,13 +178,9 @@ impl Journal {
     }
 
     /// Raw entries of an operation, in order: (at_ms, kind, payload).
-    pub fn entries(
-        &self,
-        operation_id: &str,
-    ) -> Result<Vec<(u64, String, serde_json::Value)>, JournalError> {
+    pub fn entries(&self, operation_id: &str) -> Result<Vec<(u64, String, serde_json::Value)>, JournalError> {
         let conn = self.conn();
-        let mut stmt =
-            conn.prepare("SELECT at_ms, kind, payload FROM entries WHERE op_id = ?1 ORDER BY seq")?;
+        let mut stmt = conn.prepare("SELECT at_ms, kind, payload FROM entries WHERE op_id = ?1 ORDER BY seq")?;
         let rows = stmt.query_map(params![operation_id], |r| {
             Ok((
                 r.get::<_, i64>(0)? as u64,
@@ -219,11 +196,7 @@ impl Journal {
         Ok(out)
     }
 
-    fn query(
-        &self,
-        tail: &str,
-        p: impl rusqlite::Params,
-    ) -> Result<Vec<OperationRecord>, JournalError> {
+    fn query(&self, tail: &str, p: impl rusqlite::Params) -> Result<Vec<OperationRecord>, JournalError> {
         let conn = self.conn();
         let sql = format!(
             "SELECT id, kind, pair, state, started_unix_ms, ended_unix_ms, verdict, report FROM operations {tail}"
@@ -273,12 +246,8 @@ mod tests {
         j.transition("op-1", 5, "restarting_prefill").unwrap();
         j.append("op-1", 7, "phase", &serde_json::json!({"phase": "spawned"}))
             .unwrap();
-        j.conclude(
-            "op-1",
-            "healthy",
-            &serde_json::json!({"verdict": "healthy"}),
-        )
-        .unwrap();
+        j.conclude("op-1", "healthy", &serde_json::json!({"verdict": "healthy"}))
+            .unwrap();
         j.begin("op-4", "co_restart", "a", None).unwrap();
         let e = j.entries("op-1").unwrap();
         assert_eq!(e.len(), 2);
@@ -287,19 +256,10 @@ mod tests {
         let h = j.history("a", 10).unwrap();
         assert_eq!(h.len(), 2);
         assert_eq!(
-            h.iter()
-                .find(|r| r.operation_id == "op-1")
-                .unwrap()
-                .verdict
-                .as_deref(),
+            h.iter().find(|r| r.operation_id == "op-1").unwrap().verdict.as_deref(),
             Some("healthy")
         );
-        let unfinished: Vec<String> = j
-            .unfinished()
-            .unwrap()
-            .into_iter()
-            .map(|r| r.operation_id)
-            .collect();
+        let unfinished: Vec<String> = j.unfinished().unwrap().into_iter().map(|r| r.operation_id).collect();
         assert_eq!(unfinished, vec!["op-3", "op-4"]);
     }
 

@@ -7,6 +7,7 @@
 //! - [`corestart`]: the co-restart state machine (evidence gathering).
 //! - [`verdict`]: pure judgement of that evidence, unit-tested with the
 //!   incidents' numbers.
+//! - [`stats`]: latency summaries that check for bimodality first.
 //! - [`journal`]: the SQLite journal of operations.
 //! - [`report`]: the operation report (`--json`) and its terminal rendering.
 //! - [`server`]: the gRPC edge and `serve(listener, config, shutdown)`.
@@ -20,4 +21,5 @@ pub mod fleet;
 pub mod journal;
 pub mod report;
 pub mod server;
+pub mod stats;
 pub mod verdict;

@@ -9,6 +9,7 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
+use crate::stats::LatencySummary;
 use crate::verdict::{ColdAllowance, VerdictKind, secs};
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -58,6 +59,8 @@ pub struct OperationReport {
     pub steps: Vec<StepRecord>,
     pub timeline: Vec<TimelineRecord>,
     pub probes: Vec<ProbeRecord>,
+    /// The answered probes' latencies, as modes when bimodal.
+    pub probe_latency: LatencySummary,
     pub warm_budget_ms: u64,
     pub cold_allowance: ColdAllowance,
     pub total_ms: u64,
@@ -66,12 +69,7 @@ pub struct OperationReport {
 /// One line of live progress, as `restart pd-pair` prints it.
 pub fn live_step_line(s: &StepRecord) -> String {
     match s.ended_ms {
-        None => format!(
-            "[{:>8}] step {} ({}) started",
-            secs(s.started_ms),
-            s.name,
-            s.unit
-        ),
+        None => format!("[{:>8}] step {} ({}) started", secs(s.started_ms), s.name, s.unit),
         Some(end) => format!(
             "[{:>8}] step {} ({}) {} after {}",
             secs(end),
@@ -153,11 +151,7 @@ pub fn timeline_summary(timeline: &[TimelineRecord]) -> Vec<String> {
 /// The closing summary printed after the live lines.
 pub fn render_summary(r: &OperationReport) -> String {
     let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "\ntimeline (decode start policy: {}):",
-        r.decode_start_policy
-    );
+    let _ = writeln!(out, "\ntimeline (decode start policy: {}):", r.decode_start_policy);
     for line in timeline_summary(&r.timeline) {
         let _ = writeln!(out, "  {line}");
     }
@@ -169,11 +163,7 @@ pub fn render_summary(r: &OperationReport) -> String {
             secs(r.cold_allowance.ms())
         );
         for p in &r.probes {
-            let _ = writeln!(
-                out,
-                "{}",
-                live_probe_line(p).trim_start().replace("probe", "  probe")
-            );
+            let _ = writeln!(out, "{}", live_probe_line(p).trim_start().replace("probe", "  probe"));
         }
     }
     let mark = if r.verdict.is_healthy() { "OK" } else { "!!" };

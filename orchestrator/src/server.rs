@@ -9,8 +9,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use pdwarden_proto::v1::{
-    HistoryRequest, JsonReply, OperationUpdate, RestartPairRequest, RestartUnitRequest,
-    StatusRequest,
+    HistoryRequest, JsonReply, OperationUpdate, RestartPairRequest, RestartUnitRequest, StatusRequest,
     agent_link_server::AgentLinkServer,
     control_server::{Control, ControlServer},
 };
@@ -163,10 +162,7 @@ impl Control for ControlService {
         )))
     }
 
-    async fn status(
-        &self,
-        _request: Request<StatusRequest>,
-    ) -> Result<Response<JsonReply>, Status> {
+    async fn status(&self, _request: Request<StatusRequest>) -> Result<Response<JsonReply>, Status> {
         let mut pairs = Vec::new();
         for p in &self.config.pairs {
             let hist = self.ctx.journal.history(&p.name, 5).map_err(internal)?;
@@ -188,24 +184,13 @@ impl Control for ControlService {
         }))
     }
 
-    async fn history(
-        &self,
-        request: Request<HistoryRequest>,
-    ) -> Result<Response<JsonReply>, Status> {
+    async fn history(&self, request: Request<HistoryRequest>) -> Result<Response<JsonReply>, Status> {
         let req = request.into_inner();
         if self.config.pair(&req.pair).is_none() {
             return Err(Status::not_found(format!("unknown pair {:?}", req.pair)));
         }
-        let limit = if req.limit == 0 {
-            20
-        } else {
-            req.limit.min(1000)
-        };
-        let records: Vec<OperationRecord> = self
-            .ctx
-            .journal
-            .history(&req.pair, limit)
-            .map_err(internal)?;
+        let limit = if req.limit == 0 { 20 } else { req.limit.min(1000) };
+        let records: Vec<OperationRecord> = self.ctx.journal.history(&req.pair, limit).map_err(internal)?;
         Ok(Response::new(JsonReply {
             json: serde_json::to_string(&records).map_err(internal)?,
         }))

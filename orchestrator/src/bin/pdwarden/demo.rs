@@ -67,9 +67,7 @@ fn free_port() -> anyhow::Result<u16> {
 
 fn sibling_binary(name: &str) -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe().context("cannot locate the pdwarden binary")?;
-    let dir = exe
-        .parent()
-        .context("pdwarden binary has no parent directory")?;
+    let dir = exe.parent().context("pdwarden binary has no parent directory")?;
     let p = dir.join(name);
     if p.is_file() {
         Ok(p)
@@ -127,10 +125,7 @@ impl Owned {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        eprintln!(
-            "demo: {} did not stop within {grace:?}; killing it",
-            self.name
-        );
+        eprintln!("demo: {} did not stop within {grace:?}; killing it", self.name);
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -142,12 +137,7 @@ impl Drop for Owned {
     }
 }
 
-fn spawn_logged(
-    name: &'static str,
-    program: &Path,
-    args: &[String],
-    dir: &Path,
-) -> anyhow::Result<Owned> {
+fn spawn_logged(name: &'static str, program: &Path, args: &[String], dir: &Path) -> anyhow::Result<Owned> {
     let log = std::fs::File::create(dir.join(format!("{name}.log")))?;
     let child = Command::new(program)
         .args(args)
@@ -197,10 +187,7 @@ fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<(String, PathBuf
     if !(scale > 0.0 && scale <= 1.0) {
         bail!("--time-scale must be in (0, 1], got {scale}");
     }
-    if !matches!(
-        args.decode_start_policy.as_str(),
-        "after-prefill-ready" | "overlap"
-    ) {
+    if !matches!(args.decode_start_policy.as_str(), "after-prefill-ready" | "overlap") {
         bail!(
             "--decode-start-policy must be `after-prefill-ready` or `overlap`, got {:?}",
             args.decode_start_policy
@@ -235,7 +222,10 @@ fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<(String, PathBuf
             flags.push(("--bootstrap-port".into(), Some(bootstrap.to_string())));
         }
         for (flag, value) in parse_sim_flags(extra).with_context(|| format!("--{role}-sim"))? {
-            if matches!(flag.as_str(), "--role" | "--host" | "--port" | "--bootstrap-port" | "--time-scale") {
+            if matches!(
+                flag.as_str(),
+                "--role" | "--host" | "--port" | "--bootstrap-port" | "--time-scale"
+            ) {
                 bail!("--{role}-sim: {flag} is set by the demo itself");
             }
             flags.retain(|(f, _)| *f != flag);
@@ -363,9 +353,7 @@ check_timeout_ms = {check}
 }
 
 async fn start_stack(args: &DemoArgs) -> anyhow::Result<Stack> {
-    let dir = tempfile::Builder::new()
-        .prefix("pdwarden-demo-")
-        .tempdir()?;
+    let dir = tempfile::Builder::new().prefix("pdwarden-demo-").tempdir()?;
     let (url, orch_cfg, agent_cfg) = write_configs(args, dir.path())?;
     let orchestrator = spawn_logged(
         "orchestrator",
@@ -467,10 +455,7 @@ pub async fn run(args: DemoArgs) -> ExitCode {
         eprintln!("demo: kept {}", kept.display());
     }
     if !args.json {
-        println!(
-            "demo: stack stopped; {:.1} s in all",
-            started.elapsed().as_secs_f64()
-        );
+        println!("demo: stack stopped; {:.1} s in all", started.elapsed().as_secs_f64());
     }
     match outcome {
         Some(Ok(report)) => exit_for(&report),

@@ -14,12 +14,12 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use pdwarden_orchestrator::report::{
-    OperationReport, ProbeRecord, StepRecord, TimelineRecord, live_phase_line, live_probe_line,
-    live_step_line, render_summary,
+    OperationReport, ProbeRecord, StepRecord, TimelineRecord, live_phase_line, live_probe_line, live_step_line,
+    render_summary,
 };
 use pdwarden_proto::v1::{
-    HistoryRequest, RestartPairRequest, RestartUnitRequest, StatusRequest,
-    control_client::ControlClient, operation_update,
+    HistoryRequest, RestartPairRequest, RestartUnitRequest, StatusRequest, control_client::ControlClient,
+    operation_update,
 };
 use tonic::transport::Channel;
 
@@ -108,11 +108,7 @@ fn status_reason(s: &tonic::Status) -> String {
 
 /// Runs `restart pd-pair`, printing live progress and the summary (unless
 /// `json`), and returns the final report; the caller prints `--json`.
-pub async fn restart_pair(
-    url: &str,
-    pair: &str,
-    json: bool,
-) -> Result<OperationReport, CouldNotRun> {
+pub async fn restart_pair(url: &str, pair: &str, json: bool) -> Result<OperationReport, CouldNotRun> {
     let mut client = connect(url).await?;
     let mut stream = client
         .restart_pair(RestartPairRequest {
@@ -132,10 +128,7 @@ pub async fn restart_pair(
                 ));
             }
             Err(s) => {
-                return Err(CouldNotRun(format!(
-                    "lost the operation stream: {}",
-                    status_reason(&s)
-                )));
+                return Err(CouldNotRun(format!("lost the operation stream: {}", status_reason(&s))));
             }
         };
         let line = match update.kind {
@@ -167,14 +160,10 @@ pub async fn restart_pair(
                 request_id: String::new(),
             })),
             Some(operation_update::Kind::Report(r)) => {
-                let report: OperationReport = serde_json::from_str(&r.json).map_err(|e| {
-                    CouldNotRun(format!("unreadable report from the orchestrator: {e}"))
-                })?;
+                let report: OperationReport = serde_json::from_str(&r.json)
+                    .map_err(|e| CouldNotRun(format!("unreadable report from the orchestrator: {e}")))?;
                 if json {
-                    println!(
-                        "{}",
-                        serde_json::to_string_pretty(&report).unwrap_or(r.json)
-                    );
+                    println!("{}", serde_json::to_string_pretty(&report).unwrap_or(r.json));
                 } else {
                     print!("{}", render_summary(&report));
                 }
@@ -226,10 +215,7 @@ async fn restart_unit(url: &str, name: &str, host: Option<String>, json: bool) -
         })
         .await;
     match res {
-        Ok(_) => could_not_run(
-            "the orchestrator accepted a unit restart this CLI cannot follow",
-            json,
-        ),
+        Ok(_) => could_not_run("the orchestrator accepted a unit restart this CLI cannot follow", json),
         Err(s) => {
             let reason = status_reason(&s);
             if json {
@@ -250,8 +236,7 @@ async fn status(url: &str, json: bool) -> anyhow::Result<()> {
         .status(StatusRequest {})
         .await
         .map_err(|s| anyhow::anyhow!(status_reason(&s)))?;
-    let v: serde_json::Value =
-        serde_json::from_str(&reply.into_inner().json).context("unreadable status")?;
+    let v: serde_json::Value = serde_json::from_str(&reply.into_inner().json).context("unreadable status")?;
     if json {
         print_json(&v);
         return Ok(());
@@ -273,10 +258,7 @@ async fn status(url: &str, json: bool) -> anyhow::Result<()> {
                 u["name"].as_str().unwrap_or("?"),
                 u["role"].as_str().unwrap_or("?"),
                 u["phase"].as_str().unwrap_or("?"),
-                u["pid"]
-                    .as_u64()
-                    .map(|p| p.to_string())
-                    .unwrap_or_else(|| "-".into()),
+                u["pid"].as_u64().map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
                 u["base_url"].as_str().unwrap_or("")
             );
         }
@@ -304,8 +286,7 @@ async fn history(url: &str, pair: &str, limit: u32, json: bool) -> anyhow::Resul
         })
         .await
         .map_err(|s| anyhow::anyhow!(status_reason(&s)))?;
-    let v: serde_json::Value =
-        serde_json::from_str(&reply.into_inner().json).context("unreadable history")?;
+    let v: serde_json::Value = serde_json::from_str(&reply.into_inner().json).context("unreadable history")?;
     if json {
         print_json(&v);
         return Ok(());
