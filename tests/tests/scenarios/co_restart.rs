@@ -13,7 +13,11 @@ const LIMIT: Duration = Duration::from_secs(120);
 fn ordered_co_restart_is_gated_on_generation() {
     let out = pdwarden(&["demo", "--json"], LIMIT);
     let r = out.json();
-    assert_eq!(out.code, 0, "verdict {} reasons {:#}\n{}", r["verdict"], r["reasons"], out.stderr);
+    assert_eq!(
+        out.code, 0,
+        "verdict {} reasons {:#}\n{}",
+        r["verdict"], r["reasons"], out.stderr
+    );
     assert!(
         matches!(r["verdict"].as_str(), Some("healthy" | "healthy_after_cold_start")),
         "{r:#}"
@@ -21,7 +25,10 @@ fn ordered_co_restart_is_gated_on_generation() {
     assert_eq!(r["decode_start_policy"], "after-prefill-ready");
     for unit in ["prefill-0", "decode-0"] {
         let phases = ["spawned", "refused", "http_503", "healthy", "generating"].map(|p| must_at(&r, unit, p));
-        assert!(phases.windows(2).all(|w| w[0] <= w[1]), "{unit} phases out of order: {phases:?}");
+        assert!(
+            phases.windows(2).all(|w| w[0] <= w[1]),
+            "{unit} phases out of order: {phases:?}"
+        );
     }
     assert!(must_at(&r, "prefill-0", "generating") <= must_at(&r, "decode-0", "spawned"));
     assert!(must_at(&r, "decode-0", "generating") <= must_at(&r, "router-0", "spawned"));
@@ -34,7 +41,12 @@ fn ordered_co_restart_is_gated_on_generation() {
         assert_eq!(p["outcome"], "ok", "{p}");
         assert!(p["tokens"].as_u64().unwrap() >= 1, "{p}");
     }
-    let steps: Vec<&str> = r["steps"].as_array().unwrap().iter().map(|s| s["name"].as_str().unwrap()).collect();
+    let steps: Vec<&str> = r["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
     assert_eq!(steps, ["restart-prefill", "restart-decode", "restart-router", "probe"]);
     // History has the operation, with the same verdict.
     assert!(r["operation_id"].as_str().is_some_and(|s| !s.is_empty()));
@@ -82,7 +94,11 @@ fn decode_only_restart_is_refused() {
     assert!(reason.contains("pdwarden restart pd-pair demo"), "{reason}");
 
     let after = demo.cli(&["status", "--json"]).json();
-    assert_eq!(pid_of(&after, "decode-0"), Some(decode_pid), "the decode was restarted anyway");
+    assert_eq!(
+        pid_of(&after, "decode-0"),
+        Some(decode_pid),
+        "the decode was restarted anyway"
+    );
     assert_eq!(after["pairs"][0]["last_verdict"], demo.report["verdict"]);
 
     let history = demo.cli(&["history", "demo", "--json"]).json();
@@ -100,7 +116,14 @@ fn decode_only_restart_is_refused() {
 #[test]
 fn decode_that_never_generates_is_never_healthy() {
     let out = pdwarden(
-        &["demo", "--json", "--time-scale", "0.01", "--decode-sim", "--ttft-ms 100000000"],
+        &[
+            "demo",
+            "--json",
+            "--time-scale",
+            "0.01",
+            "--decode-sim",
+            "--ttft-ms 100000000",
+        ],
         LIMIT,
     );
     let r = out.json();
@@ -108,7 +131,11 @@ fn decode_that_never_generates_is_never_healthy() {
     assert!(matches!(r["verdict"].as_str(), Some("wedged" | "failed")), "{r:#}");
     must_at(&r, "decode-0", "http_503");
     assert_eq!(at(&r, "decode-0", "generating"), None);
-    assert_eq!(at(&r, "router-0", "spawned"), None, "router started behind a decode that never generated");
+    assert_eq!(
+        at(&r, "router-0", "spawned"),
+        None,
+        "router started behind a decode that never generated"
+    );
     let reasons = r["reasons"].to_string();
     assert!(reasons.contains("decode-0"), "{reasons}");
     assert!(r["probes"].as_array().unwrap().is_empty());

@@ -40,9 +40,17 @@ pub struct Output {
 impl Output {
     /// The last stdout line, parsed as the command's `--json` object.
     pub fn json(&self) -> Value {
-        let line = self.stdout.lines().rev().find(|l| l.starts_with('{')).unwrap_or_else(|| {
-            panic!("no JSON object on stdout.\nstdout:\n{}\nstderr:\n{}", self.stdout, self.stderr)
-        });
+        let line = self
+            .stdout
+            .lines()
+            .rev()
+            .find(|l| l.starts_with('{'))
+            .unwrap_or_else(|| {
+                panic!(
+                    "no JSON object on stdout.\nstdout:\n{}\nstderr:\n{}",
+                    self.stdout, self.stderr
+                )
+            });
         serde_json::from_str(line).unwrap_or_else(|e| panic!("bad JSON ({e}): {line}"))
     }
 }
@@ -135,7 +143,10 @@ impl HeldDemo {
                 }
             }
         };
-        let orchestrator = report["demo"]["orchestrator"].as_str().expect("demo.orchestrator").to_string();
+        let orchestrator = report["demo"]["orchestrator"]
+            .as_str()
+            .expect("demo.orchestrator")
+            .to_string();
         HeldDemo {
             child,
             report,
