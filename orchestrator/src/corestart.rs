@@ -36,6 +36,24 @@ use crate::verdict::{ProbeObservation, ProbePolicy, ReadinessPhase, UnitStartup,
 /// hearing from the agent at all.
 const AGENT_SILENCE_SLACK: Duration = Duration::from_secs(10);
 
+/// What an operation does to a pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OperationKind {
+    /// Ordered co-restart, then probes.
+    CoRestart,
+    /// Probes through the router only; nothing is restarted.
+    Verify,
+}
+
+impl OperationKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::CoRestart => "co_restart",
+            Self::Verify => "verify",
+        }
+    }
+}
+
 /// The steps of a co-restart, in order. Each is journaled on entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CoRestartStep {
@@ -228,13 +246,14 @@ pub struct OperationContext {
     pub journal: Arc<Journal>,
 }
 
-/// Runs a co-restart whose operation row already exists in the journal, to
-/// its verdict. Progress goes to `updates`; the report is returned, journaled
+/// Runs an operation (a co-restart or a verification) whose row already
+/// exists in the journal, to its verdict. Progress goes to `updates`; the report is returned, journaled
 /// and sent as the last update.
-pub async fn run_co_restart(
+pub async fn run_operation(
     ctx: OperationContext,
     pair: PairConfig,
     operation_id: String,
+    kind: OperationKind,
     updates: mpsc::UnboundedSender<OperationUpdate>,
 ) -> OperationReport {
     let rec = Recorder {
@@ -257,6 +276,7 @@ pub async fn run_co_restart(
             pair.probe.cold_allowance_ms,
             pair.probe.warm_budget_ms,
         ),
+        cold_start_possible: kind == OperationKind::CoRestart,
     };
     let mut run = CoRestart {
         ctx,
@@ -265,12 +285,20 @@ pub async fn run_co_restart(
         starts: Vec::new(),
         probes: Vec::new(),
     };
-    let journal_error = run.drive().await.err();
+    let journal_error = match kind {
+        OperationKind::CoRestart => run.drive().await.err(),
+        OperationKind::Verify => run.verify().await.err(),
+    };
 
     let now = rec.now_ms();
     let mut startups: Vec<UnitStartup> = run.starts.iter().map(|s| s.evidence(now)).collect();
     // Units never started (gated behind one that failed) are evidence too.
-    for (role, units) in run.roles() {
+    let roles = if kind == OperationKind::CoRestart {
+        run.roles().to_vec()
+    } else {
+        Vec::new()
+    };
+    for (role, units) in roles {
         for u in units {
             if !run.starts.iter().any(|s| &s.unit == u) {
                 startups.push(UnitStartup {
@@ -296,7 +324,7 @@ pub async fn run_co_restart(
     let report = OperationReport {
         operation_id: operation_id.clone(),
         pair: run.pair.name.clone(),
-        kind: "co_restart".into(),
+        kind: kind.as_str().into(),
         decode_start_policy: run.pair.decode_start_policy.as_str().into(),
         verdict: verdict.kind,
         reasons: verdict.reasons,
@@ -335,6 +363,7 @@ fn healthy_first_probes(journal: &Journal, pair: &str) -> Vec<(String, u64)> {
     };
     history
         .into_iter()
+        .filter(|r| r.kind == OperationKind::CoRestart.as_str())
         .filter(|r| matches!(r.verdict.as_deref(), Some("healthy" | "healthy_after_cold_start")))
         .filter_map(|r| {
             let first = r.report?.get("probes")?.get(0)?.get("latency_ms")?.as_u64()?;
@@ -534,25 +563,39 @@ impl CoRestart<'_> {
     /// or `max_probes` have run.
     async fn probe_series(&mut self, first_router: usize) {
         let router = &self.starts[first_router];
-        let target = format!("router:{}", router.unit.unit);
-        let (host, unit) = (router.unit.host.clone(), router.unit.unit.clone());
-        let first = ProbeObservation::Ok {
-            latency_ms: router.check_latency_ms,
-            tokens: router.check_tokens,
-        };
-        self.rec.probe(ProbeRecord {
-            target: target.clone(),
-            seq: 1,
-            latency_ms: Some(router.check_latency_ms),
-            tokens: router.check_tokens,
-            outcome: "ok".into(),
-            error: "readiness generation".into(),
-            request_id: String::new(),
-        });
-        self.probes.push(first);
+        let readiness = (router.check_latency_ms, router.check_tokens);
+        let unit = router.unit.clone();
+        self.probe_series_via(&unit, Some(readiness)).await;
+    }
+
+    /// A verification: the probe series through the first router, nothing restarted.
+    async fn verify(&mut self) -> Result<(), crate::journal::JournalError> {
+        self.rec.transition(CoRestartStep::Probing)?;
+        let router = self.pair.router[0].clone();
+        self.probe_series_via(&router, None).await;
+        Ok(())
+    }
+
+    /// Probes through `router`. `readiness` is the router's readiness
+    /// generation after a restart (latency, tokens), which counts as probe 1.
+    async fn probe_series_via(&mut self, router: &UnitRef, readiness: Option<(u64, u32)>) {
+        let target = format!("router:{}", router.unit);
+        let (host, unit) = (router.host.clone(), router.unit.clone());
+        if let Some((latency_ms, tokens)) = readiness {
+            self.rec.probe(ProbeRecord {
+                target: target.clone(),
+                seq: 1,
+                latency_ms: Some(latency_ms),
+                tokens,
+                outcome: "ok".into(),
+                error: "readiness generation".into(),
+                request_id: String::new(),
+            });
+            self.probes.push(ProbeObservation::Ok { latency_ms, tokens });
+        }
         let step_idx = self.rec.step_started("probe", &unit);
         let p = self.pair.probe.clone();
-        for seq in 2..=p.max_probes {
+        for seq in (self.probes.len() as u32 + 1)..=p.max_probes {
             let warm_tail = self
                 .probes
                 .iter()

@@ -151,9 +151,11 @@ pub fn timeline_summary(timeline: &[TimelineRecord]) -> Vec<String> {
 /// The closing summary printed after the live lines.
 pub fn render_summary(r: &OperationReport) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "\ntimeline (decode start policy: {}):", r.decode_start_policy);
-    for line in timeline_summary(&r.timeline) {
-        let _ = writeln!(out, "  {line}");
+    if !r.timeline.is_empty() {
+        let _ = writeln!(out, "\ntimeline (decode start policy: {}):", r.decode_start_policy);
+        for line in timeline_summary(&r.timeline) {
+            let _ = writeln!(out, "  {line}");
+        }
     }
     if !r.probes.is_empty() {
         let _ = writeln!(

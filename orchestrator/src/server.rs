@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use pdwarden_proto::v1::{
     HistoryRequest, JsonReply, OperationUpdate, RestartPairRequest, RestartUnitRequest, StatusRequest,
+    VerifyPairRequest,
     agent_link_server::AgentLinkServer,
     control_server::{Control, ControlServer},
 };
@@ -20,7 +21,7 @@ use tokio_stream::wrappers::{TcpListenerStream, UnboundedReceiverStream};
 use tonic::{Request, Response, Status};
 
 use crate::config::OrchestratorConfig;
-use crate::corestart::{OperationContext, run_co_restart};
+use crate::corestart::{OperationContext, OperationKind, run_operation};
 use crate::fleet::{AgentLinkService, AgentStatus, Fleet};
 use crate::journal::{Journal, JournalError, OperationRecord};
 
@@ -80,50 +81,67 @@ impl ControlService {
     }
 }
 
-#[tonic::async_trait]
-impl Control for ControlService {
-    type RestartPairStream = UnboundedReceiverStream<Result<OperationUpdate, Status>>;
-    type RestartUnitStream = UnboundedReceiverStream<Result<OperationUpdate, Status>>;
+type UpdateStream = UnboundedReceiverStream<Result<OperationUpdate, Status>>;
 
-    async fn restart_pair(
+impl ControlService {
+    /// Validates, journals and spawns an operation on a pair; returns its
+    /// live update stream.
+    fn start_operation(
         &self,
-        request: Request<RestartPairRequest>,
-    ) -> Result<Response<Self::RestartPairStream>, Status> {
-        let req = request.into_inner();
-        let pair = self.config.pair(&req.pair).cloned().ok_or_else(|| {
+        pair: &str,
+        request_id: &str,
+        kind: OperationKind,
+    ) -> Result<Response<UpdateStream>, Status> {
+        let pair = self.config.pair(pair).cloned().ok_or_else(|| {
             let known: Vec<&str> = self.config.pairs.iter().map(|p| p.name.as_str()).collect();
-            Status::not_found(format!(
-                "unknown pair {:?} (configured: {})",
-                req.pair,
-                known.join(", ")
-            ))
+            Status::not_found(format!("unknown pair {:?} (configured: {})", pair, known.join(", ")))
         })?;
         self.check_reachable(&pair)?;
         let operation_id = uuid::Uuid::new_v4().to_string();
-        let request_id = (!req.request_id.is_empty()).then_some(req.request_id.as_str());
+        let request_id = (!request_id.is_empty()).then_some(request_id);
         match self
             .ctx
             .journal
-            .begin(&operation_id, "co_restart", &pair.name, request_id)
+            .begin(&operation_id, kind.as_str(), &pair.name, request_id)
         {
             Ok(()) => {}
-            Err(e @ JournalError::PairBusy { .. }) => {
-                return Err(Status::failed_precondition(e.to_string()));
-            }
+            Err(e @ JournalError::PairBusy { .. }) => return Err(Status::failed_precondition(e.to_string())),
             Err(e) => return Err(internal(e)),
         }
         let (tx, mut rx) = mpsc::unbounded_channel();
         let (out_tx, out_rx) = mpsc::unbounded_channel();
         // The operation runs on its own task: a CLI that disconnects does not
         // cancel a half-done restart.
-        let ctx = self.ctx.clone();
-        tokio::spawn(run_co_restart(ctx, pair, operation_id, tx));
+        tokio::spawn(run_operation(self.ctx.clone(), pair, operation_id, kind, tx));
         tokio::spawn(async move {
             while let Some(u) = rx.recv().await {
                 let _ = out_tx.send(Ok(u));
             }
         });
         Ok(Response::new(UnboundedReceiverStream::new(out_rx)))
+    }
+}
+
+#[tonic::async_trait]
+impl Control for ControlService {
+    type RestartPairStream = UnboundedReceiverStream<Result<OperationUpdate, Status>>;
+    type RestartUnitStream = UnboundedReceiverStream<Result<OperationUpdate, Status>>;
+    type VerifyPairStream = UnboundedReceiverStream<Result<OperationUpdate, Status>>;
+
+    async fn restart_pair(
+        &self,
+        request: Request<RestartPairRequest>,
+    ) -> Result<Response<Self::RestartPairStream>, Status> {
+        let req = request.into_inner();
+        self.start_operation(&req.pair, &req.request_id, OperationKind::CoRestart)
+    }
+
+    async fn verify_pair(
+        &self,
+        request: Request<VerifyPairRequest>,
+    ) -> Result<Response<Self::VerifyPairStream>, Status> {
+        let req = request.into_inner();
+        self.start_operation(&req.pair, &req.request_id, OperationKind::Verify)
     }
 
     async fn restart_unit(

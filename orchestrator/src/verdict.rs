@@ -156,6 +156,9 @@ impl ColdAllowance {
 pub struct ProbePolicy {
     pub warm_budget_ms: u64,
     pub cold_allowance: ColdAllowance,
+    /// False when nothing was restarted (a verification of a pair in
+    /// service): then a slow first probe is simply over budget.
+    pub cold_start_possible: bool,
 }
 
 /// Formats milliseconds the way the incident reports quote them ("17.9 s").
@@ -174,10 +177,12 @@ pub fn judge(startups: &[UnitStartup], probes: &[ProbeObservation], policy: &Pro
         return v;
     }
     let mut v = judge_probes(probes, policy);
-    if matches!(
-        v.kind,
-        VerdictKind::Wedged | VerdictKind::ColdStartRejected | VerdictKind::OverBudget
-    ) {
+    if !startups.is_empty()
+        && matches!(
+            v.kind,
+            VerdictKind::Wedged | VerdictKind::ColdStartRejected | VerdictKind::OverBudget
+        )
+    {
         // The shallow-health gap (INCIDENTS row 3) is itself evidence.
         v.reasons.push(format!(
             "every unit answered health 200 and passed its own generation check ({}); neither exercises generation through the router",
@@ -284,6 +289,7 @@ fn judge_probes(probes: &[ProbeObservation], policy: &ProbePolicy) -> Verdict {
     }
     match first {
         ProbeObservation::Ok { latency_ms, .. } if *latency_ms <= warm => judge_warm_series(probes, warm),
+        _ if !policy.cold_start_possible => judge_warm_series(probes, warm),
         _ => judge_cold_start(probes, policy),
     }
 }
@@ -475,6 +481,7 @@ mod tests {
         ProbePolicy {
             warm_budget_ms: 1_000,
             cold_allowance: ColdAllowance::Configured { ms: 30_000 },
+            cold_start_possible: true,
         }
     }
 
@@ -512,6 +519,7 @@ mod tests {
                 first_probe_ms: 1_710,
                 operation_id: "op-1".into(),
             },
+            cold_start_possible: true,
         };
         let v = judge(&pair_ready(), &[ok(17_900), ok(400), ok(300)], &p);
         assert_eq!(v.kind, VerdictKind::ColdStartRejected);
@@ -633,6 +641,18 @@ mod tests {
         // A history of warm first probes never pushes the allowance below the warm budget.
         let h = vec![("op-c".to_string(), 120)];
         assert_eq!(cold_allowance(&h, 2.0, 30_000, 1_000).ms(), 1_000);
+    }
+
+    /// Without a restart there is no cold start to excuse a slow first probe.
+    #[test]
+    fn verification_has_no_cold_start() {
+        let p = ProbePolicy {
+            cold_start_possible: false,
+            ..policy()
+        };
+        let v = judge(&[], &[ok(1_710), ok(600), ok(450)], &p);
+        assert_eq!(v.kind, VerdictKind::OverBudget, "{v:?}");
+        assert!(v.reasons[0].starts_with("probe 1 took 1.71 s, over the 1.00 s warm budget"));
     }
 
     /// Health 200 on every unit is reported as evidence when generation fails.

@@ -18,8 +18,8 @@ use pdwarden_orchestrator::report::{
     render_summary,
 };
 use pdwarden_proto::v1::{
-    HistoryRequest, RestartPairRequest, RestartUnitRequest, StatusRequest, control_client::ControlClient,
-    operation_update,
+    HistoryRequest, RestartPairRequest, RestartUnitRequest, StatusRequest, VerifyPairRequest,
+    control_client::ControlClient, operation_update,
 };
 use tonic::transport::Channel;
 
@@ -44,6 +44,12 @@ enum Cmd {
     Restart {
         #[command(subcommand)]
         what: RestartWhat,
+    },
+    /// Probe a pair end to end through its router, without restarting it.
+    Verify {
+        name: String,
+        #[arg(long)]
+        json: bool,
     },
     /// Agents, units and pairs as the orchestrator knows them.
     Status {
@@ -109,15 +115,30 @@ fn status_reason(s: &tonic::Status) -> String {
 /// Runs `restart pd-pair`, printing live progress and the summary (unless
 /// `json`), and returns the final report; the caller prints `--json`.
 pub async fn restart_pair(url: &str, pair: &str, json: bool) -> Result<OperationReport, CouldNotRun> {
+    follow_operation(url, pair, json, false).await
+}
+
+/// Starts a co-restart (or, with `verify`, a verification) and follows its
+/// update stream to the report.
+pub async fn follow_operation(url: &str, pair: &str, json: bool, verify: bool) -> Result<OperationReport, CouldNotRun> {
     let mut client = connect(url).await?;
-    let mut stream = client
-        .restart_pair(RestartPairRequest {
-            pair: pair.to_string(),
-            request_id: uuid::Uuid::new_v4().to_string(),
-        })
-        .await
-        .map_err(|s| CouldNotRun(status_reason(&s)))?
-        .into_inner();
+    let request_id = uuid::Uuid::new_v4().to_string();
+    let started = if verify {
+        client
+            .verify_pair(VerifyPairRequest {
+                pair: pair.to_string(),
+                request_id,
+            })
+            .await
+    } else {
+        client
+            .restart_pair(RestartPairRequest {
+                pair: pair.to_string(),
+                request_id,
+            })
+            .await
+    };
+    let mut stream = started.map_err(|s| CouldNotRun(status_reason(&s)))?.into_inner();
     let mut out = std::io::stdout();
     loop {
         let update = match stream.message().await {
@@ -132,6 +153,10 @@ pub async fn restart_pair(url: &str, pair: &str, json: bool) -> Result<Operation
             }
         };
         let line = match update.kind {
+            Some(operation_update::Kind::Started(s)) if verify => Some(format!(
+                "verify pd-pair {}: operation {} (probes through the router; nothing restarted)",
+                s.pair, s.operation_id
+            )),
             Some(operation_update::Kind::Started(s)) => Some(format!(
                 "restart pd-pair {}: operation {} (decode start policy: {})",
                 s.pair, s.operation_id, s.decode_start_policy
@@ -325,6 +350,15 @@ async fn main() -> ExitCode {
         Cmd::Restart {
             what: RestartWhat::Unit { name, host, json },
         } => restart_unit(&url, &name, host, json).await,
+        Cmd::Verify { name, json } => match follow_operation(&url, &name, json, true).await {
+            Ok(report) => {
+                if json {
+                    print_json(&report);
+                }
+                exit_for(&report)
+            }
+            Err(CouldNotRun(reason)) => could_not_run(&reason, json),
+        },
         Cmd::Status { json } => match status(&url, json).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => could_not_run(&format!("{e:#}"), json),
