@@ -48,12 +48,7 @@ pub struct ChatOutcome {
 /// POSTs one probe-tagged, non-streaming, temperature-0 chat completion to
 /// `base_url/v1/chat/completions`. OK requires at least one completion token
 /// within `timeout` (body included).
-pub async fn chat_probe(
-    client: &reqwest::Client,
-    base_url: &str,
-    chat: &ChatProbe,
-    timeout: Duration,
-) -> ChatOutcome {
+pub async fn chat_probe(client: &reqwest::Client, base_url: &str, chat: &ChatProbe, timeout: Duration) -> ChatOutcome {
     let request_id = format!("{REQUEST_ID_PREFIX}{}", uuid::Uuid::new_v4());
     let body = json!({
         "model": chat.model,
@@ -83,8 +78,8 @@ pub async fn chat_probe(
         if !ok {
             return Err(format!("http {http_status}: {}", snippet(&text)));
         }
-        let value: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| format!("response is not JSON ({e}): {}", snippet(&text)))?;
+        let value: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| format!("response is not JSON ({e}): {}", snippet(&text)))?;
         let tokens = completion_tokens(&value);
         if tokens == 0 {
             return Err(format!("no completion tokens: {}", snippet(&text)));
@@ -212,12 +207,8 @@ impl Checker for HttpChecker {
             Ok(Ok(resp)) => HealthObservation::Status {
                 status: resp.status().as_u16(),
             },
-            Ok(Err(e)) if e.is_connect() => HealthObservation::Refused {
-                error: root_cause(&e),
-            },
-            Ok(Err(e)) => HealthObservation::Failed {
-                error: error_chain(&e),
-            },
+            Ok(Err(e)) if e.is_connect() => HealthObservation::Refused { error: root_cause(&e) },
+            Ok(Err(e)) => HealthObservation::Failed { error: error_chain(&e) },
         }
     }
 
@@ -307,14 +298,10 @@ mod tests {
     // Property: tokens come from usage.completion_tokens, else 1 for non-empty content.
     #[test]
     fn token_count_rules() {
-        assert_eq!(
-            completion_tokens(&json!({"usage": {"completion_tokens": 7}})),
-            7
-        );
+        assert_eq!(completion_tokens(&json!({"usage": {"completion_tokens": 7}})), 7);
         let content_only = json!({"choices": [{"message": {"content": "hi"}}]});
         assert_eq!(completion_tokens(&content_only), 1);
-        let empty =
-            json!({"choices": [{"message": {"content": ""}}], "usage": {"completion_tokens": 0}});
+        let empty = json!({"choices": [{"message": {"content": ""}}], "usage": {"completion_tokens": 0}});
         assert_eq!(completion_tokens(&empty), 0);
         assert_eq!(completion_tokens(&json!({})), 0);
     }

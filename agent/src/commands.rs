@@ -15,8 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pdwarden_proto::v1::{
-    AgentMessage, Command, CommandResult, ProbeOutcome, ProbeRequest, ProbeResult,
-    agent_message::Kind, command::Action,
+    AgentMessage, Command, CommandResult, ProbeOutcome, ProbeRequest, ProbeResult, agent_message::Kind, command::Action,
 };
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -108,13 +107,8 @@ impl Dispatcher {
     }
 
     /// Queues the action now; the returned future yields the reply.
-    fn execute(
-        &self,
-        action: Option<Action>,
-        ctx: CommandContext,
-    ) -> futures::future::BoxFuture<'static, Kind> {
-        let grace =
-            |ms: u64| Duration::from_millis(if ms == 0 { DEFAULT_STOP_GRACE_MS } else { ms });
+    fn execute(&self, action: Option<Action>, ctx: CommandContext) -> futures::future::BoxFuture<'static, Kind> {
+        let grace = |ms: u64| Duration::from_millis(if ms == 0 { DEFAULT_STOP_GRACE_MS } else { ms });
         match action {
             Some(Action::Start(start)) => {
                 info!(command_id = %ctx.id, unit = %start.unit, restart = start.restart, "start");
@@ -130,9 +124,7 @@ impl Dispatcher {
             }
             Some(Action::Stop(stop)) => {
                 info!(command_id = %ctx.id, unit = %stop.unit, "stop");
-                let done = self
-                    .supervisor
-                    .stop(&stop.unit, ctx.clone(), grace(stop.grace_ms));
+                let done = self.supervisor.stop(&stop.unit, ctx.clone(), grace(stop.grace_ms));
                 Box::pin(async move {
                     let result = done.await.map(|outcome| {
                         if outcome == StopOutcome::NotRunning {
@@ -143,14 +135,9 @@ impl Dispatcher {
                 })
             }
             Some(Action::Probe(probe)) => {
-                let base_url = self
-                    .supervisor
-                    .unit_config(&probe.unit)
-                    .map(|u| u.base_url.clone());
+                let base_url = self.supervisor.unit_config(&probe.unit).map(|u| u.base_url.clone());
                 let http = self.http.clone();
-                Box::pin(
-                    async move { Kind::ProbeResult(run_probe(&http, base_url, probe, &ctx).await) },
-                )
+                Box::pin(async move { Kind::ProbeResult(run_probe(&http, base_url, probe, &ctx).await) })
             }
             None => Box::pin(async move {
                 Kind::CommandResult(CommandResult {
@@ -168,10 +155,7 @@ fn ctx_ms(ctx: &CommandContext) -> u64 {
     u64::try_from(ctx.received_at.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
-fn command_result(
-    ctx: &CommandContext,
-    result: Result<(), crate::supervisor::SupervisorError>,
-) -> Kind {
+fn command_result(ctx: &CommandContext, result: Result<(), crate::supervisor::SupervisorError>) -> Kind {
     let (ok, error) = match result {
         Ok(()) => (true, String::new()),
         Err(e) => (false, error_chain(&e)),

@@ -248,8 +248,7 @@ fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
 }
 
 fn check_http_url(field: &str, value: &str) -> Result<(), ConfigError> {
-    let url = reqwest::Url::parse(value)
-        .map_err(|e| invalid(field, format!("{value:?} is not a URL ({e})")))?;
+    let url = reqwest::Url::parse(value).map_err(|e| invalid(field, format!("{value:?} is not a URL ({e})")))?;
     if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
         return Err(invalid(
             field,
@@ -308,9 +307,7 @@ mod tests {
     // Property: on_exit defaults to leaving units running.
     #[test]
     fn on_exit_defaults_to_leave_running() {
-        let c =
-            AgentConfig::from_toml_str("host='h'\norchestrator='http://x:1'\nstate_dir='/tmp'\n")
-                .unwrap();
+        let c = AgentConfig::from_toml_str("host='h'\norchestrator='http://x:1'\nstate_dir='/tmp'\n").unwrap();
         assert_eq!(c.on_exit, OnExit::LeaveRunning);
         assert!(c.units.is_empty());
     }
@@ -320,8 +317,7 @@ mod tests {
     }
 
     const HEAD: &str = "host='h'\norchestrator='http://x:1'\nstate_dir='/tmp'\n";
-    const UNIT: &str =
-        "[[unit]]\nname='u'\nrole='decode'\nargv=['sleep','1']\nbase_url='http://127.0.0.1:1'\n";
+    const UNIT: &str = "[[unit]]\nname='u'\nrole='decode'\nargv=['sleep','1']\nbase_url='http://127.0.0.1:1'\n";
 
     // Property: every bad input is rejected with an error that names the field.
     #[test]
@@ -329,34 +325,19 @@ mod tests {
         let cases: Vec<(String, &str)> = vec![
             (format!("{HEAD}colour='red'\n"), "colour"),
             (format!("{HEAD}{UNIT}speed=3\n"), "speed"),
-            (
-                format!("{HEAD}{UNIT}bootstrap_port='x'\n"),
-                "bootstrap_port",
-            ),
+            (format!("{HEAD}{UNIT}bootstrap_port='x'\n"), "bootstrap_port"),
             (format!("{HEAD}{UNIT}bootstrap_port=0\n"), "bootstrap_port"),
             (format!("{HEAD}{UNIT}health_path='health'\n"), "health_path"),
-            (
-                format!("{HEAD}{UNIT}generation_path=''\n"),
-                "generation_path",
-            ),
+            (format!("{HEAD}{UNIT}generation_path=''\n"), "generation_path"),
             (HEAD.replace("'h'", "' '"), "host"),
             (HEAD.replace("http://x:1", "x:1"), "orchestrator"),
             (HEAD.replace("http://x:1", "ftp://x"), "orchestrator"),
             (HEAD.replace("'/tmp'", "''"), "state_dir"),
             (HEAD.replace("state_dir='/tmp'\n", ""), "state_dir"),
             (format!("{HEAD}on_exit='explode'\n"), "on_exit"),
-            (
-                format!("{HEAD}{}", UNIT.replace("'decode'", "'encode'")),
-                "role",
-            ),
-            (
-                format!("{HEAD}{}", UNIT.replace("['sleep','1']", "[]")),
-                "argv",
-            ),
-            (
-                format!("{HEAD}{}", UNIT.replace("name='u'", "name='a/b'")),
-                "name",
-            ),
+            (format!("{HEAD}{}", UNIT.replace("'decode'", "'encode'")), "role"),
+            (format!("{HEAD}{}", UNIT.replace("['sleep','1']", "[]")), "argv"),
+            (format!("{HEAD}{}", UNIT.replace("name='u'", "name='a/b'")), "name"),
             (
                 format!("{HEAD}{}", UNIT.replace("http://127.0.0.1:1", "nope")),
                 "base_url",
@@ -367,10 +348,7 @@ mod tests {
         ];
         for (text, field) in cases {
             let e = err(&text);
-            assert!(
-                e.contains(field),
-                "error for {field}: {e}\n--- config:\n{text}"
-            );
+            assert!(e.contains(field), "error for {field}: {e}\n--- config:\n{text}");
         }
     }
 

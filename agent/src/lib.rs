@@ -65,10 +65,7 @@ pub enum AgentError {
 /// When `shutdown` resolves, units are stopped first if `on_exit =
 /// "stop-units"` (SIGTERM, SIGKILL after `shutdown_grace_ms`), else left
 /// running. Errors only for a bad config or an unusable state directory.
-pub async fn run(
-    config: AgentConfig,
-    shutdown: impl Future<Output = ()>,
-) -> Result<(), AgentError> {
+pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Result<(), AgentError> {
     config.validate()?;
     let log_dir = config.state_dir.join("logs");
     std::fs::create_dir_all(&log_dir).map_err(|source| AgentError::StateDir {
@@ -81,16 +78,8 @@ pub async fn run(
 
     let http = checks::http_client();
     let (outbox, mut outbox_rx) = outbox::Outbox::new();
-    let supervisor = Arc::new(supervisor::Supervisor::new(
-        &config,
-        outbox.clone(),
-        http.clone(),
-    ));
-    let dispatcher = Arc::new(commands::Dispatcher::new(
-        Arc::clone(&supervisor),
-        outbox,
-        http,
-    ));
+    let supervisor = Arc::new(supervisor::Supervisor::new(&config, outbox.clone(), http.clone()));
+    let dispatcher = Arc::new(commands::Dispatcher::new(Arc::clone(&supervisor), outbox, http));
 
     for unit in config.units.iter().filter(|u| u.autostart) {
         // Autostart events carry command id "" and count from this moment.

@@ -23,8 +23,8 @@ use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use pdwarden_proto::v1::{
-    AgentMessage, Heartbeat, OrchestratorMessage, Register, agent_link_client::AgentLinkClient,
-    agent_message::Kind, orchestrator_message,
+    AgentMessage, Heartbeat, OrchestratorMessage, Register, agent_link_client::AgentLinkClient, agent_message::Kind,
+    orchestrator_message,
 };
 use thiserror::Error;
 use tokio::sync::mpsc;
@@ -162,8 +162,7 @@ async fn run_session<F: Future<Output = ()>>(
     mut shutdown: Pin<&mut F>,
 ) -> SessionEnd {
     let mut heard = false;
-    let mut heartbeat =
-        tokio::time::interval_at(Instant::now() + HEARTBEAT_INTERVAL, HEARTBEAT_INTERVAL);
+    let mut heartbeat = tokio::time::interval_at(Instant::now() + HEARTBEAT_INTERVAL, HEARTBEAT_INTERVAL);
     loop {
         let up = tokio::select! {
             () = shutdown.as_mut() => return SessionEnd::Shutdown,

@@ -174,17 +174,13 @@ impl ReadinessWatch {
             HealthObservation::Status { status } if (200..300).contains(status) => {
                 (Phase::Healthy, format!("health {status}"), *status)
             }
-            HealthObservation::Status { status } => {
-                (Phase::Http503, format!("http {status}"), *status)
-            }
+            HealthObservation::Status { status } => (Phase::Http503, format!("http {status}"), *status),
             HealthObservation::TimedOut { after } => (
                 Phase::Http503,
                 format!("health timed out after {} ms", after.as_millis()),
                 0,
             ),
-            HealthObservation::Failed { error } => {
-                (Phase::Http503, format!("health request failed: {error}"), 0)
-            }
+            HealthObservation::Failed { error } => (Phase::Http503, format!("health request failed: {error}"), 0),
         };
         self.last_health = Some(match &obs {
             HealthObservation::Refused { error } => format!("connection refused ({error})"),
@@ -204,11 +200,7 @@ impl ReadinessWatch {
     }
 
     /// Records the outcome of a generation check that finished at `now`.
-    pub fn observe_generation(
-        &mut self,
-        obs: GenerationObservation,
-        now: Instant,
-    ) -> Option<PhaseChange> {
+    pub fn observe_generation(&mut self, obs: GenerationObservation, now: Instant) -> Option<PhaseChange> {
         if self.next == NextCheck::Done {
             return None;
         }
@@ -220,14 +212,12 @@ impl ReadinessWatch {
                 self.transition(Phase::Generating, now, detail, 0, Some(latency))
             }
             GenerationObservation::Failed { latency, reason } => {
-                self.last_generation_failure =
-                    Some(format!("{reason} after {} ms", latency.as_millis()));
+                self.last_generation_failure = Some(format!("{reason} after {} ms", latency.as_millis()));
                 self.next = NextCheck::Health;
                 None
             }
             GenerationObservation::TimedOut { after } => {
-                self.last_generation_failure =
-                    Some(format!("timed out after {} ms", after.as_millis()));
+                self.last_generation_failure = Some(format!("timed out after {} ms", after.as_millis()));
                 self.next = NextCheck::Health;
                 None
             }
@@ -403,15 +393,8 @@ mod tests {
         assert_eq!((e.phase, e.since_command), (Phase::Refused, ms(5)));
         assert_eq!(w.observe_health(refused(), t0 + ms(25)), None);
         let e = w.observe_health(status(503), t0 + ms(64)).unwrap();
-        assert_eq!(
-            (e.phase, e.since_command, e.http_status),
-            (Phase::Http503, ms(64), 503)
-        );
-        assert_eq!(
-            w.observe_health(status(500), t0 + ms(84)),
-            None,
-            "same phase, no event"
-        );
+        assert_eq!((e.phase, e.since_command, e.http_status), (Phase::Http503, ms(64), 503));
+        assert_eq!(w.observe_health(status(500), t0 + ms(84)), None, "same phase, no event");
         let e = w.observe_health(status(200), t0 + ms(72_000)).unwrap();
         assert_eq!((e.phase, e.http_status), (Phase::Healthy, 200));
         assert_eq!(w.next_check(), NextCheck::Generation);
@@ -429,11 +412,7 @@ mod tests {
         assert_eq!(e.since_command, ms(72_400));
         assert_eq!(e.check_latency, Some(ms(400)));
         assert_eq!(w.next_check(), NextCheck::Done);
-        assert_eq!(
-            w.check_deadline(t0 + ms(200_000)),
-            None,
-            "done watches never expire"
-        );
+        assert_eq!(w.check_deadline(t0 + ms(200_000)), None, "done watches never expire");
     }
 
     // Property: health 200 alone is never readiness; a failed generation check
@@ -449,11 +428,7 @@ mod tests {
         };
         assert_eq!(w.observe_generation(gen_fail, t0 + ms(13)), None);
         assert_eq!(w.next_check(), NextCheck::Health);
-        assert_eq!(
-            w.observe_health(status(200), t0 + ms(30)),
-            None,
-            "still healthy"
-        );
+        assert_eq!(w.observe_health(status(200), t0 + ms(30)), None, "still healthy");
         assert_eq!(w.phase(), Phase::Healthy);
     }
 
@@ -507,11 +482,7 @@ mod tests {
         let t0 = Instant::now();
         let mut w = ReadinessWatch::new(t0, ms(1_000));
         let e = w.check_deadline(t0 + ms(1_000)).unwrap();
-        assert!(
-            e.detail.ends_with("no health check completed"),
-            "{}",
-            e.detail
-        );
+        assert!(e.detail.ends_with("no health check completed"), "{}", e.detail);
 
         let mut w = ReadinessWatch::new(t0, ms(1_000));
         w.observe_health(refused(), t0 + ms(1));
@@ -628,14 +599,10 @@ mod tests {
         assert_eq!(events.len(), 2);
         assert_eq!(events[0].phase, Phase::Healthy);
         let last = &events[1];
-        assert_eq!(
-            (last.phase, last.since_command),
-            (Phase::NotReady, ms(12_000))
-        );
+        assert_eq!((last.phase, last.since_command), (Phase::NotReady, ms(12_000)));
         assert!(
-            last.detail.contains(
-                "still running after 2000 ms (2 earlier attempts, last no tokens after 5000 ms)"
-            ),
+            last.detail
+                .contains("still running after 2000 ms (2 earlier attempts, last no tokens after 5000 ms)"),
             "{}",
             last.detail
         );
@@ -653,15 +620,10 @@ mod tests {
             calls: Mutex::new(Vec::new()),
         };
         let mut n = 0;
-        watch(
-            &checker,
-            ReadinessWatch::new(t0, ms(10_000)),
-            ms(20),
-            |_| {
-                n += 1;
-                false
-            },
-        )
+        watch(&checker, ReadinessWatch::new(t0, ms(10_000)), ms(20), |_| {
+            n += 1;
+            false
+        })
         .await;
         assert_eq!(n, 1);
         assert_eq!(checker.calls.lock().unwrap().len(), 1);

@@ -122,11 +122,7 @@ impl ExitInfo {
                     },
                     (None, None) => format!("exited ({status})"),
                 };
-                ExitInfo {
-                    code,
-                    signal,
-                    detail,
-                }
+                ExitInfo { code, signal, detail }
             }
             Err(e) => ExitInfo {
                 code: None,
@@ -228,13 +224,7 @@ impl Unit {
     }
 
     /// Builds one event; send it with the state lock held.
-    fn event(
-        &self,
-        ctx: Option<&CommandContext>,
-        now: Instant,
-        pid: u32,
-        phase: Phase,
-    ) -> UnitEvent {
+    fn event(&self, ctx: Option<&CommandContext>, now: Instant, pid: u32, phase: Phase) -> UnitEvent {
         UnitEvent {
             unit: self.config.name.clone(),
             phase: phase as i32,
@@ -301,11 +291,7 @@ impl Unit {
         Ok(log)
     }
 
-    fn spawn(
-        self: &Arc<Self>,
-        ctx: CommandContext,
-        params: ReadinessParams,
-    ) -> Result<u32, SupervisorError> {
+    fn spawn(self: &Arc<Self>, ctx: CommandContext, params: ReadinessParams) -> Result<u32, SupervisorError> {
         let cfg = &self.config;
         let log = self.open_log(&ctx)?;
         let log_err = log.try_clone().map_err(|source| SupervisorError::OpenLog {
@@ -384,12 +370,7 @@ impl Unit {
             st.attribution = Attribution::Spontaneous;
             st.watch = None;
         }
-        let mut event = self.event(
-            Some(&ctx),
-            ctx.received_at + change.since_command,
-            pid,
-            change.phase,
-        );
+        let mut event = self.event(Some(&ctx), ctx.received_at + change.since_command, pid, change.phase);
         event.detail = change.detail;
         event.http_status = change.http_status;
         event.check_latency_ms = change.check_latency.map_or(0, duration_ms);
@@ -421,11 +402,7 @@ impl Unit {
         self.send(event);
     }
 
-    async fn stop(
-        &self,
-        ctx: &CommandContext,
-        grace: Duration,
-    ) -> Result<StopOutcome, SupervisorError> {
+    async fn stop(&self, ctx: &CommandContext, grace: Duration) -> Result<StopOutcome, SupervisorError> {
         let (pid, mut exited) = {
             let mut st = self.lock();
             let Some(running) = &st.running else {
@@ -438,10 +415,7 @@ impl Unit {
             }
             st.phase = Phase::Stopping;
             let mut event = self.event(Some(ctx), Instant::now(), pid, Phase::Stopping);
-            event.detail = format!(
-                "SIGTERM to process group {pid}, SIGKILL after {} ms",
-                grace.as_millis()
-            );
+            event.detail = format!("SIGTERM to process group {pid}, SIGKILL after {} ms", grace.as_millis());
             self.send(event);
             (pid, exited)
         };
@@ -490,12 +464,7 @@ impl Unit {
 }
 
 /// Waits for spawn `run` to exit and reports it.
-async fn reap(
-    unit: Arc<Unit>,
-    run: u64,
-    mut child: tokio::process::Child,
-    exited: watch::Sender<Option<ExitInfo>>,
-) {
+async fn reap(unit: Arc<Unit>, run: u64, mut child: tokio::process::Child, exited: watch::Sender<Option<ExitInfo>>) {
     let info = ExitInfo::from_wait(child.wait().await);
     unit.on_exit(run, &info, Instant::now());
     exited.send_replace(Some(info));
@@ -555,12 +524,7 @@ impl Supervisor {
             .units
             .iter()
             .map(|uc| {
-                let unit = Arc::new(Unit::new(
-                    uc.clone(),
-                    &log_dir,
-                    outbox.clone(),
-                    http.clone(),
-                ));
+                let unit = Arc::new(Unit::new(uc.clone(), &log_dir, outbox.clone(), http.clone()));
                 let (ops, rx) = mpsc::unbounded_channel();
                 tokio::spawn(actor(Arc::clone(&unit), rx));
                 (uc.name.clone(), UnitHandle { unit, ops })
@@ -572,9 +536,7 @@ impl Supervisor {
     fn handle(&self, name: &str) -> Result<&UnitHandle, SupervisorError> {
         self.units
             .get(name)
-            .ok_or_else(|| SupervisorError::UnknownUnit {
-                unit: name.to_owned(),
-            })
+            .ok_or_else(|| SupervisorError::UnknownUnit { unit: name.to_owned() })
     }
 
     pub fn unit_config(&self, name: &str) -> Option<&UnitConfig> {
@@ -795,11 +757,7 @@ mod tests {
         let pid = f.start("s", "c1").await;
         let out = f
             .sup
-            .stop(
-                "s",
-                CommandContext::new("c2", Instant::now()),
-                Duration::from_secs(5),
-            )
+            .stop("s", CommandContext::new("c2", Instant::now()), Duration::from_secs(5))
             .await
             .unwrap();
         let StopOutcome::Stopped { graceful, exit } = out else {
@@ -815,11 +773,7 @@ mod tests {
         // Stopping a stopped unit is a no-op.
         let again = f
             .sup
-            .stop(
-                "s",
-                CommandContext::new("c3", Instant::now()),
-                Duration::from_secs(5),
-            )
+            .stop("s", CommandContext::new("c3", Instant::now()), Duration::from_secs(5))
             .await
             .unwrap();
         assert_eq!(again, StopOutcome::NotRunning);
@@ -829,29 +783,19 @@ mod tests {
     // and its whole process group (the sleep child too) goes with it.
     #[tokio::test]
     async fn stop_escalates_to_sigkill_after_grace() {
-        let mut f = Fixture::new(&[(
-            "stubborn",
-            &["sh", "-c", "trap '' TERM; echo ready; sleep 30"],
-        )]);
+        let mut f = Fixture::new(&[("stubborn", &["sh", "-c", "trap '' TERM; echo ready; sleep 30"])]);
         let pid = f.start("stubborn", "c1").await;
         // Wait until the trap is installed (the shell printed "ready").
         let log = f.dir.path().join("logs/stubborn.log");
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !std::fs::read_to_string(&log)
-            .unwrap_or_default()
-            .contains("\nready\n")
-        {
+        while !std::fs::read_to_string(&log).unwrap_or_default().contains("\nready\n") {
             assert!(Instant::now() < deadline, "shell never started");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let t0 = Instant::now();
         let out = f
             .sup
-            .stop(
-                "stubborn",
-                CommandContext::new("c2", t0),
-                Duration::from_millis(300),
-            )
+            .stop("stubborn", CommandContext::new("c2", t0), Duration::from_millis(300))
             .await
             .unwrap();
         let elapsed = t0.elapsed();
@@ -910,10 +854,7 @@ mod tests {
             )
             .await
             .unwrap_err();
-        assert!(
-            matches!(err, SupervisorError::AlreadyRunning { .. }),
-            "{err}"
-        );
+        assert!(matches!(err, SupervisorError::AlreadyRunning { .. }), "{err}");
         let pid2 = f
             .sup
             .start(
@@ -964,9 +905,6 @@ mod tests {
             .await
             .unwrap_err();
         assert!(err.to_string().contains("ghost"), "{err}");
-        assert!(
-            err.to_string().contains("/nonexistent/pdwarden-binary"),
-            "{err}"
-        );
+        assert!(err.to_string().contains("/nonexistent/pdwarden-binary"), "{err}");
     }
 }

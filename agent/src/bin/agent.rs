@@ -28,8 +28,7 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
-    let config = AgentConfig::load(&args.config)
-        .with_context(|| format!("loading {}", args.config.display()))?;
+    let config = AgentConfig::load(&args.config).with_context(|| format!("loading {}", args.config.display()))?;
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let shutdown = async move {
