@@ -355,10 +355,12 @@ fn judge_cold_start(probes: &[ProbeObservation], policy: &ProbePolicy) -> Verdic
         ));
     }
     // Warm-up makes latency fall: each probe must be no slower than the one
-    // before it (compared between consecutive answered probes).
+    // before it (compared between consecutive answered probes). Jitter among
+    // probes that are already within the warm budget is not a rise.
     for i in 1..probes.len() {
         if let (Some(prev), Some(cur)) = (ok_latency(&probes[i - 1]), ok_latency(&probes[i]))
             && cur > prev
+            && cur > warm
         {
             reasons.push(format!(
                 "probe {} took {}, slower than probe {} ({}): warm-up makes latency fall, not rise",
@@ -549,6 +551,21 @@ mod tests {
         assert_eq!(v.kind, VerdictKind::ColdStartRejected);
         assert_eq!(v.reasons[0], "no convergence: 5 probes, none within the 1.00 s budget");
         assert_eq!(v.reasons.len(), 2, "{v:?}");
+    }
+
+    /// Jitter between warm probes after a genuine cold start is not a rise.
+    #[test]
+    fn warm_jitter_after_cold_start_is_accepted() {
+        let v = judge(
+            &pair_ready(),
+            &[ok(319), ok(21), ok(22)],
+            &ProbePolicy {
+                warm_budget_ms: 50,
+                cold_allowance: ColdAllowance::Configured { ms: 1_500 },
+                cold_start_possible: true,
+            },
+        );
+        assert_eq!(v.kind, VerdictKind::HealthyAfterColdStart, "{v:?}");
     }
 
     /// A timeout is never cold start, even when the probes around it are fine.
