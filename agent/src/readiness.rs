@@ -74,7 +74,8 @@ impl Default for ReadinessParams {
 /// What one poll of the health endpoint saw.
 #[derive(Debug, Clone, PartialEq)]
 pub enum HealthObservation {
-    /// The TCP connection was refused (nothing listens yet).
+    /// The TCP connection failed: refused (nothing listens yet) or another
+    /// connect error (reported as `refused` too, with the error as detail).
     Refused { error: String },
     /// The endpoint answered with this status (2xx or not).
     Status { status: u16 },
@@ -170,6 +171,9 @@ impl ReadinessWatch {
         }
         self.health_polls += 1;
         let (phase, detail, status) = match &obs {
+            HealthObservation::Refused { error } if !error.to_lowercase().contains("refused") => {
+                (Phase::Refused, format!("connect failed: {error}"), 0)
+            }
             HealthObservation::Refused { .. } => (Phase::Refused, "connection refused".into(), 0),
             HealthObservation::Status { status } if (200..300).contains(status) => {
                 (Phase::Healthy, format!("health {status}"), *status)
@@ -182,10 +186,7 @@ impl ReadinessWatch {
             ),
             HealthObservation::Failed { error } => (Phase::Http503, format!("health request failed: {error}"), 0),
         };
-        self.last_health = Some(match &obs {
-            HealthObservation::Refused { error } => format!("connection refused ({error})"),
-            _ => detail.clone(),
-        });
+        self.last_health = Some(detail.clone());
         self.next = if phase == Phase::Healthy {
             NextCheck::Generation
         } else {

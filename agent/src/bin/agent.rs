@@ -2,6 +2,7 @@
 //! SIGTERM or SIGINT.
 
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::Parser;
@@ -19,7 +20,18 @@ struct Args {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> ExitCode {
+    match agent().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One readable line (with causes), no backtrace.
+            eprintln!("pdwarden-agent: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn agent() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
