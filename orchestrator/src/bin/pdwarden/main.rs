@@ -187,9 +187,7 @@ pub async fn follow_operation(url: &str, pair: &str, json: bool, verify: bool) -
             Some(operation_update::Kind::Report(r)) => {
                 let report: OperationReport = serde_json::from_str(&r.json)
                     .map_err(|e| CouldNotRun(format!("unreadable report from the orchestrator: {e}")))?;
-                if json {
-                    println!("{}", serde_json::to_string_pretty(&report).unwrap_or(r.json));
-                } else {
+                if !json {
                     print!("{}", render_summary(&report));
                 }
                 return Ok(report);
