@@ -1,0 +1,385 @@
+//! The engine's timing model: pure decisions about how long a request takes.
+//!
+//! Nothing here sleeps, reads a clock or touches a socket: [`EngineState::admit`] is
+//! handed the request's shape, the live [`Settings`] and `now` (simulated ms since
+//! start) and returns a [`Plan`]. The HTTP layer carries the plan out on tokio's
+//! clock. Keeping the model pure is what lets the incidents' numbers be unit tests.
+//!
+//! The model, in simulated milliseconds (every modelled term × the knob's slowdown):
+//! - served alone (no prefill→decode transfer): the first token after
+//!   `ttft + prompt_tokens/prefill_tok_per_s + tpot`, then one per `tpot`, so a
+//!   request takes `ttft + prompt/speed + max_tokens × tpot`;
+//! - the prefill of a routed pair: `ttft + prompt/speed` (then its KV is ready and
+//!   it answers with one token);
+//! - the decode of a routed pair: tokens start once *both* its own `ttft` has passed
+//!   and the KV has arrived, then `max_tokens × tpot` — so with the same flags on both
+//!   the pair's end-to-end latency is the single-server formula;
+//! - `+ cold_first_ms` on the first client generation after start;
+//! - `+ stall_per_session_ms` × the live sessions other than the request's own.
+//!
+//! `--latency-script` entries replace the model for successive client generations
+//! (the total latency, exactly, no slowdown); `hang` never answers. The health
+//! check's own one-token pass costs `ttft` and never consumes the script or the cold
+//! penalty: that is why health can stay 200 while generation is slow or absent.
+//!
+//! Token counting is deliberately crude: one token per whitespace-separated word
+//! ([`count_tokens`]). Tests and drills control prompt size by word count.
+
+use std::collections::VecDeque;
+
+use crate::config::{LatencyStep, Settings};
+
+/// Tokens in a prompt: its whitespace-separated words (at least 1 for a non-empty prompt).
+pub fn count_tokens(text: &str) -> u64 {
+    text.split_whitespace().count() as u64
+}
+
+/// The session key of a prompt: its first `n` tokens (the whole prompt if shorter).
+pub fn prefix_key(text: &str, n: u64) -> String {
+    let words: Vec<&str> = text.split_whitespace().take(n as usize).collect();
+    words.join(" ")
+}
+
+/// Which share of a request this engine computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    /// No transfer: prefill and decode both here.
+    Whole,
+    /// The prefill half of a routed request: make the KV, answer with one token.
+    Prefill,
+    /// The decode half of a routed request: wait for the KV, then generate.
+    Decode,
+}
+
+/// What the engine knows about a client request when it admits it.
+#[derive(Clone, Debug)]
+pub struct Shape<'a> {
+    pub prompt: &'a str,
+    pub prompt_tokens: u64,
+    pub max_tokens: u64,
+    pub part: Part,
+}
+
+/// How a request will be answered, relative to the moment it started computing.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Plan {
+    /// Tokens `1..=tokens` come at `ready_ms + i × per_token_ms` (for a decode part,
+    /// counted from when both `ready_ms` has passed and the KV has arrived).
+    Timed {
+        ready_ms: f64,
+        per_token_ms: f64,
+        tokens: u64,
+    },
+    /// Never answers.
+    Hang,
+}
+
+impl Plan {
+    /// Engine time the plan occupies (0 for a hang: it never completes any work).
+    pub fn cost_ms(&self) -> f64 {
+        match *self {
+            Plan::Timed {
+                ready_ms,
+                per_token_ms,
+                tokens,
+            } => ready_ms + per_token_ms * tokens as f64,
+            Plan::Hang => 0.0,
+        }
+    }
+
+    /// When the first token comes, if ever (ignoring any KV wait).
+    pub fn first_token_ms(&self) -> Option<f64> {
+        match *self {
+            Plan::Timed {
+                ready_ms,
+                per_token_ms,
+                tokens,
+            } => Some(ready_ms + if tokens > 0 { per_token_ms } else { 0.0 }),
+            Plan::Hang => None,
+        }
+    }
+}
+
+/// The engine's decision for one client request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Admission {
+    pub plan: Plan,
+    /// The plan came from `--latency-script`.
+    pub scripted: bool,
+    /// The cold-start penalty was charged to this request.
+    pub cold: bool,
+    /// This request minted a new session.
+    pub minted_session: bool,
+    /// Stall added for other live sessions, simulated ms (before slowdown).
+    pub stall_ms: f64,
+}
+
+/// Live sessions keyed by prompt prefix (see `--session-prefix-tokens`).
+#[derive(Clone, Debug, Default)]
+pub struct Sessions {
+    live: Vec<Session>,
+    /// Sessions minted since start.
+    pub minted: u64,
+}
+
+#[derive(Clone, Debug)]
+struct Session {
+    key: String,
+    last_used_ms: f64,
+}
+
+impl Sessions {
+    fn expire(&mut self, now_ms: f64, idle_ms: f64) {
+        self.live.retain(|s| now_ms - s.last_used_ms <= idle_ms);
+    }
+
+    /// Sessions not idle for longer than `idle_ms` at `now_ms`.
+    pub fn live(&self, now_ms: f64, idle_ms: f64) -> u64 {
+        self.live.iter().filter(|s| now_ms - s.last_used_ms <= idle_ms).count() as u64
+    }
+
+    /// Uses the live session with `key`, or mints one. Returns (minted, other live sessions).
+    fn touch(&mut self, key: String, now_ms: f64, idle_ms: f64) -> (bool, u64) {
+        self.expire(now_ms, idle_ms);
+        let minted = match self.live.iter_mut().find(|s| s.key == key) {
+            Some(s) => {
+                s.last_used_ms = now_ms;
+                false
+            }
+            None => {
+                self.live.push(Session {
+                    key,
+                    last_used_ms: now_ms,
+                });
+                self.minted += 1;
+                true
+            }
+        };
+        (minted, self.live.len() as u64 - 1)
+    }
+}
+
+/// The engine's mutable state: what the next requests will be charged.
+#[derive(Clone, Debug)]
+pub struct EngineState {
+    /// Remaining `--latency-script` entries.
+    pub script: VecDeque<LatencyStep>,
+    /// The cold-start penalty has not been charged yet.
+    pub cold_pending: bool,
+    pub sessions: Sessions,
+}
+
+impl EngineState {
+    pub fn new(script: VecDeque<LatencyStep>) -> EngineState {
+        EngineState {
+            script,
+            cold_pending: true,
+            sessions: Sessions::default(),
+        }
+    }
+
+    /// Decides how a client generation admitted at `now_ms` will be answered.
+    pub fn admit(&mut self, s: &Settings, req: &Shape<'_>, now_ms: f64) -> Admission {
+        let (minted_session, others) = if s.session_prefix_tokens > 0 {
+            let key = prefix_key(req.prompt, s.session_prefix_tokens);
+            self.sessions.touch(key, now_ms, s.session_idle_timeout_ms)
+        } else {
+            (false, 0)
+        };
+        let stall_ms = others as f64 * s.stall_per_session_ms;
+        let cold = std::mem::take(&mut self.cold_pending);
+        let cold_ms = if cold { s.cold_first_ms } else { 0.0 };
+        let tokens = match req.part {
+            Part::Prefill => 1,
+            Part::Whole | Part::Decode => req.max_tokens,
+        };
+        if let Some(step) = self.script.pop_front() {
+            let plan = match step {
+                LatencyStep::Ms(total) => Plan::Timed {
+                    ready_ms: total,
+                    per_token_ms: 0.0,
+                    tokens,
+                },
+                LatencyStep::Hang => Plan::Hang,
+            };
+            return Admission {
+                plan,
+                scripted: true,
+                cold,
+                minted_session,
+                stall_ms,
+            };
+        }
+        let slow = s.slowdown();
+        let prompt_ms = if s.prefill_tok_per_s > 0.0 {
+            req.prompt_tokens as f64 * 1000.0 / s.prefill_tok_per_s
+        } else {
+            0.0
+        };
+        let fixed = s.ttft_ms + cold_ms + stall_ms;
+        let plan = match req.part {
+            Part::Whole => Plan::Timed {
+                ready_ms: (fixed + prompt_ms) * slow,
+                per_token_ms: s.tpot_ms * slow,
+                tokens,
+            },
+            Part::Prefill => Plan::Timed {
+                ready_ms: (fixed + prompt_ms) * slow,
+                per_token_ms: 0.0,
+                tokens,
+            },
+            Part::Decode => Plan::Timed {
+                ready_ms: fixed * slow,
+                per_token_ms: s.tpot_ms * slow,
+                tokens,
+            },
+        };
+        Admission {
+            plan,
+            scripted: false,
+            cold,
+            minted_session,
+            stall_ms,
+        }
+    }
+
+    /// The health check's one-token forward pass: `ttft`, nothing else.
+    pub fn health_plan(s: &Settings) -> Plan {
+        if s.fault_health_hang {
+            Plan::Hang
+        } else {
+            Plan::Timed {
+                ready_ms: s.ttft_ms * s.slowdown(),
+                per_token_ms: 0.0,
+                tokens: 0,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Config, Role};
+
+    fn settings() -> Settings {
+        let mut s = Config::for_test(Role::Decode).settings;
+        s.ttft_ms = 50.0;
+        s.tpot_ms = 10.0;
+        s.prefill_tok_per_s = 1000.0;
+        s.cold_first_ms = 0.0;
+        s
+    }
+
+    fn shape(prompt: &str, max_tokens: u64, part: Part) -> Shape<'_> {
+        Shape {
+            prompt,
+            prompt_tokens: count_tokens(prompt),
+            max_tokens,
+            part,
+        }
+    }
+
+    // Served alone, latency = ttft + prompt/speed + tokens × tpot.
+    #[test]
+    fn latency_model_whole() {
+        let mut e = EngineState::new(VecDeque::new());
+        let prompt = "w ".repeat(200);
+        let a = e.admit(&settings(), &shape(&prompt, 8, Part::Whole), 0.0);
+        assert_eq!(a.plan.cost_ms(), 50.0 + 200.0 + 80.0);
+        assert_eq!(a.plan.first_token_ms(), Some(260.0));
+    }
+
+    // Split across a pair, the prefill pays ttft + prompt and the decode pays the tokens
+    // (its own ttft overlaps the prefill's), so the pair matches the single-server formula.
+    #[test]
+    fn latency_model_split() {
+        let s = settings();
+        let prompt = "w ".repeat(200);
+        let p = EngineState::new(VecDeque::new()).admit(&s, &shape(&prompt, 8, Part::Prefill), 0.0);
+        let d = EngineState::new(VecDeque::new()).admit(&s, &shape(&prompt, 8, Part::Decode), 0.0);
+        let Plan::Timed { ready_ms: kv_ready, .. } = p.plan else {
+            panic!()
+        };
+        let Plan::Timed {
+            ready_ms,
+            per_token_ms,
+            tokens,
+        } = d.plan
+        else {
+            panic!()
+        };
+        assert_eq!(kv_ready, 250.0);
+        assert!(ready_ms <= kv_ready);
+        assert_eq!(kv_ready.max(ready_ms) + per_token_ms * tokens as f64, 330.0);
+    }
+
+    // Only the first client generation pays the cold penalty; the health pass never does.
+    #[test]
+    fn cold_penalty_once() {
+        let mut s = settings();
+        s.cold_first_ms = 1000.0;
+        let mut e = EngineState::new(VecDeque::new());
+        assert_eq!(EngineState::health_plan(&s).cost_ms(), 50.0);
+        let first = e.admit(&s, &shape("hi", 1, Part::Whole), 0.0);
+        let second = e.admit(&s, &shape("hi", 1, Part::Whole), 0.0);
+        assert!(first.cold && !second.cold);
+        assert_eq!(first.plan.cost_ms() - second.plan.cost_ms(), 1000.0);
+    }
+
+    // INCIDENTS row 2: the script replays 17.9 s, 106.4 s, then a hang, then normal.
+    #[test]
+    fn latency_script_replays_then_normal() {
+        let s = settings();
+        let script = crate::config::parse_latency_script("17900,106400,hang").unwrap();
+        let mut e = EngineState::new(script);
+        let costs: Vec<Plan> = (0..4)
+            .map(|_| e.admit(&s, &shape("p", 8, Part::Whole), 0.0).plan)
+            .collect();
+        assert_eq!(costs[0].cost_ms(), 17900.0);
+        assert_eq!(costs[1].cost_ms(), 106400.0);
+        assert_eq!(costs[2], Plan::Hang);
+        assert_eq!(costs[3].cost_ms(), 50.0 + 1.0 + 80.0);
+    }
+
+    // INCIDENTS row 5: fresh prompts mint a session each and every live session stalls
+    // later requests; one fixed prompt reuses its session; sessions expire when idle.
+    #[test]
+    fn sessions_mint_stall_and_expire() {
+        let mut s = settings();
+        s.session_prefix_tokens = 4;
+        s.session_idle_timeout_ms = 3_600_000.0;
+        s.stall_per_session_ms = 100.0;
+        let mut e = EngineState::new(VecDeque::new());
+        for i in 0..3 {
+            let p = format!("probe number {i} please answer");
+            assert!(e.admit(&s, &shape(&p, 1, Part::Whole), i as f64).minted_session);
+        }
+        let a = e.admit(&s, &shape("probe number 2 please say more", 1, Part::Whole), 10.0);
+        assert!(!a.minted_session, "shares 4 prefix tokens with a live session");
+        assert_eq!(a.stall_ms, 200.0);
+        assert_eq!(e.sessions.minted, 3);
+        assert_eq!(e.sessions.live(10.0, s.session_idle_timeout_ms), 3);
+        assert_eq!(e.sessions.live(3_600_003.0, s.session_idle_timeout_ms), 1);
+        let fixed = "one fixed probe prompt";
+        let mut e = EngineState::new(VecDeque::new());
+        for i in 0..10 {
+            e.admit(&s, &shape(fixed, 1, Part::Whole), i as f64 * 60_000.0);
+        }
+        assert_eq!(e.sessions.minted, 1);
+    }
+
+    // A live knob multiplies the modelled durations; the script stays exact.
+    #[test]
+    fn knob_slows_model_not_script() {
+        let mut s = settings();
+        s.knob_live = true;
+        s.knob_slowdown = 2.0;
+        let mut e = EngineState::new(crate::config::parse_latency_script("500").unwrap());
+        assert_eq!(e.admit(&s, &shape("p", 8, Part::Whole), 0.0).plan.cost_ms(), 500.0);
+        assert_eq!(
+            e.admit(&s, &shape("p", 8, Part::Whole), 0.0).plan.cost_ms(),
+            2.0 * (50.0 + 1.0 + 80.0)
+        );
+    }
+}

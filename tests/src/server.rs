@@ -1,0 +1,367 @@
+//! One simulated engine process: its start-up phases, its sockets and its shutdown.
+//!
+//! [`spawn`] starts an engine as a task and hands back a [`SimHandle`]; [`run`] is
+//! the same thing driven to completion by a shutdown future (what the binary uses).
+//! Tests start engines in-process on `127.0.0.1:0` and learn the bound addresses
+//! from the handle.
+//!
+//! Start-up follows SGLang's observable phases: nothing is bound until
+//! `--listen-after-ms` (connections refused); then the HTTP port (and a prefill's
+//! bootstrap port) open and `/v1/models` answers; at `--ready-after-ms` health starts
+//! running its forward pass and generations are served. Each transition is logged
+//! once to stderr and stamped on `CLOCK_MONOTONIC`.
+//!
+//! Connections are served by our own accept loop rather than `axum::serve`, so that
+//! a shutdown drops every connection at once — requests in flight included — the way
+//! a killed engine process does. (A graceful shutdown would wait forever on a hung
+//! generation, and lingering keep-alive connections would let a "restarted" in-process
+//! engine keep answering as its previous instance.)
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use hyper_util::rt::TokioIo;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, watch};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::bootstrap::{BootstrapClient, BootstrapServer};
+use crate::clock::{Scale, SimClock, mono_ms};
+use crate::config::{Config, FaultPatch, Role, Settings};
+use crate::engine::EngineState;
+use crate::stats::{Phase, Stats, StatsSnapshot};
+
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error("cannot bind {what} on {addr}")]
+    Bind {
+        what: &'static str,
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the engine task failed")]
+    Task(#[source] tokio::task::JoinError),
+    #[error("the engine stopped before it listened")]
+    StoppedEarly,
+}
+
+/// The addresses an engine listens on, once it does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bound {
+    pub http: SocketAddr,
+    /// A prefill's bootstrap endpoint.
+    pub bootstrap: Option<SocketAddr>,
+}
+
+/// Everything a running engine shares between its handlers.
+pub struct Sim {
+    pub config: Config,
+    pub instance_id: String,
+    pub clock: SimClock,
+    pub(crate) settings: Mutex<Settings>,
+    pub(crate) engine: Mutex<EngineState>,
+    /// The one slot `--serial` generations take turns on.
+    pub(crate) slot: Arc<Semaphore>,
+    pub(crate) phase: watch::Sender<Phase>,
+    pub(crate) bound: watch::Sender<Option<Bound>>,
+    pub stats: Arc<Stats>,
+    /// Real ns since `clock.origin` of the scheduler's latest output (a token or the
+    /// health pass finishing): what SGLang's health handler checks.
+    last_output_ns: AtomicU64,
+    pub(crate) bootstrap_server: Option<Arc<BootstrapServer>>,
+    pub(crate) bootstrap_client: Option<BootstrapClient>,
+    start_mono_ms: f64,
+    listen_mono_ms: Mutex<Option<f64>>,
+    ready_mono_ms: Mutex<Option<f64>>,
+}
+
+impl Sim {
+    fn new(config: Config) -> Arc<Sim> {
+        let start_mono_ms = mono_ms();
+        let instance_id = uuid::Uuid::new_v4().simple().to_string();
+        let stats = Arc::new(Stats::default());
+        let (bootstrap_server, bootstrap_client) = match config.role {
+            Role::Prefill => (Some(BootstrapServer::new(instance_id.clone(), stats.clone())), None),
+            Role::Decode => (None, Some(BootstrapClient::new(instance_id.clone()))),
+        };
+        Arc::new(Sim {
+            clock: SimClock::new(Scale(config.time_scale)),
+            settings: Mutex::new(config.settings.clone()),
+            engine: Mutex::new(EngineState::new(config.latency_script.clone())),
+            slot: Arc::new(Semaphore::new(1)),
+            phase: watch::channel(Phase::Starting).0,
+            bound: watch::channel(None).0,
+            stats,
+            last_output_ns: AtomicU64::new(0),
+            bootstrap_server,
+            bootstrap_client,
+            start_mono_ms,
+            listen_mono_ms: Mutex::new(None),
+            ready_mono_ms: Mutex::new(None),
+            instance_id,
+            config,
+        })
+    }
+
+    pub fn scale(&self) -> Scale {
+        self.clock.scale
+    }
+
+    pub fn settings(&self) -> Settings {
+        self.settings.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn phase(&self) -> Phase {
+        *self.phase.borrow()
+    }
+
+    /// Waits until the engine is ready (start-up done).
+    pub(crate) async fn wait_ready(&self) {
+        let mut rx = self.phase.subscribe();
+        let _ = rx.wait_for(|p| *p >= Phase::Ready).await;
+    }
+
+    /// Records a scheduler output now.
+    pub(crate) fn mark_output(&self) {
+        let ns = self.clock.origin.elapsed().as_nanos() as u64;
+        self.last_output_ns.fetch_max(ns.max(1), Ordering::SeqCst);
+    }
+
+    /// Real ns since origin of the latest scheduler output (0 = none yet).
+    pub(crate) fn last_output_ns(&self) -> u64 {
+        self.last_output_ns.load(Ordering::SeqCst)
+    }
+
+    /// Applies a `/sim/fault` patch.
+    pub(crate) fn apply_fault(&self, patch: &FaultPatch) -> Result<(), crate::config::ConfigError> {
+        let knob_name = self.config.settings.knob_env.clone();
+        let knob_start_value = self.config.knob_env_value.clone();
+        let script = match &patch.latency_script {
+            Some(p) => Some(p.parse()?),
+            None => None,
+        };
+        {
+            let mut s = self.settings.lock().unwrap_or_else(|e| e.into_inner());
+            patch.apply(&mut s, |name| {
+                if Some(name) == knob_name.as_deref() {
+                    knob_start_value.clone()
+                } else {
+                    std::env::var(name).ok()
+                }
+            })?;
+        }
+        if let Some(script) = script {
+            self.engine.lock().unwrap_or_else(|e| e.into_inner()).script = script;
+        }
+        tracing::info!(?patch, "fault settings changed");
+        Ok(())
+    }
+
+    pub fn stats_snapshot(&self) -> StatsSnapshot {
+        let settings = self.settings();
+        let now = self.clock.now_ms();
+        let (sessions_live, sessions_minted, script) = {
+            let e = self.engine.lock().unwrap_or_else(|e| e.into_inner());
+            (
+                e.sessions.live(now, settings.session_idle_timeout_ms),
+                e.sessions.minted,
+                e.script.iter().copied().collect(),
+            )
+        };
+        let bound = *self.bound.borrow();
+        StatsSnapshot {
+            role: self.config.role,
+            model: self.config.model.clone(),
+            instance_id: self.instance_id.clone(),
+            pid: std::process::id(),
+            phase: self.phase(),
+            http_addr: bound.map(|b| b.http.to_string()),
+            bootstrap_addr: bound.and_then(|b| b.bootstrap).map(|a| a.to_string()),
+            time_scale: self.config.time_scale,
+            start_mono_ms: self.start_mono_ms,
+            listen_mono_ms: *self.listen_mono_ms.lock().unwrap_or_else(|e| e.into_inner()),
+            ready_mono_ms: *self.ready_mono_ms.lock().unwrap_or_else(|e| e.into_inner()),
+            sessions_live,
+            sessions_minted,
+            counters: self.stats.snapshot(),
+            latency_script_remaining: script,
+            settings,
+        }
+    }
+
+    fn log_phase(&self, phase: Phase, mono: f64) {
+        let elapsed = mono - self.start_mono_ms;
+        let bound = *self.bound.borrow();
+        let addr = bound.map(|b| b.http.to_string()).unwrap_or_default();
+        tracing::info!(
+            role = %self.config.role,
+            addr = %addr,
+            mono_ms = format_args!("{mono:.1}"),
+            since_start_ms = format_args!("{elapsed:.1}"),
+            "phase {}",
+            phase.as_str()
+        );
+        self.phase.send_replace(phase);
+    }
+}
+
+/// A running engine started with [`spawn`].
+pub struct SimHandle {
+    sim: Arc<Sim>,
+    cancel: CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), SimError>>,
+}
+
+impl SimHandle {
+    pub fn sim(&self) -> &Arc<Sim> {
+        &self.sim
+    }
+
+    /// The bound addresses, if the engine listens yet.
+    pub fn try_bound(&self) -> Option<Bound> {
+        *self.sim.bound.borrow()
+    }
+
+    /// Waits until the engine listens; fails if it stopped first.
+    pub async fn bound(&mut self) -> Result<Bound, SimError> {
+        let mut rx = self.sim.bound.subscribe();
+        tokio::select! {
+            r = rx.wait_for(|b| b.is_some()) => match r {
+                Ok(b) => Ok(b.expect("checked")),
+                Err(_) => Err(SimError::StoppedEarly),
+            },
+            r = &mut self.task => match r {
+                Ok(Ok(())) => Err(SimError::StoppedEarly),
+                Ok(Err(e)) => Err(e),
+                Err(e) => Err(SimError::Task(e)),
+            },
+        }
+    }
+
+    /// Stops the engine, dropping every connection, and waits for it.
+    pub async fn shutdown(self) -> Result<(), SimError> {
+        self.cancel.cancel();
+        match self.task.await {
+            Ok(r) => r,
+            Err(e) => Err(SimError::Task(e)),
+        }
+    }
+}
+
+/// Starts an engine task. Must be called within a tokio runtime.
+pub fn spawn(config: Config) -> SimHandle {
+    let sim = Sim::new(config);
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn(lifecycle(sim.clone(), cancel.clone()));
+    SimHandle { sim, cancel, task }
+}
+
+/// Runs an engine until `shutdown` completes.
+pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), SimError> {
+    let handle = spawn(config);
+    let cancel = handle.cancel.clone();
+    let mut task = handle.task;
+    tokio::select! {
+        r = &mut task => return r.map_err(SimError::Task)?,
+        _ = shutdown => {}
+    }
+    cancel.cancel();
+    task.await.map_err(SimError::Task)?
+}
+
+async fn bind(what: &'static str, host: &str, port: u16) -> Result<TcpListener, SimError> {
+    TcpListener::bind((host, port)).await.map_err(|source| SimError::Bind {
+        what,
+        addr: format!("{host}:{port}"),
+        source,
+    })
+}
+
+async fn lifecycle(sim: Arc<Sim>, cancel: CancellationToken) -> Result<(), SimError> {
+    let cfg = &sim.config;
+    sim.log_phase(Phase::Starting, sim.start_mono_ms);
+    let listen_at = sim.clock.at(cfg.listen_after_ms);
+    tokio::select! {
+        _ = tokio::time::sleep_until(listen_at) => {}
+        _ = cancel.cancelled() => {
+            sim.log_phase(Phase::Stopping, mono_ms());
+            return Ok(());
+        }
+    }
+    let http = bind("http", &cfg.host, cfg.port).await?;
+    let boot = match cfg.bootstrap_port {
+        Some(p) => Some(bind("bootstrap", &cfg.host, p).await?),
+        None => None,
+    };
+    let bound = Bound {
+        http: http.local_addr().map_err(|source| SimError::Bind {
+            what: "http",
+            addr: cfg.host.clone(),
+            source,
+        })?,
+        bootstrap: boot.as_ref().and_then(|l| l.local_addr().ok()),
+    };
+    if let Some(c) = &sim.bootstrap_client {
+        let _ = c.addr.set(bound.http.to_string());
+    }
+    let listen_mono = mono_ms();
+    *sim.listen_mono_ms.lock().unwrap_or_else(|e| e.into_inner()) = Some(listen_mono);
+    sim.bound.send_replace(Some(bound));
+    sim.log_phase(Phase::Listening, listen_mono);
+
+    let mut servers = JoinSet::new();
+    servers.spawn(serve(http, crate::http::router(sim.clone()), cancel.clone()));
+    if let (Some(l), Some(b)) = (boot, &sim.bootstrap_server) {
+        servers.spawn(serve(l, b.clone().router(), cancel.clone()));
+    }
+    let ready_at = sim.clock.at(cfg.ready_after_ms.max(cfg.listen_after_ms));
+    tokio::select! {
+        _ = tokio::time::sleep_until(ready_at) => {
+            let m = mono_ms();
+            *sim.ready_mono_ms.lock().unwrap_or_else(|e| e.into_inner()) = Some(m);
+            sim.log_phase(Phase::Ready, m);
+            cancel.cancelled().await;
+        }
+        _ = cancel.cancelled() => {}
+    }
+    sim.log_phase(Phase::Stopping, mono_ms());
+    while servers.join_next().await.is_some() {}
+    Ok(())
+}
+
+/// Serves `router` on `listener` until `cancel`; then drops every connection.
+async fn serve(listener: TcpListener, router: axum::Router, cancel: CancellationToken) {
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let _ = stream.set_nodelay(true);
+                    let svc = TowerToHyperService::new(router.clone());
+                    let cancel = cancel.clone();
+                    conns.spawn(async move {
+                        let conn = hyper::server::conn::http1::Builder::new()
+                            .serve_connection(TokioIo::new(stream), svc);
+                        tokio::select! {
+                            _ = conn => {}
+                            _ = cancel.cancelled() => {}
+                        }
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                }
+            },
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+    drop(listener);
+    conns.shutdown().await;
+}

@@ -1,0 +1,445 @@
+//! In-process HTTP tests: real engines on `127.0.0.1`, real sockets, scaled time.
+//!
+//! Every engine here runs at `--time-scale 0.01` (SGLang's 20 s health timeout is
+//! 200 ms, its 1 s health tick 10 ms). Tests wait for conditions by polling with a
+//! deadline; the only fixed waits are client timeouts that *assert* something does
+//! not happen within a bound.
+
+use std::future::Future;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use crate::config::{Config, Role, parse_latency_script};
+use crate::server::{Bound, SimHandle, spawn};
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+async fn start(cfg: Config) -> (SimHandle, Bound) {
+    let mut h = spawn(cfg);
+    let b = tokio::time::timeout(Duration::from_secs(10), h.bound())
+        .await
+        .expect("engine listens in time")
+        .expect("engine binds");
+    (h, b)
+}
+
+/// Restarts an engine behind the same addresses (as a process restart would).
+async fn restart(h: SimHandle, b: Bound, mut cfg: Config) -> (SimHandle, Bound) {
+    h.shutdown().await.unwrap();
+    cfg.port = b.http.port();
+    cfg.bootstrap_port = b.bootstrap.map(|a| a.port());
+    start(cfg).await
+}
+
+/// Polls `f` every 5 ms until it is true or `within` has passed.
+async fn wait_until<F, Fut>(within: Duration, mut f: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if f().await {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+async fn status(c: &reqwest::Client, url: String) -> Option<u16> {
+    c.get(url).send().await.ok().map(|r| r.status().as_u16())
+}
+
+async fn stats(c: &reqwest::Client, b: Bound) -> Value {
+    c.get(format!("http://{}/sim/stats", b.http))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+fn chat(prompt: &str, max_tokens: u64) -> Value {
+    json!({"model": "m", "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens})
+}
+
+async fn post(
+    c: &reqwest::Client,
+    b: Bound,
+    path: &str,
+    body: &Value,
+    timeout: Duration,
+) -> Result<reqwest::Response, reqwest::Error> {
+    c.post(format!("http://{}{path}", b.http))
+        .timeout(timeout)
+        .json(body)
+        .send()
+        .await
+}
+
+/// Sends `body` to the prefill and the decode at once, with the bootstrap fields the
+/// router adds, and returns the decode's answer (what the router returns).
+async fn routed(
+    c: &reqwest::Client,
+    p: Bound,
+    d: Bound,
+    room: u64,
+    timeout: Duration,
+) -> Result<reqwest::Response, reqwest::Error> {
+    let mut body = chat("hello from the router", 4);
+    body["bootstrap_host"] = json!("127.0.0.1");
+    body["bootstrap_port"] = json!(p.bootstrap.unwrap().port());
+    body["bootstrap_room"] = json!(room);
+    let pc = c.clone();
+    let pbody = body.clone();
+    tokio::spawn(async move { post(&pc, p, "/v1/chat/completions", &pbody, timeout).await });
+    post(c, d, "/v1/chat/completions", &body, timeout).await
+}
+
+// Start-up phases: connection refused until listen-after; then /v1/models 200 at
+// once while health answers 503; health 200 from ready-after. The monotonic stamps
+// record when each happened.
+#[tokio::test]
+async fn start_up_phases_refused_503_200() {
+    let port = free_port();
+    let mut cfg = Config::for_test(Role::Decode);
+    cfg.port = port;
+    cfg.listen_after_ms = 20_000.0; // 200 ms real
+    cfg.ready_after_ms = 60_000.0; // 600 ms real
+    let c = client();
+    let mut h = spawn(cfg);
+    assert_eq!(status(&c, format!("http://127.0.0.1:{port}/v1/models")).await, None);
+    assert!(h.try_bound().is_none());
+    let b = h.bound().await.unwrap();
+    assert_eq!(status(&c, format!("http://{}/v1/models", b.http)).await, Some(200));
+    assert_eq!(status(&c, format!("http://{}/health", b.http)).await, Some(503));
+    assert_eq!(
+        status(&c, format!("http://{}/health_generate", b.http)).await,
+        Some(503)
+    );
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            status(&c, format!("http://{}/health", b.http)).await == Some(200)
+        })
+        .await
+    );
+    let s = stats(&c, b).await;
+    let start = s["start_mono_ms"].as_f64().unwrap();
+    let listen = s["listen_mono_ms"].as_f64().unwrap();
+    let ready = s["ready_mono_ms"].as_f64().unwrap();
+    assert!(listen - start >= 195.0, "listened {} ms after start", listen - start);
+    assert!(ready - start >= 595.0, "ready {} ms after start", ready - start);
+    h.shutdown().await.unwrap();
+    assert_eq!(status(&c, format!("http://{}/v1/models", b.http)).await, None);
+}
+
+// Latency = ttft + prompt/speed + tokens × tpot, plus the cold penalty once; usage
+// reports the requested tokens. (Lower bounds are exact; upper bounds are loose.)
+#[tokio::test]
+async fn latency_model_over_http() {
+    let mut cfg = Config::for_test(Role::Decode);
+    cfg.settings.ttft_ms = 5_000.0;
+    cfg.settings.tpot_ms = 100.0;
+    cfg.settings.prefill_tok_per_s = 1_000.0;
+    cfg.settings.cold_first_ms = 10_000.0;
+    let (h, b) = start(cfg).await;
+    let c = client();
+    let prompt = "word ".repeat(2000);
+    let long = Duration::from_secs(10);
+    let t = Instant::now();
+    let r: Value = post(&c, b, "/v1/chat/completions", &chat(&prompt, 10), long)
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let cold = t.elapsed();
+    assert_eq!(r["usage"]["completion_tokens"], 10);
+    assert_eq!(r["usage"]["prompt_tokens"], 2000);
+    assert!(cold >= Duration::from_millis(180), "cold took {cold:?}");
+    let t = Instant::now();
+    let body = json!({"text": prompt, "sampling_params": {"max_new_tokens": 10}});
+    let r: Value = post(&c, b, "/generate", &body, long)
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let warm = t.elapsed();
+    assert_eq!(r["meta_info"]["completion_tokens"], 10);
+    assert!(warm >= Duration::from_millis(80), "warm took {warm:?}");
+    assert!(warm < cold, "warm {warm:?} vs cold {cold:?}");
+    assert!(warm < Duration::from_millis(80 + 400), "warm took {warm:?}");
+    h.shutdown().await.unwrap();
+}
+
+// Streaming chat: one chunk per token, a finish chunk, usage when asked, [DONE].
+#[tokio::test]
+async fn chat_streams_tokens_then_done() {
+    let (h, b) = start(Config::for_test(Role::Decode)).await;
+    let c = client();
+    let mut body = chat("hi", 5);
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let text = post(&c, b, "/v1/chat/completions", &body, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let events: Vec<&str> = text.split("\n\n").filter_map(|e| e.strip_prefix("data: ")).collect();
+    assert_eq!(events.last(), Some(&"[DONE]"));
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let contents = chunks
+        .iter()
+        .filter(|c| {
+            c["choices"][0]["delta"]["content"]
+                .as_str()
+                .is_some_and(|s| !s.is_empty())
+        })
+        .count();
+    assert_eq!(contents, 5);
+    assert_eq!(chunks.last().unwrap()["usage"]["completion_tokens"], 5);
+    h.shutdown().await.unwrap();
+}
+
+// A decode whose forward pass never finishes in time (huge ttft) answers /v1/models
+// but its health check fails after SGLang's (scaled) 20 s timeout.
+#[tokio::test]
+async fn huge_ttft_never_healthy() {
+    let mut cfg = Config::for_test(Role::Decode);
+    cfg.settings.ttft_ms = 1e9;
+    let (h, b) = start(cfg).await;
+    let c = client();
+    assert_eq!(status(&c, format!("http://{}/v1/models", b.http)).await, Some(200));
+    let t = Instant::now();
+    assert_eq!(
+        status(&c, format!("http://{}/health_generate", b.http)).await,
+        Some(503)
+    );
+    assert!(t.elapsed() >= Duration::from_millis(195));
+    h.shutdown().await.unwrap();
+}
+
+// INCIDENTS row 2: the script replays its latencies, then hangs, while health stays
+// 200 (its own pass is not scripted); after the script, normal behaviour.
+#[tokio::test]
+async fn latency_script_then_hang_with_health_200() {
+    let mut cfg = Config::for_test(Role::Decode);
+    cfg.latency_script = parse_latency_script("3000,hang").unwrap();
+    let (h, b) = start(cfg).await;
+    let c = client();
+    let t = Instant::now();
+    post(&c, b, "/v1/chat/completions", &chat("p", 8), Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(t.elapsed() >= Duration::from_millis(30));
+    let body = chat("p", 8);
+    let hung = post(&c, b, "/v1/chat/completions", &body, Duration::from_millis(300));
+    let health = status(&c, format!("http://{}/health", b.http));
+    let (hung, health) = tokio::join!(hung, health);
+    assert!(hung.unwrap_err().is_timeout());
+    assert_eq!(health, Some(200));
+    let r = post(&c, b, "/v1/chat/completions", &chat("p", 8), Duration::from_secs(5)).await;
+    assert_eq!(r.unwrap().status(), 200);
+    assert_eq!(stats(&c, b).await["latency_script_remaining"], json!([]));
+    h.shutdown().await.unwrap();
+}
+
+/// A serial engine with a slow prefill; `leak` sets --leak-slot-on-disconnect.
+async fn abandoned_prefill(leak: bool) -> (SimHandle, Bound, Result<reqwest::Response, reqwest::Error>) {
+    let mut cfg = Config::for_test(Role::Decode);
+    cfg.settings.serial = true;
+    cfg.settings.leak_slot_on_disconnect = leak;
+    cfg.settings.prefill_tok_per_s = 100.0;
+    let (h, b) = start(cfg).await;
+    let c = client();
+    // 5,000 tokens at 100 tok/s: 50 s of prefill (500 ms real); the client gives up at 100 ms.
+    let big = chat(&"token ".repeat(5000), 4);
+    let abandoned = post(&c, b, "/v1/chat/completions", &big, Duration::from_millis(100)).await;
+    assert!(abandoned.unwrap_err().is_timeout());
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            stats(&c, b).await["disconnected"] == 1
+        })
+        .await,
+        "the engine saw the client go away"
+    );
+    let next = post(
+        &c,
+        b,
+        "/v1/chat/completions",
+        &chat("18 tokens", 4),
+        Duration::from_millis(1500),
+    )
+    .await;
+    (h, b, next)
+}
+
+// INCIDENTS row 4: a client that disconnects mid-prefill leaks the serial slot; the
+// next (tiny) request hangs while /health, /v1/models and /metrics keep answering.
+#[tokio::test]
+async fn leaked_slot_blocks_next_request() {
+    let (h, b, next) = abandoned_prefill(true).await;
+    assert!(next.unwrap_err().is_timeout(), "the next request must hang");
+    let c = client();
+    for path in ["/health", "/v1/models", "/metrics"] {
+        assert_eq!(
+            status(&c, format!("http://{}{path}", b.http)).await,
+            Some(200),
+            "{path}"
+        );
+    }
+    let s = stats(&c, b).await;
+    assert_eq!(s["leaked_slots"], 1);
+    assert_eq!(s["completed"], 0);
+    h.shutdown().await.unwrap();
+}
+
+// Without --leak-slot-on-disconnect the same abandoned prefill frees the slot.
+#[tokio::test]
+async fn slot_released_without_leak_flag() {
+    let (h, _b, next) = abandoned_prefill(false).await;
+    assert_eq!(next.unwrap().status(), 200);
+    h.shutdown().await.unwrap();
+}
+
+// The transfer link: a routed request works; a prefill restarted alone leaves the
+// decode with a stale identity (every transfer fails); restarting the decode too
+// clears it; a decode then restarted alone against that prefill gets a degraded
+// bootstrap (generation hangs, its own health stays 200); a fresh prefill, then a
+// fresh decode, clears the degraded bootstrap.
+#[tokio::test]
+async fn bootstrap_stale_degraded_and_cleared_by_ordered_co_restart() {
+    let c = client();
+    let ok = Duration::from_secs(5);
+    let pcfg = Config::for_test(Role::Prefill);
+    let dcfg = Config::for_test(Role::Decode);
+    let (p, pb) = start(pcfg.clone()).await;
+    let (d, db) = start(dcfg.clone()).await;
+    let r = routed(&c, pb, db, 1, ok).await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.unwrap()["usage"]["completion_tokens"], 4);
+
+    let (p, pb) = restart(p, pb, pcfg.clone()).await;
+    let r = routed(&c, pb, db, 2, ok).await.unwrap();
+    assert_eq!(r.status(), 500, "stale identity: transfer fails");
+    assert_eq!(stats(&c, db).await["kv_transfers_failed"], 1);
+
+    let (d, db) = restart(d, db, dcfg.clone()).await;
+    assert_eq!(routed(&c, pb, db, 3, ok).await.unwrap().status(), 200);
+
+    let (d, db) = restart(d, db, dcfg.clone()).await;
+    let hung = routed(&c, pb, db, 4, Duration::from_millis(400)).await;
+    assert!(hung.unwrap_err().is_timeout(), "degraded bootstrap: generation hangs");
+    assert_eq!(status(&c, format!("http://{}/health", db.http)).await, Some(200));
+    assert_eq!(stats(&c, pb).await["degraded_bootstraps"], 1);
+
+    let (p, pb) = restart(p, pb, pcfg).await;
+    let (d, db) = restart(d, db, dcfg).await;
+    assert_eq!(routed(&c, pb, db, 5, ok).await.unwrap().status(), 200);
+    p.shutdown().await.unwrap();
+    d.shutdown().await.unwrap();
+}
+
+// Probes are recognised by request id or header; sessions are minted per distinct
+// prefix and engine time is attributed to probes.
+#[tokio::test]
+async fn probes_sessions_and_busy_time_are_counted() {
+    let mut cfg = Config::for_test(Role::Decode);
+    cfg.settings.session_prefix_tokens = 3;
+    let (h, b) = start(cfg).await;
+    let c = client();
+    let url = format!("http://{}/v1/chat/completions", b.http);
+    for i in 0..3 {
+        c.post(&url)
+            .header("X-Pdwarden-Probe", "1")
+            .json(&chat(&format!("fresh prompt {i} each time"), 2))
+            .send()
+            .await
+            .unwrap();
+    }
+    for i in 0..2 {
+        c.post(&url)
+            .header("X-Request-Id", format!("pdwarden-probe-{i}"))
+            .json(&chat("one fixed prompt", 2))
+            .send()
+            .await
+            .unwrap();
+    }
+    c.post(&url).json(&chat("user traffic here", 2)).send().await.unwrap();
+    let s = stats(&c, b).await;
+    assert_eq!(s["requests_total"], 6);
+    assert_eq!(s["probe_requests"], 5);
+    assert_eq!(s["sessions_minted"], 5);
+    assert_eq!(s["sessions_live"], 5);
+    let total = s["busy_ms_total"].as_f64().unwrap();
+    let probe = s["busy_ms_probe"].as_f64().unwrap();
+    assert!(probe > 0.0 && total > probe);
+    h.shutdown().await.unwrap();
+}
+
+// /sim/fault changes faults live, by the flags' names, and rejects unknown names.
+#[tokio::test]
+async fn fault_endpoint_changes_behaviour_live() {
+    let (h, b) = start(Config::for_test(Role::Decode)).await;
+    let c = client();
+    let url = format!("http://{}/sim/fault", b.http);
+    let r = c
+        .post(&url)
+        .json(&json!({"latency_script": "hang"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let hung = post(&c, b, "/v1/chat/completions", &chat("p", 2), Duration::from_millis(200)).await;
+    assert!(hung.unwrap_err().is_timeout());
+    let r = c.post(&url).json(&json!({"no_such_fault": 1})).send().await.unwrap();
+    assert_eq!(r.status(), 400);
+    let r = c.post(&url).json(&json!({"serial": true})).send().await.unwrap();
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["settings"]["serial"], true);
+    h.shutdown().await.unwrap();
+}
+
+// Shutdown does not wait for a hung generation: it drops the connection.
+#[tokio::test]
+async fn shutdown_drops_hung_requests() {
+    let mut cfg = Config::for_test(Role::Decode);
+    cfg.latency_script = parse_latency_script("hang").unwrap();
+    let (h, b) = start(cfg).await;
+    let c = client();
+    let hung = tokio::spawn({
+        let c = c.clone();
+        async move { post(&c, b, "/v1/chat/completions", &chat("p", 2), Duration::from_secs(30)).await }
+    });
+    assert!(wait_until(Duration::from_secs(5), || async { stats(&c, b).await["running"] == 1 }).await);
+    tokio::time::timeout(Duration::from_secs(2), h.shutdown())
+        .await
+        .expect("shutdown is prompt")
+        .unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(2), hung)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(r.is_err(), "the client sees the connection drop");
+}

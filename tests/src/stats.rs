@@ -1,0 +1,125 @@
+//! Ground truth: what the simulated engine did, as `/sim/stats` reports it.
+//!
+//! pd-sim is the world pdwarden is tested against (DESIGN.md §7), so its own counts
+//! are what benchmarks and drills compare pdwarden's view with: how many requests
+//! were probes, how much engine time probes used, how many sessions they minted,
+//! and when each start-up phase really happened on the host's monotonic clock.
+//!
+//! Engine time (`busy_ms_*`) is in *simulated* ms and is charged when a request
+//! starts computing, at the cost of its plan (a hang is charged nothing), so the
+//! numbers do not depend on `--time-scale` or on scheduling jitter.
+
+use std::sync::Mutex;
+
+use serde::Serialize;
+
+use crate::config::{Role, Settings};
+
+/// Monotonic counters and gauges, updated by the HTTP layer.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Counters {
+    /// Client generation requests (chat completions and /generate), probes included.
+    pub requests_total: u64,
+    /// Of those, probes (`X-Request-Id: pdwarden-probe-…` or `X-Pdwarden-Probe: 1`).
+    pub probe_requests: u64,
+    pub chat_requests: u64,
+    pub generate_requests: u64,
+    pub stream_requests: u64,
+    /// Generations answered in full.
+    pub completed: u64,
+    /// Generations answered with an error (e.g. a failed KV transfer).
+    pub failed: u64,
+    /// Generations whose client went away before the answer was complete.
+    pub disconnected: u64,
+    /// Serial slots leaked by a disconnect before the first token.
+    pub leaked_slots: u64,
+    /// Engine time charged to every client generation, simulated ms.
+    pub busy_ms_total: f64,
+    /// Engine time charged to probes, simulated ms.
+    pub busy_ms_probe: f64,
+    pub prompt_tokens_total: u64,
+    pub generation_tokens_total: u64,
+    /// `/health` + `/health_generate` calls answered after start-up, and their outcomes.
+    pub health_requests: u64,
+    pub health_ok: u64,
+    pub health_failed: u64,
+    /// Decode: KV transfers completed / failed (stale identity, unreachable prefill).
+    pub kv_transfers_ok: u64,
+    pub kv_transfers_failed: u64,
+    /// Prefill: KV handed to decodes, and degraded bootstraps handed out.
+    pub kv_served: u64,
+    pub degraded_bootstraps: u64,
+    /// Gauge: generations computing now.
+    pub running: u64,
+    /// Gauge: generations waiting for the serial slot.
+    pub queued: u64,
+    /// Gauge: decode generations waiting for their KV.
+    pub transfer_waiting: u64,
+}
+
+/// Thread-safe holder of [`Counters`].
+#[derive(Debug, Default)]
+pub struct Stats {
+    inner: Mutex<Counters>,
+}
+
+impl Stats {
+    /// Runs `f` on the counters.
+    pub fn update<R>(&self, f: impl FnOnce(&mut Counters) -> R) -> R {
+        let mut c = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        f(&mut c)
+    }
+
+    pub fn snapshot(&self) -> Counters {
+        self.update(|c| c.clone())
+    }
+}
+
+/// The start-up phase an engine is in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Started, port not bound yet (connections refused).
+    Starting,
+    /// Port open; `/v1/models` 200, health 503.
+    Listening,
+    /// Health runs its forward pass; generation served.
+    Ready,
+    /// Shutting down.
+    Stopping,
+}
+
+impl Phase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Starting => "starting",
+            Phase::Listening => "listening",
+            Phase::Ready => "ready",
+            Phase::Stopping => "stopping",
+        }
+    }
+}
+
+/// The body of `GET /sim/stats`.
+#[derive(Clone, Debug, Serialize)]
+pub struct StatsSnapshot {
+    pub role: Role,
+    pub model: String,
+    /// Random per process start; changes on every restart.
+    pub instance_id: String,
+    pub pid: u32,
+    pub phase: Phase,
+    pub http_addr: Option<String>,
+    pub bootstrap_addr: Option<String>,
+    pub time_scale: f64,
+    /// CLOCK_MONOTONIC ms when the engine started, bound its port, became ready.
+    pub start_mono_ms: f64,
+    pub listen_mono_ms: Option<f64>,
+    pub ready_mono_ms: Option<f64>,
+    pub sessions_live: u64,
+    pub sessions_minted: u64,
+    #[serde(flatten)]
+    pub counters: Counters,
+    pub latency_script_remaining: Vec<crate::config::LatencyStep>,
+    pub settings: Settings,
+}
