@@ -5,6 +5,7 @@
 //! (`util::FakeOrchestrator`). Tests wait on events with deadlines, never on
 //! fixed sleeps, and kill every process they start by PID.
 
+mod binary;
 mod link;
 mod readiness_http;
 mod util;
