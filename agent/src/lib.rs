@@ -17,6 +17,23 @@
 //!
 //! [`run`] ties them together; the `pdwarden-agent` binary only parses its
 //! flag, loads the config and wires SIGTERM/SIGINT to `shutdown`.
+//!
+//! Event timestamps (`UnitEvent.ms_since_command`, agent monotonic ms since
+//! the agent received `command_id`):
+//! - `spawned`: when the process was spawned (after the stop half of a restart);
+//! - `refused`, `http_503`, `healthy`: when that health poll's outcome
+//!   (answer, connect error or timeout) was observed;
+//! - `generating`: when the generation check returned; `check_latency_ms` is
+//!   its duration, so it started at `ms_since_command - check_latency_ms`;
+//! - `not_ready`: when the readiness deadline fired;
+//! - `stopping`: when SIGTERM was sent; `exited`: when the exit was reaped.
+//!   Both carry the stop's id, or the start's id for a restart;
+//! - an `exited` during a start-up watch carries the start's id; any other
+//!   exit nobody asked for carries `""` and 0. Units started by `autostart`
+//!   or stopped on agent shutdown report `""` with ms since that action began.
+//!
+//! `CommandResult.ms_since_command` is when the action finished (spawned, or
+//! exited after a stop).
 
 pub mod checks;
 mod commands;
