@@ -12,6 +12,11 @@
 //! pd-sim's own endpoints live under `/sim/`: `GET /sim/stats` (ground truth) and
 //! `POST /sim/fault` (change faults live, same names as the flags).
 //!
+//! Two modelling decisions worth knowing: a generation that arrives before the
+//! engine is ready waits for readiness (as a request queued during warm-up would);
+//! and the health check's pass does not queue for the `--serial` slot, so a leaked
+//! slot leaves health at 200 while every generation hangs (INCIDENTS row 4).
+//!
 //! A request counts as a probe when its `X-Request-Id` begins `pdwarden-probe-` (the
 //! only tag that survives the router) or it carries `X-Pdwarden-Probe: 1`.
 
@@ -509,6 +514,10 @@ impl Drop for Inflight {
         if leak {
             if let Some(p) = self.permit.take() {
                 p.forget();
+            }
+            // The scheduler still thinks the request runs: num_running_reqs stays up.
+            if let Some(g) = self.running.take() {
+                std::mem::forget(g);
             }
             tracing::warn!(rid = %self.rid, "client disconnected before its first token: the serial slot is leaked");
         } else {

@@ -312,6 +312,7 @@ async fn leaked_slot_blocks_next_request() {
     let s = stats(&c, b).await;
     assert_eq!(s["leaked_slots"], 1);
     assert_eq!(s["completed"], 0);
+    assert_eq!(s["running"], 1, "the leaked request still looks like it runs");
     h.shutdown().await.unwrap();
 }
 
@@ -320,6 +321,36 @@ async fn leaked_slot_blocks_next_request() {
 async fn slot_released_without_leak_flag() {
     let (h, _b, next) = abandoned_prefill(false).await;
     assert_eq!(next.unwrap().status(), 200);
+    h.shutdown().await.unwrap();
+}
+
+// Only a disconnect *before the first token* leaks: a streaming client that goes
+// away after its first token releases the slot.
+#[tokio::test]
+async fn disconnect_after_first_token_does_not_leak() {
+    let mut cfg = Config::for_test(Role::Decode);
+    cfg.settings.serial = true;
+    cfg.settings.leak_slot_on_disconnect = true;
+    cfg.settings.tpot_ms = 1_000.0;
+    let (h, b) = start(cfg).await;
+    let c = client();
+    let mut body = chat("hi", 100);
+    body["stream"] = json!(true);
+    let mut resp = post(&c, b, "/v1/chat/completions", &body, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(resp.chunk().await.unwrap().is_some(), "first token arrives");
+    drop(resp);
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            stats(&c, b).await["disconnected"] == 1
+        })
+        .await,
+        "the engine saw the stream go away"
+    );
+    let next = post(&c, b, "/v1/chat/completions", &chat("hi", 1), Duration::from_secs(5)).await;
+    assert_eq!(next.unwrap().status(), 200);
+    assert_eq!(stats(&c, b).await["leaked_slots"], 0);
     h.shutdown().await.unwrap();
 }
 
