@@ -11,8 +11,8 @@
 //!   request takes `ttft + prompt/speed + max_tokens × tpot`;
 //! - the prefill of a routed pair: `ttft + prompt/speed` (then its KV is ready and
 //!   it answers with one token);
-//! - the decode of a routed pair: tokens start once *both* its own `ttft` (+ cold,
-//!   + stall) has passed and the KV has arrived, then `max_tokens × tpot` — the
+//! - the decode of a routed pair: tokens start once *both* its own `ttft` (plus
+//!   cold and stall) has passed and the KV has arrived, then `max_tokens × tpot` — the
 //!   decode's fixed costs overlap the prefill's, so with the same flags on both the
 //!   pair's end-to-end latency is the single-server formula (one cold penalty, not two);
 //! - `+ cold_first_ms` on the first client generation after start;
