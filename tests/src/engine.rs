@@ -18,6 +18,11 @@
 //! - `+ cold_first_ms` on the first client generation after start;
 //! - `+ stall_per_session_ms` × the live sessions other than the request's own.
 //!
+//! With sessions on (`--session-prefix-tokens N`), the engine also keeps the prefix
+//! of the *latest* request cached (one slot): a request whose N-token prefix is the
+//! cached one skips those tokens' prefill cost. Two alternating prompts therefore
+//! evict each other's prefix and pay full prefill every time (INCIDENTS row 5).
+//!
 //! `--latency-script` entries replace the model for successive client generations
 //! (the total latency, exactly, no slowdown); `hang` never answers. The health
 //! check's own one-token pass costs `ttft` and never consumes the script or the cold
@@ -113,6 +118,8 @@ pub struct Admission {
     pub minted_session: bool,
     /// Stall added for other live sessions, simulated ms (before slowdown).
     pub stall_ms: f64,
+    /// Prompt tokens served from the prefix cache.
+    pub cached_tokens: u64,
 }
 
 /// Live sessions keyed by prompt prefix (see `--session-prefix-tokens`).
@@ -168,6 +175,8 @@ pub struct EngineState {
     /// The cold-start penalty has not been charged yet.
     pub cold_pending: bool,
     pub sessions: Sessions,
+    /// The prefix key of the latest request (sessions on): the one cached prefix.
+    pub cached_prefix: Option<String>,
 }
 
 impl EngineState {
@@ -176,16 +185,24 @@ impl EngineState {
             script,
             cold_pending: true,
             sessions: Sessions::default(),
+            cached_prefix: None,
         }
     }
 
     /// Decides how a client generation admitted at `now_ms` will be answered.
     pub fn admit(&mut self, s: &Settings, req: &Shape<'_>, now_ms: f64) -> Admission {
-        let (minted_session, others) = if s.session_prefix_tokens > 0 {
+        let (minted_session, others, cached_tokens) = if s.session_prefix_tokens > 0 {
             let key = prefix_key(req.prompt, s.session_prefix_tokens);
-            self.sessions.touch(key, now_ms, s.session_idle_timeout_ms)
+            let cached = if self.cached_prefix.as_deref() == Some(key.as_str()) {
+                s.session_prefix_tokens.min(req.prompt_tokens)
+            } else {
+                0
+            };
+            self.cached_prefix = Some(key.clone());
+            let (minted, others) = self.sessions.touch(key, now_ms, s.session_idle_timeout_ms);
+            (minted, others, cached)
         } else {
-            (false, 0)
+            (false, 0, 0)
         };
         let stall_ms = others as f64 * s.stall_per_session_ms;
         let cold = std::mem::take(&mut self.cold_pending);
@@ -209,11 +226,12 @@ impl EngineState {
                 cold,
                 minted_session,
                 stall_ms,
+                cached_tokens,
             };
         }
         let slow = s.slowdown();
         let prompt_ms = if s.prefill_tok_per_s > 0.0 {
-            req.prompt_tokens as f64 * 1000.0 / s.prefill_tok_per_s
+            (req.prompt_tokens - cached_tokens) as f64 * 1000.0 / s.prefill_tok_per_s
         } else {
             0.0
         };
@@ -241,6 +259,7 @@ impl EngineState {
             cold,
             minted_session,
             stall_ms,
+            cached_tokens,
         }
     }
 
@@ -368,6 +387,31 @@ mod tests {
             e.admit(&s, &shape(fixed, 1, Part::Whole), i as f64 * 60_000.0);
         }
         assert_eq!(e.sessions.minted, 1);
+    }
+
+    // INCIDENTS row 5: one fixed prompt keeps its prefix cached; two alternating
+    // prompts evict each other's and pay the full prefill every time.
+    #[test]
+    fn alternating_prompts_evict_the_cached_prefix() {
+        let mut s = settings();
+        s.session_prefix_tokens = 100;
+        let a = "a ".repeat(100);
+        let b = "b ".repeat(100);
+        let mut fixed = EngineState::new(VecDeque::new());
+        let fixed_ms: f64 = (0..6)
+            .map(|_| fixed.admit(&s, &shape(&a, 1, Part::Whole), 0.0).plan.cost_ms())
+            .sum();
+        let mut alt = EngineState::new(VecDeque::new());
+        let alt_ms: f64 = (0..6)
+            .map(|i| {
+                let p = if i % 2 == 0 { &a } else { &b };
+                alt.admit(&s, &shape(p, 1, Part::Whole), 0.0).plan.cost_ms()
+            })
+            .sum();
+        // ttft 50 + tpot 10 each; prefill 100 ms on a miss.
+        assert_eq!(fixed_ms, 6.0 * 60.0 + 100.0);
+        assert_eq!(alt_ms, 6.0 * 160.0);
+        assert_eq!(alt.sessions.minted, 2);
     }
 
     // A live knob multiplies the modelled durations; the script stays exact.

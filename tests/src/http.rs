@@ -62,6 +62,7 @@ pub fn router(sim: Arc<Sim>) -> Router {
         .route("/generate", axum::routing::post(generate).put(generate))
         .route("/sim/stats", get(sim_stats))
         .route("/sim/fault", get(sim_fault_get).post(sim_fault))
+        .fallback(unknown)
         .with_state(sim)
 }
 
@@ -99,6 +100,12 @@ fn unix_secs() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
+}
+
+/// Logs what a caller expected that pd-sim does not serve (to spot a router's new calls).
+async fn unknown(method: axum::http::Method, uri: axum::http::Uri) -> StatusCode {
+    tracing::warn!(%method, %uri, "no such endpoint in pd-sim");
+    StatusCode::NOT_FOUND
 }
 
 // ---------------------------------------------------------------- health
@@ -633,6 +640,7 @@ async fn serve_generation(sim: Arc<Sim>, req: GenRequest) -> Response {
     let out = Output {
         req,
         prompt_tokens,
+        cached_tokens: admission.cached_tokens,
         tokens,
         arrived,
         scale_factor: scale.0,
@@ -666,6 +674,7 @@ fn token_text(i: u64) -> String {
 struct Output {
     req: GenRequest,
     prompt_tokens: u64,
+    cached_tokens: u64,
     tokens: u64,
     arrived: Instant,
     scale_factor: f64,
@@ -683,7 +692,11 @@ impl Output {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.tokens,
             "total_tokens": self.prompt_tokens + self.tokens,
-            "prompt_tokens_details": null,
+            "prompt_tokens_details": if self.cached_tokens > 0 {
+                json!({"cached_tokens": self.cached_tokens})
+            } else {
+                Value::Null
+            },
         })
     }
 
@@ -748,7 +761,7 @@ impl Output {
                 "prompt_tokens": self.prompt_tokens,
                 "weight_version": "default",
                 "completion_tokens": n,
-                "cached_tokens": 0,
+                "cached_tokens": self.cached_tokens,
                 "e2e_latency": self.e2e_latency(),
             },
         })
