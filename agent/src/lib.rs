@@ -77,7 +77,8 @@ pub enum AgentError {
 
 /// Runs the agent until `shutdown` resolves.
 ///
-/// Starts the `autostart` units, then keeps a stream to the orchestrator
+/// Adopts units a previous agent left running (`state_dir/run/<unit>.pid`),
+/// starts the `autostart` units that are not running, then keeps a stream to the orchestrator
 /// (reconnecting forever while it is unreachable) and executes its commands.
 /// When `shutdown` resolves, units are stopped first if `on_exit =
 /// "stop-units"` (SIGTERM, SIGKILL after `shutdown_grace_ms`), else left
@@ -98,7 +99,20 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
     let supervisor = Arc::new(supervisor::Supervisor::new(&config, outbox.clone(), http.clone()));
     let dispatcher = Arc::new(commands::Dispatcher::new(Arc::clone(&supervisor), outbox, http));
 
-    for unit in config.units.iter().filter(|u| u.autostart) {
+    for (unit, pid) in supervisor.adopt_all() {
+        info!(unit = %unit, pid, "unit left running by a previous agent adopted");
+    }
+    let running: Vec<String> = supervisor
+        .unit_infos()
+        .into_iter()
+        .filter(|u| u.pid != 0)
+        .map(|u| u.name)
+        .collect();
+    for unit in config
+        .units
+        .iter()
+        .filter(|u| u.autostart && !running.contains(&u.name))
+    {
         // Autostart events carry command id "" and count from this moment.
         let start = supervisor.start(
             &unit.name,

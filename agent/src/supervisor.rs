@@ -39,6 +39,8 @@ use crate::readiness::{self, PhaseChange, ReadinessParams, ReadinessWatch};
 
 /// Grace before SIGKILL when a command leaves it 0.
 pub const DEFAULT_STOP_GRACE_MS: u64 = 10_000;
+/// How often the exit of an adopted (not our child) process is checked.
+const ADOPTED_POLL: Duration = Duration::from_millis(100);
 /// How long to wait for the exit after SIGKILL before calling the stop failed.
 const KILL_WAIT: Duration = Duration::from_secs(5);
 
@@ -180,15 +182,18 @@ struct UnitState {
 pub struct Unit {
     config: UnitConfig,
     log_path: PathBuf,
+    /// `state_dir/run/<unit>.pid` while a process runs.
+    pid_path: PathBuf,
     outbox: Outbox,
     http: reqwest::Client,
     state: Mutex<UnitState>,
 }
 
 impl Unit {
-    fn new(config: UnitConfig, log_dir: &Path, outbox: Outbox, http: reqwest::Client) -> Self {
+    fn new(config: UnitConfig, state_dir: &Path, outbox: Outbox, http: reqwest::Client) -> Self {
         Unit {
-            log_path: log_dir.join(format!("{}.log", config.name)),
+            log_path: state_dir.join("logs").join(format!("{}.log", config.name)),
+            pid_path: state_dir.join("run").join(format!("{}.pid", config.name)),
             config,
             outbox,
             http,
@@ -315,21 +320,33 @@ impl Unit {
             source,
         })?;
         let pid = child.id().unwrap_or_default();
-        let now = Instant::now();
         let (exit_tx, exit_rx) = watch::channel(None);
+        let run = self.begin_run(ctx, pid, exit_rx, params, format!("pid {pid}"));
+        self.write_pid_file(pid);
+        tokio::spawn(reap(Arc::clone(self), run, child, exit_tx));
+        Ok(pid)
+    }
 
+    /// Records a new running process, reports `spawned` and starts its
+    /// readiness watch. Returns the run id.
+    fn begin_run(
+        self: &Arc<Self>,
+        ctx: CommandContext,
+        pid: u32,
+        exited: watch::Receiver<Option<ExitInfo>>,
+        params: ReadinessParams,
+        detail: String,
+    ) -> u64 {
+        let cfg = &self.config;
+        let now = Instant::now();
         let mut st = self.lock();
         st.runs += 1;
         let run = st.runs;
-        st.running = Some(Running {
-            pid,
-            run,
-            exited: exit_rx,
-        });
+        st.running = Some(Running { pid, run, exited });
         st.phase = Phase::Spawned;
         st.attribution = Attribution::Starting(ctx.clone());
         let mut event = self.event(Some(&ctx), now, pid, Phase::Spawned);
-        event.detail = format!("pid {pid}");
+        event.detail = detail;
         self.send(event);
 
         let checker = HttpChecker::new(
@@ -348,10 +365,60 @@ impl Unit {
             .await;
         });
         st.watch = Some(watch_task.abort_handle());
-        drop(st);
+        run
+    }
 
-        tokio::spawn(reap(Arc::clone(self), run, child, exit_tx));
-        Ok(pid)
+    /// Remembers the running process in `state_dir/run/<unit>.pid` (pid and
+    /// kernel start time), so an agent restarted after `leave-running` can
+    /// adopt it. Best effort: without it the unit still runs, unadoptable.
+    fn write_pid_file(&self, pid: u32) {
+        let Some(start) = process_start_time(pid) else {
+            return;
+        };
+        let write = || -> std::io::Result<()> {
+            if let Some(dir) = self.pid_path.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            std::fs::write(&self.pid_path, format!("{pid} {start}\n"))
+        };
+        if let Err(e) = write() {
+            warn!(unit = %self.config.name, path = %self.pid_path.display(), error = %e, "cannot write pid file");
+        }
+    }
+
+    fn remove_pid_file(&self) {
+        match std::fs::remove_file(&self.pid_path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => warn!(unit = %self.config.name, error = %e, "cannot remove pid file"),
+        }
+    }
+
+    /// Takes over a process left running by a previous agent (its pid file
+    /// names a live process with the same start time): reports it `spawned`
+    /// (command id "") and watches its readiness, so the phase registered is
+    /// observed rather than assumed. Its exit is detected by polling /proc,
+    /// since it is not our child (the exit status is then unknown).
+    fn adopt(self: &Arc<Self>) -> Option<u32> {
+        let text = std::fs::read_to_string(&self.pid_path).ok()?;
+        let mut fields = text.split_whitespace().map(str::parse::<u64>);
+        let (Some(Ok(pid)), Some(Ok(start))) = (fields.next(), fields.next()) else {
+            self.remove_pid_file();
+            return None;
+        };
+        let pid = u32::try_from(pid).ok().filter(|&p| p > 1)?;
+        if process_start_time(pid) != Some(start) {
+            info!(unit = %self.config.name, pid, "stale pid file: that process is gone");
+            self.remove_pid_file();
+            return None;
+        }
+        let (exit_tx, exit_rx) = watch::channel(None);
+        let ctx = CommandContext::new("", Instant::now());
+        let detail = format!("pid {pid} (adopted from a previous agent)");
+        let run = self.begin_run(ctx, pid, exit_rx, ReadinessParams::default(), detail);
+        info!(unit = %self.config.name, pid, "adopted a running unit");
+        tokio::spawn(watch_adopted(Arc::clone(self), run, pid, start, exit_tx));
+        Some(pid)
     }
 
     /// Reports a readiness transition of spawn `run`; false once that watch
@@ -393,6 +460,7 @@ impl Unit {
         }
         st.running = None;
         st.phase = Phase::Exited;
+        self.remove_pid_file();
         let mut event = self.event(ctx.as_ref(), now, pid, Phase::Exited);
         event.exit_code = exit.code;
         event.detail = exit.detail.clone();
@@ -470,6 +538,38 @@ async fn reap(unit: Arc<Unit>, run: u64, mut child: tokio::process::Child, exite
     exited.send_replace(Some(info));
 }
 
+/// Polls a process that is not our child until it is gone, then reports
+/// the exit of spawn `run`.
+async fn watch_adopted(unit: Arc<Unit>, run: u64, pid: u32, start: u64, exited: watch::Sender<Option<ExitInfo>>) {
+    let mut tick = tokio::time::interval(ADOPTED_POLL);
+    loop {
+        tick.tick().await;
+        if process_start_time(pid) != Some(start) {
+            break;
+        }
+    }
+    let info = ExitInfo {
+        code: None,
+        signal: None,
+        detail: "exited (adopted process: exit status unknown)".into(),
+    };
+    unit.on_exit(run, &info, Instant::now());
+    exited.send_replace(Some(info));
+}
+
+/// The kernel start time of a live, non-zombie process (clock ticks since
+/// boot, /proc/PID/stat field 22): with the pid it names one process, never
+/// a later one that reused the pid.
+fn process_start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
+    // fields[0] is field 3 (state); field 22 is fields[19].
+    if matches!(fields.first(), Some(&"Z") | Some(&"X")) {
+        return None;
+    }
+    fields.get(19)?.parse().ok()
+}
+
 enum UnitOp {
     Start {
         ctx: CommandContext,
@@ -519,12 +619,11 @@ impl Supervisor {
     /// Sets up the configured units (none running) and their actors. Must be
     /// called within a tokio runtime.
     pub(crate) fn new(config: &AgentConfig, outbox: Outbox, http: reqwest::Client) -> Self {
-        let log_dir = config.state_dir.join("logs");
         let units = config
             .units
             .iter()
             .map(|uc| {
-                let unit = Arc::new(Unit::new(uc.clone(), &log_dir, outbox.clone(), http.clone()));
+                let unit = Arc::new(Unit::new(uc.clone(), &config.state_dir, outbox.clone(), http.clone()));
                 let (ops, rx) = mpsc::unbounded_channel();
                 tokio::spawn(actor(Arc::clone(&unit), rx));
                 (uc.name.clone(), UnitHandle { unit, ops })
@@ -586,6 +685,15 @@ impl Supervisor {
             rx
         });
         async move { queued?.await.unwrap_or(Err(SupervisorError::ShuttingDown)) }
+    }
+
+    /// Adopts the units a previous agent left running (see `Unit::adopt`);
+    /// returns their names and pids.
+    pub fn adopt_all(&self) -> Vec<(String, u32)> {
+        self.units
+            .iter()
+            .filter_map(|(name, h)| h.unit.adopt().map(|pid| (name.clone(), pid)))
+            .collect()
     }
 
     /// Stops every running unit (concurrently), for `on_exit = "stop-units"`.
@@ -875,6 +983,30 @@ mod tests {
         let spawned = f.wait_phase("s", Phase::Spawned).await;
         assert_eq!((spawned.command_id.as_str(), spawned.pid), ("c3", pid2));
         assert_eq!(f.sup.unit_infos()[0].pid, pid2);
+    }
+
+    // Property: a pid file is written while a unit runs and removed at its
+    // exit; a pid file naming a different process (start time differs) is
+    // stale and not adopted.
+    #[tokio::test]
+    async fn pid_files_and_stale_adoption() {
+        let mut f = Fixture::new(&[("s", &["sleep", "30"])]);
+        let pid = f.start("s", "c1").await;
+        let pid_file = f.dir.path().join("run/s.pid");
+        let text = std::fs::read_to_string(&pid_file).unwrap();
+        let start = process_start_time(pid).unwrap();
+        assert_eq!(text, format!("{pid} {start}\n"));
+        f.sup
+            .stop("s", CommandContext::new("c2", Instant::now()), Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(!pid_file.exists());
+
+        // Our own pid with a wrong start time: stale.
+        std::fs::write(&pid_file, format!("{} 1\n", std::process::id())).unwrap();
+        assert_eq!(f.sup.adopt_all(), vec![]);
+        assert!(!pid_file.exists(), "stale pid file removed");
+        assert_eq!(process_start_time(u32::MAX), None);
     }
 
     // Property: unknown units and unspawnable programs are errors naming them.

@@ -66,3 +66,107 @@ async fn sigterm_stops_autostarted_units() {
     assert!(status.success(), "{status}");
     wait_until("the autostarted unit to be stopped", || !alive(unit.pid)).await;
 }
+
+fn write_config(dir: &std::path::Path, orchestrator: &str, on_exit: &str) -> std::path::PathBuf {
+    let config = dir.join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+            host = "bin-host"
+            orchestrator = "{orchestrator}"
+            state_dir = {:?}
+            on_exit = "{on_exit}"
+            shutdown_grace_ms = 2000
+            [[unit]]
+            name = "sleeper"
+            role = "decode"
+            argv = ["sleep", "30"]
+            base_url = "http://127.0.0.1:1"
+            autostart = true
+            "#,
+            dir
+        ),
+    )
+    .unwrap();
+    config
+}
+
+fn spawn_agent(config: &std::path::Path) -> tokio::process::Child {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_pdwarden-agent"))
+        .arg("--config")
+        .arg(config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+async fn sigterm_and_wait(agent: &mut tokio::process::Child) {
+    kill(Pid::from_raw(agent.id().unwrap() as i32), Signal::SIGTERM).unwrap();
+    let status = tokio::time::timeout(EVENT_DEADLINE, agent.wait())
+        .await
+        .expect("agent did not exit after SIGTERM")
+        .unwrap();
+    assert!(status.success(), "{status}");
+}
+
+// Property: a unit left running (`leave-running`) is adopted by the next
+// agent on the same state_dir: registered with its pid, not spawned twice
+// by autostart, and stoppable by command.
+#[tokio::test]
+async fn restarted_agent_adopts_units_left_running() {
+    let mut orch = FakeOrchestrator::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &orch.url, "leave-running");
+    let mut pids = PidGuard::default();
+
+    let mut first = spawn_agent(&config);
+    let mut s = orch.accept().await;
+    let Some(Kind::Register(reg)) = s.next().await.kind else {
+        panic!("first message must be Register");
+    };
+    let pid = reg.units[0].pid;
+    pids.0.push(pid);
+    assert!(pid > 0);
+    sigterm_and_wait(&mut first).await;
+    assert!(alive(pid), "leave-running must not stop the unit");
+
+    let mut second = spawn_agent(&config);
+    let mut s = orch.accept().await;
+    let Some(Kind::Register(reg)) = s.next().await.kind else {
+        panic!("first message must be Register");
+    };
+    assert_ne!(reg.units[0].phase, Phase::Stopped as i32);
+    assert_eq!(reg.units[0].pid, pid, "adopted, not spawned again");
+
+    s.send(pdwarden_proto::v1::OrchestratorMessage {
+        kind: Some(pdwarden_proto::v1::orchestrator_message::Kind::Command(
+            pdwarden_proto::v1::Command {
+                command_id: "stop-1".into(),
+                action: Some(pdwarden_proto::v1::command::Action::Stop(
+                    pdwarden_proto::v1::StopUnit {
+                        unit: "sleeper".into(),
+                        grace_ms: 2_000,
+                    },
+                )),
+            },
+        )),
+    });
+    let mut exited = None;
+    loop {
+        match s.next().await.kind {
+            Some(Kind::UnitEvent(e)) if e.phase == Phase::Exited as i32 => exited = Some(e),
+            Some(Kind::CommandResult(r)) if r.command_id == "stop-1" => {
+                assert!(r.ok, "{r:?}");
+                break;
+            }
+            _ => {}
+        }
+    }
+    let exited = exited.expect("EXITED before the stop's result");
+    assert_eq!((exited.command_id.as_str(), exited.pid), ("stop-1", pid));
+    assert!(!dir.path().join("run/sleeper.pid").exists());
+    sigterm_and_wait(&mut second).await;
+}
