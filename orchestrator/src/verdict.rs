@@ -277,7 +277,7 @@ fn judge_probes(probes: &[ProbeObservation], policy: &ProbePolicy) -> Verdict {
     if !probes.iter().any(|p| matches!(p, ProbeObservation::Ok { .. })) {
         let only_timeouts = probes.iter().all(|p| matches!(p, ProbeObservation::Timeout { .. }));
         let mut reasons = vec![format!("none of {} end-to-end probes returned tokens", probes.len())];
-        reasons.extend(failure_reasons(probes));
+        reasons.extend(failure_reasons(probes, policy.cold_start_possible));
         return Verdict {
             kind: if only_timeouts {
                 VerdictKind::Wedged
@@ -371,7 +371,7 @@ fn judge_cold_start(probes: &[ProbeObservation], policy: &ProbePolicy) -> Verdic
             ));
         }
     }
-    reasons.extend(failure_reasons(probes));
+    reasons.extend(failure_reasons(probes, true));
     // Convergence: some probe reaches the warm budget, and none after it leaves it.
     match probes.iter().position(|p| ok_latency(p).is_some_and(|l| l <= warm)) {
         None => reasons.push(format!(
@@ -421,16 +421,19 @@ fn judge_cold_start(probes: &[ProbeObservation], policy: &ProbePolicy) -> Verdic
     }
 }
 
-fn failure_reasons(probes: &[ProbeObservation]) -> Vec<String> {
+fn failure_reasons(probes: &[ProbeObservation], after_restart: bool) -> Vec<String> {
+    let why = if after_restart {
+        ": a timeout is never cold start"
+    } else {
+        ""
+    };
     probes
         .iter()
         .enumerate()
         .filter_map(|(i, p)| match p {
-            ProbeObservation::Timeout { after_ms } => Some(format!(
-                "probe {} timed out after {}: a timeout is never cold start",
-                i + 1,
-                secs(*after_ms)
-            )),
+            ProbeObservation::Timeout { after_ms } => {
+                Some(format!("probe {} timed out after {}{why}", i + 1, secs(*after_ms)))
+            }
             ProbeObservation::Error { message } => Some(format!("probe {} failed: {message}", i + 1)),
             ProbeObservation::Ok { .. } => None,
         })

@@ -22,6 +22,7 @@ use clap::Args;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
+use crate::drill::{self, Incident};
 use crate::{CouldNotRun, could_not_run, exit_for, print_json, restart_pair};
 
 #[derive(Args)]
@@ -50,6 +51,10 @@ pub struct DemoArgs {
     /// here replaces the demo's default for it. Split on whitespace.
     #[arg(long, allow_hyphen_values = true, default_value = "")]
     prefill_sim: String,
+    /// Replay one incident of INCIDENTS.md on the local stack and print what
+    /// pdwarden saw and concluded.
+    #[arg(long, value_enum)]
+    incident: Option<Incident>,
     /// Extra pd-sim flags for the decode (as --prefill-sim).
     #[arg(long, allow_hyphen_values = true, default_value = "")]
     decode_sim: String,
@@ -65,7 +70,7 @@ fn free_port() -> anyhow::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-fn sibling_binary(name: &str) -> anyhow::Result<PathBuf> {
+pub fn sibling_binary(name: &str) -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe().context("cannot locate the pdwarden binary")?;
     let dir = exe.parent().context("pdwarden binary has no parent directory")?;
     let p = dir.join(name);
@@ -105,14 +110,14 @@ fn find_router(explicit: Option<PathBuf>) -> anyhow::Result<PathBuf> {
 }
 
 /// A child process this demo started; stopped by PID when dropped.
-struct Owned {
+pub struct Owned {
     name: &'static str,
     child: Child,
 }
 
 impl Owned {
     /// SIGTERM, then SIGKILL after `grace`.
-    fn stop(&mut self, grace: Duration) {
+    pub fn stop(&mut self, grace: Duration) {
         if let Ok(Some(_)) = self.child.try_wait() {
             return;
         }
@@ -131,13 +136,19 @@ impl Owned {
     }
 }
 
+impl Owned {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
 impl Drop for Owned {
     fn drop(&mut self) {
         self.stop(Duration::from_secs(10));
     }
 }
 
-fn spawn_logged(name: &'static str, program: &Path, args: &[String], dir: &Path) -> anyhow::Result<Owned> {
+pub fn spawn_logged(name: &'static str, program: &Path, args: &[String], dir: &Path) -> anyhow::Result<Owned> {
     let log = std::fs::File::create(dir.join(format!("{name}.log")))?;
     let child = Command::new(program)
         .args(args)
@@ -175,14 +186,30 @@ fn toml_list(items: &[String]) -> String {
     format!("[{}]", inner.join(", "))
 }
 
-struct Stack {
-    dir: tempfile::TempDir,
-    orchestrator_url: String,
+pub struct Stack {
+    pub dir: tempfile::TempDir,
+    pub orchestrator_url: String,
     agent: Owned,
     orchestrator: Owned,
+    pub plan: StackPlan,
 }
 
-fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<(String, PathBuf, PathBuf)> {
+/// What the demo configured, for the drills that act on the stack.
+pub struct StackPlan {
+    pub time_scale: f64,
+    pub decode_argv: Vec<String>,
+    pub decode_url: String,
+    pub router_url: String,
+}
+
+impl StackPlan {
+    /// Simulated milliseconds as real ones, at this stack's time scale.
+    pub fn scaled(&self, sim_ms: u64) -> Duration {
+        Duration::from_millis(((sim_ms as f64 * self.time_scale).round() as u64).max(1))
+    }
+}
+
+fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<(String, PathBuf, PathBuf, StackPlan)> {
     let scale = args.time_scale;
     if !(scale > 0.0 && scale <= 1.0) {
         bail!("--time-scale must be in (0, 1], got {scale}");
@@ -245,7 +272,11 @@ fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<(String, PathBuf
             listen_after_ms: 60_000,
             ready_after_ms: 70_000,
         },
-        &args.prefill_sim,
+        &format!(
+            "{} {}",
+            args.incident.map_or("", Incident::prefill_sim),
+            args.prefill_sim
+        ),
     )?;
     let decode_argv = engine(
         "decode",
@@ -254,7 +285,7 @@ fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<(String, PathBuf
             listen_after_ms: 62_000,
             ready_after_ms: 72_000,
         },
-        &args.decode_sim,
+        &format!("{} {}", args.incident.map_or("", Incident::decode_sim), args.decode_sim),
     )?;
     let router_argv: Vec<String> = vec![
         smg.display().to_string(),
@@ -342,19 +373,25 @@ check_timeout_ms = {check}
         ready = scaled(600_000),
         // The router itself is not simulated: it starts in about half a
         // second whatever the scale.
-        router_ready = scaled(120_000).max(30_000),
+        router_ready = scaled(120_000).max(15_000),
         check = scaled(30_000).max(1_000),
     );
     let agent_path = dir.join("agent.toml");
     let orch_path = dir.join("orchestrator.toml");
     std::fs::write(&agent_path, agent_toml)?;
     std::fs::write(&orch_path, orchestrator_toml)?;
-    Ok((format!("http://127.0.0.1:{orch}"), orch_path, agent_path))
+    let plan = StackPlan {
+        time_scale: scale,
+        decode_argv,
+        decode_url: format!("http://127.0.0.1:{decode}"),
+        router_url: format!("http://127.0.0.1:{router}"),
+    };
+    Ok((format!("http://127.0.0.1:{orch}"), orch_path, agent_path, plan))
 }
 
 async fn start_stack(args: &DemoArgs) -> anyhow::Result<Stack> {
     let dir = tempfile::Builder::new().prefix("pdwarden-demo-").tempdir()?;
-    let (url, orch_cfg, agent_cfg) = write_configs(args, dir.path())?;
+    let (url, orch_cfg, agent_cfg, plan) = write_configs(args, dir.path())?;
     let orchestrator = spawn_logged(
         "orchestrator",
         &sibling_binary("pdwarden-orchestrator")?,
@@ -372,6 +409,7 @@ async fn start_stack(args: &DemoArgs) -> anyhow::Result<Stack> {
         orchestrator_url: url,
         agent,
         orchestrator,
+        plan,
     };
     wait_for_agent(&stack.orchestrator_url, Duration::from_secs(20)).await?;
     Ok(stack)
@@ -413,10 +451,14 @@ pub async fn run(args: DemoArgs) -> ExitCode {
     };
     if !args.json {
         println!(
-            "demo stack in {} (orchestrator {}, logs there); restarting pd-pair `demo`\n",
+            "demo stack in {} (orchestrator {}, logs there); restarting pd-pair `demo`",
             stack.dir.path().display(),
             stack.orchestrator_url
         );
+        if let Some(incident) = args.incident {
+            println!("drill {}: {}", incident.name(), incident.description());
+        }
+        println!();
     }
     let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
         Ok(t) => t,
@@ -427,8 +469,34 @@ pub async fn run(args: DemoArgs) -> ExitCode {
         _ = tokio::signal::ctrl_c() => None,
         _ = term.recv() => None,
     };
-    if let (Some(Ok(report)), true) = (&outcome, args.json) {
-        let mut v = serde_json::to_value(report).unwrap_or_default();
+    // A drill may act on the stack after the restart and verify again; its
+    // conclusion is then the demo's.
+    let mut verdict_report = match &outcome {
+        Some(Ok(report)) => Some(report.clone()),
+        _ => None,
+    };
+    let mut json_out = outcome
+        .as_ref()
+        .and_then(|o| o.as_ref().ok())
+        .map(|r| serde_json::to_value(r).unwrap_or_default());
+    if let (Some(incident), Some(Ok(report))) = (args.incident, &outcome) {
+        match drill::follow_up(incident, &stack, report, args.json).await {
+            Ok(Some(follow)) => {
+                verdict_report = Some(follow.verify.clone());
+                json_out = Some(follow.to_json(report));
+            }
+            Ok(None) => {}
+            Err(e) => {
+                stack.agent.stop(Duration::from_secs(15));
+                stack.orchestrator.stop(Duration::from_secs(5));
+                return could_not_run(&format!("demo: drill {}: {e:#}", incident.name()), args.json);
+            }
+        }
+        if let Some(v) = json_out.as_mut() {
+            v["incident"] = serde_json::json!(incident.name());
+        }
+    }
+    if let (Some(mut v), true) = (json_out, args.json) {
         v["demo"] = serde_json::json!({
             "orchestrator": stack.orchestrator_url,
             "dir": stack.dir.path().display().to_string(),
@@ -458,7 +526,7 @@ pub async fn run(args: DemoArgs) -> ExitCode {
         println!("demo: stack stopped; {:.1} s in all", started.elapsed().as_secs_f64());
     }
     match outcome {
-        Some(Ok(report)) => exit_for(&report),
+        Some(Ok(report)) => exit_for(verdict_report.as_ref().unwrap_or(&report)),
         Some(Err(CouldNotRun(r))) => could_not_run(&format!("demo: {r}"), args.json),
         None => could_not_run("demo: interrupted", args.json),
     }

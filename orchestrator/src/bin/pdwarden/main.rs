@@ -6,6 +6,7 @@
 //! always with a one-line reason.
 
 mod demo;
+mod drill;
 
 use std::io::Write;
 use std::process::ExitCode;
