@@ -9,6 +9,18 @@
 //! an environment knob). The real `sglang-router` routes through it as it would
 //! through SGLang. It knows nothing about pdwarden's verdicts (DESIGN.md §7).
 //!
+//! Surface (details in [`http`]):
+//! - SGLang: `GET /health`, `/health_generate` (503 until ready, then a one-token
+//!   pass; 503 if no scheduler output within the scaled 20 s), `/v1/models`,
+//!   `/server_info`, `/get_server_info`, `/model_info`, `/get_model_info`, `/metrics`;
+//!   `POST /v1/chat/completions` (JSON or SSE), `POST /generate`.
+//! - pd-sim: `GET /sim/stats` ([`stats::StatsSnapshot`]: counts, `busy_ms_*` in
+//!   simulated ms, `sessions_*`, and `start_mono_ms`/`listen_mono_ms`/`ready_mono_ms`
+//!   on CLOCK_MONOTONIC); `GET|POST /sim/fault` ([`config::FaultPatch`]: any of the
+//!   fault/timing flags by name, e.g. `{"latency_script": "17900,hang", "serial": true}`;
+//!   answers `{"settings": …, "latency_script_remaining": […]}`).
+//! - A prefill's bootstrap port: the KV link ([`bootstrap`]).
+//!
 //! Layout:
 //! - [`config`]: flags → validated [`config::Config`]; live-changeable [`config::Settings`].
 //! - [`engine`]: the pure timing model (plans, cold start, script, sessions).
