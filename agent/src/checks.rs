@@ -219,6 +219,7 @@ impl Checker for HttpChecker {
                 match r.outcome {
                     ProbeOutcome::Ok => GenerationObservation::Passed {
                         latency: r.latency,
+                        tokens: r.tokens,
                         detail: format!(
                             "generation check: {} in {} ms (chat completion, request id {})",
                             if r.tokens == 1 {
@@ -263,6 +264,7 @@ impl Checker for HttpChecker {
                     },
                     Ok(Ok(status)) if status.is_success() => GenerationObservation::Passed {
                         latency: started.elapsed(),
+                        tokens: 0,
                         detail: format!(
                             "generation check: GET {path} {} in {} ms",
                             status.as_u16(),

@@ -89,7 +89,12 @@ pub enum HealthObservation {
 #[derive(Debug, Clone, PartialEq)]
 pub enum GenerationObservation {
     /// Generated (chat: ≥1 token; GET: 2xx). `detail` is the evidence.
-    Passed { latency: Duration, detail: String },
+    /// `tokens` is the completion tokens a chat check returned (0 for GET checks).
+    Passed {
+        latency: Duration,
+        tokens: u32,
+        detail: String,
+    },
     /// Answered, but not with generation (non-2xx, no tokens, bad body …).
     Failed { latency: Duration, reason: String },
     /// No answer within the check timeout.
@@ -107,6 +112,8 @@ pub struct PhaseChange {
     pub http_status: i32,
     /// Latency of the generation check behind `generating`.
     pub check_latency: Option<Duration>,
+    /// Completion tokens that check returned (chat checks; 0 for GET checks).
+    pub check_tokens: u32,
 }
 
 /// Which check the driver should run next.
@@ -208,9 +215,17 @@ impl ReadinessWatch {
         self.generation_in_flight = None;
         self.generation_attempts += 1;
         match obs {
-            GenerationObservation::Passed { latency, detail } => {
+            GenerationObservation::Passed {
+                latency,
+                tokens,
+                detail,
+            } => {
                 self.next = NextCheck::Done;
                 self.transition(Phase::Generating, now, detail, 0, Some(latency))
+                    .map(|change| PhaseChange {
+                        check_tokens: tokens,
+                        ..change
+                    })
             }
             GenerationObservation::Failed { latency, reason } => {
                 self.last_generation_failure = Some(format!("{reason} after {} ms", latency.as_millis()));
@@ -269,6 +284,7 @@ impl ReadinessWatch {
             detail: format!("not generating within {limit} ms: {summary}"),
             http_status: 0,
             check_latency: None,
+            check_tokens: 0,
         })
     }
 
@@ -290,6 +306,7 @@ impl ReadinessWatch {
             detail,
             http_status,
             check_latency,
+            check_tokens: 0,
         })
     }
 }
@@ -404,6 +421,7 @@ mod tests {
             .observe_generation(
                 GenerationObservation::Passed {
                     latency: ms(400),
+                    tokens: 1,
                     detail: "generation check: 1 token in 400 ms".into(),
                 },
                 t0 + ms(72_400),
@@ -530,6 +548,7 @@ mod tests {
             if ok {
                 GenerationObservation::Passed {
                     latency,
+                    tokens: 1,
                     detail: "ok".into(),
                 }
             } else {

@@ -441,6 +441,7 @@ impl Unit {
         event.detail = change.detail;
         event.http_status = change.http_status;
         event.check_latency_ms = change.check_latency.map_or(0, duration_ms);
+        event.check_tokens = change.check_tokens;
         self.send(event);
         !finished
     }

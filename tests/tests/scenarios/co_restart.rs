@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::harness::{HeldDemo, at, must_at, pdwarden};
+use crate::harness::{HeldDemo, at, exclusive, must_at, pdwarden};
 
 const LIMIT: Duration = Duration::from_secs(120);
 
@@ -11,6 +11,7 @@ const LIMIT: Duration = Duration::from_secs(120);
 /// phases in order, and probes through the real router end healthy.
 #[test]
 fn ordered_co_restart_is_gated_on_generation() {
+    let _one = exclusive();
     let out = pdwarden(&["demo", "--json"], LIMIT);
     let r = out.json();
     assert_eq!(
@@ -56,6 +57,7 @@ fn ordered_co_restart_is_gated_on_generation() {
 /// only once both generate.
 #[test]
 fn overlap_policy_overlaps_engine_loads_but_still_gates_the_router() {
+    let _one = exclusive();
     let out = pdwarden(&["demo", "--json", "--decode-start-policy", "overlap"], LIMIT);
     let r = out.json();
     assert_eq!(out.code, 0, "{r:#}");
@@ -69,6 +71,7 @@ fn overlap_policy_overlaps_engine_loads_but_still_gates_the_router() {
 /// the decode keeps its PID. History and status see the pair's operation.
 #[test]
 fn decode_only_restart_is_refused() {
+    let _one = exclusive();
     let demo = HeldDemo::start(&[], LIMIT);
     assert!(matches!(
         demo.report["verdict"].as_str(),
@@ -115,6 +118,7 @@ fn decode_only_restart_is_refused() {
 /// it, and the verdict is failed or wedged with that evidence, never healthy.
 #[test]
 fn decode_that_never_generates_is_never_healthy() {
+    let _one = exclusive();
     let out = pdwarden(
         &[
             "demo",

@@ -8,12 +8,21 @@
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{Mutex, MutexGuard, mpsc};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
+
+/// Scenarios run one at a time: each starts a whole stack on free loopback
+/// ports, and two stacks racing for ports (or for the 2 CPUs' timing) would
+/// make the timing-based verdicts flaky.
+static ONE_STACK_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+pub fn exclusive() -> MutexGuard<'static, ()> {
+    ONE_STACK_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// A workspace binary. The scenario binaries are built by `cargo build
 /// --workspace`, which the README's test command runs first.

@@ -4,3 +4,4 @@
 
 mod co_restart;
 mod harness;
+mod incidents;
