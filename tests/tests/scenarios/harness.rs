@@ -53,7 +53,7 @@ impl Output {
             .stdout
             .lines()
             .rev()
-            .find(|l| l.starts_with('{'))
+            .find(|l| l.starts_with('{') || l.starts_with('['))
             .unwrap_or_else(|| {
                 panic!(
                     "no JSON object on stdout.\nstdout:\n{}\nstderr:\n{}",
