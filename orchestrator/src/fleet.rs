@@ -237,6 +237,8 @@ impl Fleet {
                     a.units = reg.units.into_iter().map(|u| (u.name.clone(), u)).collect();
                 }
             }
+            // GPU and host state: stored by `hoststate` (hooked up below).
+            Some(agent_message::Kind::HostSnapshot(_) | agent_message::Kind::GpuEvent(_)) => {}
             Some(agent_message::Kind::Heartbeat(_)) | None => {}
         }
     }
