@@ -112,3 +112,42 @@ fn genuine_cold_start_is_accepted() {
     let last = probes.last().unwrap()["latency_ms"].as_u64().unwrap();
     assert!(first > v["warm_budget_ms"].as_u64().unwrap() && last <= v["warm_budget_ms"].as_u64().unwrap());
 }
+
+/// A probe series that falls but never reaches the warm budget is not a cold
+/// start (9 s, 5 s, 3 s, 2 s, 1.5 s against a 1 s budget, simulated).
+#[test]
+fn falling_without_reaching_the_budget_is_rejected() {
+    let _one = exclusive();
+    let out = pdwarden(
+        &[
+            "demo",
+            "--json",
+            "--decode-sim",
+            "--cold-first-ms 0 --latency-script 9000,5000,3000,2000,1500",
+        ],
+        LIMIT,
+    );
+    let v = out.json();
+    assert_eq!(out.code, 2, "{v:#}");
+    assert_eq!(v["verdict"], "cold_start_rejected", "{v:#}");
+    assert!(reasons(&v).contains("no convergence: 5 probes"), "{}", reasons(&v));
+}
+
+/// Row 5: over the same simulated hour, naive probes mint a session each (or
+/// evict each other's prefix) while pdwarden's fixed prompt mints one and
+/// costs the engine far less; every pdwarden probe is counted as a probe.
+#[test]
+fn probe_storm_shows_naive_probes_cost_more() {
+    let _one = exclusive();
+    let out = pdwarden(&["demo", "--json", "--incident", "probe-storm"], LIMIT);
+    let v = out.json();
+    assert_eq!(out.code, 0, "{v:#}");
+    let rows = v["strategies"].as_array().unwrap();
+    let minted = |i: usize| rows[i]["sessions_minted"].as_u64().unwrap();
+    let busy = |i: usize| rows[i]["busy_ms_total"].as_f64().unwrap();
+    assert_eq!(minted(0), 60, "a fresh prompt mints a session per probe: {v:#}");
+    assert_eq!(minted(2), 1, "{v:#}");
+    assert!(busy(0) > 3.0 * busy(2) && busy(1) > 3.0 * busy(2), "{v:#}");
+    assert_eq!(rows[2]["probe_requests"], 60, "pdwarden's probes are tagged: {v:#}");
+    assert_eq!(rows[0]["probe_requests"], 0, "naive probes are not tagged: {v:#}");
+}

@@ -30,9 +30,10 @@ pub struct DemoArgs {
     /// Print the restart's report as one JSON object.
     #[arg(long)]
     json: bool,
-    /// Multiplies every simulated duration and every budget (0 < F ≤ 1).
-    #[arg(long, default_value_t = 0.05)]
-    time_scale: f64,
+    /// Multiplies every simulated duration and every budget (0 < F ≤ 1);
+    /// default 0.05 (0.001 for the probe-storm drill's simulated hour).
+    #[arg(long)]
+    time_scale: Option<f64>,
     /// `after-prefill-ready` or `overlap`.
     #[arg(long, default_value = "after-prefill-ready")]
     decode_start_policy: String,
@@ -59,6 +60,8 @@ pub struct DemoArgs {
     #[arg(long, allow_hyphen_values = true, default_value = "")]
     decode_sim: String,
 }
+
+const DEFAULT_TIME_SCALE: f64 = 0.05;
 
 /// Simulated start-up of one engine, in simulated ms (seed 004's shape).
 struct EngineTiming {
@@ -210,7 +213,7 @@ impl StackPlan {
 }
 
 fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<(String, PathBuf, PathBuf, StackPlan)> {
-    let scale = args.time_scale;
+    let scale = args.time_scale.unwrap_or(DEFAULT_TIME_SCALE);
     if !(scale > 0.0 && scale <= 1.0) {
         bail!("--time-scale must be in (0, 1], got {scale}");
     }
@@ -445,6 +448,30 @@ async fn wait_for_agent(url: &str, limit: Duration) -> anyhow::Result<()> {
 
 pub async fn run(args: DemoArgs) -> ExitCode {
     let started = Instant::now();
+    if args.incident == Some(Incident::ProbeStorm) {
+        // No pair to restart: three engines, three probing strategies.
+        if !args.json {
+            println!("drill probe-storm: {}\n", Incident::ProbeStorm.description());
+        }
+        // An hour in 3.6 s at the default storm scale.
+        let scale = args.time_scale.unwrap_or(0.001);
+        if !(scale > 0.0 && scale <= 1.0) {
+            return could_not_run(&format!("--time-scale must be in (0, 1], got {scale}"), args.json);
+        }
+        return match drill::probe_storm(scale, args.json).await {
+            Ok(v) => {
+                if args.json {
+                    print_json(&v);
+                }
+                if v["pdwarden_cheapest"] == true {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::from(2)
+                }
+            }
+            Err(e) => could_not_run(&format!("demo: drill probe-storm: {e:#}"), args.json),
+        };
+    }
     let mut stack = match start_stack(&args).await {
         Ok(s) => s,
         Err(e) => return could_not_run(&format!("demo: {e:#}"), args.json),

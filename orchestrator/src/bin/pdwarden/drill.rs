@@ -32,6 +32,9 @@ pub enum Incident {
     SlotLeak,
     /// A real, small cold start: slow first probe, then warm.
     GenuineColdStart,
+    /// Row 5: naive probes (a fresh prompt each, two alternating prompts)
+    /// against pdwarden's one fixed prompt, over one simulated hour.
+    ProbeStorm,
 }
 
 impl Incident {
@@ -42,6 +45,7 @@ impl Incident {
             Self::ShallowHealth => "shallow-health",
             Self::SlotLeak => "slot-leak",
             Self::GenuineColdStart => "genuine-cold-start",
+            Self::ProbeStorm => "probe-storm",
         }
     }
 
@@ -58,6 +62,9 @@ impl Incident {
                 "a client gives up on a 41,818-token prompt mid-prefill on a serial prefill that leaks its slot; then verify the pair (INCIDENTS row 4)"
             }
             Self::GenuineColdStart => "a genuine cold start: one slow first generation, then warm",
+            Self::ProbeStorm => {
+                "one simulated hour of probes at 1/min against three engines with sessions: a fresh prompt each, two alternating prompts, and pdwarden's one fixed prompt (INCIDENTS row 5)"
+            }
         }
     }
 
@@ -145,7 +152,9 @@ pub async fn follow_up(
             say(json, &abandoned);
             steps.push(json!({ "action": "client abandoned a long prompt mid-prefill", "detail": abandoned }));
         }
-        Incident::ColdStartLie | Incident::ShallowHealth | Incident::GenuineColdStart => return Ok(None),
+        Incident::ColdStartLie | Incident::ShallowHealth | Incident::GenuineColdStart | Incident::ProbeStorm => {
+            return Ok(None);
+        }
     }
     say(json, "verifying the pair through the router (pdwarden verify demo)");
     let verify = follow_operation(url, "demo", json, true)
@@ -250,5 +259,223 @@ async fn abandon_long_prompt(stack: &Stack) -> anyhow::Result<String> {
             "the long prompt was answered ({}) before the client gave up; the drill needs a slower prefill",
             r.status()
         ),
+    }
+}
+
+/// One probing strategy of the probe-storm drill.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ProbeStrategy {
+    /// A fresh prompt every probe (seed 000's monitor).
+    FreshPrompt,
+    /// Two prompts, alternating (they evict each other's cached prefix).
+    AlternatingPrompts,
+    /// pdwarden: one fixed prompt, probe-tagged, sent by the agent's probe code.
+    Pdwarden,
+}
+
+impl ProbeStrategy {
+    fn name(self) -> &'static str {
+        match self {
+            Self::FreshPrompt => "naive: fresh prompt each probe",
+            Self::AlternatingPrompts => "naive: two alternating prompts",
+            Self::Pdwarden => "pdwarden: one fixed prompt",
+        }
+    }
+}
+
+/// Probe-storm figures (INCIDENTS row 5), simulated units.
+const STORM_PROBES: u32 = 60;
+const STORM_INTERVAL_SIM_MS: u64 = 60_000;
+/// Probe prompts long enough that their prefill shows (seed 000's probes
+/// carried a long system prompt).
+const STORM_PROMPT_WORDS: usize = 1_500;
+
+fn storm_prompt(tag: &str) -> String {
+    format!("{tag} {}", "context ".repeat(STORM_PROMPT_WORDS))
+}
+
+/// Runs the probe-storm drill: three identical engines with sessions, one
+/// strategy each, the same probe rate over the same simulated hour; returns
+/// the `--json` object (and prints the table unless `json`). Every engine it
+/// starts is stopped by PID before it returns.
+pub async fn probe_storm(time_scale: f64, json: bool) -> anyhow::Result<Value> {
+    let pd_sim = crate::demo::sibling_binary("pd-sim")?;
+    let dir = tempfile::Builder::new().prefix("pdwarden-probe-storm-").tempdir()?;
+    let strategies = [
+        ProbeStrategy::FreshPrompt,
+        ProbeStrategy::AlternatingPrompts,
+        ProbeStrategy::Pdwarden,
+    ];
+    let mut engines = Vec::new();
+    for (i, _) in strategies.iter().enumerate() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let args: Vec<String> = [
+            "--role",
+            "decode",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+            "--model",
+            "demo-model",
+            "--ttft-ms",
+            "120",
+            "--tpot-ms",
+            "12",
+            "--prefill-tok-per-s",
+            "2000",
+            "--session-prefix-tokens",
+            "4096",
+            "--session-idle-timeout-ms",
+            "3600000",
+            "--stall-per-session-ms",
+            "500",
+            "--time-scale",
+            &time_scale.to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let names = ["storm-engine-0", "storm-engine-1", "storm-engine-2"];
+        let owned = crate::demo::spawn_logged(names[i], &pd_sim, &args, dir.path())?;
+        engines.push((owned, format!("http://127.0.0.1:{port}")));
+    }
+    let http = pdwarden_agent::checks::http_client();
+    for (_, url) in &engines {
+        wait_healthy(&http, url).await?;
+    }
+    let interval = Duration::from_secs_f64(STORM_INTERVAL_SIM_MS as f64 * time_scale / 1000.0);
+    let timeout = Duration::from_secs(30);
+    let fixed = pdwarden_proto::v1::ChatProbe {
+        model: "demo-model".into(),
+        prompt: storm_prompt("pdwarden readiness probe: reply with one word."),
+        max_tokens: 1,
+    };
+    // The three strategies probe side by side on one schedule.
+    let mut tick = tokio::time::interval(interval);
+    for n in 0..STORM_PROBES {
+        tick.tick().await;
+        let sends = strategies.iter().zip(&engines).map(|(strategy, (_, url))| {
+            let http = http.clone();
+            let mut chat = fixed.clone();
+            match strategy {
+                ProbeStrategy::FreshPrompt => {
+                    chat.prompt = storm_prompt(&format!("health check {}:", uuid::Uuid::new_v4()))
+                }
+                ProbeStrategy::AlternatingPrompts => {
+                    chat.prompt = storm_prompt(if n % 2 == 0 {
+                        "health check A:"
+                    } else {
+                        "health check B:"
+                    })
+                }
+                ProbeStrategy::Pdwarden => {}
+            }
+            let url = url.clone();
+            let strategy = *strategy;
+            async move {
+                if strategy == ProbeStrategy::Pdwarden {
+                    pdwarden_agent::checks::chat_probe(&http, &url, &chat, timeout).await;
+                    return;
+                }
+                // A naive monitor: untagged, so its probes hide among real traffic.
+                let sent = http
+                    .post(format!("{url}/v1/chat/completions"))
+                    .json(&json!({
+                        "model": chat.model,
+                        "messages": [{ "role": "user", "content": chat.prompt }],
+                        "max_tokens": chat.max_tokens,
+                    }))
+                    .timeout(timeout)
+                    .send()
+                    .await;
+                if let Ok(answer) = sent {
+                    let _ = answer.bytes().await;
+                }
+            }
+        });
+        // Engine cost is read from the engines' own stats below; wall-clock
+        // latency at this time scale is mostly HTTP overhead, so it is not reported.
+        futures::future::join_all(sends).await;
+    }
+    let mut rows = Vec::new();
+    for (i, strategy) in strategies.iter().enumerate() {
+        let stats: Value = http
+            .get(format!("{}/sim/stats", engines[i].1))
+            .send()
+            .await?
+            .json()
+            .await?;
+        rows.push(json!({
+            "strategy": strategy.name(),
+            "probes": STORM_PROBES,
+            "sessions_minted": stats["sessions_minted"],
+            "sessions_live": stats["sessions_live"],
+            "busy_ms_total": stats["busy_ms_total"],
+            "busy_ms_probe": stats["busy_ms_probe"],
+            "probe_requests": stats["probe_requests"],
+            "busy_ms_per_probe": stats["busy_ms_total"].as_f64().map(|b| b / f64::from(STORM_PROBES)),
+        }));
+    }
+    for (mut owned, _) in engines {
+        owned.stop(Duration::from_secs(5));
+    }
+    let busy = |i: usize| rows[i]["busy_ms_total"].as_f64().unwrap_or(f64::MAX);
+    let minted = |i: usize| rows[i]["sessions_minted"].as_u64().unwrap_or(u64::MAX);
+    let pdwarden_cheapest = minted(2) <= 1 && busy(2) < busy(0) && busy(2) < busy(1);
+    let conclusion = format!(
+        "over one simulated hour at 1 probe/min, pdwarden's fixed prompt minted {} session(s) and used {:.0} ms of engine time; a fresh prompt each minted {} and used {:.0} ms ({:.1}×); two alternating prompts minted {} and used {:.0} ms ({:.1}×)",
+        minted(2),
+        busy(2),
+        minted(0),
+        busy(0),
+        busy(0) / busy(2).max(1.0),
+        minted(1),
+        busy(1),
+        busy(1) / busy(2).max(1.0)
+    );
+    if !json {
+        println!(
+            "{:<34} {:>8} {:>10} {:>14} {:>12}",
+            "strategy", "probes", "sessions", "engine ms", "ms/probe"
+        );
+        for r in &rows {
+            println!(
+                "{:<34} {:>8} {:>10} {:>14.0} {:>12.0}",
+                r["strategy"].as_str().unwrap_or(""),
+                STORM_PROBES,
+                r["sessions_minted"].as_u64().unwrap_or(0),
+                r["busy_ms_total"].as_f64().unwrap_or(0.0),
+                r["busy_ms_per_probe"].as_f64().unwrap_or(0.0)
+            );
+        }
+        println!("\n{conclusion}");
+    }
+    Ok(json!({
+        "incident": "probe-storm",
+        "simulated_hour": true,
+        "time_scale": time_scale,
+        "strategies": rows,
+        "pdwarden_cheapest": pdwarden_cheapest,
+        "conclusion": conclusion,
+    }))
+}
+
+async fn wait_healthy(http: &reqwest::Client, url: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let ok = http
+            .get(format!("{url}/health"))
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success());
+        if ok {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("engine {url} not healthy within 30 s");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
