@@ -171,6 +171,14 @@ pub struct Args {
     /// Make the health check's own forward pass never finish (health then fails after its timeout).
     #[arg(long)]
     pub fault_health_hang: bool,
+    /// A client generation freezes (no more tokens, never finishes) after this many
+    /// output tokens; 0 = off. Health's own one-token pass is unaffected.
+    #[arg(long, default_value_t = 0)]
+    pub freeze_after_tokens: u64,
+    /// At most this many client generations run at once; the rest queue (0 = no limit;
+    /// --serial is the same as 1).
+    #[arg(long, default_value_t = 0)]
+    pub max_running: usize,
 }
 
 /// The timing and fault settings `POST /sim/fault` can change live.
@@ -191,6 +199,8 @@ pub struct Settings {
     /// Whether the knob's variable had the knob's value in this process's environment at start.
     pub knob_live: bool,
     pub fault_health_hang: bool,
+    /// See `--freeze-after-tokens`.
+    pub freeze_after_tokens: u64,
 }
 
 impl Settings {
@@ -217,6 +227,8 @@ pub struct Config {
     pub settings: Settings,
     /// The process environment's value of the knob variable at start (for live knob changes).
     pub knob_env_value: Option<String>,
+    /// `--max-running` (0 = no limit).
+    pub max_running: usize,
 }
 
 fn check(flag: &'static str, value: f64, min: f64) -> Result<f64, ConfigError> {
@@ -254,6 +266,7 @@ impl Config {
             knob_slowdown,
             knob_live,
             fault_health_hang: args.fault_health_hang,
+            freeze_after_tokens: args.freeze_after_tokens,
         };
         let bootstrap_port = match args.role {
             Role::Prefill => Some(args.bootstrap_port.unwrap_or(DEFAULT_BOOTSTRAP_PORT)),
@@ -272,6 +285,7 @@ impl Config {
             latency_script: parse_latency_script(args.latency_script.as_deref().unwrap_or(""))?,
             settings,
             knob_env_value,
+            max_running: args.max_running,
         })
     }
 
@@ -354,6 +368,8 @@ pub struct FaultPatch {
     pub cold_first_ms: Option<f64>,
     #[serde(alias = "fault-health-hang")]
     pub fault_health_hang: Option<bool>,
+    #[serde(alias = "freeze-after-tokens")]
+    pub freeze_after_tokens: Option<u64>,
 }
 
 impl FaultPatch {
@@ -363,6 +379,9 @@ impl FaultPatch {
         let mut n = s.clone();
         if let Some(v) = self.serial {
             n.serial = v;
+        }
+        if let Some(v) = self.freeze_after_tokens {
+            n.freeze_after_tokens = v;
         }
         if let Some(v) = self.leak_slot_on_disconnect {
             n.leak_slot_on_disconnect = v;

@@ -560,6 +560,14 @@ async fn serve_generation(sim: Arc<Sim>, req: GenRequest) -> Response {
         let permit = sim.slot.clone().acquire_owned().await;
         inflight.permit = permit.ok();
     }
+    // `--max-running`: held for the whole generation, released however it ends.
+    let _running_slot = match &sim.running_slots {
+        Some(slots) => {
+            let _queued = GaugeGuard::new(&sim, |c| &mut c.queued);
+            slots.clone().acquire_owned().await.ok()
+        }
+        None => None,
+    };
     let part = match req.transfer {
         Transfer::None => Part::Whole,
         Transfer::Publish { .. } => Part::Prefill,
@@ -647,8 +655,18 @@ async fn serve_generation(sim: Arc<Sim>, req: GenRequest) -> Response {
         id: format!("{}", uuid::Uuid::new_v4().simple()),
         created: unix_secs(),
     };
+    let freeze_after = settings.freeze_after_tokens;
     if out.req.stream {
-        return stream_response(sim, out, inflight, t0, per);
+        return stream_response(sim, out, inflight, t0, per, freeze_after, _running_slot);
+    }
+    if freeze_after > 0 && tokens > freeze_after {
+        // Frozen mid-generation: the first `freeze_after` tokens are produced,
+        // then nothing, ever (the answer never arrives).
+        sleep_until(t0 + per * (freeze_after as u32)).await;
+        sim.mark_output();
+        tracing::info!(rid = %out.req.rid, freeze_after, "generation frozen mid-stream");
+        let never = std::future::pending::<std::convert::Infallible>().await;
+        match never {}
     }
     sleep_until(t0 + per * (tokens as u32)).await;
     sim.mark_output();
@@ -805,7 +823,17 @@ impl Output {
 }
 
 /// Streams tokens 1..=n on schedule (token 1 is due now), then the tail.
-fn stream_response(sim: Arc<Sim>, out: Output, inflight: Inflight, t0: Instant, per: Duration) -> Response {
+/// With `freeze_after` > 0 the stream stops after that many tokens and stays open
+/// forever (a decode frozen mid-stream).
+fn stream_response(
+    sim: Arc<Sim>,
+    out: Output,
+    inflight: Inflight,
+    t0: Instant,
+    per: Duration,
+    freeze_after: u64,
+    running_slot: Option<tokio::sync::OwnedSemaphorePermit>,
+) -> Response {
     struct St {
         sim: Arc<Sim>,
         out: Output,
@@ -813,6 +841,8 @@ fn stream_response(sim: Arc<Sim>, out: Output, inflight: Inflight, t0: Instant, 
         next: u64,
         t0: Instant,
         per: Duration,
+        freeze_after: u64,
+        _running_slot: Option<tokio::sync::OwnedSemaphorePermit>,
     }
     let st = St {
         sim,
@@ -821,9 +851,16 @@ fn stream_response(sim: Arc<Sim>, out: Output, inflight: Inflight, t0: Instant, 
         next: 1,
         t0,
         per,
+        freeze_after,
+        _running_slot: running_slot,
     };
     let stream = futures::stream::unfold(Some(st), |st| async move {
         let mut st = st?;
+        if st.freeze_after > 0 && st.next > st.freeze_after && st.next <= st.out.tokens {
+            tracing::info!(rid = %st.out.req.rid, freeze_after = st.freeze_after, "stream frozen");
+            let never = std::future::pending::<std::convert::Infallible>().await;
+            match never {}
+        }
         if st.next <= st.out.tokens {
             let i = st.next;
             if i > 1 {

@@ -67,6 +67,8 @@ pub struct Sim {
     pub(crate) engine: Mutex<EngineState>,
     /// The one slot `--serial` generations take turns on.
     pub(crate) slot: Arc<Semaphore>,
+    /// The `--max-running` slots (None = unlimited).
+    pub(crate) running_slots: Option<Arc<Semaphore>>,
     pub(crate) phase: watch::Sender<Phase>,
     pub(crate) bound: watch::Sender<Option<Bound>>,
     pub stats: Arc<Stats>,
@@ -94,6 +96,7 @@ impl Sim {
             settings: Mutex::new(config.settings.clone()),
             engine: Mutex::new(EngineState::new(config.latency_script.clone())),
             slot: Arc::new(Semaphore::new(1)),
+            running_slots: (config.max_running > 0).then(|| Arc::new(Semaphore::new(config.max_running))),
             phase: watch::channel(Phase::Starting).0,
             bound: watch::channel(None).0,
             stats,

@@ -519,3 +519,89 @@ async fn knob_in_environment_slows_generation() {
         "{took:?}"
     );
 }
+
+// `--freeze-after-tokens`: a stream delivers exactly N tokens, then stays open
+// without another byte; a non-streamed request never answers; health stays 200.
+#[tokio::test]
+async fn freeze_after_tokens_stops_the_stream_mid_way() {
+    let mut cfg = Config::for_test(Role::Decode);
+    cfg.settings.freeze_after_tokens = 3;
+    let (h, b) = start(cfg).await;
+    let c = client();
+    let mut body = chat("hi", 20);
+    body["stream"] = json!(true);
+    let mut resp = post(&c, b, "/v1/chat/completions", &body, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let mut text = String::new();
+    // Read until the stream goes silent; a frozen stream never ends.
+    loop {
+        match tokio::time::timeout(Duration::from_millis(500), resp.chunk()).await {
+            Ok(Ok(Some(bytes))) => text.push_str(&String::from_utf8_lossy(&bytes)),
+            Ok(Ok(None)) => panic!("a frozen stream must not end: {text}"),
+            Ok(Err(e)) => panic!("stream error: {e}"),
+            // 500 ms real = 50 s simulated without a byte: frozen.
+            Err(_) => break,
+        }
+    }
+    let tokens = text
+        .split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+        .filter(|c| {
+            c["choices"][0]["delta"]["content"]
+                .as_str()
+                .is_some_and(|s| !s.is_empty())
+        })
+        .count();
+    assert_eq!(tokens, 3, "{text}");
+    assert!(!text.contains("[DONE]"));
+    let plain = post(
+        &c,
+        b,
+        "/v1/chat/completions",
+        &chat("hi", 20),
+        Duration::from_millis(500),
+    )
+    .await;
+    assert!(plain.unwrap_err().is_timeout());
+    assert_eq!(status(&c, format!("http://{}/health", b.http)).await, Some(200));
+    // Under the freeze, short generations still answer.
+    let short = post(&c, b, "/v1/chat/completions", &chat("hi", 2), Duration::from_secs(5)).await;
+    assert!(short.unwrap().status().is_success());
+    h.shutdown().await.unwrap();
+}
+
+// `--max-running 2`: a third concurrent generation waits for a slot (it is
+// counted as queued) and runs once one frees.
+#[tokio::test]
+async fn max_running_queues_the_excess() {
+    let mut cfg = Config::for_test(Role::Decode);
+    cfg.max_running = 2;
+    cfg.settings.ttft_ms = 20_000.0; // 200 ms real each
+    let (h, b) = start(cfg).await;
+    let c = client();
+    let sends: Vec<_> = (0..3)
+        .map(|_| {
+            let c = c.clone();
+            tokio::spawn(
+                async move { post(&c, b, "/v1/chat/completions", &chat("hi", 1), Duration::from_secs(10)).await },
+            )
+        })
+        .collect();
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            let c = c.clone();
+            async move {
+                let s = stats(&c, b).await;
+                s["running"] == 2 && s["queued"] == 1
+            }
+        })
+        .await,
+        "two run, one queues"
+    );
+    for s in sends {
+        assert!(s.await.unwrap().unwrap().status().is_success());
+    }
+    h.shutdown().await.unwrap();
+}
