@@ -17,6 +17,11 @@ use thiserror::Error;
 /// Grace period used when the agent stops its units on shutdown, unless
 /// `shutdown_grace_ms` says otherwise.
 pub const DEFAULT_SHUTDOWN_GRACE_MS: u64 = 10_000;
+/// GPU and host sampling period unless `gpu_sample_interval_ms` says otherwise.
+pub const DEFAULT_GPU_SAMPLE_INTERVAL_MS: u64 = 2_000;
+/// Longest gap between two GPU and host snapshots unless
+/// `gpu_snapshot_interval_ms` says otherwise.
+pub const DEFAULT_GPU_SNAPSHOT_INTERVAL_MS: u64 = 15_000;
 
 /// Errors reading or validating an agent config. Every variant names the file
 /// or field at fault.
@@ -83,6 +88,21 @@ pub struct AgentConfig {
     pub shutdown_grace_ms: u64,
     #[serde(default, rename = "unit")]
     pub units: Vec<UnitConfig>,
+    /// Where GPU readings come from: `auto` (NVML if it loads, else none),
+    /// `nvml`, `none` or `fake:PATH` (a JSON file, for hosts without a GPU).
+    #[serde(default = "default_gpu_source")]
+    pub gpu_source: String,
+    /// How often GPUs and the host are sampled; a material change (a process
+    /// appears, an ECC count moves) is sent at the next sample.
+    #[serde(default = "default_gpu_sample_interval_ms")]
+    pub gpu_sample_interval_ms: u64,
+    /// A full snapshot is sent at least this often, changed or not.
+    #[serde(default = "default_gpu_snapshot_interval_ms")]
+    pub gpu_snapshot_interval_ms: u64,
+    /// Serve Prometheus `/metrics` (GPU and host figures) here, e.g.
+    /// `127.0.0.1:9400`; off when absent.
+    #[serde(default)]
+    pub metrics_listen: Option<String>,
 }
 
 /// One supervised process.
@@ -120,6 +140,15 @@ pub struct UnitConfig {
 fn default_shutdown_grace_ms() -> u64 {
     DEFAULT_SHUTDOWN_GRACE_MS
 }
+fn default_gpu_source() -> String {
+    "auto".to_owned()
+}
+fn default_gpu_sample_interval_ms() -> u64 {
+    DEFAULT_GPU_SAMPLE_INTERVAL_MS
+}
+fn default_gpu_snapshot_interval_ms() -> u64 {
+    DEFAULT_GPU_SNAPSHOT_INTERVAL_MS
+}
 fn default_health_path() -> String {
     "/health".to_owned()
 }
@@ -147,6 +176,11 @@ impl AgentConfig {
         Self::from_toml_str(&text)
     }
 
+    /// The parsed `gpu_source` (`auto` if it does not parse: `validate` rejects that).
+    pub fn gpu_source_spec(&self) -> crate::gpu::GpuSourceSpec {
+        crate::gpu::GpuSourceSpec::parse(&self.gpu_source).unwrap_or_default()
+    }
+
     /// The unit named `name`, if configured.
     pub fn unit(&self, name: &str) -> Option<&UnitConfig> {
         self.units.iter().find(|u| u.name == name)
@@ -161,6 +195,27 @@ impl AgentConfig {
         check_http_url("orchestrator", &self.orchestrator)?;
         if self.state_dir.as_os_str().is_empty() {
             return Err(invalid("state_dir", "must not be empty"));
+        }
+        crate::gpu::GpuSourceSpec::parse(&self.gpu_source).map_err(|reason| invalid("gpu_source", reason))?;
+        if self.gpu_sample_interval_ms == 0 {
+            return Err(invalid("gpu_sample_interval_ms", "must be at least 1"));
+        }
+        if self.gpu_snapshot_interval_ms < self.gpu_sample_interval_ms {
+            return Err(invalid(
+                "gpu_snapshot_interval_ms",
+                format!(
+                    "{} must be at least gpu_sample_interval_ms ({})",
+                    self.gpu_snapshot_interval_ms, self.gpu_sample_interval_ms
+                ),
+            ));
+        }
+        if let Some(addr) = &self.metrics_listen
+            && addr.parse::<std::net::SocketAddr>().is_err()
+        {
+            return Err(invalid(
+                "metrics_listen",
+                format!("{addr:?} is not an address:port such as \"127.0.0.1:9400\""),
+            ));
         }
         let mut names = HashSet::new();
         for (i, unit) in self.units.iter().enumerate() {
@@ -291,6 +346,10 @@ mod tests {
         assert_eq!(c.host, "local");
         assert_eq!(c.on_exit, OnExit::StopUnits);
         assert_eq!(c.shutdown_grace_ms, DEFAULT_SHUTDOWN_GRACE_MS);
+        assert_eq!(c.gpu_source_spec(), crate::gpu::GpuSourceSpec::Auto);
+        assert_eq!(c.gpu_sample_interval_ms, DEFAULT_GPU_SAMPLE_INTERVAL_MS);
+        assert_eq!(c.gpu_snapshot_interval_ms, DEFAULT_GPU_SNAPSHOT_INTERVAL_MS);
+        assert_eq!(c.metrics_listen, None);
         let p = c.unit("prefill-0").unwrap();
         assert_eq!(p.role, Role::Prefill);
         assert_eq!(p.env.get("KEY").map(String::as_str), Some("V"));
@@ -345,6 +404,15 @@ mod tests {
             (format!("{HEAD}{UNIT}{UNIT}"), "name"),
             (format!("{HEAD}{UNIT}env={{'A=B'='c'}}\n"), "env"),
             (format!("{HEAD}{UNIT}cwd=''\n"), "cwd"),
+            (format!("{HEAD}gpu_source='cuda'\n"), "gpu_source"),
+            (format!("{HEAD}gpu_source='fake:'\n"), "gpu_source"),
+            (format!("{HEAD}gpu_source=3\n"), "gpu_source"),
+            (format!("{HEAD}gpu_sample_interval_ms=0\n"), "gpu_sample_interval_ms"),
+            (
+                format!("{HEAD}gpu_sample_interval_ms=500\ngpu_snapshot_interval_ms=100\n"),
+                "gpu_snapshot_interval_ms",
+            ),
+            (format!("{HEAD}metrics_listen='localhost'\n"), "metrics_listen"),
         ];
         for (text, field) in cases {
             let e = err(&text);

@@ -14,6 +14,9 @@
 //! - `supervisor`: processes (spawn, stop, exit detection, logs), one actor per unit.
 //! - `commands`: executes commands at most once per command id.
 //! - `link`: the orchestrator stream, with reconnect/backoff and heartbeats.
+//! - [`gpu`]: GPU sources (NVML, fake file, none), process→unit mapping, and
+//!   the reporter streaming `HostSnapshot`s and `GpuEvent`s; [`host`]: host
+//!   figures and the process table (`sysinfo`); `exporter`: `/metrics`.
 //!
 //! [`run`] ties them together; the `pdwarden-agent` binary only parses its
 //! flag, loads the config and wires SIGTERM/SIGINT to `shutdown`.
@@ -38,6 +41,9 @@
 pub mod checks;
 mod commands;
 pub mod config;
+mod exporter;
+pub mod gpu;
+pub mod host;
 mod link;
 mod outbox;
 pub mod readiness;
@@ -73,6 +79,12 @@ pub enum AgentError {
     },
     #[error(transparent)]
     Link(#[from] LinkError),
+    #[error("cannot listen for /metrics on {addr} (metrics_listen)")]
+    MetricsListen {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Runs the agent until `shutdown` resolves.
@@ -96,6 +108,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
 
     let http = checks::http_client();
     let (outbox, mut outbox_rx) = outbox::Outbox::new();
+    let gpu_outbox = outbox.clone();
     let supervisor = Arc::new(supervisor::Supervisor::new(&config, outbox.clone(), http.clone()));
     let dispatcher = Arc::new(commands::Dispatcher::new(Arc::clone(&supervisor), outbox, http));
 
@@ -126,6 +139,51 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         }
     }
 
+    // GPU and host reporting: never fails the agent (no driver = says why).
+    let (latest_tx, latest_rx) = tokio::sync::watch::channel(Arc::new(gpu::reporter::Latest::default()));
+    let metrics_server = match &config.metrics_listen {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| AgentError::MetricsListen {
+                    addr: addr.clone(),
+                    source,
+                })?;
+            if let Ok(bound) = listener.local_addr() {
+                info!(addr = %bound, "serving GPU and host metrics on /metrics");
+            }
+            Some(tokio::spawn(exporter::serve(listener, config.host.clone(), latest_rx.clone())).abort_handle())
+        }
+        None => None,
+    };
+    let reporter = {
+        let supervisor = Arc::clone(&supervisor);
+        tokio::spawn(gpu::reporter::run(
+            config.gpu_source_spec(),
+            gpu::reporter::ReporterParams {
+                sample_interval: Duration::from_millis(config.gpu_sample_interval_ms),
+                snapshot_interval: Duration::from_millis(config.gpu_snapshot_interval_ms),
+            },
+            move || supervisor.unit_infos().into_iter().map(|u| (u.name, u.pid)).collect(),
+            gpu_outbox,
+            latest_tx,
+        ))
+        .abort_handle()
+    };
+    // Sent after every Register, so a (re)attached orchestrator has the
+    // GPU facts at once rather than at the next periodic snapshot.
+    let after_attach = move || {
+        latest_rx
+            .borrow()
+            .snapshot
+            .clone()
+            .map(|s| pdwarden_proto::v1::AgentMessage {
+                kind: Some(pdwarden_proto::v1::agent_message::Kind::HostSnapshot(s)),
+            })
+            .into_iter()
+            .collect()
+    };
+
     let register = {
         let supervisor = Arc::clone(&supervisor);
         let host = config.host.clone();
@@ -137,7 +195,11 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         }
     };
     let shutdown = std::pin::pin!(shutdown);
-    link::run(endpoint, register, &dispatcher, &mut outbox_rx, shutdown).await;
+    link::run(endpoint, register, after_attach, &dispatcher, &mut outbox_rx, shutdown).await;
+    reporter.abort();
+    if let Some(m) = metrics_server {
+        m.abort();
+    }
 
     info!(on_exit = ?config.on_exit, "agent shutting down");
     if config.on_exit == OnExit::StopUnits {

@@ -103,10 +103,13 @@ async fn open_session(endpoint: &Endpoint, register: Register) -> Result<Session
     })
 }
 
-/// Keeps the link up until `shutdown` resolves.
+/// Keeps the link up until `shutdown` resolves. `after_attach` gives the
+/// messages sent right after `Register` on every new stream (the latest GPU
+/// and host snapshot).
 pub(crate) async fn run<F: Future<Output = ()>>(
     endpoint: Endpoint,
     register: impl Fn() -> Register,
+    after_attach: impl Fn() -> Vec<AgentMessage>,
     dispatcher: &Arc<Dispatcher>,
     outbox: &mut mpsc::UnboundedReceiver<AgentMessage>,
     mut shutdown: Pin<&mut F>,
@@ -136,6 +139,9 @@ pub(crate) async fn run<F: Future<Output = ()>>(
         match attempt {
             Ok(session) => {
                 info!(orchestrator = %endpoint.uri(), "attached to the orchestrator");
+                for m in after_attach() {
+                    let _ = session.tx.send(m).await;
+                }
                 match run_session(session, dispatcher, outbox, shutdown.as_mut()).await {
                     SessionEnd::Shutdown => return,
                     SessionEnd::Lost { heard } => {

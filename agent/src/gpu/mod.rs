@@ -1,0 +1,278 @@
+//! GPU state: what each GPU is doing and who is on it.
+//!
+//! The seeds lost days to things a GPU report shows at once: a second copy of
+//! a model holding 39.8 GB, a training job sharing the accelerator, a failed
+//! GPU (INCIDENTS.md, "Also from the same reports"). So the agent reads every
+//! GPU and every process on it, and says which supervised unit owns each
+//! process, or that nobody does.
+//!
+//! The edge is the [`GpuSource`] trait, with three sources chosen by the
+//! agent's `gpu_source` (DESIGN.md: the fake is for what this machine lacks):
+//! - `nvml` ([`nvml::NvmlSource`]): the NVIDIA driver, through `nvml-wrapper`;
+//! - `fake:PATH` ([`fake::FakeSource`]): a JSON file in the shape of
+//!   [`GpuReading`], re-read when it changes, with an `events` list;
+//! - `none`: GPU reporting off.
+//!
+//! `auto` tries NVML and falls back to none, saying once why. Every source
+//! returns the same [`GpuReading`]s, so mapping processes to units
+//! ([`mapping`]), foreign processes and events are one code path, tested here
+//! with the fake source. [`reporter`] turns readings into `HostSnapshot`s.
+
+pub mod fake;
+pub mod mapping;
+pub mod nvml;
+pub(crate) mod reporter;
+
+use serde::Deserialize;
+use thiserror::Error;
+
+/// Why a GPU source gave no reading. The message is what the operator sees
+/// in `pdwarden status` ("libnvidia-ml.so not found", "no devices").
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum GpuError {
+    /// The source cannot work on this host (no library, no driver, no device).
+    #[error("{reason}")]
+    Unavailable { reason: String },
+    /// The source works but this reading failed.
+    #[error("{reason}")]
+    ReadFailed { reason: String },
+}
+
+/// Which GPU source the config asks for (`gpu_source`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum GpuSourceSpec {
+    /// NVML if it loads, else none (saying why).
+    #[default]
+    Auto,
+    Nvml,
+    None,
+    Fake(std::path::PathBuf),
+}
+
+impl GpuSourceSpec {
+    /// Parses `auto`, `nvml`, `none` or `fake:PATH` (PATH absolute or relative, not empty).
+    pub fn parse(value: &str) -> Result<Self, String> {
+        match value {
+            "auto" => Ok(Self::Auto),
+            "nvml" => Ok(Self::Nvml),
+            "none" => Ok(Self::None),
+            other => match other.strip_prefix("fake:") {
+                Some("") => Err("\"fake:\" needs a path: \"fake:/path/to/gpus.json\"".to_owned()),
+                Some(path) => Ok(Self::Fake(path.into())),
+                None => Err(format!(
+                    "{other:?} is not a GPU source: use \"auto\", \"nvml\", \"none\" or \"fake:PATH\""
+                )),
+            },
+        }
+    }
+}
+
+/// One GPU as a source reads it (also the fake file's per-GPU object).
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuReading {
+    pub index: u32,
+    #[serde(default)]
+    pub uuid: String,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub memory_used_bytes: u64,
+    #[serde(default)]
+    pub memory_total_bytes: u64,
+    #[serde(default)]
+    pub utilization_gpu_pct: Option<u32>,
+    #[serde(default)]
+    pub utilization_memory_pct: Option<u32>,
+    #[serde(default)]
+    pub temperature_c: Option<u32>,
+    #[serde(default)]
+    pub power_draw_mw: Option<u32>,
+    #[serde(default)]
+    pub power_limit_mw: Option<u32>,
+    #[serde(default)]
+    pub throttle_reasons: Vec<String>,
+    #[serde(default)]
+    pub ecc: Option<EccCounts>,
+    #[serde(default)]
+    pub retired_pages: Option<u32>,
+    #[serde(default)]
+    pub processes: Vec<GpuProcessReading>,
+    /// Figures that could not be read ("field: reason").
+    #[serde(default)]
+    pub read_errors: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EccCounts {
+    #[serde(default)]
+    pub volatile_corrected: u64,
+    #[serde(default)]
+    pub volatile_uncorrected: u64,
+    #[serde(default)]
+    pub aggregate_corrected: u64,
+    #[serde(default)]
+    pub aggregate_uncorrected: u64,
+}
+
+/// Whether a process uses the GPU for compute or graphics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProcessKind {
+    #[default]
+    Compute,
+    Graphics,
+}
+
+impl ProcessKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProcessKind::Compute => "compute",
+            ProcessKind::Graphics => "graphics",
+        }
+    }
+}
+
+/// A process on a GPU, as the driver lists it: only a pid and its memory.
+/// Who it belongs to is worked out by [`mapping`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuProcessReading {
+    pub pid: u32,
+    #[serde(default)]
+    pub used_memory_bytes: Option<u64>,
+    #[serde(default)]
+    pub kind: ProcessKind,
+}
+
+/// What kind of critical event a GPU raised.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GpuEventKind {
+    Xid,
+    EccSingleBit,
+    EccDoubleBit,
+    Other,
+}
+
+impl GpuEventKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GpuEventKind::Xid => "xid",
+            GpuEventKind::EccSingleBit => "ecc_single_bit",
+            GpuEventKind::EccDoubleBit => "ecc_double_bit",
+            GpuEventKind::Other => "other",
+        }
+    }
+}
+
+/// A critical GPU event (also the fake file's `events` entries).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuEventReading {
+    pub gpu_index: u32,
+    #[serde(default)]
+    pub gpu_uuid: String,
+    pub kind: GpuEventKind,
+    /// The Xid number (kind `xid`).
+    #[serde(default)]
+    pub xid: u64,
+    #[serde(default)]
+    pub detail: String,
+}
+
+/// Where GPU readings come from. Calls block (NVML, file reads): the
+/// reporter runs them on a blocking thread.
+pub trait GpuSource: Send {
+    /// `"nvml"`, `"fake"` or `"none"`, as reported in `HostSnapshot.gpu_source`.
+    fn kind(&self) -> &'static str;
+    /// Reads every GPU now. No GPU at all is an error ("no devices").
+    fn sample(&mut self) -> Result<Vec<GpuReading>, GpuError>;
+    /// Events raised since the previous call, oldest first.
+    fn take_events(&mut self) -> Vec<GpuEventReading>;
+}
+
+/// A source that never reads anything, for `none` and for an `nvml` or
+/// `auto` source whose driver is missing: every sample says why.
+#[derive(Debug)]
+pub struct UnavailableSource {
+    kind: &'static str,
+    reason: String,
+}
+
+impl UnavailableSource {
+    pub fn new(kind: &'static str, reason: impl Into<String>) -> Self {
+        Self {
+            kind,
+            reason: reason.into(),
+        }
+    }
+}
+
+impl GpuSource for UnavailableSource {
+    fn kind(&self) -> &'static str {
+        self.kind
+    }
+    fn sample(&mut self) -> Result<Vec<GpuReading>, GpuError> {
+        Err(GpuError::Unavailable {
+            reason: self.reason.clone(),
+        })
+    }
+    fn take_events(&mut self) -> Vec<GpuEventReading> {
+        Vec::new()
+    }
+}
+
+/// Opens the source the config names. Never fails: a source that cannot work
+/// here becomes an [`UnavailableSource`] that says why in every snapshot, so
+/// the agent runs normally without a driver.
+pub fn open(spec: &GpuSourceSpec) -> Box<dyn GpuSource> {
+    match spec {
+        GpuSourceSpec::None => Box::new(UnavailableSource::new(
+            "none",
+            "GPU reporting is off (gpu_source = \"none\")",
+        )),
+        GpuSourceSpec::Nvml => match nvml::NvmlSource::open() {
+            Ok(s) => Box::new(s),
+            Err(e) => Box::new(UnavailableSource::new("nvml", e.to_string())),
+        },
+        GpuSourceSpec::Auto => match nvml::NvmlSource::open() {
+            Ok(s) => Box::new(s),
+            Err(e) => Box::new(UnavailableSource::new(
+                "none",
+                format!("GPU reporting is off: NVML is not available ({e})"),
+            )),
+        },
+        GpuSourceSpec::Fake(path) => Box::new(fake::FakeSource::new(path.clone())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Property: every documented source parses; anything else is an error that says what is allowed.
+    #[test]
+    fn source_spec_parses() {
+        assert_eq!(GpuSourceSpec::parse("auto"), Ok(GpuSourceSpec::Auto));
+        assert_eq!(GpuSourceSpec::parse("nvml"), Ok(GpuSourceSpec::Nvml));
+        assert_eq!(GpuSourceSpec::parse("none"), Ok(GpuSourceSpec::None));
+        assert_eq!(
+            GpuSourceSpec::parse("fake:/tmp/g.json"),
+            Ok(GpuSourceSpec::Fake("/tmp/g.json".into()))
+        );
+        assert!(GpuSourceSpec::parse("fake:").unwrap_err().contains("path"));
+        assert!(GpuSourceSpec::parse("NVML").unwrap_err().contains("fake:PATH"));
+    }
+
+    // Property: `none` never reads and says it is off by config.
+    #[test]
+    fn none_source_says_why() {
+        let mut s = open(&GpuSourceSpec::None);
+        assert_eq!(s.kind(), "none");
+        let e = s.sample().unwrap_err();
+        assert!(e.to_string().contains("gpu_source = \"none\""), "{e}");
+        assert!(s.take_events().is_empty());
+    }
+}

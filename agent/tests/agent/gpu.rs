@@ -1,0 +1,302 @@
+//! GPU and host reporting, end to end through the agent with the fake GPU
+//! source and real processes: the mapping of GPU processes to units through
+//! descendants, foreign processes, a dead unit's leftovers, Xid events, the
+//! no-driver path and `/metrics`.
+
+use std::os::unix::process::CommandExt as _;
+use std::path::Path;
+use std::time::Duration;
+
+use pdwarden_agent::AgentConfig;
+use pdwarden_proto::v1::{
+    AgentMessage, Command, GpuEvent, GpuProcess, HostSnapshot, OrchestratorMessage, StopUnit, agent_message::Kind,
+    command::Action, orchestrator_message,
+};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::util::{FakeOrchestrator, PidGuard, Session, free_port, wait_until};
+
+/// An agent running in-process; `shutdown()` resolves its shutdown future.
+struct Agent {
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<Result<(), pdwarden_agent::AgentError>>,
+}
+
+impl Agent {
+    fn start(config: AgentConfig) -> Self {
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(pdwarden_agent::run(config, async move {
+            let _ = stopped.await;
+        }));
+        Agent { stop: Some(stop), task }
+    }
+
+    async fn shutdown(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        tokio::time::timeout(Duration::from_secs(30), &mut self.task)
+            .await
+            .expect("agent did not shut down")
+            .unwrap()
+            .unwrap();
+    }
+}
+
+fn config(orchestrator: &str, state_dir: &Path, extra: &str, units: &str) -> AgentConfig {
+    AgentConfig::from_toml_str(&format!(
+        r#"
+        host = "gpu-host"
+        orchestrator = "{orchestrator}"
+        state_dir = {state_dir:?}
+        on_exit = "stop-units"
+        shutdown_grace_ms = 2000
+        gpu_sample_interval_ms = 50
+        gpu_snapshot_interval_ms = 60000
+        {extra}
+        {units}
+        "#
+    ))
+    .unwrap()
+}
+
+/// Replaces the fake GPU file atomically, as the source expects.
+fn write_gpus(path: &Path, json: &serde_json::Value) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, json.to_string()).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// Reads messages until `pick` returns Some.
+async fn until<T>(s: &mut Session, mut pick: impl FnMut(&AgentMessage) -> Option<T>) -> T {
+    loop {
+        let m = s.next().await;
+        if let Some(t) = pick(&m) {
+            return t;
+        }
+    }
+}
+
+/// The next snapshot that satisfies `cond`.
+async fn snapshot_where(s: &mut Session, cond: impl Fn(&HostSnapshot) -> bool) -> HostSnapshot {
+    until(s, |m| match &m.kind {
+        Some(Kind::HostSnapshot(h)) if cond(h) => Some(h.clone()),
+        _ => None,
+    })
+    .await
+}
+
+fn process(s: &HostSnapshot, pid: u32) -> Option<&GpuProcess> {
+    s.gpus.iter().flat_map(|g| &g.processes).find(|p| p.pid == pid)
+}
+
+/// The children of `pid`, from /proc (field 4 of /proc/N/stat is the parent).
+fn children_of(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
+            continue;
+        };
+        let Some(close) = stat.rfind(')') else { continue };
+        let ppid = stat[close + 1..]
+            .split_whitespace()
+            .nth(1)
+            .and_then(|p| p.parse::<u32>().ok());
+        if ppid == Some(pid) {
+            out.push(child);
+        }
+    }
+    out
+}
+
+const SHELL_UNIT: &str = r#"
+        [[unit]]
+        name = "shell-0"
+        role = "prefill"
+        argv = ["sh", "-c", "sleep 30 & wait"]
+        base_url = "http://127.0.0.1:9"
+        autostart = true
+"#;
+
+// Property: a GPU process that is a grandchild of a unit's process belongs to
+// that unit; a process nobody supervises is foreign, with its command line and
+// user; once the unit's own process dies, what it left on the GPU is reported
+// as held by a dead unit; an Xid event in the fake file is streamed once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpu_processes_map_to_units_foreign_dead_and_events() {
+    let mut orch = FakeOrchestrator::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gpus = dir.path().join("gpus.json");
+    write_gpus(
+        &gpus,
+        &serde_json::json!({"gpus": [{"index": 0, "uuid": "GPU-0", "memory_total_bytes": 80u64 << 30}]}),
+    );
+    let mut guard = PidGuard::default();
+    let mut foreign = std::process::Command::new("sleep")
+        .arg("30")
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    guard.0.push(foreign.id());
+    let extra = format!("gpu_source = \"fake:{}\"", gpus.display());
+    let agent = Agent::start(config(&orch.url, dir.path(), &extra, SHELL_UNIT));
+    let mut s = orch.accept().await;
+    let reg = until(&mut s, |m| match &m.kind {
+        Some(Kind::Register(r)) => Some(r.clone()),
+        _ => None,
+    })
+    .await;
+    let unit_pid = reg.units[0].pid;
+    assert_ne!(unit_pid, 0, "autostarted unit has a pid");
+    guard.0.push(unit_pid);
+    let mut grandchild = 0;
+    wait_until("the unit's shell to fork its sleep", || {
+        grandchild = children_of(unit_pid).first().copied().unwrap_or(0);
+        grandchild != 0
+    })
+    .await;
+
+    write_gpus(
+        &gpus,
+        &serde_json::json!({"gpus": [{
+            "index": 0, "uuid": "GPU-0", "name": "Fake H100", "memory_used_bytes": 52u64 << 30,
+            "memory_total_bytes": 80u64 << 30, "utilization_gpu_pct": 3,
+            "processes": [
+                {"pid": grandchild, "used_memory_bytes": 40u64 << 30},
+                {"pid": foreign.id(), "used_memory_bytes": 12u64 << 30},
+            ],
+        }]}),
+    );
+    let snap = snapshot_where(&mut s, |h| h.gpus.first().is_some_and(|g| g.processes.len() == 2)).await;
+    assert_eq!(snap.gpu_source, "fake");
+    assert_eq!(snap.gpu_unavailable, "");
+    let mine = process(&snap, grandchild).unwrap();
+    assert_eq!(
+        (mine.unit.as_str(), mine.foreign, mine.unit_dead),
+        ("shell-0", false, false)
+    );
+    assert_eq!(mine.used_memory_bytes, Some(40 << 30));
+    let theirs = process(&snap, foreign.id()).unwrap();
+    assert!(theirs.foreign && theirs.unit.is_empty(), "{theirs:?}");
+    assert_eq!(theirs.command_line, "sleep 30");
+    assert!(
+        !theirs.user.is_empty() && theirs.user == mine.user,
+        "{theirs:?} / {mine:?}"
+    );
+    let usage = snap.units.iter().find(|u| u.unit == "shell-0").unwrap();
+    assert_eq!(usage.pid, unit_pid);
+    assert!(usage.processes >= 2 && usage.rss_bytes > 0, "{usage:?}");
+    assert!(snap.host.as_ref().unwrap().memory_total_bytes > 0);
+
+    let mut json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&gpus).unwrap()).unwrap();
+    json["events"] = serde_json::json!([{"gpu_index": 0, "gpu_uuid": "GPU-0", "kind": "xid", "xid": 79, "detail": "GPU has fallen off the bus"}]);
+    write_gpus(&gpus, &json);
+    let ev: GpuEvent = until(&mut s, |m| match &m.kind {
+        Some(Kind::GpuEvent(e)) => Some(e.clone()),
+        _ => None,
+    })
+    .await;
+    assert_eq!((ev.kind.as_str(), ev.xid, ev.gpu_uuid.as_str()), ("xid", 79, "GPU-0"));
+
+    // Kill only the unit's own process: its sleep is re-parented but keeps
+    // the unit's process group, and still holds (fake) GPU memory.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(unit_pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let snap = snapshot_where(&mut s, |h| process(h, grandchild).is_some_and(|p| p.unit_dead)).await;
+    let left = process(&snap, grandchild).unwrap();
+    assert_eq!((left.unit.as_str(), left.foreign), ("shell-0", false));
+    assert_eq!(snap.units.iter().find(|u| u.unit == "shell-0").unwrap().pid, 0);
+
+    agent.shutdown().await;
+    let _ = foreign.kill();
+    let _ = foreign.wait();
+    drop(guard);
+}
+
+// Property: with `gpu_source = "nvml"` on a host without the NVIDIA driver, the
+// agent says why GPU reporting is unavailable, keeps reporting host figures and
+// serving /metrics, and still executes commands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_driver_reports_why_and_keeps_running() {
+    if nvml_present() {
+        eprintln!("an NVIDIA driver is present; the no-driver path is not exercised here");
+        return;
+    }
+    let mut orch = FakeOrchestrator::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port().await;
+    let extra = format!("gpu_source = \"nvml\"\nmetrics_listen = \"127.0.0.1:{port}\"");
+    let unit = "[[unit]]\nname = \"idle-0\"\nrole = \"decode\"\nargv = [\"sleep\", \"30\"]\nbase_url = \"http://127.0.0.1:9\"\n";
+    let agent = Agent::start(config(&orch.url, dir.path(), &extra, unit));
+    let mut s = orch.accept().await;
+    let snap = snapshot_where(&mut s, |_| true).await;
+    assert_eq!(snap.gpu_source, "nvml");
+    assert!(snap.gpus.is_empty());
+    assert!(
+        snap.gpu_unavailable.contains("libnvidia-ml.so") || snap.gpu_unavailable.contains("driver"),
+        "reason: {}",
+        snap.gpu_unavailable
+    );
+    assert!(snap.host.as_ref().unwrap().cpu_count > 0);
+
+    let body = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        body.contains("pdwarden_gpu_reporting_available{host=\"gpu-host\",source=\"nvml\"} 0"),
+        "{body}"
+    );
+    assert!(
+        body.contains("pdwarden_host_memory_total_bytes{host=\"gpu-host\"}"),
+        "{body}"
+    );
+
+    s.send(OrchestratorMessage {
+        kind: Some(orchestrator_message::Kind::Command(Command {
+            command_id: "stop-1".into(),
+            action: Some(Action::Stop(StopUnit {
+                unit: "idle-0".into(),
+                grace_ms: 1000,
+            })),
+        })),
+    });
+    let r = until(&mut s, |m| match &m.kind {
+        Some(Kind::CommandResult(r)) if r.command_id == "stop-1" => Some(r.clone()),
+        _ => None,
+    })
+    .await;
+    assert!(r.ok, "{r:?}");
+    agent.shutdown().await;
+}
+
+// Property: `auto` without a driver falls back to no GPU reporting and says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_without_driver_is_none_with_reason() {
+    if nvml_present() {
+        return;
+    }
+    let mut orch = FakeOrchestrator::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start(config(&orch.url, dir.path(), "gpu_source = \"auto\"", ""));
+    let mut s = orch.accept().await;
+    let snap = snapshot_where(&mut s, |_| true).await;
+    assert_eq!(snap.gpu_source, "none");
+    assert!(
+        snap.gpu_unavailable.contains("NVML is not available"),
+        "{}",
+        snap.gpu_unavailable
+    );
+    agent.shutdown().await;
+}
+
+fn nvml_present() -> bool {
+    pdwarden_agent::gpu::nvml::NvmlSource::open().is_ok()
+}
