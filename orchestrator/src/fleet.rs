@@ -46,6 +46,9 @@ pub struct AgentStatus {
     pub agent_instance_id: String,
     pub agent_version: String,
     pub units: Vec<UnitStatus>,
+    /// GPUs, their processes and the host's figures; absent until the agent
+    /// has sent a snapshot.
+    pub host_report: Option<crate::hoststate::HostReport>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -78,6 +81,8 @@ struct FleetState {
 pub struct Fleet {
     state: Arc<Mutex<FleetState>>,
     orchestrator_instance_id: Arc<String>,
+    /// The latest GPU and host report of each host.
+    pub hosts: crate::hoststate::HostStates,
 }
 
 pub fn role_name(role: i32) -> &'static str {
@@ -109,6 +114,7 @@ impl Fleet {
         Self {
             state: Arc::default(),
             orchestrator_instance_id: Arc::new(uuid::Uuid::new_v4().to_string()),
+            hosts: crate::hoststate::HostStates::default(),
         }
     }
 
@@ -187,6 +193,7 @@ impl Fleet {
                         base_url: u.base_url.clone(),
                     })
                     .collect(),
+                host_report: self.hosts.report(host),
             })
             .collect()
     }
@@ -237,8 +244,12 @@ impl Fleet {
                     a.units = reg.units.into_iter().map(|u| (u.name.clone(), u)).collect();
                 }
             }
-            // GPU and host state: stored by `hoststate` (hooked up below).
-            Some(agent_message::Kind::HostSnapshot(_) | agent_message::Kind::GpuEvent(_)) => {}
+            Some(agent_message::Kind::HostSnapshot(s)) => {
+                self.hosts.record_snapshot(host, s, crate::hoststate::now_unix_ms());
+            }
+            Some(agent_message::Kind::GpuEvent(e)) => {
+                self.hosts.record_event(host, e, crate::hoststate::now_unix_ms());
+            }
             Some(agent_message::Kind::Heartbeat(_)) | None => {}
         }
     }

@@ -4,6 +4,9 @@
 //! Layout:
 //! - [`config`]: the static TOML (pairs, budgets, timeouts).
 //! - [`fleet`]: connected agents, their facts, command delivery (`AgentLink`).
+//! - [`hoststate`]: each host's latest GPU and host report and GPU events;
+//!   [`findings`]: pure judgement of them (foreign processes, dead units'
+//!   memory, Xid/ECC, idle GPU with a queue).
 //! - [`corestart`]: the co-restart state machine (evidence gathering).
 //! - [`verdict`]: pure judgement of that evidence, unit-tested with the
 //!   incidents' numbers.
@@ -17,7 +20,9 @@
 
 pub mod config;
 pub mod corestart;
+pub mod findings;
 pub mod fleet;
+pub mod hoststate;
 pub mod journal;
 pub mod report;
 pub mod server;

@@ -45,6 +45,8 @@ pub struct ControlService {
 pub struct StatusView {
     pub agents: Vec<AgentStatus>,
     pub pairs: Vec<PairStatus>,
+    /// What in the hosts' GPU reports needs a look, critical first.
+    pub findings: Vec<crate::findings::Finding>,
 }
 
 #[derive(Debug, Serialize)]
@@ -196,6 +198,13 @@ impl Control for ControlService {
         let view = StatusView {
             agents: self.ctx.fleet.status(),
             pairs,
+            // Hook (issue 5): pass each unit's queued requests from the engine
+            // watch so `gpu_idle_with_queue` can fire; without them it is silent.
+            findings: self
+                .ctx
+                .fleet
+                .hosts
+                .findings(&Default::default(), crate::hoststate::now_unix_ms()),
         };
         Ok(Response::new(JsonReply {
             json: serde_json::to_string(&view).map_err(internal)?,

@@ -14,6 +14,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use pdwarden_orchestrator::findings::Finding;
+use pdwarden_orchestrator::hoststate::{HostReport, now_unix_ms, render_findings, render_host_report};
 use pdwarden_orchestrator::report::{
     OperationReport, ProbeRecord, StepRecord, TimelineRecord, live_phase_line, live_probe_line, live_step_line,
     render_summary,
@@ -265,6 +267,8 @@ async fn status(url: &str, json: bool) -> anyhow::Result<()> {
         print_json(&v);
         return Ok(());
     }
+    // Foreign processes and critical findings in red, on a terminal only.
+    let color = std::io::IsTerminal::is_terminal(&std::io::stdout()) && std::env::var_os("NO_COLOR").is_none();
     for a in v["agents"].as_array().into_iter().flatten() {
         let conn = if a["connected"].as_bool() == Some(true) {
             "connected"
@@ -286,6 +290,11 @@ async fn status(url: &str, json: bool) -> anyhow::Result<()> {
                 u["base_url"].as_str().unwrap_or("")
             );
         }
+        if let Ok(report) = serde_json::from_value::<HostReport>(a["host_report"].clone()) {
+            for line in render_host_report(&report, now_unix_ms(), color) {
+                println!("{line}");
+            }
+        }
     }
     for p in v["pairs"].as_array().into_iter().flatten() {
         let running = p["running_operation"]
@@ -297,6 +306,10 @@ async fn status(url: &str, json: bool) -> anyhow::Result<()> {
             p["name"].as_str().unwrap_or("?"),
             p["last_verdict"].as_str().unwrap_or("none")
         );
+    }
+    let findings: Vec<Finding> = serde_json::from_value(v["findings"].clone()).unwrap_or_default();
+    for line in render_findings(&findings, color) {
+        println!("{line}");
     }
     Ok(())
 }
