@@ -45,6 +45,8 @@ pub(crate) struct Dispatcher {
     outbox: Outbox,
     http: reqwest::Client,
     recent: Mutex<Recent>,
+    /// The passive engine watch (issue 5).
+    watch: crate::watch::Watch,
 }
 
 impl Dispatcher {
@@ -54,6 +56,7 @@ impl Dispatcher {
             outbox,
             http,
             recent: Mutex::new(Recent::default()),
+            watch: crate::watch::Watch::default(),
         }
     }
 
@@ -139,6 +142,10 @@ impl Dispatcher {
                 let http = self.http.clone();
                 Box::pin(async move { Kind::ProbeResult(run_probe(&http, base_url, probe, &ctx).await) })
             }
+            Some(Action::Watch(spec)) => {
+                let result = self.start_watch(&ctx, &spec);
+                Box::pin(async move { Kind::CommandResult(result) })
+            }
             None => Box::pin(async move {
                 Kind::CommandResult(CommandResult {
                     command_id: ctx.id.clone(),
@@ -147,6 +154,44 @@ impl Dispatcher {
                     ms_since_command: ctx_ms(&ctx),
                 })
             }),
+        }
+    }
+}
+
+impl Dispatcher {
+    /// Replaces the engine watch; refused (and the old watch kept) if a
+    /// target is not a unit of this agent.
+    fn start_watch(&self, ctx: &CommandContext, spec: &pdwarden_proto::v1::WatchEngines) -> CommandResult {
+        let mut targets = Vec::new();
+        for t in &spec.targets {
+            let Some(u) = self.supervisor.unit_config(&t.unit) else {
+                return CommandResult {
+                    command_id: ctx.id.clone(),
+                    ok: false,
+                    error: format!("watch: unknown unit {:?}", t.unit),
+                    ms_since_command: ctx_ms(ctx),
+                };
+            };
+            let base = u.base_url.trim_end_matches('/');
+            let path = if t.metrics_path.is_empty() {
+                "/metrics"
+            } else {
+                t.metrics_path.as_str()
+            };
+            targets.push(crate::watch::Target {
+                unit: t.unit.clone(),
+                metrics_url: format!("{base}{path}"),
+                health_url: format!("{base}{}", u.health_path),
+            });
+        }
+        info!(command_id = %ctx.id, units = targets.len(), interval_ms = spec.interval_ms, "watch");
+        self.watch
+            .replace(ctx.id.clone(), spec, targets, self.http.clone(), self.outbox.clone());
+        CommandResult {
+            command_id: ctx.id.clone(),
+            ok: true,
+            error: String::new(),
+            ms_since_command: ctx_ms(ctx),
         }
     }
 }

@@ -17,6 +17,8 @@
 //! - [`gpu`]: GPU sources (NVML, fake file, none), process→unit mapping, and
 //!   the reporter streaming `HostSnapshot`s and `GpuEvent`s; [`host`]: host
 //!   figures and the process table (`sysinfo`); `exporter`: `/metrics`.
+//! - [`metrics`]: scrapes and parses an engine's Prometheus `/metrics`.
+//! - `watch`: the passive engine watch (`WatchEngines` → `EngineSample`s).
 //!
 //! [`run`] ties them together; the `pdwarden-agent` binary only parses its
 //! flag, loads the config and wires SIGTERM/SIGINT to `shutdown`.
@@ -45,9 +47,11 @@ mod exporter;
 pub mod gpu;
 pub mod host;
 mod link;
+pub mod metrics;
 mod outbox;
 pub mod readiness;
 mod supervisor;
+mod watch;
 
 use std::future::Future;
 use std::path::PathBuf;

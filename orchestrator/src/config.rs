@@ -40,6 +40,10 @@ pub struct OrchestratorConfig {
     pub journal: PathBuf,
     #[serde(default, rename = "pair")]
     pub pairs: Vec<PairConfig>,
+    /// Plain-HTTP readiness endpoint for load balancers and gateways
+    /// (`GET /ready/pair/NAME`, `/ready/unit/HOST/UNIT`, `/ready`); off when absent.
+    #[serde(default)]
+    pub readiness_listen: Option<SocketAddr>,
 }
 
 /// A unit, named by the host whose agent supervises it and its name there.
@@ -89,6 +93,71 @@ pub struct PairConfig {
     pub probe: ProbeConfig,
     #[serde(default)]
     pub timeouts: TimeoutConfig,
+    /// The continuous wedge watch and automatic recovery (issue 5).
+    #[serde(default)]
+    pub watch: WatchConfig,
+}
+
+/// The continuous watch of a pair: passive engine metrics first, active
+/// probes only when those are missing or suspicious, automatic co-restart of
+/// a confirmed wedge, bounded by a circuit breaker. Every field is optional.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WatchConfig {
+    /// Watch this pair at all.
+    pub enabled: bool,
+    /// Recover a confirmed wedge automatically (else only report it).
+    pub auto_recover: bool,
+    /// Period of the agent's metrics + health scrape of each engine.
+    pub scrape_interval_ms: u64,
+    /// Requests present without token progress this long is suspicious
+    /// (a wedge once it also outlasts the worst prefill, or at once if the
+    /// GPU is known idle).
+    pub stall_budget_ms: u64,
+    /// The longest prompt the pair accepts, in tokens; with
+    /// `prefill_tok_per_s` it bounds the worst legitimate prefill.
+    pub max_prompt_tokens: u64,
+    /// The slowest prefill speed to plan for, tokens per second.
+    pub prefill_tok_per_s: f64,
+    /// Without traffic proving liveness, at most one probe per interval.
+    pub idle_probe_interval_ms: u64,
+    /// The minimum gap between any two probes.
+    pub min_probe_interval_ms: u64,
+    /// A probe that would need a longer timeout (to cover the prefills
+    /// queued ahead of it) waits instead of being sent.
+    pub max_probe_timeout_ms: u64,
+    /// GPU utilisation (0..1) under which the GPU counts as idle.
+    pub gpu_idle_below: f64,
+    /// Circuit breaker: at most this many automatic recoveries per window...
+    pub max_recoveries: u32,
+    /// ...of this length; then the pair is held for a human.
+    pub recovery_window_ms: u64,
+}
+
+impl Default for WatchConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            auto_recover: true,
+            scrape_interval_ms: 1_000,
+            stall_budget_ms: 8_000,
+            max_prompt_tokens: 32_768,
+            prefill_tok_per_s: 5_000.0,
+            idle_probe_interval_ms: 60_000,
+            min_probe_interval_ms: 5_000,
+            max_probe_timeout_ms: 600_000,
+            gpu_idle_below: 0.05,
+            max_recoveries: 3,
+            recovery_window_ms: 3_600_000,
+        }
+    }
+}
+
+impl WatchConfig {
+    /// The worst legitimate prefill, in ms.
+    pub fn max_prefill_ms(&self) -> u64 {
+        (self.max_prompt_tokens as f64 * 1000.0 / self.prefill_tok_per_s).ceil() as u64
+    }
 }
 
 /// How the pair is probed and what its probes are judged against.
@@ -254,6 +323,50 @@ impl OrchestratorConfig {
                     "must be a finite number >= 1",
                 ));
             }
+            let w = &p.watch;
+            for (f, v) in [
+                ("watch.scrape_interval_ms", w.scrape_interval_ms),
+                ("watch.stall_budget_ms", w.stall_budget_ms),
+                ("watch.max_prompt_tokens", w.max_prompt_tokens),
+                ("watch.idle_probe_interval_ms", w.idle_probe_interval_ms),
+                ("watch.min_probe_interval_ms", w.min_probe_interval_ms),
+                ("watch.max_probe_timeout_ms", w.max_probe_timeout_ms),
+                ("watch.recovery_window_ms", w.recovery_window_ms),
+            ] {
+                if v == 0 {
+                    return Err(invalid(at(f), "must be greater than 0"));
+                }
+            }
+            if !(w.prefill_tok_per_s > 0.0 && w.prefill_tok_per_s.is_finite()) {
+                return Err(invalid(at("watch.prefill_tok_per_s"), "must be a finite number > 0"));
+            }
+            if !(0.0..=1.0).contains(&w.gpu_idle_below) {
+                return Err(invalid(at("watch.gpu_idle_below"), "must be between 0 and 1"));
+            }
+            if w.max_recoveries == 0 {
+                return Err(invalid(
+                    at("watch.max_recoveries"),
+                    "must be at least 1 (set auto_recover = false to never recover automatically)",
+                ));
+            }
+            if w.min_probe_interval_ms > w.idle_probe_interval_ms {
+                return Err(invalid(
+                    at("watch.min_probe_interval_ms"),
+                    format!(
+                        "{} exceeds idle_probe_interval_ms ({})",
+                        w.min_probe_interval_ms, w.idle_probe_interval_ms
+                    ),
+                ));
+            }
+            if w.max_probe_timeout_ms < pr.probe_timeout_ms {
+                return Err(invalid(
+                    at("watch.max_probe_timeout_ms"),
+                    format!(
+                        "{} is below probe.probe_timeout_ms ({}): no probe could ever be sent",
+                        w.max_probe_timeout_ms, pr.probe_timeout_ms
+                    ),
+                ));
+            }
             if pr.warm_probes == 0 || pr.max_probes < pr.warm_probes {
                 return Err(invalid(
                     at("probe.max_probes"),
@@ -329,5 +442,31 @@ probe_timeout_ms = 120000
         .unwrap_err()
         .to_string();
         assert!(e.contains("pair[0].decode"), "{e}");
+    }
+
+    /// The watch section is optional, defaults are sensible, and bad values
+    /// and unknown fields name their field.
+    #[test]
+    fn watch_defaults_and_errors_name_the_field() {
+        let c = OrchestratorConfig::from_toml_str(EXAMPLE).unwrap();
+        let w = &c.pairs[0].watch;
+        assert!(w.enabled && w.auto_recover);
+        assert_eq!((w.max_recoveries, w.max_prefill_ms()), (3, 6_554));
+        assert_eq!(c.readiness_listen, None);
+        let with = |section: &str| {
+            OrchestratorConfig::from_toml_str(&format!("{EXAMPLE}[pair.watch]\n{section}\n"))
+                .map(|_| ())
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(with("stall_budget_ms = 0").contains("pair[0].watch.stall_budget_ms"));
+        assert!(with("max_probe_timeout_ms = 1000").contains("pair[0].watch.max_probe_timeout_ms"));
+        assert!(with("prefill_tok_per_s = -1.0").contains("pair[0].watch.prefill_tok_per_s"));
+        assert!(with("stall_budjet_ms = 3").contains("stall_budjet_ms"));
+        let c = OrchestratorConfig::from_toml_str(
+            &EXAMPLE.replace("journal =", "readiness_listen = \"127.0.0.1:7071\"\njournal ="),
+        )
+        .unwrap();
+        assert_eq!(c.readiness_listen.unwrap().port(), 7071);
     }
 }

@@ -12,8 +12,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use pdwarden_proto::v1::{
-    AgentMessage, Command, CommandResult, OrchestratorMessage, Phase, ProbeResult, RegisterAck, Role, UnitEvent,
-    UnitInfo, agent_link_server::AgentLink, agent_message, orchestrator_message,
+    AgentMessage, Command, CommandResult, EngineSample, OrchestratorMessage, Phase, ProbeResult, RegisterAck, Role,
+    UnitEvent, UnitInfo, agent_link_server::AgentLink, agent_message, orchestrator_message,
 };
 use serde::Serialize;
 use tokio::sync::mpsc;
@@ -73,6 +73,8 @@ struct AgentSession {
 struct FleetState {
     agents: BTreeMap<String, AgentSession>,
     waiters: HashMap<String, (String, mpsc::UnboundedSender<AgentReport>)>,
+    /// Engine samples of a `WatchEngines` command, by its id (issue 5).
+    sample_waiters: HashMap<String, (String, mpsc::UnboundedSender<EngineSample>)>,
     next_session: u64,
 }
 
@@ -162,7 +164,17 @@ impl Fleet {
 
     /// Stops routing reports for a command (its operation no longer listens).
     pub fn forget(&self, command_id: &str) {
-        self.lock().waiters.remove(command_id);
+        let mut st = self.lock();
+        st.waiters.remove(command_id);
+        st.sample_waiters.remove(command_id);
+    }
+
+    /// Routes the `EngineSample`s of watch command `command_id` on `host` to
+    /// `tx`; call before sending the command, [`Fleet::forget`] to stop.
+    pub fn route_engine_samples(&self, host: &str, command_id: &str, tx: mpsc::UnboundedSender<EngineSample>) {
+        self.lock()
+            .sample_waiters
+            .insert(command_id.to_string(), (host.to_string(), tx));
     }
 
     pub fn is_connected(&self, host: &str) -> bool {
@@ -249,6 +261,14 @@ impl Fleet {
             }
             Some(agent_message::Kind::GpuEvent(e)) => {
                 self.hosts.record_event(host, e, crate::hoststate::now_unix_ms());
+            }
+            Some(agent_message::Kind::EngineSample(sample)) => {
+                let st = self.lock();
+                if let Some((owner, tx)) = st.sample_waiters.get(&sample.command_id)
+                    && owner == host
+                {
+                    let _ = tx.send(sample);
+                }
             }
             Some(agent_message::Kind::Heartbeat(_)) | None => {}
         }

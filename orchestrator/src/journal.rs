@@ -36,6 +36,10 @@ pub struct OperationRecord {
     pub verdict: Option<String>,
     /// The final report (the CLI's `--json` object), when concluded.
     pub report: Option<serde_json::Value>,
+    /// For an automatic operation, the evidence that triggered it (the
+    /// `trigger` entry the watch journals before the first command).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trigger: Option<serde_json::Value>,
 }
 
 pub struct Journal {
@@ -199,7 +203,7 @@ impl Journal {
     fn query(&self, tail: &str, p: impl rusqlite::Params) -> Result<Vec<OperationRecord>, JournalError> {
         let conn = self.conn();
         let sql = format!(
-            "SELECT id, kind, pair, state, started_unix_ms, ended_unix_ms, verdict, report FROM operations {tail}"
+            "SELECT id, kind, pair, state, started_unix_ms, ended_unix_ms, verdict, report, (SELECT payload FROM entries WHERE op_id = operations.id AND kind = 'trigger' ORDER BY seq LIMIT 1) FROM operations {tail}"
         );
         let mut stmt = conn.prepare(&sql)?;
         let rows = stmt.query_map(p, |r| {
@@ -213,14 +217,17 @@ impl Journal {
                     ended_unix_ms: r.get(5)?,
                     verdict: r.get(6)?,
                     report: None,
+                    trigger: None,
                 },
                 r.get::<_, Option<String>>(7)?,
+                r.get::<_, Option<String>>(8)?,
             ))
         })?;
         let mut out = Vec::new();
         for row in rows {
-            let (mut rec, report) = row?;
+            let (mut rec, report, trigger) = row?;
             rec.report = report.map(|s| serde_json::from_str(&s)).transpose()?;
+            rec.trigger = trigger.map(|s| serde_json::from_str(&s)).transpose()?;
             out.push(rec);
         }
         Ok(out)

@@ -14,6 +14,9 @@
 //! - [`journal`]: the SQLite journal of operations.
 //! - [`report`]: the operation report (`--json`) and its terminal rendering.
 //! - [`server`]: the gRPC edge and `serve(listener, config, shutdown)`.
+//! - [`wedge`]: pure wedge judgement and the recovery circuit breaker.
+//! - [`watcher`]: the continuous per-pair watch and automatic recovery.
+//! - [`ready`]: the plain-HTTP readiness endpoint for gateways.
 //!
 //! The binaries `pdwarden-orchestrator` (the daemon) and `pdwarden` (the CLI)
 //! are thin wrappers over this library.
@@ -24,7 +27,10 @@ pub mod findings;
 pub mod fleet;
 pub mod hoststate;
 pub mod journal;
+pub mod ready;
 pub mod report;
 pub mod server;
 pub mod stats;
 pub mod verdict;
+pub mod watcher;
+pub mod wedge;

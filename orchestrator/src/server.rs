@@ -24,6 +24,7 @@ use crate::config::OrchestratorConfig;
 use crate::corestart::{OperationContext, OperationKind, run_operation};
 use crate::fleet::{AgentLinkService, AgentStatus, Fleet};
 use crate::journal::{Journal, JournalError, OperationRecord};
+use crate::watcher::{PairWatchView, WatchBoard};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -31,6 +32,12 @@ pub enum ServeError {
     Journal(#[from] JournalError),
     #[error("gRPC server failed: {0}")]
     Transport(#[from] tonic::transport::Error),
+    #[error("cannot listen for readiness on {addr}")]
+    Readiness {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// The `Control` service the CLI talks to.
@@ -38,6 +45,8 @@ pub enum ServeError {
 pub struct ControlService {
     config: Arc<OrchestratorConfig>,
     ctx: OperationContext,
+    /// The watch's latest view of each pair (issue 5).
+    watch: WatchBoard,
 }
 
 /// `pdwarden status --json`.
@@ -47,6 +56,8 @@ pub struct StatusView {
     pub pairs: Vec<PairStatus>,
     /// What in the hosts' GPU reports needs a look, critical first.
     pub findings: Vec<crate::findings::Finding>,
+    /// The continuous watch of each watched pair (state, readiness, breaker).
+    pub watch: Vec<PairWatchView>,
 }
 
 #[derive(Debug, Serialize)]
@@ -205,6 +216,7 @@ impl Control for ControlService {
                 .fleet
                 .hosts
                 .findings(&Default::default(), crate::hoststate::now_unix_ms()),
+            watch: self.watch.all(),
         };
         Ok(Response::new(JsonReply {
             json: serde_json::to_string(&view).map_err(internal)?,
@@ -254,17 +266,34 @@ pub async fn serve(
     let journal = Arc::new(Journal::open(&config.journal)?);
     conclude_interrupted(&journal)?;
     let fleet = Fleet::new();
+    let ctx = OperationContext {
+        fleet: fleet.clone(),
+        journal,
+    };
+    let board = WatchBoard::default();
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    if let Some(addr) = config.readiness_listen {
+        let ready = TcpListener::bind(addr)
+            .await
+            .map_err(|source| ServeError::Readiness { addr, source })?;
+        tracing::info!(%addr, "readiness endpoint listening");
+        tokio::spawn(crate::ready::serve(ready, board.clone(), stop_rx.clone()));
+    }
+    let watchers = crate::watcher::spawn_all(&ctx, &config.pairs, &board, stop_rx);
     let control = ControlService {
         config: Arc::new(config),
-        ctx: OperationContext {
-            fleet: fleet.clone(),
-            journal,
-        },
+        ctx,
+        watch: board,
     };
-    tonic::transport::Server::builder()
+    let served = tonic::transport::Server::builder()
         .add_service(AgentLinkServer::new(AgentLinkService { fleet }))
         .add_service(ControlServer::new(control))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
-        .await?;
+        .await;
+    let _ = stop_tx.send(true);
+    for w in watchers {
+        w.abort();
+    }
+    served?;
     Ok(())
 }

@@ -1,0 +1,159 @@
+//! A plain-HTTP readiness endpoint for load balancers and gateways.
+//!
+//! Gateways (LiteLLM-style background health checks, an L7 balancer) probe
+//! the model themselves today, each with its own prompts, which is how
+//! INCIDENTS row 5 happened. Here they read pdwarden's latest verdict
+//! instead, at no cost to the engines:
+//!
+//! - `GET /ready/pair/NAME` → 200 when the pair is `healthy`, else 503; the
+//!   body is the pair's watch view (state, reasons with numbers, units).
+//! - `GET /ready/unit/HOST/UNIT` → 200 when that engine serves or idles.
+//! - `GET /ready` → every pair; 200 only if all are ready.
+//! - `GET /metrics` → Prometheus gauges: readiness, held pairs (a held pair
+//!   is an alert), recoveries in the window, probes sent.
+//!
+//! Deliberately tiny (HTTP/1.1, GET only, `Connection: close`) so it adds no
+//! dependency and cannot hold the orchestrator up: each connection has a
+//! 5 s budget.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::watcher::WatchBoard;
+
+const MAX_HEAD: usize = 8 * 1024;
+const CONNECTION_BUDGET: Duration = Duration::from_secs(5);
+
+/// Serves readiness on `listener` until `shutdown` turns true.
+pub async fn serve(listener: TcpListener, board: WatchBoard, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+    loop {
+        let accepted = tokio::select! {
+            _ = shutdown.changed() => return,
+            a = listener.accept() => a,
+        };
+        match accepted {
+            Ok((stream, _)) => {
+                let board = board.clone();
+                tokio::spawn(async move {
+                    let _ = tokio::time::timeout(CONNECTION_BUDGET, handle(stream, &board)).await;
+                });
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "readiness endpoint: accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+async fn handle(mut stream: TcpStream, board: &WatchBoard) -> std::io::Result<()> {
+    let mut head = Vec::with_capacity(512);
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = stream.read(&mut buf).await?;
+        if n == 0 {
+            break;
+        }
+        head.extend_from_slice(&buf[..n]);
+        if head.len() > MAX_HEAD {
+            break;
+        }
+    }
+    let text = String::from_utf8_lossy(&head);
+    let mut parts = text.lines().next().unwrap_or("").split_whitespace();
+    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let (status, content_type, body) = if method != "GET" {
+        (405, "application/json", json!({"error": "only GET"}).to_string())
+    } else {
+        route(path.split('?').next().unwrap_or(""), board)
+    };
+    let reason = match status {
+        200 => "OK",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        _ => "Service Unavailable",
+    };
+    let response = format!(
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nCache-Control: no-store\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(response.as_bytes()).await?;
+    stream.shutdown().await
+}
+
+/// (status, content type, body) for a GET of `path`.
+pub fn route(path: &str, board: &WatchBoard) -> (u16, &'static str, String) {
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let not_found = |what: String| (404, "application/json", json!({ "error": what }).to_string());
+    let ready = |ok: bool| if ok { 200 } else { 503 };
+    match segments.as_slice() {
+        ["ready"] => {
+            let pairs = board.all();
+            let all = !pairs.is_empty() && pairs.iter().all(|p| p.ready);
+            (
+                ready(all),
+                "application/json",
+                json!({ "ready": all, "pairs": pairs }).to_string(),
+            )
+        }
+        ["ready", "pair", name] => match board.get(name) {
+            Some(p) => (
+                ready(p.ready),
+                "application/json",
+                serde_json::to_string(&p).unwrap_or_default(),
+            ),
+            None => not_found(format!("no watched pair named {name:?}")),
+        },
+        ["ready", "unit", host, unit] => {
+            let found = board
+                .all()
+                .into_iter()
+                .flat_map(|p| p.units.into_iter().map(move |u| (p.pair.clone(), u)))
+                .find(|(_, u)| u.host == *host && u.assessment.unit == *unit);
+            match found {
+                Some((pair, u)) => (
+                    ready(u.ready()),
+                    "application/json",
+                    json!({ "pair": pair, "ready": u.ready(), "unit": u }).to_string(),
+                ),
+                None => not_found(format!("no watched unit {host}/{unit}")),
+            }
+        }
+        ["metrics"] => (200, "text/plain; version=0.0.4", metrics(board)),
+        _ => not_found(format!("no such endpoint {path:?}")),
+    }
+}
+
+fn metrics(board: &WatchBoard) -> String {
+    let pairs = board.all();
+    let mut out = String::new();
+    let mut gauge = |name: &str, help: &str, value: &dyn Fn(&crate::watcher::PairWatchView) -> f64| {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+        for p in &pairs {
+            let _ = writeln!(out, "{name}{{pair=\"{}\"}} {}", p.pair.replace('"', "'"), value(p));
+        }
+    };
+    gauge(
+        "pdwarden_pair_ready",
+        "1 when the pair's latest watch verdict is healthy.",
+        &|p| f64::from(u8::from(p.ready)),
+    );
+    gauge(
+        "pdwarden_pair_held",
+        "1 when the circuit breaker holds the pair for a human.",
+        &|p| f64::from(u8::from(p.held.is_some())),
+    );
+    gauge(
+        "pdwarden_pair_recoveries_in_window",
+        "Automatic recoveries within the breaker's window.",
+        &|p| f64::from(p.recoveries_in_window),
+    );
+    gauge("pdwarden_pair_probes_sent", "Active probes the watch sent.", &|p| {
+        p.probes_sent as f64
+    });
+    out
+}

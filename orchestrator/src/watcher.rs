@@ -1,0 +1,710 @@
+//! The continuous watch of each pair, and its automatic recovery.
+//!
+//! One task per pair. It asks the agents of the pair's engines for a passive
+//! watch (`WatchEngines`: metrics + health scrapes, no generation), folds the
+//! `EngineSample`s into [`PairEvidence`], and lets the pure [`crate::wedge`]
+//! module judge them on every tick. It only does what the judgement asks:
+//! an active probe through the pair's router when passive evidence is
+//! missing or suspicious (never while traffic proves liveness, with a timeout
+//! that covers the prefills queued ahead), and, for a confirmed wedge, the
+//! same ordered co-restart an operator would run, journaled as an automatic
+//! operation whose `trigger` entry holds the evidence. A [`Breaker`] bounds
+//! the automatic recoveries; past it the pair is held for a human, loudly
+//! (status, readiness endpoint and its metrics, an error log every tick).
+//!
+//! While any operation runs on the pair (an operator's or its own) the watch
+//! stands aside and forgets its evidence: restarted engines start their
+//! counters over. A healthy operation counts as proof of liveness; a healthy
+//! operation run by a human releases a held pair.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pdwarden_proto::v1::{
+    ChatProbe, Command, EngineSample, ProbeOutcome as PbOutcome, ProbeRequest, WatchEngines, WatchTarget, command,
+};
+use serde::Serialize;
+use serde_json::json;
+use tokio::sync::mpsc;
+use tokio::time::{Instant, MissedTickBehavior};
+
+use crate::config::{PairConfig, UnitRef, WatchConfig};
+use crate::corestart::{OperationContext, OperationKind, run_operation};
+use crate::fleet::AgentReport;
+use crate::journal::JournalError;
+use crate::wedge::{
+    Assessment, Breaker, BreakerDecision, Metrics, PairEvidence, PairState, ProbeDecision, ProbeOutcome, ProbeRecord,
+    Sample, UnitAssessment, UnitTrack, WatchPolicy, judge,
+};
+
+/// Slack on top of a probe's own timeout before the orchestrator stops
+/// waiting for the agent's answer.
+const AGENT_SILENCE_SLACK: Duration = Duration::from_secs(10);
+
+/// Milliseconds on the host's `CLOCK_MONOTONIC`, shared with every process on
+/// the host (DESIGN.md 5): pd-sim's own records are directly comparable.
+pub fn mono_ms() -> f64 {
+    match nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC) {
+        Ok(ts) => ts.tv_sec() as f64 * 1000.0 + ts.tv_nsec() as f64 / 1e6,
+        Err(_) => f64::NAN,
+    }
+}
+
+/// What `status`, the readiness endpoint and its metrics show of one pair.
+#[derive(Debug, Clone, Serialize)]
+pub struct PairWatchView {
+    pub pair: String,
+    /// `healthy`, `unproven`, `suspect`, `wedged`, `down`, `recovering`,
+    /// `operation_running`, `held` or `starting`.
+    pub state: String,
+    /// What the readiness endpoint answers: only a `healthy` pair is ready.
+    pub ready: bool,
+    pub reasons: Vec<String>,
+    /// Set when the circuit breaker holds the pair for a human.
+    pub held: Option<String>,
+    pub auto_recover: bool,
+    pub recoveries_in_window: u32,
+    pub max_recoveries: u32,
+    pub recovery_window_ms: u64,
+    pub probes_sent: u64,
+    pub probes_deferred: u64,
+    pub last_probe: Option<serde_json::Value>,
+    pub last_recovery: Option<RecoveryView>,
+    pub units: Vec<UnitView>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct UnitView {
+    pub host: String,
+    #[serde(flatten)]
+    pub assessment: UnitAssessment,
+}
+
+impl UnitView {
+    /// A unit is ready when it serves or idles (not stalled, wedged, down or unknown).
+    pub fn ready(&self) -> bool {
+        matches!(
+            self.assessment.state,
+            crate::wedge::UnitState::Serving | crate::wedge::UnitState::Idle
+        )
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RecoveryView {
+    pub operation_id: String,
+    /// The evidence that triggered it.
+    pub reasons: Vec<String>,
+    /// CLOCK_MONOTONIC ms when the wedge was confirmed and when the recovery concluded.
+    pub detected_mono_ms: f64,
+    pub concluded_mono_ms: Option<f64>,
+    pub verdict: Option<String>,
+}
+
+/// The latest view of every watched pair, shared with `status` and the
+/// readiness endpoint.
+#[derive(Clone, Default)]
+pub struct WatchBoard(Arc<Mutex<BTreeMap<String, PairWatchView>>>);
+
+impl WatchBoard {
+    pub fn get(&self, pair: &str) -> Option<PairWatchView> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).get(pair).cloned()
+    }
+
+    pub fn all(&self) -> Vec<PairWatchView> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    fn put(&self, view: PairWatchView) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(view.pair.clone(), view);
+    }
+}
+
+/// The pure policy of a pair's watch, from its config.
+pub fn policy(pair: &PairConfig) -> WatchPolicy {
+    let w = &pair.watch;
+    let ms = Duration::from_millis;
+    WatchPolicy {
+        stall_budget: ms(w.stall_budget_ms),
+        max_prefill: ms(w.max_prefill_ms()),
+        idle_probe_interval: ms(w.idle_probe_interval_ms),
+        min_probe_interval: ms(w.min_probe_interval_ms),
+        probe_timeout: ms(pair.probe.probe_timeout_ms),
+        max_probe_timeout: ms(w.max_probe_timeout_ms),
+        stale_after: ms(w.scrape_interval_ms * 3 + 2_000),
+        gpu_idle_below: w.gpu_idle_below,
+    }
+}
+
+/// The watch command on one host.
+struct HostWatch {
+    command_id: String,
+    reports: Option<mpsc::UnboundedReceiver<AgentReport>>,
+    active: bool,
+    last_attempt: Option<Instant>,
+}
+
+struct PairWatcher {
+    ctx: OperationContext,
+    pair: PairConfig,
+    cfg: WatchConfig,
+    policy: WatchPolicy,
+    board: WatchBoard,
+    evidence: PairEvidence,
+    breaker: Breaker,
+    hosts: BTreeMap<String, HostWatch>,
+    samples_tx: mpsc::UnboundedSender<EngineSample>,
+    probes_tx: mpsc::UnboundedSender<(ProbeRecord, Instant)>,
+    probes_sent: u64,
+    probes_deferred: u64,
+    probe_seq: u32,
+    /// The router whose probe failed last: the next probe avoids it when it can.
+    failed_router: Option<UnitRef>,
+    /// The operation seen running on the pair at the last tick.
+    running_op: Option<String>,
+    own_ops: HashSet<String>,
+    last_recovery: Option<RecoveryView>,
+    last_probe_view: Option<serde_json::Value>,
+    last_log: Option<(PairState, Vec<String>)>,
+}
+
+/// Starts the watch of every pair whose `watch.enabled` is set. The tasks end
+/// when `shutdown` turns true.
+pub fn spawn_all(
+    ctx: &OperationContext,
+    pairs: &[PairConfig],
+    board: &WatchBoard,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    pairs
+        .iter()
+        .filter(|p| p.watch.enabled)
+        .map(|p| tokio::spawn(run(ctx.clone(), p.clone(), board.clone(), shutdown.clone())))
+        .collect()
+}
+
+/// Watches one pair until `shutdown` turns true.
+pub async fn run(
+    ctx: OperationContext,
+    pair: PairConfig,
+    board: WatchBoard,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    let (samples_tx, mut samples_rx) = mpsc::unbounded_channel();
+    let (probes_tx, mut probes_rx) = mpsc::unbounded_channel();
+    let units = pair
+        .prefill
+        .iter()
+        .map(|u| UnitTrack::new(u.unit.clone(), "prefill"))
+        .chain(pair.decode.iter().map(|u| UnitTrack::new(u.unit.clone(), "decode")))
+        .collect();
+    let cfg = pair.watch.clone();
+    let mut w = PairWatcher {
+        policy: policy(&pair),
+        breaker: Breaker::new(cfg.max_recoveries, Duration::from_millis(cfg.recovery_window_ms)),
+        cfg,
+        ctx,
+        pair,
+        board,
+        evidence: PairEvidence::new(units),
+        hosts: BTreeMap::new(),
+        samples_tx,
+        probes_tx,
+        probes_sent: 0,
+        probes_deferred: 0,
+        probe_seq: 0,
+        failed_router: None,
+        running_op: None,
+        own_ops: HashSet::new(),
+        last_recovery: None,
+        last_probe_view: None,
+        last_log: None,
+    };
+    let period = Duration::from_millis(w.cfg.scrape_interval_ms.min(500));
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    w.publish("starting", false, vec!["watch starting".into()], Vec::new());
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => break,
+            Some(s) = samples_rx.recv() => w.on_sample(s),
+            Some((record, done_at)) = probes_rx.recv() => w.on_probe(record, done_at),
+            _ = tick.tick() => {
+                let stop = w.on_tick(&mut samples_rx, &mut shutdown).await;
+                if stop {
+                    break;
+                }
+            }
+        }
+    }
+    for h in w.hosts.values() {
+        w.ctx.fleet.forget(&h.command_id);
+    }
+}
+
+impl PairWatcher {
+    fn engine_units(&self) -> Vec<UnitRef> {
+        self.pair.prefill.iter().chain(&self.pair.decode).cloned().collect()
+    }
+
+    fn on_sample(&mut self, s: EngineSample) {
+        if self.running_op.is_some() {
+            return;
+        }
+        let metrics = s.metrics_ok.then(|| Metrics {
+            running: s.running_reqs.unwrap_or(0.0),
+            queued: s.queued_reqs.unwrap_or(0.0),
+            generation_tokens: s.generation_tokens_total,
+            prompt_tokens: s.prompt_tokens_total,
+            gpu_util: s.gpu_utilization,
+        });
+        self.evidence.observe(
+            &s.unit,
+            Sample {
+                at: Instant::now(),
+                health_status: u16::try_from(s.health_status).unwrap_or(0),
+                metrics,
+                error: s.error,
+            },
+        );
+    }
+
+    fn on_probe(&mut self, record: ProbeRecord, done_at: Instant) {
+        self.last_probe_view = Some(json!({
+            "target": record.target,
+            "request_id": record.request_id,
+            "timeout_ms": record.timeout.as_millis() as u64,
+            "work_ahead": record.work_ahead,
+            "result": record.outcome,
+        }));
+        if self.running_op.is_some() {
+            return;
+        }
+        self.failed_router = match record.outcome {
+            ProbeOutcome::Ok { .. } => None,
+            _ => self
+                .pair
+                .router
+                .iter()
+                .find(|r| record.target == format!("router:{}", r.unit))
+                .cloned(),
+        };
+        self.evidence.probe_done(record, done_at);
+    }
+
+    /// (Re)sends the watch command to every host that lacks an active one.
+    async fn ensure_watches(&mut self) {
+        let mut by_host: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for u in self.engine_units() {
+            by_host.entry(u.host.clone()).or_default().push(u.unit.clone());
+        }
+        for (host, units) in by_host {
+            let h = self.hosts.entry(host.clone()).or_insert_with(|| HostWatch {
+                command_id: String::new(),
+                reports: None,
+                active: false,
+                last_attempt: None,
+            });
+            if let Some(rx) = h.reports.as_mut() {
+                while let Ok(r) = rx.try_recv() {
+                    match r {
+                        AgentReport::Disconnected => h.active = false,
+                        AgentReport::Result(r) if !r.ok => {
+                            tracing::warn!(pair = %self.pair.name, host, error = %r.error, "agent refused the watch");
+                            h.active = false;
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            let retry_due = h.last_attempt.is_none_or(|t| t.elapsed() >= Duration::from_secs(1));
+            if h.active || !retry_due || !self.ctx.fleet.is_connected(&host) {
+                continue;
+            }
+            h.last_attempt = Some(Instant::now());
+            if !h.command_id.is_empty() {
+                self.ctx.fleet.forget(&h.command_id);
+            }
+            let id = format!("watch-{}", uuid::Uuid::new_v4());
+            let cmd = Command {
+                command_id: id.clone(),
+                action: Some(command::Action::Watch(WatchEngines {
+                    targets: units
+                        .iter()
+                        .map(|u| WatchTarget {
+                            unit: u.clone(),
+                            metrics_path: String::new(),
+                        })
+                        .collect(),
+                    interval_ms: self.cfg.scrape_interval_ms,
+                    scrape_timeout_ms: self.cfg.scrape_interval_ms.clamp(500, 2_000),
+                })),
+            };
+            self.ctx.fleet.route_engine_samples(&host, &id, self.samples_tx.clone());
+            match self.ctx.fleet.send(&host, &units[0], cmd).await {
+                Ok(rx) => {
+                    h.command_id = id;
+                    h.reports = Some(rx);
+                    h.active = true;
+                }
+                Err(e) => {
+                    self.ctx.fleet.forget(&id);
+                    tracing::debug!(pair = %self.pair.name, host, error = %e, "watch not sent");
+                }
+            }
+        }
+    }
+
+    /// The operation running on the pair, if any (from the journal, so an
+    /// operator's restart through any orchestrator path is seen).
+    fn running_operation(&self) -> Option<(String, Option<String>)> {
+        match self.ctx.journal.history(&self.pair.name, 1) {
+            Ok(h) => h
+                .into_iter()
+                .find(|r| r.ended_unix_ms.is_none())
+                .map(|r| (r.operation_id, None)),
+            Err(e) => {
+                tracing::warn!(pair = %self.pair.name, error = %e, "cannot read the journal");
+                None
+            }
+        }
+    }
+
+    fn concluded_verdict(&self, operation_id: &str) -> Option<String> {
+        self.ctx
+            .journal
+            .history(&self.pair.name, 20)
+            .ok()?
+            .into_iter()
+            .find(|r| r.operation_id == operation_id)?
+            .verdict
+    }
+
+    /// One step of the watch. Returns true when shutdown was asked during a recovery.
+    async fn on_tick(
+        &mut self,
+        samples_rx: &mut mpsc::UnboundedReceiver<EngineSample>,
+        shutdown: &mut tokio::sync::watch::Receiver<bool>,
+    ) -> bool {
+        let now = Instant::now();
+        match (self.running_operation(), self.running_op.take()) {
+            (Some((id, _)), _) => {
+                self.evidence.reset(None);
+                self.publish(
+                    "operation_running",
+                    false,
+                    vec![format!("operation {id} is running on the pair; the watch stands aside")],
+                    Vec::new(),
+                );
+                self.running_op = Some(id);
+                return false;
+            }
+            (None, Some(finished)) => {
+                let verdict = self.concluded_verdict(&finished);
+                let healthy = matches!(verdict.as_deref(), Some("healthy" | "healthy_after_cold_start"));
+                self.evidence.reset(healthy.then(|| {
+                    (
+                        now,
+                        format!("operation {finished} concluded {}", verdict.unwrap_or_default()),
+                    )
+                }));
+                if healthy && !self.own_ops.contains(&finished) && self.breaker.held().is_some() {
+                    tracing::warn!(pair = %self.pair.name, operation = %finished, "a human's healthy co-restart releases the held pair");
+                    self.breaker.release();
+                }
+            }
+            (None, None) => {}
+        }
+        self.ensure_watches().await;
+        let a = judge(&self.evidence, &self.policy, now);
+        if a.state != PairState::Wedged {
+            self.maybe_probe(&a, now);
+            self.publish_assessment(&a, now);
+            return false;
+        }
+        self.log_change(&a);
+        if !self.cfg.auto_recover {
+            self.publish_assessment(&a, now);
+            return false;
+        }
+        match self.breaker.decide(now) {
+            BreakerDecision::Hold { reason } => {
+                tracing::error!(pair = %self.pair.name, reasons = ?a.reasons, "{reason}: pair wedged, NOT recovering automatically");
+                let mut reasons = vec![reason.clone()];
+                reasons.extend(a.reasons.clone());
+                self.publish("held", false, reasons, a.units.clone());
+                false
+            }
+            BreakerDecision::Recover { nth } => self.recover(&a, nth, samples_rx, shutdown).await,
+        }
+    }
+
+    fn maybe_probe(&mut self, a: &Assessment, now: Instant) {
+        match &a.probe {
+            ProbeDecision::None => {}
+            ProbeDecision::Defer { why } => {
+                self.probes_deferred += 1;
+                tracing::info!(pair = %self.pair.name, "probe deferred: {why}");
+            }
+            ProbeDecision::Send {
+                timeout,
+                work_ahead,
+                why,
+            } => {
+                // Never back to the router that just failed, when there is another.
+                let router = self
+                    .pair
+                    .router
+                    .iter()
+                    .find(|r| Some(*r) != self.failed_router.as_ref())
+                    .unwrap_or(&self.pair.router[0])
+                    .clone();
+                self.probe_seq += 1;
+                self.probes_sent += 1;
+                self.evidence.probe_in_flight = true;
+                self.evidence.last_probe_sent = Some(now);
+                tracing::info!(pair = %self.pair.name, router = %router, timeout_ms = timeout.as_millis() as u64, work_ahead, "probe: {why}");
+                let chat = ChatProbe {
+                    model: self.pair.probe.model.clone(),
+                    prompt: self.pair.probe.prompt.clone(),
+                    max_tokens: self.pair.probe.max_tokens,
+                };
+                tokio::spawn(probe(
+                    self.ctx.fleet.clone(),
+                    router,
+                    chat,
+                    *timeout,
+                    *work_ahead,
+                    self.probe_seq,
+                    self.probes_tx.clone(),
+                ));
+            }
+        }
+    }
+
+    /// Journals the trigger, runs the ordered co-restart, records the outcome.
+    async fn recover(
+        &mut self,
+        a: &Assessment,
+        nth: u32,
+        samples_rx: &mut mpsc::UnboundedReceiver<EngineSample>,
+        shutdown: &mut tokio::sync::watch::Receiver<bool>,
+    ) -> bool {
+        let detected_mono_ms = mono_ms();
+        let operation_id = uuid::Uuid::new_v4().to_string();
+        let request_id = format!("auto-{operation_id}");
+        match self.ctx.journal.begin(
+            &operation_id,
+            OperationKind::CoRestart.as_str(),
+            &self.pair.name,
+            Some(&request_id),
+        ) {
+            Ok(()) => {}
+            Err(JournalError::PairBusy { .. }) => return false,
+            Err(e) => {
+                tracing::error!(pair = %self.pair.name, error = %e, "cannot journal an automatic recovery");
+                return false;
+            }
+        }
+        let trigger = json!({
+            "automatic": true,
+            "state": a.state,
+            "reasons": a.reasons,
+            "units": a.units,
+            "last_probe": self.last_probe_view,
+            "detected_mono_ms": detected_mono_ms,
+            "breaker": { "nth": nth, "max": self.cfg.max_recoveries, "window_ms": self.cfg.recovery_window_ms },
+        });
+        if let Err(e) = self.ctx.journal.append(&operation_id, 0, "trigger", &trigger) {
+            tracing::error!(pair = %self.pair.name, error = %e, "cannot journal the trigger; not recovering");
+            let _ = self.ctx.journal.conclude(
+                &operation_id,
+                "failed",
+                &json!({"verdict": "failed", "reasons": ["the trigger could not be journaled"]}),
+            );
+            return false;
+        }
+        tracing::error!(pair = %self.pair.name, operation = %operation_id, nth, reasons = ?a.reasons, "pair wedged: automatic co-restart");
+        self.own_ops.insert(operation_id.clone());
+        self.running_op = Some(operation_id.clone());
+        self.last_recovery = Some(RecoveryView {
+            operation_id: operation_id.clone(),
+            reasons: a.reasons.clone(),
+            detected_mono_ms,
+            concluded_mono_ms: None,
+            verdict: None,
+        });
+        self.publish("recovering", false, a.reasons.clone(), a.units.clone());
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let op = run_operation(
+            self.ctx.clone(),
+            self.pair.clone(),
+            operation_id.clone(),
+            OperationKind::CoRestart,
+            tx,
+        );
+        let report = tokio::select! {
+            r = op => r,
+            _ = shutdown.changed() => return true,
+        };
+        let concluded_mono_ms = mono_ms();
+        let _ = self.ctx.journal.append(
+            &operation_id,
+            report.total_ms,
+            "recovery",
+            &json!({ "verdict": report.verdict, "concluded_mono_ms": concluded_mono_ms }),
+        );
+        tracing::warn!(pair = %self.pair.name, operation = %operation_id, verdict = %report.verdict, total_ms = report.total_ms, "automatic recovery concluded");
+        if let Some(r) = self.last_recovery.as_mut() {
+            r.concluded_mono_ms = Some(concluded_mono_ms);
+            r.verdict = Some(report.verdict.as_str().to_string());
+        }
+        // Samples from before and during the restart describe other processes.
+        while samples_rx.try_recv().is_ok() {}
+        false
+    }
+
+    fn log_change(&mut self, a: &Assessment) {
+        let key = (a.state, a.reasons.clone());
+        if self.last_log.as_ref() != Some(&key) {
+            match a.state {
+                PairState::Wedged | PairState::Down => {
+                    tracing::error!(pair = %self.pair.name, state = a.state.as_str(), reasons = ?a.reasons, "watch")
+                }
+                PairState::Suspect => {
+                    tracing::warn!(pair = %self.pair.name, state = a.state.as_str(), reasons = ?a.reasons, "watch")
+                }
+                _ => tracing::info!(pair = %self.pair.name, state = a.state.as_str(), reasons = ?a.reasons, "watch"),
+            }
+            self.last_log = Some(key);
+        }
+    }
+
+    fn publish_assessment(&mut self, a: &Assessment, now: Instant) {
+        self.log_change(a);
+        let _ = now;
+        if let Some(reason) = self.breaker.held() {
+            // Held pairs stay loud even when they look fine for a moment.
+            let mut reasons = vec![reason.to_string()];
+            reasons.extend(a.reasons.clone());
+            self.publish("held", false, reasons, a.units.clone());
+            return;
+        }
+        self.publish(
+            a.state.as_str(),
+            a.state == PairState::Healthy,
+            a.reasons.clone(),
+            a.units.clone(),
+        );
+    }
+
+    fn publish(&mut self, state: &str, ready: bool, reasons: Vec<String>, units: Vec<UnitAssessment>) {
+        let hosts: BTreeMap<String, String> = self.engine_units().into_iter().map(|u| (u.unit, u.host)).collect();
+        let now = Instant::now();
+        self.board.put(PairWatchView {
+            pair: self.pair.name.clone(),
+            state: state.into(),
+            ready,
+            reasons,
+            held: self.breaker.held().map(str::to_string),
+            auto_recover: self.cfg.auto_recover,
+            recoveries_in_window: self.breaker.in_window(now),
+            max_recoveries: self.cfg.max_recoveries,
+            recovery_window_ms: self.cfg.recovery_window_ms,
+            probes_sent: self.probes_sent,
+            probes_deferred: self.probes_deferred,
+            last_probe: self.last_probe_view.clone(),
+            last_recovery: self.last_recovery.clone(),
+            units: units
+                .into_iter()
+                .map(|a| UnitView {
+                    host: hosts.get(&a.unit).cloned().unwrap_or_default(),
+                    assessment: a,
+                })
+                .collect(),
+        });
+    }
+}
+
+/// One probe through `router`, reported on `done`.
+async fn probe(
+    fleet: crate::fleet::Fleet,
+    router: UnitRef,
+    chat: ChatProbe,
+    timeout: Duration,
+    work_ahead: u32,
+    seq: u32,
+    done: mpsc::UnboundedSender<(ProbeRecord, Instant)>,
+) {
+    let sent_at = Instant::now();
+    let command_id = uuid::Uuid::new_v4().to_string();
+    let cmd = Command {
+        command_id: command_id.clone(),
+        action: Some(command::Action::Probe(ProbeRequest {
+            unit: router.unit.clone(),
+            chat: Some(chat),
+            timeout_ms: timeout.as_millis() as u64,
+            seq,
+        })),
+    };
+    let mut request_id = String::new();
+    let outcome = match fleet.send(&router.host, &router.unit, cmd).await {
+        Err(e) => ProbeOutcome::Error { message: e.to_string() },
+        Ok(mut rx) => {
+            let deadline = sent_at + timeout + AGENT_SILENCE_SLACK;
+            loop {
+                match tokio::time::timeout_at(deadline, rx.recv()).await {
+                    Ok(Some(AgentReport::Probe(r))) => {
+                        request_id = r.request_id.clone();
+                        break match PbOutcome::try_from(r.outcome).unwrap_or(PbOutcome::Unspecified) {
+                            PbOutcome::Ok => ProbeOutcome::Ok {
+                                latency_ms: r.latency_ms,
+                            },
+                            PbOutcome::Timeout => ProbeOutcome::Timeout { after_ms: r.latency_ms },
+                            _ => ProbeOutcome::Error {
+                                message: if r.http_status != 0 {
+                                    format!("http {}: {}", r.http_status, r.error)
+                                } else {
+                                    r.error
+                                },
+                            },
+                        };
+                    }
+                    Ok(Some(AgentReport::Disconnected)) | Ok(None) => {
+                        break ProbeOutcome::Error {
+                            message: "agent disconnected".into(),
+                        };
+                    }
+                    Ok(Some(_)) => continue,
+                    Err(_) => {
+                        break ProbeOutcome::Error {
+                            message: format!(
+                                "no probe result from the agent within {} ms",
+                                deadline.duration_since(sent_at).as_millis()
+                            ),
+                        };
+                    }
+                }
+            }
+        }
+    };
+    fleet.forget(&command_id);
+    let record = ProbeRecord {
+        target: format!("router:{}", router.unit),
+        sent_at,
+        timeout,
+        work_ahead,
+        outcome,
+        request_id,
+    };
+    let _ = done.send((record, Instant::now()));
+}
