@@ -142,6 +142,26 @@ impl Dispatcher {
                 let http = self.http.clone();
                 Box::pin(async move { Kind::ProbeResult(run_probe(&http, base_url, probe, &ctx).await) })
             }
+            Some(Action::SuiteStep(step)) => {
+                let base_url = self.supervisor.unit_config(&step.unit).map(|u| u.base_url.clone());
+                let http = self.http.clone();
+                Box::pin(async move {
+                    let Some(base_url) = base_url else {
+                        return Kind::SuiteStepResult(pdwarden_proto::v1::SuiteStepResult {
+                            command_id: ctx.id.clone(),
+                            unit: step.unit.clone(),
+                            step: "unknown_unit".into(),
+                            samples: vec![pdwarden_proto::v1::SuiteRequestSample {
+                                outcome: ProbeOutcome::Error as i32,
+                                error: format!("unknown unit {:?}", step.unit),
+                                ..Default::default()
+                            }],
+                        });
+                    };
+                    info!(command_id = %ctx.id, unit = %step.unit, "suite step");
+                    Kind::SuiteStepResult(crate::suite::run_step(&http, &base_url, &ctx.id, step).await)
+                })
+            }
             Some(Action::Watch(spec)) => {
                 let result = self.start_watch(&ctx, &spec);
                 Box::pin(async move { Kind::CommandResult(result) })

@@ -50,6 +50,7 @@ mod link;
 pub mod metrics;
 mod outbox;
 pub mod readiness;
+pub mod suite;
 mod supervisor;
 mod watch;
 

@@ -93,6 +93,9 @@ pub struct PairConfig {
     pub probe: ProbeConfig,
     #[serde(default)]
     pub timeouts: TimeoutConfig,
+    /// The verification suite run after the probe series (issue 4).
+    #[serde(default)]
+    pub suite: SuiteConfig,
     /// The continuous wedge watch and automatic recovery (issue 5).
     #[serde(default)]
     pub watch: WatchConfig,
@@ -202,6 +205,124 @@ fn default_warm_probes() -> u32 {
 }
 fn default_max_probes() -> u32 {
     5
+}
+
+/// The post-restart verification suite. Every step uses the pair's probe
+/// model and fixed prompt; budgets are in ms.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SuiteConfig {
+    pub long_generation: LongGenerationConfig,
+    pub multi_turn: MultiTurnConfig,
+    pub concurrency: ConcurrencyConfig,
+    pub abort_storm: AbortStormConfig,
+    /// A passing step whose figure is more than this multiple of the pair's
+    /// last healthy verification is reported as a warning.
+    pub baseline_warning_ratio: f64,
+    /// ...and only when it is worse by more than this many ms.
+    pub baseline_floor_ms: u64,
+}
+
+impl Default for SuiteConfig {
+    fn default() -> Self {
+        Self {
+            long_generation: LongGenerationConfig::default(),
+            multi_turn: MultiTurnConfig::default(),
+            concurrency: ConcurrencyConfig::default(),
+            abort_storm: AbortStormConfig::default(),
+            baseline_warning_ratio: 2.0,
+            baseline_floor_ms: 20,
+        }
+    }
+}
+
+/// A few hundred tokens, streamed; every gap between tokens is judged.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LongGenerationConfig {
+    pub enabled: bool,
+    pub max_tokens: u32,
+    /// The longest silence allowed between two tokens (and after the last).
+    pub max_token_gap_ms: u64,
+    pub timeout_ms: u64,
+}
+
+impl Default for LongGenerationConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            max_tokens: 256,
+            max_token_gap_ms: 5_000,
+            timeout_ms: 120_000,
+        }
+    }
+}
+
+/// A second turn extending the first turn's conversation.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MultiTurnConfig {
+    pub enabled: bool,
+    pub second_prompt: String,
+    pub ttft_budget_ms: u64,
+    pub timeout_ms: u64,
+}
+
+impl Default for MultiTurnConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            second_prompt: "Now say the same thing in other words.".into(),
+            ttft_budget_ms: 5_000,
+            timeout_ms: 60_000,
+        }
+    }
+}
+
+/// Simultaneous requests: none lost, the slowest within budget.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConcurrencyConfig {
+    pub enabled: bool,
+    pub requests: u32,
+    pub slowest_budget_ms: u64,
+    pub timeout_ms: u64,
+}
+
+impl Default for ConcurrencyConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            requests: 8,
+            slowest_budget_ms: 30_000,
+            timeout_ms: 120_000,
+        }
+    }
+}
+
+/// Long prompts abandoned mid-prefill, then a normal probe (INCIDENTS row 4).
+/// Disruptive: opt-in after a restart; `verify --include-abort-storm` on demand.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AbortStormConfig {
+    pub after_restart: bool,
+    pub requests: u32,
+    /// Prompt length, sized so its prefill outlasts `abort_after_ms`.
+    pub prompt_tokens: u32,
+    pub abort_after_ms: u64,
+    pub probe_timeout_ms: u64,
+}
+
+impl Default for AbortStormConfig {
+    fn default() -> Self {
+        Self {
+            after_restart: false,
+            requests: 4,
+            prompt_tokens: 8_000,
+            abort_after_ms: 2_000,
+            probe_timeout_ms: 120_000,
+        }
+    }
 }
 
 /// Per-phase deadlines of a co-restart.
@@ -365,6 +486,43 @@ impl OrchestratorConfig {
                         "{} is below probe.probe_timeout_ms ({}): no probe could ever be sent",
                         w.max_probe_timeout_ms, pr.probe_timeout_ms
                     ),
+                ));
+            }
+            let su = &p.suite;
+            for (f, v) in [
+                (
+                    "suite.long_generation.max_tokens",
+                    u64::from(su.long_generation.max_tokens),
+                ),
+                (
+                    "suite.long_generation.max_token_gap_ms",
+                    su.long_generation.max_token_gap_ms,
+                ),
+                ("suite.long_generation.timeout_ms", su.long_generation.timeout_ms),
+                ("suite.multi_turn.ttft_budget_ms", su.multi_turn.ttft_budget_ms),
+                ("suite.multi_turn.timeout_ms", su.multi_turn.timeout_ms),
+                ("suite.concurrency.requests", u64::from(su.concurrency.requests)),
+                ("suite.concurrency.slowest_budget_ms", su.concurrency.slowest_budget_ms),
+                ("suite.concurrency.timeout_ms", su.concurrency.timeout_ms),
+                ("suite.abort_storm.requests", u64::from(su.abort_storm.requests)),
+                (
+                    "suite.abort_storm.prompt_tokens",
+                    u64::from(su.abort_storm.prompt_tokens),
+                ),
+                ("suite.abort_storm.abort_after_ms", su.abort_storm.abort_after_ms),
+                ("suite.abort_storm.probe_timeout_ms", su.abort_storm.probe_timeout_ms),
+            ] {
+                if v == 0 {
+                    return Err(invalid(at(f), "must be greater than 0"));
+                }
+            }
+            if su.multi_turn.second_prompt.trim().is_empty() {
+                return Err(invalid(at("suite.multi_turn.second_prompt"), "must not be empty"));
+            }
+            if !(su.baseline_warning_ratio > 1.0 && su.baseline_warning_ratio.is_finite()) {
+                return Err(invalid(
+                    at("suite.baseline_warning_ratio"),
+                    "must be a finite number > 1",
                 ));
             }
             if pr.warm_probes == 0 || pr.max_probes < pr.warm_probes {

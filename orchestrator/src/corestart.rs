@@ -20,7 +20,8 @@ use std::time::Duration;
 use futures::future::join_all;
 use pdwarden_proto::v1::{
     ChatProbe, Command, OperationStarted, OperationUpdate, Phase, ProbeOutcome, ProbeRequest, ProbeSample,
-    ReadinessSpec, StartUnit, StepUpdate, TimelineEntry, command, operation_update,
+    ReadinessSpec, StartUnit, StepUpdate, SuiteAbortStorm, SuiteConcurrency, SuiteLongGeneration, SuiteMultiTurn,
+    SuiteStepRequest, TimelineEntry, command, operation_update, suite_step_request,
 };
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -30,6 +31,7 @@ use crate::fleet::{AgentReport, Fleet, phase_name};
 use crate::journal::Journal;
 use crate::report::{OperationReport, ProbeRecord, StepRecord, TimelineRecord};
 use crate::stats::summarize;
+use crate::suite::{self, Baseline, LongGenerationBudget, RequestSample, StepReport, SuiteStep};
 use crate::verdict::{ProbeObservation, ProbePolicy, ReadinessPhase, UnitStartup, cold_allowance, judge};
 
 /// Slack the orchestrator adds to an agent-side deadline before it gives up on
@@ -41,15 +43,16 @@ const AGENT_SILENCE_SLACK: Duration = Duration::from_secs(10);
 pub enum OperationKind {
     /// Ordered co-restart, then probes.
     CoRestart,
-    /// Probes through the router only; nothing is restarted.
-    Verify,
+    /// Probes through the router only; nothing is restarted. The abort storm
+    /// disturbs a pair in service, so it runs only when asked for.
+    Verify { include_abort_storm: bool },
 }
 
 impl OperationKind {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::CoRestart => "co_restart",
-            Self::Verify => "verify",
+            Self::Verify { .. } => "verify",
         }
     }
 }
@@ -69,6 +72,8 @@ pub enum CoRestartStep {
     RestartingRouter,
     /// End-to-end probes through the router.
     Probing,
+    /// The verification suite's steps through the router.
+    Verifying,
     /// The verdict is recorded.
     Concluded,
 }
@@ -81,6 +86,7 @@ impl CoRestartStep {
             Self::RestartingDecode => "restarting_decode",
             Self::RestartingRouter => "restarting_router",
             Self::Probing => "probing",
+            Self::Verifying => "verifying",
             Self::Concluded => "concluded",
         }
     }
@@ -287,7 +293,7 @@ pub async fn run_operation(
     };
     let journal_error = match kind {
         OperationKind::CoRestart => run.drive().await.err(),
-        OperationKind::Verify => run.verify().await.err(),
+        OperationKind::Verify { .. } => run.verify().await.err(),
     };
 
     let now = rec.now_ms();
@@ -313,6 +319,23 @@ pub async fn run_operation(
         }
     }
     let mut verdict = judge(&startups, &run.probes, &policy);
+    let mut suite_steps = Vec::new();
+    if journal_error.is_none() && verdict.kind.is_healthy() {
+        let abort_storm = match kind {
+            OperationKind::CoRestart => run.pair.suite.abort_storm.after_restart,
+            OperationKind::Verify { include_abort_storm } => include_abort_storm,
+        };
+        match run.verification_suite(abort_storm).await {
+            Ok(steps) => suite_steps = steps,
+            Err(e) => {
+                verdict.kind = crate::verdict::VerdictKind::Failed;
+                verdict
+                    .reasons
+                    .insert(0, format!("stopped: the journal could not record a step ({e})"));
+            }
+        }
+        verdict = suite::overall(verdict, &suite_steps);
+    }
     if let Some(e) = journal_error {
         verdict.kind = crate::verdict::VerdictKind::Failed;
         verdict
@@ -338,6 +361,8 @@ pub async fn run_operation(
                 .collect::<Vec<_>>(),
         ),
         probes: evidence.probes,
+        warnings: suite::warnings(&suite_steps),
+        suite: suite_steps,
         warm_budget_ms: policy.warm_budget_ms,
         cold_allowance: policy.cold_allowance,
         total_ms: rec.now_ms(),
@@ -349,6 +374,38 @@ pub async fn run_operation(
         rec.send(operation_update::Kind::Report(pdwarden_proto::v1::JsonReply { json }));
     }
     report
+}
+
+fn sample_from_wire(s: pdwarden_proto::v1::SuiteRequestSample) -> RequestSample {
+    let outcome = match ProbeOutcome::try_from(s.outcome).unwrap_or(ProbeOutcome::Unspecified) {
+        ProbeOutcome::Ok => "ok",
+        ProbeOutcome::Timeout => "timeout",
+        _ => "error",
+    };
+    RequestSample {
+        index: s.index,
+        outcome: outcome.into(),
+        latency_ms: s.latency_ms,
+        ttft_ms: s.ttft_ms,
+        tokens: s.tokens,
+        error: s.error,
+        aborted: s.aborted,
+        token_times_ms: s.token_times_ms,
+        request_id: s.request_id,
+    }
+}
+
+/// The suite of the pair's last healthy operation that ran one: the
+/// baseline each step is compared with.
+fn last_healthy_suite(journal: &Journal, pair: &str) -> Option<(String, Vec<StepReport>)> {
+    let history = journal.history(pair, 50).ok()?;
+    history.into_iter().find_map(|r| {
+        if !matches!(r.verdict.as_deref(), Some("healthy" | "healthy_after_cold_start")) {
+            return None;
+        }
+        let steps: Vec<StepReport> = serde_json::from_value(r.report?.get("suite")?.clone()).ok()?;
+        (!steps.is_empty()).then_some((r.operation_id, steps))
+    })
 }
 
 /// First-probe latencies of the pair's earlier restarts that ended healthy:
@@ -614,6 +671,167 @@ impl CoRestart<'_> {
         self.rec.step_ended(step_idx, format!("{} probes", self.probes.len()));
     }
 
+    /// Runs the enabled suite steps through the first router, in order, each
+    /// judged on its own and against the pair's last healthy verification.
+    async fn verification_suite(&mut self, abort_storm: bool) -> Result<Vec<StepReport>, crate::journal::JournalError> {
+        let cfg = self.pair.suite.clone();
+        let mut plan: Vec<SuiteStep> = Vec::new();
+        if cfg.long_generation.enabled {
+            plan.push(SuiteStep::LongGeneration);
+        }
+        if cfg.multi_turn.enabled {
+            plan.push(SuiteStep::MultiTurn);
+        }
+        if cfg.concurrency.enabled {
+            plan.push(SuiteStep::Concurrency);
+        }
+        if abort_storm {
+            plan.push(SuiteStep::AbortStorm);
+        }
+        if plan.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.rec.transition(CoRestartStep::Verifying)?;
+        let baseline = last_healthy_suite(&self.ctx.journal, &self.pair.name);
+        let router = self.pair.router[0].clone();
+        let chat = self.chat_probe();
+        let mut steps = Vec::new();
+        for step in plan {
+            let (request, timeout_ms) = match step {
+                SuiteStep::LongGeneration => (
+                    suite_step_request::Step::LongGeneration(SuiteLongGeneration {
+                        chat: Some(ChatProbe {
+                            max_tokens: cfg.long_generation.max_tokens,
+                            ..chat.clone()
+                        }),
+                        timeout_ms: cfg.long_generation.timeout_ms,
+                        // Stop listening a little after the budget is blown:
+                        // the evidence is in by then.
+                        silence_timeout_ms: cfg.long_generation.max_token_gap_ms * 2,
+                    }),
+                    cfg.long_generation.timeout_ms,
+                ),
+                SuiteStep::MultiTurn => (
+                    suite_step_request::Step::MultiTurn(SuiteMultiTurn {
+                        chat: Some(chat.clone()),
+                        second_prompt: cfg.multi_turn.second_prompt.clone(),
+                        timeout_ms: cfg.multi_turn.timeout_ms,
+                    }),
+                    2 * cfg.multi_turn.timeout_ms,
+                ),
+                SuiteStep::Concurrency => (
+                    suite_step_request::Step::Concurrency(SuiteConcurrency {
+                        chat: Some(chat.clone()),
+                        requests: cfg.concurrency.requests,
+                        timeout_ms: cfg.concurrency.timeout_ms,
+                    }),
+                    cfg.concurrency.timeout_ms,
+                ),
+                SuiteStep::AbortStorm => (
+                    suite_step_request::Step::AbortStorm(SuiteAbortStorm {
+                        chat: Some(chat.clone()),
+                        requests: cfg.abort_storm.requests,
+                        prompt_tokens: cfg.abort_storm.prompt_tokens,
+                        abort_after_ms: cfg.abort_storm.abort_after_ms,
+                        probe_timeout_ms: cfg.abort_storm.probe_timeout_ms,
+                    }),
+                    cfg.abort_storm.abort_after_ms + cfg.abort_storm.probe_timeout_ms,
+                ),
+            };
+            let step_idx = self
+                .rec
+                .step_started(&format!("verify-{}", step.as_str()), &router.unit);
+            let samples = self.suite_step(&router, request, timeout_ms).await;
+            let mut report = match step {
+                SuiteStep::LongGeneration => suite::judge_long_generation(
+                    samples,
+                    LongGenerationBudget {
+                        max_token_gap_ms: cfg.long_generation.max_token_gap_ms,
+                    },
+                ),
+                SuiteStep::MultiTurn => suite::judge_multi_turn(samples, cfg.multi_turn.ttft_budget_ms),
+                SuiteStep::Concurrency => suite::judge_concurrency(samples, cfg.concurrency.slowest_budget_ms),
+                SuiteStep::AbortStorm => suite::judge_abort_storm(samples),
+            };
+            let base = baseline
+                .as_ref()
+                .and_then(|(op, steps)| steps.iter().find(|s| s.step == step).map(|s| (op, s)))
+                .map(|(op, s)| Baseline {
+                    operation_id: op.clone(),
+                    figures: s.figures.clone(),
+                });
+            suite::compare_with_baseline(
+                &mut report,
+                base.as_ref(),
+                cfg.baseline_warning_ratio,
+                cfg.baseline_floor_ms,
+            );
+            self.rec.journal_entry(self.rec.now_ms(), "suite_step", &report);
+            let status = match report.status {
+                suite::StepStatus::Pass => "pass",
+                suite::StepStatus::Warn => "warn",
+                suite::StepStatus::Fail => "fail",
+            };
+            let detail = if report.reasons.is_empty() {
+                report.summary()
+            } else {
+                report.reasons.join("; ")
+            };
+            self.rec.step_ended(step_idx, format!("{status}: {detail}"));
+            steps.push(report);
+        }
+        Ok(steps)
+    }
+
+    /// Sends one suite step to the router's agent and waits for its samples.
+    async fn suite_step(
+        &self,
+        router: &UnitRef,
+        step: suite_step_request::Step,
+        timeout_ms: u64,
+    ) -> Vec<RequestSample> {
+        let command_id = uuid::Uuid::new_v4().to_string();
+        let cmd = Command {
+            command_id: command_id.clone(),
+            action: Some(command::Action::SuiteStep(SuiteStepRequest {
+                unit: router.unit.clone(),
+                step: Some(step),
+            })),
+        };
+        let failed = |error: String| {
+            vec![RequestSample {
+                index: 0,
+                outcome: "error".into(),
+                latency_ms: 0,
+                ttft_ms: 0,
+                tokens: 0,
+                error,
+                aborted: false,
+                token_times_ms: Vec::new(),
+                request_id: String::new(),
+            }]
+        };
+        let deadline = Instant::now() + Duration::from_millis(timeout_ms) + AGENT_SILENCE_SLACK;
+        let mut rx = match self.ctx.fleet.send(&router.host, &router.unit, cmd).await {
+            Ok(rx) => rx,
+            Err(e) => return failed(e.to_string()),
+        };
+        loop {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some(AgentReport::Suite(r))) => {
+                    self.ctx.fleet.forget(&command_id);
+                    return r.samples.into_iter().map(sample_from_wire).collect();
+                }
+                Ok(Some(AgentReport::Disconnected)) | Ok(None) => return failed("agent disconnected".into()),
+                Ok(Some(_)) => continue,
+                Err(_) => {
+                    self.ctx.fleet.forget(&command_id);
+                    return failed(format!("no result from the agent within {timeout_ms} ms"));
+                }
+            }
+        }
+    }
+
     async fn probe_once(&self, host: &str, unit: &str, target: &str, seq: u32) -> (ProbeObservation, ProbeRecord) {
         let timeout_ms = self.pair.probe.probe_timeout_ms;
         let command_id = uuid::Uuid::new_v4().to_string();
@@ -677,7 +895,7 @@ impl CoRestart<'_> {
                         ProbeObservation::Timeout { after_ms: r.latency_ms }
                     }
                     _ => {
-                        let message = if r.http_status != 0 {
+                        let message = if r.http_status != 0 && !r.error.starts_with("http ") {
                             format!("http {}: {}", r.http_status, r.error)
                         } else {
                             r.error.clone()
@@ -776,7 +994,7 @@ fn apply_report(rec: &Recorder, s: &mut UnitStart, report: AgentReport) {
                 s.last_detail = format!("start failed: {}", r.error);
             }
         }
-        AgentReport::Probe(_) => {}
+        AgentReport::Probe(_) | AgentReport::Suite(_) => {}
         AgentReport::Disconnected => {
             s.done = true;
             s.last_detail = format!("agent {} disconnected; last: {}", s.unit.host, s.last_detail);

@@ -34,6 +34,8 @@ pub enum AgentReport {
     Unit(UnitEvent),
     Result(CommandResult),
     Probe(ProbeResult),
+    /// The samples of one verification-suite step.
+    Suite(pdwarden_proto::v1::SuiteStepResult),
     /// The agent's stream ended; no more reports will come for the command.
     Disconnected,
 }
@@ -244,6 +246,10 @@ impl Fleet {
             Some(agent_message::Kind::CommandResult(r)) => {
                 let id = r.command_id.clone();
                 self.deliver(host, &id, AgentReport::Result(r));
+            }
+            Some(agent_message::Kind::SuiteStepResult(r)) => {
+                let id = r.command_id.clone();
+                self.deliver(host, &id, AgentReport::Suite(r));
             }
             Some(agent_message::Kind::ProbeResult(r)) => {
                 let id = r.command_id.clone();

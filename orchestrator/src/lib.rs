@@ -10,6 +10,7 @@
 //! - [`corestart`]: the co-restart state machine (evidence gathering).
 //! - [`verdict`]: pure judgement of that evidence, unit-tested with the
 //!   incidents' numbers.
+//! - [`suite`]: pure judgement of the post-restart verification suite.
 //! - [`stats`]: latency summaries that check for bimodality first.
 //! - [`journal`]: the SQLite journal of operations.
 //! - [`report`]: the operation report (`--json`) and its terminal rendering.
@@ -31,6 +32,7 @@ pub mod ready;
 pub mod report;
 pub mod server;
 pub mod stats;
+pub mod suite;
 pub mod verdict;
 pub mod watcher;
 pub mod wedge;

@@ -10,6 +10,7 @@ use std::fmt::Write as _;
 use serde::{Deserialize, Serialize};
 
 use crate::stats::LatencySummary;
+use crate::suite::{StepReport, StepStatus};
 use crate::verdict::{ColdAllowance, VerdictKind, secs};
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -61,6 +62,12 @@ pub struct OperationReport {
     pub probes: Vec<ProbeRecord>,
     /// The answered probes' latencies, as modes when bimodal.
     pub probe_latency: LatencySummary,
+    /// The verification suite's steps, with their raw samples.
+    #[serde(default)]
+    pub suite: Vec<StepReport>,
+    /// Steps within budget but far worse than the pair's history.
+    #[serde(default)]
+    pub warnings: Vec<String>,
     pub warm_budget_ms: u64,
     pub cold_allowance: ColdAllowance,
     pub total_ms: u64,
@@ -68,10 +75,19 @@ pub struct OperationReport {
 
 /// One line of live progress, as `restart pd-pair` prints it.
 pub fn live_step_line(s: &StepRecord) -> String {
+    let mark = if s.outcome.starts_with("pass") {
+        "✓ "
+    } else if s.outcome.starts_with("fail") {
+        "✗ "
+    } else if s.outcome.starts_with("warn") {
+        "! "
+    } else {
+        ""
+    };
     match s.ended_ms {
         None => format!("[{:>8}] step {} ({}) started", secs(s.started_ms), s.name, s.unit),
         Some(end) => format!(
-            "[{:>8}] step {} ({}) {} after {}",
+            "[{:>8}] {mark}step {} ({}) {} after {}",
             secs(end),
             s.name,
             s.unit,
@@ -167,6 +183,20 @@ pub fn render_summary(r: &OperationReport) -> String {
         for p in &r.probes {
             let _ = writeln!(out, "{}", live_probe_line(p).trim_start().replace("probe", "  probe"));
         }
+    }
+    if !r.suite.is_empty() {
+        let _ = writeln!(out, "verification suite through the router:");
+        for step in &r.suite {
+            let mark = match step.status {
+                StepStatus::Pass => "✓",
+                StepStatus::Warn => "!",
+                StepStatus::Fail => "✗",
+            };
+            let _ = writeln!(out, "  {mark} {:<16} {}", step.step.title(), step.summary());
+        }
+    }
+    for w in &r.warnings {
+        let _ = writeln!(out, "  warning: {w}");
     }
     let mark = if r.verdict.is_healthy() { "OK" } else { "!!" };
     let _ = writeln!(

@@ -154,7 +154,10 @@ impl Control for ControlService {
         request: Request<VerifyPairRequest>,
     ) -> Result<Response<Self::VerifyPairStream>, Status> {
         let req = request.into_inner();
-        self.start_operation(&req.pair, &req.request_id, OperationKind::Verify)
+        let kind = OperationKind::Verify {
+            include_abort_storm: req.include_abort_storm,
+        };
+        self.start_operation(&req.pair, &req.request_id, kind)
     }
 
     async fn restart_unit(

@@ -15,8 +15,13 @@ use tokio::signal::unix::{SignalKind, signal};
 #[command(version)]
 struct Args {
     /// Path to the agent's TOML config.
-    #[arg(long, value_name = "PATH")]
-    config: PathBuf,
+    #[arg(long, value_name = "PATH", required_unless_present = "gpu_report")]
+    config: Option<PathBuf>,
+    /// Print one reading of this GPU source (`nvml`, `auto`, `fake:PATH`) in
+    /// the fake GPU file's format and exit: a real GPU's reading becomes a
+    /// fixture the fake source can replay.
+    #[arg(long, value_name = "SOURCE", conflicts_with = "config")]
+    gpu_report: Option<String>,
 }
 
 #[tokio::main]
@@ -40,7 +45,17 @@ async fn agent() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
-    let config = AgentConfig::load(&args.config).with_context(|| format!("loading {}", args.config.display()))?;
+    if let Some(source) = &args.gpu_report {
+        let spec =
+            pdwarden_agent::gpu::GpuSourceSpec::parse(source).map_err(|e| anyhow::anyhow!("--gpu-report: {e}"))?;
+        let json = tokio::task::spawn_blocking(move || pdwarden_agent::gpu::report_json(&spec))
+            .await?
+            .with_context(|| format!("--gpu-report {source}"))?;
+        println!("{json}");
+        return Ok(());
+    }
+    let path = args.config.context("--config is required")?;
+    let config = AgentConfig::load(&path).with_context(|| format!("loading {}", path.display()))?;
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let shutdown = async move {

@@ -23,7 +23,7 @@ pub mod mapping;
 pub mod nvml;
 pub(crate) mod reporter;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 /// Why a GPU source gave no reading. The message is what the operator sees
@@ -68,7 +68,7 @@ impl GpuSourceSpec {
 }
 
 /// One GPU as a source reads it (also the fake file's per-GPU object).
-#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GpuReading {
     pub index: u32,
@@ -103,7 +103,7 @@ pub struct GpuReading {
     pub read_errors: Vec<String>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EccCounts {
     #[serde(default)]
@@ -117,7 +117,7 @@ pub struct EccCounts {
 }
 
 /// Whether a process uses the GPU for compute or graphics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ProcessKind {
     #[default]
@@ -136,7 +136,7 @@ impl ProcessKind {
 
 /// A process on a GPU, as the driver lists it: only a pid and its memory.
 /// Who it belongs to is worked out by [`mapping`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GpuProcessReading {
     pub pid: u32,
@@ -248,9 +248,36 @@ pub fn open(spec: &GpuSourceSpec) -> Box<dyn GpuSource> {
     }
 }
 
+/// One reading of `spec`'s GPUs in the fake GPU file's format
+/// (`{"gpus": [...]}`), so a real GPU's reading can be committed as a fixture
+/// and replayed through the fake source (`pdwarden-agent --gpu-report nvml`).
+pub fn report_json(spec: &GpuSourceSpec) -> Result<String, GpuError> {
+    let gpus = open(spec).sample()?;
+    let json = serde_json::json!({ "gpus": gpus });
+    Ok(serde_json::to_string_pretty(&json).unwrap_or_default())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // Property: a report is a valid fake GPU file: replaying it gives back the same readings.
+    #[test]
+    fn report_replays_through_the_fake_source() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gpus.json");
+        std::fs::write(
+            &path,
+            r#"{"gpus":[{"index":0,"uuid":"GPU-a","name":"H","memory_used_bytes":5,"utilization_gpu_pct":7,
+                "ecc":{"volatile_uncorrected":1},"processes":[{"pid":42,"used_memory_bytes":5,"kind":"graphics"}]}]}"#,
+        )
+        .unwrap();
+        let spec = GpuSourceSpec::Fake(path.clone());
+        let first = open(&spec).sample().unwrap();
+        let report = report_json(&spec).unwrap();
+        std::fs::write(&path, report).unwrap();
+        assert_eq!(open(&spec).sample().unwrap(), first);
+    }
 
     // Property: every documented source parses; anything else is an error that says what is allowed.
     #[test]

@@ -300,3 +300,37 @@ async fn auto_without_driver_is_none_with_reason() {
 fn nvml_present() -> bool {
     pdwarden_agent::gpu::nvml::NvmlSource::open().is_ok()
 }
+
+// Property: `pdwarden-agent --gpu-report` prints a reading a fake source can
+// replay, and without a driver `--gpu-report nvml` fails with the reason.
+#[test]
+fn gpu_report_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gpus.json");
+    std::fs::write(
+        &path,
+        r#"{"gpus":[{"index":0,"uuid":"GPU-0","processes":[{"pid":7}]}]}"#,
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pdwarden-agent"))
+        .arg("--gpu-report")
+        .arg(format!("fake:{}", path.display()))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["gpus"][0]["processes"][0]["pid"], 7);
+    if nvml_present() {
+        return;
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pdwarden-agent"))
+        .args(["--gpu-report", "nvml"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--gpu-report nvml") && err.contains("libnvidia-ml.so"),
+        "{err}"
+    );
+}

@@ -5,3 +5,5 @@
 mod co_restart;
 mod harness;
 mod incidents;
+mod suite;
+mod watch;

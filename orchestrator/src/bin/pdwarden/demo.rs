@@ -200,8 +200,8 @@ pub struct Stack {
 /// What the demo configured, for the drills that act on the stack.
 pub struct StackPlan {
     pub time_scale: f64,
+    pub prefill_argv: Vec<String>,
     pub decode_argv: Vec<String>,
-    pub decode_url: String,
     pub router_url: String,
 }
 
@@ -360,6 +360,31 @@ probe_timeout_ms = {probe_timeout}
 warm_probes = 2
 max_probes = 5
 
+[pair.suite]
+baseline_warning_ratio = 2.0
+baseline_floor_ms = {floor}
+
+[pair.suite.long_generation]
+max_tokens = 256
+max_token_gap_ms = {gap}
+timeout_ms = {probe_timeout}
+
+[pair.suite.multi_turn]
+ttft_budget_ms = {turn2_ttft}
+timeout_ms = {probe_timeout}
+
+[pair.suite.concurrency]
+requests = 4
+slowest_budget_ms = {slowest}
+timeout_ms = {probe_timeout}
+
+[pair.suite.abort_storm]
+after_restart = false
+requests = 3
+prompt_tokens = 20000
+abort_after_ms = {abort_after}
+probe_timeout_ms = {probe_timeout}
+
 [pair.timeouts]
 prefill_ready_ms = {ready}
 decode_ready_ms = {ready}
@@ -378,6 +403,13 @@ check_timeout_ms = {check}
         // second whatever the scale.
         router_ready = scaled(120_000).max(15_000),
         check = scaled(30_000).max(1_000),
+        floor = scaled(400),
+        gap = scaled(2_000),
+        turn2_ttft = scaled(2_000),
+        slowest = scaled(8_000),
+        // 20,000 prompt tokens take 1 s of prefill at pd-sim's default speed:
+        // abandoned at half that, they are cancelled mid-prefill.
+        abort_after = scaled(500),
     );
     let agent_path = dir.join("agent.toml");
     let orch_path = dir.join("orchestrator.toml");
@@ -385,8 +417,8 @@ check_timeout_ms = {check}
     std::fs::write(&orch_path, orchestrator_toml)?;
     let plan = StackPlan {
         time_scale: scale,
+        prefill_argv,
         decode_argv,
-        decode_url: format!("http://127.0.0.1:{decode}"),
         router_url: format!("http://127.0.0.1:{router}"),
     };
     Ok((format!("http://127.0.0.1:{orch}"), orch_path, agent_path, plan))

@@ -24,6 +24,9 @@ use crate::{connect, follow_operation};
 pub enum Incident {
     /// Row 1: a decode restarted alone against a long-running prefill.
     DecodeAloneRestart,
+    /// A prefill restarted alone under a running decode (SGLang issue 36029):
+    /// the decode's cached bootstrap identity is stale, every transfer fails.
+    PrefillAloneRestart,
     /// Row 2: 17.9 s, 106.4 s, 10.5 s, then no answer, called "cold start".
     ColdStartLie,
     /// Row 3: health 200 while every generation hangs.
@@ -41,6 +44,7 @@ impl Incident {
     pub fn name(self) -> &'static str {
         match self {
             Self::DecodeAloneRestart => "decode-alone-restart",
+            Self::PrefillAloneRestart => "prefill-alone-restart",
             Self::ColdStartLie => "cold-start-lie",
             Self::ShallowHealth => "shallow-health",
             Self::SlotLeak => "slot-leak",
@@ -53,6 +57,9 @@ impl Incident {
         match self {
             Self::DecodeAloneRestart => {
                 "ask for a decode-only restart (pdwarden refuses), then force one behind pdwarden's back and verify the pair (INCIDENTS row 1)"
+            }
+            Self::PrefillAloneRestart => {
+                "ask for a prefill-only restart (pdwarden refuses), then force one behind pdwarden's back and verify the pair (the decode's cached bootstrap goes stale)"
             }
             Self::ColdStartLie => {
                 "after the restart the decode answers in 17.9 s, 106.4 s, 10.5 s, then never (INCIDENTS row 2)"
@@ -127,24 +134,27 @@ pub async fn follow_up(
     // Held until the verification is done; stopped by PID when dropped.
     let mut forced: Option<Owned> = None;
     match incident {
-        Incident::DecodeAloneRestart => {
+        Incident::DecodeAloneRestart | Incident::PrefillAloneRestart => {
             if !restart.verdict.is_healthy() {
                 bail!("the co-restart before the drill was not healthy ({})", restart.verdict);
             }
-            let refusal = ask_decode_only_restart(url).await?;
-            say(json, &format!("pdwarden restart unit decode-0 → {}", refusal["reason"]));
-            steps.push(json!({ "action": "restart unit decode-0", "refused": refusal["refused"], "reason": refusal["reason"] }));
-            let (pid, owned) = force_decode_restart(stack).await?;
+            let (unit, argv) = if incident == Incident::DecodeAloneRestart {
+                ("decode-0", &stack.plan.decode_argv)
+            } else {
+                ("prefill-0", &stack.plan.prefill_argv)
+            };
+            let refusal = ask_unit_restart(url, unit).await?;
+            say(json, &format!("pdwarden restart unit {unit} → {}", refusal["reason"]));
+            steps.push(json!({ "action": format!("restart unit {unit}"), "refused": refusal["refused"], "reason": refusal["reason"] }));
+            let (pid, owned) = force_unit_restart(stack, unit, argv).await?;
             say(
                 json,
                 &format!(
-                    "forced a decode-only restart behind pdwarden's back: stopped pid {pid}, started pid {} on the same port",
+                    "forced a {unit}-only restart behind pdwarden's back: stopped pid {pid}, started pid {} on the same port",
                     owned.pid()
                 ),
             );
-            steps.push(
-                json!({ "action": "forced decode-only restart", "stopped_pid": pid, "started_pid": owned.pid() }),
-            );
+            steps.push(json!({ "action": format!("forced {unit}-only restart"), "stopped_pid": pid, "started_pid": owned.pid() }));
             forced = Some(owned);
         }
         Incident::SlotLeak => {
@@ -157,24 +167,24 @@ pub async fn follow_up(
         }
     }
     say(json, "verifying the pair through the router (pdwarden verify demo)");
-    let verify = follow_operation(url, "demo", json, true)
+    let verify = follow_operation(url, "demo", json, Some(false))
         .await
         .map_err(|e| anyhow::anyhow!(e.0))?;
     drop(forced);
     Ok(Some(FollowUp { steps, verify }))
 }
 
-async fn ask_decode_only_restart(url: &str) -> anyhow::Result<Value> {
+async fn ask_unit_restart(url: &str, unit: &str) -> anyhow::Result<Value> {
     let mut client = connect(url).await.map_err(|e| anyhow::anyhow!(e.0))?;
     match client
         .restart_unit(RestartUnitRequest {
             host: String::new(),
-            unit: "decode-0".into(),
+            unit: unit.into(),
             request_id: uuid::Uuid::new_v4().to_string(),
         })
         .await
     {
-        Ok(_) => bail!("the orchestrator accepted a decode-only restart"),
+        Ok(_) => bail!("the orchestrator accepted a {unit}-only restart"),
         Err(s) => Ok(json!({
             "refused": s.code() == tonic::Code::FailedPrecondition,
             "reason": s.message(),
@@ -182,36 +192,39 @@ async fn ask_decode_only_restart(url: &str) -> anyhow::Result<Value> {
     }
 }
 
-/// Stops the agent's decode by PID and starts another one with the same
-/// command line on the same port, as an operator's script would.
-async fn force_decode_restart(stack: &Stack) -> anyhow::Result<(u32, Owned)> {
+/// Stops the agent's `unit` by PID and starts another one with the same
+/// command line on the same port, as an operator's script would, then waits
+/// until it passes its own `/health_generate`.
+async fn force_unit_restart(stack: &Stack, unit: &str, argv: &[String]) -> anyhow::Result<(u32, Owned)> {
     let mut client = connect(&stack.orchestrator_url)
         .await
         .map_err(|e| anyhow::anyhow!(e.0))?;
     let status: Value = serde_json::from_str(&client.status(StatusRequest {}).await?.into_inner().json)?;
-    let pid = status["agents"][0]["units"]
+    let found = status["agents"][0]["units"]
         .as_array()
-        .and_then(|u| u.iter().find(|u| u["name"] == "decode-0"))
-        .and_then(|u| u["pid"].as_u64())
-        .context("decode-0 has no pid in status")? as u32;
+        .and_then(|u| u.iter().find(|u| u["name"] == unit))
+        .with_context(|| format!("{unit} not in status"))?;
+    let pid = found["pid"]
+        .as_u64()
+        .with_context(|| format!("{unit} has no pid in status"))? as u32;
+    let base_url = found["base_url"].as_str().unwrap_or_default().to_string();
     let target = Pid::from_raw(pid as i32);
-    kill(target, Signal::SIGTERM).context("stop decode-0")?;
+    kill(target, Signal::SIGTERM).with_context(|| format!("stop {unit}"))?;
     let deadline = Instant::now() + Duration::from_secs(10);
     while kill(target, None).is_ok() {
         if Instant::now() > deadline {
-            bail!("decode-0 (pid {pid}) did not exit within 10 s of SIGTERM");
+            bail!("{unit} (pid {pid}) did not exit within 10 s of SIGTERM");
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let argv = &stack.plan.decode_argv;
-    let owned = crate::demo::spawn_logged(
-        "forced-decode",
-        std::path::Path::new(&argv[0]),
-        &argv[1..],
-        stack.dir.path(),
-    )?;
+    let name = if unit.starts_with("decode") {
+        "forced-decode"
+    } else {
+        "forced-prefill"
+    };
+    let owned = crate::demo::spawn_logged(name, std::path::Path::new(&argv[0]), &argv[1..], stack.dir.path())?;
     let http = reqwest::Client::new();
-    let ready = format!("{}/health_generate", stack.plan.decode_url);
+    let ready = format!("{base_url}/health_generate");
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let ok = http
@@ -224,7 +237,7 @@ async fn force_decode_restart(stack: &Stack) -> anyhow::Result<(u32, Owned)> {
             break;
         }
         if Instant::now() > deadline {
-            bail!("the forced decode did not pass /health_generate within 60 s");
+            bail!("the forced {unit} did not pass /health_generate within 60 s");
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

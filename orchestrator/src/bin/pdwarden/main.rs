@@ -53,6 +53,9 @@ enum Cmd {
         name: String,
         #[arg(long)]
         json: bool,
+        /// Also run the abort storm (cancels long prompts mid-prefill: disruptive in service).
+        #[arg(long)]
+        include_abort_storm: bool,
     },
     /// Agents, units and pairs as the orchestrator knows them.
     Status {
@@ -118,19 +121,25 @@ fn status_reason(s: &tonic::Status) -> String {
 /// Runs `restart pd-pair`, printing live progress and the summary (unless
 /// `json`), and returns the final report; the caller prints `--json`.
 pub async fn restart_pair(url: &str, pair: &str, json: bool) -> Result<OperationReport, CouldNotRun> {
-    follow_operation(url, pair, json, false).await
+    follow_operation(url, pair, json, None).await
 }
 
-/// Starts a co-restart (or, with `verify`, a verification) and follows its
-/// update stream to the report.
-pub async fn follow_operation(url: &str, pair: &str, json: bool, verify: bool) -> Result<OperationReport, CouldNotRun> {
+/// Starts a co-restart (or, with `verify` = Some(include_abort_storm), a
+/// verification) and follows its update stream to the report.
+pub async fn follow_operation(
+    url: &str,
+    pair: &str,
+    json: bool,
+    verify: Option<bool>,
+) -> Result<OperationReport, CouldNotRun> {
     let mut client = connect(url).await?;
     let request_id = uuid::Uuid::new_v4().to_string();
-    let started = if verify {
+    let started = if let Some(include_abort_storm) = verify {
         client
             .verify_pair(VerifyPairRequest {
                 pair: pair.to_string(),
                 request_id,
+                include_abort_storm,
             })
             .await
     } else {
@@ -156,7 +165,7 @@ pub async fn follow_operation(url: &str, pair: &str, json: bool, verify: bool) -
             }
         };
         let line = match update.kind {
-            Some(operation_update::Kind::Started(s)) if verify => Some(format!(
+            Some(operation_update::Kind::Started(s)) if verify.is_some() => Some(format!(
                 "verify pd-pair {}: operation {} (probes through the router; nothing restarted)",
                 s.pair, s.operation_id
             )),
@@ -362,7 +371,11 @@ async fn main() -> ExitCode {
         Cmd::Restart {
             what: RestartWhat::Unit { name, host, json },
         } => restart_unit(&url, &name, host, json).await,
-        Cmd::Verify { name, json } => match follow_operation(&url, &name, json, true).await {
+        Cmd::Verify {
+            name,
+            json,
+            include_abort_storm,
+        } => match follow_operation(&url, &name, json, Some(include_abort_storm)).await {
             Ok(report) => {
                 if json {
                     print_json(&report);
