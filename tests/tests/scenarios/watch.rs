@@ -107,7 +107,12 @@ fn wedged_pair_in_service_is_detected_and_recovered_automatically() {
             "messages": [{"role": "user", "content": format!("real user request number {i}")}],
             "max_tokens": 16,
         });
-        let r = rt.block_on(http.post(format!("{router}/v1/chat/completions")).json(&body).send());
+        let r = rt.block_on(async {
+            http.post(format!("{router}/v1/chat/completions"))
+                .json(&body)
+                .send()
+                .await
+        });
         assert!(r.is_ok_and(|r| r.status().is_success()), "real request {i} failed");
         if i % 10 == 9 {
             states.push(watch_of(&status(&demo))["state"].as_str().unwrap_or("").to_string());
@@ -131,12 +136,13 @@ fn wedged_pair_in_service_is_detected_and_recovered_automatically() {
     // (60 s simulated), mid-prefill (167 s simulated at 250 tok/s).
     let prompt = "tok ".repeat(41_818);
     let body = json!({"model": "demo-model", "messages": [{"role": "user", "content": prompt}], "max_tokens": 16});
-    let abandoned = rt.block_on(
+    let abandoned = rt.block_on(async {
         http.post(format!("{router}/v1/chat/completions"))
             .json(&body)
             .timeout(Duration::from_secs(3))
-            .send(),
-    );
+            .send()
+            .await
+    });
     let onset_mono = mono_ms();
     assert!(
         abandoned.is_err_and(|e| e.is_timeout()),
