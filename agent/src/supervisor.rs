@@ -448,13 +448,17 @@ impl Unit {
 
     /// Called by the reaper when spawn `run` exits.
     fn on_exit(&self, run: u64, exit: &ExitInfo, now: Instant) {
+        // Read before locking: an exit nobody asked for is reported with the
+        // end of the unit's log, which usually says why (a crash loop's cause).
+        let tail = log_tail(&self.log_path, LOG_TAIL_LINES);
         let mut st = self.lock();
         let Some(pid) = st.running.as_ref().filter(|r| r.run == run).map(|r| r.pid) else {
             return;
         };
-        let ctx = match std::mem::replace(&mut st.attribution, Attribution::Spontaneous) {
-            Attribution::Starting(c) | Attribution::Stopping(c) => Some(c),
-            Attribution::Spontaneous => None,
+        let (ctx, requested) = match std::mem::replace(&mut st.attribution, Attribution::Spontaneous) {
+            Attribution::Starting(c) => (Some(c), false),
+            Attribution::Stopping(c) => (Some(c), true),
+            Attribution::Spontaneous => (None, false),
         };
         if let Some(w) = st.watch.take() {
             w.abort();
@@ -464,7 +468,10 @@ impl Unit {
         self.remove_pid_file();
         let mut event = self.event(ctx.as_ref(), now, pid, Phase::Exited);
         event.exit_code = exit.code;
-        event.detail = exit.detail.clone();
+        event.detail = match (&tail, requested) {
+            (Some(t), false) => format!("{}; log tail: {t}", exit.detail),
+            _ => exit.detail.clone(),
+        };
         if ctx.is_none() {
             warn!(unit = %self.config.name, pid, detail = %exit.detail, "unit exited unexpectedly");
         }
@@ -530,6 +537,33 @@ impl Unit {
             }),
         }
     }
+}
+
+/// Lines of a unit's log quoted when it exits unasked.
+const LOG_TAIL_LINES: usize = 5;
+/// How much of the log's end is read for them.
+const LOG_TAIL_BYTES: u64 = 4096;
+
+/// The last `lines` non-empty lines of `path`, joined by " | " (None if the
+/// log is missing or empty). Reads only the file's end, whatever its size.
+fn log_tail(path: &std::path::Path, lines: usize) -> Option<String> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(path).ok()?;
+    let len = f.metadata().ok()?.len();
+    f.seek(SeekFrom::Start(len.saturating_sub(LOG_TAIL_BYTES))).ok()?;
+    let mut buf = Vec::new();
+    f.read_to_end(&mut buf).ok()?;
+    let text = String::from_utf8_lossy(&buf);
+    // The agent's own "--- pdwarden-agent: starting unit …" markers are not the unit's words.
+    let mut last: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("--- pdwarden-agent"))
+        .rev()
+        .take(lines)
+        .collect();
+    last.reverse();
+    (!last.is_empty()).then(|| last.join(" | "))
 }
 
 /// Waits for spawn `run` to exit and reports it.
@@ -828,13 +862,17 @@ mod tests {
     // asked for is reported with the exit code and an empty command id.
     #[tokio::test]
     async fn crash_is_reported_with_exit_code() {
-        let mut f = Fixture::new(&[("crashy", &["sh", "-c", "exit 3"])]);
+        let mut f = Fixture::new(&[(
+            "crashy",
+            &["sh", "-c", "echo 'error: model path /m not found' >&2; exit 3"],
+        )]);
         let pid = f.start("crashy", "c1").await;
         let spawned = f.wait_phase("crashy", Phase::Spawned).await;
         assert_eq!((spawned.pid, spawned.command_id.as_str()), (pid, "c1"));
         let exited = f.wait_phase("crashy", Phase::Exited).await;
         assert_eq!(exited.exit_code, Some(3));
-        assert_eq!(exited.detail, "exit status 3");
+        // A crash at start is reported with the end of its log: the cause.
+        assert_eq!(exited.detail, "exit status 3; log tail: error: model path /m not found");
         assert_eq!(exited.pid, pid);
         // Exited during its readiness watch: attributed to the start command.
         assert_eq!(exited.command_id, "c1");
