@@ -1,0 +1,236 @@
+//! `pdwarden-bench`: pdwarden's performance table (issue 9), measured in one
+//! run and printed with the target beside each figure.
+//!
+//! Not part of `cargo test`: it takes minutes, and its figures are timings on
+//! a shared machine. Every process it starts is stopped by PID before it
+//! exits, and all traffic stays on loopback.
+//!
+//! Layout:
+//! - [`lag`]: readiness detection lag against pd-sim's own monotonic record,
+//!   beside fixed-interval pollers.
+//! - [`scale`]: one orchestrator process, many simulated agents over the real
+//!   protocol; CPU, RSS, event and `Status` latency.
+//! - [`corestart`]: `restart pd-pair` wall time against the engines' critical path.
+//! - [`stats`], [`procstat`], [`children`]: distributions, `/proc`, child processes.
+//!
+//! The binary also re-executes itself as a pd-sim (`pd-sim-jitter`) and as
+//! the orchestrator (`orchestrator-child`), so one `cargo run` builds all it needs.
+
+mod children;
+mod corestart;
+mod lag;
+mod procstat;
+mod scale;
+mod stats;
+
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+use stats::{fmt_ms, median, p99};
+
+#[derive(Parser)]
+#[command(about = "pdwarden's performance table (issue 9)")]
+struct Cli {
+    /// Small numbers (a smoke test): 12 starts, 100 and 500 agents.
+    #[arg(long)]
+    quick: bool,
+    /// Sections to run, comma-separated: lag, scale, corestart.
+    #[arg(long, default_value = "lag,scale,corestart", value_delimiter = ',')]
+    only: Vec<String>,
+    /// Seed for the pollers' random phases and the sampled agents.
+    #[arg(long, default_value_t = 9)]
+    seed: u64,
+    #[command(subcommand)]
+    child: Option<ChildCmd>,
+}
+
+#[derive(Subcommand)]
+enum ChildCmd {
+    /// (internal) A pd-sim with a random start-up, for the lag section.
+    #[command(hide = true)]
+    PdSimJitter {
+        #[arg(long)]
+        port: u16,
+    },
+    /// (internal) The orchestrator's `serve` on a free loopback port; prints it.
+    #[command(hide = true)]
+    OrchestratorChild {
+        #[arg(long)]
+        dir: std::path::PathBuf,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    match cli.child {
+        Some(ChildCmd::PdSimJitter { port }) => rt.block_on(pd_sim_child(port)),
+        Some(ChildCmd::OrchestratorChild { dir }) => rt.block_on(orchestrator_child(dir)),
+        None => rt.block_on(table(&cli)),
+    }
+}
+
+async fn until_sigterm() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+async fn pd_sim_child(port: u16) -> anyhow::Result<()> {
+    use clap::Parser as _;
+    let args = pd_sim::Args::try_parse_from(lag::pd_sim_args(port))?;
+    let config = pd_sim::Config::from_args(args, |k| std::env::var(k).ok())?;
+    pd_sim::run(config, until_sigterm()).await?;
+    Ok(())
+}
+
+async fn orchestrator_child(dir: std::path::PathBuf) -> anyhow::Result<()> {
+    // Logged like the daemon, to its stderr (a file the parent chose).
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
+        .with_writer(std::io::stderr)
+        .init();
+    let toml = format!(
+        "listen = \"127.0.0.1:0\"\njournal = {:?}\n",
+        dir.join("journal.sqlite").display().to_string()
+    );
+    let config = pdwarden_orchestrator::config::OrchestratorConfig::from_toml_str(&toml)?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    println!("{}", listener.local_addr()?);
+    pdwarden_orchestrator::server::serve(listener, config, until_sigterm()).await?;
+    Ok(())
+}
+
+fn mb(bytes: u64) -> String {
+    format!("{:.0} MB", bytes as f64 / 1e6)
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok { "met" } else { "MISSED" }
+}
+
+async fn table(cli: &Cli) -> anyhow::Result<()> {
+    let want = |s: &str| cli.only.iter().any(|o| o == s);
+    let started = std::time::Instant::now();
+    println!(
+        "pdwarden-bench{} on {} ({} CPUs)",
+        if cli.quick { " --quick" } else { "" },
+        machine(),
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
+    );
+
+    if want("lag") {
+        let rounds = if cli.quick { 3 } else { 15 };
+        eprintln!("lag: {} starts…", rounds * 4);
+        let r = lag::run(rounds, cli.seed).await?;
+        println!();
+        println!(
+            "## 1. Readiness detection lag ({} starts, {} failed; pd-sim's CLOCK_MONOTONIC record → pdwarden's event at the orchestrator side)",
+            r.starts, r.failed
+        );
+        println!();
+        println!(
+            "| transition | pdwarden (20 ms poll) median / p99 | 8 s loop median / p99 | 10 s (k8s) median / p99 | 60 s (router) median / p99 | 8 s ÷ pdwarden (medians) |"
+        );
+        println!("|---|---|---|---|---|---|");
+        for row in &r.rows {
+            let pw = median(&row.pdwarden);
+            let mut line = format!("| {} | {} / {} |", row.phase, fmt_ms(pw), fmt_ms(p99(&row.pdwarden)));
+            for (_, lags) in &row.pollers {
+                line.push_str(&format!(" {} / {} |", fmt_ms(median(lags)), fmt_ms(p99(lags))));
+            }
+            let ratio = median(&row.pollers[0].1) / pw;
+            line.push_str(&format!(" {ratio:.0}× |"));
+            println!("{line}");
+        }
+        let m = r.overall_median();
+        let eight: Vec<f64> = r.rows.iter().flat_map(|x| x.pollers[0].1.iter().copied()).collect();
+        let ratio = median(&eight) / m;
+        println!();
+        println!(
+            "Target: median ≤ 50 ms → {} ({}, p99 {}); ≥ 100× faster than the 8 s loop → {} ({ratio:.0}×). Generation check's own duration: median {}.",
+            verdict(m <= 50.0),
+            fmt_ms(m),
+            fmt_ms(r.overall_p99()),
+            verdict(ratio >= 100.0),
+            fmt_ms(median(&r.check_ms)),
+        );
+    }
+
+    if want("scale") {
+        let sizes: &[(usize, u64, usize)] = if cli.quick {
+            &[(100, 5, 10), (500, 5, 10)]
+        } else {
+            &[(1000, 20, 40), (5000, 20, 40)]
+        };
+        let mut points = Vec::new();
+        for &(n, secs, samples) in sizes {
+            eprintln!("scale: {n} agents…");
+            points.push(scale::run(n, Duration::from_secs(secs), samples, cli.seed).await?);
+        }
+        println!();
+        println!(
+            "## 5. Scale (one orchestrator process; simulated agents × 4 units, 4 unit events + 1 GPU snapshot per agent per second, real AgentLink sessions)"
+        );
+        println!();
+        println!(
+            "| agents | msgs/s | orchestrator CPU (target ≤ 1 core) | RSS / peak (target ≤ 512 MB) | event → Status p50 / p99 (target p99 ≤ 100 ms) | Status p50 / p99 (target ≤ 200 ms) | Status size | attach all | generator CPU |"
+        );
+        println!("|---|---|---|---|---|---|---|---|---|");
+        for p in &points {
+            println!(
+                "| {} | {:.0} | {:.2} cores ({}) | {} / {} ({}) | {} / {}{} ({}) | {} / {} ({}) | {:.1} MB | {:.1} s | {:.2} cores |",
+                p.agents,
+                p.msgs_per_s,
+                p.cores,
+                verdict(p.cores <= 1.0),
+                mb(p.rss),
+                mb(p.hwm),
+                verdict(p.hwm <= 512 << 20),
+                fmt_ms(median(&p.event_ms)),
+                fmt_ms(p99(&p.event_ms)),
+                if p.event_lost > 0 {
+                    format!(", {} lost", p.event_lost)
+                } else {
+                    String::new()
+                },
+                verdict(p99(&p.event_ms) <= 100.0 && p.event_lost == 0),
+                fmt_ms(median(&p.status_ms)),
+                fmt_ms(p99(&p.status_ms)),
+                verdict(p99(&p.status_ms) <= 200.0),
+                p.status_bytes as f64 / 1e6,
+                p.attach_s,
+                p.generator_cores,
+            );
+        }
+    }
+
+    if want("corestart") {
+        eprintln!("corestart: restart pd-pair, both decode start policies…");
+        corestart::print(cli.quick).await;
+    }
+    println!();
+    println!("(table took {:.0} s)", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// "CPU model, N GiB RAM" from /proc, for the README.
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let mem = procstat::meminfo_total().map(|b| format!(", {:.0} GiB RAM", b as f64 / (1u64 << 30) as f64));
+    format!("{cpu}{}", mem.unwrap_or_default())
+}
