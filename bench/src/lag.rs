@@ -69,7 +69,7 @@ pub struct LagResult {
 type Stamped = (f64, AgentMessage);
 
 /// One attached agent: its stamped messages, and the command sender.
-type Session = (
+pub type Session = (
     mpsc::UnboundedReceiver<Stamped>,
     mpsc::UnboundedSender<Result<OrchestratorMessage, tonic::Status>>,
 );
@@ -105,22 +105,54 @@ fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-/// Runs `rounds` rounds of four simultaneous restarts.
-pub async fn run(rounds: usize, seed: u64) -> anyhow::Result<LagResult> {
-    let exe = std::env::current_exe().context("cannot locate the bench binary")?;
-    let dir = tempfile::tempdir()?;
-    let listener = TcpListener::bind("127.0.0.1:0").await?;
-    let url = format!("http://{}", listener.local_addr()?);
-    let (sess_tx, mut sess_rx) = mpsc::unbounded_channel();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(AgentLinkServer::new(Link { sessions: sess_tx }))
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
-                let _ = stop_rx.await;
-            }),
-    );
+/// The orchestrator side of the link: agents attach here and every message
+/// they send is stamped on arrival.
+pub struct LinkServer {
+    pub url: String,
+    pub sessions: mpsc::UnboundedReceiver<Session>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+}
 
+impl LinkServer {
+    pub async fn start() -> anyhow::Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}", listener.local_addr()?);
+        let (sess_tx, sessions) = mpsc::unbounded_channel();
+        let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(AgentLinkServer::new(Link { sessions: sess_tx }))
+                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+                    let _ = stop_rx.await;
+                }),
+        );
+        Ok(LinkServer {
+            url,
+            sessions,
+            stop,
+            task,
+        })
+    }
+
+    /// The next agent to attach, within 20 s.
+    pub async fn accept(&mut self) -> anyhow::Result<Session> {
+        tokio::time::timeout(Duration::from_secs(20), self.sessions.recv())
+            .await
+            .context("the agent did not attach within 20 s")?
+            .context("link server stopped")
+    }
+
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(());
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.task).await;
+    }
+}
+
+/// An agent config supervising `UNITS` pd-sims (this binary as
+/// `pd-sim-jitter`) on free ports; returns it and the units' base URLs.
+pub fn agent_toml(url: &str, state_dir: &std::path::Path, gpu_source: &str) -> anyhow::Result<(String, Vec<String>)> {
+    let exe = std::env::current_exe().context("cannot locate the bench binary")?;
     let mut units = String::new();
     let mut bases = Vec::new();
     for i in 0..UNITS {
@@ -133,35 +165,58 @@ pub async fn run(rounds: usize, seed: u64) -> anyhow::Result<LagResult> {
         bases.push(base);
     }
     let toml = format!(
-        "host = \"bench\"\norchestrator = \"{url}\"\nstate_dir = {state:?}\non_exit = \"stop-units\"\nshutdown_grace_ms = 2000\ngpu_source = \"none\"\n\n{units}",
-        state = dir.path().display().to_string()
+        "host = \"bench\"\norchestrator = \"{url}\"\nstate_dir = {state:?}\non_exit = \"stop-units\"\nshutdown_grace_ms = 2000\ngpu_source = {gpu_source:?}\n\n{units}",
+        state = state_dir.display().to_string()
     );
+    Ok((toml, bases))
+}
+
+/// A restart of unit `u{i}` watched to `generating` with the default poll.
+pub fn start_command(id: &str, i: usize) -> OrchestratorMessage {
+    let cmd = Command {
+        command_id: id.to_owned(),
+        action: Some(command::Action::Start(StartUnit {
+            unit: format!("u{i}"),
+            restart: true,
+            stop_grace_ms: 2000,
+            readiness: Some(ReadinessSpec {
+                deadline_ms: 30_000,
+                poll_interval_ms: POLL_MS,
+                check_timeout_ms: 10_000,
+                chat: None,
+            }),
+        })),
+    };
+    OrchestratorMessage {
+        kind: Some(orchestrator_message::Kind::Command(cmd)),
+    }
+}
+
+/// Runs `rounds` rounds of four simultaneous restarts.
+pub async fn run(rounds: usize, seed: u64) -> anyhow::Result<LagResult> {
+    let dir = tempfile::tempdir()?;
+    let mut link = LinkServer::start().await?;
+    let (toml, bases) = agent_toml(&link.url, dir.path(), "none")?;
     let config = pdwarden_agent::AgentConfig::from_toml_str(&toml)?;
     let (agent_stop_tx, agent_stop_rx) = tokio::sync::oneshot::channel::<()>();
     let agent = tokio::spawn(pdwarden_agent::run(config, async {
         let _ = agent_stop_rx.await;
     }));
 
-    let result = drive(&mut sess_rx, &bases, rounds, seed).await;
+    let result = match link.accept().await {
+        Ok(session) => drive(session, &bases, rounds, seed).await,
+        Err(e) => Err(e),
+    };
 
     let _ = agent_stop_tx.send(());
     let _ = tokio::time::timeout(Duration::from_secs(10), agent).await;
-    let _ = stop_tx.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+    link.shutdown().await;
     crate::children::kill_strays("pd-sim-jitter");
     result
 }
 
-async fn drive(
-    sess_rx: &mut mpsc::UnboundedReceiver<Session>,
-    bases: &[String],
-    rounds: usize,
-    seed: u64,
-) -> anyhow::Result<LagResult> {
-    let (mut inbox, commands) = tokio::time::timeout(Duration::from_secs(20), sess_rx.recv())
-        .await
-        .context("the agent did not attach within 20 s")?
-        .context("link server stopped")?;
+async fn drive(session: Session, bases: &[String], rounds: usize, seed: u64) -> anyhow::Result<LagResult> {
+    let (mut inbox, commands) = session;
     let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?;
     let mut starts = Vec::new();
     let mut failed = 0;
@@ -169,25 +224,9 @@ async fn drive(
         let mut open: HashMap<String, (usize, Start)> = HashMap::new();
         for (i, _) in bases.iter().enumerate() {
             let id = format!("lag-{round}-{i}");
-            let cmd = Command {
-                command_id: id.clone(),
-                action: Some(command::Action::Start(StartUnit {
-                    unit: format!("u{i}"),
-                    restart: true,
-                    stop_grace_ms: 2000,
-                    readiness: Some(ReadinessSpec {
-                        deadline_ms: 30_000,
-                        poll_interval_ms: POLL_MS,
-                        check_timeout_ms: 10_000,
-                        chat: None,
-                    }),
-                })),
-            };
             let sent = mono_ms();
             commands
-                .send(Ok(OrchestratorMessage {
-                    kind: Some(orchestrator_message::Kind::Command(cmd)),
-                }))
+                .send(Ok(start_command(&id, i)))
                 .ok()
                 .context("agent stream closed")?;
             open.insert(

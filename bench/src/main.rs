@@ -11,6 +11,7 @@
 //! - [`scale`]: one orchestrator process, many simulated agents over the real
 //!   protocol; CPU, RSS, event and `Status` latency.
 //! - [`corestart`]: `restart pd-pair` wall time against the engines' critical path.
+//! - [`footprint`]: an idle agent's CPU and RSS.
 //! - [`stats`], [`procstat`], [`children`]: distributions, `/proc`, child processes.
 //!
 //! The binary also re-executes itself as a pd-sim (`pd-sim-jitter`) and as
@@ -18,6 +19,7 @@
 
 mod children;
 mod corestart;
+mod footprint;
 mod lag;
 mod procstat;
 mod scale;
@@ -35,8 +37,8 @@ struct Cli {
     /// Small numbers (a smoke test): 12 starts, 100 and 500 agents.
     #[arg(long)]
     quick: bool,
-    /// Sections to run, comma-separated: lag, scale, corestart.
-    #[arg(long, default_value = "lag,scale,corestart", value_delimiter = ',')]
+    /// Sections to run, comma-separated: lag, scale, corestart, agent.
+    #[arg(long, default_value = "lag,scale,corestart,agent", value_delimiter = ',')]
     only: Vec<String>,
     /// Seed for the pollers' random phases and the sampled agents.
     #[arg(long, default_value_t = 9)]
@@ -108,7 +110,7 @@ async fn orchestrator_child(dir: std::path::PathBuf) -> anyhow::Result<()> {
 }
 
 fn mb(bytes: u64) -> String {
-    format!("{:.0} MB", bytes as f64 / 1e6)
+    format!("{:.1} MiB", bytes as f64 / f64::from(1u32 << 20))
 }
 
 fn verdict(ok: bool) -> &'static str {
@@ -214,6 +216,27 @@ async fn table(cli: &Cli) -> anyhow::Result<()> {
     if want("corestart") {
         eprintln!("corestart: restart pd-pair, both decode start policies…");
         corestart::print(cli.quick).await;
+    }
+    if want("agent") {
+        let window = Duration::from_secs(if cli.quick { 5 } else { 30 });
+        eprintln!("agent: idle footprint over {} s…", window.as_secs());
+        println!();
+        println!(
+            "## 6. Agent footprint (pdwarden-agent, idle: 4 running pd-sims, fake GPU source with 4 GPUs, engine watch at 1 s)"
+        );
+        println!();
+        match footprint::run(window).await {
+            Ok(f) => println!(
+                "RSS {} (peak {}; target ≤ 20 MB → {}), CPU {:.2} % of one core over {:.0} s (target ≤ 0.5 % → {}).",
+                mb(f.rss),
+                mb(f.hwm),
+                verdict(f.rss <= 20 << 20),
+                f.cores * 100.0,
+                f.window_s,
+                verdict(f.cores <= 0.005),
+            ),
+            Err(e) => println!("skipped: {e:#}"),
+        }
     }
     println!();
     println!("(table took {:.0} s)", started.elapsed().as_secs_f64());
