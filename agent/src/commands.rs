@@ -166,6 +166,16 @@ impl Dispatcher {
                 let result = self.start_watch(&ctx, &spec);
                 Box::pin(async move { Kind::CommandResult(result) })
             }
+            Some(Action::UnitConfig(change)) => {
+                let result = self.change_unit_config(&ctx, change);
+                Box::pin(async move { Kind::UnitConfigResult(result) })
+            }
+            Some(Action::Gate(step)) => {
+                let base_url = self.supervisor.unit_config(&step.unit).map(|u| u.base_url.clone());
+                let running = self.supervisor.running_process(&step.unit);
+                let http = self.http.clone();
+                Box::pin(async move { Kind::GateResult(crate::gate::run_step(&http, base_url, running, &ctx.id, step).await) })
+            }
             None => Box::pin(async move {
                 Kind::CommandResult(CommandResult {
                     command_id: ctx.id.clone(),
@@ -213,6 +223,48 @@ impl Dispatcher {
             error: String::new(),
             ms_since_command: ctx_ms(ctx),
         }
+    }
+}
+
+impl Dispatcher {
+    /// Records a new (or restored) config version of a unit (change gate).
+    fn change_unit_config(
+        &self,
+        ctx: &CommandContext,
+        change: pdwarden_proto::v1::UnitConfigChange,
+    ) -> pdwarden_proto::v1::UnitConfigResult {
+        use pdwarden_proto::v1::unit_config_change::Change;
+        let mut result = pdwarden_proto::v1::UnitConfigResult {
+            command_id: ctx.id.clone(),
+            unit: change.unit.clone(),
+            ..Default::default()
+        };
+        let id = ctx.id.clone();
+        let outcome = match change.change {
+            Some(Change::Apply(edit)) => {
+                let edit = crate::unitconfig::Edit {
+                    set_env: edit.set_env.into_iter().collect(),
+                    unset_env: edit.unset_env,
+                    set_args: edit.set_args.into_iter().collect(),
+                };
+                self.supervisor.change_config(&change.unit, |v| v.apply(&edit, &id))
+            }
+            Some(Change::RestoreVersion(version)) => self.supervisor.change_config(&change.unit, |v| v.restore(version)),
+            None => Err("unit config change has no change".to_string()),
+        };
+        match outcome {
+            Ok((previous, version, spec)) => {
+                info!(command_id = %ctx.id, unit = %change.unit, previous, version, "unit config version");
+                result.ok = true;
+                result.previous_version = previous;
+                result.version = version;
+                result.argv = spec.argv;
+                result.env = spec.env.into_iter().collect();
+                result.unset_env = spec.unset_env.into_iter().collect();
+            }
+            Err(e) => result.error = e,
+        }
+        result
     }
 }
 

@@ -19,6 +19,8 @@
 //!   figures and the process table (`sysinfo`); `exporter`: `/metrics`.
 //! - [`metrics`]: scrapes and parses an engine's Prometheus `/metrics`.
 //! - `watch`: the passive engine watch (`WatchEngines` → `EngineSample`s).
+//! - [`unitconfig`]: versions of a unit's launch config (change gate);
+//!   [`gate`]: live process inspection (`/proc`) and the gate's benchmark.
 //!
 //! [`run`] ties them together; the `pdwarden-agent` binary only parses its
 //! flag, loads the config and wires SIGTERM/SIGINT to `shutdown`.
@@ -44,6 +46,7 @@ pub mod checks;
 mod commands;
 pub mod config;
 mod exporter;
+pub mod gate;
 pub mod gpu;
 pub mod host;
 mod link;
@@ -52,6 +55,7 @@ mod outbox;
 pub mod readiness;
 pub mod suite;
 mod supervisor;
+pub mod unitconfig;
 mod watch;
 
 use std::future::Future;

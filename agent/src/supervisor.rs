@@ -175,6 +175,9 @@ struct UnitState {
     attribution: Attribution,
     /// The readiness watch of the current start, if one runs.
     watch: Option<AbortHandle>,
+    /// The config version the running process was spawned from (None when
+    /// adopted from a previous agent, or not running).
+    spawned_version: Option<u32>,
 }
 
 /// One configured unit and its live state.
@@ -187,6 +190,9 @@ pub struct Unit {
     outbox: Outbox,
     http: reqwest::Client,
     state: Mutex<UnitState>,
+    /// The unit's launch config versions (change gate, issue 7).
+    versions: Mutex<crate::unitconfig::Versions>,
+    state_dir: PathBuf,
 }
 
 impl Unit {
@@ -194,6 +200,8 @@ impl Unit {
         Unit {
             log_path: state_dir.join("logs").join(format!("{}.log", config.name)),
             pid_path: state_dir.join("run").join(format!("{}.pid", config.name)),
+            versions: Mutex::new(crate::unitconfig::Versions::load(state_dir, &config)),
+            state_dir: state_dir.to_path_buf(),
             config,
             outbox,
             http,
@@ -203,6 +211,7 @@ impl Unit {
                 runs: 0,
                 attribution: Attribution::Spontaneous,
                 watch: None,
+                spawned_version: None,
             }),
         }
     }
@@ -271,7 +280,11 @@ impl Unit {
         self.spawn(ctx, params)
     }
 
-    fn open_log(&self, ctx: &CommandContext) -> Result<std::fs::File, SupervisorError> {
+    fn versions(&self) -> MutexGuard<'_, crate::unitconfig::Versions> {
+        self.versions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn open_log(&self, ctx: &CommandContext, version: u32, argv: &[String]) -> Result<std::fs::File, SupervisorError> {
         let err = |source| SupervisorError::OpenLog {
             path: self.log_path.clone(),
             source,
@@ -289,8 +302,8 @@ impl Unit {
             .map_or(0, |d| d.as_secs());
         writeln!(
             log,
-            "--- pdwarden-agent: starting unit {} (command {:?}) at unix time {wall}: {:?}",
-            self.config.name, ctx.id, self.config.argv
+            "--- pdwarden-agent: starting unit {} (command {:?}, config version {version}) at unix time {wall}: {:?}",
+            self.config.name, ctx.id, argv
         )
         .map_err(err)?;
         Ok(log)
@@ -298,14 +311,21 @@ impl Unit {
 
     fn spawn(self: &Arc<Self>, ctx: CommandContext, params: ReadinessParams) -> Result<u32, SupervisorError> {
         let cfg = &self.config;
-        let log = self.open_log(&ctx)?;
+        let (version, spec) = {
+            let v = self.versions();
+            (v.current, v.current_spec().clone())
+        };
+        let log = self.open_log(&ctx, version, &spec.argv)?;
         let log_err = log.try_clone().map_err(|source| SupervisorError::OpenLog {
             path: self.log_path.clone(),
             source,
         })?;
-        let mut cmd = tokio::process::Command::new(&cfg.argv[0]);
-        cmd.args(&cfg.argv[1..])
-            .envs(&cfg.env)
+        let mut cmd = tokio::process::Command::new(&spec.argv[0]);
+        for k in &spec.unset_env {
+            cmd.env_remove(k);
+        }
+        cmd.args(&spec.argv[1..])
+            .envs(&spec.env)
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(log_err))
@@ -316,12 +336,18 @@ impl Unit {
         }
         let child = cmd.spawn().map_err(|source| SupervisorError::Spawn {
             unit: cfg.name.clone(),
-            program: cfg.argv[0].clone(),
+            program: spec.argv[0].clone(),
             source,
         })?;
         let pid = child.id().unwrap_or_default();
         let (exit_tx, exit_rx) = watch::channel(None);
-        let run = self.begin_run(ctx, pid, exit_rx, params, format!("pid {pid}"));
+        let detail = if version == 0 {
+            format!("pid {pid}")
+        } else {
+            format!("pid {pid} (config version {version})")
+        };
+        let run = self.begin_run(ctx, pid, exit_rx, params, detail);
+        self.lock().spawned_version = Some(version);
         self.write_pid_file(pid);
         tokio::spawn(reap(Arc::clone(self), run, child, exit_tx));
         Ok(pid)
@@ -343,6 +369,7 @@ impl Unit {
         st.runs += 1;
         let run = st.runs;
         st.running = Some(Running { pid, run, exited });
+        st.spawned_version = None;
         st.phase = Phase::Spawned;
         st.attribution = Attribution::Starting(ctx.clone());
         let mut event = self.event(Some(&ctx), now, pid, Phase::Spawned);
@@ -675,6 +702,32 @@ impl Supervisor {
 
     pub fn unit_config(&self, name: &str) -> Option<&UnitConfig> {
         self.units.get(name).map(|h| &h.unit.config)
+    }
+
+    /// Applies a config change (a new version, or a restored one) to `name`
+    /// and saves the versions; the running process is untouched until its
+    /// next start. Returns (previous, current, current spec).
+    pub fn change_config(
+        &self,
+        name: &str,
+        change: impl FnOnce(&mut crate::unitconfig::Versions) -> Result<(u32, u32), crate::unitconfig::VersionError>,
+    ) -> Result<(u32, u32, crate::unitconfig::LaunchSpec), String> {
+        let unit = &self.handle(name).map_err(|e| e.to_string())?.unit;
+        let mut v = unit.versions();
+        let mut next = v.clone();
+        let (previous, current) = change(&mut next).map_err(|e| e.to_string())?;
+        next.save(&unit.state_dir)
+            .map_err(|e| format!("cannot save config versions of {name}: {e}"))?;
+        *v = next;
+        Ok((previous, current, v.current_spec().clone()))
+    }
+
+    /// The unit's running process and the config version it was spawned
+    /// from (None when adopted), if it runs.
+    pub fn running_process(&self, name: &str) -> Option<(u32, Option<u32>)> {
+        let unit = &self.units.get(name)?.unit;
+        let st = unit.lock();
+        st.running.as_ref().map(|r| (r.pid, st.spawned_version))
     }
 
     /// Current facts about every unit, for `Register`.

@@ -99,6 +99,9 @@ pub struct PairConfig {
     /// The continuous wedge watch and automatic recovery (issue 5).
     #[serde(default)]
     pub watch: WatchConfig,
+    /// The change gate's benchmark and tolerance (issue 7).
+    #[serde(default)]
+    pub gate: crate::gate::config::GateConfig,
 }
 
 /// The continuous watch of a pair: passive engine metrics first, active
@@ -525,6 +528,9 @@ impl OrchestratorConfig {
                     "must be a finite number > 1",
                 ));
             }
+            p.gate
+                .validate()
+                .map_err(|(f, problem)| invalid(at(&format!("gate.{f}")), problem))?;
             if pr.warm_probes == 0 || pr.max_probes < pr.warm_probes {
                 return Err(invalid(
                     at("probe.max_probes"),
@@ -600,6 +606,21 @@ probe_timeout_ms = 120000
         .unwrap_err()
         .to_string();
         assert!(e.contains("pair[0].decode"), "{e}");
+    }
+
+    /// `[pair.gate]` is optional and its errors name the field.
+    #[test]
+    fn gate_errors_name_the_field() {
+        let c = OrchestratorConfig::from_toml_str(EXAMPLE).unwrap();
+        assert_eq!(c.pairs[0].gate.tolerance_pct, 5.0);
+        let e = OrchestratorConfig::from_toml_str(&format!("{EXAMPLE}[pair.gate]\nconcurrency = [0]\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("pair[0].gate.concurrency"), "{e}");
+        let e = OrchestratorConfig::from_toml_str(&format!("{EXAMPLE}[pair.gate]\ntolerance = 3.0\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("tolerance"), "{e}");
     }
 
     /// The watch section is optional, defaults are sensible, and bad values

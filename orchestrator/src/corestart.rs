@@ -994,7 +994,7 @@ fn apply_report(rec: &Recorder, s: &mut UnitStart, report: AgentReport) {
                 s.last_detail = format!("start failed: {}", r.error);
             }
         }
-        AgentReport::Probe(_) | AgentReport::Suite(_) => {}
+        AgentReport::Probe(_) | AgentReport::Suite(_) | AgentReport::UnitConfig(_) | AgentReport::Gate(_) => {}
         AgentReport::Disconnected => {
             s.done = true;
             s.last_detail = format!("agent {} disconnected; last: {}", s.unit.host, s.last_detail);

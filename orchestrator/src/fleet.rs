@@ -36,6 +36,10 @@ pub enum AgentReport {
     Probe(ProbeResult),
     /// The samples of one verification-suite step.
     Suite(pdwarden_proto::v1::SuiteStepResult),
+    /// A unit config change's answer (change gate).
+    UnitConfig(pdwarden_proto::v1::UnitConfigResult),
+    /// A change gate measurement (process inspection, benchmark cell).
+    Gate(pdwarden_proto::v1::GateAgentResult),
     /// The agent's stream ended; no more reports will come for the command.
     Disconnected,
 }
@@ -254,6 +258,14 @@ impl Fleet {
             Some(agent_message::Kind::ProbeResult(r)) => {
                 let id = r.command_id.clone();
                 self.deliver(host, &id, AgentReport::Probe(r));
+            }
+            Some(agent_message::Kind::UnitConfigResult(r)) => {
+                let id = r.command_id.clone();
+                self.deliver(host, &id, AgentReport::UnitConfig(r));
+            }
+            Some(agent_message::Kind::GateResult(r)) => {
+                let id = r.command_id.clone();
+                self.deliver(host, &id, AgentReport::Gate(r));
             }
             Some(agent_message::Kind::Register(reg)) => {
                 // A re-registration on a live stream refreshes the facts.

@@ -18,6 +18,8 @@
 //! - [`wedge`]: pure wedge judgement and the recovery circuit breaker.
 //! - [`watcher`]: the continuous per-pair watch and automatic recovery.
 //! - [`ready`]: the plain-HTTP readiness endpoint for gateways.
+//! - [`gate`]: the change gate (knob flip → measured keep or rollback), with
+//!   its pure statistics ([`gate::judge`]) and live-process check ([`gate::live`]).
 //!
 //! The binaries `pdwarden-orchestrator` (the daemon) and `pdwarden` (the CLI)
 //! are thin wrappers over this library.
@@ -26,6 +28,7 @@ pub mod config;
 pub mod corestart;
 pub mod findings;
 pub mod fleet;
+pub mod gate;
 pub mod hoststate;
 pub mod journal;
 pub mod ready;

@@ -140,6 +140,42 @@ impl Control for ControlService {
     type RestartPairStream = UnboundedReceiverStream<Result<OperationUpdate, Status>>;
     type RestartUnitStream = UnboundedReceiverStream<Result<OperationUpdate, Status>>;
     type VerifyPairStream = UnboundedReceiverStream<Result<OperationUpdate, Status>>;
+    type GatePairStream = UnboundedReceiverStream<Result<OperationUpdate, Status>>;
+
+    async fn gate_pair(
+        &self,
+        request: Request<pdwarden_proto::v1::GatePairRequest>,
+    ) -> Result<Response<Self::GatePairStream>, Status> {
+        let req = request.into_inner();
+        let pair = self
+            .config
+            .pair(&req.pair)
+            .cloned()
+            .ok_or_else(|| Status::not_found(format!("unknown pair {:?}", req.pair)))?;
+        self.check_reachable(&pair)?;
+        let change = crate::gate::ChangeSpec {
+            set_env: req.set_env.into_iter().collect(),
+            unset_env: req.unset_env,
+            set_args: req.set_args.into_iter().collect(),
+            units: req.units,
+        };
+        let request_id = (!req.request_id.is_empty()).then_some(req.request_id.as_str());
+        let mut rx = match crate::gate::start(&self.ctx, &pair, request_id, change) {
+            Ok(rx) => rx,
+            Err(crate::gate::GateStartError::Invalid(e)) => return Err(Status::invalid_argument(e)),
+            Err(crate::gate::GateStartError::Journal(e @ JournalError::PairBusy { .. })) => {
+                return Err(Status::failed_precondition(e.to_string()));
+            }
+            Err(crate::gate::GateStartError::Journal(e)) => return Err(internal(e)),
+        };
+        let (out_tx, out_rx) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Some(u) = rx.recv().await {
+                let _ = out_tx.send(Ok(u));
+            }
+        });
+        Ok(Response::new(UnboundedReceiverStream::new(out_rx)))
+    }
 
     async fn restart_pair(
         &self,

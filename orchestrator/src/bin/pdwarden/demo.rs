@@ -59,6 +59,11 @@ pub struct DemoArgs {
     /// Extra pd-sim flags for the decode (as --prefill-sim).
     #[arg(long, allow_hyphen_values = true, default_value = "")]
     decode_sim: String,
+    /// A launcher put in front of both engines' argv, e.g. "env -u KNOB"
+    /// (a wrapper that strips a variable: what the change gate must catch).
+    /// Split on whitespace.
+    #[arg(long, allow_hyphen_values = true, default_value = "")]
+    engine_wrapper: String,
 }
 
 const DEFAULT_TIME_SCALE: f64 = 0.05;
@@ -261,7 +266,8 @@ fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<(String, PathBuf
             flags.retain(|(f, _)| *f != flag);
             flags.push((flag, value));
         }
-        let mut v = vec![pd_sim.display().to_string()];
+        let mut v: Vec<String> = args.engine_wrapper.split_whitespace().map(str::to_string).collect();
+        v.push(pd_sim.display().to_string());
         for (f, val) in flags {
             v.push(f);
             v.extend(val);
@@ -384,6 +390,15 @@ requests = 3
 prompt_tokens = 20000
 abort_after_ms = {abort_after}
 probe_timeout_ms = {probe_timeout}
+
+[pair.gate]
+prompt_tokens = [16, 256]
+output_tokens = [24]
+concurrency = [1, 4]
+requests_per_cell = 16
+request_timeout_ms = {probe_timeout}
+tolerance_pct = 5.0
+rollback_tolerance_pct = 10.0
 
 [pair.timeouts]
 prefill_ready_ms = {ready}

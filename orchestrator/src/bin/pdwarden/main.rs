@@ -7,6 +7,7 @@
 
 mod demo;
 mod drill;
+mod gate;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -70,6 +71,9 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Change a knob (environment, flags) on a pair, measure before and
+    /// after, and keep it or roll it back (exit 0 kept, 2 rejected/failed).
+    Gate(gate::GateArgs),
     /// Start a whole local stack (orchestrator, agent, two pd-sim engines, the
     /// real sglang-router) and run a real `restart pd-pair` against it.
     Demo(demo::DemoArgs),
@@ -348,6 +352,11 @@ async fn history(url: &str, pair: &str, limit: u32, json: bool) -> anyhow::Resul
         for r in op["report"]["reasons"].as_array().into_iter().flatten() {
             println!("    - {}", r.as_str().unwrap_or(""));
         }
+        if op["kind"] == "gate" {
+            pdwarden_orchestrator::gate::history_lines(&op["report"])
+                .iter()
+                .for_each(|l| println!("    {l}"));
+        }
     }
     Ok(())
 }
@@ -392,6 +401,7 @@ async fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => could_not_run(&format!("{e:#}"), json),
         },
+        Cmd::Gate(args) => gate::run(&url, args).await,
         Cmd::Demo(args) => demo::run(args).await,
     }
 }

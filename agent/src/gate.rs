@@ -1,0 +1,343 @@
+//! The agent's half of the change gate (issue 7): reading what a live
+//! process really got, and the gate's benchmark.
+//!
+//! *Inspection.* A config file says what a process should have been started
+//! with; only the kernel says what it was. So the agent reads
+//! `/proc/PID/environ` and `/proc/PID/cmdline` of the unit's process and of
+//! every descendant (a wrapper that forks instead of exec'ing shows up as a
+//! parent with the knob and a child without it). Only the variables asked
+//! about are reported, never the whole environment.
+//!
+//! *Benchmark.* Rounds of concurrent streamed, probe-tagged chat completions
+//! through the router, timed in microseconds on the agent's monotonic clock:
+//! time to first token, first-to-last token, total, and each round's wall
+//! time (for throughput). Raw samples only; the orchestrator judges them.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use pdwarden_proto::v1::{
+    GateAgentResult, GateAgentStep, GateBenchmark, GateBenchmarkResult, GateRequestSample, ProbeOutcome,
+    ProcessEnvValue, ProcessFacts, ProcessInspection, gate_agent_result, gate_agent_step,
+};
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use crate::checks::{PROBE_HEADER, REQUEST_ID_HEADER, REQUEST_ID_PREFIX, error_chain};
+
+/// Executes one gate step for `unit` (whose base URL and running process,
+/// if any, the supervisor gave).
+pub async fn run_step(
+    http: &reqwest::Client,
+    base_url: Option<String>,
+    running: Option<(u32, Option<u32>)>,
+    command_id: &str,
+    step: GateAgentStep,
+) -> GateAgentResult {
+    let result = match step.step {
+        Some(gate_agent_step::Step::Inspect(i)) => {
+            let p = match (&base_url, running) {
+                (None, _) => ProcessInspection {
+                    error: format!("unknown unit {:?}", step.unit),
+                    ..Default::default()
+                },
+                (Some(_), None) => ProcessInspection {
+                    error: format!("unit {} is not running", step.unit),
+                    ..Default::default()
+                },
+                (Some(_), Some((pid, version))) => inspection(pid, version, &i.env_keys),
+            };
+            gate_agent_result::Result::Process(p)
+        }
+        Some(gate_agent_step::Step::Benchmark(b)) => {
+            let r = match &base_url {
+                Some(url) => benchmark(http, url, &b).await,
+                None => GateBenchmarkResult {
+                    samples: vec![GateRequestSample {
+                        outcome: ProbeOutcome::Error as i32,
+                        error: format!("unknown unit {:?}", step.unit),
+                        ..Default::default()
+                    }],
+                    round_us: Vec::new(),
+                },
+            };
+            gate_agent_result::Result::Benchmark(r)
+        }
+        None => gate_agent_result::Result::Process(ProcessInspection {
+            error: "gate step has no step".into(),
+            ..Default::default()
+        }),
+    };
+    GateAgentResult {
+        command_id: command_id.to_string(),
+        unit: step.unit,
+        result: Some(result),
+    }
+}
+
+/// Reads the process `pid` and its descendants from `/proc`.
+pub fn inspect(pid: u32, env_keys: &[String]) -> Vec<ProcessFacts> {
+    let mut out = vec![facts(pid, 0, env_keys)];
+    let mut frontier = vec![pid];
+    let table = process_table();
+    while let Some(parent) = frontier.pop() {
+        for &(child, ppid) in &table {
+            if ppid == parent && !out.iter().any(|f| f.pid == child) {
+                out.push(facts(child, ppid, env_keys));
+                frontier.push(child);
+            }
+        }
+    }
+    if let Some(first) = out.first_mut() {
+        first.ppid = parent_of(pid).unwrap_or(0);
+    }
+    out
+}
+
+/// (pid, ppid) of every process.
+fn process_table() -> Vec<(u32, u32)> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| Some((pid, parent_of(pid)?)))
+        .collect()
+}
+
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces; fields after ')' are plain.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn facts(pid: u32, ppid: u32, env_keys: &[String]) -> ProcessFacts {
+    let mut f = ProcessFacts {
+        pid,
+        ppid,
+        ..Default::default()
+    };
+    match std::fs::read(format!("/proc/{pid}/cmdline")) {
+        Ok(raw) => f.cmdline = split_nul(&raw),
+        Err(e) => f.error = format!("/proc/{pid}/cmdline: {e}"),
+    }
+    match std::fs::read(format!("/proc/{pid}/environ")) {
+        Ok(raw) => {
+            let vars = split_nul(&raw);
+            f.env = env_keys
+                .iter()
+                .map(|k| {
+                    let prefix = format!("{k}=");
+                    match vars.iter().find_map(|v| v.strip_prefix(&prefix)) {
+                        Some(value) => ProcessEnvValue {
+                            key: k.clone(),
+                            present: true,
+                            value: value.to_string(),
+                        },
+                        None => ProcessEnvValue {
+                            key: k.clone(),
+                            present: false,
+                            value: String::new(),
+                        },
+                    }
+                })
+                .collect();
+        }
+        Err(e) => {
+            if f.error.is_empty() {
+                f.error = format!("/proc/{pid}/environ: {e}");
+            }
+        }
+    }
+    f
+}
+
+fn split_nul(raw: &[u8]) -> Vec<String> {
+    raw.split(|&b| b == 0)
+        .filter(|s| !s.is_empty())
+        .map(|s| String::from_utf8_lossy(s).into_owned())
+        .collect()
+}
+
+/// The inspection of a unit that runs as `pid`, spawned from `version`.
+pub fn inspection(pid: u32, version: Option<u32>, env_keys: &[String]) -> ProcessInspection {
+    ProcessInspection {
+        error: String::new(),
+        config_version: version.unwrap_or(u32::MAX),
+        processes: inspect(pid, env_keys),
+    }
+}
+
+/// A prompt of `tokens` words (pd-sim and the gate count a word as a token).
+pub fn prompt_of(tokens: u32) -> String {
+    let words = ["measure", "the", "pair", "before", "and", "after", "the", "change"];
+    (0..tokens.max(1))
+        .map(|i| words[i as usize % words.len()])
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Runs one benchmark cell against `base_url` (the router).
+pub async fn benchmark(http: &reqwest::Client, base_url: &str, b: &GateBenchmark) -> GateBenchmarkResult {
+    let prompt = prompt_of(b.prompt_tokens);
+    let timeout = Duration::from_millis(b.timeout_ms.max(1));
+    let mut result = GateBenchmarkResult::default();
+    for round in 0..b.rounds.max(1) {
+        let started = Instant::now();
+        let requests = (0..b.concurrency.max(1)).map(|_| stream_one(http, base_url, b, &prompt, timeout, round));
+        let samples = futures::future::join_all(requests).await;
+        result.round_us.push(started.elapsed().as_micros() as u64);
+        result.samples.extend(samples);
+    }
+    result
+}
+
+async fn stream_one(
+    http: &reqwest::Client,
+    base_url: &str,
+    b: &GateBenchmark,
+    prompt: &str,
+    timeout: Duration,
+    round: u32,
+) -> GateRequestSample {
+    let request_id = format!("{REQUEST_ID_PREFIX}{}", uuid::Uuid::new_v4());
+    let mut sample = GateRequestSample {
+        round,
+        outcome: ProbeOutcome::Error as i32,
+        request_id: request_id.clone(),
+        ..Default::default()
+    };
+    let body = json!({
+        "model": b.model,
+        "messages": [{ "role": "user", "content": prompt }],
+        "max_tokens": b.max_tokens,
+        "stream": true,
+        "temperature": 0,
+    });
+    let started = Instant::now();
+    let deadline = started + timeout;
+    let us = || started.elapsed().as_micros() as u64;
+    let send = http
+        .post(format!("{}/v1/chat/completions", base_url.trim_end_matches('/')))
+        .header(REQUEST_ID_HEADER, &request_id)
+        .header(PROBE_HEADER, "1")
+        .json(&body)
+        .send();
+    let resp = match tokio::time::timeout_at(deadline, send).await {
+        Err(_) => {
+            sample.outcome = ProbeOutcome::Timeout as i32;
+            sample.latency_us = us();
+            sample.error = format!("no response within {} ms", timeout.as_millis());
+            return sample;
+        }
+        Ok(Err(e)) => {
+            sample.latency_us = us();
+            sample.error = error_chain(&e);
+            return sample;
+        }
+        Ok(Ok(r)) => r,
+    };
+    if !resp.status().is_success() {
+        sample.latency_us = us();
+        sample.error = format!("http {}", resp.status().as_u16());
+        return sample;
+    }
+    let mut stream = resp.bytes_stream();
+    let mut buf = String::new();
+    let (mut first, mut last, mut done) = (None, 0u64, false);
+    while !done {
+        match tokio::time::timeout_at(deadline, stream.next()).await {
+            Err(_) => {
+                sample.outcome = ProbeOutcome::Timeout as i32;
+                sample.error = format!("stream not finished within {} ms", timeout.as_millis());
+                break;
+            }
+            Ok(None) => {
+                sample.error = "stream ended without [DONE]".into();
+                break;
+            }
+            Ok(Some(Err(e))) => {
+                sample.error = error_chain(&e);
+                break;
+            }
+            Ok(Some(Ok(bytes))) => {
+                let at = us();
+                buf.push_str(&String::from_utf8_lossy(&bytes));
+                while let Some(end) = buf.find("\n\n") {
+                    let event: String = buf.drain(..end + 2).collect();
+                    let Some(data) = event.trim().strip_prefix("data:").map(str::trim) else {
+                        continue;
+                    };
+                    if data == "[DONE]" {
+                        done = true;
+                        break;
+                    }
+                    let Ok(v) = serde_json::from_str::<Value>(data) else {
+                        continue;
+                    };
+                    if v.pointer("/choices/0/delta/content")
+                        .and_then(Value::as_str)
+                        .is_some_and(|p| !p.is_empty())
+                    {
+                        sample.tokens += 1;
+                        first.get_or_insert(at);
+                        last = at;
+                    }
+                }
+            }
+        }
+    }
+    sample.latency_us = us();
+    sample.ttft_us = first.unwrap_or(0);
+    sample.decode_us = first.map_or(0, |f| last - f);
+    if done && sample.tokens > 0 {
+        sample.outcome = ProbeOutcome::Ok as i32;
+        sample.error.clear();
+    } else if done {
+        sample.error = "stream finished without a token".into();
+    }
+    sample
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A child process is found, with the variables asked for (and only
+    /// those), as the kernel holds them.
+    #[tokio::test]
+    async fn inspects_a_process_tree() {
+        let mut child = tokio::process::Command::new("sh")
+            .args(["-c", "sleep 30 & wait"])
+            .env("GATE_TEST_KNOB", "512")
+            .env_remove("GATE_TEST_ABSENT")
+            .spawn()
+            .unwrap();
+        let pid = child.id().unwrap();
+        // The shell forks `sleep`; wait for it to appear (an event, not a sleep).
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let facts = loop {
+            let f = inspect(pid, &["GATE_TEST_KNOB".into(), "GATE_TEST_ABSENT".into()]);
+            if f.len() >= 2 || Instant::now() > deadline {
+                break f;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        child.kill().await.unwrap();
+        assert_eq!(facts[0].pid, pid);
+        assert_eq!(facts[0].cmdline[0], "sh");
+        assert!(facts.len() >= 2, "{facts:?}");
+        assert_eq!(facts[1].ppid, pid);
+        for f in &facts {
+            assert_eq!(f.env.len(), 2);
+            assert!(f.env[0].present && f.env[0].value == "512", "{f:?}");
+            assert!(!f.env[1].present);
+        }
+    }
+
+    #[test]
+    fn prompt_has_the_asked_word_count() {
+        assert_eq!(prompt_of(37).split_whitespace().count(), 37);
+        assert_eq!(prompt_of(0).split_whitespace().count(), 1);
+    }
+}

@@ -1,0 +1,135 @@
+//! `pdwarden gate NAME --set-env KEY=VALUE …`: a knob flip as a measured,
+//! reversible operation (the orchestrator's `gate` module does the work;
+//! this prints its progress and its report).
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use clap::Args;
+use pdwarden_orchestrator::gate::GateReport;
+use pdwarden_orchestrator::report::{
+    ProbeRecord, StepRecord, TimelineRecord, live_phase_line, live_probe_line, live_step_line,
+};
+use pdwarden_proto::v1::{GatePairRequest, operation_update};
+
+use crate::{CouldNotRun, connect, could_not_run, print_json};
+
+#[derive(Args)]
+pub struct GateArgs {
+    /// The pair.
+    name: String,
+    /// Set an environment variable on the changed units (repeatable).
+    #[arg(long = "set-env", value_name = "KEY=VALUE")]
+    set_env: Vec<String>,
+    /// Remove an environment variable from the changed units (repeatable).
+    #[arg(long = "unset-env", value_name = "KEY")]
+    unset_env: Vec<String>,
+    /// Set a command-line flag: `--set-arg --flag=value` replaces the value
+    /// after an existing `--flag`, or appends it (repeatable).
+    #[arg(long = "set-arg", value_name = "FLAG=VALUE", allow_hyphen_values = true)]
+    set_arg: Vec<String>,
+    /// Change only this unit (repeatable); default: the pair's engines.
+    #[arg(long = "unit")]
+    units: Vec<String>,
+    #[arg(long)]
+    json: bool,
+}
+
+fn split_kv(flag: &str, s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("{flag} {s:?}: expected KEY=VALUE")),
+    }
+}
+
+pub async fn run(url: &str, args: GateArgs) -> ExitCode {
+    let json = args.json;
+    match follow(url, args).await {
+        Ok(report) => {
+            if json {
+                print_json(&report);
+            } else {
+                print!("{}", report.render());
+            }
+            if report.verdict.kept() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(2)
+            }
+        }
+        Err(CouldNotRun(r)) => could_not_run(&r, json),
+    }
+}
+
+async fn follow(url: &str, args: GateArgs) -> Result<GateReport, CouldNotRun> {
+    let mut request = GatePairRequest {
+        pair: args.name.clone(),
+        request_id: uuid::Uuid::new_v4().to_string(),
+        unset_env: args.unset_env.clone(),
+        units: args.units.clone(),
+        ..Default::default()
+    };
+    for s in &args.set_env {
+        let (k, v) = split_kv("--set-env", s).map_err(CouldNotRun)?;
+        request.set_env.insert(k, v);
+    }
+    for s in &args.set_arg {
+        let (k, v) = split_kv("--set-arg", s).map_err(CouldNotRun)?;
+        request.set_args.insert(k, v);
+    }
+    let mut client = connect(url).await?;
+    let mut stream = client
+        .gate_pair(request)
+        .await
+        .map_err(|s| CouldNotRun(s.message().to_string()))?
+        .into_inner();
+    let mut out = std::io::stdout();
+    loop {
+        let update = match stream.message().await {
+            Ok(Some(u)) => u,
+            Ok(None) => {
+                return Err(CouldNotRun(
+                    "the orchestrator ended the gate's stream without a report".into(),
+                ));
+            }
+            Err(s) => return Err(CouldNotRun(format!("lost the gate's stream: {}", s.message()))),
+        };
+        let line = match update.kind {
+            Some(operation_update::Kind::Started(s)) => {
+                Some(format!("gate pd-pair {}: operation {}", s.pair, s.operation_id))
+            }
+            Some(operation_update::Kind::Step(s)) => Some(live_step_line(&StepRecord {
+                name: s.name,
+                unit: s.unit,
+                started_ms: s.started_ms,
+                ended_ms: s.ended_ms,
+                outcome: s.outcome,
+            })),
+            Some(operation_update::Kind::Phase(p)) => Some(live_phase_line(&TimelineRecord {
+                unit: p.unit,
+                role: p.role,
+                phase: p.phase,
+                at_ms: p.at_ms,
+                detail: p.detail,
+            })),
+            Some(operation_update::Kind::Probe(p)) => Some(live_probe_line(&ProbeRecord {
+                target: p.target,
+                seq: p.seq,
+                latency_ms: p.latency_ms,
+                tokens: p.tokens,
+                outcome: p.outcome,
+                error: p.error,
+                request_id: String::new(),
+            })),
+            Some(operation_update::Kind::Report(r)) => {
+                return serde_json::from_str(&r.json)
+                    .map_err(|e| CouldNotRun(format!("unreadable gate report from the orchestrator: {e}")));
+            }
+            None => None,
+        };
+        if let (Some(line), false) = (line, args.json) {
+            let _ = writeln!(out, "{line}");
+            let _ = out.flush();
+        }
+    }
+}

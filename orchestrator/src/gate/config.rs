@@ -1,0 +1,165 @@
+//! `[pair.gate]`: the change gate's workload and tolerance. Every field is
+//! optional; the defaults are a short benchmark that a pair in service
+//! hardly notices.
+
+use serde::{Deserialize, Serialize};
+
+/// The gate's benchmark (run through the router, before and after the
+/// change, identically) and how its results are judged.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GateConfig {
+    /// Prompt sizes, in tokens (the benchmark's prompts are that many words).
+    pub prompt_tokens: Vec<u32>,
+    /// Output lengths (`max_tokens`).
+    pub output_tokens: Vec<u32>,
+    /// Concurrency levels: requests in flight at once.
+    pub concurrency: Vec<u32>,
+    /// Requests per (prompt, output, concurrency) cell; rounded up to whole
+    /// rounds of the cell's concurrency.
+    pub requests_per_cell: u32,
+    /// Timeout of one benchmark request.
+    pub request_timeout_ms: u64,
+    /// A significant change for the worse beyond this many percent (of any
+    /// metric) rejects the change and rolls it back.
+    pub tolerance_pct: f64,
+    /// Significance level of the tests (Holm-corrected) and 1 − the
+    /// confidence level of the bootstrap intervals.
+    pub alpha: f64,
+    pub bootstrap_resamples: u32,
+    /// After a rollback, the pair is "back at baseline" when no metric is
+    /// significantly worse than the baseline by more than this many percent.
+    pub rollback_tolerance_pct: f64,
+    /// Also run the probe series and the verification suite around the
+    /// benchmark (before, after, and after a rollback).
+    pub verify: bool,
+}
+
+impl Default for GateConfig {
+    fn default() -> Self {
+        GateConfig {
+            prompt_tokens: vec![16, 512],
+            output_tokens: vec![64],
+            concurrency: vec![1, 4],
+            requests_per_cell: 16,
+            request_timeout_ms: 120_000,
+            tolerance_pct: 5.0,
+            alpha: 0.05,
+            bootstrap_resamples: 2_000,
+            rollback_tolerance_pct: 10.0,
+            verify: true,
+        }
+    }
+}
+
+impl GateConfig {
+    /// Checks what types cannot; errors are (field, problem), the field
+    /// relative to `[pair.gate]`.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        let bad = |f: &str, p: &str| Err((f.to_string(), p.to_string()));
+        for (f, v) in [
+            ("prompt_tokens", &self.prompt_tokens),
+            ("output_tokens", &self.output_tokens),
+            ("concurrency", &self.concurrency),
+        ] {
+            if v.is_empty() {
+                return bad(f, "needs at least one value");
+            }
+            if v.contains(&0) {
+                return bad(f, "values must be at least 1");
+            }
+        }
+        if self.concurrency.iter().any(|&c| c > 256) {
+            return bad("concurrency", "values above 256 are not a short benchmark");
+        }
+        if self.requests_per_cell < 8 {
+            return bad(
+                "requests_per_cell",
+                "must be at least 8: fewer samples cannot tell a change from noise",
+            );
+        }
+        if self.request_timeout_ms == 0 {
+            return bad("request_timeout_ms", "must be greater than 0");
+        }
+        if !(self.tolerance_pct >= 0.0 && self.tolerance_pct.is_finite()) {
+            return bad("tolerance_pct", "must be a finite number >= 0");
+        }
+        if !(self.rollback_tolerance_pct >= 0.0 && self.rollback_tolerance_pct.is_finite()) {
+            return bad("rollback_tolerance_pct", "must be a finite number >= 0");
+        }
+        if !(self.alpha > 0.0 && self.alpha < 0.5) {
+            return bad("alpha", "must be between 0 and 0.5");
+        }
+        if self.bootstrap_resamples < 100 {
+            return bad("bootstrap_resamples", "must be at least 100");
+        }
+        Ok(())
+    }
+
+    /// The benchmark's cells, in the order they run.
+    pub fn cells(&self) -> Vec<Cell> {
+        let mut out = Vec::new();
+        for &prompt_tokens in &self.prompt_tokens {
+            for &output_tokens in &self.output_tokens {
+                for &concurrency in &self.concurrency {
+                    out.push(Cell {
+                        prompt_tokens,
+                        output_tokens,
+                        concurrency,
+                        rounds: self.requests_per_cell.div_ceil(concurrency),
+                    });
+                }
+            }
+        }
+        out
+    }
+}
+
+/// One benchmark cell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cell {
+    pub prompt_tokens: u32,
+    pub output_tokens: u32,
+    pub concurrency: u32,
+    pub rounds: u32,
+}
+
+impl Cell {
+    pub fn label(&self) -> String {
+        format!(
+            "prompt {} / output {} / concurrency {}",
+            self.prompt_tokens, self.output_tokens, self.concurrency
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_cells_cover_the_grid() {
+        let c = GateConfig::default();
+        c.validate().unwrap();
+        let cells = c.cells();
+        assert_eq!(cells.len(), 4);
+        assert_eq!(cells[1].concurrency, 4);
+        assert_eq!(cells[1].rounds, 4);
+        assert_eq!(cells[0].rounds, 16);
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let mut c = GateConfig {
+            concurrency: vec![],
+            ..Default::default()
+        };
+        assert_eq!(c.validate().unwrap_err().0, "concurrency");
+        c.concurrency = vec![1];
+        c.requests_per_cell = 3;
+        assert_eq!(c.validate().unwrap_err().0, "requests_per_cell");
+        c.requests_per_cell = 8;
+        c.alpha = 0.0;
+        assert_eq!(c.validate().unwrap_err().0, "alpha");
+    }
+}

@@ -1,0 +1,1369 @@
+//! The change gate (issue 7): flip a config knob, prove what it did, keep it
+//! or roll it back.
+//!
+//! In the seeds a performance knob was reverted on suspicion, restored on a
+//! user's word, and whether the restarted process even had it was checked by
+//! hand. Here a knob flip is one journaled operation, an explicit state
+//! machine ([`GateStep`]), each transition journaled before its commands go
+//! out (DESIGN.md 4):
+//!
+//! 1. **Baseline**: the probe series and verification suite
+//!    (`run_operation(Verify)`), the current processes' `/proc` facts for the
+//!    touched keys, and the benchmark through the router.
+//! 2. **Apply**: each affected unit's agent records a new config version;
+//!    the old one stays for rollback (versions journaled).
+//! 3. **Co-restart** with the usual readiness and verdict rules
+//!    (`run_operation(CoRestart)`).
+//! 4. **Verify live** from `/proc/PID/environ` and `/proc/PID/cmdline`
+//!    ([`live`]): a knob the process did not receive fails the gate here.
+//! 5. **Measure** the same benchmark again.
+//! 6. **Judge** ([`judge`]): per metric, a bootstrap interval and a
+//!    Mann–Whitney test, bimodality checked first.
+//! 7. Keep it, or **roll back**: restore the previous versions, co-restart,
+//!    verify the old values are live again, and measure that the pair is
+//!    back at baseline.
+//!
+//! The co-restarts and verifications run as operations of their own, with
+//! their full evidence, journaled under the pair name `NAME#gate` (the
+//! journal allows one running operation per pair, and the gate holds the
+//! pair's); the gate's report names them.
+
+pub mod config;
+pub mod judge;
+pub mod live;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use pdwarden_proto::v1::{
+    Command, GateAgentStep, GateBenchmark, OperationStarted, OperationUpdate, ProbeOutcome, ProcessInspect, StepUpdate,
+    UnitConfigChange, UnitConfigEdit, command, gate_agent_result, gate_agent_step, operation_update,
+    unit_config_change,
+};
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::config::{PairConfig, UnitRef};
+use crate::corestart::{OperationContext, OperationKind, run_operation};
+use crate::fleet::AgentReport;
+use crate::journal::JournalError;
+use crate::report::{OperationReport, StepRecord};
+use config::Cell;
+use judge::{Better, JudgePolicy, JudgeReport, Judgement, MetricSamples};
+use live::{Expected, LiveCheck, ProcessView, UnitView};
+
+/// Slack added to an agent-side deadline before giving up on the agent.
+const AGENT_SLACK: Duration = Duration::from_secs(10);
+/// The seed of the judge's bootstrap (fixed: same samples, same intervals).
+const BOOTSTRAP_SEED: u64 = 0x5eed_9a7e;
+
+/// The change asked for.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ChangeSpec {
+    pub set_env: BTreeMap<String, String>,
+    pub unset_env: Vec<String>,
+    pub set_args: BTreeMap<String, String>,
+    /// The units changed (empty in a request: the pair's engines).
+    pub units: Vec<String>,
+}
+
+impl ChangeSpec {
+    pub fn describe(&self) -> String {
+        let mut parts: Vec<String> = self.set_env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        parts.extend(self.unset_env.iter().map(|k| format!("unset {k}")));
+        parts.extend(self.set_args.iter().map(|(k, v)| format!("{k} {v}")));
+        parts.join(", ")
+    }
+
+    fn env_keys(&self) -> Vec<String> {
+        self.set_env.keys().chain(&self.unset_env).cloned().collect()
+    }
+
+    fn flags(&self) -> Vec<String> {
+        self.set_args.keys().cloned().collect()
+    }
+
+    fn expected(&self, version: u32) -> Expected {
+        Expected {
+            env: self
+                .set_env
+                .iter()
+                .map(|(k, v)| (k.clone(), Some(v.clone())))
+                .chain(self.unset_env.iter().map(|k| (k.clone(), None)))
+                .collect(),
+            args: self
+                .set_args
+                .iter()
+                .map(|(k, v)| (k.clone(), Some(v.clone())))
+                .collect(),
+            config_version: Some(version),
+        }
+    }
+}
+
+/// The steps of a gate, in order. Each is journaled on entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GateStep {
+    /// Probes and suite, the processes' facts, and the benchmark, unchanged.
+    Baseline,
+    /// New config versions recorded by the agents.
+    Applying,
+    /// Ordered co-restart onto the new versions.
+    Restarting,
+    /// `/proc` of each restarted process against the change.
+    VerifyingLive,
+    /// The benchmark again.
+    Measuring,
+    /// Statistics: keep or roll back.
+    Judging,
+    /// Previous versions made current again.
+    RollingBack,
+    /// Ordered co-restart onto the previous versions.
+    RollbackRestarting,
+    /// `/proc` against the values recorded before the change.
+    RollbackVerifyingLive,
+    /// The benchmark a third time, against the baseline.
+    RollbackMeasuring,
+    Concluded,
+}
+
+impl GateStep {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Baseline => "gate_baseline",
+            Self::Applying => "gate_applying",
+            Self::Restarting => "gate_restarting",
+            Self::VerifyingLive => "gate_verifying_live",
+            Self::Measuring => "gate_measuring",
+            Self::Judging => "gate_judging",
+            Self::RollingBack => "gate_rolling_back",
+            Self::RollbackRestarting => "gate_rollback_restarting",
+            Self::RollbackVerifyingLive => "gate_rollback_verifying_live",
+            Self::RollbackMeasuring => "gate_rollback_measuring",
+            Self::Concluded => "concluded",
+        }
+    }
+}
+
+/// How a gate ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GateVerdict {
+    /// Kept: something measurably better, nothing regressed.
+    Accepted,
+    /// Kept: nothing regressed, but nothing measurably changed either.
+    NoSignificantDifference,
+    /// Kept: measurably worse, but within the tolerance.
+    AcceptedWithinTolerance,
+    /// Regressed beyond the tolerance: rolled back, rollback verified.
+    RejectedRolledBack,
+    /// The restarted processes did not have the change: rolled back.
+    NotLiveRolledBack,
+    /// The co-restart onto the change failed: rolled back.
+    RestartFailedRolledBack,
+    /// A rollback was needed and did not fully succeed: look now.
+    RollbackFailed,
+    /// Nothing changed (baseline unhealthy, apply refused, ...).
+    Failed,
+}
+
+impl GateVerdict {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Accepted => "accepted",
+            Self::NoSignificantDifference => "no_significant_difference",
+            Self::AcceptedWithinTolerance => "accepted_within_tolerance",
+            Self::RejectedRolledBack => "rejected_rolled_back",
+            Self::NotLiveRolledBack => "not_live_rolled_back",
+            Self::RestartFailedRolledBack => "restart_failed_rolled_back",
+            Self::RollbackFailed => "rollback_failed",
+            Self::Failed => "failed",
+        }
+    }
+
+    /// The change is in place and the pair is healthy.
+    pub fn kept(self) -> bool {
+        matches!(
+            self,
+            Self::Accepted | Self::NoSignificantDifference | Self::AcceptedWithinTolerance
+        )
+    }
+}
+
+/// One unit's config versions in this gate.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VersionRecord {
+    pub unit: String,
+    pub host: String,
+    pub previous: u32,
+    pub applied: u32,
+    /// The version made current again by the rollback.
+    pub restored: Option<u32>,
+    pub argv: Vec<String>,
+    pub env: BTreeMap<String, String>,
+}
+
+/// A co-restart or verification run by the gate.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChildOperation {
+    /// "baseline", "restart", "rollback_restart".
+    pub purpose: String,
+    pub operation_id: String,
+    pub kind: String,
+    pub verdict: String,
+    pub reasons: Vec<String>,
+    pub total_ms: u64,
+}
+
+/// One benchmark request, as kept for the judge.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RequestFigures {
+    pub round: u32,
+    pub ok: bool,
+    pub ttft_ms: f64,
+    pub e2e_ms: f64,
+    /// Mean inter-token latency (first to last token / (tokens − 1)).
+    pub itl_ms: Option<f64>,
+    pub tokens: u32,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub error: String,
+}
+
+/// One cell of one measurement.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CellMeasurement {
+    pub cell: Cell,
+    pub requests: Vec<RequestFigures>,
+    /// Tokens per second of each round.
+    pub throughput: Vec<f64>,
+}
+
+/// One run of the benchmark (baseline, after, rollback).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Measurement {
+    pub label: String,
+    pub cells: Vec<CellMeasurement>,
+    pub total_ms: u64,
+}
+
+impl Measurement {
+    pub fn failures(&self) -> usize {
+        self.cells.iter().flat_map(|c| &c.requests).filter(|r| !r.ok).count()
+    }
+
+    fn ok_values(c: &CellMeasurement, f: impl Fn(&RequestFigures) -> Option<f64>) -> Vec<f64> {
+        c.requests.iter().filter(|r| r.ok).filter_map(f).collect()
+    }
+}
+
+/// Pairs the cells of two measurements into the judge's metrics.
+pub fn metrics(before: &Measurement, after: &Measurement) -> Vec<MetricSamples> {
+    let mut out = Vec::new();
+    for b in &before.cells {
+        let Some(a) = after.cells.iter().find(|c| c.cell == b.cell) else {
+            continue;
+        };
+        let label = b.cell.label();
+        let m = |metric: &str, unit: &str, better, before, after| MetricSamples {
+            metric: metric.into(),
+            cell: label.clone(),
+            unit: unit.into(),
+            better,
+            before,
+            after,
+        };
+        out.push(m(
+            "ttft",
+            "ms",
+            Better::Lower,
+            Measurement::ok_values(b, |r| Some(r.ttft_ms)),
+            Measurement::ok_values(a, |r| Some(r.ttft_ms)),
+        ));
+        if b.cell.output_tokens >= 2 {
+            out.push(m(
+                "itl",
+                "ms",
+                Better::Lower,
+                Measurement::ok_values(b, |r| r.itl_ms),
+                Measurement::ok_values(a, |r| r.itl_ms),
+            ));
+        }
+        out.push(m(
+            "e2e",
+            "ms",
+            Better::Lower,
+            Measurement::ok_values(b, |r| Some(r.e2e_ms)),
+            Measurement::ok_values(a, |r| Some(r.e2e_ms)),
+        ));
+        if b.cell.rounds >= 4 {
+            out.push(m(
+                "throughput",
+                "tok/s",
+                Better::Higher,
+                b.throughput.clone(),
+                a.throughput.clone(),
+            ));
+        }
+    }
+    out
+}
+
+/// The gate's report: the `--json` object of `pdwarden gate`, and what the
+/// journal keeps as the operation's report.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GateReport {
+    pub operation_id: String,
+    pub pair: String,
+    pub kind: String,
+    pub verdict: GateVerdict,
+    /// The lines a person acts on, most important first.
+    pub reasons: Vec<String>,
+    pub change: ChangeSpec,
+    pub steps: Vec<StepRecord>,
+    pub versions: Vec<VersionRecord>,
+    /// The processes before the change (for the touched keys and flags).
+    pub before_live: Vec<LiveCheck>,
+    pub live: Vec<LiveCheck>,
+    pub rollback_live: Vec<LiveCheck>,
+    pub operations: Vec<ChildOperation>,
+    pub judgement: Option<JudgeReport>,
+    /// The rollback's measurement against the baseline.
+    pub rollback_judgement: Option<JudgeReport>,
+    /// Per measurement: requests, failures.
+    pub measurements: Vec<MeasurementSummary>,
+    pub tolerance_pct: f64,
+    pub total_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MeasurementSummary {
+    pub label: String,
+    pub requests: usize,
+    pub failures: usize,
+    pub total_ms: u64,
+}
+
+impl GateReport {
+    /// For people: the verdict, what to do, and the numbers behind it.
+    pub fn render(&self) -> String {
+        use std::fmt::Write as _;
+        let mut s = String::new();
+        let headline = match self.verdict {
+            GateVerdict::Accepted => "ACCEPTED: the change is kept; it measurably helps",
+            GateVerdict::NoSignificantDifference => {
+                "NO SIGNIFICANT DIFFERENCE: the change is kept (nothing regressed), but it is not a measured win"
+            }
+            GateVerdict::AcceptedWithinTolerance => "ACCEPTED: kept; measurably worse, but within the tolerance",
+            GateVerdict::RejectedRolledBack => "REJECTED: it regressed; rolled back, rollback verified",
+            GateVerdict::NotLiveRolledBack => {
+                "FAILED: the restarted processes did not get the change; rolled back, rollback verified"
+            }
+            GateVerdict::RestartFailedRolledBack => "FAILED: the pair did not come back with the change; rolled back",
+            GateVerdict::RollbackFailed => "ROLLBACK FAILED: the pair is not as it was; look now",
+            GateVerdict::Failed => "FAILED: nothing was changed",
+        };
+        let _ = writeln!(s, "gate {} [{}]: {headline}", self.pair, self.change.describe());
+        for r in &self.reasons {
+            let _ = writeln!(s, "  - {r}");
+        }
+        for v in &self.versions {
+            let restored = v.restored.map(|r| format!(", restored {r}")).unwrap_or_default();
+            let _ = writeln!(
+                s,
+                "  {}: config version {} → {}{restored}",
+                v.unit, v.previous, v.applied
+            );
+        }
+        for m in &self.measurements {
+            let _ = writeln!(
+                s,
+                "  measurement {}: {} requests, {} failed, {:.1} s",
+                m.label,
+                m.requests,
+                m.failures,
+                m.total_ms as f64 / 1000.0
+            );
+        }
+        let _ = writeln!(
+            s,
+            "  operation {} ({:.1} s); `pdwarden history {}` keeps every number",
+            self.operation_id,
+            self.total_ms as f64 / 1000.0,
+            self.pair
+        );
+        s
+    }
+}
+
+/// Extra lines `pdwarden history` prints under a gate: the change, the
+/// versions and every comparison's numbers.
+pub fn history_lines(report: &serde_json::Value) -> Vec<String> {
+    let Ok(r) = serde_json::from_value::<GateReport>(report.clone()) else {
+        return Vec::new();
+    };
+    let mut out = vec![format!("change: {}", r.change.describe())];
+    for v in &r.versions {
+        let restored = v.restored.map(|x| format!(", restored {x}")).unwrap_or_default();
+        out.push(format!(
+            "{}: config version {} → {}{restored}",
+            v.unit, v.previous, v.applied
+        ));
+    }
+    for (label, j) in [("after", &r.judgement), ("rollback", &r.rollback_judgement)] {
+        if let Some(j) = j {
+            out.push(format!("{label} vs baseline: {:?}", j.judgement));
+            for c in &j.comparisons {
+                out.push(format!("  {}", judge::describe(c, r.tolerance_pct)));
+            }
+        }
+    }
+    out
+}
+
+/// Runs a gate whose row (kind `gate`) already exists in the journal.
+pub async fn run_gate(
+    ctx: OperationContext,
+    pair: PairConfig,
+    operation_id: String,
+    change: ChangeSpec,
+    updates: mpsc::UnboundedSender<OperationUpdate>,
+) -> GateReport {
+    let mut g = Gate {
+        policy: JudgePolicy {
+            tolerance_pct: pair.gate.tolerance_pct,
+            alpha: pair.gate.alpha,
+            bootstrap_resamples: pair.gate.bootstrap_resamples,
+            seed: BOOTSTRAP_SEED,
+        },
+        ctx,
+        targets: targets(&pair, &change),
+        pair,
+        operation_id,
+        change,
+        updates,
+        start: Instant::now(),
+        steps: Vec::new(),
+        versions: Vec::new(),
+        before_views: Vec::new(),
+        operations: Vec::new(),
+        measurements: Vec::new(),
+        reasons: Vec::new(),
+    };
+    g.send(operation_update::Kind::Started(OperationStarted {
+        operation_id: g.operation_id.clone(),
+        pair: g.pair.name.clone(),
+        decode_start_policy: g.pair.decode_start_policy.as_str().into(),
+    }));
+    let outcome = g.drive().await;
+    let (verdict, mut report) = match outcome {
+        Ok(done) => done,
+        Err(e) => {
+            g.reasons
+                .insert(0, format!("stopped: the journal could not record a step ({e})"));
+            (GateVerdict::Failed, Partial::default())
+        }
+    };
+    let _ = g.transition(GateStep::Concluded);
+    let report = GateReport {
+        operation_id: g.operation_id.clone(),
+        pair: g.pair.name.clone(),
+        kind: "gate".into(),
+        verdict,
+        reasons: std::mem::take(&mut g.reasons),
+        change: ChangeSpec {
+            units: g.targets.iter().map(|u| u.unit.clone()).collect(),
+            ..g.change.clone()
+        },
+        steps: std::mem::take(&mut g.steps),
+        versions: std::mem::take(&mut g.versions),
+        before_live: std::mem::take(&mut report.before_live),
+        live: std::mem::take(&mut report.live),
+        rollback_live: std::mem::take(&mut report.rollback_live),
+        operations: std::mem::take(&mut g.operations),
+        judgement: report.judgement.take(),
+        rollback_judgement: report.rollback_judgement.take(),
+        measurements: g
+            .measurements
+            .iter()
+            .map(|m| MeasurementSummary {
+                label: m.label.clone(),
+                requests: m.cells.iter().map(|c| c.requests.len()).sum(),
+                failures: m.failures(),
+                total_ms: m.total_ms,
+            })
+            .collect(),
+        tolerance_pct: g.pair.gate.tolerance_pct,
+        total_ms: g.now_ms(),
+    };
+    if let Err(e) = g.ctx.journal.conclude(&g.operation_id, verdict.as_str(), &report) {
+        tracing::error!(operation = %g.operation_id, error = %e, "could not journal the gate's verdict");
+    }
+    if let Ok(json) = serde_json::to_string(&report) {
+        g.send(operation_update::Kind::Report(pdwarden_proto::v1::JsonReply { json }));
+    }
+    report
+}
+
+/// The units a change applies to: those named, else the pair's engines.
+fn targets(pair: &PairConfig, change: &ChangeSpec) -> Vec<UnitRef> {
+    let all: Vec<&UnitRef> = pair.prefill.iter().chain(&pair.decode).chain(&pair.router).collect();
+    if change.units.is_empty() {
+        pair.prefill.iter().chain(&pair.decode).cloned().collect()
+    } else {
+        all.into_iter()
+            .filter(|u| change.units.contains(&u.unit))
+            .cloned()
+            .collect()
+    }
+}
+
+/// Checks a request before anything is journaled: the units exist in the
+/// pair and the change is not empty.
+pub fn validate_request(pair: &PairConfig, change: &ChangeSpec) -> Result<(), String> {
+    if change.set_env.is_empty() && change.unset_env.is_empty() && change.set_args.is_empty() {
+        return Err("nothing to change: give --set-env, --unset-env or --set-arg".into());
+    }
+    for u in &change.units {
+        if !pair
+            .prefill
+            .iter()
+            .chain(&pair.decode)
+            .chain(&pair.router)
+            .any(|r| &r.unit == u)
+        {
+            return Err(format!("unit {u:?} is not part of pair {}", pair.name));
+        }
+    }
+    for k in change.set_env.keys().chain(&change.unset_env) {
+        if k.is_empty() || k.contains('=') {
+            return Err(format!("invalid environment variable name {k:?}"));
+        }
+    }
+    for f in change.set_args.keys() {
+        if !f.starts_with('-') {
+            return Err(format!("--set-arg {f:?}: the flag must start with '-'"));
+        }
+    }
+    Ok(())
+}
+
+/// Evidence gathered by `drive` for the report.
+#[derive(Default)]
+struct Partial {
+    before_live: Vec<LiveCheck>,
+    live: Vec<LiveCheck>,
+    rollback_live: Vec<LiveCheck>,
+    judgement: Option<JudgeReport>,
+    rollback_judgement: Option<JudgeReport>,
+}
+
+struct Gate {
+    ctx: OperationContext,
+    pair: PairConfig,
+    targets: Vec<UnitRef>,
+    operation_id: String,
+    change: ChangeSpec,
+    updates: mpsc::UnboundedSender<OperationUpdate>,
+    start: Instant,
+    policy: JudgePolicy,
+    steps: Vec<StepRecord>,
+    versions: Vec<VersionRecord>,
+    /// Each target's processes before the change.
+    before_views: Vec<UnitView>,
+    operations: Vec<ChildOperation>,
+    measurements: Vec<Measurement>,
+    reasons: Vec<String>,
+}
+
+impl Gate {
+    fn now_ms(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64
+    }
+
+    fn send(&self, kind: operation_update::Kind) {
+        let _ = self.updates.send(OperationUpdate { kind: Some(kind) });
+    }
+
+    fn journal(&self, kind: &str, payload: &impl Serialize) {
+        if let Err(e) = self
+            .ctx
+            .journal
+            .append(&self.operation_id, self.now_ms(), kind, payload)
+        {
+            tracing::error!(operation = %self.operation_id, error = %e, "journal append failed");
+        }
+    }
+
+    fn transition(&self, step: GateStep) -> Result<(), JournalError> {
+        self.ctx
+            .journal
+            .transition(&self.operation_id, self.now_ms(), step.as_str())
+    }
+
+    /// Journals the transition and opens the step's record.
+    fn enter(&mut self, step: GateStep) -> Result<usize, JournalError> {
+        self.transition(step)?;
+        let rec = StepRecord {
+            name: step.as_str().trim_start_matches("gate_").replace('_', "-"),
+            unit: self.pair.name.clone(),
+            started_ms: self.now_ms(),
+            ended_ms: None,
+            outcome: "running".into(),
+        };
+        self.send_step(&rec);
+        self.steps.push(rec);
+        Ok(self.steps.len() - 1)
+    }
+
+    fn end(&mut self, idx: usize, outcome: impl Into<String>) {
+        let now = self.now_ms();
+        let rec = {
+            let s = &mut self.steps[idx];
+            s.ended_ms = Some(now);
+            s.outcome = outcome.into();
+            s.clone()
+        };
+        self.journal("step", &rec);
+        self.send_step(&rec);
+    }
+
+    fn send_step(&self, s: &StepRecord) {
+        self.send(operation_update::Kind::Step(StepUpdate {
+            name: s.name.clone(),
+            unit: s.unit.clone(),
+            started_ms: s.started_ms,
+            ended_ms: s.ended_ms,
+            outcome: s.outcome.clone(),
+        }));
+    }
+
+    /// The state machine; returns the verdict and the evidence.
+    async fn drive(&mut self) -> Result<(GateVerdict, Partial), JournalError> {
+        let mut out = Partial::default();
+        // 1. Baseline.
+        let idx = self.enter(GateStep::Baseline)?;
+        if self.pair.gate.verify {
+            let r = self
+                .child(
+                    "baseline",
+                    OperationKind::Verify {
+                        include_abort_storm: false,
+                    },
+                )
+                .await?;
+            if !r.verdict.is_healthy() {
+                self.end(idx, format!("pair not healthy: {}", r.verdict.as_str()));
+                self.reasons.push(format!(
+                    "the pair is not healthy before the change ({}: {}); nothing was changed",
+                    r.verdict.as_str(),
+                    r.reasons.join("; ")
+                ));
+                return Ok((GateVerdict::Failed, out));
+            }
+        }
+        match self.inspect_all().await {
+            Ok(views) => {
+                out.before_live = views
+                    .iter()
+                    .map(|v| {
+                        let e = live::expected_from(v, &self.change.env_keys(), &self.change.flags(), None);
+                        live::check(v, &e)
+                    })
+                    .collect();
+                self.before_views = views;
+            }
+            Err(e) => {
+                self.end(idx, format!("failed: {e}"));
+                self.reasons.push(format!(
+                    "cannot read the processes before the change: {e}; nothing was changed"
+                ));
+                return Ok((GateVerdict::Failed, out));
+            }
+        }
+        let baseline = self.measure("baseline").await;
+        if baseline.failures() > 0 {
+            self.end(idx, format!("{} benchmark requests failed", baseline.failures()));
+            self.reasons.push(format!(
+                "{} baseline benchmark requests failed before any change: {}; nothing was changed",
+                baseline.failures(),
+                first_error(&baseline)
+            ));
+            return Ok((GateVerdict::Failed, out));
+        }
+        self.end(
+            idx,
+            format!(
+                "{} requests",
+                baseline.cells.iter().map(|c| c.requests.len()).sum::<usize>()
+            ),
+        );
+
+        // 2. Apply.
+        let idx = self.enter(GateStep::Applying)?;
+        if let Err(e) = self.apply().await {
+            self.end(idx, format!("failed: {e}"));
+            // Units already changed go back to their previous version (no
+            // process was restarted: nothing else to undo).
+            let restore = self.restore_versions().await;
+            self.reasons.push(format!("applying the change failed: {e}"));
+            if let Err(r) = restore {
+                self.reasons
+                    .push(format!("restoring the previous config versions failed: {r}"));
+                return Ok((GateVerdict::RollbackFailed, out));
+            }
+            return Ok((GateVerdict::Failed, out));
+        }
+        let applied: Vec<String> = self
+            .versions
+            .iter()
+            .map(|v| format!("{} v{}→v{}", v.unit, v.previous, v.applied))
+            .collect();
+        self.end(idx, applied.join(", "));
+
+        // 3. Co-restart.
+        let idx = self.enter(GateStep::Restarting)?;
+        let r = self.child("restart", OperationKind::CoRestart).await?;
+        self.end(idx, r.verdict.as_str());
+        if !r.verdict.is_healthy() {
+            self.reasons.push(format!(
+                "the co-restart with the change ended {}: {}",
+                r.verdict.as_str(),
+                r.reasons.join("; ")
+            ));
+            return self
+                .rollback(GateVerdict::RestartFailedRolledBack, &baseline, out)
+                .await;
+        }
+
+        // 4. Verify live.
+        let idx = self.enter(GateStep::VerifyingLive)?;
+        out.live = self.verify_live(false).await;
+        let not_live: Vec<String> = out.live.iter().flat_map(|c| c.problems.clone()).collect();
+        self.journal("live_check", &out.live);
+        if !not_live.is_empty() {
+            self.end(idx, format!("not live: {}", not_live.join("; ")));
+            self.reasons.push(format!(
+                "the change is not live in the restarted processes: {}",
+                not_live.join("; ")
+            ));
+            return self.rollback(GateVerdict::NotLiveRolledBack, &baseline, out).await;
+        }
+        let pids: Vec<String> = out.live.iter().map(|c| format!("{} pid {}", c.unit, c.pid)).collect();
+        self.end(idx, format!("live in {}", pids.join(", ")));
+
+        // 5. Measure.
+        let idx = self.enter(GateStep::Measuring)?;
+        let after = self.measure("after").await;
+        self.end(idx, format!("{} failed", after.failures()));
+
+        // 6. Judge.
+        let idx = self.enter(GateStep::Judging)?;
+        let report = judge::judge(
+            &metrics(&baseline, &after),
+            baseline.failures(),
+            after.failures(),
+            self.policy,
+        );
+        self.journal("judgement", &report);
+        self.end(idx, format!("{:?}", report.judgement));
+        let verdict = match report.judgement {
+            Judgement::Improved => GateVerdict::Accepted,
+            Judgement::NoSignificantDifference => GateVerdict::NoSignificantDifference,
+            Judgement::WorseWithinTolerance => GateVerdict::AcceptedWithinTolerance,
+            Judgement::Regressed => GateVerdict::RejectedRolledBack,
+        };
+        self.reasons.extend(report.reasons.iter().take(6).cloned());
+        if report.reasons.len() > 6 {
+            self.reasons
+                .push(format!("… {} more findings in the report", report.reasons.len() - 6));
+        }
+        let kept = verdict.kept();
+        out.judgement = Some(report);
+        if kept {
+            return Ok((verdict, out));
+        }
+        self.rollback(verdict, &baseline, out).await
+    }
+
+    /// Restores the previous versions, co-restarts, verifies the old values
+    /// are live and that the pair is back at baseline.
+    async fn rollback(
+        &mut self,
+        verdict: GateVerdict,
+        baseline: &Measurement,
+        mut out: Partial,
+    ) -> Result<(GateVerdict, Partial), JournalError> {
+        let idx = self.enter(GateStep::RollingBack)?;
+        if let Err(e) = self.restore_versions().await {
+            self.end(idx, format!("failed: {e}"));
+            self.reasons
+                .push(format!("ROLLBACK FAILED: restoring the config versions: {e}"));
+            return Ok((GateVerdict::RollbackFailed, out));
+        }
+        let restored: Vec<String> = self
+            .versions
+            .iter()
+            .map(|v| format!("{} v{}", v.unit, v.restored.unwrap_or(v.previous)))
+            .collect();
+        self.end(idx, restored.join(", "));
+
+        let idx = self.enter(GateStep::RollbackRestarting)?;
+        let r = self.child("rollback_restart", OperationKind::CoRestart).await?;
+        self.end(idx, r.verdict.as_str());
+        if !r.verdict.is_healthy() {
+            self.reasons.push(format!(
+                "ROLLBACK FAILED: the co-restart onto the previous config ended {}: {}",
+                r.verdict.as_str(),
+                r.reasons.join("; ")
+            ));
+            return Ok((GateVerdict::RollbackFailed, out));
+        }
+
+        let idx = self.enter(GateStep::RollbackVerifyingLive)?;
+        out.rollback_live = self.verify_live(true).await;
+        self.journal("rollback_live_check", &out.rollback_live);
+        let problems: Vec<String> = out.rollback_live.iter().flat_map(|c| c.problems.clone()).collect();
+        if !problems.is_empty() {
+            self.end(idx, format!("old values not live: {}", problems.join("; ")));
+            self.reasons.push(format!(
+                "ROLLBACK FAILED: the previous values are not live again: {}",
+                problems.join("; ")
+            ));
+            return Ok((GateVerdict::RollbackFailed, out));
+        }
+        self.end(idx, "previous values live");
+
+        let idx = self.enter(GateStep::RollbackMeasuring)?;
+        let m = self.measure("rollback").await;
+        let policy = JudgePolicy {
+            tolerance_pct: self.pair.gate.rollback_tolerance_pct,
+            ..self.policy
+        };
+        let report = judge::judge(&metrics(baseline, &m), baseline.failures(), m.failures(), policy);
+        self.journal("rollback_judgement", &report);
+        let back = report.judgement != Judgement::Regressed;
+        self.end(
+            idx,
+            if back {
+                "back at baseline".to_string()
+            } else {
+                "not back at baseline".to_string()
+            },
+        );
+        let units: Vec<String> = out
+            .rollback_live
+            .iter()
+            .map(|c| {
+                format!(
+                    "{} pid {} (config version {})",
+                    c.unit,
+                    c.pid,
+                    c.config_version.map_or("?".into(), |v| v.to_string())
+                )
+            })
+            .collect();
+        let verdict = if back {
+            self.reasons.push(format!(
+                "rollback verified: {} run the previous config again ({}), and no metric is worse than the baseline beyond {} %",
+                units.join(", "),
+                self.before_summary(),
+                self.pair.gate.rollback_tolerance_pct
+            ));
+            verdict
+        } else {
+            self.reasons.push(format!(
+                "ROLLBACK INCOMPLETE: the previous config is live again ({}), but the pair is not back at baseline: {}",
+                units.join(", "),
+                report.reasons.first().cloned().unwrap_or_default()
+            ));
+            GateVerdict::RollbackFailed
+        };
+        out.rollback_judgement = Some(report);
+        Ok((verdict, out))
+    }
+
+    /// "KNOB absent, --flag 12" as recorded before the change.
+    fn before_summary(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(v) = self.before_views.first() {
+            let e = live::expected_from(v, &self.change.env_keys(), &self.change.flags(), None);
+            for (k, val) in &e.env {
+                parts.push(match val {
+                    Some(x) => format!("{k}={x}"),
+                    None => format!("{k} absent"),
+                });
+            }
+            for (f, val) in &e.args {
+                parts.push(match val {
+                    Some(x) => format!("{f} {x}"),
+                    None => format!("{f} absent"),
+                });
+            }
+        }
+        parts.join(", ")
+    }
+
+    /// Runs a co-restart or verification as its own journaled operation,
+    /// forwarding its live progress.
+    async fn child(&mut self, purpose: &str, kind: OperationKind) -> Result<OperationReport, JournalError> {
+        let id = uuid::Uuid::new_v4().to_string();
+        let child_pair = format!("{}#gate", self.pair.name);
+        self.ctx.journal.begin(&id, kind.as_str(), &child_pair, None)?;
+        self.journal(
+            "child_operation",
+            &serde_json::json!({ "purpose": purpose, "operation_id": id, "kind": kind.as_str() }),
+        );
+        let (tx, mut rx) = mpsc::unbounded_channel::<OperationUpdate>();
+        let fwd = self.updates.clone();
+        let forward = tokio::spawn(async move {
+            while let Some(u) = rx.recv().await {
+                if matches!(
+                    u.kind,
+                    Some(
+                        operation_update::Kind::Step(_)
+                            | operation_update::Kind::Phase(_)
+                            | operation_update::Kind::Probe(_)
+                    )
+                ) {
+                    let _ = fwd.send(u);
+                }
+            }
+        });
+        let report = run_operation(self.ctx.clone(), self.pair.clone(), id.clone(), kind, tx).await;
+        let _ = forward.await;
+        let rec = ChildOperation {
+            purpose: purpose.into(),
+            operation_id: id,
+            kind: kind.as_str().into(),
+            verdict: report.verdict.as_str().into(),
+            reasons: report.reasons.clone(),
+            total_ms: report.total_ms,
+        };
+        self.journal("child_concluded", &rec);
+        self.operations.push(rec);
+        Ok(report)
+    }
+
+    /// Sends one command to `unit`'s agent and waits for its answer.
+    async fn ask(&self, unit: &UnitRef, action: command::Action, timeout: Duration) -> Result<AgentReport, String> {
+        let command_id = uuid::Uuid::new_v4().to_string();
+        let what = match &action {
+            command::Action::UnitConfig(_) => "unit_config",
+            command::Action::Gate(g) => match g.step {
+                Some(gate_agent_step::Step::Inspect(_)) => "inspect",
+                _ => "benchmark",
+            },
+            _ => "other",
+        };
+        self.journal(
+            "command",
+            &serde_json::json!({ "command_id": command_id, "action": what, "unit": unit.to_string() }),
+        );
+        let cmd = Command {
+            command_id: command_id.clone(),
+            action: Some(action),
+        };
+        let mut rx = self
+            .ctx
+            .fleet
+            .send(&unit.host, &unit.unit, cmd)
+            .await
+            .map_err(|e| e.to_string())?;
+        let deadline = Instant::now() + timeout + AGENT_SLACK;
+        loop {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some(r @ (AgentReport::UnitConfig(_) | AgentReport::Gate(_)))) => {
+                    self.ctx.fleet.forget(&command_id);
+                    return Ok(r);
+                }
+                Ok(Some(AgentReport::Disconnected)) | Ok(None) => {
+                    return Err(format!("agent {} disconnected", unit.host));
+                }
+                Ok(Some(_)) => continue,
+                Err(_) => {
+                    self.ctx.fleet.forget(&command_id);
+                    return Err(format!(
+                        "no answer from agent {} within {:?}",
+                        unit.host,
+                        timeout + AGENT_SLACK
+                    ));
+                }
+            }
+        }
+    }
+
+    async fn apply(&mut self) -> Result<(), String> {
+        for u in self.targets.clone() {
+            let action = command::Action::UnitConfig(UnitConfigChange {
+                unit: u.unit.clone(),
+                change: Some(unit_config_change::Change::Apply(UnitConfigEdit {
+                    set_env: self.change.set_env.clone().into_iter().collect(),
+                    unset_env: self.change.unset_env.clone(),
+                    set_args: self.change.set_args.clone().into_iter().collect(),
+                })),
+            });
+            let r = match self.ask(&u, action, Duration::from_secs(5)).await? {
+                AgentReport::UnitConfig(r) => r,
+                _ => return Err("unexpected answer".into()),
+            };
+            if !r.ok {
+                return Err(format!("{u}: {}", r.error));
+            }
+            let rec = VersionRecord {
+                unit: u.unit.clone(),
+                host: u.host.clone(),
+                previous: r.previous_version,
+                applied: r.version,
+                restored: None,
+                argv: r.argv,
+                env: r.env.into_iter().collect(),
+            };
+            self.journal("config_version", &rec);
+            self.versions.push(rec);
+        }
+        Ok(())
+    }
+
+    /// Makes each changed unit's previous version current again.
+    async fn restore_versions(&mut self) -> Result<(), String> {
+        let mut errors = Vec::new();
+        for i in 0..self.versions.len() {
+            let v = self.versions[i].clone();
+            let u = UnitRef {
+                host: v.host.clone(),
+                unit: v.unit.clone(),
+            };
+            let action = command::Action::UnitConfig(UnitConfigChange {
+                unit: v.unit.clone(),
+                change: Some(unit_config_change::Change::RestoreVersion(v.previous)),
+            });
+            match self.ask(&u, action, Duration::from_secs(5)).await {
+                Ok(AgentReport::UnitConfig(r)) if r.ok => {
+                    self.versions[i].restored = Some(r.version);
+                    self.journal(
+                        "config_version_restored",
+                        &serde_json::json!({ "unit": v.unit, "from": r.previous_version, "to": r.version }),
+                    );
+                }
+                Ok(AgentReport::UnitConfig(r)) => errors.push(format!("{u}: {}", r.error)),
+                Ok(_) => errors.push(format!("{u}: unexpected answer")),
+                Err(e) => errors.push(format!("{u}: {e}")),
+            }
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors.join("; "))
+        }
+    }
+
+    /// Inspects every target's running process tree.
+    async fn inspect_all(&self) -> Result<Vec<UnitView>, String> {
+        let mut views = Vec::new();
+        for u in &self.targets {
+            views.push(self.inspect(u).await?);
+        }
+        Ok(views)
+    }
+
+    async fn inspect(&self, u: &UnitRef) -> Result<UnitView, String> {
+        let action = command::Action::Gate(GateAgentStep {
+            unit: u.unit.clone(),
+            step: Some(gate_agent_step::Step::Inspect(ProcessInspect {
+                env_keys: self.change.env_keys(),
+            })),
+        });
+        let r = match self.ask(u, action, Duration::from_secs(5)).await? {
+            AgentReport::Gate(r) => r,
+            _ => return Err("unexpected answer".into()),
+        };
+        let Some(gate_agent_result::Result::Process(p)) = r.result else {
+            return Err(format!("{u}: the agent answered without an inspection"));
+        };
+        if !p.error.is_empty() {
+            return Err(format!("{u}: {}", p.error));
+        }
+        let view = UnitView {
+            unit: u.unit.clone(),
+            config_version: (p.config_version != u32::MAX).then_some(p.config_version),
+            processes: p
+                .processes
+                .into_iter()
+                .map(|f| ProcessView {
+                    pid: f.pid,
+                    cmdline: f.cmdline,
+                    env: f
+                        .env
+                        .into_iter()
+                        .map(|e| (e.key, e.present.then_some(e.value)))
+                        .collect(),
+                })
+                .collect(),
+        };
+        self.journal("inspection", &view);
+        Ok(view)
+    }
+
+    /// Checks each target: against the change, or (after a rollback)
+    /// against what its processes held before.
+    async fn verify_live(&self, rollback: bool) -> Vec<LiveCheck> {
+        let mut out = Vec::new();
+        for (i, u) in self.targets.iter().enumerate() {
+            let version = self.versions.iter().find(|v| v.unit == u.unit);
+            let expected = if rollback {
+                let before = self.before_views.get(i);
+                let mut e = before.map_or_else(Expected::default, |b| {
+                    live::expected_from(b, &self.change.env_keys(), &self.change.flags(), None)
+                });
+                e.config_version = version.map(|v| v.restored.unwrap_or(v.previous));
+                e
+            } else {
+                self.change.expected(version.map_or(0, |v| v.applied))
+            };
+            match self.inspect(u).await {
+                Ok(view) => out.push(live::check(&view, &expected)),
+                Err(e) => out.push(LiveCheck {
+                    unit: u.unit.clone(),
+                    ok: false,
+                    pid: 0,
+                    config_version: None,
+                    observed: Vec::new(),
+                    problems: vec![e],
+                }),
+            }
+        }
+        out
+    }
+
+    /// Runs the benchmark through the pair's first router: one discarded
+    /// warm-up cell, then every configured cell.
+    async fn measure(&mut self, label: &str) -> Measurement {
+        let started = Instant::now();
+        let router = self.pair.router[0].clone();
+        let cfg = self.pair.gate.clone();
+        let warmup = Cell {
+            prompt_tokens: cfg.prompt_tokens[0],
+            output_tokens: cfg.output_tokens[0],
+            concurrency: 1,
+            rounds: 2,
+        };
+        let _ = self.bench_cell(&router, warmup).await;
+        let mut cells = Vec::new();
+        for cell in cfg.cells() {
+            cells.push(self.bench_cell(&router, cell).await);
+        }
+        let m = Measurement {
+            label: label.into(),
+            cells,
+            total_ms: started.elapsed().as_millis() as u64,
+        };
+        self.journal("measurement", &m);
+        self.measurements.push(m.clone());
+        m
+    }
+
+    async fn bench_cell(&self, router: &UnitRef, cell: Cell) -> CellMeasurement {
+        let timeout_ms = self.pair.gate.request_timeout_ms;
+        let action = command::Action::Gate(GateAgentStep {
+            unit: router.unit.clone(),
+            step: Some(gate_agent_step::Step::Benchmark(GateBenchmark {
+                model: self.pair.probe.model.clone(),
+                prompt_tokens: cell.prompt_tokens,
+                max_tokens: cell.output_tokens,
+                concurrency: cell.concurrency,
+                rounds: cell.rounds,
+                timeout_ms,
+            })),
+        });
+        let limit = Duration::from_millis(timeout_ms.saturating_mul(u64::from(cell.rounds)));
+        let failed = |error: String| CellMeasurement {
+            cell,
+            requests: vec![RequestFigures {
+                round: 0,
+                ok: false,
+                ttft_ms: 0.0,
+                e2e_ms: 0.0,
+                itl_ms: None,
+                tokens: 0,
+                error,
+            }],
+            throughput: Vec::new(),
+        };
+        let r = match self.ask(router, action, limit).await {
+            Ok(AgentReport::Gate(r)) => r,
+            Ok(_) => return failed("unexpected answer".into()),
+            Err(e) => return failed(e),
+        };
+        let Some(gate_agent_result::Result::Benchmark(b)) = r.result else {
+            return failed("the agent answered without benchmark samples".into());
+        };
+        let requests: Vec<RequestFigures> = b
+            .samples
+            .iter()
+            .map(|s| {
+                let ok = s.outcome == ProbeOutcome::Ok as i32;
+                RequestFigures {
+                    round: s.round,
+                    ok,
+                    ttft_ms: s.ttft_us as f64 / 1000.0,
+                    e2e_ms: s.latency_us as f64 / 1000.0,
+                    itl_ms: (ok && s.tokens >= 2).then(|| s.decode_us as f64 / 1000.0 / f64::from(s.tokens - 1)),
+                    tokens: s.tokens,
+                    error: s.error.clone(),
+                }
+            })
+            .collect();
+        let throughput = b
+            .round_us
+            .iter()
+            .enumerate()
+            .map(|(round, &us)| {
+                let tokens: u32 = requests
+                    .iter()
+                    .filter(|r| r.ok && r.round == round as u32)
+                    .map(|r| r.tokens)
+                    .sum();
+                f64::from(tokens) / (us.max(1) as f64 / 1e6)
+            })
+            .collect();
+        CellMeasurement {
+            cell,
+            requests,
+            throughput,
+        }
+    }
+}
+
+fn first_error(m: &Measurement) -> String {
+    m.cells
+        .iter()
+        .flat_map(|c| &c.requests)
+        .find(|r| !r.ok)
+        .map(|r| r.error.clone())
+        .unwrap_or_default()
+}
+
+/// Shared entry for the gRPC edge: validates, journals and spawns a gate.
+pub fn start(
+    ctx: &OperationContext,
+    pair: &PairConfig,
+    request_id: Option<&str>,
+    change: ChangeSpec,
+) -> Result<mpsc::UnboundedReceiver<OperationUpdate>, GateStartError> {
+    validate_request(pair, &change).map_err(GateStartError::Invalid)?;
+    let operation_id = uuid::Uuid::new_v4().to_string();
+    ctx.journal.begin(&operation_id, "gate", &pair.name, request_id)?;
+    ctx.journal.append(&operation_id, 0, "change", &change)?;
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(run_gate(ctx.clone(), pair.clone(), operation_id, change, tx));
+    Ok(rx)
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum GateStartError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cell(c: u32, rounds: u32) -> Cell {
+        Cell {
+            prompt_tokens: 16,
+            output_tokens: 24,
+            concurrency: c,
+            rounds,
+        }
+    }
+
+    fn req(round: u32, ms: f64) -> RequestFigures {
+        RequestFigures {
+            round,
+            ok: true,
+            ttft_ms: ms / 4.0,
+            e2e_ms: ms,
+            itl_ms: Some(ms / 30.0),
+            tokens: 24,
+            error: String::new(),
+        }
+    }
+
+    /// Each cell yields TTFT, ITL and end-to-end latency; throughput only
+    /// with enough rounds to compare; failed requests are left out of the
+    /// latencies (and counted apart).
+    #[test]
+    fn metrics_pair_cells_and_skip_failures() {
+        let mk = |scale: f64| Measurement {
+            label: "x".into(),
+            cells: vec![
+                CellMeasurement {
+                    cell: cell(1, 8),
+                    requests: (0..8).map(|i| req(i, 40.0 * scale)).collect(),
+                    throughput: vec![600.0; 8],
+                },
+                CellMeasurement {
+                    cell: cell(4, 2),
+                    requests: (0..8).map(|i| req(i / 4, 50.0 * scale)).collect(),
+                    throughput: vec![1800.0; 2],
+                },
+            ],
+            total_ms: 1,
+        };
+        let before = mk(1.0);
+        let mut after = mk(1.2);
+        after.cells[0].requests[0].ok = false;
+        let m = metrics(&before, &after);
+        let names: Vec<&str> = m.iter().map(|x| x.metric.as_str()).collect();
+        assert_eq!(names, ["ttft", "itl", "e2e", "throughput", "ttft", "itl", "e2e"]);
+        assert_eq!(m[2].after.len(), 7);
+        assert_eq!(after.failures(), 1);
+        assert_eq!(m[3].better, Better::Higher);
+    }
+
+    /// Default targets are the engines; named units must be in the pair.
+    #[test]
+    fn requests_are_validated() {
+        let cfg = crate::config::OrchestratorConfig::from_toml_str(
+            r#"
+listen = "127.0.0.1:7070"
+journal = "/tmp/x.sqlite"
+[[pair]]
+name = "p"
+prefill = [{ host = "h", unit = "prefill-0" }]
+decode = [{ host = "h", unit = "decode-0" }]
+router = [{ host = "h", unit = "router-0" }]
+[pair.probe]
+model = "m"
+prompt = "hi"
+warm_budget_ms = 1000
+cold_allowance_ms = 30000
+probe_timeout_ms = 120000
+"#,
+        )
+        .unwrap();
+        let pair = &cfg.pairs[0];
+        let mut change = ChangeSpec::default();
+        assert!(
+            validate_request(pair, &change)
+                .unwrap_err()
+                .contains("nothing to change")
+        );
+        change.set_env.insert("KNOB".into(), "512".into());
+        validate_request(pair, &change).unwrap();
+        let t: Vec<String> = targets(pair, &change).into_iter().map(|u| u.unit).collect();
+        assert_eq!(t, ["prefill-0", "decode-0"]);
+        change.units = vec!["nope".into()];
+        assert!(
+            validate_request(pair, &change)
+                .unwrap_err()
+                .contains("not part of pair")
+        );
+        change.units = vec!["decode-0".into()];
+        assert_eq!(targets(pair, &change)[0].unit, "decode-0");
+    }
+}

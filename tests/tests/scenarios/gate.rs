@@ -1,0 +1,177 @@
+//! The change gate (issue 7) on a real local stack: pd-sim's knob
+//! (`--knob-env PDW_KNOB --knob-value on --knob-slowdown F`: with
+//! PDW_KNOB=on in its environment at start, every generation is F× slower)
+//! on both engines, flipped by `pdwarden gate demo --set-env PDW_KNOB=on`.
+//! pd-sim's own `/sim/stats` (`settings.knob_live`) is the ground truth the
+//! gate's `/proc` reading is checked against.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::harness::{HeldDemo, Output, exclusive, pdwarden};
+
+const LIMIT: Duration = Duration::from_secs(180);
+
+fn knob(slowdown: &str) -> String {
+    format!("--knob-env PDW_KNOB --knob-value on --knob-slowdown {slowdown}")
+}
+
+/// A held demo whose engines both carry the knob (inactive at first).
+fn stack(slowdown: &str, extra: &[&str]) -> HeldDemo {
+    let k = knob(slowdown);
+    let mut args = vec!["--prefill-sim", k.as_str(), "--decode-sim", k.as_str()];
+    args.extend_from_slice(extra);
+    let demo = HeldDemo::start(&args, LIMIT);
+    assert!(
+        demo.report["verdict"].as_str().unwrap().starts_with("healthy"),
+        "{:#}",
+        demo.report
+    );
+    demo
+}
+
+fn gate(demo: &HeldDemo) -> (Output, Value) {
+    let out = pdwarden(
+        &[
+            "--orchestrator",
+            &demo.orchestrator,
+            "gate",
+            "demo",
+            "--set-env",
+            "PDW_KNOB=on",
+            "--json",
+        ],
+        LIMIT,
+    );
+    let v = out.json();
+    eprintln!("gate report:\n{:#}", v["reasons"]);
+    (out, v)
+}
+
+/// `settings.knob_live` of each engine, from pd-sim itself.
+fn knob_live(demo: &HeldDemo) -> Vec<bool> {
+    let status = demo.cli(&["status", "--json"]).json();
+    let urls: Vec<String> = status["agents"][0]["units"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|u| u["role"] != "router")
+        .map(|u| u["base_url"].as_str().unwrap().to_string())
+        .collect();
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let c = reqwest::Client::new();
+        let mut out = Vec::new();
+        for u in urls {
+            let v: Value = c
+                .get(format!("{u}/sim/stats"))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            out.push(v["settings"]["knob_live"].as_bool().unwrap());
+        }
+        out
+    })
+}
+
+fn reasons(v: &Value) -> String {
+    v["reasons"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_str().unwrap())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A knob that slows generation by 20 % is rejected and rolled back; the
+/// rollback is verified from /proc (the knob absent again, config version 0)
+/// and by a measurement back at baseline; pd-sim agrees the knob is off.
+#[test]
+fn slowing_knob_is_rejected_and_rolled_back() {
+    let _one = exclusive();
+    let demo = stack("1.2", &[]);
+    let (out, v) = gate(&demo);
+    assert_eq!(out.code, 2, "{v:#}");
+    assert_eq!(v["verdict"], "rejected_rolled_back", "{v:#}");
+    assert_eq!(v["judgement"]["judgement"], "regressed", "{v:#}");
+    let r = reasons(&v);
+    assert!(r.contains("regression beyond the 5 % tolerance"), "{r}");
+    assert!(r.contains("rollback verified"), "{r}");
+    assert!(r.contains("PDW_KNOB absent"), "{r}");
+    assert!(v["live"].as_array().unwrap().iter().all(|c| c["ok"] == true), "{v:#}");
+    assert!(
+        v["rollback_live"].as_array().unwrap().iter().all(|c| c["ok"] == true),
+        "{v:#}"
+    );
+    for ver in v["versions"].as_array().unwrap() {
+        assert_eq!(
+            (
+                ver["previous"].as_u64(),
+                ver["applied"].as_u64(),
+                ver["restored"].as_u64()
+            ),
+            (Some(0), Some(1), Some(0))
+        );
+    }
+    assert_eq!(knob_live(&demo), [false, false]);
+    let history = demo.cli(&["history", "demo", "--json"]).json();
+    assert_eq!(history[0]["kind"], "gate");
+    assert_eq!(history[0]["verdict"], "rejected_rolled_back");
+    let text = demo.cli(&["history", "demo"]).stdout;
+    assert!(text.contains("e2e p50") && text.contains("regression beyond"), "{text}");
+}
+
+/// A knob that speeds generation up by 15 % is accepted and stays live.
+#[test]
+fn speeding_knob_is_accepted() {
+    let _one = exclusive();
+    let demo = stack("0.85", &[]);
+    let (out, v) = gate(&demo);
+    assert_eq!(out.code, 0, "{v:#}");
+    assert_eq!(v["verdict"], "accepted", "{v:#}");
+    assert!(reasons(&v).contains("better"), "{v:#}");
+    assert!(v["rollback_live"].as_array().unwrap().is_empty());
+    assert_eq!(knob_live(&demo), [true, true]);
+}
+
+/// A launcher that strips the variable (`env -u PDW_KNOB pd-sim …`): the
+/// agent's config says PDW_KNOB=on, the process never got it. The gate fails
+/// at the verification step, from /proc, before measuring anything, and
+/// rolls back.
+#[test]
+fn knob_the_process_never_received_fails_verification() {
+    let _one = exclusive();
+    let demo = stack("1.2", &["--engine-wrapper", "env -u PDW_KNOB"]);
+    let (out, v) = gate(&demo);
+    assert_eq!(out.code, 2, "{v:#}");
+    assert_eq!(v["verdict"], "not_live_rolled_back", "{v:#}");
+    let r = reasons(&v);
+    assert!(r.contains("not live in the restarted processes"), "{r}");
+    assert!(r.contains("has PDW_KNOB absent in /proc/"), "{r}");
+    assert!(v["judgement"].is_null(), "nothing measured after the change: {v:#}");
+    let steps: Vec<&str> = v["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert!(!steps.contains(&"measuring"), "{steps:?}");
+    assert_eq!(knob_live(&demo), [false, false]);
+}
+
+/// A knob with no effect: the measurements differ only by noise, and the
+/// gate says "no significant difference", not a win.
+#[test]
+fn change_inside_the_noise_is_no_significant_difference() {
+    let _one = exclusive();
+    let demo = stack("1.0", &[]);
+    let (out, v) = gate(&demo);
+    assert_eq!(v["verdict"], "no_significant_difference", "{v:#}");
+    assert_eq!(out.code, 0);
+    assert!(reasons(&v).contains("not a win"), "{v:#}");
+    assert_eq!(knob_live(&demo), [true, true]);
+}
