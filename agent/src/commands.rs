@@ -174,7 +174,9 @@ impl Dispatcher {
                 let base_url = self.supervisor.unit_config(&step.unit).map(|u| u.base_url.clone());
                 let running = self.supervisor.running_process(&step.unit);
                 let http = self.http.clone();
-                Box::pin(async move { Kind::GateResult(crate::gate::run_step(&http, base_url, running, &ctx.id, step).await) })
+                Box::pin(async move {
+                    Kind::GateResult(crate::gate::run_step(&http, base_url, running, &ctx.id, step).await)
+                })
             }
             None => Box::pin(async move {
                 Kind::CommandResult(CommandResult {
@@ -249,7 +251,9 @@ impl Dispatcher {
                 };
                 self.supervisor.change_config(&change.unit, |v| v.apply(&edit, &id))
             }
-            Some(Change::RestoreVersion(version)) => self.supervisor.change_config(&change.unit, |v| v.restore(version)),
+            Some(Change::RestoreVersion(version)) => {
+                self.supervisor.change_config(&change.unit, |v| v.restore(version))
+            }
             None => Err("unit config change has no change".to_string()),
         };
         match outcome {

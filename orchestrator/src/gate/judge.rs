@@ -409,10 +409,11 @@ pub fn judge(
             "{failures_after} benchmark requests failed after the change ({failures_before} before)"
         ));
     }
+    // Within each kind of finding, the largest changes first.
     for f in [Finding::Regression, Finding::WorseWithinTolerance, Finding::Better] {
-        for c in comparisons.iter().filter(|c| c.finding == f) {
-            reasons.push(describe(c, policy.tolerance_pct));
-        }
+        let mut found: Vec<&Comparison> = comparisons.iter().filter(|c| c.finding == f).collect();
+        found.sort_by(|a, b| b.change_pct.abs().total_cmp(&a.change_pct.abs()));
+        reasons.extend(found.into_iter().map(|c| describe(c, policy.tolerance_pct)));
     }
     if judgement == Judgement::NoSignificantDifference {
         let n = comparisons.len();

@@ -773,10 +773,14 @@ impl Gate {
             Judgement::WorseWithinTolerance => GateVerdict::AcceptedWithinTolerance,
             Judgement::Regressed => GateVerdict::RejectedRolledBack,
         };
-        self.reasons.extend(report.reasons.iter().take(6).cloned());
-        if report.reasons.len() > 6 {
-            self.reasons
-                .push(format!("… {} more findings in the report", report.reasons.len() - 6));
+        // A short report: the largest findings; the rest are in `judgement`.
+        const SHOWN: usize = 3;
+        self.reasons.extend(report.reasons.iter().take(SHOWN).cloned());
+        if report.reasons.len() > SHOWN {
+            self.reasons.push(format!(
+                "… and {} more comparisons with the same finding or smaller (all in `judgement`, and in `pdwarden history`)",
+                report.reasons.len() - SHOWN
+            ));
         }
         let kept = verdict.kept();
         out.judgement = Some(report);
