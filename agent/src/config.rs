@@ -103,6 +103,18 @@ pub struct AgentConfig {
     /// `127.0.0.1:9400`; off when absent.
     #[serde(default)]
     pub metrics_listen: Option<String>,
+    /// Mutual TLS to the orchestrator: the pdwarden CA, and this agent's
+    /// certificate (common name `agent:HOST`, from `pdwarden certs agent HOST`)
+    /// and key. Required unless `insecure_plaintext`.
+    #[serde(default)]
+    pub tls: Option<crate::tls::TlsFiles>,
+    /// Plain text, no certificate: local development only (warned at start).
+    #[serde(default)]
+    pub insecure_plaintext: bool,
+    /// Unit environment variables whose values are never logged or reported
+    /// (case-insensitive globs); default `*TOKEN*`, `*SECRET*`, `*KEY*`, ...
+    #[serde(default = "crate::redact::default_patterns")]
+    pub redact_env: Vec<String>,
 }
 
 /// One supervised process.

@@ -19,6 +19,8 @@
 //!   figures and the process table (`sysinfo`); `exporter`: `/metrics`.
 //! - [`metrics`]: scrapes and parses an engine's Prometheus `/metrics`.
 //! - `watch`: the passive engine watch (`WatchEngines` → `EngineSample`s).
+//! - [`tls`]: the `[tls]` files, mutual TLS to the orchestrator and the
+//!   `agent:HOST` certificate identity; [`redact`]: secret env values hidden.
 //! - [`unitconfig`]: versions of a unit's launch config (change gate);
 //!   [`gate`]: live process inspection (`/proc`) and the gate's benchmark.
 //!
@@ -53,8 +55,10 @@ mod link;
 pub mod metrics;
 mod outbox;
 pub mod readiness;
+pub mod redact;
 pub mod suite;
 mod supervisor;
+pub mod tls;
 pub mod unitconfig;
 mod watch;
 
@@ -88,6 +92,8 @@ pub enum AgentError {
     },
     #[error(transparent)]
     Link(#[from] LinkError),
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
     #[error("cannot listen for /metrics on {addr} (metrics_listen)")]
     MetricsListen {
         addr: String,
@@ -111,7 +117,16 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         path: log_dir.clone(),
         source,
     })?;
-    let endpoint = link::endpoint(&config.orchestrator)?;
+    let transport = tls::Transport::resolve(config.tls.as_ref(), config.insecure_plaintext)?;
+    transport.check_url("orchestrator", &config.orchestrator)?;
+    let client_tls = match &transport {
+        tls::Transport::Tls(files) => Some(files.client_config()?),
+        tls::Transport::InsecurePlaintext => {
+            tracing::warn!("{}", tls::PLAINTEXT_WARNING);
+            None
+        }
+    };
+    let endpoint = link::endpoint(&config.orchestrator, client_tls)?;
     let instance_id = uuid::Uuid::new_v4().to_string();
     info!(host = %config.host, agent_instance_id = %instance_id, units = config.units.len(), "agent starting");
 

@@ -56,11 +56,19 @@ pub enum LinkError {
     AttachTimeout,
 }
 
-pub(crate) fn endpoint(url: &str) -> Result<Endpoint, LinkError> {
-    let e = Endpoint::from_shared(url.to_owned()).map_err(|source| LinkError::Url {
+/// The orchestrator's endpoint; `tls` is mutual TLS (`None` only under
+/// `insecure_plaintext`).
+pub(crate) fn endpoint(url: &str, tls: Option<tonic::transport::ClientTlsConfig>) -> Result<Endpoint, LinkError> {
+    let mut e = Endpoint::from_shared(url.to_owned()).map_err(|source| LinkError::Url {
         url: url.to_owned(),
         source,
     })?;
+    if let Some(tls) = tls {
+        e = e.tls_config(tls).map_err(|source| LinkError::Url {
+            url: url.to_owned(),
+            source,
+        })?;
+    }
     Ok(e.connect_timeout(Duration::from_secs(3))
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(10))

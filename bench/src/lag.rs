@@ -165,7 +165,7 @@ pub fn agent_toml(url: &str, state_dir: &std::path::Path, gpu_source: &str) -> a
         bases.push(base);
     }
     let toml = format!(
-        "host = \"bench\"\norchestrator = \"{url}\"\nstate_dir = {state:?}\non_exit = \"stop-units\"\nshutdown_grace_ms = 2000\ngpu_source = {gpu_source:?}\n\n{units}",
+        "host = \"bench\"\norchestrator = \"{url}\"\ninsecure_plaintext = true\nstate_dir = {state:?}\non_exit = \"stop-units\"\nshutdown_grace_ms = 2000\ngpu_source = {gpu_source:?}\n\n{units}",
         state = state_dir.display().to_string()
     );
     Ok((toml, bases))

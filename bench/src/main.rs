@@ -99,7 +99,7 @@ async fn orchestrator_child(dir: std::path::PathBuf) -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let toml = format!(
-        "listen = \"127.0.0.1:0\"\njournal = {:?}\n",
+        "listen = \"127.0.0.1:0\"\njournal = {:?}\ninsecure_plaintext = true\n",
         dir.join("journal.sqlite").display().to_string()
     );
     let config = pdwarden_orchestrator::config::OrchestratorConfig::from_toml_str(&toml)?;

@@ -44,6 +44,21 @@ pub struct OrchestratorConfig {
     /// (`GET /ready/pair/NAME`, `/ready/unit/HOST/UNIT`, `/ready`); off when absent.
     #[serde(default)]
     pub readiness_listen: Option<SocketAddr>,
+    /// Mutual TLS for agents and the CLI (issue 8): the pdwarden CA (client
+    /// certificates must chain to it) and this server's certificate and key.
+    #[serde(default)]
+    pub tls: Option<pdwarden_agent::tls::TlsFiles>,
+    /// No TLS, agents' hosts taken on trust, and — without `[[operator]]` —
+    /// no tokens: local development only; logged and shown by `status`.
+    #[serde(default)]
+    pub insecure_plaintext: bool,
+    /// Who may use the operator API, by token hash and role.
+    #[serde(default, rename = "operator")]
+    pub operators: Vec<crate::auth::OperatorConfig>,
+    /// Environment variable names whose values `status`, `history` and
+    /// operation reports never show (case-insensitive globs).
+    #[serde(default = "pdwarden_agent::redact::default_patterns")]
+    pub redact_env: Vec<String>,
 }
 
 /// A unit, named by the host whose agent supervises it and its name there.
@@ -362,7 +377,7 @@ impl OrchestratorConfig {
             path: path.to_path_buf(),
             source,
         })?;
-        Self::from_toml_str(&text)
+        Self::from_toml_str(&text).and_then(|c| c.transport().map(|_| c))
     }
 
     pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
@@ -375,7 +390,29 @@ impl OrchestratorConfig {
         self.pairs.iter().find(|p| p.name == name)
     }
 
+    /// How the server talks: `[tls]` (then at least one `[[operator]]`) or
+    /// the explicit `insecure_plaintext`. Checked by `load` and `serve`, so a
+    /// config never falls back to plain text on its own.
+    pub fn transport(&self) -> Result<pdwarden_agent::tls::Transport, ConfigError> {
+        use pdwarden_agent::tls::{TlsError, Transport};
+        let t = Transport::resolve(self.tls.as_ref(), self.insecure_plaintext).map_err(|e| match e {
+            TlsError::Both => invalid("insecure_plaintext", "set together with [tls]; choose one"),
+            _ => invalid(
+                "tls",
+                "missing: give [tls] ca, cert, key (see `pdwarden certs init`), or, for local development only, insecure_plaintext = true",
+            ),
+        })?;
+        if matches!(t, Transport::Tls(_)) && self.operators.is_empty() {
+            return Err(invalid(
+                "operator",
+                "with [tls] at least one [[operator]] (name, role, token_sha256) is needed: see `pdwarden certs token`",
+            ));
+        }
+        Ok(t)
+    }
+
     fn validate(&self) -> Result<(), ConfigError> {
+        crate::auth::validate(&self.operators).map_err(|(f, problem)| invalid(f, problem))?;
         let mut names = HashSet::new();
         let mut owners: HashSet<&UnitRef> = HashSet::new();
         for (i, p) in self.pairs.iter().enumerate() {

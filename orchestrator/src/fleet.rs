@@ -317,6 +317,8 @@ impl Fleet {
 #[derive(Clone)]
 pub struct AgentLinkService {
     pub fleet: Fleet,
+    /// Whether an agent must prove its host with a certificate (issue 8).
+    pub agent_auth: crate::tls::AgentAuth,
 }
 
 #[tonic::async_trait]
@@ -324,6 +326,8 @@ impl AgentLink for AgentLinkService {
     type AttachStream = ReceiverStream<Result<OrchestratorMessage, Status>>;
 
     async fn attach(&self, request: Request<Streaming<AgentMessage>>) -> Result<Response<Self::AttachStream>, Status> {
+        let certified = crate::tls::check_agent(self.agent_auth, &request)
+            .inspect_err(|e| tracing::warn!(reason = %e.message(), "agent refused"))?;
         let mut inbound = request.into_inner();
         let first = inbound
             .message()
@@ -337,6 +341,8 @@ impl AgentLink for AgentLinkService {
         if reg.host.trim().is_empty() {
             return Err(Status::invalid_argument("Register.host must not be empty"));
         }
+        crate::tls::check_register(certified.as_deref(), &reg.host)
+            .inspect_err(|e| tracing::warn!(reason = %e.message(), "agent refused"))?;
         let (tx, rx) = mpsc::channel(1024);
         let host = reg.host.clone();
         let session = {

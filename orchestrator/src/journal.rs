@@ -40,6 +40,10 @@ pub struct OperationRecord {
     /// `trigger` entry the watch journals before the first command).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trigger: Option<serde_json::Value>,
+    /// Who asked for it (`{name, role}`, the `actor` entry); absent for an
+    /// automatic operation.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub actor: Option<serde_json::Value>,
 }
 
 pub struct Journal {
@@ -203,7 +207,7 @@ impl Journal {
     fn query(&self, tail: &str, p: impl rusqlite::Params) -> Result<Vec<OperationRecord>, JournalError> {
         let conn = self.conn();
         let sql = format!(
-            "SELECT id, kind, pair, state, started_unix_ms, ended_unix_ms, verdict, report, (SELECT payload FROM entries WHERE op_id = operations.id AND kind = 'trigger' ORDER BY seq LIMIT 1) FROM operations {tail}"
+            "SELECT id, kind, pair, state, started_unix_ms, ended_unix_ms, verdict, report, (SELECT payload FROM entries WHERE op_id = operations.id AND kind = 'trigger' ORDER BY seq LIMIT 1), (SELECT payload FROM entries WHERE op_id = operations.id AND kind = 'actor' ORDER BY seq LIMIT 1) FROM operations {tail}"
         );
         let mut stmt = conn.prepare(&sql)?;
         let rows = stmt.query_map(p, |r| {
@@ -218,16 +222,19 @@ impl Journal {
                     verdict: r.get(6)?,
                     report: None,
                     trigger: None,
+                    actor: None,
                 },
                 r.get::<_, Option<String>>(7)?,
                 r.get::<_, Option<String>>(8)?,
+                r.get::<_, Option<String>>(9)?,
             ))
         })?;
         let mut out = Vec::new();
         for row in rows {
-            let (mut rec, report, trigger) = row?;
+            let (mut rec, report, trigger, actor) = row?;
             rec.report = report.map(|s| serde_json::from_str(&s)).transpose()?;
             rec.trigger = trigger.map(|s| serde_json::from_str(&s)).transpose()?;
+            rec.actor = actor.map(|s| serde_json::from_str(&s)).transpose()?;
             out.push(rec);
         }
         Ok(out)

@@ -14,6 +14,9 @@
 //! - [`stats`]: latency summaries that check for bimodality first.
 //! - [`journal`]: the SQLite journal of operations.
 //! - [`report`]: the operation report (`--json`) and its terminal rendering.
+//! - [`tls`]: server-side mutual TLS and the agent certificate identity;
+//!   [`auth`]: operator tokens and roles at the gRPC edge; [`certs`]: the CA,
+//!   server and agent certificates `pdwarden certs` issues.
 //! - [`server`]: the gRPC edge and `serve(listener, config, shutdown)`.
 //! - [`wedge`]: pure wedge judgement and the recovery circuit breaker.
 //! - [`watcher`]: the continuous per-pair watch and automatic recovery.
@@ -24,6 +27,8 @@
 //! The binaries `pdwarden-orchestrator` (the daemon) and `pdwarden` (the CLI)
 //! are thin wrappers over this library.
 
+pub mod auth;
+pub mod certs;
 pub mod config;
 pub mod corestart;
 pub mod findings;
@@ -36,6 +41,7 @@ pub mod report;
 pub mod server;
 pub mod stats;
 pub mod suite;
+pub mod tls;
 pub mod verdict;
 pub mod watcher;
 pub mod wedge;

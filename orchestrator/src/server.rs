@@ -13,6 +13,7 @@ use pdwarden_proto::v1::{
     VerifyPairRequest,
     agent_link_server::AgentLinkServer,
     control_server::{Control, ControlServer},
+    operation_update,
 };
 use serde::Serialize;
 use tokio::net::TcpListener;
@@ -24,10 +25,16 @@ use crate::config::OrchestratorConfig;
 use crate::corestart::{OperationContext, OperationKind, run_operation};
 use crate::fleet::{AgentLinkService, AgentStatus, Fleet};
 use crate::journal::{Journal, JournalError, OperationRecord};
+use crate::tls::AgentAuth;
 use crate::watcher::{PairWatchView, WatchBoard};
+use pdwarden_agent::tls::Transport;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error(transparent)]
+    Tls(#[from] pdwarden_agent::tls::TlsError),
     #[error(transparent)]
     Journal(#[from] JournalError),
     #[error("gRPC server failed: {0}")]
@@ -47,6 +54,64 @@ pub struct ControlService {
     ctx: OperationContext,
     /// The watch's latest view of each pair (issue 5).
     watch: WatchBoard,
+    /// Hides secret environment values in everything this service returns.
+    redactor: pdwarden_agent::redact::Redactor,
+    security: SecurityView,
+}
+
+/// How this orchestrator is secured, shown by `status` (issue 8).
+#[derive(Debug, Clone, Serialize)]
+pub struct SecurityView {
+    /// `mutual_tls` or `insecure_plaintext`.
+    pub transport: &'static str,
+    /// `tokens` or `none`.
+    pub operator_auth: &'static str,
+    /// Set whenever anything runs without protection.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
+}
+
+/// The caller the auth layer identified (absent only for a service built
+/// without it, in tests).
+fn actor<T>(request: &Request<T>) -> Option<crate::auth::Actor> {
+    request.extensions().get::<crate::auth::Actor>().cloned()
+}
+
+/// Forwards an operation's updates to the caller with secrets redacted, and
+/// journals who asked for each operation that starts (issue 8).
+fn forward(
+    ctx: &OperationContext,
+    redactor: &pdwarden_agent::redact::Redactor,
+    actor: Option<crate::auth::Actor>,
+    mut rx: mpsc::UnboundedReceiver<OperationUpdate>,
+) -> UpdateStream {
+    let (out_tx, out_rx) = mpsc::unbounded_channel();
+    let (journal, redactor) = (ctx.journal.clone(), redactor.clone());
+    tokio::spawn(async move {
+        while let Some(mut u) = rx.recv().await {
+            match &mut u.kind {
+                Some(operation_update::Kind::Started(s)) => {
+                    if let Some(a) = &actor
+                        && let Err(e) = journal.append(&s.operation_id, 0, "actor", a)
+                    {
+                        tracing::error!(operation = %s.operation_id, error = %e, "cannot journal the operation's actor");
+                    }
+                    tracing::info!(operation = %s.operation_id, pair = %s.pair, actor = ?actor, "operation started");
+                }
+                Some(operation_update::Kind::Report(r)) => {
+                    if let Ok(mut v) = serde_json::from_str::<serde_json::Value>(&r.json) {
+                        redactor.json(&mut v);
+                        r.json = v.to_string();
+                    }
+                }
+                Some(operation_update::Kind::Phase(p)) => p.detail = redactor.text(&p.detail),
+                Some(operation_update::Kind::Step(st)) => st.outcome = redactor.text(&st.outcome),
+                _ => {}
+            }
+            let _ = out_tx.send(Ok(u));
+        }
+    });
+    UnboundedReceiverStream::new(out_rx)
 }
 
 /// `pdwarden status --json`.
@@ -58,6 +123,8 @@ pub struct StatusView {
     pub findings: Vec<crate::findings::Finding>,
     /// The continuous watch of each watched pair (state, readiness, breaker).
     pub watch: Vec<PairWatchView>,
+    /// Transport and operator authentication (issue 8).
+    pub security: SecurityView,
 }
 
 #[derive(Debug, Serialize)]
@@ -104,6 +171,7 @@ impl ControlService {
         pair: &str,
         request_id: &str,
         kind: OperationKind,
+        actor: Option<crate::auth::Actor>,
     ) -> Result<Response<UpdateStream>, Status> {
         let pair = self.config.pair(pair).cloned().ok_or_else(|| {
             let known: Vec<&str> = self.config.pairs.iter().map(|p| p.name.as_str()).collect();
@@ -121,17 +189,11 @@ impl ControlService {
             Err(e @ JournalError::PairBusy { .. }) => return Err(Status::failed_precondition(e.to_string())),
             Err(e) => return Err(internal(e)),
         }
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        let (out_tx, out_rx) = mpsc::unbounded_channel();
+        let (tx, rx) = mpsc::unbounded_channel();
         // The operation runs on its own task: a CLI that disconnects does not
         // cancel a half-done restart.
         tokio::spawn(run_operation(self.ctx.clone(), pair, operation_id, kind, tx));
-        tokio::spawn(async move {
-            while let Some(u) = rx.recv().await {
-                let _ = out_tx.send(Ok(u));
-            }
-        });
-        Ok(Response::new(UnboundedReceiverStream::new(out_rx)))
+        Ok(Response::new(forward(&self.ctx, &self.redactor, actor, rx)))
     }
 }
 
@@ -146,6 +208,7 @@ impl Control for ControlService {
         &self,
         request: Request<pdwarden_proto::v1::GatePairRequest>,
     ) -> Result<Response<Self::GatePairStream>, Status> {
+        let actor = actor(&request);
         let req = request.into_inner();
         let pair = self
             .config
@@ -160,7 +223,7 @@ impl Control for ControlService {
             units: req.units,
         };
         let request_id = (!req.request_id.is_empty()).then_some(req.request_id.as_str());
-        let mut rx = match crate::gate::start(&self.ctx, &pair, request_id, change) {
+        let rx = match crate::gate::start(&self.ctx, &pair, request_id, change) {
             Ok(rx) => rx,
             Err(crate::gate::GateStartError::Invalid(e)) => return Err(Status::invalid_argument(e)),
             Err(crate::gate::GateStartError::Journal(e @ JournalError::PairBusy { .. })) => {
@@ -168,39 +231,37 @@ impl Control for ControlService {
             }
             Err(crate::gate::GateStartError::Journal(e)) => return Err(internal(e)),
         };
-        let (out_tx, out_rx) = mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            while let Some(u) = rx.recv().await {
-                let _ = out_tx.send(Ok(u));
-            }
-        });
-        Ok(Response::new(UnboundedReceiverStream::new(out_rx)))
+        Ok(Response::new(forward(&self.ctx, &self.redactor, actor, rx)))
     }
 
     async fn restart_pair(
         &self,
         request: Request<RestartPairRequest>,
     ) -> Result<Response<Self::RestartPairStream>, Status> {
+        let actor = actor(&request);
         let req = request.into_inner();
-        self.start_operation(&req.pair, &req.request_id, OperationKind::CoRestart)
+        self.start_operation(&req.pair, &req.request_id, OperationKind::CoRestart, actor)
     }
 
     async fn verify_pair(
         &self,
         request: Request<VerifyPairRequest>,
     ) -> Result<Response<Self::VerifyPairStream>, Status> {
+        let actor = actor(&request);
         let req = request.into_inner();
         let kind = OperationKind::Verify {
             include_abort_storm: req.include_abort_storm,
         };
-        self.start_operation(&req.pair, &req.request_id, kind)
+        self.start_operation(&req.pair, &req.request_id, kind, actor)
     }
 
     async fn restart_unit(
         &self,
         request: Request<RestartUnitRequest>,
     ) -> Result<Response<Self::RestartUnitStream>, Status> {
+        let actor = actor(&request);
         let req = request.into_inner();
+        tracing::info!(unit = %req.unit, host = %req.host, actor = ?actor, "restart unit requested");
         for pair in &self.config.pairs {
             let is = |units: &[crate::config::UnitRef]| {
                 units
@@ -256,10 +317,11 @@ impl Control for ControlService {
                 .hosts
                 .findings(&Default::default(), crate::hoststate::now_unix_ms()),
             watch: self.watch.all(),
+            security: self.security.clone(),
         };
-        Ok(Response::new(JsonReply {
-            json: serde_json::to_string(&view).map_err(internal)?,
-        }))
+        let mut json = serde_json::to_value(&view).map_err(internal)?;
+        self.redactor.json(&mut json);
+        Ok(Response::new(JsonReply { json: json.to_string() }))
     }
 
     async fn history(&self, request: Request<HistoryRequest>) -> Result<Response<JsonReply>, Status> {
@@ -269,9 +331,9 @@ impl Control for ControlService {
         }
         let limit = if req.limit == 0 { 20 } else { req.limit.min(1000) };
         let records: Vec<OperationRecord> = self.ctx.journal.history(&req.pair, limit).map_err(internal)?;
-        Ok(Response::new(JsonReply {
-            json: serde_json::to_string(&records).map_err(internal)?,
-        }))
+        let mut json = serde_json::to_value(&records).map_err(internal)?;
+        self.redactor.json(&mut json);
+        Ok(Response::new(JsonReply { json: json.to_string() }))
     }
 }
 
@@ -302,6 +364,39 @@ pub async fn serve(
     config: OrchestratorConfig,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
+    // Plain text only when the config says so (issue 8); check before anything starts.
+    let transport = config.transport()?;
+    let (server_tls, agent_auth) = match &transport {
+        Transport::Tls(files) => (Some(crate::tls::server_config(files)?), AgentAuth::Certificate),
+        Transport::InsecurePlaintext => (None, AgentAuth::Insecure),
+    };
+    let auth = if config.operators.is_empty() {
+        crate::auth::Authenticator::open()
+    } else {
+        crate::auth::Authenticator::new(config.operators.clone())
+    };
+    let security = SecurityView {
+        transport: if server_tls.is_some() {
+            "mutual_tls"
+        } else {
+            "insecure_plaintext"
+        },
+        operator_auth: if auth.is_open() { "none" } else { "tokens" },
+        warning: server_tls.is_none().then(|| {
+            format!(
+                "{}{}",
+                pdwarden_agent::tls::PLAINTEXT_WARNING,
+                if auth.is_open() {
+                    "; the operator API accepts anyone"
+                } else {
+                    ""
+                }
+            )
+        }),
+    };
+    if let Some(w) = &security.warning {
+        tracing::warn!("{w}");
+    }
     let journal = Arc::new(Journal::open(&config.journal)?);
     conclude_interrupted(&journal)?;
     let fleet = Fleet::new();
@@ -320,13 +415,19 @@ pub async fn serve(
     }
     let watchers = crate::watcher::spawn_all(&ctx, &config.pairs, &board, stop_rx);
     let control = ControlService {
+        redactor: pdwarden_agent::redact::Redactor::new(&config.redact_env),
         config: Arc::new(config),
         ctx,
         watch: board,
+        security,
     };
-    let served = tonic::transport::Server::builder()
-        .add_service(AgentLinkServer::new(AgentLinkService { fleet }))
-        .add_service(ControlServer::new(control))
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = server_tls {
+        builder = builder.tls_config(tls)?;
+    }
+    let served = builder
+        .add_service(AgentLinkServer::new(AgentLinkService { fleet, agent_auth }))
+        .add_service(crate::auth::Authorized::new(ControlServer::new(control), auth))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await;
     let _ = stop_tx.send(true);

@@ -22,6 +22,7 @@ async fn sigterm_stops_autostarted_units() {
             r#"
             host = "bin-host"
             orchestrator = "{}"
+            insecure_plaintext = true
             state_dir = {:?}
             on_exit = "stop-units"
             shutdown_grace_ms = 2000
@@ -75,6 +76,7 @@ fn write_config(dir: &std::path::Path, orchestrator: &str, on_exit: &str) -> std
             r#"
             host = "bin-host"
             orchestrator = "{orchestrator}"
+            insecure_plaintext = true
             state_dir = {:?}
             on_exit = "{on_exit}"
             shutdown_grace_ms = 2000

@@ -47,6 +47,7 @@ fn config(orchestrator: &str, state_dir: &Path, extra: &str, units: &str) -> Age
         r#"
         host = "gpu-host"
         orchestrator = "{orchestrator}"
+        insecure_plaintext = true
         state_dir = {state_dir:?}
         on_exit = "stop-units"
         shutdown_grace_ms = 2000

@@ -46,6 +46,7 @@ fn config(orchestrator: &str, state_dir: &Path, engine_url: &str, on_exit: &str)
         r#"
         host = "test-host"
         orchestrator = "{orchestrator}"
+        insecure_plaintext = true
         state_dir = {state_dir:?}
         on_exit = "{on_exit}"
         shutdown_grace_ms = 2000

@@ -77,7 +77,7 @@ async fn xid_event_and_foreign_process_reach_status() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let config = OrchestratorConfig::from_toml_str(&format!(
-        "listen = \"127.0.0.1:0\"\njournal = {:?}\n",
+        "listen = \"127.0.0.1:0\"\njournal = {:?}\ninsecure_plaintext = true\n",
         dir.path().join("journal.sqlite")
     ))
     .unwrap();
@@ -106,6 +106,7 @@ async fn xid_event_and_foreign_process_reach_status() {
         r#"
         host = "gpu-1"
         orchestrator = "{url}"
+        insecure_plaintext = true
         state_dir = {:?}
         gpu_source = "fake:{}"
         gpu_sample_interval_ms = 50

@@ -4,3 +4,4 @@
 //! deadlines, never on fixed sleeps, and stop every process they start by PID.
 
 mod gpu_status;
+mod security;

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::harness::{HeldDemo, Output, exclusive, pdwarden};
+use crate::harness::{HeldDemo, Output, exclusive};
 
 const LIMIT: Duration = Duration::from_secs(180);
 
@@ -32,18 +32,7 @@ fn stack(slowdown: &str, extra: &[&str]) -> HeldDemo {
 }
 
 fn gate(demo: &HeldDemo) -> (Output, Value) {
-    let out = pdwarden(
-        &[
-            "--orchestrator",
-            &demo.orchestrator,
-            "gate",
-            "demo",
-            "--set-env",
-            "PDW_KNOB=on",
-            "--json",
-        ],
-        LIMIT,
-    );
+    let out = demo.cli_within(&["gate", "demo", "--set-env", "PDW_KNOB=on", "--json"], LIMIT);
     let v = out.json();
     eprintln!("gate report:\n{:#}", v["reasons"]);
     (out, v)

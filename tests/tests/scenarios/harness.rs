@@ -118,7 +118,9 @@ pub fn pdwarden(args: &[&str], limit: Duration) -> Output {
 pub struct HeldDemo {
     child: Child,
     pub report: Value,
-    pub orchestrator: String,
+    /// `--orchestrator URL` and the demo's credentials (`--ca`, `--token`;
+    /// the demo runs mutual TLS and tokens unless told otherwise).
+    pub connect_args: Vec<String>,
 }
 
 impl HeldDemo {
@@ -156,18 +158,27 @@ impl HeldDemo {
             .as_str()
             .expect("demo.orchestrator")
             .to_string();
+        let mut connect_args = vec!["--orchestrator".to_string(), orchestrator];
+        if let (Some(ca), Some(token)) = (report["demo"]["ca"].as_str(), report["demo"]["token"].as_str()) {
+            connect_args.extend(["--ca".into(), ca.into(), "--token".into(), token.into()]);
+        }
         HeldDemo {
             child,
             report,
-            orchestrator,
+            connect_args,
         }
     }
 
     /// `pdwarden --orchestrator URL ARGS` against the held stack.
     pub fn cli(&self, args: &[&str]) -> Output {
-        let mut all = vec!["--orchestrator", self.orchestrator.as_str()];
+        self.cli_within(args, Duration::from_secs(60))
+    }
+
+    /// As `cli`, with a time limit.
+    pub fn cli_within(&self, args: &[&str], limit: Duration) -> Output {
+        let mut all: Vec<&str> = self.connect_args.iter().map(String::as_str).collect();
         all.extend_from_slice(args);
-        pdwarden(&all, Duration::from_secs(60))
+        pdwarden(&all, limit)
     }
 }
 

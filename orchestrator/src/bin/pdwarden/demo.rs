@@ -56,6 +56,11 @@ pub struct DemoArgs {
     /// pdwarden saw and concluded.
     #[arg(long, value_enum)]
     incident: Option<Incident>,
+    /// Run the stack without TLS or tokens (local development's
+    /// `insecure_plaintext`); by default the demo issues a CA, certificates
+    /// and an operator token in its directory and runs the secure path.
+    #[arg(long)]
+    insecure_plaintext: bool,
     /// Extra pd-sim flags for the decode (as --prefill-sim).
     #[arg(long, allow_hyphen_values = true, default_value = "")]
     decode_sim: String,
@@ -314,11 +319,13 @@ fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<(String, PathBuf
         "--log-level".into(),
         "warn".into(),
     ];
+    let (scheme, agent_security, orchestrator_security) = security(args, dir)?;
     let agent_toml = format!(
         r#"host = "local"
-orchestrator = "http://127.0.0.1:{orch}"
+orchestrator = "{scheme}://127.0.0.1:{orch}"
 state_dir = {state}
 on_exit = "stop-units"
+{agent_security}
 
 [[unit]]
 name = "prefill-0"
@@ -407,6 +414,8 @@ router_ready_ms = {router_ready}
 stop_grace_ms = 5000
 poll_interval_ms = 20
 check_timeout_ms = {check}
+
+{orchestrator_security}
 "#,
         journal = toml_str(&dir.join("journal.sqlite").display().to_string()),
         policy = args.decode_start_policy,
@@ -436,7 +445,47 @@ check_timeout_ms = {check}
         decode_argv,
         router_url: format!("http://127.0.0.1:{router}"),
     };
-    Ok((format!("http://127.0.0.1:{orch}"), orch_path, agent_path, plan))
+    Ok((format!("{scheme}://127.0.0.1:{orch}"), orch_path, agent_path, plan))
+}
+
+/// The demo's security (issue 8): by default a CA, the orchestrator's and the
+/// agent's certificates and an `operate` token, made in `dir/pki` and used by
+/// this process's own requests; `--insecure-plaintext` says so instead.
+/// Returns the URL scheme and the agent's and orchestrator's config sections.
+fn security(args: &DemoArgs, dir: &Path) -> anyhow::Result<(&'static str, String, String)> {
+    if args.insecure_plaintext {
+        return Ok((
+            "http",
+            "insecure_plaintext = true".into(),
+            "insecure_plaintext = true".into(),
+        ));
+    }
+    let certs = pdwarden_orchestrator::certs::CertDir(dir.join("pki"));
+    certs.init(&["localhost".into(), "127.0.0.1".into()])?;
+    let agent = certs.issue_agent("local")?;
+    let token = pdwarden_orchestrator::auth::new_token();
+    let token_file = dir.join("pki/token");
+    std::fs::write(&token_file, &token)?;
+    let section = |f: &pdwarden_agent::tls::TlsFiles| {
+        format!(
+            "[tls]\nca = {}\ncert = {}\nkey = {}\n",
+            toml_str(&f.ca.display().to_string()),
+            toml_str(&f.cert.display().to_string()),
+            toml_str(&f.key.display().to_string())
+        )
+    };
+    let orchestrator = format!(
+        "{}\n[[operator]]\nname = \"demo\"\nrole = \"operate\"\ntoken_sha256 = \"{}\"\n",
+        section(&certs.orchestrator()),
+        pdwarden_orchestrator::auth::hash_token(&token)
+    );
+    crate::set_credentials(crate::Credentials {
+        ca: Some(certs.ca()),
+        cert: None,
+        key: None,
+        token: Some(token),
+    });
+    Ok(("https", section(&agent), orchestrator))
 }
 
 async fn start_stack(args: &DemoArgs) -> anyhow::Result<Stack> {
@@ -571,17 +620,30 @@ pub async fn run(args: DemoArgs) -> ExitCode {
         }
     }
     if let (Some(mut v), true) = (json_out, args.json) {
+        let creds = crate::credentials();
         v["demo"] = serde_json::json!({
             "orchestrator": stack.orchestrator_url,
             "dir": stack.dir.path().display().to_string(),
+            // For `pdwarden --ca CA --token TOKEN` against the held stack
+            // (a throw-away token for this demo only).
+            "ca": creds.ca.map(|p| p.display().to_string()),
+            "token": creds.token,
         });
         print_json(&v);
     }
     if args.hold && matches!(outcome, Some(Ok(_))) {
         if !args.json {
             println!(
-                "\ndemo: holding the stack; try `pdwarden --orchestrator {} status`; Ctrl-C to stop",
-                stack.orchestrator_url
+                "\ndemo: holding the stack; try `pdwarden --orchestrator {}{} status`; Ctrl-C to stop",
+                stack.orchestrator_url,
+                match crate::credentials().ca {
+                    Some(ca) => format!(
+                        " --ca {} --token $(cat {})",
+                        ca.display(),
+                        stack.dir.path().join("pki/token").display()
+                    ),
+                    None => String::new(),
+                }
             );
         }
         tokio::select! {

@@ -5,11 +5,13 @@
 //! orchestrator unreachable, an unknown pair, a busy pair, a refused request),
 //! always with a one-line reason.
 
+mod certs;
 mod demo;
 mod drill;
 mod gate;
 
 use std::io::Write;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -25,7 +27,7 @@ use pdwarden_proto::v1::{
     HistoryRequest, RestartPairRequest, RestartUnitRequest, StatusRequest, VerifyPairRequest,
     control_client::ControlClient, operation_update,
 };
-use tonic::transport::Channel;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
 #[derive(Parser)]
 #[command(version, about = "pdwarden: restart and verify prefill/decode pairs")]
@@ -38,6 +40,19 @@ struct Cli {
         default_value = "http://127.0.0.1:7070"
     )]
     orchestrator: String,
+    /// The pdwarden CA certificate, to verify an https:// orchestrator.
+    #[arg(long, global = true, env = "PDWARDEN_CA")]
+    ca: Option<PathBuf>,
+    /// A client certificate to present (optional for the operator API).
+    #[arg(long, global = true, env = "PDWARDEN_CERT", requires = "key")]
+    cert: Option<PathBuf>,
+    /// The client certificate's key.
+    #[arg(long, global = true, env = "PDWARDEN_KEY", requires = "cert")]
+    key: Option<PathBuf>,
+    /// Operator token (`pdwarden certs token NAME` mints one); prefer the
+    /// environment variable, which does not show in `ps`.
+    #[arg(long, global = true, env = "PDWARDEN_TOKEN", hide_env_values = true)]
+    token: Option<String>,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -74,6 +89,8 @@ enum Cmd {
     /// Change a knob (environment, flags) on a pair, measure before and
     /// after, and keep it or roll it back (exit 0 kept, 2 rejected/failed).
     Gate(gate::GateArgs),
+    /// Issue the CA, orchestrator and agent certificates, and operator tokens.
+    Certs(certs::CertsArgs),
     /// Start a whole local stack (orchestrator, agent, two pd-sim engines, the
     /// real sglang-router) and run a real `restart pd-pair` against it.
     Demo(demo::DemoArgs),
@@ -103,15 +120,90 @@ enum RestartWhat {
 #[derive(Debug)]
 pub struct CouldNotRun(pub String);
 
-pub async fn connect(url: &str) -> Result<ControlClient<Channel>, CouldNotRun> {
-    let endpoint = Channel::from_shared(url.to_string())
+/// How this process reaches the orchestrator: TLS files and the operator token.
+#[derive(Debug, Clone, Default)]
+pub struct Credentials {
+    pub ca: Option<PathBuf>,
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+    pub token: Option<String>,
+}
+
+static CREDENTIALS: std::sync::Mutex<Option<Credentials>> = std::sync::Mutex::new(None);
+
+/// Sets the credentials every later `connect` uses (the flags, or the demo's own).
+pub fn set_credentials(c: Credentials) {
+    *CREDENTIALS.lock().unwrap_or_else(|p| p.into_inner()) = Some(c);
+}
+
+pub fn credentials() -> Credentials {
+    CREDENTIALS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
+        .unwrap_or_default()
+}
+
+/// Adds `authorization: Bearer TOKEN` to every request.
+#[derive(Clone)]
+pub struct Bearer(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            request.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(request)
+    }
+}
+
+pub type Client = ControlClient<tonic::service::interceptor::InterceptedService<Channel, Bearer>>;
+
+pub async fn connect(url: &str) -> Result<Client, CouldNotRun> {
+    let creds = credentials();
+    let mut endpoint = Channel::from_shared(url.to_string())
         .map_err(|e| CouldNotRun(format!("invalid --orchestrator URL {url:?}: {e}")))?
         .connect_timeout(Duration::from_secs(5));
+    if url.starts_with("https://") {
+        let ca = creds.ca.as_ref().ok_or_else(|| {
+            CouldNotRun(format!(
+                "{url} uses TLS: pass --ca (or set PDWARDEN_CA) with the pdwarden CA certificate"
+            ))
+        })?;
+        let read = |p: &PathBuf| std::fs::read(p).map_err(|e| CouldNotRun(format!("cannot read {}: {e}", p.display())));
+        let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(ca)?));
+        if let (Some(cert), Some(key)) = (&creds.cert, &creds.key) {
+            tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
+        }
+        endpoint = endpoint
+            .tls_config(tls)
+            .map_err(|e| CouldNotRun(format!("TLS setup for {url}: {e}")))?;
+    }
+    let bearer = match &creds.token {
+        Some(t) => Some(
+            format!("Bearer {}", t.trim())
+                .parse()
+                .map_err(|_| CouldNotRun("the token is not valid header text".into()))?,
+        ),
+        None => None,
+    };
     let channel = endpoint
         .connect()
         .await
-        .map_err(|e| CouldNotRun(format!("orchestrator unreachable at {url}: {e}")))?;
-    Ok(ControlClient::new(channel))
+        .map_err(|e| CouldNotRun(format!("orchestrator unreachable at {url}: {}", error_chain(&e))))?;
+    Ok(ControlClient::with_interceptor(channel, Bearer(bearer)))
+}
+
+/// An error with its causes (a TLS failure is only named in a source).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
 }
 
 fn status_reason(s: &tonic::Status) -> String {
@@ -282,6 +374,9 @@ async fn status(url: &str, json: bool) -> anyhow::Result<()> {
     }
     // Foreign processes and critical findings in red, on a terminal only.
     let color = std::io::IsTerminal::is_terminal(&std::io::stdout()) && std::env::var_os("NO_COLOR").is_none();
+    if let Some(w) = v["security"]["warning"].as_str() {
+        println!("WARNING: {w}");
+    }
     for a in v["agents"].as_array().into_iter().flatten() {
         let conn = if a["connected"].as_bool() == Some(true) {
             "connected"
@@ -343,11 +438,14 @@ async fn history(url: &str, pair: &str, limit: u32, json: bool) -> anyhow::Resul
     }
     for op in v.as_array().into_iter().flatten() {
         println!(
-            "{}  {}  {}  {}",
+            "{}  {}  {}  {}  by {}",
             op["operation_id"].as_str().unwrap_or("?"),
             op["kind"].as_str().unwrap_or("?"),
             op["verdict"].as_str().unwrap_or("(running)"),
             op["state"].as_str().unwrap_or("?"),
+            op["actor"]["name"]
+                .as_str()
+                .unwrap_or(if op["trigger"].is_null() { "?" } else { "the watch" }),
         );
         for r in op["report"]["reasons"].as_array().into_iter().flatten() {
             println!("    - {}", r.as_str().unwrap_or(""));
@@ -365,6 +463,12 @@ async fn history(url: &str, pair: &str, limit: u32, json: bool) -> anyhow::Resul
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     let url = cli.orchestrator.clone();
+    set_credentials(Credentials {
+        ca: cli.ca.clone(),
+        cert: cli.cert.clone(),
+        key: cli.key.clone(),
+        token: cli.token.clone(),
+    });
     match cli.command {
         Cmd::Restart {
             what: RestartWhat::PdPair { name, json },
@@ -402,6 +506,7 @@ async fn main() -> ExitCode {
             Err(e) => could_not_run(&format!("{e:#}"), json),
         },
         Cmd::Gate(args) => gate::run(&url, args).await,
+        Cmd::Certs(args) => certs::run(args),
         Cmd::Demo(args) => demo::run(args).await,
     }
 }

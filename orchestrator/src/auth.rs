@@ -1,0 +1,285 @@
+//! Who may use the operator API, and for what (issue 8).
+//!
+//! Every `Control` request carries `authorization: Bearer TOKEN`. Tokens are
+//! configured by their SHA-256 only (`[[operator]] token_sha256`), so the
+//! config file never holds a credential; `pdwarden certs token NAME` mints
+//! one. Two roles: `read` may call `Status` and `History`; `operate` may call
+//! everything. A method not named as read-only needs `operate`, so an RPC added
+//! later is protected by default.
+//!
+//! The check is one tower service wrapped around the generated
+//! `ControlServer` ([`Authorized`]): it sees the gRPC method path before any
+//! handler runs, answers `UNAUTHENTICATED`/`PERMISSION_DENIED` itself, and
+//! hands the caller's [`Actor`] to the handler in the request extensions, so
+//! operations are journaled with who asked for them.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use tonic::Status;
+use tonic::body::Body;
+use tonic::codegen::{BoxFuture, Service, http};
+use tonic::server::NamedService;
+
+/// What an operator may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// `status`, `history`.
+    Read,
+    /// Also restart, verify, gate, restart unit.
+    Operate,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Read => "read",
+            Self::Operate => "operate",
+        }
+    }
+}
+
+/// One `[[operator]]` of the orchestrator config.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct OperatorConfig {
+    /// Recorded as the actor of everything this operator does.
+    pub name: String,
+    pub role: Role,
+    /// Lower-case hex SHA-256 of the token (`pdwarden certs token NAME` prints both).
+    pub token_sha256: String,
+}
+
+/// The caller of a `Control` request, as journaled.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Actor {
+    pub name: String,
+    /// `read`, `operate`, or `insecure` (no authentication configured).
+    pub role: &'static str,
+}
+
+/// Lower-case hex SHA-256 of a token.
+pub fn hash_token(token: &str) -> String {
+    Sha256::digest(token.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A fresh token: `pdw_` and 244 random bits (two v4 UUIDs, from the OS RNG).
+pub fn new_token() -> String {
+    format!("pdw_{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple())
+}
+
+/// The role a `Control` method needs.
+pub fn required_role(path: &str) -> Role {
+    match path {
+        "/pdwarden.v1.Control/Status" | "/pdwarden.v1.Control/History" => Role::Read,
+        _ => Role::Operate,
+    }
+}
+
+/// Checks the operators' problems; `(field, problem)` like other config checks.
+pub fn validate(operators: &[OperatorConfig]) -> Result<(), (String, String)> {
+    let mut names = std::collections::HashSet::new();
+    for (i, o) in operators.iter().enumerate() {
+        if o.name.trim().is_empty() {
+            return Err((format!("operator[{i}].name"), "must not be empty".into()));
+        }
+        if !names.insert(o.name.as_str()) {
+            return Err((
+                format!("operator[{i}].name"),
+                format!("duplicate operator {:?}", o.name),
+            ));
+        }
+        let h = &o.token_sha256;
+        if h.len() != 64 || !h.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+            return Err((
+                format!("operator[{i}].token_sha256"),
+                "must be 64 lower-case hex digits (the SHA-256 of the token, never the token itself)".into(),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The configured operators, or no authentication at all (only under
+/// `insecure_plaintext` with no `[[operator]]`).
+#[derive(Debug, Clone)]
+pub struct Authenticator {
+    operators: Arc<Vec<OperatorConfig>>,
+    open: bool,
+}
+
+/// Constant-time equality of two hex digests of the same length.
+fn same(a: &str, b: &str) -> bool {
+    a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+impl Authenticator {
+    pub fn new(operators: Vec<OperatorConfig>) -> Self {
+        Self {
+            operators: Arc::new(operators),
+            open: false,
+        }
+    }
+
+    /// Everyone may do everything (`insecure_plaintext` without operators).
+    pub fn open() -> Self {
+        Self {
+            operators: Arc::default(),
+            open: true,
+        }
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.open
+    }
+
+    /// Who is calling `path` with this `authorization` header, if allowed.
+    pub fn authorize(&self, path: &str, authorization: Option<&str>) -> Result<Actor, Status> {
+        if self.open {
+            return Ok(Actor {
+                name: "anonymous".into(),
+                role: "insecure",
+            });
+        }
+        let token = authorization
+            .and_then(|h| h.strip_prefix("Bearer "))
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| {
+                Status::unauthenticated("the operator API needs a token: pass --token or set PDWARDEN_TOKEN")
+            })?;
+        let hash = hash_token(token);
+        let op = self
+            .operators
+            .iter()
+            .find(|o| same(&o.token_sha256, &hash))
+            .ok_or_else(|| Status::unauthenticated("unknown token"))?;
+        let needed = required_role(path);
+        if op.role < needed {
+            return Err(Status::permission_denied(format!(
+                "operator {} has role {}; {} needs {}",
+                op.name,
+                op.role.as_str(),
+                path.rsplit('/').next().unwrap_or(path),
+                needed.as_str()
+            )));
+        }
+        Ok(Actor {
+            name: op.name.clone(),
+            role: op.role.as_str(),
+        })
+    }
+}
+
+/// A gRPC service behind the token check.
+#[derive(Clone)]
+pub struct Authorized<S> {
+    inner: S,
+    auth: Authenticator,
+}
+
+impl<S> Authorized<S> {
+    pub fn new(inner: S, auth: Authenticator) -> Self {
+        Self { inner, auth }
+    }
+}
+
+impl<S: NamedService> NamedService for Authorized<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S, B> Service<http::Request<B>> for Authorized<S>
+where
+    S: Service<http::Request<B>, Response = http::Response<Body>, Error = Infallible>,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
+        let header = req
+            .headers()
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        match self.auth.authorize(req.uri().path(), header) {
+            Ok(actor) => {
+                req.extensions_mut().insert(actor);
+                Box::pin(self.inner.call(req))
+            }
+            Err(status) => {
+                tracing::warn!(method = %req.uri().path(), reason = %status.message(), "operator request refused");
+                Box::pin(async move { Ok(status.into_http()) })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn auth() -> (Authenticator, String, String) {
+        let (r, o) = (new_token(), new_token());
+        let a = Authenticator::new(vec![
+            OperatorConfig {
+                name: "rita".into(),
+                role: Role::Read,
+                token_sha256: hash_token(&r),
+            },
+            OperatorConfig {
+                name: "otto".into(),
+                role: Role::Operate,
+                token_sha256: hash_token(&o),
+            },
+        ]);
+        (a, format!("Bearer {r}"), format!("Bearer {o}"))
+    }
+
+    /// Read tokens read, operate tokens do everything, anything else is refused
+    /// with the right code; an unlisted method needs operate.
+    #[test]
+    fn roles_are_distinct() {
+        let (a, read, operate) = auth();
+        let status = "/pdwarden.v1.Control/Status";
+        let restart = "/pdwarden.v1.Control/RestartPair";
+        assert_eq!(a.authorize(status, Some(&read)).unwrap().name, "rita");
+        assert_eq!(
+            a.authorize(restart, Some(&read)).unwrap_err().code(),
+            tonic::Code::PermissionDenied
+        );
+        assert_eq!(a.authorize(restart, Some(&operate)).unwrap().role, "operate");
+        assert_eq!(
+            a.authorize(status, None).unwrap_err().code(),
+            tonic::Code::Unauthenticated
+        );
+        assert_eq!(
+            a.authorize(status, Some("Bearer nope")).unwrap_err().code(),
+            tonic::Code::Unauthenticated
+        );
+        assert_eq!(required_role("/pdwarden.v1.Control/SomethingNew"), Role::Operate);
+    }
+
+    /// A plaintext token in the config is refused, naming the field.
+    #[test]
+    fn config_holds_hashes_only() {
+        let bad = OperatorConfig {
+            name: "a".into(),
+            role: Role::Read,
+            token_sha256: new_token(),
+        };
+        assert_eq!(validate(&[bad]).unwrap_err().0, "operator[0].token_sha256");
+        assert_eq!(hash_token("abc").len(), 64);
+    }
+}
