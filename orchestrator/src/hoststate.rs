@@ -209,6 +209,24 @@ impl HostReport {
     }
 }
 
+impl HostReport {
+    /// `unit`'s GPU utilisation (0..1): the busiest GPU holding one of its
+    /// live processes, as this report says. `None` when no GPU of the report
+    /// holds a process of the unit, or none of those reports utilisation.
+    pub fn unit_gpu_utilization(&self, unit: &str) -> Option<f64> {
+        self.gpus
+            .iter()
+            .filter(|g| {
+                g.processes
+                    .iter()
+                    .any(|p| p.unit.as_deref() == Some(unit) && !p.unit_dead)
+            })
+            .filter_map(|g| g.utilization_gpu_pct)
+            .max()
+            .map(|pct| f64::from(pct) / 100.0)
+    }
+}
+
 fn event_view(e: GpuEvent, received_unix_ms: u64) -> GpuEventView {
     let xid = (e.kind == "xid").then_some(e.xid);
     GpuEventView {
@@ -280,6 +298,17 @@ impl HostStates {
             }),
             None => None,
         }
+    }
+
+    /// `unit`'s GPU utilisation (0..1) from `host`'s latest snapshot, if
+    /// that snapshot arrived within `max_age_ms` of `now_unix_ms` (see
+    /// [`HostReport::unit_gpu_utilization`]).
+    pub fn unit_gpu_utilization(&self, host: &str, unit: &str, now_unix_ms: u64, max_age_ms: u64) -> Option<f64> {
+        let report = self.report(host)?;
+        if report.received_unix_ms == 0 || now_unix_ms.saturating_sub(report.received_unix_ms) > max_age_ms {
+            return None;
+        }
+        report.unit_gpu_utilization(unit)
     }
 
     /// Findings over every host's latest report; `queued` is each host's
@@ -569,6 +598,33 @@ mod tests {
         assert!(text.contains("pid 7       prefill-0   40.0 GiB"), "{text}");
         let colored = render_host_report(&s.report("h").unwrap(), 3_000, true).join("\n");
         assert!(colored.contains("\x1b[1;31m      ! pid 9"), "{colored}");
+    }
+
+    // Property: a unit's GPU utilisation is its busiest GPU's, only from live
+    // processes of that unit, and only from a fresh enough snapshot.
+    #[test]
+    fn unit_gpu_utilization_from_its_processes() {
+        let s = HostStates::default();
+        let mut snap = snapshot();
+        let mut second = snap.gpus[0].clone();
+        second.index = 1;
+        second.utilization_gpu_pct = Some(40);
+        second.processes.truncate(1);
+        snap.gpus.push(second);
+        s.record_snapshot("h", snap.clone(), 1_000);
+        assert_eq!(s.unit_gpu_utilization("h", "prefill-0", 2_000, 5_000), Some(0.4));
+        assert_eq!(s.unit_gpu_utilization("h", "decode-0", 2_000, 5_000), None);
+        assert_eq!(s.unit_gpu_utilization("h", "prefill-0", 9_000, 5_000), None, "stale");
+        assert_eq!(s.unit_gpu_utilization("other", "prefill-0", 2_000, 5_000), None);
+        for g in &mut snap.gpus {
+            g.processes[0].unit_dead = true;
+        }
+        s.record_snapshot("h", snap, 1_000);
+        assert_eq!(
+            s.unit_gpu_utilization("h", "prefill-0", 2_000, 5_000),
+            None,
+            "dead unit"
+        );
     }
 
     // Property: the bar is empty for zero total and full (never over) at or above total.

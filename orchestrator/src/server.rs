@@ -309,13 +309,13 @@ impl Control for ControlService {
         let view = StatusView {
             agents: self.ctx.fleet.status(),
             pairs,
-            // Hook (issue 5): pass each unit's queued requests from the engine
-            // watch so `gpu_idle_with_queue` can fire; without them it is silent.
+            // Each unit's queued requests from the engine watch, so an idle
+            // GPU under a queue is a finding (`gpu_idle_with_queue`).
             findings: self
                 .ctx
                 .fleet
                 .hosts
-                .findings(&Default::default(), crate::hoststate::now_unix_ms()),
+                .findings(&self.watch.queued_by_host(), crate::hoststate::now_unix_ms()),
             watch: self.watch.all(),
             security: self.security.clone(),
         };

@@ -42,6 +42,11 @@ use crate::wedge::{
 /// waiting for the agent's answer.
 const AGENT_SILENCE_SLACK: Duration = Duration::from_secs(10);
 
+/// A host report older than this says nothing about a unit's GPU now (the
+/// agent sends a full snapshot at least every 15 s by default, and every
+/// change at once).
+const GPU_REPORT_MAX_AGE_MS: u64 = 60_000;
+
 /// Milliseconds on the host's `CLOCK_MONOTONIC`, shared with every process on
 /// the host (DESIGN.md 5): pd-sim's own records are directly comparable.
 pub fn mono_ms() -> f64 {
@@ -119,6 +124,22 @@ impl WatchBoard {
             .values()
             .cloned()
             .collect()
+    }
+
+    /// Each host's queued requests per unit, from the latest samples (for the
+    /// `gpu_idle_with_queue` finding).
+    pub fn queued_by_host(&self) -> BTreeMap<String, BTreeMap<String, u64>> {
+        let mut out: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
+        for view in self.0.lock().unwrap_or_else(|p| p.into_inner()).values() {
+            for u in &view.units {
+                if let Some(m) = u.assessment.metrics {
+                    out.entry(u.host.clone())
+                        .or_default()
+                        .insert(u.assessment.unit.clone(), m.queued.max(0.0).round() as u64);
+                }
+            }
+        }
+        out
     }
 
     fn put(&self, view: PairWatchView) {
@@ -260,12 +281,23 @@ impl PairWatcher {
         if self.running_op.is_some() {
             return;
         }
+        // The engine's own figure if the agent sent one, else the busiest GPU
+        // holding one of the unit's processes in its host's latest report.
+        let gpu_util = s.gpu_utilization.or_else(|| {
+            let host = self.engine_units().into_iter().find(|u| u.unit == s.unit)?.host;
+            self.ctx.fleet.hosts.unit_gpu_utilization(
+                &host,
+                &s.unit,
+                crate::hoststate::now_unix_ms(),
+                GPU_REPORT_MAX_AGE_MS,
+            )
+        });
         let metrics = s.metrics_ok.then(|| Metrics {
             running: s.running_reqs.unwrap_or(0.0),
             queued: s.queued_reqs.unwrap_or(0.0),
             generation_tokens: s.generation_tokens_total,
             prompt_tokens: s.prompt_tokens_total,
-            gpu_util: s.gpu_utilization,
+            gpu_util,
         });
         self.evidence.observe(
             &s.unit,

@@ -4,9 +4,14 @@
 //! row 4), and pdwarden detects the wedge by itself, journals an automatic
 //! co-restart with the evidence, and the pair ends healthy.
 //!
-//! Default `[pair.watch]` settings (the demo writes none). The figures (time
-//! to detect and to recover from the leak, the probes' share of engine time)
-//! are printed, not asserted: run with `--nocapture` to see them.
+//! Also: a stalled queue with an idle GPU (fake GPU file) is detected by the
+//! stall budget alone; the circuit breaker holds a pair that keeps wedging;
+//! and the probes' cost over a simulated hour of traffic and of idle time.
+//!
+//! The demo's `[pair.watch]` settings (the defaults, scaled). The figures
+//! (time to detect and to recover, the probes' share of engine time and the
+//! sessions they mint) are printed, and asserted only against the issue's
+//! targets: run with `--nocapture` to see them (README, wedge watch).
 
 use std::time::{Duration, Instant};
 
@@ -204,4 +209,334 @@ fn wedged_pair_in_service_is_detected_and_recovered_automatically() {
         "  under {traffic_s:.1} s of real traffic: 0 probes (counters before/after equal), watch state {states:?}; probes sent by the watch in all: {}",
         recovered["probes_sent"]
     );
+}
+
+/// The pid of `unit` as the agent reports it.
+fn unit_pid(status: &Value, unit: &str) -> u64 {
+    status["agents"][0]["units"]
+        .as_array()
+        .and_then(|u| u.iter().find(|u| u["name"] == unit))
+        .and_then(|u| u["pid"].as_u64())
+        .unwrap_or_else(|| panic!("no pid for {unit}: {status:#}"))
+}
+
+/// Replaces the fake GPU file atomically (write, then rename), as the agent asks.
+fn write_gpus(path: &std::path::Path, gpus: Value) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, json!({ "gpus": gpus }).to_string()).expect("write the fake GPU file");
+    std::fs::rename(&tmp, path).expect("replace the fake GPU file");
+}
+
+/// One GPU at `util` % utilisation holding `pid`.
+fn gpu(index: u32, pid: u64, util: u32) -> Value {
+    json!({
+        "index": index, "uuid": format!("GPU-{index}"), "name": "fake H100",
+        "memory_used_bytes": 60u64 << 30, "memory_total_bytes": 80u64 << 30,
+        "utilization_gpu_pct": util, "processes": [{ "pid": pid, "used_memory_bytes": 60u64 << 30 }],
+    })
+}
+
+/// Issue 5: a stalled queue with idle GPU is detected. The agent reads a
+/// fake GPU file listing both engines at 0 % utilisation; the serial prefill
+/// leaks its slot on an abandoned long prompt and a later request queues
+/// behind it. The watch confirms the wedge after the stall budget alone
+/// (not the budget + the worst prefill it needs without GPU evidence), with
+/// the GPU utilisation in its reason, and `status` reports the idle GPU under
+/// a queue as a finding. (`--no-auto-recover`: detection only.)
+#[test]
+fn stalled_queue_with_idle_gpu_is_detected() {
+    let _one = exclusive();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let gpus = dir.path().join("gpus.json");
+    write_gpus(&gpus, json!([]));
+    let demo = HeldDemo::start(
+        &[
+            "--prefill-sim",
+            "--serial --leak-slot-on-disconnect --prefill-tok-per-s 250",
+            "--gpu-fake",
+            gpus.to_str().unwrap(),
+            "--no-auto-recover",
+        ],
+        Duration::from_secs(180),
+    );
+    let st = status(&demo);
+    let router = unit_url(&st, "router-0");
+    let prefill = unit_url(&st, "prefill-0");
+    write_gpus(
+        &gpus,
+        json!([
+            gpu(0, unit_pid(&st, "prefill-0"), 0),
+            gpu(1, unit_pid(&st, "decode-0"), 0)
+        ]),
+    );
+    // The agent maps the GPU processes to the engines.
+    poll(
+        "the host report maps both GPUs to the engines",
+        Duration::from_secs(30),
+        || {
+            let st = status(&demo);
+            let gpus = st["agents"][0]["host_report"]["gpus"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            let mapped = |unit: &str| gpus.iter().any(|g| g["processes"][0]["unit"] == unit);
+            (mapped("prefill-0") && mapped("decode-0")).then_some(())
+        },
+    );
+    poll("watch healthy", Duration::from_secs(30), || {
+        (watch_of(&status(&demo))["state"] == "healthy").then_some(())
+    });
+
+    // A 41,818-token prompt (8.4 s of prefill at 250 tok/s simulated, scale
+    // 0.05) abandoned after 1 s leaks the serial slot; the next request queues.
+    let prompt = "tok ".repeat(41_818);
+    let body = json!({"model": "demo-model", "messages": [{"role": "user", "content": prompt}], "max_tokens": 16});
+    let admitted = Instant::now();
+    let abandoned = rt.block_on(async {
+        http.post(format!("{router}/v1/chat/completions"))
+            .json(&body)
+            .timeout(Duration::from_secs(1))
+            .send()
+            .await
+    });
+    assert!(
+        abandoned.is_err_and(|e| e.is_timeout()),
+        "the long prompt was not abandoned"
+    );
+    let queued_body =
+        json!({"model": "demo-model", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8});
+    let queued_url = format!("{router}/v1/chat/completions");
+    let client = http.clone();
+    let _queued = rt.spawn(async move {
+        let _ = client
+            .post(queued_url)
+            .json(&queued_body)
+            .timeout(Duration::from_secs(120))
+            .send()
+            .await;
+    });
+    poll(
+        "pd-sim queues the next request behind the leaked slot",
+        Duration::from_secs(10),
+        || {
+            let s = rt.block_on(sim_stats(&http, &prefill));
+            (s["leaked_slots"].as_u64() >= Some(1) && s["queued"].as_u64() >= Some(1)).then_some(())
+        },
+    );
+
+    let (w, findings) = poll(
+        "the watch confirms the wedge with the idle GPU",
+        Duration::from_secs(60),
+        || {
+            let st = status(&demo);
+            let w = watch_of(&st);
+            (w["state"] == "wedged").then(|| (w, st["findings"].clone()))
+        },
+    );
+    let detected_s = admitted.elapsed().as_secs_f64();
+    let reasons = w["reasons"].to_string();
+    assert!(
+        reasons.contains("prefill-0:")
+            && reasons.contains("GPU utilisation 0 %")
+            && reasons.contains("stall budget 2.00 s with the GPU idle"),
+        "{w:#}"
+    );
+    // Without the GPU evidence it would take the budget + the worst prefill
+    // (50,000 tokens at 250 tok/s simulated: 10 s) — 12 s after admission.
+    assert!(
+        detected_s < 12.0,
+        "detected {detected_s:.1} s after admission: {reasons}"
+    );
+    let finding = poll(
+        "status reports the idle GPU under a queue",
+        Duration::from_secs(30),
+        || {
+            let st = status(&demo);
+            let f = st["findings"]
+                .as_array()?
+                .iter()
+                .find(|f| f["kind"] == "gpu_idle_with_queue")?
+                .clone();
+            Some(f)
+        },
+    );
+    assert_eq!(
+        finding["unit"], "prefill-0",
+        "{finding:#} (first findings seen: {findings:#})"
+    );
+    assert!(
+        finding["message"].as_str().unwrap().contains("0% utilisation"),
+        "{finding:#}"
+    );
+    println!(
+        "idle GPU + stalled queue: wedge confirmed {detected_s:.1} s after the long prompt's admission: {reasons}"
+    );
+}
+
+/// Issue 5: the circuit breaker holds a pair that keeps wedging. Every decode
+/// pd-sim answers its first 14 generations (enough for a co-restart's checks
+/// and suite) and hangs on every later one, so each automatic recovery brings
+/// the wedge back; with
+/// `--max-recoveries 2` the third wedge is not recovered: `status` shows the
+/// pair held and the readiness endpoint answers 503.
+#[test]
+fn circuit_breaker_holds_a_pair_that_keeps_wedging() {
+    let _one = exclusive();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    // A co-restart's own checks and suite use about a dozen generations.
+    let script = format!("--latency-script {}{}", "200,".repeat(14), ["hang"; 30].join(","));
+    let demo = HeldDemo::start(
+        &["--decode-sim", &script, "--max-recoveries", "2"],
+        Duration::from_secs(180),
+    );
+    let readiness = demo.report["demo"]["readiness"]
+        .as_str()
+        .expect("demo.readiness")
+        .to_string();
+    let held = poll("the breaker holds the pair", Duration::from_secs(300), || {
+        let w = watch_of(&status(&demo));
+        (w["state"] == "held").then_some(w)
+    });
+    assert!(
+        held["held"].as_str().unwrap_or("").contains("2 automatic recoveries"),
+        "{held:#}"
+    );
+    assert_eq!(held["ready"], false);
+    assert_eq!(held["recoveries_in_window"], 2, "{held:#}");
+    let history = demo.cli(&["history", "demo", "--json"]).json();
+    let automatic: Vec<&Value> = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|op| op["trigger"]["automatic"] == true)
+        .collect();
+    assert_eq!(automatic.len(), 2, "{history:#}");
+    let ready = rt.block_on(async {
+        let r = http
+            .get(format!("{readiness}/ready/pair/demo"))
+            .send()
+            .await
+            .expect("readiness endpoint");
+        (r.status().as_u16(), r.text().await.unwrap_or_default())
+    });
+    assert_eq!(ready.0, 503, "{}", ready.1);
+    // Still held a moment later: no third recovery starts.
+    let again = poll("still held at the next tick", Duration::from_secs(10), || {
+        let w = watch_of(&status(&demo));
+        (w["state"] == "held" || w["state"] == "operation_running").then_some(w)
+    });
+    assert_eq!(again["state"], "held", "{again:#}");
+    println!(
+        "breaker: held after {} automatic recoveries: {}",
+        automatic.len(),
+        held["held"]
+    );
+}
+
+/// Issue 5's probe-cost figures: the watch's probes over one simulated hour
+/// of steady real traffic (a request every 10 s simulated) and one of idle
+/// time, at time scale 0.01 (an hour is 36 s) with the demo's scaled
+/// `[pair.watch]`, on engines with sessions (INCIDENTS row 5: a prompt not
+/// sharing its leading 4,096 tokens with a live session mints one), read
+/// from each engine's `/sim/stats`. Printed (`--nocapture`); asserted only
+/// against the issue's targets: under 0.5 % of engine time, at most one
+/// session minted by probes per unit per hour.
+#[test]
+fn probe_cost_over_a_simulated_hour_of_traffic_and_of_idle() {
+    let _one = exclusive();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let scale = 0.01;
+    let sessions = "--session-prefix-tokens 4096 --session-idle-timeout-ms 3600000";
+    let demo = HeldDemo::start(
+        &[
+            "--time-scale",
+            "0.01",
+            "--prefill-sim",
+            sessions,
+            "--decode-sim",
+            sessions,
+        ],
+        Duration::from_secs(180),
+    );
+    let st = status(&demo);
+    let router = unit_url(&st, "router-0");
+    let engines = [
+        ("prefill-0", unit_url(&st, "prefill-0")),
+        ("decode-0", unit_url(&st, "decode-0")),
+    ];
+    let stats = || -> Vec<Value> { engines.iter().map(|(_, u)| rt.block_on(sim_stats(&http, u))).collect() };
+    poll("watch healthy", Duration::from_secs(30), || {
+        (watch_of(&status(&demo))["state"] == "healthy").then_some(())
+    });
+    let hour = Duration::from_secs_f64(3_600.0 * scale);
+    let hour_ms = 3_600_000.0;
+
+    // A simulated hour of steady real traffic.
+    let t0 = stats();
+    let start = Instant::now();
+    let mut sent = 0u32;
+    while start.elapsed() < hour {
+        let body = json!({
+            "model": "demo-model",
+            "messages": [{"role": "user", "content": format!("real user {sent} asks a question")}],
+            "max_tokens": 16,
+        });
+        let r = rt.block_on(async {
+            http.post(format!("{router}/v1/chat/completions"))
+                .json(&body)
+                .timeout(Duration::from_secs(10))
+                .send()
+                .await
+        });
+        assert!(r.is_ok_and(|r| r.status().is_success()), "real request {sent} failed");
+        sent += 1;
+        // Pacing, not synchronisation: one request per 10 s simulated.
+        let next = start + Duration::from_secs_f64(10.0 * scale) * sent;
+        std::thread::sleep(next.saturating_duration_since(Instant::now()));
+    }
+    let t1 = stats();
+    // A simulated hour of idle time: the measurement window, not a wait for an event.
+    std::thread::sleep(hour);
+    let t2 = stats();
+
+    let d = |a: &Value, b: &Value, k: &str| b[k].as_f64().unwrap_or(0.0) - a[k].as_f64().unwrap_or(0.0);
+    println!(
+        "probe cost over one simulated hour each (time scale {scale}, demo [pair.watch]: idle probe every 60 s simulated):"
+    );
+    for (i, (unit, _)) in engines.iter().enumerate() {
+        let probes = d(&t0[i], &t1[i], "probe_requests");
+        let busy = d(&t0[i], &t1[i], "busy_ms_total");
+        let probe_busy = d(&t0[i], &t1[i], "busy_ms_probe");
+        let share = if busy > 0.0 { 100.0 * probe_busy / busy } else { 0.0 };
+        // Under traffic, sessions can be charged to probes only if a probe ran.
+        let minted = d(&t0[i], &t1[i], "sessions_minted");
+        let probe_minted = if probes > 0.0 { minted } else { 0.0 };
+        println!(
+            "  {unit}, steady traffic ({sent} real requests): {probes} probes, probe engine time {probe_busy:.0} of {busy:.0} busy ms ({share:.3} %), sessions minted by probes {probe_minted} (all: {minted})"
+        );
+        assert!(
+            share < 0.5,
+            "{unit}: probes took {share:.3} % of busy time under traffic"
+        );
+        assert!(
+            probe_minted <= 1.0,
+            "{unit}: probes minted {probe_minted} sessions under traffic"
+        );
+
+        let probes = d(&t1[i], &t2[i], "probe_requests");
+        let real = d(&t1[i], &t2[i], "requests_total") - probes;
+        let probe_busy = d(&t1[i], &t2[i], "busy_ms_probe");
+        let share = 100.0 * probe_busy / hour_ms;
+        let minted = d(&t1[i], &t2[i], "sessions_minted");
+        println!(
+            "  {unit}, idle: {probes} probes ({real} other requests), probe engine time {probe_busy:.0} ms = {share:.3} % of the hour, sessions minted by probes {minted}"
+        );
+        assert_eq!(real, 0.0, "{unit}: traffic during the idle hour");
+        assert!(share < 0.5, "{unit}: probes took {share:.3} % of the idle hour");
+        assert!(minted <= 1.0, "{unit}: probes minted {minted} sessions in an idle hour");
+    }
 }

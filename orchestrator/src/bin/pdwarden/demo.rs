@@ -69,6 +69,17 @@ pub struct DemoArgs {
     /// Split on whitespace.
     #[arg(long, allow_hyphen_values = true, default_value = "")]
     engine_wrapper: String,
+    /// The agent reads its GPUs from this fake GPU file (`gpu_source =
+    /// "fake:PATH"`, see README "GPU"), sampled every 250 ms; default: none.
+    #[arg(long)]
+    gpu_fake: Option<PathBuf>,
+    /// The watch's circuit breaker: automatic recoveries allowed per hour
+    /// (simulated) before the pair is held for a human.
+    #[arg(long, default_value_t = 3)]
+    max_recoveries: u32,
+    /// The watch reports a wedge but does not recover it.
+    #[arg(long)]
+    no_auto_recover: bool,
 }
 
 const DEFAULT_TIME_SCALE: f64 = 0.05;
@@ -213,6 +224,8 @@ pub struct StackPlan {
     pub prefill_argv: Vec<String>,
     pub decode_argv: Vec<String>,
     pub router_url: String,
+    /// The orchestrator's readiness endpoint.
+    pub readiness_url: String,
 }
 
 impl StackPlan {
@@ -319,12 +332,29 @@ fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<(String, PathBuf
         "--log-level".into(),
         "warn".into(),
     ];
+    let gpu = match &args.gpu_fake {
+        Some(path) => format!(
+            "gpu_source = {}\ngpu_sample_interval_ms = 250\ngpu_snapshot_interval_ms = 2000",
+            toml_str(&format!("fake:{}", path.display()))
+        ),
+        None => String::new(),
+    };
+    // The watch plans for the prefill's real speed (its pd-sim flag, else
+    // pd-sim's default) and seed 001's longest prompt.
+    let prefill_tok_per_s: f64 = prefill_argv
+        .iter()
+        .position(|a| a == "--prefill-tok-per-s")
+        .and_then(|i| prefill_argv.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .filter(|v: &f64| *v > 0.0)
+        .unwrap_or(20_000.0);
     let (scheme, agent_security, orchestrator_security) = security(args, dir)?;
     let agent_toml = format!(
         r#"host = "local"
 orchestrator = "{scheme}://127.0.0.1:{orch}"
 state_dir = {state}
 on_exit = "stop-units"
+{gpu}
 {agent_security}
 
 [[unit]]
@@ -352,9 +382,11 @@ health_path = "/readiness"
         decode_argv = toml_list(&decode_argv),
         router_argv = toml_list(&router_argv),
     );
+    let readiness = free_port()?;
     let orchestrator_toml = format!(
         r#"listen = "127.0.0.1:{orch}"
 journal = {journal}
+readiness_listen = "127.0.0.1:{readiness}"
 
 [[pair]]
 name = "demo"
@@ -407,6 +439,18 @@ request_timeout_ms = {probe_timeout}
 tolerance_pct = 5.0
 rollback_tolerance_pct = 10.0
 
+[pair.watch]
+auto_recover = {auto_recover}
+scrape_interval_ms = {scrape}
+stall_budget_ms = {stall}
+max_prompt_tokens = 50000
+prefill_tok_per_s = {watch_tok_per_s}
+idle_probe_interval_ms = {idle_probe}
+min_probe_interval_ms = {min_probe}
+max_probe_timeout_ms = {max_probe_timeout}
+max_recoveries = {max_recoveries}
+recovery_window_ms = {recovery_window}
+
 [pair.timeouts]
 prefill_ready_ms = {ready}
 decode_ready_ms = {ready}
@@ -434,6 +478,17 @@ check_timeout_ms = {check}
         // 20,000 prompt tokens take 1 s of prefill at pd-sim's default speed:
         // abandoned at half that, they are cancelled mid-prefill.
         abort_after = scaled(500),
+        // The watch's defaults, scaled; the scrape and the stall budget keep
+        // floors that two shared CPUs can honour.
+        auto_recover = !args.no_auto_recover,
+        scrape = scaled(1_000).max(250),
+        stall = scaled(8_000).max(2_000),
+        watch_tok_per_s = prefill_tok_per_s / scale,
+        idle_probe = scaled(60_000),
+        min_probe = scaled(5_000),
+        max_probe_timeout = scaled(600_000),
+        max_recoveries = args.max_recoveries,
+        recovery_window = scaled(3_600_000),
     );
     let agent_path = dir.join("agent.toml");
     let orch_path = dir.join("orchestrator.toml");
@@ -444,6 +499,7 @@ check_timeout_ms = {check}
         prefill_argv,
         decode_argv,
         router_url: format!("http://127.0.0.1:{router}"),
+        readiness_url: format!("http://127.0.0.1:{readiness}"),
     };
     Ok((format!("{scheme}://127.0.0.1:{orch}"), orch_path, agent_path, plan))
 }
@@ -623,6 +679,7 @@ pub async fn run(args: DemoArgs) -> ExitCode {
         let creds = crate::credentials();
         v["demo"] = serde_json::json!({
             "orchestrator": stack.orchestrator_url,
+            "readiness": stack.plan.readiness_url,
             "dir": stack.dir.path().display().to_string(),
             // For `pdwarden --ca CA --token TOKEN` against the held stack
             // (a throw-away token for this demo only).
