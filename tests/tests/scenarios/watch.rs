@@ -190,7 +190,7 @@ fn wedged_pair_in_service_is_detected_and_recovered_automatically() {
         let probe = s["busy_ms_probe"].as_f64().unwrap_or(0.0);
         (probe, total, if total > 0.0 { 100.0 * probe / total } else { 0.0 })
     };
-    println!("watch figures (pd-sim time scale 0.05, default [pair.watch]):");
+    println!("watch figures (pd-sim time scale 0.05, the demo's scaled [pair.watch]):");
     println!(
         "  leak (client gave up) → wedge confirmed: {:.1} s; → recovery verified: {:.1} s (the co-restart itself took {:.1} s)",
         (detected - onset_mono) / 1000.0,
