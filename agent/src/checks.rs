@@ -32,6 +32,30 @@ pub fn http_client() -> reqwest::Client {
         .expect("reqwest client with static settings")
 }
 
+/// The most of a probe's answer the agent reads: far more than any real
+/// answer to a probe, far less than a broken engine could send.
+pub const MAX_ANSWER_BYTES: usize = 4 << 20;
+/// The most of a health or generation-check answer the agent reads.
+pub const MAX_HEALTH_BYTES: usize = 64 << 10;
+
+/// Reads a response body of at most `limit` bytes, as text (invalid UTF-8 is
+/// replaced, never a panic). A larger body is an error and is not read
+/// further, so an oversized or endless answer costs bounded memory.
+pub async fn read_body_limited(mut resp: reqwest::Response, limit: usize) -> Result<String, String> {
+    let mut body = Vec::new();
+    while let Some(chunk) = resp
+        .chunk()
+        .await
+        .map_err(|e| format!("reading response: {}", error_chain(&e)))?
+    {
+        if body.len() + chunk.len() > limit {
+            return Err(format!("response larger than {limit} bytes; not read further"));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(String::from_utf8_lossy(&body).into_owned())
+}
+
 /// The outcome of one probe-tagged chat completion.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChatOutcome {
@@ -71,10 +95,7 @@ pub async fn chat_probe(client: &reqwest::Client, base_url: &str, chat: &ChatPro
             .map_err(|e| format!("request failed: {}", error_chain(&e)))?;
         http_status = resp.status().as_u16();
         let ok = resp.status().is_success();
-        let text = resp
-            .text()
-            .await
-            .map_err(|e| format!("reading response: {}", error_chain(&e)))?;
+        let text = read_body_limited(resp, MAX_ANSWER_BYTES).await?;
         if !ok {
             return Err(format!("http {http_status}: {}", snippet(&text)));
         }
@@ -252,11 +273,13 @@ impl Checker for HttpChecker {
                         )
                         .header(PROBE_HEADER, "1")
                         .send()
-                        .await?;
+                        .await
+                        .map_err(|e| error_chain(&e))?;
                     let status = resp.status();
-                    // Read the body so the check covers the whole answer.
-                    resp.bytes().await?;
-                    Ok::<_, reqwest::Error>(status)
+                    // Read the body so the check covers the whole answer
+                    // (bounded: a broken engine must not fill our memory).
+                    read_body_limited(resp, MAX_HEALTH_BYTES).await?;
+                    Ok::<_, String>(status)
                 };
                 match tokio::time::timeout(self.check_timeout, exchange).await {
                     Err(_) => GenerationObservation::TimedOut {
@@ -277,7 +300,7 @@ impl Checker for HttpChecker {
                     },
                     Ok(Err(e)) => GenerationObservation::Failed {
                         latency: started.elapsed(),
-                        reason: format!("GET {path} failed ({})", error_chain(&e)),
+                        reason: format!("GET {path} failed ({e})"),
                     },
                 }
             }
@@ -296,6 +319,69 @@ fn root_cause(e: &reqwest::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A hostile engine on loopback: answers every request with `head` and
+    /// then `body_chunk` repeated until the client hangs up.
+    async fn hostile_engine(head: &'static str, body_chunk: &'static [u8], endless: bool) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut sock, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    let _ = sock.read(&mut buf).await;
+                    if sock.write_all(head.as_bytes()).await.is_err() {
+                        return;
+                    }
+                    loop {
+                        if sock.write_all(body_chunk).await.is_err() || !endless {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        format!("http://{addr}")
+    }
+
+    fn chat() -> ChatProbe {
+        ChatProbe {
+            model: "m".into(),
+            prompt: "hi".into(),
+            max_tokens: 1,
+        }
+    }
+
+    // Property: an endless answer is cut at MAX_ANSWER_BYTES, with a clear
+    // error, well before the probe's timeout; memory stays bounded.
+    #[tokio::test]
+    async fn endless_answer_is_bounded() {
+        let url = hostile_engine(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n",
+            &[b'x'; 65536],
+            true,
+        )
+        .await;
+        let r = chat_probe(&http_client(), &url, &chat(), Duration::from_secs(30)).await;
+        assert_eq!(r.outcome, ProbeOutcome::Error);
+        assert!(r.error.contains("larger than"), "{}", r.error);
+        assert!(r.latency < Duration::from_secs(30));
+    }
+
+    // Property: invalid UTF-8 and garbage are errors, never panics.
+    #[tokio::test]
+    async fn garbage_answer_is_an_error() {
+        let url = hostile_engine(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 4\r\n\r\n",
+            &[0xff, 0xfe, b'{', 0x80],
+            false,
+        )
+        .await;
+        let r = chat_probe(&http_client(), &url, &chat(), Duration::from_secs(10)).await;
+        assert_eq!(r.outcome, ProbeOutcome::Error);
+        assert!(r.error.starts_with("response is not JSON"), "{}", r.error);
+    }
 
     // Property: tokens come from usage.completion_tokens, else 1 for non-empty content.
     #[test]

@@ -107,7 +107,8 @@ pub async fn scrape(client: &reqwest::Client, url: &str, timeout: Duration) -> S
     let exchange = async {
         let resp = client.get(url).send().await.map_err(|e| error_chain(&e))?;
         let status = resp.status();
-        let text = resp.text().await.map_err(|e| error_chain(&e))?;
+        // SGLang's /metrics is a few tens of KiB; anything past this is broken.
+        let text = crate::checks::read_body_limited(resp, 8 << 20).await?;
         if !status.is_success() {
             return Err(format!("http {}", status.as_u16()));
         }

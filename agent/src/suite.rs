@@ -21,6 +21,47 @@ use tokio::time::Instant;
 
 use crate::checks::{PROBE_HEADER, REQUEST_ID_PREFIX, chat_probe, error_chain};
 
+/// The longest SSE event accepted: a token chunk is a few hundred bytes; a
+/// stream that never sends an event separator must not grow memory forever.
+const MAX_SSE_EVENT_BYTES: usize = 1 << 20;
+
+/// What a chat-completion SSE stream said, event by event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SseEvent {
+    /// A chunk carrying generated text (one token, for SGLang-like engines).
+    Content(String),
+    /// `data: [DONE]`.
+    Done,
+}
+
+/// Removes every complete event (`…\n\n`) from the front of `buf` and returns
+/// the ones that matter; events without content (role, usage, finish chunks,
+/// comments, garbage) are skipped. Pure, so it is fuzzed directly: whatever a
+/// broken engine sends, this never panics.
+pub fn drain_sse_events(buf: &mut String) -> Vec<SseEvent> {
+    let mut out = Vec::new();
+    while let Some(end) = buf.find("\n\n") {
+        let event: String = buf.drain(..end + 2).collect();
+        let Some(data) = event.trim().strip_prefix("data:") else {
+            continue;
+        };
+        let data = data.trim();
+        if data == "[DONE]" {
+            out.push(SseEvent::Done);
+            break;
+        }
+        let Ok(v) = serde_json::from_str::<Value>(data) else {
+            continue;
+        };
+        if let Some(piece) = v.pointer("/choices/0/delta/content").and_then(Value::as_str)
+            && !piece.is_empty()
+        {
+            out.push(SseEvent::Content(piece.to_string()));
+        }
+    }
+    out
+}
+
 /// Runs one suite step against `base_url` (the router) and returns its samples.
 pub async fn run_step(
     http: &reqwest::Client,
@@ -118,7 +159,9 @@ async fn stream_chat(
     sample.http_status = i32::from(resp.status().as_u16());
     if !resp.status().is_success() {
         sample.latency_ms = elapsed_ms();
-        let text = resp.text().await.unwrap_or_default();
+        let text = crate::checks::read_body_limited(resp, 64 << 10)
+            .await
+            .unwrap_or_else(|e| e);
         sample.error = format!(
             "http {}: {}",
             sample.http_status,
@@ -158,24 +201,20 @@ async fn stream_chat(
             Ok(Some(Ok(bytes))) => {
                 let at = elapsed_ms();
                 buf.push_str(&String::from_utf8_lossy(&bytes));
-                while let Some(end) = buf.find("\n\n") {
-                    let event: String = buf.drain(..end + 2).collect();
-                    let Some(data) = event.trim().strip_prefix("data:") else {
-                        continue;
-                    };
-                    let data = data.trim();
-                    if data == "[DONE]" {
-                        done = true;
-                        break;
-                    }
-                    let Ok(v) = serde_json::from_str::<Value>(data) else {
-                        continue;
-                    };
-                    if let Some(piece) = v.pointer("/choices/0/delta/content").and_then(Value::as_str)
-                        && !piece.is_empty()
-                    {
-                        sample.token_times_ms.push(at);
-                        content.push_str(piece);
+                if buf.len() > MAX_SSE_EVENT_BYTES {
+                    sample.error = format!("an SSE event exceeded {MAX_SSE_EVENT_BYTES} bytes; stream abandoned");
+                    break;
+                }
+                for event in drain_sse_events(&mut buf) {
+                    match event {
+                        SseEvent::Done => {
+                            done = true;
+                            break;
+                        }
+                        SseEvent::Content(piece) => {
+                            sample.token_times_ms.push(at);
+                            content.push_str(&piece);
+                        }
                     }
                 }
             }
@@ -276,4 +315,29 @@ async fn abort_storm(http: &reqwest::Client, base_url: &str, s: &SuiteAbortStorm
         chat_probe(http, base_url, &chat, timeout).await,
     ));
     samples
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Property: complete events are parsed and removed; a partial event stays
+    // in the buffer for the next chunk; nothing after [DONE] is read.
+    #[test]
+    fn sse_events_are_drained_in_order() {
+        let mut buf = String::from(
+            "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\n\
+             data: {\"choices\":[{\"delta\":{\"content\":\"The \"}}]}\n\n\
+             : keep-alive comment\n\n\
+             data: not json\n\n\
+             data: {\"choices\":[{\"delta\":{\"content\":\"quick\"}}]}\n\ndata: {\"cho",
+        );
+        assert_eq!(
+            drain_sse_events(&mut buf),
+            vec![SseEvent::Content("The ".into()), SseEvent::Content("quick".into())]
+        );
+        assert_eq!(buf, "data: {\"cho");
+        buf.push_str("ices\":[]}\n\ndata: [DONE]\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"late\"}}]}\n\n");
+        assert_eq!(drain_sse_events(&mut buf), vec![SseEvent::Done]);
+    }
 }

@@ -1034,7 +1034,10 @@ mod tests {
         assert_eq!(log.matches("out-yes\n").count(), 2, "{log}");
         assert_eq!(log.matches("err\n").count(), 2, "{log}");
         assert!(log.contains(cwd.path().to_str().unwrap()), "{log}");
-        assert!(log.contains("starting unit talk (command \"c2\")"), "{log}");
+        assert!(
+            log.contains("starting unit talk (command \"c2\", config version 0)"),
+            "{log}"
+        );
     }
 
     // Property: starting a running unit without restart is refused; with

@@ -20,6 +20,12 @@ pub enum ConfigError {
     },
     #[error("invalid config: {0}")]
     Parse(#[from] toml::de::Error),
+    #[error("{path}: {source}")]
+    InFile {
+        path: PathBuf,
+        #[source]
+        source: Box<ConfigError>,
+    },
     #[error("invalid config: field `{field}`: {problem}")]
     Invalid { field: String, problem: String },
 }
@@ -44,6 +50,11 @@ pub struct OrchestratorConfig {
     /// (`GET /ready/pair/NAME`, `/ready/unit/HOST/UNIT`, `/ready`); off when absent.
     #[serde(default)]
     pub readiness_listen: Option<SocketAddr>,
+    /// After an orchestrator restart, how long to wait for every agent of a
+    /// pair with an interrupted operation to re-attach before resuming it
+    /// (without them the operation is concluded `failed`, never guessed at).
+    #[serde(default = "default_resume_grace_ms")]
+    pub resume_grace_ms: u64,
     /// Mutual TLS for agents and the CLI (issue 8): the pdwarden CA (client
     /// certificates must chain to it) and this server's certificate and key.
     #[serde(default)]
@@ -215,6 +226,10 @@ fn default_cold_margin() -> f64 {
     2.0
 }
 
+fn default_resume_grace_ms() -> u64 {
+    15_000
+}
+
 fn default_max_tokens() -> u32 {
     8
 }
@@ -377,7 +392,13 @@ impl OrchestratorConfig {
             path: path.to_path_buf(),
             source,
         })?;
-        Self::from_toml_str(&text).and_then(|c| c.transport().map(|_| c))
+        // Name the file too: an operator may have several.
+        Self::from_toml_str(&text)
+            .and_then(|c| c.transport().map(|_| c))
+            .map_err(|e| ConfigError::InFile {
+                path: path.to_path_buf(),
+                source: Box::new(e),
+            })
     }
 
     pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
@@ -616,6 +637,21 @@ probe_timeout_ms = 120000
     fn deploy_local_example_is_valid() {
         let c = OrchestratorConfig::from_toml_str(include_str!("../../deploy/local/orchestrator.toml")).unwrap();
         assert_eq!(c.pairs[0].name, "local");
+    }
+
+    /// A config error read from a file names the file, the line and the field.
+    #[test]
+    fn file_errors_name_file_line_and_field() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("orchestrator.toml");
+        std::fs::write(
+            &path,
+            EXAMPLE.replace("warm_budget_ms = 1000", "warm_budget_ms = \"fast\""),
+        )
+        .unwrap();
+        let e = OrchestratorConfig::load(&path).unwrap_err().to_string();
+        assert!(e.starts_with(&path.display().to_string()), "{e}");
+        assert!(e.contains("line 12") && e.contains("warm_budget_ms"), "{e}");
     }
 
     #[test]

@@ -59,6 +59,7 @@ impl OperationKind {
 
 /// The steps of a co-restart, in order. Each is journaled on entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
 pub enum CoRestartStep {
     /// The operation exists in the journal; nothing has been sent.
     Started,
@@ -262,6 +263,74 @@ pub async fn run_operation(
     kind: OperationKind,
     updates: mpsc::UnboundedSender<OperationUpdate>,
 ) -> OperationReport {
+    run_operation_from(ctx, pair, operation_id, kind, None, updates).await
+}
+
+/// Where an interrupted co-restart picks up after an orchestrator restart.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resume {
+    /// The first step to run again.
+    pub from: CoRestartStep,
+    /// Units of the steps before `from`: generating, by the agents' facts.
+    pub kept: Vec<UnitStartup>,
+    /// Said in the report's reasons.
+    pub note: String,
+}
+
+/// Decides where an interrupted co-restart resumes: at the step that was in
+/// progress, provided every unit of the steps before it is generating by the
+/// agents' current facts; otherwise from the beginning (restarting a unit
+/// that is generating again is safe; trusting one that is not is not).
+/// Pure: `phase_of` answers with the agent-reported phase of a unit.
+pub fn resume_point(
+    state: &str,
+    pair: &PairConfig,
+    phase_of: impl Fn(&UnitRef) -> Option<Phase>,
+) -> (CoRestartStep, Vec<UnitStartup>) {
+    let wanted = match state {
+        "restarting_decode" if pair.decode_start_policy == DecodeStartPolicy::AfterPrefillReady => {
+            CoRestartStep::RestartingDecode
+        }
+        "restarting_router" => CoRestartStep::RestartingRouter,
+        "probing" | "verifying" => CoRestartStep::Probing,
+        _ => CoRestartStep::RestartingPrefill,
+    };
+    let mut before: Vec<(&'static str, &UnitRef)> = Vec::new();
+    if wanted as u8 > CoRestartStep::RestartingPrefill as u8 {
+        before.extend(pair.prefill.iter().map(|u| ("prefill", u)));
+    }
+    if wanted as u8 > CoRestartStep::RestartingDecode as u8 {
+        before.extend(pair.decode.iter().map(|u| ("decode", u)));
+    }
+    if wanted as u8 > CoRestartStep::RestartingRouter as u8 {
+        before.extend(pair.router.iter().map(|u| ("router", u)));
+    }
+    if before.iter().any(|(_, u)| phase_of(u) != Some(Phase::Generating)) {
+        return (CoRestartStep::RestartingPrefill, Vec::new());
+    }
+    let kept = before
+        .into_iter()
+        .map(|(role, u)| UnitStartup {
+            unit: u.unit.clone(),
+            role: role.into(),
+            furthest: Some(ReadinessPhase::Generating),
+            exited: false,
+            last_detail: "generating before the orchestrator restarted (agent's facts)".into(),
+            waited_ms: 0,
+        })
+        .collect();
+    (wanted, kept)
+}
+
+/// Runs an operation, or the rest of an interrupted one (`resume`).
+pub async fn run_operation_from(
+    ctx: OperationContext,
+    pair: PairConfig,
+    operation_id: String,
+    kind: OperationKind,
+    resume: Option<Resume>,
+    updates: mpsc::UnboundedSender<OperationUpdate>,
+) -> OperationReport {
     let rec = Recorder {
         operation_id: operation_id.clone(),
         start: Instant::now(),
@@ -284,6 +353,17 @@ pub async fn run_operation(
         ),
         cold_start_possible: kind == OperationKind::CoRestart,
     };
+    let (from, kept, resume_note) = match resume {
+        Some(r) => {
+            rec.journal_entry(
+                0,
+                "resumed",
+                &serde_json::json!({ "from": r.from.as_str(), "note": r.note }),
+            );
+            (r.from, r.kept, Some(r.note))
+        }
+        None => (CoRestartStep::RestartingPrefill, Vec::new(), None),
+    };
     let mut run = CoRestart {
         ctx,
         pair,
@@ -292,12 +372,13 @@ pub async fn run_operation(
         probes: Vec::new(),
     };
     let journal_error = match kind {
-        OperationKind::CoRestart => run.drive().await.err(),
+        OperationKind::CoRestart => run.drive(from).await.err(),
         OperationKind::Verify { .. } => run.verify().await.err(),
     };
 
     let now = rec.now_ms();
-    let mut startups: Vec<UnitStartup> = run.starts.iter().map(|s| s.evidence(now)).collect();
+    let mut startups: Vec<UnitStartup> = kept.clone();
+    startups.extend(run.starts.iter().map(|s| s.evidence(now)));
     // Units never started (gated behind one that failed) are evidence too.
     let roles = if kind == OperationKind::CoRestart {
         run.roles().to_vec()
@@ -306,7 +387,7 @@ pub async fn run_operation(
     };
     for (role, units) in roles {
         for u in units {
-            if !run.starts.iter().any(|s| &s.unit == u) {
+            if !run.starts.iter().any(|s| &s.unit == u) && !kept.iter().any(|k| k.unit == u.unit) {
                 startups.push(UnitStartup {
                     unit: u.unit.clone(),
                     role: role.into(),
@@ -335,6 +416,9 @@ pub async fn run_operation(
             }
         }
         verdict = suite::overall(verdict, &suite_steps);
+    }
+    if let Some(note) = resume_note {
+        verdict.reasons.push(note);
     }
     if let Some(e) = journal_error {
         verdict.kind = crate::verdict::VerdictKind::Failed;
@@ -449,7 +533,7 @@ impl CoRestart<'_> {
     /// The state machine. Returns early (with the evidence gathered so far)
     /// as soon as a gate fails: nothing after a unit that is not generating
     /// is started.
-    async fn drive(&mut self) -> Result<(), crate::journal::JournalError> {
+    async fn drive(&mut self, from: CoRestartStep) -> Result<(), crate::journal::JournalError> {
         let t = self.pair.timeouts.clone();
         let engine_readiness = |deadline_ms| ReadinessSpec {
             deadline_ms,
@@ -457,6 +541,19 @@ impl CoRestart<'_> {
             check_timeout_ms: t.check_timeout_ms,
             chat: None,
         };
+        match from {
+            CoRestartStep::RestartingDecode => {
+                return self.drive_from_decode(&engine_readiness(t.decode_ready_ms)).await;
+            }
+            CoRestartStep::RestartingRouter => return self.drive_from_router().await,
+            CoRestartStep::Probing | CoRestartStep::Verifying => {
+                self.rec.transition(CoRestartStep::Probing)?;
+                let router = self.pair.router[0].clone();
+                self.probe_series_via(&router, None).await;
+                return Ok(());
+            }
+            _ => {}
+        }
 
         self.rec.transition(CoRestartStep::RestartingPrefill)?;
         let prefills = self.pair.prefill.clone();
@@ -473,15 +570,7 @@ impl CoRestart<'_> {
                 if !self.await_generating(first_prefill).await {
                     return Ok(());
                 }
-                self.rec.transition(CoRestartStep::RestartingDecode)?;
-                let first_decode = self.starts.len();
-                for u in &decodes {
-                    let s = self.start_unit(u, "decode", engine_readiness(t.decode_ready_ms)).await;
-                    self.starts.push(s);
-                }
-                if !self.await_generating(first_decode).await {
-                    return Ok(());
-                }
+                return self.drive_from_decode(&engine_readiness(t.decode_ready_ms)).await;
             }
             DecodeStartPolicy::Overlap => {
                 // Decode loads its weights while prefill does; it is started
@@ -499,7 +588,26 @@ impl CoRestart<'_> {
                 }
             }
         }
+        self.drive_from_router().await
+    }
 
+    /// Decode's step (after-prefill-ready) and everything after it.
+    async fn drive_from_decode(&mut self, readiness: &ReadinessSpec) -> Result<(), crate::journal::JournalError> {
+        self.rec.transition(CoRestartStep::RestartingDecode)?;
+        let first_decode = self.starts.len();
+        for u in self.pair.decode.clone() {
+            let s = self.start_unit(&u, "decode", readiness.clone()).await;
+            self.starts.push(s);
+        }
+        if !self.await_generating(first_decode).await {
+            return Ok(());
+        }
+        self.drive_from_router().await
+    }
+
+    /// The router's step and the probes.
+    async fn drive_from_router(&mut self) -> Result<(), crate::journal::JournalError> {
+        let t = self.pair.timeouts.clone();
         self.rec.transition(CoRestartStep::RestartingRouter)?;
         let probe = &self.pair.probe;
         // The router's readiness is a probe-tagged generation through it; it
@@ -999,5 +1107,76 @@ fn apply_report(rec: &Recorder, s: &mut UnitStart, report: AgentReport) {
             s.done = true;
             s.last_detail = format!("agent {} disconnected; last: {}", s.unit.host, s.last_detail);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::OrchestratorConfig;
+
+    fn pair(policy: &str) -> PairConfig {
+        let text = format!(
+            r#"
+listen = "127.0.0.1:7070"
+journal = "/tmp/j.sqlite"
+[[pair]]
+name = "p"
+decode_start_policy = "{policy}"
+prefill = [{{ host = "h", unit = "prefill-0" }}]
+decode = [{{ host = "h", unit = "decode-0" }}]
+router = [{{ host = "h", unit = "router-0" }}]
+[pair.probe]
+model = "m"
+prompt = "hi"
+warm_budget_ms = 1000
+cold_allowance_ms = 30000
+probe_timeout_ms = 120000
+"#
+        );
+        OrchestratorConfig::from_toml_str(&text).unwrap().pairs.remove(0)
+    }
+
+    /// An orchestrator killed during decode's step resumes at decode when the
+    /// agents say prefill is generating, keeping prefill as evidence.
+    #[test]
+    fn resumes_at_the_step_in_progress_when_earlier_units_generate() {
+        let p = pair("after-prefill-ready");
+        let (from, kept) = resume_point("restarting_decode", &p, |_| Some(Phase::Generating));
+        assert_eq!(from, CoRestartStep::RestartingDecode);
+        assert_eq!(kept.iter().map(|k| k.unit.as_str()).collect::<Vec<_>>(), ["prefill-0"]);
+        let (from, kept) = resume_point("probing", &p, |_| Some(Phase::Generating));
+        assert_eq!(from, CoRestartStep::Probing);
+        assert_eq!(kept.len(), 3);
+    }
+
+    /// Property: a unit that is not generating is never trusted; the
+    /// co-restart starts over from prefill.
+    #[test]
+    fn restarts_from_prefill_when_an_earlier_unit_is_not_generating() {
+        let p = pair("after-prefill-ready");
+        for state in ["restarting_decode", "restarting_router", "probing", "verifying"] {
+            let (from, kept) = resume_point(state, &p, |u| {
+                (u.unit != "prefill-0")
+                    .then_some(Phase::Generating)
+                    .or(Some(Phase::Healthy))
+            });
+            assert_eq!(from, CoRestartStep::RestartingPrefill, "{state}");
+            assert!(kept.is_empty());
+        }
+        // Unknown facts (agent lost the unit) count as not generating.
+        let (from, _) = resume_point("restarting_router", &p, |_| None);
+        assert_eq!(from, CoRestartStep::RestartingPrefill);
+    }
+
+    /// Under `overlap`, decode's step began before prefill generated, so an
+    /// interrupted decode step starts over from prefill.
+    #[test]
+    fn overlap_decode_step_restarts_from_prefill() {
+        let p = pair("overlap");
+        let (from, _) = resume_point("restarting_decode", &p, |_| Some(Phase::Generating));
+        assert_eq!(from, CoRestartStep::RestartingPrefill);
+        let (from, _) = resume_point("started", &p, |_| Some(Phase::Generating));
+        assert_eq!(from, CoRestartStep::RestartingPrefill);
     }
 }

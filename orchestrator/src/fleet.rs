@@ -49,6 +49,11 @@ pub enum AgentReport {
 pub struct AgentStatus {
     pub host: String,
     pub connected: bool,
+    /// `connected`, `unknown` (attached but silent for `AGENT_UNKNOWN_AFTER`)
+    /// or `disconnected`.
+    pub state: &'static str,
+    /// Milliseconds since the agent last said anything.
+    pub silent_ms: u64,
     pub agent_instance_id: String,
     pub agent_version: String,
     pub units: Vec<UnitStatus>,
@@ -73,7 +78,13 @@ struct AgentSession {
     version: String,
     tx: Option<mpsc::Sender<Result<OrchestratorMessage, Status>>>,
     units: BTreeMap<String, UnitInfo>,
+    /// When anything last arrived from it (heartbeats every few seconds).
+    last_seen: tokio::time::Instant,
 }
+
+/// An attached agent silent for this long is shown as `unknown`: its facts
+/// may be stale. It is never a reason to restart anything on its own.
+pub const AGENT_UNKNOWN_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
 
 #[derive(Default)]
 struct FleetState {
@@ -198,6 +209,12 @@ impl Fleet {
             .map(|(host, a)| AgentStatus {
                 host: host.clone(),
                 connected: a.tx.is_some(),
+                state: match (a.tx.is_some(), a.last_seen.elapsed() > AGENT_UNKNOWN_AFTER) {
+                    (false, _) => "disconnected",
+                    (true, true) => "unknown",
+                    (true, false) => "connected",
+                },
+                silent_ms: a.last_seen.elapsed().as_millis() as u64,
                 agent_instance_id: a.instance_id.clone(),
                 agent_version: a.version.clone(),
                 units: a
@@ -228,7 +245,32 @@ impl Fleet {
         }
     }
 
+    /// Feeds one agent message as if `host`'s stream had carried it (the
+    /// host is registered first when unknown). For the fuzz targets: every
+    /// message the orchestrator accepts must be handled without a panic.
+    #[doc(hidden)]
+    pub fn ingest_for_fuzzing(&self, host: &str, msg: AgentMessage) {
+        {
+            let mut st = self.lock();
+            st.next_session += 1;
+            let session = st.next_session;
+            st.agents.entry(host.to_string()).or_insert_with(|| AgentSession {
+                session,
+                instance_id: "fuzz".into(),
+                version: "fuzz".into(),
+                tx: None,
+                units: BTreeMap::new(),
+                last_seen: tokio::time::Instant::now(),
+            });
+        }
+        self.on_message(host, msg);
+        let _ = self.status();
+    }
+
     fn on_message(&self, host: &str, msg: AgentMessage) {
+        if let Some(a) = self.lock().agents.get_mut(host) {
+            a.last_seen = tokio::time::Instant::now();
+        }
         match msg.kind {
             Some(agent_message::Kind::UnitEvent(ev)) => {
                 {
@@ -362,6 +404,7 @@ impl AgentLink for AgentLinkService {
                     version: reg.agent_version.clone(),
                     tx: Some(tx.clone()),
                     units: reg.units.into_iter().map(|u| (u.name.clone(), u)).collect(),
+                    last_seen: tokio::time::Instant::now(),
                 },
             );
             session

@@ -7,9 +7,10 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use pdwarden_proto::v1::{
-    HistoryRequest, JsonReply, OperationUpdate, RestartPairRequest, RestartUnitRequest, StatusRequest,
+    HistoryRequest, JsonReply, OperationUpdate, Phase, RestartPairRequest, RestartUnitRequest, StatusRequest,
     VerifyPairRequest,
     agent_link_server::AgentLinkServer,
     control_server::{Control, ControlServer},
@@ -21,8 +22,10 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::{TcpListenerStream, UnboundedReceiverStream};
 use tonic::{Request, Response, Status};
 
-use crate::config::OrchestratorConfig;
-use crate::corestart::{OperationContext, OperationKind, run_operation};
+use crate::config::{OrchestratorConfig, PairConfig, UnitRef};
+use crate::corestart::{
+    CoRestartStep, OperationContext, OperationKind, Resume, resume_point, run_operation, run_operation_from,
+};
 use crate::fleet::{AgentLinkService, AgentStatus, Fleet};
 use crate::journal::{Journal, JournalError, OperationRecord};
 use crate::tls::AgentAuth;
@@ -337,25 +340,114 @@ impl Control for ControlService {
     }
 }
 
-/// Concludes operations an earlier orchestrator process left running. It
-/// does not resume them (yet): it says so honestly, so the pair is not held
-/// by an operation nobody runs.
-fn conclude_interrupted(journal: &Journal) -> Result<(), JournalError> {
-    for op in journal.unfinished()? {
-        let report = serde_json::json!({
-            "operation_id": op.operation_id,
-            "pair": op.pair,
-            "kind": op.kind,
-            "verdict": "failed",
-            "reasons": [format!(
-                "the orchestrator stopped while this operation was in state {}; it was concluded without resuming: check the pair's units",
-                op.state
-            )],
-        });
-        tracing::warn!(operation = %op.operation_id, pair = %op.pair, state = %op.state, "concluding interrupted operation as failed");
-        journal.conclude(&op.operation_id, "failed", &report)?;
+/// Takes over the operations an earlier orchestrator process left running
+/// (DESIGN.md 4). Co-restarts and verifications of configured pairs are
+/// resumed once every agent of the pair has re-attached (nothing is restarted
+/// before their facts are re-read); anything else — or a pair whose agents do
+/// not come back within the grace period — is concluded `failed`, saying why.
+fn resume_interrupted(ctx: &OperationContext, config: &OrchestratorConfig) -> Result<(), JournalError> {
+    for op in ctx.journal.unfinished()? {
+        let pair = config.pair(&op.pair).cloned();
+        match (op.kind.as_str(), pair) {
+            ("co_restart" | "verify", Some(pair)) => {
+                tracing::warn!(operation = %op.operation_id, pair = %op.pair, state = %op.state, "resuming interrupted operation once its agents re-attach");
+                tokio::spawn(resume_one(
+                    ctx.clone(),
+                    pair,
+                    op,
+                    Duration::from_millis(config.resume_grace_ms),
+                ));
+            }
+            _ => conclude_failed(
+                &ctx.journal,
+                &op,
+                format!(
+                    "the orchestrator stopped while this {} operation was in state {}; it cannot be resumed and was concluded: check the pair's units",
+                    op.kind, op.state
+                ),
+            )?,
+        }
     }
     Ok(())
+}
+
+fn conclude_failed(journal: &Journal, op: &OperationRecord, reason: String) -> Result<(), JournalError> {
+    tracing::warn!(operation = %op.operation_id, pair = %op.pair, %reason, "concluding interrupted operation as failed");
+    let report = serde_json::json!({
+        "operation_id": op.operation_id,
+        "pair": op.pair,
+        "kind": op.kind,
+        "verdict": "failed",
+        "reasons": [reason],
+    });
+    journal.conclude(&op.operation_id, "failed", &report)
+}
+
+async fn resume_one(ctx: OperationContext, pair: PairConfig, op: OperationRecord, grace: Duration) {
+    let units: Vec<UnitRef> = pair
+        .prefill
+        .iter()
+        .chain(&pair.decode)
+        .chain(&pair.router)
+        .cloned()
+        .collect();
+    let deadline = tokio::time::Instant::now() + grace;
+    loop {
+        let missing: Vec<String> = units
+            .iter()
+            .filter(|u| !ctx.fleet.is_connected(&u.host) || ctx.fleet.unit(&u.host, &u.unit).is_none())
+            .map(|u| u.to_string())
+            .collect();
+        if missing.is_empty() {
+            break;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            let reason = format!(
+                "the orchestrator restarted while this operation was in state {}; not resumed: {} not re-attached within {} ms",
+                op.state,
+                missing.join(", "),
+                grace.as_millis()
+            );
+            if let Err(e) = conclude_failed(&ctx.journal, &op, reason) {
+                tracing::error!(operation = %op.operation_id, error = %e, "could not conclude interrupted operation");
+            }
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (kind, from, kept) = if op.kind == "verify" {
+        (
+            OperationKind::Verify {
+                include_abort_storm: false,
+            },
+            CoRestartStep::Probing,
+            Vec::new(),
+        )
+    } else {
+        let (from, kept) = resume_point(&op.state, &pair, |u| {
+            ctx.fleet
+                .unit(&u.host, &u.unit)
+                .map(|i| Phase::try_from(i.phase).unwrap_or(Phase::Unspecified))
+        });
+        (OperationKind::CoRestart, from, kept)
+    };
+    let note = format!(
+        "resumed after an orchestrator restart: the operation was in state {}; continued from {}{}",
+        op.state,
+        from.as_str(),
+        if kept.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " (kept {}, generating by their agents' facts)",
+                kept.iter().map(|k| k.unit.as_str()).collect::<Vec<_>>().join(", ")
+            )
+        }
+    );
+    // Nobody is following this operation live; its report is journaled.
+    let (tx, _rx) = mpsc::unbounded_channel();
+    let resume = Resume { from, kept, note };
+    run_operation_from(ctx, pair, op.operation_id, kind, Some(resume), tx).await;
 }
 
 /// Runs the orchestrator on `listener` until `shutdown` resolves.
@@ -398,12 +490,12 @@ pub async fn serve(
         tracing::warn!("{w}");
     }
     let journal = Arc::new(Journal::open(&config.journal)?);
-    conclude_interrupted(&journal)?;
     let fleet = Fleet::new();
     let ctx = OperationContext {
         fleet: fleet.clone(),
         journal,
     };
+    resume_interrupted(&ctx, &config)?;
     let board = WatchBoard::default();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     if let Some(addr) = config.readiness_listen {

@@ -245,7 +245,10 @@ async fn start_duplicate_probe_stop_over_grpc() {
 
     agent.shutdown().await;
     let log = std::fs::read_to_string(dir.path().join("logs/prefill-0.log")).unwrap();
-    assert!(log.contains("starting unit prefill-0 (command \"c1\")"), "{log}");
+    assert!(
+        log.contains("starting unit prefill-0 (command \"c1\", config version 0)"),
+        "{log}"
+    );
 }
 
 // Property: an exit nobody asked for is reported at once with command id "";

@@ -48,7 +48,11 @@ fn ordered_co_restart_is_gated_on_generation() {
         .iter()
         .map(|s| s["name"].as_str().unwrap())
         .collect();
-    assert_eq!(steps, ["restart-prefill", "restart-decode", "restart-router", "probe"]);
+    assert_eq!(
+        steps[..4],
+        ["restart-prefill", "restart-decode", "restart-router", "probe"]
+    );
+    assert!(steps[4..].iter().all(|s| s.starts_with("verify-")), "{steps:?}");
     // History has the operation, with the same verdict.
     assert!(r["operation_id"].as_str().is_some_and(|s| !s.is_empty()));
 }
@@ -143,4 +147,39 @@ fn decode_that_never_generates_is_never_healthy() {
     let reasons = r["reasons"].to_string();
     assert!(reasons.contains("decode-0"), "{reasons}");
     assert!(r["probes"].as_array().unwrap().is_empty());
+}
+
+/// Two restarts of the same pair: one runs, the other is refused at once,
+/// naming the running operation; the first still ends with a verdict.
+#[test]
+fn concurrent_restart_of_the_same_pair_is_refused() {
+    let _one = exclusive();
+    let demo = HeldDemo::start(&[], LIMIT);
+    let mut args = demo.connect_args.clone();
+    args.extend(["restart", "pd-pair", "demo", "--json"].map(String::from));
+    let first = std::thread::spawn(move || pdwarden(&args.iter().map(String::as_str).collect::<Vec<_>>(), LIMIT));
+    // Wait until the first operation is running, then ask again.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let running = loop {
+        let status = demo.cli(&["status", "--json"]).json();
+        if let Some(op) = status["pairs"][0]["running_operation"].as_str() {
+            break op.to_string();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first restart never showed as running"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let second = demo.cli(&["restart", "pd-pair", "demo", "--json"]);
+    assert_eq!(second.code, 1, "{}", second.stdout);
+    let error = second.json()["error"].as_str().unwrap().to_string();
+    assert!(error.contains("busy") && error.contains(&running), "{error}");
+    let first = first.join().unwrap();
+    let report = first.json();
+    assert_eq!(report["operation_id"], running.as_str());
+    assert!(
+        matches!(first.code, 0 | 2),
+        "the first restart ran to a verdict: {report:#}"
+    );
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::harness::{HeldDemo, Output, exclusive};
+use crate::harness::{HeldDemo, Output, exclusive, reasons};
 
 const LIMIT: Duration = Duration::from_secs(180);
 
@@ -64,16 +64,6 @@ fn knob_live(demo: &HeldDemo) -> Vec<bool> {
         }
         out
     })
-}
-
-fn reasons(v: &Value) -> String {
-    v["reasons"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r.as_str().unwrap())
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 /// A knob that slows generation by 20 % is rejected and rolled back; the

@@ -201,3 +201,14 @@ pub fn at(report: &Value, unit: &str, phase: &str) -> Option<u64> {
 pub fn must_at(report: &Value, unit: &str, phase: &str) -> u64 {
     at(report, unit, phase).unwrap_or_else(|| panic!("{unit} never reached {phase}: {:#}", report["timeline"]))
 }
+
+/// A report's reasons, one per line, for assertions and their messages.
+pub fn reasons(v: &Value) -> String {
+    v["reasons"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_str().unwrap())
+        .collect::<Vec<_>>()
+        .join("\n")
+}

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::harness::{Output, exclusive, pdwarden};
+use crate::harness::{Output, exclusive, pdwarden, reasons};
 
 const LIMIT: Duration = Duration::from_secs(180);
 
@@ -16,16 +16,6 @@ fn drill(name: &str) -> (Output, Value) {
     let v = out.json();
     assert_eq!(v["incident"], name, "{v:#}");
     (out, v)
-}
-
-fn reasons(v: &Value) -> String {
-    v["reasons"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r.as_str().unwrap())
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 /// Row 1: the decode-only restart is refused; forced behind pdwarden's back,

@@ -3,6 +3,7 @@
 //! (ripgrep style); one module per area.
 
 mod co_restart;
+mod faults;
 mod gate;
 mod harness;
 mod incidents;

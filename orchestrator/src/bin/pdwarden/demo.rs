@@ -216,6 +216,27 @@ pub struct Stack {
     agent: Owned,
     orchestrator: Owned,
     pub plan: StackPlan,
+    orchestrator_config: PathBuf,
+}
+
+impl Stack {
+    /// SIGKILLs the orchestrator (no chance to clean up: its journal is left
+    /// mid-operation) and starts a new one on the same config and journal.
+    pub fn crash_and_restart_orchestrator(&mut self) -> anyhow::Result<(u32, u32)> {
+        let old = self.orchestrator.pid();
+        let _ = kill(Pid::from_raw(old as i32), Signal::SIGKILL);
+        self.orchestrator.stop(Duration::from_secs(5));
+        let fresh = spawn_logged(
+            "orchestrator-restarted",
+            &sibling_binary("pdwarden-orchestrator")?,
+            &["--config".into(), self.orchestrator_config.display().to_string()],
+            self.dir.path(),
+        )?;
+        let new = fresh.pid();
+        // The old handle is already reaped; dropping it does nothing more.
+        self.orchestrator = fresh;
+        Ok((old, new))
+    }
 }
 
 /// What the demo configured, for the drills that act on the stack.
@@ -387,6 +408,9 @@ health_path = "/readiness"
         r#"listen = "127.0.0.1:{orch}"
 journal = {journal}
 readiness_listen = "127.0.0.1:{readiness}"
+
+# Agents re-attach within their reconnect backoff (at most 5 s).
+resume_grace_ms = 20000
 
 [[pair]]
 name = "demo"
@@ -565,6 +589,7 @@ async fn start_stack(args: &DemoArgs) -> anyhow::Result<Stack> {
         agent,
         orchestrator,
         plan,
+        orchestrator_config: orch_cfg,
     };
     wait_for_agent(&stack.orchestrator_url, Duration::from_secs(20)).await?;
     Ok(stack)
@@ -643,6 +668,33 @@ pub async fn run(args: DemoArgs) -> ExitCode {
         Ok(t) => t,
         Err(e) => return could_not_run(&format!("demo: cannot handle SIGTERM: {e}"), args.json),
     };
+    if args.incident == Some(Incident::OrchestratorCrash) {
+        let result = tokio::select! {
+            r = drill::orchestrator_crash(&mut stack, args.json) => Some(r),
+            _ = tokio::signal::ctrl_c() => None,
+            _ = term.recv() => None,
+        };
+        stack.agent.stop(Duration::from_secs(15));
+        stack.orchestrator.stop(Duration::from_secs(5));
+        if args.keep {
+            let kept = stack.dir.keep();
+            eprintln!("demo: kept {}", kept.display());
+        }
+        return match result {
+            Some(Ok(v)) => {
+                if args.json {
+                    print_json(&v);
+                }
+                if v["verdict"].as_str().is_some_and(|k| k.starts_with("healthy")) {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::from(2)
+                }
+            }
+            Some(Err(e)) => could_not_run(&format!("demo: drill orchestrator-crash: {e:#}"), args.json),
+            None => could_not_run("demo: interrupted", args.json),
+        };
+    }
     let outcome = tokio::select! {
         r = restart_pair(&stack.orchestrator_url, "demo", args.json) => Some(r),
         _ = tokio::signal::ctrl_c() => None,

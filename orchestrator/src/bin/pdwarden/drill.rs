@@ -35,6 +35,9 @@ pub enum Incident {
     SlotLeak,
     /// A real, small cold start: slow first probe, then warm.
     GenuineColdStart,
+    /// The orchestrator is SIGKILLed in the middle of a co-restart (during
+    /// decode's step) and started again: the journal says where to resume.
+    OrchestratorCrash,
     /// Row 5: naive probes (a fresh prompt each, two alternating prompts)
     /// against pdwarden's one fixed prompt, over one simulated hour.
     ProbeStorm,
@@ -49,6 +52,7 @@ impl Incident {
             Self::ShallowHealth => "shallow-health",
             Self::SlotLeak => "slot-leak",
             Self::GenuineColdStart => "genuine-cold-start",
+            Self::OrchestratorCrash => "orchestrator-crash",
             Self::ProbeStorm => "probe-storm",
         }
     }
@@ -69,6 +73,9 @@ impl Incident {
                 "a client gives up on a 41,818-token prompt mid-prefill on a serial prefill that leaks its slot; then verify the pair (INCIDENTS row 4)"
             }
             Self::GenuineColdStart => "a genuine cold start: one slow first generation, then warm",
+            Self::OrchestratorCrash => {
+                "the orchestrator is SIGKILLed during decode's step of a co-restart and started again; it must resume (or conclude) the operation from its journal"
+            }
             Self::ProbeStorm => {
                 "one simulated hour of probes at 1/min against three engines with sessions: a fresh prompt each, two alternating prompts, and pdwarden's one fixed prompt (INCIDENTS row 5)"
             }
@@ -138,10 +145,10 @@ pub async fn follow_up(
             if !restart.verdict.is_healthy() {
                 bail!("the co-restart before the drill was not healthy ({})", restart.verdict);
             }
-            let (unit, argv) = if incident == Incident::DecodeAloneRestart {
-                ("decode-0", &stack.plan.decode_argv)
+            let (role, unit, argv) = if incident == Incident::DecodeAloneRestart {
+                ("decode", "decode-0", &stack.plan.decode_argv)
             } else {
-                ("prefill-0", &stack.plan.prefill_argv)
+                ("prefill", "prefill-0", &stack.plan.prefill_argv)
             };
             let refusal = ask_unit_restart(url, unit).await?;
             say(json, &format!("pdwarden restart unit {unit} → {}", refusal["reason"]));
@@ -150,11 +157,11 @@ pub async fn follow_up(
             say(
                 json,
                 &format!(
-                    "forced a {unit}-only restart behind pdwarden's back: stopped pid {pid}, started pid {} on the same port",
+                    "forced a {role}-only restart behind pdwarden's back ({unit}): stopped pid {pid}, started pid {} on the same port",
                     owned.pid()
                 ),
             );
-            steps.push(json!({ "action": format!("forced {unit}-only restart"), "stopped_pid": pid, "started_pid": owned.pid() }));
+            steps.push(json!({ "action": format!("forced {role}-only restart"), "unit": unit, "stopped_pid": pid, "started_pid": owned.pid() }));
             forced = Some(owned);
         }
         Incident::SlotLeak => {
@@ -162,7 +169,11 @@ pub async fn follow_up(
             say(json, &abandoned);
             steps.push(json!({ "action": "client abandoned a long prompt mid-prefill", "detail": abandoned }));
         }
-        Incident::ColdStartLie | Incident::ShallowHealth | Incident::GenuineColdStart | Incident::ProbeStorm => {
+        Incident::ColdStartLie
+        | Incident::ShallowHealth
+        | Incident::GenuineColdStart
+        | Incident::ProbeStorm
+        | Incident::OrchestratorCrash => {
             return Ok(None);
         }
     }
@@ -491,4 +502,93 @@ async fn wait_healthy(http: &reqwest::Client, url: &str) -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// The orchestrator-crash drill: starts `restart pd-pair`, SIGKILLs the
+/// orchestrator once decode's step is under way (prefill already restarted),
+/// starts a new orchestrator on the same journal, and waits for the operation
+/// to be concluded by it. Returns the `--json` object: the operation's final
+/// report from the journal, with what was done.
+pub async fn orchestrator_crash(stack: &mut Stack, json: bool) -> anyhow::Result<Value> {
+    let url = stack.orchestrator_url.clone();
+    // Follow the restart in the background; its stream breaks with the kill.
+    let follower = {
+        let url = url.clone();
+        tokio::spawn(async move { follow_operation(&url, "demo", true, None).await })
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let (operation_id, decode_phase) = loop {
+        if Instant::now() > deadline {
+            bail!("the co-restart never reached decode's step");
+        }
+        if let Ok(mut client) = connect(&url).await
+            && let Ok(reply) = client.status(StatusRequest {}).await
+        {
+            let status: Value = serde_json::from_str(&reply.into_inner().json)?;
+            let op = status["pairs"][0]["running_operation"].as_str().map(str::to_string);
+            let decode = status["agents"][0]["units"]
+                .as_array()
+                .and_then(|u| u.iter().find(|u| u["name"] == "decode-0"))
+                .and_then(|u| u["phase"].as_str())
+                .unwrap_or("")
+                .to_string();
+            if let Some(op) = op
+                && matches!(decode.as_str(), "spawned" | "refused" | "http_503")
+            {
+                break (op, decode);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let (old_pid, new_pid) = stack.crash_and_restart_orchestrator()?;
+    say(
+        json,
+        &format!(
+            "SIGKILLed the orchestrator (pid {old_pid}) during operation {operation_id}, decode-0 {decode_phase}; started a new one (pid {new_pid})"
+        ),
+    );
+    follower.abort();
+    // The new orchestrator re-reads the journal and its agents, then concludes.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let record = loop {
+        if Instant::now() > deadline {
+            bail!("operation {operation_id} was not concluded by the restarted orchestrator within 120 s");
+        }
+        if let Ok(mut client) = connect(&url).await
+            && let Ok(reply) = client
+                .history(pdwarden_proto::v1::HistoryRequest {
+                    pair: "demo".into(),
+                    limit: 5,
+                })
+                .await
+        {
+            let history: Value = serde_json::from_str(&reply.into_inner().json)?;
+            if let Some(rec) = history
+                .as_array()
+                .and_then(|h| h.iter().find(|r| r["operation_id"] == operation_id.as_str()))
+                && !rec["ended_unix_ms"].is_null()
+            {
+                break rec.clone();
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let report = record["report"].clone();
+    if !json {
+        for r in report["reasons"].as_array().into_iter().flatten() {
+            println!("drill: {}", r.as_str().unwrap_or(""));
+        }
+        println!("drill: operation {operation_id} concluded {}", report["verdict"]);
+    }
+    Ok(json!({
+        "incident": "orchestrator-crash",
+        "operation_id": operation_id,
+        "verdict": report["verdict"],
+        "reasons": report["reasons"],
+        "actions": [
+            { "action": "SIGKILL orchestrator", "pid": old_pid, "decode_phase": decode_phase },
+            { "action": "started orchestrator", "pid": new_pid },
+        ],
+        "report": report,
+    }))
 }

@@ -378,10 +378,13 @@ async fn status(url: &str, json: bool) -> anyhow::Result<()> {
         println!("WARNING: {w}");
     }
     for a in v["agents"].as_array().into_iter().flatten() {
-        let conn = if a["connected"].as_bool() == Some(true) {
-            "connected"
-        } else {
-            "DISCONNECTED"
+        let conn = match a["state"].as_str() {
+            Some("connected") => "connected".to_string(),
+            Some("unknown") => format!(
+                "UNKNOWN: silent for {:.0} s, facts may be stale",
+                a["silent_ms"].as_f64().unwrap_or(0.0) / 1000.0
+            ),
+            _ => "DISCONNECTED".to_string(),
         };
         println!(
             "host {} ({conn}, agent {})",

@@ -1,0 +1,58 @@
+//! Faults (issue 8): the orchestrator killed mid-operation, a unit that
+//! crashes at start. Every pair ends in a known state, with the evidence.
+
+use std::time::Duration;
+
+use crate::harness::{exclusive, pdwarden};
+
+const LIMIT: Duration = Duration::from_secs(240);
+
+/// The orchestrator is SIGKILLed during decode's step; a new one re-reads the
+/// journal and its agent, resumes the operation where it was (prefill kept,
+/// being generating by the agent's facts) and concludes it — healthy, and
+/// saying that it resumed. No second operation is started.
+#[test]
+fn orchestrator_killed_mid_co_restart_resumes_from_the_journal() {
+    let _one = exclusive();
+    let out = pdwarden(&["demo", "--json", "--incident", "orchestrator-crash"], LIMIT);
+    let v = out.json();
+    assert_eq!(out.code, 0, "{v:#}\n{}", out.stderr);
+    assert!(v["verdict"].as_str().unwrap().starts_with("healthy"), "{v:#}");
+    let reasons = v["reasons"].to_string();
+    assert!(reasons.contains("resumed after an orchestrator restart"), "{reasons}");
+    assert!(reasons.contains("state restarting_decode"), "{reasons}");
+    assert_eq!(
+        v["report"]["operation_id"], v["operation_id"],
+        "the same operation was concluded"
+    );
+    // The resumed run restarted decode and router, not prefill (kept).
+    let steps: Vec<&str> = v["report"]["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(steps[..3], ["restart-decode", "restart-router", "probe"], "{steps:?}");
+}
+
+/// A unit that exits at start is reported with its exit status and the tail
+/// of its log, and the verdict is `failed` with that evidence.
+#[test]
+fn unit_crashing_at_start_fails_with_exit_status_and_log_tail() {
+    let _one = exclusive();
+    let out = pdwarden(&["demo", "--json", "--prefill-sim", "--no-such-flag"], LIMIT);
+    let v = out.json();
+    assert_eq!(out.code, 2, "{v:#}");
+    assert_eq!(v["verdict"], "failed", "{v:#}");
+    let reasons = v["reasons"].to_string();
+    assert!(reasons.contains("prefill prefill-0 exited"), "{reasons}");
+    assert!(reasons.contains("exit status 2"), "{reasons}");
+    assert!(
+        reasons.contains("log tail:") && reasons.contains("no-such-flag"),
+        "{reasons}"
+    );
+    assert!(
+        crate::harness::at(&v, "decode-0", "spawned").is_none(),
+        "nothing started after it"
+    );
+}
