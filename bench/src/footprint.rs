@@ -89,7 +89,11 @@ pub async fn run(window: Duration) -> anyhow::Result<Footprint> {
         child,
         units: Vec::new(),
     };
-    let result = measure(&mut link, &mut agent, window).await;
+    let result = measure(&mut link, &mut agent, window).await.with_context(|| {
+        let text = std::fs::read_to_string(dir.path().join("agent.log")).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().rev().take(3).collect();
+        format!("agent log: {}", lines.into_iter().rev().collect::<Vec<_>>().join(" | "))
+    });
     drop(agent);
     link.shutdown().await;
     result

@@ -165,10 +165,20 @@ pub fn agent_toml(url: &str, state_dir: &std::path::Path, gpu_source: &str) -> a
         bases.push(base);
     }
     let toml = format!(
-        "host = \"bench\"\norchestrator = \"{url}\"\ninsecure_plaintext = true\nstate_dir = {state:?}\non_exit = \"stop-units\"\nshutdown_grace_ms = 2000\ngpu_source = {gpu_source:?}\n\n{units}",
+        "host = \"bench\"\norchestrator = \"{url}\"\nstate_dir = {state:?}\non_exit = \"stop-units\"\nshutdown_grace_ms = 2000\ngpu_source = {gpu_source:?}\n\n{units}",
         state = state_dir.display().to_string()
     );
-    Ok((toml, bases))
+    Ok((
+        with_plaintext(toml, |t| pdwarden_agent::AgentConfig::from_toml_str(t).is_ok()),
+        bases,
+    ))
+}
+
+/// Adds `insecure_plaintext = true` (everything here is loopback) where the
+/// config format has that field, and leaves the config as it is where not.
+pub fn with_plaintext(toml: String, parses: impl Fn(&str) -> bool) -> String {
+    let plain = format!("insecure_plaintext = true\n{toml}");
+    if parses(&plain) { plain } else { toml }
 }
 
 /// A restart of unit `u{i}` watched to `generating` with the default poll.

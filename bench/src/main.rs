@@ -11,6 +11,7 @@
 //! - [`scale`]: one orchestrator process, many simulated agents over the real
 //!   protocol; CPU, RSS, event and `Status` latency.
 //! - [`corestart`]: `restart pd-pair` wall time against the engines' critical path.
+//! - [`watch`]: the continuous watch's probe cost and a wedge's time to detect and recover.
 //! - [`footprint`]: an idle agent's CPU and RSS.
 //! - [`stats`], [`procstat`], [`children`]: distributions, `/proc`, child processes.
 //!
@@ -24,6 +25,7 @@ mod lag;
 mod procstat;
 mod scale;
 mod stats;
+mod watch;
 
 use std::time::Duration;
 
@@ -37,8 +39,8 @@ struct Cli {
     /// Small numbers (a smoke test): 12 starts, 100 and 500 agents.
     #[arg(long)]
     quick: bool,
-    /// Sections to run, comma-separated: lag, scale, corestart, agent.
-    #[arg(long, default_value = "lag,scale,corestart,agent", value_delimiter = ',')]
+    /// Sections to run, comma-separated: lag, scale, corestart, watch, agent.
+    #[arg(long, default_value = "lag,scale,corestart,watch,agent", value_delimiter = ',')]
     only: Vec<String>,
     /// Seed for the pollers' random phases and the sampled agents.
     #[arg(long, default_value_t = 9)]
@@ -99,9 +101,12 @@ async fn orchestrator_child(dir: std::path::PathBuf) -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let toml = format!(
-        "listen = \"127.0.0.1:0\"\njournal = {:?}\ninsecure_plaintext = true\n",
+        "listen = \"127.0.0.1:0\"\njournal = {:?}\n",
         dir.join("journal.sqlite").display().to_string()
     );
+    let toml = lag::with_plaintext(toml, |t| {
+        pdwarden_orchestrator::config::OrchestratorConfig::from_toml_str(t).is_ok()
+    });
     let config = pdwarden_orchestrator::config::OrchestratorConfig::from_toml_str(&toml)?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     println!("{}", listener.local_addr()?);
@@ -217,6 +222,51 @@ async fn table(cli: &Cli) -> anyhow::Result<()> {
         eprintln!("corestart: restart pd-pair, both decode start policies…");
         corestart::print(cli.quick).await;
     }
+    if want("watch") {
+        let window = Duration::from_secs(if cli.quick { 10 } else { 60 });
+        eprintln!(
+            "watch: demo stack, idle and traffic windows of {} s, then a wedge…",
+            window.as_secs()
+        );
+        println!();
+        println!(
+            "## 3–4. Watch: probe cost and wedge time (`pdwarden demo --hold`, serial slot-leaking prefill, default `[pair.watch]`)"
+        );
+        println!();
+        match watch::run(window).await {
+            Ok(w) => {
+                println!(
+                    "| window | real s | engine requests | probes | probe share of engine busy time | probes per engine-hour (simulated) | sessions minted per engine-hour (simulated) |"
+                );
+                println!("|---|---|---|---|---|---|---|");
+                for (name, x) in [("idle", &w.idle), ("steady traffic", &w.traffic)] {
+                    println!(
+                        "| {name} | {:.0} | {:.0} | {:.0} | {:.2} % ({:.0} of {:.0} simulated ms) | {:.0} | {:.0} |",
+                        x.seconds,
+                        x.requests,
+                        x.probe_requests,
+                        x.share_pct(),
+                        x.busy_ms_probe,
+                        x.busy_ms_total,
+                        x.per_unit_hour(x.probe_requests),
+                        x.per_unit_hour(x.sessions_minted),
+                    );
+                }
+                let s = |v: Option<f64>| v.map_or("n/a".to_owned(), |v| format!("{v:.1} s"));
+                println!();
+                println!(
+                    "Traffic: {:.1} req/s through the router, {:.0} probes sent meanwhile. Wedge (41,818-token prompt abandoned mid-prefill, slot leaked): client gave up → wedge confirmed {}, → automatic co-restart verified healthy {} (the co-restart itself {}); pd-sim time scale 0.05.",
+                    w.traffic_rps,
+                    w.probes_under_traffic,
+                    s(w.detect_s),
+                    s(w.recover_s),
+                    s(w.restart_s),
+                );
+            }
+            Err(e) => println!("skipped: {e:#}"),
+        }
+    }
+
     if want("agent") {
         let window = Duration::from_secs(if cli.quick { 5 } else { 30 });
         eprintln!("agent: idle footprint over {} s…", window.as_secs());
