@@ -7,12 +7,9 @@ use std::process::ExitCode;
 
 use clap::Args;
 use pdwarden_orchestrator::gate::GateReport;
-use pdwarden_orchestrator::report::{
-    ProbeRecord, StepRecord, TimelineRecord, live_phase_line, live_probe_line, live_step_line,
-};
 use pdwarden_proto::v1::{GatePairRequest, operation_update};
 
-use crate::{CouldNotRun, connect, could_not_run, print_json};
+use crate::{CouldNotRun, connect, could_not_run, print_json, progress_line};
 
 #[derive(Args)]
 pub struct GateArgs {
@@ -98,29 +95,11 @@ async fn follow(url: &str, args: GateArgs) -> Result<GateReport, CouldNotRun> {
             Some(operation_update::Kind::Started(s)) => {
                 Some(format!("gate pd-pair {}: operation {}", s.pair, s.operation_id))
             }
-            Some(operation_update::Kind::Step(s)) => Some(live_step_line(&StepRecord {
-                name: s.name,
-                unit: s.unit,
-                started_ms: s.started_ms,
-                ended_ms: s.ended_ms,
-                outcome: s.outcome,
-            })),
-            Some(operation_update::Kind::Phase(p)) => Some(live_phase_line(&TimelineRecord {
-                unit: p.unit,
-                role: p.role,
-                phase: p.phase,
-                at_ms: p.at_ms,
-                detail: p.detail,
-            })),
-            Some(operation_update::Kind::Probe(p)) => Some(live_probe_line(&ProbeRecord {
-                target: p.target,
-                seq: p.seq,
-                latency_ms: p.latency_ms,
-                tokens: p.tokens,
-                outcome: p.outcome,
-                error: p.error,
-                request_id: String::new(),
-            })),
+            Some(
+                kind @ (operation_update::Kind::Step(_)
+                | operation_update::Kind::Phase(_)
+                | operation_update::Kind::Probe(_)),
+            ) => progress_line(kind),
             Some(operation_update::Kind::Report(r)) => {
                 return serde_json::from_str(&r.json)
                     .map_err(|e| CouldNotRun(format!("unreadable gate report from the orchestrator: {e}")));

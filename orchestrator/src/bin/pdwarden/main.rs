@@ -269,29 +269,11 @@ pub async fn follow_operation(
                 "restart pd-pair {}: operation {} (decode start policy: {})",
                 s.pair, s.operation_id, s.decode_start_policy
             )),
-            Some(operation_update::Kind::Step(s)) => Some(live_step_line(&StepRecord {
-                name: s.name,
-                unit: s.unit,
-                started_ms: s.started_ms,
-                ended_ms: s.ended_ms,
-                outcome: s.outcome,
-            })),
-            Some(operation_update::Kind::Phase(p)) => Some(live_phase_line(&TimelineRecord {
-                unit: p.unit,
-                role: p.role,
-                phase: p.phase,
-                at_ms: p.at_ms,
-                detail: p.detail,
-            })),
-            Some(operation_update::Kind::Probe(p)) => Some(live_probe_line(&ProbeRecord {
-                target: p.target,
-                seq: p.seq,
-                latency_ms: p.latency_ms,
-                tokens: p.tokens,
-                outcome: p.outcome,
-                error: p.error,
-                request_id: String::new(),
-            })),
+            Some(
+                kind @ (operation_update::Kind::Step(_)
+                | operation_update::Kind::Phase(_)
+                | operation_update::Kind::Probe(_)),
+            ) => progress_line(kind),
             Some(operation_update::Kind::Report(r)) => {
                 let report: OperationReport = serde_json::from_str(&r.json)
                     .map_err(|e| CouldNotRun(format!("unreadable report from the orchestrator: {e}")))?;
@@ -306,6 +288,37 @@ pub async fn follow_operation(
             let _ = writeln!(out, "{line}");
             let _ = out.flush();
         }
+    }
+}
+
+/// The live line for a step, phase or probe update (None for the others),
+/// shared by every command that follows an operation's stream.
+pub fn progress_line(kind: operation_update::Kind) -> Option<String> {
+    match kind {
+        operation_update::Kind::Step(s) => Some(live_step_line(&StepRecord {
+            name: s.name,
+            unit: s.unit,
+            started_ms: s.started_ms,
+            ended_ms: s.ended_ms,
+            outcome: s.outcome,
+        })),
+        operation_update::Kind::Phase(p) => Some(live_phase_line(&TimelineRecord {
+            unit: p.unit,
+            role: p.role,
+            phase: p.phase,
+            at_ms: p.at_ms,
+            detail: p.detail,
+        })),
+        operation_update::Kind::Probe(p) => Some(live_probe_line(&ProbeRecord {
+            target: p.target,
+            seq: p.seq,
+            latency_ms: p.latency_ms,
+            tokens: p.tokens,
+            outcome: p.outcome,
+            error: p.error,
+            request_id: String::new(),
+        })),
+        _ => None,
     }
 }
 
