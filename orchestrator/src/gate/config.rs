@@ -30,6 +30,11 @@ pub struct GateConfig {
     /// After a rollback, the pair is "back at baseline" when no metric is
     /// significantly worse than the baseline by more than this many percent.
     pub rollback_tolerance_pct: f64,
+    /// A latency difference smaller than this many milliseconds is never a
+    /// regression (for the change and for the rollback alike), however
+    /// significant: a p90 that drifts by a millisecond between two runs
+    /// minutes apart is the host, not the knob.
+    pub min_effect_ms: f64,
     /// Also run the probe series and the verification suite around the
     /// benchmark (before, after, and after a rollback).
     pub verify: bool,
@@ -47,6 +52,7 @@ impl Default for GateConfig {
             alpha: 0.05,
             bootstrap_resamples: 2_000,
             rollback_tolerance_pct: 10.0,
+            min_effect_ms: 1.0,
             verify: true,
         }
     }
@@ -86,6 +92,9 @@ impl GateConfig {
         }
         if !(self.rollback_tolerance_pct >= 0.0 && self.rollback_tolerance_pct.is_finite()) {
             return bad("rollback_tolerance_pct", "must be a finite number >= 0");
+        }
+        if !(self.min_effect_ms >= 0.0 && self.min_effect_ms.is_finite()) {
+            return bad("min_effect_ms", "must be a finite number >= 0");
         }
         if !(self.alpha > 0.0 && self.alpha < 0.5) {
             return bad("alpha", "must be between 0 and 0.5");

@@ -56,6 +56,11 @@ pub struct JudgePolicy {
     pub alpha: f64,
     pub bootstrap_resamples: u32,
     pub seed: u64,
+    /// A latency change (unit "ms") smaller than this many milliseconds is
+    /// never a regression, however significant: timer and scheduler noise on
+    /// a busy host is that large, and a run-to-run drift of a millisecond is
+    /// not what an operator rolls a change back for.
+    pub min_effect_ms: f64,
 }
 
 /// What one comparison concluded.
@@ -368,7 +373,9 @@ pub fn judge(
                 Finding::NoSignificantDifference
             } else if !worse {
                 Finding::Better
-            } else if change_pct.abs() > policy.tolerance_pct {
+            } else if change_pct.abs() > policy.tolerance_pct
+                && !(m.unit == "ms" && (after - before).abs() < policy.min_effect_ms)
+            {
                 Finding::Regression
             } else {
                 Finding::WorseWithinTolerance
@@ -448,6 +455,11 @@ pub fn describe(c: &Comparison, tolerance_pct: f64) -> String {
     let verdict = match c.finding {
         Finding::NoSignificantDifference => "no significant difference".to_string(),
         Finding::Better => "better".to_string(),
+        Finding::WorseWithinTolerance if c.change_pct.abs() > tolerance_pct => format!(
+            "worse by {:.2} {}: beyond the {tolerance_pct} % tolerance but under the min_effect_ms floor",
+            (c.after - c.before).abs(),
+            c.unit
+        ),
         Finding::WorseWithinTolerance => format!("worse, within the {tolerance_pct} % tolerance"),
         Finding::Regression => format!("regression beyond the {tolerance_pct} % tolerance"),
     };
@@ -479,6 +491,7 @@ mod tests {
         alpha: 0.05,
         bootstrap_resamples: 1000,
         seed: 7,
+        min_effect_ms: 0.0,
     };
 
     /// Fixed "noisy" samples around `centre`: a deterministic spread of ±4 %.
@@ -609,6 +622,33 @@ mod tests {
         let r = judge(&[metric("ttft", Better::Lower, before, worse)], 0, 0, POLICY);
         assert_eq!(r.judgement, Judgement::Regressed, "{r:#?}");
         assert!(r.reasons[0].contains("bimodal: no median"), "{:?}", r.reasons);
+    }
+
+    /// The CI run that wedged this: a rollback's ttft p90 drifted 13.15 →
+    /// 14.60 ms (+11 %, significant) between two runs minutes apart on a busy
+    /// 2-core host. Under the absolute floor that is noted, not a regression;
+    /// the same relative change on a 100 ms scale still is.
+    #[test]
+    fn a_significant_drift_under_the_absolute_floor_is_not_a_regression() {
+        let floor = JudgePolicy {
+            min_effect_ms: 2.0,
+            tolerance_pct: 10.0,
+            ..POLICY
+        };
+        let small = [metric("ttft", Better::Lower, noisy(13.15, 32, 0), noisy(14.6, 32, 1))];
+        let r = judge(&small, 0, 0, floor);
+        assert_eq!(r.judgement, Judgement::WorseWithinTolerance, "{:?}", r.reasons);
+        assert!(
+            r.reasons[0].contains("under the min_effect_ms floor"),
+            "{:?}",
+            r.reasons
+        );
+        let large = [metric("ttft", Better::Lower, noisy(131.5, 32, 0), noisy(146.0, 32, 1))];
+        assert_eq!(judge(&large, 0, 0, floor).judgement, Judgement::Regressed);
+        // Throughput is not in milliseconds: the floor does not apply.
+        let mut tput = metric("throughput", Better::Higher, noisy(13.15, 32, 0), noisy(11.0, 32, 1));
+        tput.unit = "tok/s".into();
+        assert_eq!(judge(&[tput], 0, 0, floor).judgement, Judgement::Regressed);
     }
 
     /// Significant but small is worse-within-tolerance, not a rejection.

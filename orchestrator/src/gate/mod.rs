@@ -435,6 +435,7 @@ pub async fn run_gate(
             alpha: pair.gate.alpha,
             bootstrap_resamples: pair.gate.bootstrap_resamples,
             seed: BOOTSTRAP_SEED,
+            min_effect_ms: pair.gate.min_effect_ms,
         },
         ctx,
         targets: targets(&pair, &change),

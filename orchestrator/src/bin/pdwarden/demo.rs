@@ -462,6 +462,9 @@ requests_per_cell = 16
 request_timeout_ms = {probe_timeout}
 tolerance_pct = 5.0
 rollback_tolerance_pct = 10.0
+# The demo's engines answer in ~10-30 ms (time scale 0.05): two runs minutes
+# apart on a busy 2-core host drift by 1-2.5 ms at p90 with nothing changed.
+min_effect_ms = 3.0
 
 [pair.watch]
 auto_recover = {auto_recover}
