@@ -125,6 +125,34 @@ impl Redactor {
         }
     }
 
+    /// Serialises `value` as compact JSON, redacted exactly as
+    /// [`Redactor::json`] would, without building a `serde_json::Value`:
+    /// a fleet-wide `status` is megabytes, and the intermediate tree and
+    /// the walk over it cost more than the serialisation itself. Every
+    /// string value has its `NAME=VALUE` secrets replaced on the way out;
+    /// should the document contain a key ending in `env` (an environment,
+    /// whose shape matters), it falls back to the `Value` walk.
+    pub fn to_json_string<T: serde::Serialize + ?Sized>(&self, value: &T) -> serde_json::Result<String> {
+        let mut out = Vec::with_capacity(4096);
+        let env_key_seen = std::cell::Cell::new(false);
+        let formatter = RedactingFormatter {
+            redactor: self,
+            string: String::new(),
+            in_string: false,
+            in_key: false,
+            env_key_seen: &env_key_seen,
+        };
+        value.serialize(&mut serde_json::Serializer::with_formatter(&mut out, formatter))?;
+        if env_key_seen.get() {
+            let mut v = serde_json::to_value(value)?;
+            self.json(&mut v);
+            return serde_json::to_string(&v);
+        }
+        // The formatter writes only whole strings escaped by `escape_into`
+        // and serde_json's own ASCII punctuation and numbers.
+        Ok(String::from_utf8(out).expect("serde_json and escape_into write UTF-8"))
+    }
+
     /// An environment as a map or as a list of `{key|name, value}`.
     fn env_value(&self, v: &mut Value) {
         match v {
@@ -152,10 +180,141 @@ impl Redactor {
     }
 }
 
+/// Buffers each string until it ends, so redaction sees it whole (serde_json
+/// hands strings over in fragments split at escapes).
+struct RedactingFormatter<'a> {
+    redactor: &'a Redactor,
+    /// The string being written, unescaped (reused from string to string).
+    string: String,
+    in_string: bool,
+    in_key: bool,
+    env_key_seen: &'a std::cell::Cell<bool>,
+}
+
+/// JSON string escaping, as serde_json does it (quotes, backslash, control
+/// characters; everything else verbatim).
+fn escape_into<W: ?Sized + std::io::Write>(w: &mut W, s: &str) -> std::io::Result<()> {
+    let mut start = 0;
+    for (i, c) in s.char_indices() {
+        let esc: Option<&[u8]> = match c {
+            '"' => Some(b"\\\""),
+            '\\' => Some(b"\\\\"),
+            '\n' => Some(b"\\n"),
+            '\r' => Some(b"\\r"),
+            '\t' => Some(b"\\t"),
+            '\u{08}' => Some(b"\\b"),
+            '\u{0c}' => Some(b"\\f"),
+            c if (c as u32) < 0x20 => None,
+            _ => continue,
+        };
+        w.write_all(&s.as_bytes()[start..i])?;
+        match esc {
+            Some(e) => w.write_all(e)?,
+            None => write!(w, "\\u{:04x}", c as u32)?,
+        }
+        start = i + c.len_utf8();
+    }
+    w.write_all(&s.as_bytes()[start..])
+}
+
+impl serde_json::ser::Formatter for RedactingFormatter<'_> {
+    fn begin_string<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.string.clear();
+        self.in_string = true;
+        w.write_all(b"\"")
+    }
+
+    fn end_string<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.in_string = false;
+        let s = self.string.as_str();
+        if self.in_key {
+            if s.len() >= 3 && s.as_bytes()[s.len() - 3..].eq_ignore_ascii_case(b"env") {
+                self.env_key_seen.set(true);
+            }
+            escape_into(w, s)?;
+        } else if s.contains('=') {
+            escape_into(w, &self.redactor.text(s))?;
+        } else {
+            escape_into(w, s)?;
+        }
+        w.write_all(b"\"")
+    }
+
+    fn write_string_fragment<W: ?Sized + std::io::Write>(&mut self, w: &mut W, fragment: &str) -> std::io::Result<()> {
+        if self.in_string {
+            self.string.push_str(fragment);
+            Ok(())
+        } else {
+            w.write_all(fragment.as_bytes())
+        }
+    }
+
+    fn write_char_escape<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        escape: serde_json::ser::CharEscape,
+    ) -> std::io::Result<()> {
+        use serde_json::ser::CharEscape;
+        let c = match escape {
+            CharEscape::Quote => '"',
+            CharEscape::ReverseSolidus => '\\',
+            CharEscape::Solidus => '/',
+            CharEscape::Backspace => '\u{08}',
+            CharEscape::FormFeed => '\u{0c}',
+            CharEscape::LineFeed => '\n',
+            CharEscape::CarriageReturn => '\r',
+            CharEscape::Tab => '\t',
+            CharEscape::AsciiControl(b) => char::from(b),
+        };
+        if self.in_string {
+            self.string.push(c);
+            Ok(())
+        } else {
+            escape_into(w, c.encode_utf8(&mut [0; 4]))
+        }
+    }
+
+    fn begin_object_key<W: ?Sized + std::io::Write>(&mut self, w: &mut W, first: bool) -> std::io::Result<()> {
+        self.in_key = true;
+        if first { Ok(()) } else { w.write_all(b",") }
+    }
+
+    fn end_object_key<W: ?Sized + std::io::Write>(&mut self, _w: &mut W) -> std::io::Result<()> {
+        self.in_key = false;
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// The streaming serialiser redacts exactly as the `Value` walk does:
+    /// secrets in free text (also where serde_json splits the string at an
+    /// escape), keys untouched, and environments (via the fallback).
+    #[test]
+    fn streaming_serialiser_matches_the_value_walk() {
+        let r = Redactor::default();
+        let docs = [
+            json!({"detail": "started with HF_TOKEN=hf_abc\\def\"x and PATH=/bin", "n": 3, "ok": true}),
+            json!({"list": ["A_KEY=v1\tB=2", "plain \u{1} text", null, 1.5], "KEY=x": "y"}),
+            json!({"unit": {"env": {"HF_TOKEN": "hf_abc", "CUDA_VISIBLE_DEVICES": "0"}}}),
+            json!({"set_env": [{"key": "DB_PASSWORD", "value": "p"}, {"name": "X", "value": "1"}]}),
+            json!({"quote": "é \u{7f} \\ / \"", "empty": ""}),
+        ];
+        for doc in docs {
+            let mut expected = doc.clone();
+            r.json(&mut expected);
+            let streamed = r.to_json_string(&doc).unwrap();
+            let parsed: Value = serde_json::from_str(&streamed).unwrap_or_else(|e| panic!("{e}: {streamed}"));
+            assert_eq!(parsed, expected, "{streamed}");
+            assert!(
+                !streamed.contains("hf_abc") && !streamed.contains("\"p\""),
+                "{streamed}"
+            );
+        }
+    }
 
     /// The default patterns catch the usual credential names, case-insensitively,
     /// and leave ordinary variables alone.

@@ -10,9 +10,11 @@
 //! them from real agents.
 //!
 //! End-to-end event latency: a sampled agent sends a `UnitEvent` with a
-//! marker PID; `Status` is then called until the marker shows; the latency is
-//! from the send to the reply of the first `Status` that shows it (so it
-//! includes one `Status` call: an upper bound).
+//! marker PID; `Status` for that one host (`status --host`) is then called
+//! until the marker shows; the latency is from the send to the reply of the
+//! first call that shows it (so it includes one small call: an upper bound).
+//! Meanwhile a dashboard calls the whole fleet's `Status` every 250 ms; its
+//! latency is the `Status` figure, and the events are measured under it.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -49,6 +51,8 @@ pub struct ScalePoint {
     /// Markers not visible within 10 s.
     pub event_lost: usize,
     pub status_ms: Vec<f64>,
+    /// One host's `Status` (`status --host`), ms.
+    pub host_status_ms: Vec<f64>,
     pub status_bytes: usize,
     /// Messages the generator sent per second during the window.
     pub msgs_per_s: f64,
@@ -252,9 +256,34 @@ pub async fn run(n: usize, window: Duration, samples: usize, seed: u64) -> anyho
     let t0 = mono_ms();
     let mut rng = Rng::new(seed);
     let mut event_ms = Vec::new();
-    let mut status_ms = Vec::new();
-    let mut status_bytes_seen = 0;
+    let mut host_status_ms = Vec::new();
     let mut lost = 0;
+    // Meanwhile, a dashboard polls the whole fleet's `Status` four times a
+    // second: its latency is the `Status` figure, and the event path must
+    // not wait behind it.
+    let (status_stop_tx, mut status_stop) = watch::channel(false);
+    // Its own connection, as a dashboard would have: on a shared HTTP/2
+    // connection a one-host reply queues behind the fleet's megabytes.
+    let mut fleet_control = ControlClient::new(tonic::transport::Endpoint::from_shared(url.clone())?.connect().await?)
+        .max_decoding_message_size(256 << 20);
+    let dashboard = tokio::spawn(async move {
+        let mut status_ms = Vec::new();
+        let mut bytes = 0;
+        let mut every = tokio::time::interval(Duration::from_millis(250));
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = status_stop.changed() => break,
+                _ = every.tick() => {
+                    let a = mono_ms();
+                    let reply = fleet_control.status(StatusRequest::default()).await?.into_inner();
+                    status_ms.push(mono_ms() - a);
+                    bytes = reply.json.len();
+                }
+            }
+        }
+        anyhow::Ok((status_ms, bytes))
+    });
     let gap = window.as_secs_f64() * 1000.0 / samples.max(1) as f64;
     for k in 0..samples {
         let next = t0 + gap * (k + 1) as f64;
@@ -264,12 +293,17 @@ pub async fn run(n: usize, window: Duration, samples: usize, seed: u64) -> anyho
         marker_txs[j].send((marker, rtx)).ok().context("agent task ended")?;
         let sent_at = rrx.await.context("agent task ended")?;
         let needle = format!("\"pid\":{marker}");
+        // The orchestrator's state for that host, asked for alone (the
+        // `status --host` an operator would run): the latency is the
+        // event's, plus one small call.
+        let one_host = StatusRequest {
+            hosts: vec![format!("bench-{j:05}")],
+        };
         loop {
             let a = mono_ms();
-            let reply = control.status(StatusRequest {}).await?.into_inner();
+            let reply = control.status(one_host.clone()).await?.into_inner();
             let b = mono_ms();
-            status_ms.push(b - a);
-            status_bytes_seen = reply.json.len();
+            host_status_ms.push(b - a);
             if reply.json.contains(&needle) {
                 event_ms.push(b - sent_at);
                 break;
@@ -278,13 +312,15 @@ pub async fn run(n: usize, window: Duration, samples: usize, seed: u64) -> anyho
                 lost += 1;
                 break;
             }
-            tokio::time::sleep(Duration::from_millis(2)).await;
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
         let now = mono_ms();
         if next > now {
             tokio::time::sleep(Duration::from_secs_f64((next - now) / 1000.0)).await;
         }
     }
+    let _ = status_stop_tx.send(true);
+    let (status_ms, status_bytes_seen) = dashboard.await??;
     let elapsed_s = (mono_ms() - t0) / 1000.0;
     let point = ScalePoint {
         agents: n,
@@ -295,6 +331,7 @@ pub async fn run(n: usize, window: Duration, samples: usize, seed: u64) -> anyho
         event_ms,
         event_lost: lost,
         status_ms,
+        host_status_ms,
         status_bytes: status_bytes_seen,
         msgs_per_s: (shared.sent.load(Ordering::Relaxed) - sent0) as f64 / elapsed_s,
         generator_cores: gen_cpu.cores(),

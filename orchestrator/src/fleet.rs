@@ -8,7 +8,7 @@
 //! for lag. A disconnect is delivered to every command still waiting on that
 //! agent, so no operation waits forever on a host that went away.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 use pdwarden_proto::v1::{
@@ -59,7 +59,7 @@ pub struct AgentStatus {
     pub units: Vec<UnitStatus>,
     /// GPUs, their processes and the host's figures; absent until the agent
     /// has sent a snapshot.
-    pub host_report: Option<crate::hoststate::HostReport>,
+    pub host_report: Option<Arc<crate::hoststate::HostReport>>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -202,35 +202,57 @@ impl Fleet {
         self.lock().agents.get(host).and_then(|a| a.units.get(unit).cloned())
     }
 
-    pub fn status(&self) -> Vec<AgentStatus> {
-        self.lock()
-            .agents
-            .iter()
-            .map(|(host, a)| AgentStatus {
-                host: host.clone(),
-                connected: a.tx.is_some(),
-                state: match (a.tx.is_some(), a.last_seen.elapsed() > AGENT_UNKNOWN_AFTER) {
-                    (false, _) => "disconnected",
-                    (true, true) => "unknown",
-                    (true, false) => "connected",
-                },
-                silent_ms: a.last_seen.elapsed().as_millis() as u64,
-                agent_instance_id: a.instance_id.clone(),
-                agent_version: a.version.clone(),
-                units: a
-                    .units
-                    .values()
-                    .map(|u| UnitStatus {
-                        name: u.name.clone(),
-                        role: role_name(u.role).into(),
-                        phase: phase_name(u.phase).into(),
-                        pid: (u.pid != 0).then_some(u.pid),
-                        base_url: u.base_url.clone(),
-                    })
-                    .collect(),
-                host_report: self.hosts.report(host),
-            })
-            .collect()
+    /// What `status` shows of each agent, or only of the agents of `hosts`
+    /// when given. The fleet lock is held only to copy the sessions' small
+    /// facts; the host reports are shared, not rebuilt.
+    pub fn status(&self, hosts: Option<&BTreeSet<String>>) -> Vec<AgentStatus> {
+        let wanted = |h: &String| hosts.is_none_or(|set| set.contains(h));
+        let mut agents: Vec<AgentStatus> = {
+            let st = self.lock();
+            st.agents
+                .iter()
+                .filter(|(host, _)| wanted(host))
+                .map(|(host, a)| AgentStatus {
+                    host: host.clone(),
+                    connected: a.tx.is_some(),
+                    state: match (a.tx.is_some(), a.last_seen.elapsed() > AGENT_UNKNOWN_AFTER) {
+                        (false, _) => "disconnected",
+                        (true, true) => "unknown",
+                        (true, false) => "connected",
+                    },
+                    silent_ms: a.last_seen.elapsed().as_millis() as u64,
+                    agent_instance_id: a.instance_id.clone(),
+                    agent_version: a.version.clone(),
+                    units: a
+                        .units
+                        .values()
+                        .map(|u| UnitStatus {
+                            name: u.name.clone(),
+                            role: role_name(u.role).into(),
+                            phase: phase_name(u.phase).into(),
+                            pid: (u.pid != 0).then_some(u.pid),
+                            base_url: u.base_url.clone(),
+                        })
+                        .collect(),
+                    host_report: None,
+                })
+                .collect()
+        };
+        match hosts {
+            Some(_) => agents
+                .iter_mut()
+                .for_each(|a| a.host_report = self.hosts.report(&a.host)),
+            None => {
+                let mut reports = self.hosts.all();
+                agents.iter_mut().for_each(|a| a.host_report = reports.remove(&a.host));
+            }
+        }
+        agents
+    }
+
+    /// Whether an agent of this host has ever attached (connected or not).
+    pub fn knows_host(&self, host: &str) -> bool {
+        self.lock().agents.contains_key(host)
     }
 
     fn deliver(&self, host: &str, command_id: &str, report: AgentReport) {
@@ -264,7 +286,7 @@ impl Fleet {
             });
         }
         self.on_message(host, msg);
-        let _ = self.status();
+        let _ = self.status(None);
     }
 
     fn on_message(&self, host: &str, msg: AgentMessage) {

@@ -243,7 +243,11 @@ fn event_view(e: GpuEvent, received_unix_ms: u64) -> GpuEventView {
 
 #[derive(Default)]
 struct HostEntry {
-    snapshot: Option<(HostSnapshot, u64)>,
+    /// The report as `status` shows it, rebuilt when a snapshot or an event
+    /// arrives (about once a second per host) so that reading it — every
+    /// `status`, every watch tick — is a reference count, not a rebuild: at
+    /// a thousand hosts, rebuilding on read was most of `status`'s time.
+    report: Option<Arc<HostReport>>,
     events: VecDeque<GpuEventView>,
 }
 
@@ -266,38 +270,43 @@ impl HostStates {
     }
 
     pub fn record_snapshot(&self, host: &str, snapshot: HostSnapshot, received_unix_ms: u64) {
-        self.lock().entry(host.to_owned()).or_default().snapshot = Some((snapshot, received_unix_ms));
+        // Converted outside the lock; only the events are added under it.
+        let mut report = HostReport::from_snapshot(snapshot, received_unix_ms, Vec::new());
+        let mut st = self.lock();
+        let entry = st.entry(host.to_owned()).or_default();
+        report.events = entry.events.iter().cloned().collect();
+        entry.report = Some(Arc::new(report));
     }
 
     pub fn record_event(&self, host: &str, event: GpuEvent, received_unix_ms: u64) {
         tracing::warn!(host, gpu = event.gpu_index, kind = %event.kind, xid = event.xid, detail = %event.detail, "GPU event");
         let mut st = self.lock();
-        let events = &mut st.entry(host.to_owned()).or_default().events;
-        events.push_back(event_view(event, received_unix_ms));
-        while events.len() > EVENTS_KEPT {
-            events.pop_front();
+        let entry = st.entry(host.to_owned()).or_default();
+        entry.events.push_back(event_view(event, received_unix_ms));
+        while entry.events.len() > EVENTS_KEPT {
+            entry.events.pop_front();
+        }
+        let events: Vec<GpuEventView> = entry.events.iter().cloned().collect();
+        match &mut entry.report {
+            Some(report) => Arc::make_mut(report).events = events,
+            None => {
+                entry.report = Some(Arc::new(HostReport {
+                    received_unix_ms: 0,
+                    taken_unix_ms: 0,
+                    gpu_source: String::new(),
+                    gpu_unavailable: Some("no snapshot received yet".into()),
+                    gpus: Vec::new(),
+                    host: None,
+                    units: Vec::new(),
+                    events,
+                }))
+            }
         }
     }
 
     /// The host's report, if its agent has sent a snapshot or an event.
-    pub fn report(&self, host: &str) -> Option<HostReport> {
-        let st = self.lock();
-        let entry = st.get(host)?;
-        let events: Vec<GpuEventView> = entry.events.iter().cloned().collect();
-        match &entry.snapshot {
-            Some((s, at)) => Some(HostReport::from_snapshot(s.clone(), *at, events)),
-            None if !events.is_empty() => Some(HostReport {
-                received_unix_ms: 0,
-                taken_unix_ms: 0,
-                gpu_source: String::new(),
-                gpu_unavailable: Some("no snapshot received yet".into()),
-                gpus: Vec::new(),
-                host: None,
-                units: Vec::new(),
-                events,
-            }),
-            None => None,
-        }
+    pub fn report(&self, host: &str) -> Option<Arc<HostReport>> {
+        self.lock().get(host).and_then(|e| e.report.clone())
     }
 
     /// `unit`'s GPU utilisation (0..1) from `host`'s latest snapshot, if
@@ -314,27 +323,35 @@ impl HostStates {
     /// Findings over every host's latest report; `queued` is each host's
     /// queued requests per unit, where the engines' metrics are known.
     pub fn findings(&self, queued: &BTreeMap<String, BTreeMap<String, u64>>, now_unix_ms: u64) -> Vec<Finding> {
-        let reports = self.all();
-        let none = BTreeMap::new();
-        let inputs: Vec<HostInput<'_>> = reports
-            .iter()
-            .map(|(host, report)| HostInput {
-                host,
-                report,
-                queued: queued.get(host).unwrap_or(&none),
-            })
-            .collect();
-        findings(&inputs, now_unix_ms)
+        findings_over(&self.all(), queued, now_unix_ms)
     }
 
-    /// Every host's report, by host.
-    pub fn all(&self) -> BTreeMap<String, HostReport> {
-        let hosts: Vec<String> = self.lock().keys().cloned().collect();
-        hosts
-            .into_iter()
-            .filter_map(|h| self.report(&h).map(|r| (h, r)))
+    /// Every host's report, by host (one lock, no copies of the reports).
+    pub fn all(&self) -> BTreeMap<String, Arc<HostReport>> {
+        self.lock()
+            .iter()
+            .filter_map(|(h, e)| e.report.clone().map(|r| (h.clone(), r)))
             .collect()
     }
+}
+
+/// Findings over the given hosts' reports; `queued` is each host's queued
+/// requests per unit, where the engines' metrics are known.
+pub fn findings_over(
+    reports: &BTreeMap<String, Arc<HostReport>>,
+    queued: &BTreeMap<String, BTreeMap<String, u64>>,
+    now_unix_ms: u64,
+) -> Vec<Finding> {
+    let none = BTreeMap::new();
+    let inputs: Vec<HostInput<'_>> = reports
+        .iter()
+        .map(|(host, report)| HostInput {
+            host,
+            report,
+            queued: queued.get(host).unwrap_or(&none),
+        })
+        .collect();
+    findings(&inputs, now_unix_ms)
 }
 
 // ------------------------------------------------------------- rendering

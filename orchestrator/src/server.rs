@@ -5,6 +5,7 @@
 //! style) so tests run the real server in-process on `127.0.0.1:0`. Errors of
 //! the library become `tonic::Status` only here.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -143,6 +144,40 @@ fn internal(e: impl std::fmt::Display) -> Status {
 }
 
 impl ControlService {
+    /// `status --json`, redacted, for every host or only `hosts`.
+    fn status_json(&self, hosts: Option<&BTreeSet<String>>) -> Result<String, Status> {
+        let mut pairs = Vec::new();
+        for p in &self.config.pairs {
+            let hist = self.ctx.journal.history(&p.name, 5).map_err(internal)?;
+            let running = hist.iter().find(|r| r.ended_unix_ms.is_none());
+            let last = hist.iter().find(|r| r.ended_unix_ms.is_some());
+            pairs.push(PairStatus {
+                name: p.name.clone(),
+                running_operation: running.map(|r| r.operation_id.clone()),
+                last_operation: last.map(|r| r.operation_id.clone()),
+                last_verdict: last.and_then(|r| r.verdict.clone()),
+            });
+        }
+        let agents = self.ctx.fleet.status(hosts);
+        let reports: BTreeMap<String, Arc<crate::hoststate::HostReport>> = agents
+            .iter()
+            .filter_map(|a| a.host_report.clone().map(|r| (a.host.clone(), r)))
+            .collect();
+        let view = StatusView {
+            // Each unit's queued requests from the engine watch, so an idle
+            // GPU under a queue is a finding (`gpu_idle_with_queue`).
+            findings: crate::hoststate::findings_over(
+                &reports,
+                &self.watch.queued_by_host(),
+                crate::hoststate::now_unix_ms(),
+            ),
+            agents,
+            pairs,
+            watch: self.watch.all(),
+            security: self.security.clone(),
+        };
+        self.redactor.to_json_string(&view).map_err(internal)
+    }
     /// Checks that every unit of the pair is on a connected agent that knows it,
     /// so an operation never starts that could only fail half-way.
     fn check_reachable(&self, pair: &crate::config::PairConfig) -> Result<(), Status> {
@@ -296,35 +331,23 @@ impl Control for ControlService {
         )))
     }
 
-    async fn status(&self, _request: Request<StatusRequest>) -> Result<Response<JsonReply>, Status> {
-        let mut pairs = Vec::new();
-        for p in &self.config.pairs {
-            let hist = self.ctx.journal.history(&p.name, 5).map_err(internal)?;
-            let running = hist.iter().find(|r| r.ended_unix_ms.is_none());
-            let last = hist.iter().find(|r| r.ended_unix_ms.is_some());
-            pairs.push(PairStatus {
-                name: p.name.clone(),
-                running_operation: running.map(|r| r.operation_id.clone()),
-                last_operation: last.map(|r| r.operation_id.clone()),
-                last_verdict: last.and_then(|r| r.verdict.clone()),
-            });
+    async fn status(&self, request: Request<StatusRequest>) -> Result<Response<JsonReply>, Status> {
+        let req = request.into_inner();
+        let hosts: Option<BTreeSet<String>> = (!req.hosts.is_empty()).then(|| req.hosts.into_iter().collect());
+        if let Some(hosts) = &hosts
+            && let Some(unknown) = hosts.iter().find(|h| !self.ctx.fleet.knows_host(h))
+        {
+            return Err(Status::not_found(format!(
+                "hosts: no agent has attached from host {unknown:?} (`pdwarden status` lists the hosts)"
+            )));
         }
-        let view = StatusView {
-            agents: self.ctx.fleet.status(),
-            pairs,
-            // Each unit's queued requests from the engine watch, so an idle
-            // GPU under a queue is a finding (`gpu_idle_with_queue`).
-            findings: self
-                .ctx
-                .fleet
-                .hosts
-                .findings(&self.watch.queued_by_host(), crate::hoststate::now_unix_ms()),
-            watch: self.watch.all(),
-            security: self.security.clone(),
-        };
-        let mut json = serde_json::to_value(&view).map_err(internal)?;
-        self.redactor.json(&mut json);
-        Ok(Response::new(JsonReply { json: json.to_string() }))
+        // A fleet-wide status is megabytes of JSON: built off the runtime's
+        // workers, so the agents' streams are not held up behind it.
+        let this = self.clone();
+        let json = tokio::task::spawn_blocking(move || this.status_json(hosts.as_ref()))
+            .await
+            .map_err(internal)??;
+        Ok(Response::new(JsonReply { json }))
     }
 
     async fn history(&self, request: Request<HistoryRequest>) -> Result<Response<JsonReply>, Status> {

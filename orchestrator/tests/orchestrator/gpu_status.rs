@@ -33,7 +33,7 @@ impl Drop for Reaped {
 
 async fn status_json(url: &str) -> serde_json::Value {
     let mut client = ControlClient::connect(url.to_owned()).await.unwrap();
-    let reply = client.status(StatusRequest {}).await.unwrap().into_inner();
+    let reply = client.status(StatusRequest::default()).await.unwrap().into_inner();
     serde_json::from_str(&reply.json).unwrap()
 }
 
@@ -163,6 +163,26 @@ async fn xid_event_and_foreign_process_reach_status() {
     assert!(
         text.contains("CRITICAL gpu-1: gpu0 Xid 79 (GPU has fallen off the bus)"),
         "{text}"
+    );
+
+    // One host: the same facts for gpu-1; a host nobody attached from is an
+    // error naming it, not an empty answer.
+    let one: serde_json::Value =
+        serde_json::from_str(&run_cli(&url, &["status", "--host", "gpu-1", "--json"])).unwrap();
+    assert_eq!(one["agents"].as_array().unwrap().len(), 1);
+    assert_eq!(one["agents"][0]["host_report"]["events"][0]["xid"], 79);
+    assert!(
+        one["findings"].as_array().unwrap().iter().all(|f| f["host"] == "gpu-1"),
+        "{one:#}"
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pdwarden"))
+        .args(["--orchestrator", &url, "status", "--host", "gpu-9"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("hosts") && err.contains("\"gpu-9\""),
+        "{err}"
     );
 
     let _ = stop_agent.send(());

@@ -151,7 +151,7 @@ fn with_token<T>(msg: T, token: &str) -> tonic::Request<T> {
 
 async fn status(channel: Channel, token: &str) -> Result<serde_json::Value, tonic::Status> {
     let reply = ControlClient::new(channel)
-        .status(with_token(StatusRequest {}, token))
+        .status(with_token(StatusRequest::default(), token))
         .await?;
     Ok(serde_json::from_str(&reply.into_inner().json).unwrap())
 }
@@ -254,7 +254,7 @@ async fn operator_roles_are_distinct_and_actions_carry_their_actor() {
     let ch = || channel(&orch.url, &ca, None);
 
     let e = ControlClient::new(ch().await.unwrap())
-        .status(StatusRequest {})
+        .status(StatusRequest::default())
         .await
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::Unauthenticated);
@@ -403,7 +403,7 @@ async fn plain_text_only_when_asked_for_and_it_says_so() {
     let deadline = Instant::now() + DEADLINE;
     let v = loop {
         match ControlClient::connect(orch.url.clone()).await {
-            Ok(mut c) => break c.status(StatusRequest {}).await.unwrap().into_inner().json,
+            Ok(mut c) => break c.status(StatusRequest::default()).await.unwrap().into_inner().json,
             Err(e) => assert!(Instant::now() < deadline, "{e}"),
         }
         tokio::time::sleep(Duration::from_millis(20)).await;

@@ -604,7 +604,7 @@ async fn wait_for_agent(url: &str, limit: Duration) -> anyhow::Result<()> {
     let mut last = String::from("orchestrator not reachable yet");
     while Instant::now() < deadline {
         match crate::connect(url).await {
-            Ok(mut c) => match c.status(pdwarden_proto::v1::StatusRequest {}).await {
+            Ok(mut c) => match c.status(pdwarden_proto::v1::StatusRequest::default()).await {
                 Ok(r) => {
                     let v: serde_json::Value = serde_json::from_str(&r.into_inner().json)?;
                     let units = v["agents"]

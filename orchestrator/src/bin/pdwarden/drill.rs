@@ -210,7 +210,7 @@ async fn force_unit_restart(stack: &Stack, unit: &str, argv: &[String]) -> anyho
     let mut client = connect(&stack.orchestrator_url)
         .await
         .map_err(|e| anyhow::anyhow!(e.0))?;
-    let status: Value = serde_json::from_str(&client.status(StatusRequest {}).await?.into_inner().json)?;
+    let status: Value = serde_json::from_str(&client.status(StatusRequest::default()).await?.into_inner().json)?;
     let found = status["agents"][0]["units"]
         .as_array()
         .and_then(|u| u.iter().find(|u| u["name"] == unit))
@@ -522,7 +522,7 @@ pub async fn orchestrator_crash(stack: &mut Stack, json: bool) -> anyhow::Result
             bail!("the co-restart never reached decode's step");
         }
         if let Ok(mut client) = connect(&url).await
-            && let Ok(reply) = client.status(StatusRequest {}).await
+            && let Ok(reply) = client.status(StatusRequest::default()).await
         {
             let status: Value = serde_json::from_str(&reply.into_inner().json)?;
             let op = status["pairs"][0]["running_operation"].as_str().map(str::to_string);

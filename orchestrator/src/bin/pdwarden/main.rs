@@ -77,6 +77,10 @@ enum Cmd {
     Status {
         #[arg(long)]
         json: bool,
+        /// Only this host's agent, GPUs and findings (repeatable); the
+        /// quick answer on a large fleet.
+        #[arg(long = "host", value_name = "HOST")]
+        hosts: Vec<String>,
     },
     /// A pair's operations, newest first.
     History {
@@ -374,10 +378,13 @@ async fn restart_unit(url: &str, name: &str, host: Option<String>, json: bool) -
     }
 }
 
-async fn status(url: &str, json: bool) -> anyhow::Result<()> {
+async fn status(url: &str, json: bool, hosts: Vec<String>) -> anyhow::Result<()> {
+    if let Some(bad) = hosts.iter().find(|h| h.trim().is_empty()) {
+        anyhow::bail!("--host: {bad:?} is not a host name");
+    }
     let mut client = connect(url).await.map_err(|e| anyhow::anyhow!(e.0))?;
     let reply = client
-        .status(StatusRequest {})
+        .status(StatusRequest { hosts })
         .await
         .map_err(|s| anyhow::anyhow!(status_reason(&s)))?;
     let v: serde_json::Value = serde_json::from_str(&reply.into_inner().json).context("unreadable status")?;
@@ -513,7 +520,7 @@ async fn main() -> ExitCode {
             }
             Err(CouldNotRun(reason)) => could_not_run(&reason, json),
         },
-        Cmd::Status { json } => match status(&url, json).await {
+        Cmd::Status { json, hosts } => match status(&url, json, hosts).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => could_not_run(&format!("{e:#}"), json),
         },
