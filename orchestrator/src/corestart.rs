@@ -216,6 +216,7 @@ struct UnitStart {
     acked: bool,
     furthest: Option<ReadinessPhase>,
     exited: bool,
+    lost_contact: bool,
     generating: bool,
     done: bool,
     last_detail: String,
@@ -230,6 +231,7 @@ impl UnitStart {
             role: self.role.into(),
             furthest: self.furthest,
             exited: self.exited,
+            lost_contact: self.lost_contact,
             last_detail: self.last_detail.clone(),
             waited_ms: now_ms.saturating_sub(self.sent_at_ms),
         }
@@ -315,6 +317,7 @@ pub fn resume_point(
             role: role.into(),
             furthest: Some(ReadinessPhase::Generating),
             exited: false,
+            lost_contact: false,
             last_detail: "generating before the orchestrator restarted (agent's facts)".into(),
             waited_ms: 0,
         })
@@ -393,6 +396,7 @@ pub async fn run_operation_from(
                     role: role.into(),
                     furthest: None,
                     exited: false,
+                    lost_contact: false,
                     last_detail: "not started".into(),
                     waited_ms: 0,
                 });
@@ -674,6 +678,7 @@ impl CoRestart<'_> {
             acked: false,
             furthest: None,
             exited: false,
+            lost_contact: false,
             generating: false,
             done: false,
             last_detail: String::new(),
@@ -1105,6 +1110,7 @@ fn apply_report(rec: &Recorder, s: &mut UnitStart, report: AgentReport) {
         AgentReport::Probe(_) | AgentReport::Suite(_) | AgentReport::UnitConfig(_) | AgentReport::Gate(_) => {}
         AgentReport::Disconnected => {
             s.done = true;
+            s.lost_contact = !s.generating;
             s.last_detail = format!("agent {} disconnected; last: {}", s.unit.host, s.last_detail);
         }
     }

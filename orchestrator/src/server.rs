@@ -536,7 +536,14 @@ pub async fn serve(
         watch: board,
         security,
     };
-    let mut builder = tonic::transport::Server::builder();
+    // HTTP/2 pings both ways (the agent pings too): a partition gives no
+    // FIN, and without them an agent cut off mid-operation would look
+    // attached until TCP gave up, minutes later. With them the agent's
+    // stream ends within ~15 s, its waiting operation fails with "agent
+    // disconnected", and `status` says so.
+    let mut builder = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(10)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(5)));
     if let Some(tls) = server_tls {
         builder = builder.tls_config(tls)?;
     }

@@ -96,6 +96,9 @@ pub struct UnitStartup {
     pub furthest: Option<ReadinessPhase>,
     /// The process exited during the start-up (detail in `last_detail`).
     pub exited: bool,
+    /// The agent's stream ended (partition, agent killed) before the unit
+    /// was generating: what the unit is doing is unknown, not wedged.
+    pub lost_contact: bool,
     /// The last thing the agent said about this unit ("generation check timed
     /// out after 5000 ms", "exit status 1", "agent disconnected", ...).
     pub last_detail: String,
@@ -224,7 +227,19 @@ fn judge_startups(startups: &[UnitStartup]) -> Option<Verdict> {
         format!(" ({})", stuck.last_detail)
     };
     let mut reasons = Vec::new();
-    let kind = if !stuck.exited && stuck.furthest == Some(ReadinessPhase::Healthy) {
+    let kind = if stuck.lost_contact {
+        reasons.push(format!(
+            "{} {}: lost contact with its agent after {}, furthest phase {furthest}{detail}",
+            stuck.role,
+            stuck.unit,
+            secs(stuck.waited_ms)
+        ));
+        reasons.push(
+            "its state is unknown until the agent re-attaches (`pdwarden status`): not judged wedged, not healthy"
+                .to_string(),
+        );
+        VerdictKind::Failed
+    } else if !stuck.exited && stuck.furthest == Some(ReadinessPhase::Healthy) {
         reasons.push(format!(
             "{} {}: health answered 200 but its generation check never passed in {}{detail}",
             stuck.role,
@@ -468,6 +483,7 @@ mod tests {
             role: role.into(),
             furthest: Some(ReadinessPhase::Generating),
             exited: false,
+            lost_contact: false,
             last_detail: String::new(),
             waited_ms: 1_000,
         }
@@ -590,6 +606,26 @@ mod tests {
         );
         assert_eq!(v.kind, VerdictKind::Wedged);
         assert!(v.reasons[0].contains("none of 3 end-to-end probes returned tokens"));
+    }
+
+    /// A decode whose agent was cut off while it loaded (answering 503, as
+    /// a wedged one would): its state is unknown, so the operation fails
+    /// saying so; it is never called wedged on no evidence.
+    #[test]
+    fn lost_contact_mid_start_is_failed_not_wedged() {
+        let mut s = pair_ready();
+        s[1].furthest = Some(ReadinessPhase::Http503);
+        s[1].lost_contact = true;
+        s[1].last_detail = "agent host-b disconnected; last: http 503".into();
+        s[1].waited_ms = 15_100;
+        let v = judge(&s, &[], &policy());
+        assert_eq!(v.kind, VerdictKind::Failed);
+        assert_eq!(
+            v.reasons[0],
+            "decode decode-0: lost contact with its agent after 15.1 s, furthest phase http_503 (agent host-b disconnected; last: http 503)"
+        );
+        assert!(v.reasons[1].contains("unknown until the agent re-attaches"));
+        assert!(v.reasons[2].contains("router-0"));
     }
 
     /// A decode whose health says 200 but whose generation check never passes

@@ -7,5 +7,6 @@ mod faults;
 mod gate;
 mod harness;
 mod incidents;
+mod partition;
 mod suite;
 mod watch;
