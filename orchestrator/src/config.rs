@@ -10,22 +10,17 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+// Each message already carries its cause's text (the TOML error quotes the
+// line), so no variant also exposes it as a `source`: an operator would see
+// every message two or three times in the error's "Caused by" chain.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config {path}: {source}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("cannot read config {path}: {error}")]
+    Read { path: PathBuf, error: std::io::Error },
     #[error("invalid config: {0}")]
-    Parse(#[from] toml::de::Error),
-    #[error("{path}: {source}")]
-    InFile {
-        path: PathBuf,
-        #[source]
-        source: Box<ConfigError>,
-    },
+    Parse(toml::de::Error),
+    #[error("{path}: {error}")]
+    InFile { path: PathBuf, error: Box<ConfigError> },
     #[error("invalid config: field `{field}`: {problem}")]
     Invalid { field: String, problem: String },
 }
@@ -386,18 +381,24 @@ impl Default for TimeoutConfig {
     }
 }
 
+impl From<toml::de::Error> for ConfigError {
+    fn from(e: toml::de::Error) -> Self {
+        ConfigError::Parse(e)
+    }
+}
+
 impl OrchestratorConfig {
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
             path: path.to_path_buf(),
-            source,
+            error,
         })?;
         // Name the file too: an operator may have several.
         Self::from_toml_str(&text)
             .and_then(|c| c.transport().map(|_| c))
             .map_err(|e| ConfigError::InFile {
                 path: path.to_path_buf(),
-                source: Box::new(e),
+                error: Box::new(e),
             })
     }
 

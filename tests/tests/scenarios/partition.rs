@@ -52,8 +52,9 @@ struct Net {
 }
 
 impl Net {
-    /// `None` when namespaces cannot be made here (not root, no `ip`).
-    fn create() -> Option<Net> {
+    /// An error when namespaces, a bridge or veths cannot be made here (no
+    /// `ip`, not root, a kernel without bridge/veth); what was made is removed.
+    fn create() -> Result<Net, String> {
         let p = format!("pdw{}", std::process::id());
         let net = Net {
             sw: format!("{p}sw"),
@@ -61,34 +62,40 @@ impl Net {
             a: format!("{p}a"),
             b: format!("{p}b"),
         };
-        if !ip(&["netns", "add", &net.sw]) {
-            return None;
-        }
-        must_ip(&["-n", &net.sw, "link", "add", "br0", "type", "bridge"]);
-        must_ip(&["-n", &net.sw, "link", "set", "br0", "up"]);
+        let try_ip = |args: &[&str]| -> Result<(), String> {
+            let out = Command::new("ip")
+                .args(args)
+                .output()
+                .map_err(|e| format!("cannot run ip: {e}"))?;
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "ip {}: {}",
+                    args.join(" "),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ))
+            }
+        };
+        // On error `net` is dropped, deleting whatever namespaces exist.
+        try_ip(&["netns", "add", &net.sw])?;
+        try_ip(&["-n", &net.sw, "link", "add", "br0", "type", "bridge"])?;
+        try_ip(&["-n", &net.sw, "link", "set", "br0", "up"])?;
         for (ns, tag, addr) in [(&net.orch, "o", ORCH_IP), (&net.a, "a", A_IP), (&net.b, "b", B_IP)] {
-            must_ip(&["netns", "add", ns]);
+            let port = format!("sw-{tag}");
+            try_ip(&["netns", "add", ns])?;
             // Made inside the switch, then one end moved to the host.
-            must_ip(&[
-                "-n",
-                &net.sw,
-                "link",
-                "add",
-                &format!("sw-{tag}"),
-                "type",
-                "veth",
-                "peer",
-                "name",
-                "eth0",
-            ]);
-            must_ip(&["-n", &net.sw, "link", "set", "eth0", "netns", ns]);
-            must_ip(&["-n", &net.sw, "link", "set", &format!("sw-{tag}"), "master", "br0"]);
-            must_ip(&["-n", &net.sw, "link", "set", &format!("sw-{tag}"), "up"]);
-            must_ip(&["-n", ns, "addr", "add", &format!("{addr}/24"), "dev", "eth0"]);
-            must_ip(&["-n", ns, "link", "set", "eth0", "up"]);
-            must_ip(&["-n", ns, "link", "set", "lo", "up"]);
+            try_ip(&[
+                "-n", &net.sw, "link", "add", &port, "type", "veth", "peer", "name", "eth0",
+            ])?;
+            try_ip(&["-n", &net.sw, "link", "set", "eth0", "netns", ns])?;
+            try_ip(&["-n", &net.sw, "link", "set", &port, "master", "br0"])?;
+            try_ip(&["-n", &net.sw, "link", "set", &port, "up"])?;
+            try_ip(&["-n", ns, "addr", "add", &format!("{addr}/24"), "dev", "eth0"])?;
+            try_ip(&["-n", ns, "link", "set", "eth0", "up"])?;
+            try_ip(&["-n", ns, "link", "set", "lo", "up"])?;
         }
-        Some(net)
+        Ok(net)
     }
 
     /// Unplugs (or plugs back) a host's cable at the switch.
@@ -550,9 +557,12 @@ fn partitions_leave_units_running_and_end_operations_honestly() {
         eprintln!("SKIPPED partitions test: needs root for `ip netns` (this run is not root)");
         return;
     }
-    let Some(net) = Net::create() else {
-        eprintln!("SKIPPED partitions test: `ip netns add` failed here");
-        return;
+    let net = match Net::create() {
+        Ok(net) => net,
+        Err(why) => {
+            eprintln!("SKIPPED partitions test: cannot build the namespaces here: {why}");
+            return;
+        }
     };
     let mut stack = Stack::start(net);
     let long = Duration::from_secs(120);
