@@ -22,6 +22,19 @@ pub enum JournalError {
     Encode(#[from] serde_json::Error),
     #[error("pair {pair} is busy: operation {operation_id} is running")]
     PairBusy { pair: String, operation_id: String },
+    /// Every mutating request runs at most once: a request id seen before
+    /// names the operation it already started.
+    #[error(
+        "request id {request_id:?} was already used: operation {operation_id} ({kind} of pair {pair}), {outcome}; nothing new was started (`pdwarden history {pair}`)"
+    )]
+    DuplicateRequest {
+        request_id: String,
+        operation_id: String,
+        kind: String,
+        pair: String,
+        /// "still running" or "ended: VERDICT".
+        outcome: String,
+    },
 }
 
 /// A finished or running operation as stored.
@@ -34,6 +47,8 @@ pub struct OperationRecord {
     pub started_unix_ms: i64,
     pub ended_unix_ms: Option<i64>,
     pub verdict: Option<String>,
+    /// The caller's idempotency key, when it gave one.
+    pub request_id: Option<String>,
     /// The final report (the CLI's `--json` object), when concluded.
     pub report: Option<serde_json::Value>,
     /// For an automatic operation, the evidence that triggered it (the
@@ -113,6 +128,27 @@ impl Journal {
         match res {
             Ok(_) => Ok(()),
             Err(rusqlite::Error::SqliteFailure(e, _)) if e.code == rusqlite::ErrorCode::ConstraintViolation => {
+                if let Some(rid) = request_id {
+                    let earlier: Option<(String, String, String, Option<i64>, Option<String>)> = conn
+                        .query_row(
+                            "SELECT id, kind, pair, ended_unix_ms, verdict FROM operations WHERE request_id = ?1",
+                            params![rid],
+                            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+                        )
+                        .optional()?;
+                    if let Some((operation_id, kind, pair, ended, verdict)) = earlier {
+                        return Err(JournalError::DuplicateRequest {
+                            request_id: rid.to_string(),
+                            operation_id,
+                            kind,
+                            pair,
+                            outcome: match ended {
+                                None => "still running".into(),
+                                Some(_) => format!("ended: {}", verdict.as_deref().unwrap_or("no verdict")),
+                            },
+                        });
+                    }
+                }
                 let running: Option<String> = conn
                     .query_row(
                         "SELECT id FROM operations WHERE pair = ?1 AND ended_unix_ms IS NULL",
@@ -207,7 +243,7 @@ impl Journal {
     fn query(&self, tail: &str, p: impl rusqlite::Params) -> Result<Vec<OperationRecord>, JournalError> {
         let conn = self.conn();
         let sql = format!(
-            "SELECT id, kind, pair, state, started_unix_ms, ended_unix_ms, verdict, report, (SELECT payload FROM entries WHERE op_id = operations.id AND kind = 'trigger' ORDER BY seq LIMIT 1), (SELECT payload FROM entries WHERE op_id = operations.id AND kind = 'actor' ORDER BY seq LIMIT 1) FROM operations {tail}"
+            "SELECT id, kind, pair, state, started_unix_ms, ended_unix_ms, verdict, report, (SELECT payload FROM entries WHERE op_id = operations.id AND kind = 'trigger' ORDER BY seq LIMIT 1), (SELECT payload FROM entries WHERE op_id = operations.id AND kind = 'actor' ORDER BY seq LIMIT 1), request_id FROM operations {tail}"
         );
         let mut stmt = conn.prepare(&sql)?;
         let rows = stmt.query_map(p, |r| {
@@ -220,6 +256,7 @@ impl Journal {
                     started_unix_ms: r.get(4)?,
                     ended_unix_ms: r.get(5)?,
                     verdict: r.get(6)?,
+                    request_id: r.get(10)?,
                     report: None,
                     trigger: None,
                     actor: None,
@@ -257,11 +294,31 @@ mod tests {
             other => panic!("expected PairBusy, got {other:?}"),
         }
         j.begin("op-3", "co_restart", "b", None).unwrap();
+        // The same request again (a retry after a lost reply) starts nothing
+        // and names the operation it started, here or on another pair.
+        match j.begin("op-4", "co_restart", "a", Some("r1")) {
+            Err(e @ JournalError::DuplicateRequest { .. }) => {
+                let text = e.to_string();
+                assert!(
+                    text.contains("operation op-1") && text.contains("still running"),
+                    "{text}"
+                );
+            }
+            other => panic!("expected DuplicateRequest, got {other:?}"),
+        }
+        match j.begin("op-5", "verify", "c", Some("r1")) {
+            Err(JournalError::DuplicateRequest { operation_id, .. }) => assert_eq!(operation_id, "op-1"),
+            other => panic!("expected DuplicateRequest, got {other:?}"),
+        }
         j.transition("op-1", 5, "restarting_prefill").unwrap();
         j.append("op-1", 7, "phase", &serde_json::json!({"phase": "spawned"}))
             .unwrap();
         j.conclude("op-1", "healthy", &serde_json::json!({"verdict": "healthy"}))
             .unwrap();
+        match j.begin("op-6", "co_restart", "a", Some("r1")) {
+            Err(e @ JournalError::DuplicateRequest { .. }) => assert!(e.to_string().contains("ended: healthy"), "{e}"),
+            other => panic!("expected DuplicateRequest, got {other:?}"),
+        }
         j.begin("op-4", "co_restart", "a", None).unwrap();
         let e = j.entries("op-1").unwrap();
         assert_eq!(e.len(), 2);

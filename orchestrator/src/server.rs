@@ -225,6 +225,7 @@ impl ControlService {
         {
             Ok(()) => {}
             Err(e @ JournalError::PairBusy { .. }) => return Err(Status::failed_precondition(e.to_string())),
+            Err(e @ JournalError::DuplicateRequest { .. }) => return Err(Status::already_exists(e.to_string())),
             Err(e) => return Err(internal(e)),
         }
         let (tx, rx) = mpsc::unbounded_channel();
@@ -266,6 +267,9 @@ impl Control for ControlService {
             Err(crate::gate::GateStartError::Invalid(e)) => return Err(Status::invalid_argument(e)),
             Err(crate::gate::GateStartError::Journal(e @ JournalError::PairBusy { .. })) => {
                 return Err(Status::failed_precondition(e.to_string()));
+            }
+            Err(crate::gate::GateStartError::Journal(e @ JournalError::DuplicateRequest { .. })) => {
+                return Err(Status::already_exists(e.to_string()));
             }
             Err(crate::gate::GateStartError::Journal(e)) => return Err(internal(e)),
         };

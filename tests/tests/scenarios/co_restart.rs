@@ -156,7 +156,7 @@ fn concurrent_restart_of_the_same_pair_is_refused() {
     let _one = exclusive();
     let demo = HeldDemo::start(&[], LIMIT);
     let mut args = demo.connect_args.clone();
-    args.extend(["restart", "pd-pair", "demo", "--json"].map(String::from));
+    args.extend(["restart", "pd-pair", "demo", "--json", "--request-id", "change-4711"].map(String::from));
     let first = std::thread::spawn(move || pdwarden(&args.iter().map(String::as_str).collect::<Vec<_>>(), LIMIT));
     // Wait until the first operation is running, then ask again.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
@@ -182,4 +182,35 @@ fn concurrent_restart_of_the_same_pair_is_refused() {
         matches!(first.code, 0 | 2),
         "the first restart ran to a verdict: {report:#}"
     );
+    // A retry of the first request (say, after its reply was lost) starts
+    // nothing, on this pair or as a verification, and names what it started.
+    for retry in [
+        &["restart", "pd-pair", "demo", "--json", "--request-id", "change-4711"][..],
+        &["verify", "demo", "--json", "--request-id", "change-4711"][..],
+    ] {
+        let again = demo.cli(retry);
+        assert_eq!(again.code, 1, "{}", again.stdout);
+        let error = again.json()["error"].as_str().unwrap().to_string();
+        assert!(
+            error.contains("already used") && error.contains(&running) && error.contains("ended: "),
+            "{error}"
+        );
+    }
+    let history = demo.cli(&["history", "demo", "--json"]).json();
+    let ops: Vec<&str> = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["operation_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ops.iter().filter(|o| **o == running).count(), 1, "{history:#}");
+    let first_record = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["operation_id"] == running.as_str());
+    assert_eq!(first_record.unwrap()["request_id"], "change-4711", "{history:#}");
+    let bad = demo.cli(&["restart", "pd-pair", "demo", "--request-id", "has space"]);
+    assert_eq!(bad.code, 2, "clap usage error: {}", bad.stderr);
+    assert!(bad.stderr.contains("--request-id"), "{}", bad.stderr);
 }

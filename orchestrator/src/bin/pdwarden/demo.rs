@@ -699,7 +699,7 @@ pub async fn run(args: DemoArgs) -> ExitCode {
         };
     }
     let outcome = tokio::select! {
-        r = restart_pair(&stack.orchestrator_url, "demo", args.json) => Some(r),
+        r = restart_pair(&stack.orchestrator_url, "demo", args.json, crate::request_id_or_new(None)) => Some(r),
         _ = tokio::signal::ctrl_c() => None,
         _ = term.recv() => None,
     };

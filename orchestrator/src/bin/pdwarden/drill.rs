@@ -178,7 +178,7 @@ pub async fn follow_up(
         }
     }
     say(json, "verifying the pair through the router (pdwarden verify demo)");
-    let verify = follow_operation(url, "demo", json, Some(false))
+    let verify = follow_operation(url, "demo", json, Some(false), crate::request_id_or_new(None))
         .await
         .map_err(|e| anyhow::anyhow!(e.0))?;
     drop(forced);
@@ -514,7 +514,7 @@ pub async fn orchestrator_crash(stack: &mut Stack, json: bool) -> anyhow::Result
     // Follow the restart in the background; its stream breaks with the kill.
     let follower = {
         let url = url.clone();
-        tokio::spawn(async move { follow_operation(&url, "demo", true, None).await })
+        tokio::spawn(async move { follow_operation(&url, "demo", true, None, crate::request_id_or_new(None)).await })
     };
     let deadline = Instant::now() + Duration::from_secs(120);
     let (operation_id, decode_phase) = loop {

@@ -30,6 +30,10 @@ pub struct GateArgs {
     units: Vec<String>,
     #[arg(long)]
     json: bool,
+    /// Idempotency key: a retry with a key already used starts nothing and
+    /// names the gate it started (default: a fresh one).
+    #[arg(long, value_name = "ID", value_parser = crate::request_id_arg)]
+    request_id: Option<String>,
 }
 
 fn split_kv(flag: &str, s: &str) -> Result<(String, String), String> {
@@ -61,7 +65,7 @@ pub async fn run(url: &str, args: GateArgs) -> ExitCode {
 async fn follow(url: &str, args: GateArgs) -> Result<GateReport, CouldNotRun> {
     let mut request = GatePairRequest {
         pair: args.name.clone(),
-        request_id: uuid::Uuid::new_v4().to_string(),
+        request_id: crate::request_id_or_new(args.request_id.clone()),
         unset_env: args.unset_env.clone(),
         units: args.units.clone(),
         ..Default::default()

@@ -72,6 +72,10 @@ enum Cmd {
         /// Also run the abort storm (cancels long prompts mid-prefill: disruptive in service).
         #[arg(long)]
         include_abort_storm: bool,
+        /// Idempotency key: a retry with a key already used starts nothing
+        /// and names the operation it started (default: a fresh one).
+        #[arg(long, value_name = "ID", value_parser = request_id_arg)]
+        request_id: Option<String>,
     },
     /// Agents, units and pairs as the orchestrator knows them.
     Status {
@@ -109,6 +113,10 @@ enum RestartWhat {
         name: String,
         #[arg(long)]
         json: bool,
+        /// Idempotency key: a retry with a key already used starts nothing
+        /// and names the operation it started (default: a fresh one).
+        #[arg(long, value_name = "ID", value_parser = request_id_arg)]
+        request_id: Option<String>,
     },
     /// Restart one unit. Refused for a pair's engines: restart the pair.
     Unit {
@@ -118,6 +126,19 @@ enum RestartWhat {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// `--request-id`: printable, no spaces, at most 128 characters.
+pub fn request_id_arg(s: &str) -> Result<String, String> {
+    if s.is_empty() || s.len() > 128 || !s.chars().all(|c| c.is_ascii_graphic()) {
+        return Err("expected 1 to 128 printable ASCII characters without spaces".into());
+    }
+    Ok(s.to_string())
+}
+
+/// The given idempotency key, or a fresh one.
+pub fn request_id_or_new(given: Option<String>) -> String {
+    given.unwrap_or_else(|| uuid::Uuid::new_v4().to_string())
 }
 
 /// A failure to run at all (exit 1), as opposed to a verdict.
@@ -220,8 +241,13 @@ fn status_reason(s: &tonic::Status) -> String {
 
 /// Runs `restart pd-pair`, printing live progress and the summary (unless
 /// `json`), and returns the final report; the caller prints `--json`.
-pub async fn restart_pair(url: &str, pair: &str, json: bool) -> Result<OperationReport, CouldNotRun> {
-    follow_operation(url, pair, json, None).await
+pub async fn restart_pair(
+    url: &str,
+    pair: &str,
+    json: bool,
+    request_id: String,
+) -> Result<OperationReport, CouldNotRun> {
+    follow_operation(url, pair, json, None, request_id).await
 }
 
 /// Starts a co-restart (or, with `verify` = Some(include_abort_storm), a
@@ -231,9 +257,9 @@ pub async fn follow_operation(
     pair: &str,
     json: bool,
     verify: Option<bool>,
+    request_id: String,
 ) -> Result<OperationReport, CouldNotRun> {
     let mut client = connect(url).await?;
-    let request_id = uuid::Uuid::new_v4().to_string();
     let started = if let Some(include_abort_storm) = verify {
         client
             .verify_pair(VerifyPairRequest {
@@ -494,8 +520,8 @@ async fn main() -> ExitCode {
     });
     match cli.command {
         Cmd::Restart {
-            what: RestartWhat::PdPair { name, json },
-        } => match restart_pair(&url, &name, json).await {
+            what: RestartWhat::PdPair { name, json, request_id },
+        } => match restart_pair(&url, &name, json, request_id_or_new(request_id)).await {
             Ok(report) => {
                 if json {
                     print_json(&report);
@@ -511,7 +537,16 @@ async fn main() -> ExitCode {
             name,
             json,
             include_abort_storm,
-        } => match follow_operation(&url, &name, json, Some(include_abort_storm)).await {
+            request_id,
+        } => match follow_operation(
+            &url,
+            &name,
+            json,
+            Some(include_abort_storm),
+            request_id_or_new(request_id),
+        )
+        .await
+        {
             Ok(report) => {
                 if json {
                     print_json(&report);
