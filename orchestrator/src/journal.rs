@@ -129,24 +129,28 @@ impl Journal {
             Ok(_) => Ok(()),
             Err(rusqlite::Error::SqliteFailure(e, _)) if e.code == rusqlite::ErrorCode::ConstraintViolation => {
                 if let Some(rid) = request_id {
-                    let earlier: Option<(String, String, String, Option<i64>, Option<String>)> = conn
+                    let earlier = conn
                         .query_row(
                             "SELECT id, kind, pair, ended_unix_ms, verdict FROM operations WHERE request_id = ?1",
                             params![rid],
-                            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+                            |r| {
+                                let ended: Option<i64> = r.get(3)?;
+                                let verdict: Option<String> = r.get(4)?;
+                                Ok(JournalError::DuplicateRequest {
+                                    request_id: rid.to_string(),
+                                    operation_id: r.get(0)?,
+                                    kind: r.get(1)?,
+                                    pair: r.get(2)?,
+                                    outcome: match ended {
+                                        None => "still running".into(),
+                                        Some(_) => format!("ended: {}", verdict.as_deref().unwrap_or("no verdict")),
+                                    },
+                                })
+                            },
                         )
                         .optional()?;
-                    if let Some((operation_id, kind, pair, ended, verdict)) = earlier {
-                        return Err(JournalError::DuplicateRequest {
-                            request_id: rid.to_string(),
-                            operation_id,
-                            kind,
-                            pair,
-                            outcome: match ended {
-                                None => "still running".into(),
-                                Some(_) => format!("ended: {}", verdict.as_deref().unwrap_or("no verdict")),
-                            },
-                        });
+                    if let Some(duplicate) = earlier {
+                        return Err(duplicate);
                     }
                 }
                 let running: Option<String> = conn
