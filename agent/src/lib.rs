@@ -56,6 +56,7 @@ pub mod metrics;
 mod outbox;
 pub mod readiness;
 pub mod redact;
+pub mod service;
 pub mod suite;
 mod supervisor;
 pub mod tls;
@@ -129,6 +130,9 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
     let endpoint = link::endpoint(&config.orchestrator, client_tls)?;
     let instance_id = uuid::Uuid::new_v4().to_string();
     info!(host = %config.host, agent_instance_id = %instance_id, units = config.units.len(), "agent starting");
+    if let Some(warning) = service::check(config.on_exit).await {
+        tracing::warn!("{warning}");
+    }
 
     let http = checks::http_client();
     let (outbox, mut outbox_rx) = outbox::Outbox::new();
