@@ -34,8 +34,8 @@ use crate::corestart::{OperationContext, OperationKind, run_operation};
 use crate::fleet::AgentReport;
 use crate::journal::JournalError;
 use crate::wedge::{
-    Assessment, Breaker, BreakerDecision, Metrics, PairEvidence, PairState, ProbeDecision, ProbeOutcome, ProbeRecord,
-    Sample, UnitAssessment, UnitTrack, WatchPolicy, judge,
+    Assessment, Breaker, BreakerDecision, Metrics, PairEvidence, PairState, PastOperation, ProbeDecision, ProbeOutcome,
+    ProbeRecord, Sample, UnitAssessment, UnitTrack, WatchPolicy, judge, recoveries_still_counting,
 };
 
 /// Slack on top of a probe's own timeout before the orchestrator stops
@@ -250,6 +250,7 @@ pub async fn run(
         last_probe_view: None,
         last_log: None,
     };
+    w.seed_breaker_from_journal();
     let period = Duration::from_millis(w.cfg.scrape_interval_ms.min(500));
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -273,6 +274,37 @@ pub async fn run(
 }
 
 impl PairWatcher {
+    /// The breaker survives an orchestrator restart: the journal's automatic
+    /// recoveries of this pair still in the window count again.
+    fn seed_breaker_from_journal(&mut self) {
+        let history = match self.ctx.journal.history(&self.pair.name, 1000) {
+            Ok(h) => h,
+            Err(e) => {
+                tracing::error!(pair = %self.pair.name, error = %e, "cannot read the journal to seed the recovery breaker");
+                return;
+            }
+        };
+        let past: Vec<PastOperation> = history
+            .iter()
+            .map(|r| PastOperation {
+                started_unix_ms: u64::try_from(r.started_unix_ms).unwrap_or(0),
+                automatic: r.request_id.as_deref().is_some_and(|id| id.starts_with("auto-")),
+                human_healthy_restart: r.kind == OperationKind::CoRestart.as_str()
+                    && !r.request_id.as_deref().is_some_and(|id| id.starts_with("auto-"))
+                    && matches!(r.verdict.as_deref(), Some("healthy" | "healthy_after_cold_start")),
+            })
+            .collect();
+        let ages = recoveries_still_counting(
+            &past,
+            crate::hoststate::now_unix_ms(),
+            Duration::from_millis(self.cfg.recovery_window_ms),
+        );
+        if !ages.is_empty() {
+            tracing::warn!(pair = %self.pair.name, recoveries = ages.len(), max = self.cfg.max_recoveries, "automatic recoveries from before this start still count against the breaker");
+            self.breaker.seed(&ages, Instant::now());
+        }
+    }
+
     fn engine_units(&self) -> Vec<UnitRef> {
         self.pair.prefill.iter().chain(&self.pair.decode).cloned().collect()
     }

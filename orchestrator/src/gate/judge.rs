@@ -73,6 +73,10 @@ pub enum Finding {
     WorseWithinTolerance,
     /// Worse, significantly, beyond the tolerance.
     Regression,
+    /// Significant, but a latency change smaller than `min_effect_ms`: no
+    /// difference that matters, in either direction (neither a win nor a
+    /// regression).
+    UnderFloor,
 }
 
 /// The shape of one sample set, in the metric's unit.
@@ -371,11 +375,11 @@ pub fn judge(
             };
             let finding = if !significant {
                 Finding::NoSignificantDifference
+            } else if m.unit == "ms" && (after - before).abs() < policy.min_effect_ms {
+                Finding::UnderFloor
             } else if !worse {
                 Finding::Better
-            } else if change_pct.abs() > policy.tolerance_pct
-                && !(m.unit == "ms" && (after - before).abs() < policy.min_effect_ms)
-            {
+            } else if change_pct.abs() > policy.tolerance_pct {
                 Finding::Regression
             } else {
                 Finding::WorseWithinTolerance
@@ -417,20 +421,34 @@ pub fn judge(
         ));
     }
     // Within each kind of finding, the largest changes first.
-    for f in [Finding::Regression, Finding::WorseWithinTolerance, Finding::Better] {
-        let mut found: Vec<&Comparison> = comparisons.iter().filter(|c| c.finding == f).collect();
-        found.sort_by(|a, b| b.change_pct.abs().total_cmp(&a.change_pct.abs()));
-        reasons.extend(found.into_iter().map(|c| describe(c, policy.tolerance_pct)));
-    }
     if judgement == Judgement::NoSignificantDifference {
         let n = comparisons.len();
         let widest = comparisons
             .iter()
+            .filter(|c| c.finding == Finding::NoSignificantDifference)
             .map(|c| c.ci_low_pct.abs().max(c.ci_high_pct.abs()))
             .fold(0.0, f64::max);
-        reasons.push(format!(
-            "no significant difference in any of {n} comparisons (the changes were within the noise; intervals up to ±{widest:.1} %): not a win"
-        ));
+        let under = count(Finding::UnderFloor);
+        reasons.push(if under == 0 {
+            format!(
+                "no significant difference in any of {n} comparisons (the changes were within the noise; intervals up to ±{widest:.1} %): not a win"
+            )
+        } else {
+            format!(
+                "no difference that matters in any of {n} comparisons ({under} significant but under the {} ms min_effect_ms floor, the rest within the noise, intervals up to ±{widest:.1} %): not a win",
+                policy.min_effect_ms
+            )
+        });
+    }
+    for f in [
+        Finding::Regression,
+        Finding::WorseWithinTolerance,
+        Finding::Better,
+        Finding::UnderFloor,
+    ] {
+        let mut found: Vec<&Comparison> = comparisons.iter().filter(|c| c.finding == f).collect();
+        found.sort_by(|a, b| b.change_pct.abs().total_cmp(&a.change_pct.abs()));
+        reasons.extend(found.into_iter().map(|c| describe(c, policy.tolerance_pct)));
     }
     JudgeReport {
         judgement,
@@ -455,8 +473,8 @@ pub fn describe(c: &Comparison, tolerance_pct: f64) -> String {
     let verdict = match c.finding {
         Finding::NoSignificantDifference => "no significant difference".to_string(),
         Finding::Better => "better".to_string(),
-        Finding::WorseWithinTolerance if c.change_pct.abs() > tolerance_pct => format!(
-            "worse by {:.2} {}: beyond the {tolerance_pct} % tolerance but under the min_effect_ms floor",
+        Finding::UnderFloor => format!(
+            "significant, but {:.2} {} is under the min_effect_ms floor: no difference that matters",
             (c.after - c.before).abs(),
             c.unit
         ),
@@ -637,11 +655,28 @@ mod tests {
         };
         let small = [metric("ttft", Better::Lower, noisy(13.15, 32, 0), noisy(14.6, 32, 1))];
         let r = judge(&small, 0, 0, floor);
-        assert_eq!(r.judgement, Judgement::WorseWithinTolerance, "{:?}", r.reasons);
+        assert_eq!(r.judgement, Judgement::NoSignificantDifference, "{:?}", r.reasons);
         assert!(
-            r.reasons[0].contains("under the min_effect_ms floor"),
+            r.comparisons.iter().any(|c| c.finding == Finding::UnderFloor),
+            "{:?}",
+            r.comparisons
+        );
+        assert!(
+            r.reasons[0].contains("significant but under the 2 ms min_effect_ms floor"),
             "{:?}",
             r.reasons
+        );
+        assert!(r.reasons[0].ends_with("not a win"), "{:?}", r.reasons);
+        assert!(
+            r.reasons[1].contains("is under the min_effect_ms floor: no difference that matters"),
+            "{:?}",
+            r.reasons
+        );
+        // Faster by less than the floor is not a win either.
+        let faster = [metric("ttft", Better::Lower, noisy(14.6, 32, 0), noisy(13.15, 32, 1))];
+        assert_eq!(
+            judge(&faster, 0, 0, floor).judgement,
+            Judgement::NoSignificantDifference
         );
         let large = [metric("ttft", Better::Lower, noisy(131.5, 32, 0), noisy(146.0, 32, 1))];
         assert_eq!(judge(&large, 0, 0, floor).judgement, Judgement::Regressed);
