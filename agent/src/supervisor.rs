@@ -193,11 +193,21 @@ pub struct Unit {
     /// The unit's launch config versions (change gate, issue 7).
     versions: Mutex<crate::unitconfig::Versions>,
     state_dir: PathBuf,
+    /// Hides secrets in what the agent reports from the unit's own words
+    /// (its log tail): `redact_env`.
+    redactor: crate::redact::Redactor,
 }
 
 impl Unit {
-    fn new(config: UnitConfig, state_dir: &Path, outbox: Outbox, http: reqwest::Client) -> Self {
+    fn new(
+        config: UnitConfig,
+        state_dir: &Path,
+        outbox: Outbox,
+        http: reqwest::Client,
+        redactor: crate::redact::Redactor,
+    ) -> Self {
         Unit {
+            redactor,
             log_path: state_dir.join("logs").join(format!("{}.log", config.name)),
             pid_path: state_dir.join("run").join(format!("{}.pid", config.name)),
             versions: Mutex::new(crate::unitconfig::Versions::load(state_dir, &config)),
@@ -473,11 +483,25 @@ impl Unit {
         !finished
     }
 
+    /// A log line as it may leave the host: `NAME=VALUE` of secret names
+    /// redacted, and the unit's own secret values wherever they appear (an
+    /// engine that prints "using token hf_…" names no variable).
+    fn redact_log(&self, text: &str) -> String {
+        let mut out = self.redactor.text(text);
+        for (name, value) in &self.config.env {
+            // Short values would redact ordinary words.
+            if value.len() >= 6 && self.redactor.is_secret(name) {
+                out = out.replace(value.as_str(), crate::redact::REDACTED);
+            }
+        }
+        out
+    }
+
     /// Called by the reaper when spawn `run` exits.
     fn on_exit(&self, run: u64, exit: &ExitInfo, now: Instant) {
         // Read before locking: an exit nobody asked for is reported with the
         // end of the unit's log, which usually says why (a crash loop's cause).
-        let tail = log_tail(&self.log_path, LOG_TAIL_LINES);
+        let tail = log_tail(&self.log_path, LOG_TAIL_LINES).map(|t| self.redact_log(&t));
         let mut st = self.lock();
         let Some(pid) = st.running.as_ref().filter(|r| r.run == run).map(|r| r.pid) else {
             return;
@@ -685,7 +709,13 @@ impl Supervisor {
             .units
             .iter()
             .map(|uc| {
-                let unit = Arc::new(Unit::new(uc.clone(), &config.state_dir, outbox.clone(), http.clone()));
+                let unit = Arc::new(Unit::new(
+                    uc.clone(),
+                    &config.state_dir,
+                    outbox.clone(),
+                    http.clone(),
+                    crate::redact::Redactor::new(&config.redact_env),
+                ));
                 let (ops, rx) = mpsc::unbounded_channel();
                 tokio::spawn(actor(Arc::clone(&unit), rx));
                 (uc.name.clone(), UnitHandle { unit, ops })
@@ -930,6 +960,23 @@ mod tests {
         // Exited during its readiness watch: attributed to the start command.
         assert_eq!(exited.command_id, "c1");
         assert!(f.sup.unit_infos()[0].pid == 0);
+    }
+
+    // Property: a crash's log tail leaves the host without the unit's
+    // secrets, named or not; other values stay.
+    #[tokio::test]
+    async fn crash_log_tail_is_redacted() {
+        let mut f = Fixture::from_units_toml(
+            "[[unit]]\nname='leaky'\nrole='prefill'\nbase_url='http://127.0.0.1:1'\n\
+             argv=['sh', '-c', 'echo \"HF_TOKEN=hf_secret123 MODEL=/m\"; echo \"auth with hf_secret123 failed\" >&2; exit 4']\n\
+             env={ HF_TOKEN = 'hf_secret123' }\n",
+        );
+        f.start("leaky", "c1").await;
+        let exited = f.wait_phase("leaky", Phase::Exited).await;
+        assert_eq!(
+            exited.detail,
+            "exit status 4; log tail: HF_TOKEN=[redacted] MODEL=/m | auth with [redacted] failed"
+        );
     }
 
     // Property: a crash after the watch ended (here: unit runs, then is
