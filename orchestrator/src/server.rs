@@ -376,6 +376,20 @@ fn resume_interrupted(ctx: &OperationContext, config: &OrchestratorConfig) -> Re
     for op in ctx.journal.unfinished()? {
         let pair = config.pair(&op.pair).cloned();
         match (op.kind.as_str(), pair) {
+            ("gate", Some(pair)) => {
+                tracing::warn!(operation = %op.operation_id, pair = %op.pair, state = %op.state, "taking over interrupted gate once its agents re-attach");
+                let (ctx, grace) = (ctx.clone(), Duration::from_millis(config.resume_grace_ms));
+                tokio::spawn(async move {
+                    if !agents_reattached(&ctx, &pair, &op, grace).await {
+                        return;
+                    }
+                    if let Err(reason) = crate::gate::resume_gate(ctx.clone(), pair, op.clone()).await
+                        && let Err(e) = conclude_failed(&ctx.journal, &op, reason)
+                    {
+                        tracing::error!(operation = %op.operation_id, error = %e, "could not conclude interrupted gate");
+                    }
+                });
+            }
             ("co_restart" | "verify", Some(pair)) => {
                 tracing::warn!(operation = %op.operation_id, pair = %op.pair, state = %op.state, "resuming interrupted operation once its agents re-attach");
                 tokio::spawn(resume_one(
@@ -410,7 +424,9 @@ fn conclude_failed(journal: &Journal, op: &OperationRecord, reason: String) -> R
     journal.conclude(&op.operation_id, "failed", &report)
 }
 
-async fn resume_one(ctx: OperationContext, pair: PairConfig, op: OperationRecord, grace: Duration) {
+/// Waits until every agent of `pair` has re-attached with its units; after
+/// `grace`, concludes `op` failed naming the missing ones and returns false.
+async fn agents_reattached(ctx: &OperationContext, pair: &PairConfig, op: &OperationRecord, grace: Duration) -> bool {
     let units: Vec<UnitRef> = pair
         .prefill
         .iter()
@@ -435,12 +451,19 @@ async fn resume_one(ctx: OperationContext, pair: PairConfig, op: OperationRecord
                 missing.join(", "),
                 grace.as_millis()
             );
-            if let Err(e) = conclude_failed(&ctx.journal, &op, reason) {
+            if let Err(e) = conclude_failed(&ctx.journal, op, reason) {
                 tracing::error!(operation = %op.operation_id, error = %e, "could not conclude interrupted operation");
             }
-            return;
+            return false;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    true
+}
+
+async fn resume_one(ctx: OperationContext, pair: PairConfig, op: OperationRecord, grace: Duration) {
+    if !agents_reattached(&ctx, &pair, &op, grace).await {
+        return;
     }
     let (kind, from, kept) = if op.kind == "verify" {
         (

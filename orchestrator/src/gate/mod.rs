@@ -164,6 +164,9 @@ pub enum GateVerdict {
     RestartFailedRolledBack,
     /// A rollback was needed and did not fully succeed: look now.
     RollbackFailed,
+    /// The orchestrator restarted mid-gate, after the change may have gone
+    /// live: the restarted orchestrator rolled it back (verified live).
+    InterruptedRolledBack,
     /// Nothing changed (baseline unhealthy, apply refused, ...).
     Failed,
 }
@@ -178,6 +181,7 @@ impl GateVerdict {
             Self::NotLiveRolledBack => "not_live_rolled_back",
             Self::RestartFailedRolledBack => "restart_failed_rolled_back",
             Self::RollbackFailed => "rollback_failed",
+            Self::InterruptedRolledBack => "interrupted_rolled_back",
             Self::Failed => "failed",
         }
     }
@@ -361,6 +365,9 @@ impl GateReport {
             }
             GateVerdict::RestartFailedRolledBack => "FAILED: the pair did not come back with the change; rolled back",
             GateVerdict::RollbackFailed => "ROLLBACK FAILED: the pair is not as it was; look now",
+            GateVerdict::InterruptedRolledBack => {
+                "INTERRUPTED: the orchestrator restarted mid-gate; the change was rolled back, previous values verified live"
+            }
             GateVerdict::Failed => "FAILED: nothing was changed",
         };
         let _ = writeln!(s, "gate {} [{}]: {headline}", self.pair, self.change.describe());
@@ -429,81 +436,185 @@ pub async fn run_gate(
     change: ChangeSpec,
     updates: mpsc::UnboundedSender<OperationUpdate>,
 ) -> GateReport {
-    let mut g = Gate {
-        policy: JudgePolicy {
-            tolerance_pct: pair.gate.tolerance_pct,
-            alpha: pair.gate.alpha,
-            bootstrap_resamples: pair.gate.bootstrap_resamples,
-            seed: BOOTSTRAP_SEED,
-            min_effect_ms: pair.gate.min_effect_ms,
-        },
-        ctx,
-        targets: targets(&pair, &change),
-        pair,
-        operation_id,
-        change,
-        updates,
-        start: Instant::now(),
-        steps: Vec::new(),
-        versions: Vec::new(),
-        before_views: Vec::new(),
-        operations: Vec::new(),
-        measurements: Vec::new(),
-        reasons: Vec::new(),
-    };
+    let mut g = Gate::new(ctx, pair, operation_id, change, updates);
     g.send(operation_update::Kind::Started(OperationStarted {
         operation_id: g.operation_id.clone(),
         pair: g.pair.name.clone(),
         decode_start_policy: g.pair.decode_start_policy.as_str().into(),
     }));
     let outcome = g.drive().await;
-    let (verdict, mut report) = match outcome {
-        Ok(done) => done,
-        Err(e) => {
-            g.reasons
-                .insert(0, format!("stopped: the journal could not record a step ({e})"));
-            (GateVerdict::Failed, Partial::default())
+    g.finish(outcome)
+}
+
+/// What a restarted orchestrator does with a gate it found unfinished in
+/// `state`, the journal holding `versions_recorded` applied config versions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GateResume {
+    /// Interrupted before any config change was recorded: conclude `failed`.
+    NothingChanged,
+    /// The change may be live and is unverified: roll back to the recorded
+    /// previous versions, co-restart, verify the old values live.
+    RollBack,
+}
+
+pub fn gate_resume_plan(state: &str, versions_recorded: usize) -> GateResume {
+    match state {
+        "started" | "gate_baseline" => GateResume::NothingChanged,
+        "gate_applying" if versions_recorded == 0 => GateResume::NothingChanged,
+        _ => GateResume::RollBack,
+    }
+}
+
+/// Takes over a gate an earlier orchestrator process left unfinished (its
+/// agents have re-attached): rebuilt from the journal — the change, the
+/// versions applied, the processes' values before — then concluded per
+/// [`gate_resume_plan`]. Nothing is measured: the baseline's numbers are
+/// from before the restart.
+pub async fn resume_gate(
+    ctx: OperationContext,
+    pair: PairConfig,
+    op: crate::journal::OperationRecord,
+) -> Result<GateReport, String> {
+    let entries = ctx
+        .journal
+        .entries(&op.operation_id)
+        .map_err(|e| format!("cannot read the gate's journal: {e}"))?;
+    let of_kind = |k: &'static str| {
+        entries
+            .iter()
+            .filter(move |(_, kind, _)| kind == k)
+            .map(|(_, _, v)| v.clone())
+    };
+    let change: ChangeSpec = of_kind("change")
+        .next()
+        .ok_or("the journal has no `change` entry")
+        .and_then(|v| serde_json::from_value(v).map_err(|_| "the journal's `change` entry is unreadable"))?;
+    let versions: Vec<VersionRecord> = of_kind("config_version")
+        .filter_map(|v| serde_json::from_value(v).ok())
+        .collect();
+    let (tx, _nobody_listens) = mpsc::unbounded_channel();
+    let mut g = Gate::new(ctx, pair, op.operation_id.clone(), change, tx);
+    // The first inspection of each target is the baseline's.
+    g.before_views = of_kind("inspection")
+        .filter_map(|v| serde_json::from_value::<UnitView>(v).ok())
+        .take(g.targets.len())
+        .collect();
+    g.versions = versions;
+    let plan = gate_resume_plan(&op.state, g.versions.len());
+    tracing::warn!(operation = %op.operation_id, state = %op.state, ?plan, "taking over an interrupted gate");
+    let outcome = match plan {
+        GateResume::NothingChanged => {
+            g.reasons.push(format!(
+                "the orchestrator restarted while this gate was in state {}, before any config change was recorded; nothing was changed",
+                op.state
+            ));
+            Ok((GateVerdict::Failed, Partial::default()))
+        }
+        GateResume::RollBack => {
+            g.reasons.push(format!(
+                "the orchestrator restarted while this gate was in state {}: the change may have been live and unverified, so it was rolled back to the previous config",
+                op.state
+            ));
+            let mut out = Partial::default();
+            match g.restore_and_verify(&mut out).await {
+                Ok(true) => {
+                    g.reasons.push(format!(
+                        "rollback verified: the previous values are live again ({}); not benchmarked (the baseline's numbers are from before the restart)",
+                        g.before_summary()
+                    ));
+                    Ok((GateVerdict::InterruptedRolledBack, out))
+                }
+                Ok(false) => Ok((GateVerdict::RollbackFailed, out)),
+                Err(e) => Err(e),
+            }
         }
     };
-    let _ = g.transition(GateStep::Concluded);
-    let report = GateReport {
-        operation_id: g.operation_id.clone(),
-        pair: g.pair.name.clone(),
-        kind: "gate".into(),
-        verdict,
-        reasons: std::mem::take(&mut g.reasons),
-        change: ChangeSpec {
-            units: g.targets.iter().map(|u| u.unit.clone()).collect(),
-            ..g.change.clone()
-        },
-        steps: std::mem::take(&mut g.steps),
-        versions: std::mem::take(&mut g.versions),
-        before_live: std::mem::take(&mut report.before_live),
-        live: std::mem::take(&mut report.live),
-        rollback_live: std::mem::take(&mut report.rollback_live),
-        operations: std::mem::take(&mut g.operations),
-        judgement: report.judgement.take(),
-        rollback_judgement: report.rollback_judgement.take(),
-        measurements: g
-            .measurements
-            .iter()
-            .map(|m| MeasurementSummary {
-                label: m.label.clone(),
-                requests: m.cells.iter().map(|c| c.requests.len()).sum(),
-                failures: m.failures(),
-                total_ms: m.total_ms,
-            })
-            .collect(),
-        tolerance_pct: g.pair.gate.tolerance_pct,
-        total_ms: g.now_ms(),
-    };
-    if let Err(e) = g.ctx.journal.conclude(&g.operation_id, verdict.as_str(), &report) {
-        tracing::error!(operation = %g.operation_id, error = %e, "could not journal the gate's verdict");
+    Ok(g.finish(outcome))
+}
+
+impl Gate {
+    fn new(
+        ctx: OperationContext,
+        pair: PairConfig,
+        operation_id: String,
+        change: ChangeSpec,
+        updates: mpsc::UnboundedSender<OperationUpdate>,
+    ) -> Gate {
+        Gate {
+            policy: JudgePolicy {
+                tolerance_pct: pair.gate.tolerance_pct,
+                alpha: pair.gate.alpha,
+                bootstrap_resamples: pair.gate.bootstrap_resamples,
+                seed: BOOTSTRAP_SEED,
+                min_effect_ms: pair.gate.min_effect_ms,
+            },
+            ctx,
+            targets: targets(&pair, &change),
+            pair,
+            operation_id,
+            change,
+            updates,
+            start: Instant::now(),
+            steps: Vec::new(),
+            versions: Vec::new(),
+            before_views: Vec::new(),
+            operations: Vec::new(),
+            measurements: Vec::new(),
+            reasons: Vec::new(),
+        }
     }
-    if let Ok(json) = serde_json::to_string(&report) {
-        g.send(operation_update::Kind::Report(pdwarden_proto::v1::JsonReply { json }));
+
+    /// Journals the verdict and the report, and sends the report.
+    fn finish(mut self, outcome: Result<(GateVerdict, Partial), JournalError>) -> GateReport {
+        let g = &mut self;
+        let (verdict, mut report) = match outcome {
+            Ok(done) => done,
+            Err(e) => {
+                g.reasons
+                    .insert(0, format!("stopped: the journal could not record a step ({e})"));
+                (GateVerdict::Failed, Partial::default())
+            }
+        };
+        let _ = g.transition(GateStep::Concluded);
+        let report = GateReport {
+            operation_id: g.operation_id.clone(),
+            pair: g.pair.name.clone(),
+            kind: "gate".into(),
+            verdict,
+            reasons: std::mem::take(&mut g.reasons),
+            change: ChangeSpec {
+                units: g.targets.iter().map(|u| u.unit.clone()).collect(),
+                ..g.change.clone()
+            },
+            steps: std::mem::take(&mut g.steps),
+            versions: std::mem::take(&mut g.versions),
+            before_live: std::mem::take(&mut report.before_live),
+            live: std::mem::take(&mut report.live),
+            rollback_live: std::mem::take(&mut report.rollback_live),
+            operations: std::mem::take(&mut g.operations),
+            judgement: report.judgement.take(),
+            rollback_judgement: report.rollback_judgement.take(),
+            measurements: g
+                .measurements
+                .iter()
+                .map(|m| MeasurementSummary {
+                    label: m.label.clone(),
+                    requests: m.cells.iter().map(|c| c.requests.len()).sum(),
+                    failures: m.failures(),
+                    total_ms: m.total_ms,
+                })
+                .collect(),
+            tolerance_pct: g.pair.gate.tolerance_pct,
+            total_ms: g.now_ms(),
+        };
+        if let Err(e) = g.ctx.journal.conclude(&g.operation_id, verdict.as_str(), &report) {
+            tracing::error!(operation = %g.operation_id, error = %e, "could not journal the gate's verdict");
+        }
+        if let Ok(json) = serde_json::to_string(&report) {
+            g.send(operation_update::Kind::Report(pdwarden_proto::v1::JsonReply { json }));
+        }
+        report
     }
-    report
 }
 
 /// The units a change applies to: those named, else the pair's engines.
@@ -799,12 +910,22 @@ impl Gate {
         baseline: &Measurement,
         mut out: Partial,
     ) -> Result<(GateVerdict, Partial), JournalError> {
+        if !self.restore_and_verify(&mut out).await? {
+            return Ok((GateVerdict::RollbackFailed, out));
+        }
+        self.measure_rollback(verdict, baseline, out).await
+    }
+
+    /// Restores the previous versions, co-restarts onto them and checks the
+    /// old values are live; false (with the reason recorded) when any of it
+    /// failed.
+    async fn restore_and_verify(&mut self, out: &mut Partial) -> Result<bool, JournalError> {
         let idx = self.enter(GateStep::RollingBack)?;
         if let Err(e) = self.restore_versions().await {
             self.end(idx, format!("failed: {e}"));
             self.reasons
                 .push(format!("ROLLBACK FAILED: restoring the config versions: {e}"));
-            return Ok((GateVerdict::RollbackFailed, out));
+            return Ok(false);
         }
         let restored: Vec<String> = self
             .versions
@@ -822,7 +943,7 @@ impl Gate {
                 r.verdict.as_str(),
                 r.reasons.join("; ")
             ));
-            return Ok((GateVerdict::RollbackFailed, out));
+            return Ok(false);
         }
 
         let idx = self.enter(GateStep::RollbackVerifyingLive)?;
@@ -835,10 +956,19 @@ impl Gate {
                 "ROLLBACK FAILED: the previous values are not live again: {}",
                 problems.join("; ")
             ));
-            return Ok((GateVerdict::RollbackFailed, out));
+            return Ok(false);
         }
         self.end(idx, "previous values live");
+        Ok(true)
+    }
 
+    /// The benchmark a third time: is the pair back at its baseline?
+    async fn measure_rollback(
+        &mut self,
+        verdict: GateVerdict,
+        baseline: &Measurement,
+        mut out: Partial,
+    ) -> Result<(GateVerdict, Partial), JournalError> {
         let idx = self.enter(GateStep::RollbackMeasuring)?;
         let m = self.measure("rollback").await;
         let policy = JudgePolicy {
@@ -1295,6 +1425,29 @@ mod tests {
             itl_ms: Some(ms / 30.0),
             tokens: 24,
             error: String::new(),
+        }
+    }
+
+    /// A gate interrupted before any version was recorded changed nothing;
+    /// from applying on, the change may be live: roll it back, whatever
+    /// step (the rollback's own included) was in progress.
+    #[test]
+    fn interrupted_gate_is_rolled_back_once_anything_was_applied() {
+        assert_eq!(gate_resume_plan("started", 0), GateResume::NothingChanged);
+        assert_eq!(gate_resume_plan("gate_baseline", 0), GateResume::NothingChanged);
+        assert_eq!(gate_resume_plan("gate_applying", 0), GateResume::NothingChanged);
+        assert_eq!(gate_resume_plan("gate_applying", 1), GateResume::RollBack);
+        for state in [
+            "gate_restarting",
+            "gate_verifying_live",
+            "gate_measuring",
+            "gate_judging",
+            "gate_rolling_back",
+            "gate_rollback_restarting",
+            "gate_rollback_verifying_live",
+            "gate_rollback_measuring",
+        ] {
+            assert_eq!(gate_resume_plan(state, 2), GateResume::RollBack, "{state}");
         }
     }
 

@@ -35,6 +35,59 @@ fn orchestrator_killed_mid_co_restart_resumes_from_the_journal() {
     assert_eq!(steps[..3], ["restart-decode", "restart-router", "probe"], "{steps:?}");
 }
 
+/// The orchestrator SIGKILLed while a change gate measures a change it made
+/// live: the new orchestrator does not leave the change half-done. It takes
+/// the gate over from the journal, rolls back to the recorded previous config
+/// versions, co-restarts and verifies the old values live; pd-sim agrees the
+/// knob was live before the crash and is off after.
+#[test]
+fn orchestrator_killed_mid_gate_rolls_the_change_back() {
+    let _one = exclusive();
+    let out = pdwarden(&["demo", "--json", "--incident", "orchestrator-crash-mid-gate"], LIMIT);
+    let v = out.json();
+    assert_eq!(out.code, 0, "{v:#}\n{}", out.stderr);
+    assert_eq!(v["verdict"], "interrupted_rolled_back", "{v:#}");
+    let knob = |k: &str| -> Vec<bool> {
+        v[k].as_array()
+            .unwrap()
+            .iter()
+            .map(|u| u["knob_live"].as_bool().unwrap())
+            .collect()
+    };
+    assert_eq!(knob("knob_before_crash"), [true, true], "{v:#}");
+    assert_eq!(knob("knob_after"), [false, false], "{v:#}");
+    let reasons = v["reasons"].to_string();
+    assert!(reasons.contains("in state gate_measuring"), "{reasons}");
+    assert!(
+        reasons.contains("previous values are live again (PDW_KNOB absent)"),
+        "{reasons}"
+    );
+    let report = &v["report"];
+    assert_eq!(report["operation_id"], v["operation_id"], "the same gate was concluded");
+    let steps: Vec<&str> = report["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        steps,
+        ["rolling-back", "rollback-restarting", "rollback-verifying-live"],
+        "{report:#}"
+    );
+    for ver in report["versions"].as_array().unwrap() {
+        assert_eq!(ver["restored"], ver["previous"], "{report:#}");
+    }
+    assert!(
+        report["rollback_live"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["ok"] == true),
+        "{report:#}"
+    );
+}
+
 /// A unit that exits at start is reported with its exit status and the tail
 /// of its log, and the verdict is `failed` with that evidence.
 #[test]

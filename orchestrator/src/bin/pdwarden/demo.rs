@@ -671,9 +671,15 @@ pub async fn run(args: DemoArgs) -> ExitCode {
         Ok(t) => t,
         Err(e) => return could_not_run(&format!("demo: cannot handle SIGTERM: {e}"), args.json),
     };
-    if args.incident == Some(Incident::OrchestratorCrash) {
+    if let Some(incident @ (Incident::OrchestratorCrash | Incident::OrchestratorCrashMidGate)) = args.incident {
         let result = tokio::select! {
-            r = drill::orchestrator_crash(&mut stack, args.json) => Some(r),
+            r = async {
+                if incident == Incident::OrchestratorCrash {
+                    drill::orchestrator_crash(&mut stack, args.json).await
+                } else {
+                    drill::orchestrator_crash_mid_gate(&mut stack, args.json).await
+                }
+            } => Some(r),
             _ = tokio::signal::ctrl_c() => None,
             _ = term.recv() => None,
         };
@@ -688,13 +694,16 @@ pub async fn run(args: DemoArgs) -> ExitCode {
                 if args.json {
                     print_json(&v);
                 }
-                if v["verdict"].as_str().is_some_and(|k| k.starts_with("healthy")) {
+                if v["verdict"]
+                    .as_str()
+                    .is_some_and(|k| k.starts_with("healthy") || k == "interrupted_rolled_back")
+                {
                     ExitCode::SUCCESS
                 } else {
                     ExitCode::from(2)
                 }
             }
-            Some(Err(e)) => could_not_run(&format!("demo: drill orchestrator-crash: {e:#}"), args.json),
+            Some(Err(e)) => could_not_run(&format!("demo: drill {}: {e:#}", incident.name()), args.json),
             None => could_not_run("demo: interrupted", args.json),
         };
     }

@@ -38,6 +38,10 @@ pub enum Incident {
     /// The orchestrator is SIGKILLed in the middle of a co-restart (during
     /// decode's step) and started again: the journal says where to resume.
     OrchestratorCrash,
+    /// The orchestrator is SIGKILLed while a change gate measures a change
+    /// it has made live, and started again: it must not leave the change
+    /// half-done (it rolls it back and verifies the old values live).
+    OrchestratorCrashMidGate,
     /// Row 5: naive probes (a fresh prompt each, two alternating prompts)
     /// against pdwarden's one fixed prompt, over one simulated hour.
     ProbeStorm,
@@ -53,6 +57,7 @@ impl Incident {
             Self::SlotLeak => "slot-leak",
             Self::GenuineColdStart => "genuine-cold-start",
             Self::OrchestratorCrash => "orchestrator-crash",
+            Self::OrchestratorCrashMidGate => "orchestrator-crash-mid-gate",
             Self::ProbeStorm => "probe-storm",
         }
     }
@@ -76,6 +81,9 @@ impl Incident {
             Self::OrchestratorCrash => {
                 "the orchestrator is SIGKILLed during decode's step of a co-restart and started again; it must resume (or conclude) the operation from its journal"
             }
+            Self::OrchestratorCrashMidGate => {
+                "a change gate sets PDW_KNOB=on on both engines; the orchestrator is SIGKILLed while it measures the change and started again; it must roll the change back, not leave it half-done"
+            }
             Self::ProbeStorm => {
                 "one simulated hour of probes at 1/min against three engines with sessions: a fresh prompt each, two alternating prompts, and pdwarden's one fixed prompt (INCIDENTS row 5)"
             }
@@ -87,6 +95,7 @@ impl Incident {
         match self {
             // Seed 001: 200–330 tok/s prefill, one request at a time.
             Self::SlotLeak => "--serial --leak-slot-on-disconnect --prefill-tok-per-s 250",
+            Self::OrchestratorCrashMidGate => GATE_KNOB,
             _ => "",
         }
     }
@@ -97,10 +106,15 @@ impl Incident {
             Self::ColdStartLie => "--cold-first-ms 0 --latency-script 17900,106400,10500,hang",
             Self::ShallowHealth => "--latency-script hang,hang,hang,hang,hang,hang,hang,hang,hang,hang",
             Self::GenuineColdStart => "--cold-first-ms 6000",
+            Self::OrchestratorCrashMidGate => GATE_KNOB,
             _ => "",
         }
     }
 }
+
+/// The knob the mid-gate drill flips (no effect on speed: this drill is
+/// about where the gate is when the orchestrator dies, not the verdict).
+const GATE_KNOB: &str = "--knob-env PDW_KNOB --knob-value on --knob-slowdown 1.0";
 
 /// What a drill did after the restart, and the verification that concluded it.
 pub struct FollowUp {
@@ -173,7 +187,8 @@ pub async fn follow_up(
         | Incident::ShallowHealth
         | Incident::GenuineColdStart
         | Incident::ProbeStorm
-        | Incident::OrchestratorCrash => {
+        | Incident::OrchestratorCrash
+        | Incident::OrchestratorCrashMidGate => {
             return Ok(None);
         }
     }
@@ -587,6 +602,141 @@ pub async fn orchestrator_crash(stack: &mut Stack, json: bool) -> anyhow::Result
         "reasons": report["reasons"],
         "actions": [
             { "action": "SIGKILL orchestrator", "pid": old_pid, "decode_phase": decode_phase },
+            { "action": "started orchestrator", "pid": new_pid },
+        ],
+        "report": report,
+    }))
+}
+
+/// Polls `history demo` until `found` picks a record out of it.
+async fn wait_history(
+    url: &str,
+    what: &str,
+    limit: Duration,
+    found: impl Fn(&Value) -> Option<Value>,
+) -> anyhow::Result<Value> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Ok(mut client) = connect(url).await
+            && let Ok(reply) = client
+                .history(pdwarden_proto::v1::HistoryRequest {
+                    pair: "demo".into(),
+                    limit: 5,
+                })
+                .await
+        {
+            let history: Value = serde_json::from_str(&reply.into_inner().json)?;
+            if let Some(hit) = found(&history) {
+                return Ok(hit);
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("{what}: not seen within {} s", limit.as_secs());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `settings.knob_live` of each engine, from pd-sim itself (the ground truth
+/// the gate's /proc reading is checked against).
+async fn knob_live(url: &str) -> anyhow::Result<Vec<Value>> {
+    let mut client = connect(url).await.map_err(|e| anyhow::anyhow!(e.0))?;
+    let status: Value = serde_json::from_str(&client.status(StatusRequest::default()).await?.into_inner().json)?;
+    let http = reqwest::Client::new();
+    let mut out = Vec::new();
+    for u in status["agents"][0]["units"].as_array().into_iter().flatten() {
+        if u["role"] == "router" {
+            continue;
+        }
+        let stats: Value = http
+            .get(format!("{}/sim/stats", u["base_url"].as_str().unwrap_or_default()))
+            .send()
+            .await?
+            .json()
+            .await?;
+        out.push(json!({ "unit": u["name"], "knob_live": stats["settings"]["knob_live"], "pid": u["pid"] }));
+    }
+    Ok(out)
+}
+
+/// The mid-gate drill: `gate demo --set-env PDW_KNOB=on`; once the gate is
+/// measuring (the change applied, the pair restarted onto it and verified
+/// live), SIGKILL the orchestrator and start a new one on the same journal;
+/// wait for it to conclude the gate. Returns the `--json` object with the
+/// gate's final report and pd-sim's own word on whether the knob is live.
+pub async fn orchestrator_crash_mid_gate(stack: &mut Stack, json: bool) -> anyhow::Result<Value> {
+    let url = stack.orchestrator_url.clone();
+    // A pair in service first: the gate measures a healthy pair.
+    let restart = follow_operation(&url, "demo", true, None, crate::request_id_or_new(None))
+        .await
+        .map_err(|e| anyhow::anyhow!(e.0))?;
+    if !restart.verdict.is_healthy() {
+        bail!("the co-restart before the gate was not healthy ({})", restart.verdict);
+    }
+    say(json, &format!("pair up: {}; gating PDW_KNOB=on", restart.verdict));
+    let gate = {
+        let mut client = connect(&url).await.map_err(|e| anyhow::anyhow!(e.0))?;
+        let request = pdwarden_proto::v1::GatePairRequest {
+            pair: "demo".into(),
+            request_id: crate::request_id_or_new(None),
+            set_env: [("PDW_KNOB".to_string(), "on".to_string())].into(),
+            ..Default::default()
+        };
+        let mut stream = client.gate_pair(request).await?.into_inner();
+        // Drained in the background; it breaks with the kill.
+        tokio::spawn(async move { while let Ok(Some(_)) = stream.message().await {} })
+    };
+    let running = wait_history(&url, "the gate measuring its change", Duration::from_secs(180), |h| {
+        h.as_array()?
+            .iter()
+            .find(|r| r["kind"] == "gate" && r["ended_unix_ms"].is_null() && r["state"] == "gate_measuring")
+            .cloned()
+    })
+    .await?;
+    let operation_id = running["operation_id"].as_str().unwrap_or_default().to_string();
+    let live_before = knob_live(&url).await?;
+    let (old_pid, new_pid) = stack.crash_and_restart_orchestrator()?;
+    gate.abort();
+    say(
+        json,
+        &format!(
+            "SIGKILLed the orchestrator (pid {old_pid}) while gate {operation_id} measured its change (knob live: {}); started a new one (pid {new_pid})",
+            live_before
+                .iter()
+                .map(|k| k["knob_live"].to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    );
+    let record = wait_history(
+        &url,
+        "the gate concluded by the new orchestrator",
+        Duration::from_secs(180),
+        |h| {
+            h.as_array()?
+                .iter()
+                .find(|r| r["operation_id"] == operation_id.as_str() && !r["ended_unix_ms"].is_null())
+                .cloned()
+        },
+    )
+    .await?;
+    let live_after = knob_live(&url).await?;
+    let report = record["report"].clone();
+    if !json {
+        for r in report["reasons"].as_array().into_iter().flatten() {
+            println!("drill: {}", r.as_str().unwrap_or(""));
+        }
+        println!("drill: gate {operation_id} concluded {}", report["verdict"]);
+    }
+    Ok(json!({
+        "incident": "orchestrator-crash-mid-gate",
+        "operation_id": operation_id,
+        "verdict": report["verdict"],
+        "reasons": report["reasons"],
+        "knob_before_crash": live_before,
+        "knob_after": live_after,
+        "actions": [
+            { "action": "SIGKILL orchestrator", "pid": old_pid, "gate_state": "gate_measuring" },
             { "action": "started orchestrator", "pid": new_pid },
         ],
         "report": report,
