@@ -445,8 +445,12 @@ impl Unit {
         };
         let pid = u32::try_from(pid).ok().filter(|&p| p > 1)?;
         if process_start_time(pid) != Some(start) {
-            info!(unit = %self.config.name, pid, "stale pid file: that process is gone");
+            // The previous agent left it running and it is gone (or its PID
+            // now names another process): it died while nobody watched.
+            // Registered as exited, not as never started.
+            warn!(unit = %self.config.name, pid, "the unit's process recorded by the previous agent is gone: it died while no agent was watching (exit status unknown)");
             self.remove_pid_file();
+            self.lock().phase = Phase::Exited;
             return None;
         }
         let (exit_tx, exit_rx) = watch::channel(None);

@@ -172,3 +172,59 @@ async fn restarted_agent_adopts_units_left_running() {
     assert!(!dir.path().join("run/sleeper.pid").exists());
     sigterm_and_wait(&mut second).await;
 }
+
+// Property: an agent SIGKILLed (no chance to clean up) leaves its units
+// running; the next agent re-adopts them by recorded PID and start time; a
+// unit that died while no agent ran is registered as exited, not adopted
+// and not silently restarted.
+#[tokio::test]
+async fn sigkilled_agent_units_survive_and_a_unit_dead_meanwhile_is_reported_exited() {
+    let mut orch = FakeOrchestrator::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &orch.url, "leave-running");
+    let mut pids = PidGuard::default();
+
+    let mut first = spawn_agent(&config);
+    let mut s = orch.accept().await;
+    let Some(Kind::Register(reg)) = s.next().await.kind else {
+        panic!("first message must be Register");
+    };
+    let pid = reg.units[0].pid;
+    pids.0.push(pid);
+    first.kill().await.unwrap();
+    assert!(alive(pid), "a SIGKILLed agent's unit keeps running");
+
+    let mut second = spawn_agent(&config);
+    let mut s = orch.accept().await;
+    let Some(Kind::Register(reg)) = s.next().await.kind else {
+        panic!("first message must be Register");
+    };
+    assert_eq!(reg.units[0].pid, pid, "re-adopted by PID and start time");
+    second.kill().await.unwrap();
+    assert!(alive(pid));
+
+    // The unit dies while no agent runs; the next agent must not start it
+    // on its own (autostart off, as for a pair member).
+    kill(Pid::from_raw(pid as i32), Signal::SIGKILL).unwrap();
+    for _ in 0..100 {
+        if !alive(pid) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("autostart = true", "autostart = false");
+    std::fs::write(&config, text).unwrap();
+    let mut third = spawn_agent(&config);
+    let mut s = orch.accept().await;
+    let Some(Kind::Register(reg)) = s.next().await.kind else {
+        panic!("first message must be Register");
+    };
+    assert_eq!(
+        (reg.units[0].phase, reg.units[0].pid),
+        (Phase::Exited as i32, 0),
+        "died while no agent watched: exited, no process"
+    );
+    sigterm_and_wait(&mut third).await;
+}
