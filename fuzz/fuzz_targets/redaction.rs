@@ -1,0 +1,17 @@
+//! Differential: the streaming redacting serialiser (`Redactor::to_json_string`,
+//! used for fleet-wide `status`) must redact exactly as the `Value` walk
+//! (`Redactor::json`) does, for any JSON document, and write valid JSON.
+#![no_main]
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(doc) = serde_json::from_slice::<serde_json::Value>(data) else {
+        return;
+    };
+    let r = pdwarden_agent::redact::Redactor::default();
+    let mut expected = doc.clone();
+    r.json(&mut expected);
+    let streamed = r.to_json_string(&doc).expect("serialises");
+    let parsed: serde_json::Value = serde_json::from_str(&streamed).expect("valid JSON");
+    assert_eq!(parsed, expected, "{streamed}");
+});
