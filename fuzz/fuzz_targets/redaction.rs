@@ -13,5 +13,8 @@ fuzz_target!(|data: &[u8]| {
     r.json(&mut expected);
     let streamed = r.to_json_string(&doc).expect("serialises");
     let parsed: serde_json::Value = serde_json::from_str(&streamed).expect("valid JSON");
+    // Both through text: serde_json's float parsing does not round-trip
+    // every f64 exactly (e.g. 101100104444444414444), on either path.
+    let expected: serde_json::Value = serde_json::from_str(&serde_json::to_string(&expected).unwrap()).unwrap();
     assert_eq!(parsed, expected, "{streamed}");
 });

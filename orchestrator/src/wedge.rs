@@ -481,8 +481,8 @@ pub fn judge(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Assessment {
         (
             PairState::Wedged,
             vec![format!(
-                "probe {} through {} timed out after {} (its timeout covered {} request(s) ahead at up to {} of prefill each); no engine produced a token since it was sent, while {}",
-                r.request_id,
+                "{} through {} timed out after {} (its timeout covered {} request(s) ahead at up to {} of prefill each); no engine produced a token since it was sent, while {}",
+                probe_name(r),
                 r.target,
                 s(Duration::from_millis(*after_ms)),
                 r.work_ahead,
@@ -501,8 +501,9 @@ pub fn judge(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Assessment {
         (
             PairState::Suspect,
             vec![format!(
-                "probe {} through {} {what}; no engine has produced a token since",
-                r.request_id, r.target
+                "{} through {} {what}; no engine has produced a token since",
+                probe_name(r),
+                r.target
             )],
         )
     } else if any(UnitState::Stalled) || any(UnitState::Unknown) {
@@ -702,6 +703,16 @@ impl Breaker {
     pub fn release(&mut self) {
         self.held = None;
         self.recoveries.clear();
+    }
+}
+
+/// "probe pdwarden-probe-7", or just "probe" for one that never got a
+/// request id (its agent was not connected, so it was not sent).
+fn probe_name(r: &ProbeRecord) -> String {
+    if r.request_id.is_empty() {
+        "probe".into()
+    } else {
+        format!("probe {}", r.request_id)
     }
 }
 
