@@ -6,7 +6,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use pdwarden_proto::v1::{Phase, agent_message::Kind};
 
-use crate::util::{EVENT_DEADLINE, FakeOrchestrator, PidGuard, alive, wait_until};
+use crate::util::{EVENT_DEADLINE, FakeOrchestrator, PidGuard, Session, alive, wait_until};
 
 // Property: the binary loads its config, autostarts units, registers them
 // with their pid, and on SIGTERM stops them (on_exit = "stop-units") and
@@ -48,10 +48,7 @@ async fn sigterm_stops_autostarted_units() {
         .unwrap();
     let mut pids = PidGuard::default();
 
-    let mut s = orch.accept().await;
-    let Some(Kind::Register(reg)) = s.next().await.kind else {
-        panic!("first message must be Register");
-    };
+    let (_s, reg) = registered(&mut orch).await;
     assert_eq!(reg.host, "bin-host");
     let unit = &reg.units[0];
     pids.0.push(unit.pid);
@@ -105,6 +102,15 @@ fn spawn_agent(config: &std::path::Path) -> tokio::process::Child {
         .unwrap()
 }
 
+/// The next agent session and its Register (which must come first).
+async fn registered(orch: &mut FakeOrchestrator) -> (Session, pdwarden_proto::v1::Register) {
+    let mut s = orch.accept().await;
+    let Some(Kind::Register(reg)) = s.next().await.kind else {
+        panic!("first message must be Register");
+    };
+    (s, reg)
+}
+
 async fn sigterm_and_wait(agent: &mut tokio::process::Child) {
     kill(Pid::from_raw(agent.id().unwrap() as i32), Signal::SIGTERM).unwrap();
     let status = tokio::time::timeout(EVENT_DEADLINE, agent.wait())
@@ -125,10 +131,7 @@ async fn restarted_agent_adopts_units_left_running() {
     let mut pids = PidGuard::default();
 
     let mut first = spawn_agent(&config);
-    let mut s = orch.accept().await;
-    let Some(Kind::Register(reg)) = s.next().await.kind else {
-        panic!("first message must be Register");
-    };
+    let (_s, reg) = registered(&mut orch).await;
     let pid = reg.units[0].pid;
     pids.0.push(pid);
     assert!(pid > 0);
@@ -136,10 +139,7 @@ async fn restarted_agent_adopts_units_left_running() {
     assert!(alive(pid), "leave-running must not stop the unit");
 
     let mut second = spawn_agent(&config);
-    let mut s = orch.accept().await;
-    let Some(Kind::Register(reg)) = s.next().await.kind else {
-        panic!("first message must be Register");
-    };
+    let (mut s, reg) = registered(&mut orch).await;
     assert_ne!(reg.units[0].phase, Phase::Stopped as i32);
     assert_eq!(reg.units[0].pid, pid, "adopted, not spawned again");
 
@@ -185,20 +185,14 @@ async fn sigkilled_agent_units_survive_and_a_unit_dead_meanwhile_is_reported_exi
     let mut pids = PidGuard::default();
 
     let mut first = spawn_agent(&config);
-    let mut s = orch.accept().await;
-    let Some(Kind::Register(reg)) = s.next().await.kind else {
-        panic!("first message must be Register");
-    };
+    let (_s, reg) = registered(&mut orch).await;
     let pid = reg.units[0].pid;
     pids.0.push(pid);
     first.kill().await.unwrap();
     assert!(alive(pid), "a SIGKILLed agent's unit keeps running");
 
     let mut second = spawn_agent(&config);
-    let mut s = orch.accept().await;
-    let Some(Kind::Register(reg)) = s.next().await.kind else {
-        panic!("first message must be Register");
-    };
+    let (_s, reg) = registered(&mut orch).await;
     assert_eq!(reg.units[0].pid, pid, "re-adopted by PID and start time");
     second.kill().await.unwrap();
     assert!(alive(pid));
@@ -217,10 +211,7 @@ async fn sigkilled_agent_units_survive_and_a_unit_dead_meanwhile_is_reported_exi
         .replace("autostart = true", "autostart = false");
     std::fs::write(&config, text).unwrap();
     let mut third = spawn_agent(&config);
-    let mut s = orch.accept().await;
-    let Some(Kind::Register(reg)) = s.next().await.kind else {
-        panic!("first message must be Register");
-    };
+    let (_s, reg) = registered(&mut orch).await;
     assert_eq!(
         (reg.units[0].phase, reg.units[0].pid),
         (Phase::Exited as i32, 0),

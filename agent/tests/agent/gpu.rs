@@ -5,42 +5,14 @@
 
 use std::os::unix::process::CommandExt as _;
 use std::path::Path;
-use std::time::Duration;
 
 use pdwarden_agent::AgentConfig;
 use pdwarden_proto::v1::{
     AgentMessage, Command, GpuEvent, GpuProcess, HostSnapshot, OrchestratorMessage, StopUnit, agent_message::Kind,
     command::Action, orchestrator_message,
 };
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 
-use crate::util::{FakeOrchestrator, PidGuard, Session, free_port, wait_until};
-
-/// An agent running in-process; `shutdown()` resolves its shutdown future.
-struct Agent {
-    stop: Option<oneshot::Sender<()>>,
-    task: JoinHandle<Result<(), pdwarden_agent::AgentError>>,
-}
-
-impl Agent {
-    fn start(config: AgentConfig) -> Self {
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(pdwarden_agent::run(config, async move {
-            let _ = stopped.await;
-        }));
-        Agent { stop: Some(stop), task }
-    }
-
-    async fn shutdown(mut self) {
-        let _ = self.stop.take().unwrap().send(());
-        tokio::time::timeout(Duration::from_secs(30), &mut self.task)
-            .await
-            .expect("agent did not shut down")
-            .unwrap()
-            .unwrap();
-    }
-}
+use crate::util::{Agent, FakeOrchestrator, PidGuard, Session, free_port, wait_until};
 
 fn config(orchestrator: &str, state_dir: &Path, extra: &str, units: &str) -> AgentConfig {
     AgentConfig::from_toml_str(&format!(

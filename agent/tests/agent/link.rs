@@ -3,7 +3,6 @@
 //! reconnects and shutdown behaviour.
 
 use std::path::Path;
-use std::time::Duration;
 
 use pdwarden_agent::AgentConfig;
 use pdwarden_proto::v1::{
@@ -11,35 +10,8 @@ use pdwarden_proto::v1::{
     ProbeResult, ReadinessSpec, Register, StartUnit, StopUnit, UnitEvent, agent_message::Kind, command::Action,
     orchestrator_message,
 };
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 
-use crate::util::{EngineScript, FakeEngine, FakeOrchestrator, PidGuard, Session, alive, wait_until};
-
-/// An agent running in-process; `shutdown()` resolves its shutdown future.
-struct Agent {
-    stop: Option<oneshot::Sender<()>>,
-    task: JoinHandle<Result<(), pdwarden_agent::AgentError>>,
-}
-
-impl Agent {
-    fn start(config: AgentConfig) -> Self {
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(pdwarden_agent::run(config, async move {
-            let _ = stopped.await;
-        }));
-        Agent { stop: Some(stop), task }
-    }
-
-    async fn shutdown(mut self) {
-        let _ = self.stop.take().unwrap().send(());
-        tokio::time::timeout(Duration::from_secs(30), &mut self.task)
-            .await
-            .expect("agent did not shut down")
-            .unwrap()
-            .unwrap();
-    }
-}
+use crate::util::{Agent, EngineScript, FakeEngine, FakeOrchestrator, PidGuard, Session, alive, wait_until};
 
 fn config(orchestrator: &str, state_dir: &Path, engine_url: &str, on_exit: &str) -> AgentConfig {
     AgentConfig::from_toml_str(&format!(

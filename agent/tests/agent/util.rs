@@ -260,3 +260,28 @@ pub async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// An agent running in-process; `shutdown()` resolves its shutdown future.
+pub struct Agent {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<Result<(), pdwarden_agent::AgentError>>,
+}
+
+impl Agent {
+    pub fn start(config: pdwarden_agent::AgentConfig) -> Self {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(pdwarden_agent::run(config, async move {
+            let _ = stopped.await;
+        }));
+        Agent { stop: Some(stop), task }
+    }
+
+    pub async fn shutdown(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        tokio::time::timeout(std::time::Duration::from_secs(30), &mut self.task)
+            .await
+            .expect("agent did not shut down")
+            .unwrap()
+            .unwrap();
+    }
+}

@@ -564,30 +564,18 @@ pub async fn orchestrator_crash(stack: &mut Stack, json: bool) -> anyhow::Result
     );
     follower.abort();
     // The new orchestrator re-reads the journal and its agents, then concludes.
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let record = loop {
-        if Instant::now() > deadline {
-            bail!("operation {operation_id} was not concluded by the restarted orchestrator within 120 s");
-        }
-        if let Ok(mut client) = connect(&url).await
-            && let Ok(reply) = client
-                .history(pdwarden_proto::v1::HistoryRequest {
-                    pair: "demo".into(),
-                    limit: 5,
-                })
-                .await
-        {
-            let history: Value = serde_json::from_str(&reply.into_inner().json)?;
-            if let Some(rec) = history
-                .as_array()
-                .and_then(|h| h.iter().find(|r| r["operation_id"] == operation_id.as_str()))
-                && !rec["ended_unix_ms"].is_null()
-            {
-                break rec.clone();
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let record = wait_history(
+        &url,
+        "the operation concluded by the restarted orchestrator",
+        Duration::from_secs(120),
+        |h| {
+            h.as_array()?
+                .iter()
+                .find(|r| r["operation_id"] == operation_id.as_str() && !r["ended_unix_ms"].is_null())
+                .cloned()
+        },
+    )
+    .await?;
     let report = record["report"].clone();
     if !json {
         for r in report["reasons"].as_array().into_iter().flatten() {
