@@ -20,7 +20,7 @@ use pdwarden_proto::v1::{
     GateAgentResult, GateAgentStep, GateBenchmark, GateBenchmarkResult, GateRequestSample, ProbeOutcome,
     ProcessEnvValue, ProcessFacts, ProcessInspection, gate_agent_result, gate_agent_step,
 };
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio::time::Instant;
 
 use crate::checks::{PROBE_HEADER, REQUEST_ID_HEADER, REQUEST_ID_PREFIX, error_chain};
@@ -263,25 +263,26 @@ async fn stream_one(
             Ok(Some(Ok(bytes))) => {
                 let at = us();
                 buf.push_str(&String::from_utf8_lossy(&bytes));
-                while let Some(end) = buf.find("\n\n") {
-                    let event: String = buf.drain(..end + 2).collect();
-                    let Some(data) = event.trim().strip_prefix("data:").map(str::trim) else {
-                        continue;
-                    };
-                    if data == "[DONE]" {
-                        done = true;
-                        break;
-                    }
-                    let Ok(v) = serde_json::from_str::<Value>(data) else {
-                        continue;
-                    };
-                    if v.pointer("/choices/0/delta/content")
-                        .and_then(Value::as_str)
-                        .is_some_and(|p| !p.is_empty())
-                    {
-                        sample.tokens += 1;
-                        first.get_or_insert(at);
-                        last = at;
+                // The suite's reader and bound: an engine that never ends an
+                // event must not grow this buffer without limit.
+                if buf.len() > crate::suite::MAX_SSE_EVENT_BYTES {
+                    sample.error = format!(
+                        "an SSE event exceeded {} bytes; stream abandoned",
+                        crate::suite::MAX_SSE_EVENT_BYTES
+                    );
+                    break;
+                }
+                for event in crate::suite::drain_sse_events(&mut buf) {
+                    match event {
+                        crate::suite::SseEvent::Done => {
+                            done = true;
+                            break;
+                        }
+                        crate::suite::SseEvent::Content(_) => {
+                            sample.tokens += 1;
+                            first.get_or_insert(at);
+                            last = at;
+                        }
                     }
                 }
             }
@@ -333,6 +334,60 @@ mod tests {
             assert!(f.env[0].present && f.env[0].value == "512", "{f:?}");
             assert!(!f.env[1].present);
         }
+    }
+
+    /// A one-shot HTTP server on loopback answering with `body` (then closing).
+    async fn engine_answering(body: Vec<u8>) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            let (mut sock, _) = listener.accept().await.unwrap();
+            let mut req = vec![0u8; 8192];
+            let _ = sock.read(&mut req).await;
+            let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n";
+            let _ = sock.write_all(head.as_bytes()).await;
+            let _ = sock.write_all(&body).await;
+        });
+        url
+    }
+
+    fn one_request() -> GateBenchmark {
+        GateBenchmark {
+            model: "m".into(),
+            prompt_tokens: 4,
+            max_tokens: 3,
+            concurrency: 1,
+            rounds: 1,
+            timeout_ms: 10_000,
+        }
+    }
+
+    /// Tokens are counted from the stream's content chunks (role and empty
+    /// chunks are not tokens); an event that never ends is abandoned at the
+    /// suite's 1 MiB bound instead of growing the buffer.
+    #[tokio::test]
+    async fn benchmark_counts_streamed_tokens_and_bounds_an_endless_event() {
+        let http = crate::checks::http_client();
+        let chunk = |c: &str| format!("data: {{\"choices\":[{{\"delta\":{{\"content\":\"{c}\"}}}}]}}\n\n");
+        let body = format!(
+            "data: {{\"choices\":[{{\"delta\":{{\"role\":\"assistant\"}}}}]}}\n\n{}{}{}data: [DONE]\n\n",
+            chunk("a"),
+            chunk(""),
+            chunk("b")
+        );
+        let url = engine_answering(body.into_bytes()).await;
+        let r = benchmark(&http, &url, &one_request()).await;
+        let s = &r.samples[0];
+        assert_eq!((s.outcome, s.tokens), (ProbeOutcome::Ok as i32, 2), "{s:?}");
+
+        let mut endless = b"data: ".to_vec();
+        endless.extend(std::iter::repeat_n(b'x', (2 << 20) + 1));
+        let url = engine_answering(endless).await;
+        let r = benchmark(&http, &url, &one_request()).await;
+        let s = &r.samples[0];
+        assert_ne!(s.outcome, ProbeOutcome::Ok as i32);
+        assert!(s.error.contains("exceeded 1048576 bytes"), "{s:?}");
     }
 
     #[test]

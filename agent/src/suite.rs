@@ -23,7 +23,7 @@ use crate::checks::{PROBE_HEADER, REQUEST_ID_PREFIX, chat_probe, error_chain};
 
 /// The longest SSE event accepted: a token chunk is a few hundred bytes; a
 /// stream that never sends an event separator must not grow memory forever.
-const MAX_SSE_EVENT_BYTES: usize = 1 << 20;
+pub(crate) const MAX_SSE_EVENT_BYTES: usize = 1 << 20;
 
 /// What a chat-completion SSE stream said, event by event.
 #[derive(Debug, Clone, PartialEq, Eq)]
