@@ -35,6 +35,50 @@ fn orchestrator_killed_mid_co_restart_resumes_from_the_journal() {
     assert_eq!(steps[..3], ["restart-decode", "restart-router", "probe"], "{steps:?}");
 }
 
+/// The orchestrator SIGKILLed in each of the other steps of a co-restart
+/// (decode's is the test above):
+/// the restarted orchestrator concludes the same operation, resuming at the
+/// step in progress (its units before it kept when their agents say they
+/// generate) — never a second operation; healthy means every unit generates.
+#[test]
+fn orchestrator_killed_at_every_step_concludes_the_same_operation() {
+    let _one = exclusive();
+    for (at, state, first_step) in [
+        ("restarting-prefill", "restarting_prefill", "restart-prefill"),
+        ("restarting-router", "restarting_router", "restart-router"),
+        // Resumed at the probes (the suite runs after them); `probing` itself
+        // lasts ~40 ms here, too short to kill in reliably.
+        ("verifying", "verifying", "probe"),
+    ] {
+        let out = pdwarden(
+            &["demo", "--json", "--incident", "orchestrator-crash", "--crash-at", at],
+            LIMIT,
+        );
+        let v = out.json();
+        assert_eq!(out.code, 0, "{at}: {v:#}\n{}", out.stderr);
+        assert!(v["verdict"].as_str().unwrap().starts_with("healthy"), "{at}: {v:#}");
+        let reasons = v["reasons"].to_string();
+        assert!(
+            reasons.contains("resumed after an orchestrator restart") && reasons.contains(&format!("state {state}")),
+            "{at}: {reasons}"
+        );
+        assert_eq!(
+            v["report"]["operation_id"], v["operation_id"],
+            "{at}: the same operation"
+        );
+        let steps: Vec<&str> = v["report"]["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["name"].as_str().unwrap())
+            .collect();
+        assert!(
+            steps.first().is_some_and(|s| s.starts_with(first_step)),
+            "{at}: resumed at {first_step}: {steps:?}"
+        );
+    }
+}
+
 /// The orchestrator SIGKILLed while a change gate measures a change it made
 /// live: the new orchestrator does not leave the change half-done. It takes
 /// the gate over from the journal, rolls back to the recorded previous config

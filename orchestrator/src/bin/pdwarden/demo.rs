@@ -56,6 +56,10 @@ pub struct DemoArgs {
     /// pdwarden saw and concluded.
     #[arg(long, value_enum)]
     incident: Option<Incident>,
+    /// With `--incident orchestrator-crash`: the co-restart step during
+    /// which the orchestrator is killed.
+    #[arg(long, value_enum, default_value = "restarting-decode", requires = "incident")]
+    crash_at: drill::CrashAt,
     /// Run the stack without TLS or tokens (local development's
     /// `insecure_plaintext`); by default the demo issues a CA, certificates
     /// and an operator token in its directory and runs the secure path.
@@ -675,7 +679,7 @@ pub async fn run(args: DemoArgs) -> ExitCode {
         let result = tokio::select! {
             r = async {
                 if incident == Incident::OrchestratorCrash {
-                    drill::orchestrator_crash(&mut stack, args.json).await
+                    drill::orchestrator_crash(&mut stack, args.json, args.crash_at).await
                 } else {
                     drill::orchestrator_crash_mid_gate(&mut stack, args.json).await
                 }

@@ -519,12 +519,36 @@ async fn wait_healthy(http: &reqwest::Client, url: &str) -> anyhow::Result<()> {
     }
 }
 
+/// The co-restart step during which the orchestrator-crash drill kills the
+/// orchestrator (the journal's state names). `probing` lasts ~40 ms at the
+/// demo's time scale, too short to hit reliably; a kill in `verifying`
+/// resumes at the probes too, and `resume_point`'s unit tests cover it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CrashAt {
+    RestartingPrefill,
+    RestartingDecode,
+    RestartingRouter,
+    Verifying,
+}
+
+impl CrashAt {
+    pub fn state(self) -> &'static str {
+        match self {
+            Self::RestartingPrefill => "restarting_prefill",
+            Self::RestartingDecode => "restarting_decode",
+            Self::RestartingRouter => "restarting_router",
+            Self::Verifying => "verifying",
+        }
+    }
+}
+
 /// The orchestrator-crash drill: starts `restart pd-pair`, SIGKILLs the
-/// orchestrator once decode's step is under way (prefill already restarted),
-/// starts a new orchestrator on the same journal, and waits for the operation
-/// to be concluded by it. Returns the `--json` object: the operation's final
-/// report from the journal, with what was done.
-pub async fn orchestrator_crash(stack: &mut Stack, json: bool) -> anyhow::Result<Value> {
+/// orchestrator once the operation's journaled state is `at` (for decode's
+/// step: once the new decode is loading), starts a new orchestrator on the
+/// same journal, and waits for the operation to be concluded by it. Returns
+/// the `--json` object: the operation's final report from the journal, with
+/// what was done.
+pub async fn orchestrator_crash(stack: &mut Stack, json: bool, at: CrashAt) -> anyhow::Result<Value> {
     let url = stack.orchestrator_url.clone();
     // Follow the restart in the background; its stream breaks with the kill.
     let follower = {
@@ -532,34 +556,55 @@ pub async fn orchestrator_crash(stack: &mut Stack, json: bool) -> anyhow::Result
         tokio::spawn(async move { follow_operation(&url, "demo", true, None, crate::request_id_or_new(None)).await })
     };
     let deadline = Instant::now() + Duration::from_secs(120);
+    // One connection for the whole watch: a state like `probing` lasts tens
+    // of milliseconds at this time scale, less than a TLS handshake per poll.
+    let mut watcher = None;
     let (operation_id, decode_phase) = loop {
         if Instant::now() > deadline {
-            bail!("the co-restart never reached decode's step");
+            bail!("the co-restart never reached state {}", at.state());
         }
-        if let Ok(mut client) = connect(&url).await
-            && let Ok(reply) = client.status(StatusRequest::default()).await
+        if watcher.is_none() {
+            watcher = connect(&url).await.ok();
+        }
+        if let Some(client) = watcher.as_mut()
+            && let Ok(reply) = client
+                .history(pdwarden_proto::v1::HistoryRequest {
+                    pair: "demo".into(),
+                    limit: 1,
+                })
+                .await
+            && let Ok(status) = client.status(StatusRequest::default()).await
         {
-            let status: Value = serde_json::from_str(&reply.into_inner().json)?;
-            let op = status["pairs"][0]["running_operation"].as_str().map(str::to_string);
+            let history: Value = serde_json::from_str(&reply.into_inner().json)?;
+            let status: Value = serde_json::from_str(&status.into_inner().json)?;
+            let running = history
+                .as_array()
+                .and_then(|h| h.first())
+                .filter(|r| r["ended_unix_ms"].is_null() && r["state"] == at.state())
+                .and_then(|r| r["operation_id"].as_str())
+                .map(str::to_string);
             let decode = status["agents"][0]["units"]
                 .as_array()
                 .and_then(|u| u.iter().find(|u| u["name"] == "decode-0"))
                 .and_then(|u| u["phase"].as_str())
                 .unwrap_or("")
                 .to_string();
-            if let Some(op) = op
-                && matches!(decode.as_str(), "spawned" | "refused" | "http_503")
+            // In decode's step, wait until the new decode is loading.
+            let loading = matches!(decode.as_str(), "spawned" | "refused" | "http_503");
+            if let Some(op) = running
+                && (at != CrashAt::RestartingDecode || loading)
             {
                 break (op, decode);
             }
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
     };
     let (old_pid, new_pid) = stack.crash_and_restart_orchestrator()?;
     say(
         json,
         &format!(
-            "SIGKILLed the orchestrator (pid {old_pid}) during operation {operation_id}, decode-0 {decode_phase}; started a new one (pid {new_pid})"
+            "SIGKILLed the orchestrator (pid {old_pid}) during operation {operation_id} in state {}, decode-0 {decode_phase}; started a new one (pid {new_pid})",
+            at.state()
         ),
     );
     follower.abort();
@@ -589,7 +634,7 @@ pub async fn orchestrator_crash(stack: &mut Stack, json: bool) -> anyhow::Result
         "verdict": report["verdict"],
         "reasons": report["reasons"],
         "actions": [
-            { "action": "SIGKILL orchestrator", "pid": old_pid, "decode_phase": decode_phase },
+            { "action": "SIGKILL orchestrator", "pid": old_pid, "state": at.state(), "decode_phase": decode_phase },
             { "action": "started orchestrator", "pid": new_pid },
         ],
         "report": report,
