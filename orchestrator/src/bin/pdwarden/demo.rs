@@ -539,7 +539,14 @@ check_timeout_ms = {check}
         abort_after = scaled(500),
         // The watch's defaults, scaled; the scrape and the stall budget keep
         // floors that two shared CPUs can honour.
-        auto_recover = !args.no_auto_recover,
+        // A drill that breaks the pair behind pdwarden's back shows what
+        // `verify` concludes; the watch would otherwise race it and recover
+        // the pair first (its own recovery has its own scenario).
+        auto_recover = !args.no_auto_recover
+            && !matches!(
+                args.incident,
+                Some(Incident::DecodeAloneRestart | Incident::PrefillAloneRestart)
+            ),
         scrape = scaled(1_000).max(250),
         stall = scaled(8_000).max(2_000),
         watch_tok_per_s = prefill_tok_per_s / scale,
