@@ -217,6 +217,31 @@ pub fn render(host: &str, latest: &Latest) -> String {
         if let Some(v) = g.retired_pages {
             o.metric("pdwarden_gpu_retired_pages", "gauge", "Retired memory pages.", &l, v);
         }
+        if let Some(r) = &g.remapped_rows {
+            for (cause, v) in [("correctable", r.correctable), ("uncorrectable", r.uncorrectable)] {
+                o.metric(
+                    "pdwarden_gpu_remapped_rows",
+                    "gauge",
+                    "Memory rows remapped, by the kind of error that caused it.",
+                    &format!("{l},cause=\"{cause}\""),
+                    v,
+                );
+            }
+            o.metric(
+                "pdwarden_gpu_row_remap_pending",
+                "gauge",
+                "1 while a row remapping waits for a GPU reset.",
+                &l,
+                u8::from(r.pending),
+            );
+            o.metric(
+                "pdwarden_gpu_row_remap_failed",
+                "gauge",
+                "1 if a row remapping failed (the GPU needs service).",
+                &l,
+                u8::from(r.failure),
+            );
+        }
         let foreign: Vec<_> = g.processes.iter().filter(|p| p.foreign).collect();
         o.metric(
             "pdwarden_gpu_foreign_processes",

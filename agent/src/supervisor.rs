@@ -596,8 +596,9 @@ impl Unit {
 
 /// Lines of a unit's log quoted when it exits unasked.
 const LOG_TAIL_LINES: usize = 5;
-/// How much of the log's end is read for them.
-const LOG_TAIL_BYTES: u64 = 4096;
+/// How much of the log's end is read for them: enough to reach past a Rust
+/// backtrace (RUST_BACKTRACE=1 prints ~2 lines per frame after the error).
+const LOG_TAIL_BYTES: u64 = 32 * 1024;
 
 /// The last `lines` non-empty lines of `path`, joined by " | " (None if the
 /// log is missing or empty). Reads only the file's end, whatever its size.
@@ -608,17 +609,36 @@ fn log_tail(path: &std::path::Path, lines: usize) -> Option<String> {
     f.seek(SeekFrom::Start(len.saturating_sub(LOG_TAIL_BYTES))).ok()?;
     let mut buf = Vec::new();
     f.read_to_end(&mut buf).ok()?;
-    let text = String::from_utf8_lossy(&buf);
-    // The agent's own "--- pdwarden-agent: starting unit …" markers are not the unit's words.
+    tail_lines(&String::from_utf8_lossy(&buf), lines)
+}
+
+/// The last `lines` lines of `text` that say something about why a process
+/// ended. Skipped: blank lines, the agent's own "--- pdwarden-agent: starting
+/// unit …" markers, and backtrace frames — with RUST_BACKTRACE=1 a Rust
+/// engine's last lines are all `N: symbol` / `at file:line`, and the error
+/// itself comes before them.
+fn tail_lines(text: &str, lines: usize) -> Option<String> {
     let mut last: Vec<&str> = text
         .lines()
         .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with("--- pdwarden-agent"))
+        .filter(|l| !l.is_empty() && !l.starts_with("--- pdwarden-agent") && !is_backtrace_line(l))
         .rev()
         .take(lines)
         .collect();
     last.reverse();
     (!last.is_empty()).then(|| last.join(" | "))
+}
+
+/// A line of a Rust backtrace (std's or anyhow's), already trimmed.
+fn is_backtrace_line(line: &str) -> bool {
+    let frame = line
+        .split_once(": ")
+        .is_some_and(|(n, _)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+    frame
+        || line.starts_with("at ")
+        || line.eq_ignore_ascii_case("stack backtrace:")
+        || line.starts_with("note: Some details are omitted")
+        || line.starts_with("note: run with `RUST_BACKTRACE=")
 }
 
 /// Waits for spawn `run` to exit and reports it.
@@ -964,6 +984,30 @@ mod tests {
         // Exited during its readiness watch: attributed to the start command.
         assert_eq!(exited.command_id, "c1");
         assert!(f.sup.unit_infos()[0].pid == 0);
+    }
+
+    #[test]
+    fn crash_log_tail_skips_rust_backtrace_frames() {
+        let log = "--- pdwarden-agent: starting unit prefill\n\
+                   loading weights\n\
+                   Error: binding 127.0.0.1:30000\n\
+                   \n\
+                   Caused by:\n    Address already in use (os error 98)\n\n\
+                   Stack backtrace:\n   0: anyhow::error::<impl anyhow::Error>::msg\n\
+                   \x20            at /cargo/anyhow-1.0/src/error.rs:83:36\n\
+                   \x20 12: main\n\
+                   note: Some details are omitted, run with `RUST_BACKTRACE=full` for a verbose backtrace.\n";
+        assert_eq!(
+            tail_lines(log, 3).as_deref(),
+            Some("Error: binding 127.0.0.1:30000 | Caused by: | Address already in use (os error 98)")
+        );
+        // Without a backtrace nothing changes, and a timestamped log line whose
+        // first field is a number with a colon is not a frame.
+        assert_eq!(
+            tail_lines("a\n2026-11-29 12: x\nb\n", 5).as_deref(),
+            Some("a | 2026-11-29 12: x | b")
+        );
+        assert_eq!(tail_lines("--- pdwarden-agent: starting unit x\n\n", 5), None);
     }
 
     // Property: a crash's log tail leaves the host without the unit's

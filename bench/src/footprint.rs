@@ -1,6 +1,7 @@
 //! Agent footprint: the real `pdwarden-agent` binary, idle, supervising four
-//! running pd-sims with GPU reporting (fake source, four GPUs) and the engine
-//! watch (one metrics + health scrape per unit per second) on.
+//! running pd-sims with GPU reporting (fake source, four GPUs; or NVML with
+//! `--agent-gpu-source nvml`) and the engine watch (one metrics + health
+//! scrape per unit per second) on.
 //!
 //! Its CPU and RSS are read from `/proc/PID` over a window in which nothing
 //! is asked of it. The orchestrator side is the bench's own link server.
@@ -52,7 +53,8 @@ impl Drop for AgentProcess {
     }
 }
 
-pub async fn run(window: Duration) -> anyhow::Result<Footprint> {
+/// `nvml`: the agent reads the machine's real GPUs instead of four fake ones.
+pub async fn run(window: Duration, nvml: bool) -> anyhow::Result<Footprint> {
     let exe = std::env::current_exe()?;
     let agent_bin = exe
         .parent()
@@ -70,11 +72,12 @@ pub async fn run(window: Duration) -> anyhow::Result<Footprint> {
     let gpu_file = dir.path().join("gpus.json");
     std::fs::write(&gpu_file, serde_json::json!({ "gpus": gpus }).to_string())?;
     let mut link = LinkServer::start().await?;
-    let (toml, _bases) = agent_toml(
-        &link.url,
-        &dir.path().join("state"),
-        &format!("fake:{}", gpu_file.display()),
-    )?;
+    let source = if nvml {
+        "nvml".to_owned()
+    } else {
+        format!("fake:{}", gpu_file.display())
+    };
+    let (toml, _bases) = agent_toml(&link.url, &dir.path().join("state"), &source)?;
     let config = dir.path().join("agent.toml");
     std::fs::write(&config, toml)?;
     let child = Command::new(agent_bin)

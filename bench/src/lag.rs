@@ -101,10 +101,6 @@ impl AgentLink for Link {
     }
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
 /// The orchestrator side of the link: agents attach here and every message
 /// they send is stamped on arrival.
 pub struct LinkServer {
@@ -156,7 +152,7 @@ pub fn agent_toml(url: &str, state_dir: &std::path::Path, gpu_source: &str) -> a
     let mut units = String::new();
     let mut bases = Vec::new();
     for i in 0..UNITS {
-        let port = free_port()?;
+        let port = pdwarden_orchestrator::ports::late_bind_port()?;
         let base = format!("http://127.0.0.1:{port}");
         units.push_str(&format!(
             "[[unit]]\nname = \"u{i}\"\nrole = \"prefill\"\nargv = [{exe:?}, \"pd-sim-jitter\", \"--port\", \"{port}\"]\nbase_url = \"{base}\"\n\n",

@@ -42,6 +42,10 @@ struct Cli {
     /// Sections to run, comma-separated: lag, scale, corestart, watch, agent.
     #[arg(long, default_value = "lag,scale,corestart,watch,agent", value_delimiter = ',')]
     only: Vec<String>,
+    /// The agent footprint's GPU source: `fake` (four fake GPUs, the default),
+    /// or `nvml` on a machine with NVIDIA GPUs (the driver's own cost included).
+    #[arg(long, default_value = "fake", value_parser = ["fake", "nvml"])]
+    agent_gpu_source: String,
     /// Seed for the pollers' random phases and the sampled agents.
     #[arg(long, default_value_t = 9)]
     seed: u64,
@@ -273,11 +277,14 @@ async fn table(cli: &Cli) -> anyhow::Result<()> {
         let window = Duration::from_secs(if cli.quick { 5 } else { 30 });
         eprintln!("agent: idle footprint over {} s…", window.as_secs());
         println!();
-        println!(
-            "## 6. Agent footprint (pdwarden-agent, idle: 4 running pd-sims, fake GPU source with 4 GPUs, engine watch at 1 s)"
-        );
+        let gpus = if cli.agent_gpu_source == "nvml" {
+            "NVML on this machine's GPUs"
+        } else {
+            "fake GPU source with 4 GPUs"
+        };
+        println!("## 6. Agent footprint (pdwarden-agent, idle: 4 running pd-sims, {gpus}, engine watch at 1 s)");
         println!();
-        match footprint::run(window).await {
+        match footprint::run(window, cli.agent_gpu_source == "nvml").await {
             Ok(f) => println!(
                 "RSS {} (peak {}; target ≤ 20 MB → {}), CPU {:.2} % of one core over {:.0} s (target ≤ 0.5 % → {}).",
                 mb(f.rss),

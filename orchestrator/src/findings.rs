@@ -141,6 +141,38 @@ pub fn findings(hosts: &[HostInput<'_>], now_unix_ms: u64) -> Vec<Finding> {
                     ),
                 ));
             }
+            // NVIDIA's row-remapping guidance: a pending remap takes effect
+            // at the next GPU reset (until then the bad row stays in use); a
+            // failed remap means the GPU needs service.
+            if let Some(r) = g.remapped_rows {
+                if r.failure {
+                    out.push(f(
+                        Severity::Critical,
+                        "row_remap_failed",
+                        idx,
+                        None,
+                        None,
+                        format!(
+                            "{}: gpu{} failed to remap a memory row ({} remapped after uncorrectable errors): \
+                             drain it and have it serviced",
+                            h.host, g.index, r.uncorrectable
+                        ),
+                    ));
+                } else if r.pending {
+                    out.push(f(
+                        Severity::Warning,
+                        "row_remap_pending",
+                        idx,
+                        None,
+                        None,
+                        format!(
+                            "{}: gpu{} has a memory row remapping pending ({} rows remapped after uncorrectable \
+                             errors): it takes effect at the next GPU reset",
+                            h.host, g.index, r.uncorrectable
+                        ),
+                    ));
+                }
+            }
             if let Some(util) = g.utilization_gpu_pct
                 && util <= IDLE_UTILIZATION_PCT
             {
@@ -222,6 +254,7 @@ mod tests {
             throttle_reasons: vec![],
             ecc: None,
             retired_pages: None,
+            remapped_rows: None,
             processes,
             read_errors: vec![],
         }
@@ -291,6 +324,32 @@ mod tests {
             "{}",
             f[0].message
         );
+    }
+
+    // Property: a pending row remap is a warning (reset the GPU), a failed
+    // one critical (service it); rows remapped and done are no finding.
+    #[test]
+    fn row_remapping_findings() {
+        use crate::hoststate::RemappedRowsView;
+        let with = |pending, failure| {
+            let mut g = gpu(Some(50), 0, vec![]);
+            g.remapped_rows = Some(RemappedRowsView {
+                correctable: 0,
+                uncorrectable: 2,
+                pending,
+                failure,
+            });
+            report(vec![g], vec![])
+        };
+        assert!(run(&with(false, false), &BTreeMap::new(), 0).is_empty());
+        let f = run(&with(true, false), &BTreeMap::new(), 0);
+        assert_eq!(kinds(&f), ["row_remap_pending"]);
+        assert_eq!(f[0].severity, Severity::Warning);
+        assert!(f[0].message.contains("next GPU reset"), "{}", f[0].message);
+        let f = run(&with(true, true), &BTreeMap::new(), 0);
+        assert_eq!(kinds(&f), ["row_remap_failed"]);
+        assert_eq!(f[0].severity, Severity::Critical);
+        assert!(f[0].message.contains("serviced"), "{}", f[0].message);
     }
 
     // Property: memory left by a dead unit is critical; memory with no process at all is a warning,

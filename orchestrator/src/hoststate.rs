@@ -54,6 +54,8 @@ pub struct GpuView {
     pub throttle_reasons: Vec<String>,
     pub ecc: Option<EccView>,
     pub retired_pages: Option<u32>,
+    /// Row remapping (A100 and later); absent where unsupported.
+    pub remapped_rows: Option<RemappedRowsView>,
     pub processes: Vec<GpuProcessView>,
     pub read_errors: Vec<String>,
 }
@@ -64,6 +66,16 @@ pub struct EccView {
     pub volatile_uncorrected: u64,
     pub aggregate_corrected: u64,
     pub aggregate_uncorrected: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemappedRowsView {
+    pub correctable: u32,
+    pub uncorrectable: u32,
+    /// A remapping waits for a GPU reset.
+    pub pending: bool,
+    /// A remapping failed: the GPU needs service.
+    pub failure: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -163,6 +175,12 @@ impl HostReport {
                     aggregate_uncorrected: e.aggregate_uncorrected,
                 }),
                 retired_pages: g.retired_pages,
+                remapped_rows: g.remapped_rows.map(|r| RemappedRowsView {
+                    correctable: r.correctable,
+                    uncorrectable: r.uncorrectable,
+                    pending: r.pending,
+                    failure: r.failure,
+                }),
                 processes: g
                     .processes
                     .into_iter()
@@ -440,6 +458,22 @@ pub fn render_host_report(r: &HostReport, now_unix_ms: u64, color: bool) -> Vec<
                 &format!(
                     "      ECC uncorrected: {} since driver load, {} lifetime",
                     e.volatile_uncorrected, e.aggregate_uncorrected
+                ),
+                color,
+            ));
+        }
+        if let Some(r) = g.remapped_rows
+            && (r.pending || r.failure || r.uncorrectable > 0)
+        {
+            let state = match (r.failure, r.pending) {
+                (true, _) => "; a remapping FAILED",
+                (false, true) => "; a remapping is pending a GPU reset",
+                _ => "",
+            };
+            out.push(alert(
+                &format!(
+                    "      rows remapped: {} after uncorrectable, {} after correctable errors{state}",
+                    r.uncorrectable, r.correctable
                 ),
                 color,
             ));

@@ -36,6 +36,7 @@ pub mod fleet;
 pub mod gate;
 pub mod hoststate;
 pub mod journal;
+pub mod ports;
 pub mod ready;
 pub mod report;
 pub mod server;

@@ -96,6 +96,9 @@ pub struct GpuReading {
     pub ecc: Option<EccCounts>,
     #[serde(default)]
     pub retired_pages: Option<u32>,
+    /// Row remapping (A100 and later, instead of page retirement).
+    #[serde(default)]
+    pub remapped_rows: Option<RemappedRows>,
     #[serde(default)]
     pub processes: Vec<GpuProcessReading>,
     /// Figures that could not be read ("field: reason").
@@ -114,6 +117,22 @@ pub struct EccCounts {
     pub aggregate_corrected: u64,
     #[serde(default)]
     pub aggregate_uncorrected: u64,
+}
+
+/// A GPU's memory row remapping state, as NVML reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RemappedRows {
+    #[serde(default)]
+    pub correctable: u32,
+    #[serde(default)]
+    pub uncorrectable: u32,
+    /// A remapping waits for a GPU reset.
+    #[serde(default)]
+    pub pending: bool,
+    /// A remapping failed.
+    #[serde(default)]
+    pub failure: bool,
 }
 
 /// Whether a process uses the GPU for compute or graphics.

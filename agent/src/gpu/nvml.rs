@@ -12,8 +12,9 @@
 //! Critical events (Xid, single- and double-bit ECC) come from an NVML event
 //! set that a dedicated thread waits on (with its own NVML handle, so no
 //! borrow crosses threads); they reach the reporter at its next sample.
-//! Remapped rows (A100 and newer) have no safe wrapper in `nvml-wrapper`
-//! 0.13 and are not read.
+//! Remapped rows (A100 and newer, which retire no pages) have no safe
+//! wrapper in `nvml-wrapper` 0.13; they are read as NVML field values
+//! (`NVML_FI_DEV_REMAPPED_*`), which carry the same four figures.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,14 +24,20 @@ use nvml_wrapper::Nvml;
 use nvml_wrapper::bitmasks::device::ThrottleReasons;
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError, RetirementCause, TemperatureSensor};
+use nvml_wrapper::enums::device::SampleValue;
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::struct_wrappers::device::ProcessInfo;
+use nvml_wrapper::structs::device::FieldId;
+use nvml_wrapper::sys_exports::field_id::{
+    NVML_FI_DEV_REMAPPED_COR, NVML_FI_DEV_REMAPPED_FAILURE, NVML_FI_DEV_REMAPPED_PENDING, NVML_FI_DEV_REMAPPED_UNC,
+};
 use tracing::warn;
 
 use super::{
     EccCounts, GpuError, GpuEventKind, GpuEventReading, GpuProcessReading, GpuReading, GpuSource, ProcessKind,
+    RemappedRows,
 };
 
 /// How long the event thread blocks in one wait; bounds how long it outlives
@@ -160,6 +167,12 @@ impl GpuSource for NvmlSource {
                 let n = single.map_or(0, |v| v.len()) + double.map_or(0, |v| v.len());
                 r.retired_pages = Some(u32::try_from(n).unwrap_or(u32::MAX));
             }
+            r.remapped_rows = get!(
+                "remapped_rows",
+                device
+                    .field_values_for(&REMAPPED_ROWS_FIELDS.map(FieldId))
+                    .and_then(remapped_rows),
+            );
             for (kind, res) in [
                 (ProcessKind::Compute, device.running_compute_processes()),
                 (ProcessKind::Graphics, device.running_graphics_processes()),
@@ -181,6 +194,38 @@ impl GpuSource for NvmlSource {
     fn take_events(&mut self) -> Vec<GpuEventReading> {
         self.events.try_iter().collect()
     }
+}
+
+/// Correctable, uncorrectable, pending, failure: the order [`remapped_rows`] reads.
+const REMAPPED_ROWS_FIELDS: [u32; 4] = [
+    NVML_FI_DEV_REMAPPED_COR,
+    NVML_FI_DEV_REMAPPED_UNC,
+    NVML_FI_DEV_REMAPPED_PENDING,
+    NVML_FI_DEV_REMAPPED_FAILURE,
+];
+
+/// The four remapped-row field values as one figure; the first field that
+/// fails (NotSupported on GPUs before the A100) fails it.
+fn remapped_rows(
+    samples: Vec<Result<nvml_wrapper::struct_wrappers::device::FieldValueSample, NvmlError>>,
+) -> Result<RemappedRows, NvmlError> {
+    // One sample per field asked for, in order (nvmlDeviceGetFieldValues fills the array it is given).
+    let mut v = [0u64; 4];
+    for (slot, sample) in v.iter_mut().zip(samples) {
+        *slot = match sample?.value? {
+            SampleValue::U32(x) => u64::from(x),
+            SampleValue::U64(x) => x,
+            SampleValue::I64(x) => u64::try_from(x).unwrap_or(0),
+            SampleValue::F64(x) => x.max(0.0) as u64,
+        };
+    }
+    let count = |x: u64| u32::try_from(x).unwrap_or(u32::MAX);
+    Ok(RemappedRows {
+        correctable: count(v[0]),
+        uncorrectable: count(v[1]),
+        pending: v[2] != 0,
+        failure: v[3] != 0,
+    })
 }
 
 /// Keeps a figure, dropping "not supported" silently and recording any other failure.
@@ -335,5 +380,47 @@ mod tests {
     fn throttle_reasons_have_stable_names() {
         let t = ThrottleReasons::GPU_IDLE | ThrottleReasons::HW_SLOWDOWN | ThrottleReasons::SW_THERMAL_SLOWDOWN;
         assert_eq!(throttle_names(t), vec!["hw_slowdown", "sw_thermal_slowdown"]);
+    }
+
+    // Property: the four remapped-row field values become one figure, in
+    // the order asked for; a field the GPU does not support fails the figure
+    // (kept silent by `keep`), so a pre-A100 GPU reports none rather than zeros.
+    #[test]
+    fn remapped_rows_from_field_values() {
+        use nvml_wrapper::struct_wrappers::device::FieldValueSample;
+        let sample = |field: u32, value: Result<SampleValue, NvmlError>| {
+            Ok(FieldValueSample {
+                field: FieldId(field),
+                timestamp: 0,
+                latency: 0,
+                value,
+            })
+        };
+        let rows = remapped_rows(vec![
+            sample(NVML_FI_DEV_REMAPPED_COR, Ok(SampleValue::U32(3))),
+            sample(NVML_FI_DEV_REMAPPED_UNC, Ok(SampleValue::U64(1))),
+            sample(NVML_FI_DEV_REMAPPED_PENDING, Ok(SampleValue::U32(1))),
+            sample(NVML_FI_DEV_REMAPPED_FAILURE, Ok(SampleValue::U32(0))),
+        ])
+        .unwrap();
+        assert_eq!(
+            rows,
+            RemappedRows {
+                correctable: 3,
+                uncorrectable: 1,
+                pending: true,
+                failure: false
+            }
+        );
+        let unsupported = remapped_rows(vec![
+            sample(NVML_FI_DEV_REMAPPED_COR, Err(NvmlError::NotSupported)),
+            sample(NVML_FI_DEV_REMAPPED_UNC, Ok(SampleValue::U32(0))),
+            sample(NVML_FI_DEV_REMAPPED_PENDING, Ok(SampleValue::U32(0))),
+            sample(NVML_FI_DEV_REMAPPED_FAILURE, Ok(SampleValue::U32(0))),
+        ]);
+        assert!(matches!(unsupported, Err(NvmlError::NotSupported)), "{unsupported:?}");
+        let mut errors = Vec::new();
+        assert_eq!(keep("remapped_rows", unsupported, &mut errors), None);
+        assert!(errors.is_empty());
     }
 }

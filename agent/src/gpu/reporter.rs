@@ -19,7 +19,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use pdwarden_proto::v1::{
-    GpuDevice, GpuEccCounts, GpuEvent, GpuProcess, HostSnapshot, HostStats, HostUnitUsage, agent_message::Kind,
+    GpuDevice, GpuEccCounts, GpuEvent, GpuProcess, GpuRemappedRows, HostSnapshot, HostStats, HostUnitUsage,
+    agent_message::Kind,
 };
 use tokio::sync::watch;
 use tokio::time::{Instant, MissedTickBehavior};
@@ -115,6 +116,12 @@ pub fn build_snapshot(
                     aggregate_uncorrected: e.aggregate_uncorrected,
                 }),
                 retired_pages: g.retired_pages,
+                remapped_rows: g.remapped_rows.map(|r| GpuRemappedRows {
+                    correctable: r.correctable,
+                    uncorrectable: r.uncorrectable,
+                    pending: r.pending,
+                    failure: r.failure,
+                }),
                 processes,
                 read_errors: g.read_errors,
             }
@@ -171,6 +178,7 @@ pub fn material_change(prev: &HostSnapshot, next: &HostSnapshot) -> bool {
                     g.uuid.as_str(),
                     g.ecc.as_ref(),
                     g.retired_pages,
+                    g.remapped_rows.as_ref(),
                     &g.throttle_reasons,
                     procs,
                     &g.read_errors,

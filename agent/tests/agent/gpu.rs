@@ -96,7 +96,8 @@ const SHELL_UNIT: &str = r#"
 // Property: a GPU process that is a grandchild of a unit's process belongs to
 // that unit; a process nobody supervises is foreign, with its command line and
 // user; once the unit's own process dies, what it left on the GPU is reported
-// as held by a dead unit; an Xid event in the fake file is streamed once.
+// as held by a dead unit; an Xid event in the fake file is streamed once; a
+// pending row remap is sent at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gpu_processes_map_to_units_foreign_dead_and_events() {
     let mut orch = FakeOrchestrator::start().await;
@@ -172,6 +173,18 @@ async fn gpu_processes_map_to_units_foreign_dead_and_events() {
     })
     .await;
     assert_eq!((ev.kind.as_str(), ev.xid, ev.gpu_uuid.as_str()), ("xid", 79, "GPU-0"));
+
+    // A row remapping that turns pending is news: sent at once, not at the
+    // next periodic snapshot (60 s here).
+    json.as_object_mut().unwrap().remove("events");
+    json["gpus"][0]["remapped_rows"] = serde_json::json!({"uncorrectable": 1, "pending": true});
+    write_gpus(&gpus, &json);
+    let snap = snapshot_where(&mut s, |h| h.gpus.first().is_some_and(|g| g.remapped_rows.is_some())).await;
+    let r = snap.gpus[0].remapped_rows.as_ref().unwrap();
+    assert_eq!(
+        (r.correctable, r.uncorrectable, r.pending, r.failure),
+        (0, 1, true, false)
+    );
 
     // Kill only the unit's own process: its sleep is re-parented but keeps
     // the unit's process group, and still holds (fake) GPU memory.

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::harness::{HeldDemo, at, exclusive, must_at, pdwarden};
+use crate::harness::{HeldDemo, at, exclusive, must_at, pdwarden, step_names};
 
 const LIMIT: Duration = Duration::from_secs(120);
 
@@ -42,12 +42,7 @@ fn ordered_co_restart_is_gated_on_generation() {
         assert_eq!(p["outcome"], "ok", "{p}");
         assert!(p["tokens"].as_u64().unwrap() >= 1, "{p}");
     }
-    let steps: Vec<&str> = r["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["name"].as_str().unwrap())
-        .collect();
+    let steps = step_names(&r);
     assert_eq!(
         steps[..4],
         ["restart-prefill", "restart-decode", "restart-router", "probe"]

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::harness::{exclusive, pdwarden};
+use crate::harness::{exclusive, pdwarden, step_names};
 
 const LIMIT: Duration = Duration::from_secs(240);
 
@@ -26,12 +26,7 @@ fn orchestrator_killed_mid_co_restart_resumes_from_the_journal() {
         "the same operation was concluded"
     );
     // The resumed run restarted decode and router, not prefill (kept).
-    let steps: Vec<&str> = v["report"]["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["name"].as_str().unwrap())
-        .collect();
+    let steps = step_names(&v["report"]);
     assert_eq!(steps[..3], ["restart-decode", "restart-router", "probe"], "{steps:?}");
 }
 
@@ -66,12 +61,7 @@ fn orchestrator_killed_at_every_step_concludes_the_same_operation() {
             v["report"]["operation_id"], v["operation_id"],
             "{at}: the same operation"
         );
-        let steps: Vec<&str> = v["report"]["steps"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|s| s["name"].as_str().unwrap())
-            .collect();
+        let steps = step_names(&v["report"]);
         assert!(
             steps.first().is_some_and(|s| s.starts_with(first_step)),
             "{at}: resumed at {first_step}: {steps:?}"
@@ -108,12 +98,7 @@ fn orchestrator_killed_mid_gate_rolls_the_change_back() {
     );
     let report = &v["report"];
     assert_eq!(report["operation_id"], v["operation_id"], "the same gate was concluded");
-    let steps: Vec<&str> = report["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["name"].as_str().unwrap())
-        .collect();
+    let steps = step_names(report);
     assert_eq!(
         steps,
         ["rolling-back", "rollback-restarting", "rollback-verifying-live"],

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::harness::{HeldDemo, Output, exclusive, reasons};
+use crate::harness::{HeldDemo, Output, exclusive, reasons, step_names};
 
 const LIMIT: Duration = Duration::from_secs(180);
 
@@ -136,12 +136,7 @@ fn knob_the_process_never_received_fails_verification() {
     assert!(r.contains("not live in the restarted processes"), "{r}");
     assert!(r.contains("has PDW_KNOB absent in /proc/"), "{r}");
     assert!(v["judgement"].is_null(), "nothing measured after the change: {v:#}");
-    let steps: Vec<&str> = v["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["name"].as_str().unwrap())
-        .collect();
+    let steps = step_names(&v);
     assert!(!steps.contains(&"measuring"), "{steps:?}");
     assert_eq!(knob_live(&demo), [false, false]);
 }

@@ -202,6 +202,16 @@ pub fn must_at(report: &Value, unit: &str, phase: &str) -> u64 {
     at(report, unit, phase).unwrap_or_else(|| panic!("{unit} never reached {phase}: {:#}", report["timeline"]))
 }
 
+/// The names of a report's steps, in order.
+pub fn step_names(report: &Value) -> Vec<&str> {
+    report["steps"]
+        .as_array()
+        .expect("report has steps")
+        .iter()
+        .map(|s| s["name"].as_str().expect("step has a name"))
+        .collect()
+}
+
 /// A report's reasons, one per line, for assertions and their messages.
 pub fn reasons(v: &Value) -> String {
     v["reasons"]

@@ -176,6 +176,21 @@ fn alive(pid: u32) -> bool {
     kill(Pid::from_raw(pid as i32), None).is_ok()
 }
 
+/// An agent config for `host` on the orchestrator's network, plaintext,
+/// stopping its units when it exits, supervising `units` (`[[unit]]` tables).
+fn agent_toml(host: &str, state_dir: &std::path::Path, units: &str) -> String {
+    format!(
+        r#"host = "{host}"
+orchestrator = "http://{ORCH_IP}:7070"
+insecure_plaintext = true
+state_dir = {state:?}
+on_exit = "stop-units"
+
+{units}"#,
+        state = state_dir.display().to_string(),
+    )
+}
+
 fn toml_list(items: &[String]) -> String {
     let quoted: Vec<String> = items.iter().map(|s| format!("{s:?}")).collect();
     format!("[{}]", quoted.join(", "))
@@ -258,14 +273,11 @@ impl Stack {
             "warn".into(),
         ]
         .into();
-        let agent_a = format!(
-            r#"host = "host-a"
-orchestrator = "http://{ORCH_IP}:7070"
-insecure_plaintext = true
-state_dir = {state:?}
-on_exit = "stop-units"
-
-[[unit]]
+        let agent_a = agent_toml(
+            "host-a",
+            &d.join("agent-a"),
+            &format!(
+                r#"[[unit]]
 name = "prefill-0"
 role = "prefill"
 argv = {prefill}
@@ -279,25 +291,22 @@ argv = {router}
 base_url = "http://{A_IP}:30000"
 health_path = "/readiness"
 "#,
-            state = d.join("agent-a").display().to_string(),
-            prefill = toml_list(&engine("prefill", A_IP, 30001, 4000)),
-            router = toml_list(&router),
+                prefill = toml_list(&engine("prefill", A_IP, 30001, 4000)),
+                router = toml_list(&router),
+            ),
         );
-        let agent_b = format!(
-            r#"host = "host-b"
-orchestrator = "http://{ORCH_IP}:7070"
-insecure_plaintext = true
-state_dir = {state:?}
-on_exit = "stop-units"
-
-[[unit]]
+        let agent_b = agent_toml(
+            "host-b",
+            &d.join("agent-b"),
+            &format!(
+                r#"[[unit]]
 name = "decode-0"
 role = "decode"
 argv = {decode}
 base_url = "http://{B_IP}:30002"
 "#,
-            state = d.join("agent-b").display().to_string(),
-            decode = toml_list(&engine("decode", B_IP, 30002, 200_000)),
+                decode = toml_list(&engine("decode", B_IP, 30002, 200_000)),
+            ),
         );
         let orchestrator = format!(
             r#"listen = "0.0.0.0:7070"

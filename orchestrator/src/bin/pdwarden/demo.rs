@@ -12,7 +12,6 @@
 //! budgets and timeouts are scaled by the same factor so the verdict does not
 //! depend on the scale.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
@@ -21,6 +20,8 @@ use anyhow::{Context, bail};
 use clap::Args;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+
+use pdwarden_orchestrator::ports::late_bind_port;
 
 use crate::drill::{self, Incident};
 use crate::{CouldNotRun, could_not_run, exit_for, print_json, restart_pair};
@@ -92,38 +93,6 @@ const DEFAULT_TIME_SCALE: f64 = 0.05;
 struct EngineTiming {
     listen_after_ms: u64,
     ready_after_ms: u64,
-}
-
-/// A free loopback port for a process that binds it seconds later (pd-sim
-/// listens only after its simulated load). Taken from below the kernel's
-/// ephemeral range: a port inside it can meanwhile become some outgoing
-/// connection's source port (a CI run lost a prefill that way: "address in
-/// use" 3 s in), one outside it cannot. Never the same port twice per process.
-fn free_port() -> anyhow::Result<u16> {
-    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
-        std::sync::Mutex::new(std::collections::BTreeSet::new());
-    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
-        .unwrap_or(32_768);
-    const FROM: u16 = 10_000;
-    if ephemeral_low > FROM + 1_000 {
-        let span = u64::from(ephemeral_low - FROM);
-        // Spread concurrent demos over the range.
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| u64::from(d.subsec_nanos()));
-        let start = (u64::from(std::process::id()) * 7_919 + nanos) % span;
-        let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
-        for i in 0..span.min(4_000) {
-            let port = FROM + ((start + i * 13) % span) as u16;
-            if !given.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
-                given.insert(port);
-                return Ok(port);
-            }
-        }
-    }
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 pub fn sibling_binary(name: &str) -> anyhow::Result<PathBuf> {
@@ -303,12 +272,12 @@ fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<(String, PathBuf
     let pd_sim = sibling_binary("pd-sim")?;
     let smg = find_router(args.router_bin.clone())?;
     let (orch, prefill, bootstrap, decode, router, prom) = (
-        free_port()?,
-        free_port()?,
-        free_port()?,
-        free_port()?,
-        free_port()?,
-        free_port()?,
+        late_bind_port()?,
+        late_bind_port()?,
+        late_bind_port()?,
+        late_bind_port()?,
+        late_bind_port()?,
+        late_bind_port()?,
     );
 
     let engine = |role: &str, port: u16, t: &EngineTiming, extra: &str| -> anyhow::Result<Vec<String>> {
@@ -435,7 +404,7 @@ health_path = "/readiness"
         decode_argv = toml_list(&decode_argv),
         router_argv = toml_list(&router_argv),
     );
-    let readiness = free_port()?;
+    let readiness = late_bind_port()?;
     let orchestrator_toml = format!(
         r#"listen = "127.0.0.1:{orch}"
 journal = {journal}

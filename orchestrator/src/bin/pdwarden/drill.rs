@@ -609,16 +609,11 @@ pub async fn orchestrator_crash(stack: &mut Stack, json: bool, at: CrashAt) -> a
     );
     follower.abort();
     // The new orchestrator re-reads the journal and its agents, then concludes.
-    let record = wait_history(
+    let record = wait_concluded(
         &url,
+        &operation_id,
         "the operation concluded by the restarted orchestrator",
         Duration::from_secs(120),
-        |h| {
-            h.as_array()?
-                .iter()
-                .find(|r| r["operation_id"] == operation_id.as_str() && !r["ended_unix_ms"].is_null())
-                .cloned()
-        },
     )
     .await?;
     let report = record["report"].clone();
@@ -639,6 +634,17 @@ pub async fn orchestrator_crash(stack: &mut Stack, json: bool, at: CrashAt) -> a
         ],
         "report": report,
     }))
+}
+
+/// Waits until operation `operation_id` of pair `demo` has ended; its record.
+async fn wait_concluded(url: &str, operation_id: &str, what: &str, limit: Duration) -> anyhow::Result<Value> {
+    wait_history(url, what, limit, |h| {
+        h.as_array()?
+            .iter()
+            .find(|r| r["operation_id"] == operation_id && !r["ended_unix_ms"].is_null())
+            .cloned()
+    })
+    .await
 }
 
 /// Polls `history demo` until `found` picks a record out of it.
@@ -741,16 +747,11 @@ pub async fn orchestrator_crash_mid_gate(stack: &mut Stack, json: bool) -> anyho
                 .join(", ")
         ),
     );
-    let record = wait_history(
+    let record = wait_concluded(
         &url,
+        &operation_id,
         "the gate concluded by the new orchestrator",
         Duration::from_secs(180),
-        |h| {
-            h.as_array()?
-                .iter()
-                .find(|r| r["operation_id"] == operation_id.as_str() && !r["ended_unix_ms"].is_null())
-                .cloned()
-        },
     )
     .await?;
     let live_after = knob_live(&url).await?;
