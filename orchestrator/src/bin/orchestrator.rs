@@ -1,6 +1,7 @@
 //! `pdwarden-orchestrator --config PATH`: parses flags, binds, and runs the
 //! library's server until SIGTERM or Ctrl-C.
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
@@ -18,10 +19,25 @@ struct Args {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> ExitCode {
+    match orchestrator().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One readable line (with causes) that names the field, never a
+            // backtrace: with RUST_BACKTRACE=1 set, anyhow's Debug form would
+            // bury the cause under frames.
+            eprintln!("pdwarden-orchestrator: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn orchestrator() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
+        // Colour only on a terminal: logs under systemd or in files stay plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let args = Args::parse();
     let config = OrchestratorConfig::load(&args.config)?;

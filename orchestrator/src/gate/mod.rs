@@ -165,7 +165,8 @@ pub enum GateVerdict {
     /// A rollback was needed and did not fully succeed: look now.
     RollbackFailed,
     /// The orchestrator restarted mid-gate, after the change may have gone
-    /// live: the restarted orchestrator rolled it back (verified live).
+    /// live: the restarted orchestrator rolled it back (verified live, and
+    /// measured back at the journaled baseline where one was taken).
     InterruptedRolledBack,
     /// Nothing changed (baseline unhealthy, apply refused, ...).
     Failed,
@@ -453,7 +454,8 @@ pub enum GateResume {
     /// Interrupted before any config change was recorded: conclude `failed`.
     NothingChanged,
     /// The change may be live and is unverified: roll back to the recorded
-    /// previous versions, co-restart, verify the old values live.
+    /// previous versions, co-restart, verify the old values live, then
+    /// measure against the journaled baseline (if it was taken).
     RollBack,
 }
 
@@ -468,8 +470,10 @@ pub fn gate_resume_plan(state: &str, versions_recorded: usize) -> GateResume {
 /// Takes over a gate an earlier orchestrator process left unfinished (its
 /// agents have re-attached): rebuilt from the journal — the change, the
 /// versions applied, the processes' values before — then concluded per
-/// [`gate_resume_plan`]. Nothing is measured: the baseline's numbers are
-/// from before the restart.
+/// [`gate_resume_plan`]. A rollback is measured against the baseline the
+/// gate journaled before its change, with the rollback tolerance, exactly as
+/// an uninterrupted gate's rollback is: the engines' performance does not
+/// depend on which orchestrator process measured it.
 pub async fn resume_gate(
     ctx: OperationContext,
     pair: PairConfig,
@@ -516,14 +520,27 @@ pub async fn resume_gate(
                 op.state
             ));
             let mut out = Partial::default();
+            // The baseline measured before the change, if the gate got that
+            // far, is in the journal: the rollback is held to it as an
+            // uninterrupted gate's would be.
+            let baseline = of_kind("measurement")
+                .filter_map(|v| serde_json::from_value::<Measurement>(v).ok())
+                .find(|m| m.label == "baseline");
             match g.restore_and_verify(&mut out).await {
-                Ok(true) => {
-                    g.reasons.push(format!(
-                        "rollback verified: the previous values are live again ({}); not benchmarked (the baseline's numbers are from before the restart)",
-                        g.before_summary()
-                    ));
-                    Ok((GateVerdict::InterruptedRolledBack, out))
-                }
+                Ok(true) => match baseline {
+                    Some(baseline) => {
+                        g.measurements.push(baseline.clone());
+                        g.measure_rollback(GateVerdict::InterruptedRolledBack, &baseline, out)
+                            .await
+                    }
+                    None => {
+                        g.reasons.push(format!(
+                            "rollback verified: the previous values are live again ({}); not benchmarked (the gate was interrupted before its baseline was measured)",
+                            g.before_summary()
+                        ));
+                        Ok((GateVerdict::InterruptedRolledBack, out))
+                    }
+                },
                 Ok(false) => Ok((GateVerdict::RollbackFailed, out)),
                 Err(e) => Err(e),
             }

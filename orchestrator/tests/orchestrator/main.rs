@@ -5,3 +5,4 @@
 
 mod gpu_status;
 mod security;
+mod startup;

@@ -72,8 +72,9 @@ fn orchestrator_killed_at_every_step_concludes_the_same_operation() {
 /// The orchestrator SIGKILLed while a change gate measures a change it made
 /// live: the new orchestrator does not leave the change half-done. It takes
 /// the gate over from the journal, rolls back to the recorded previous config
-/// versions, co-restarts and verifies the old values live; pd-sim agrees the
-/// knob was live before the crash and is off after.
+/// versions, co-restarts, verifies the old values live and measures the pair
+/// back at its journaled baseline; pd-sim agrees the knob was live before the
+/// crash and is off after.
 #[test]
 fn orchestrator_killed_mid_gate_rolls_the_change_back() {
     let _one = exclusive();
@@ -92,8 +93,10 @@ fn orchestrator_killed_mid_gate_rolls_the_change_back() {
     assert_eq!(knob("knob_after"), [false, false], "{v:#}");
     let reasons = v["reasons"].to_string();
     assert!(reasons.contains("in state gate_measuring"), "{reasons}");
+    // The rollback is held to the baseline the gate measured before its change.
     assert!(
-        reasons.contains("previous values are live again (PDW_KNOB absent)"),
+        reasons.contains("run the previous config again (PDW_KNOB absent)")
+            && reasons.contains("no metric is worse than the baseline"),
         "{reasons}"
     );
     let report = &v["report"];
@@ -101,7 +104,12 @@ fn orchestrator_killed_mid_gate_rolls_the_change_back() {
     let steps = step_names(report);
     assert_eq!(
         steps,
-        ["rolling-back", "rollback-restarting", "rollback-verifying-live"],
+        [
+            "rolling-back",
+            "rollback-restarting",
+            "rollback-verifying-live",
+            "rollback-measuring"
+        ],
         "{report:#}"
     );
     for ver in report["versions"].as_array().unwrap() {
