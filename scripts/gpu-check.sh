@@ -43,6 +43,8 @@ EOF
 
 echo "== nvidia-smi"
 nvidia-smi --query-gpu=index,uuid,name,driver_version,memory.used,memory.total,temperature.gpu,power.draw,power.limit --format=csv | tee "$OUT/nvidia-smi.csv"
+# The driver's own word on retired pages and remapped rows, to compare with the reading.
+nvidia-smi -q -d ROW_REMAPPER,PAGE_RETIREMENT >"$OUT/nvidia-smi-memory-errors.txt" 2>&1
 
 echo "== one-shot reading, idle"
 "$BIN/pdwarden-agent" --gpu-report nvml >"$OUT/report-idle.json" 2>"$OUT/report-idle.err"

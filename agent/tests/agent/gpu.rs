@@ -1,7 +1,7 @@
 //! GPU and host reporting, end to end through the agent with the fake GPU
 //! source and real processes: the mapping of GPU processes to units through
-//! descendants, foreign processes, a dead unit's leftovers, Xid events, the
-//! no-driver path and `/metrics`.
+//! descendants, foreign processes, a dead unit's leftovers, Xid events, a
+//! real H200's NVML reading replayed, the no-driver path and `/metrics`.
 
 use std::os::unix::process::CommandExt as _;
 use std::path::Path;
@@ -198,6 +198,82 @@ async fn gpu_processes_map_to_units_foreign_dead_and_events() {
     assert_eq!((left.unit.as_str(), left.foreign), ("shell-0", false));
     assert_eq!(snap.units.iter().find(|u| u.unit == "shell-0").unwrap().pid, 0);
 
+    agent.shutdown().await;
+    let _ = foreign.kill();
+    let _ = foreign.wait();
+    drop(guard);
+}
+
+// Property: a reading NVML gave on a real H200 (`pdwarden-agent --gpu-report
+// nvml` while two processes held memory; tests/fixtures/h200-nvml-busy.json,
+// remapped rows included: all zero there, as `nvidia-smi -q -d ROW_REMAPPER`
+// said) replays through the fake source figure for figure, and with its two PIDs
+// replaced by a unit's process and an unsupervised one here, the mapping comes
+// out as it did on that machine: one process owned by the unit, one foreign.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h200_nvml_reading_replays_through_the_fake_source() {
+    let fixture: serde_json::Value = serde_json::from_str(include_str!("../fixtures/h200-nvml-busy.json")).unwrap();
+    let mut orch = FakeOrchestrator::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gpus = dir.path().join("gpus.json");
+    write_gpus(&gpus, &serde_json::json!({"gpus": []}));
+    let mut guard = PidGuard::default();
+    let mut foreign = std::process::Command::new("sleep")
+        .arg("30")
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    guard.0.push(foreign.id());
+    let extra = format!("gpu_source = \"fake:{}\"", gpus.display());
+    let agent = Agent::start(config(&orch.url, dir.path(), &extra, SHELL_UNIT));
+    let mut s = orch.accept().await;
+    let unit_pid = until(&mut s, |m| match &m.kind {
+        Some(Kind::Register(r)) => Some(r.units[0].pid),
+        _ => None,
+    })
+    .await;
+    assert_ne!(unit_pid, 0, "autostarted unit has a pid");
+    guard.0.push(unit_pid);
+
+    let mut reading = fixture.clone();
+    // On the H200 the first process was the unsupervised one, the second the unit's.
+    reading["gpus"][0]["processes"][0]["pid"] = foreign.id().into();
+    reading["gpus"][0]["processes"][1]["pid"] = unit_pid.into();
+    write_gpus(&gpus, &reading);
+    let snap = snapshot_where(&mut s, |h| h.gpus.first().is_some_and(|g| g.processes.len() == 2)).await;
+    let g = &snap.gpus[0];
+    let want = &fixture["gpus"][0];
+    assert_eq!(g.name, "NVIDIA H200");
+    assert_eq!(g.uuid, want["uuid"].as_str().unwrap());
+    assert_eq!(g.memory_total_bytes, want["memory_total_bytes"].as_u64().unwrap());
+    assert_eq!(g.memory_used_bytes, want["memory_used_bytes"].as_u64().unwrap());
+    assert_eq!(
+        (
+            g.power_draw_mw,
+            g.power_limit_mw,
+            g.temperature_c,
+            g.utilization_gpu_pct
+        ),
+        (Some(139_705), Some(700_000), Some(42), Some(4))
+    );
+    let ecc = g.ecc.as_ref().expect("the H200 reported ECC counts");
+    assert_eq!(ecc.volatile_uncorrected + ecc.aggregate_uncorrected, 0);
+    assert_eq!(g.retired_pages, None, "Hopper retires no pages");
+    let rows = g
+        .remapped_rows
+        .as_ref()
+        .expect("Hopper remaps rows: the H200 reported them");
+    assert_eq!(
+        (rows.correctable, rows.uncorrectable, rows.pending, rows.failure),
+        (0, 0, false, false)
+    );
+    assert!(g.read_errors.is_empty(), "{:?}", g.read_errors);
+    let mine = process(&snap, unit_pid).unwrap();
+    assert_eq!((mine.unit.as_str(), mine.foreign), ("shell-0", false));
+    assert_eq!(mine.used_memory_bytes, Some(2_923_429_888));
+    let theirs = process(&snap, foreign.id()).unwrap();
+    assert!(theirs.foreign && theirs.unit.is_empty(), "{theirs:?}");
+    assert_eq!(theirs.used_memory_bytes, Some(2_386_558_976));
     agent.shutdown().await;
     let _ = foreign.kill();
     let _ = foreign.wait();
