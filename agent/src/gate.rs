@@ -315,18 +315,25 @@ mod tests {
             .spawn()
             .unwrap();
         let pid = child.id().unwrap();
-        // The shell forks `sleep`; wait for it to appear (an event, not a sleep).
+        // The shell forks `sleep`; wait for it to appear (an event, not a
+        // sleep). `spawn` returns once the exec has closed the child's
+        // close-on-exec pipe, which is before the kernel has set up its
+        // argument and environment area: read in that window, a process's
+        // cmdline and environ are empty (a CI run failed on it). So wait until
+        // both processes have finished their exec, as the gate does by
+        // inspecting only units that already generate.
         let deadline = Instant::now() + Duration::from_secs(5);
         let facts = loop {
             let f = inspect(pid, &["GATE_TEST_KNOB".into(), "GATE_TEST_ABSENT".into()]);
-            if f.len() >= 2 || Instant::now() > deadline {
+            let execed = |i: usize, name: &str| f.get(i).and_then(|p| p.cmdline.first()).is_some_and(|c| c == name);
+            if (execed(0, "sh") && execed(1, "sleep")) || Instant::now() > deadline {
                 break f;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         };
         child.kill().await.unwrap();
         assert_eq!(facts[0].pid, pid);
-        assert_eq!(facts[0].cmdline[0], "sh");
+        assert_eq!(facts[0].cmdline.first().map(String::as_str), Some("sh"), "{facts:?}");
         assert!(facts.len() >= 2, "{facts:?}");
         assert_eq!(facts[1].ppid, pid);
         for f in &facts {
