@@ -3,7 +3,7 @@
 # Where an NVML reader's memory and CPU go: RSS, anonymous memory and the
 # driver libraries mapped after each stage (dlopen, init, first call of each
 # query the agent makes, event set), then CPU per full sample and per event wait.
-import ctypes as C, time, sys
+import ctypes as C, time
 def roll():
     d = {}
     for l in open('/proc/self/smaps_rollup'):

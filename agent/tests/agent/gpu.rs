@@ -93,6 +93,64 @@ const SHELL_UNIT: &str = r#"
         autostart = true
 "#;
 
+/// An agent with the fake GPU source (the file starting as `initial`)
+/// supervising `SHELL_UNIT`, beside a `sleep` nobody supervises: the stage of
+/// the mapping tests.
+struct WithForeign {
+    _orch: FakeOrchestrator,
+    _dir: tempfile::TempDir,
+    gpus: std::path::PathBuf,
+    guard: PidGuard,
+    foreign: std::process::Child,
+    agent: Agent,
+    s: Session,
+    unit_pid: u32,
+}
+
+impl WithForeign {
+    async fn start(initial: &serde_json::Value) -> Self {
+        let mut orch = FakeOrchestrator::start().await;
+        let dir = tempfile::tempdir().unwrap();
+        let gpus = dir.path().join("gpus.json");
+        write_gpus(&gpus, initial);
+        let mut guard = PidGuard::default();
+        let foreign = std::process::Command::new("sleep")
+            .arg("30")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        guard.0.push(foreign.id());
+        let extra = format!("gpu_source = \"fake:{}\"", gpus.display());
+        let agent = Agent::start(config(&orch.url, dir.path(), &extra, SHELL_UNIT));
+        let mut s = orch.accept().await;
+        let unit_pid = until(&mut s, |m| match &m.kind {
+            Some(Kind::Register(r)) => Some(r.units[0].pid),
+            _ => None,
+        })
+        .await;
+        assert_ne!(unit_pid, 0, "autostarted unit has a pid");
+        guard.0.push(unit_pid);
+        Self {
+            _orch: orch,
+            _dir: dir,
+            gpus,
+            guard,
+            foreign,
+            agent,
+            s,
+            unit_pid,
+        }
+    }
+
+    /// Stops the agent, then every process the test started.
+    async fn finish(mut self) {
+        self.agent.shutdown().await;
+        let _ = self.foreign.kill();
+        let _ = self.foreign.wait();
+        drop(self.guard);
+    }
+}
+
 // Property: a GPU process that is a grandchild of a unit's process belongs to
 // that unit; a process nobody supervises is foreign, with its command line and
 // user; once the unit's own process dies, what it left on the GPU is reported
@@ -100,31 +158,12 @@ const SHELL_UNIT: &str = r#"
 // pending row remap is sent at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gpu_processes_map_to_units_foreign_dead_and_events() {
-    let mut orch = FakeOrchestrator::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let gpus = dir.path().join("gpus.json");
-    write_gpus(
-        &gpus,
+    let mut rig = WithForeign::start(
         &serde_json::json!({"gpus": [{"index": 0, "uuid": "GPU-0", "memory_total_bytes": 80u64 << 30}]}),
-    );
-    let mut guard = PidGuard::default();
-    let mut foreign = std::process::Command::new("sleep")
-        .arg("30")
-        .process_group(0)
-        .spawn()
-        .unwrap();
-    guard.0.push(foreign.id());
-    let extra = format!("gpu_source = \"fake:{}\"", gpus.display());
-    let agent = Agent::start(config(&orch.url, dir.path(), &extra, SHELL_UNIT));
-    let mut s = orch.accept().await;
-    let reg = until(&mut s, |m| match &m.kind {
-        Some(Kind::Register(r)) => Some(r.clone()),
-        _ => None,
-    })
+    )
     .await;
-    let unit_pid = reg.units[0].pid;
-    assert_ne!(unit_pid, 0, "autostarted unit has a pid");
-    guard.0.push(unit_pid);
+    let (gpus, unit_pid, foreign_pid) = (rig.gpus.clone(), rig.unit_pid, rig.foreign.id());
+    let s = &mut rig.s;
     let mut grandchild = 0;
     wait_until("the unit's shell to fork its sleep", || {
         grandchild = children_of(unit_pid).first().copied().unwrap_or(0);
@@ -139,11 +178,11 @@ async fn gpu_processes_map_to_units_foreign_dead_and_events() {
             "memory_total_bytes": 80u64 << 30, "utilization_gpu_pct": 3,
             "processes": [
                 {"pid": grandchild, "used_memory_bytes": 40u64 << 30},
-                {"pid": foreign.id(), "used_memory_bytes": 12u64 << 30},
+                {"pid": foreign_pid, "used_memory_bytes": 12u64 << 30},
             ],
         }]}),
     );
-    let snap = snapshot_where(&mut s, |h| h.gpus.first().is_some_and(|g| g.processes.len() == 2)).await;
+    let snap = snapshot_where(s, |h| h.gpus.first().is_some_and(|g| g.processes.len() == 2)).await;
     assert_eq!(snap.gpu_source, "fake");
     assert_eq!(snap.gpu_unavailable, "");
     let mine = process(&snap, grandchild).unwrap();
@@ -152,7 +191,7 @@ async fn gpu_processes_map_to_units_foreign_dead_and_events() {
         ("shell-0", false, false)
     );
     assert_eq!(mine.used_memory_bytes, Some(40 << 30));
-    let theirs = process(&snap, foreign.id()).unwrap();
+    let theirs = process(&snap, foreign_pid).unwrap();
     assert!(theirs.foreign && theirs.unit.is_empty(), "{theirs:?}");
     assert_eq!(theirs.command_line, "sleep 30");
     assert!(
@@ -167,7 +206,7 @@ async fn gpu_processes_map_to_units_foreign_dead_and_events() {
     let mut json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&gpus).unwrap()).unwrap();
     json["events"] = serde_json::json!([{"gpu_index": 0, "gpu_uuid": "GPU-0", "kind": "xid", "xid": 79, "detail": "GPU has fallen off the bus"}]);
     write_gpus(&gpus, &json);
-    let ev: GpuEvent = until(&mut s, |m| match &m.kind {
+    let ev: GpuEvent = until(s, |m| match &m.kind {
         Some(Kind::GpuEvent(e)) => Some(e.clone()),
         _ => None,
     })
@@ -179,7 +218,7 @@ async fn gpu_processes_map_to_units_foreign_dead_and_events() {
     json.as_object_mut().unwrap().remove("events");
     json["gpus"][0]["remapped_rows"] = serde_json::json!({"uncorrectable": 1, "pending": true});
     write_gpus(&gpus, &json);
-    let snap = snapshot_where(&mut s, |h| h.gpus.first().is_some_and(|g| g.remapped_rows.is_some())).await;
+    let snap = snapshot_where(s, |h| h.gpus.first().is_some_and(|g| g.remapped_rows.is_some())).await;
     let r = snap.gpus[0].remapped_rows.as_ref().unwrap();
     assert_eq!(
         (r.correctable, r.uncorrectable, r.pending, r.failure),
@@ -193,15 +232,12 @@ async fn gpu_processes_map_to_units_foreign_dead_and_events() {
         nix::sys::signal::Signal::SIGKILL,
     )
     .unwrap();
-    let snap = snapshot_where(&mut s, |h| process(h, grandchild).is_some_and(|p| p.unit_dead)).await;
+    let snap = snapshot_where(s, |h| process(h, grandchild).is_some_and(|p| p.unit_dead)).await;
     let left = process(&snap, grandchild).unwrap();
     assert_eq!((left.unit.as_str(), left.foreign), ("shell-0", false));
     assert_eq!(snap.units.iter().find(|u| u.unit == "shell-0").unwrap().pid, 0);
 
-    agent.shutdown().await;
-    let _ = foreign.kill();
-    let _ = foreign.wait();
-    drop(guard);
+    rig.finish().await;
 }
 
 // Property: a reading NVML gave on a real H200 (`pdwarden-agent --gpu-report
@@ -213,34 +249,15 @@ async fn gpu_processes_map_to_units_foreign_dead_and_events() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn h200_nvml_reading_replays_through_the_fake_source() {
     let fixture: serde_json::Value = serde_json::from_str(include_str!("../fixtures/h200-nvml-busy.json")).unwrap();
-    let mut orch = FakeOrchestrator::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let gpus = dir.path().join("gpus.json");
-    write_gpus(&gpus, &serde_json::json!({"gpus": []}));
-    let mut guard = PidGuard::default();
-    let mut foreign = std::process::Command::new("sleep")
-        .arg("30")
-        .process_group(0)
-        .spawn()
-        .unwrap();
-    guard.0.push(foreign.id());
-    let extra = format!("gpu_source = \"fake:{}\"", gpus.display());
-    let agent = Agent::start(config(&orch.url, dir.path(), &extra, SHELL_UNIT));
-    let mut s = orch.accept().await;
-    let unit_pid = until(&mut s, |m| match &m.kind {
-        Some(Kind::Register(r)) => Some(r.units[0].pid),
-        _ => None,
-    })
-    .await;
-    assert_ne!(unit_pid, 0, "autostarted unit has a pid");
-    guard.0.push(unit_pid);
+    let mut rig = WithForeign::start(&serde_json::json!({"gpus": []})).await;
+    let (unit_pid, foreign_pid) = (rig.unit_pid, rig.foreign.id());
 
     let mut reading = fixture.clone();
     // On the H200 the first process was the unsupervised one, the second the unit's.
-    reading["gpus"][0]["processes"][0]["pid"] = foreign.id().into();
+    reading["gpus"][0]["processes"][0]["pid"] = foreign_pid.into();
     reading["gpus"][0]["processes"][1]["pid"] = unit_pid.into();
-    write_gpus(&gpus, &reading);
-    let snap = snapshot_where(&mut s, |h| h.gpus.first().is_some_and(|g| g.processes.len() == 2)).await;
+    write_gpus(&rig.gpus, &reading);
+    let snap = snapshot_where(&mut rig.s, |h| h.gpus.first().is_some_and(|g| g.processes.len() == 2)).await;
     let g = &snap.gpus[0];
     let want = &fixture["gpus"][0];
     assert_eq!(g.name, "NVIDIA H200");
@@ -271,13 +288,10 @@ async fn h200_nvml_reading_replays_through_the_fake_source() {
     let mine = process(&snap, unit_pid).unwrap();
     assert_eq!((mine.unit.as_str(), mine.foreign), ("shell-0", false));
     assert_eq!(mine.used_memory_bytes, Some(2_923_429_888));
-    let theirs = process(&snap, foreign.id()).unwrap();
+    let theirs = process(&snap, foreign_pid).unwrap();
     assert!(theirs.foreign && theirs.unit.is_empty(), "{theirs:?}");
     assert_eq!(theirs.used_memory_bytes, Some(2_386_558_976));
-    agent.shutdown().await;
-    let _ = foreign.kill();
-    let _ = foreign.wait();
-    drop(guard);
+    rig.finish().await;
 }
 
 // Property: with `gpu_source = "nvml"` on a host without the NVIDIA driver, the
