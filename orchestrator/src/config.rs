@@ -247,8 +247,23 @@ pub struct SuiteConfig {
     /// A passing step whose figure is more than this multiple of the pair's
     /// last healthy verification is reported as a warning.
     pub baseline_warning_ratio: f64,
-    /// ...and only when it is worse by more than this many ms.
+    /// ...and only when it is worse by more than this many ms. Also the
+    /// smallest difference a derived budget counts as a failure.
     pub baseline_floor_ms: u64,
+    /// Override of the first-token budget of every suite request (default:
+    /// the probe's `warm_budget_ms` — a first token is never later than a
+    /// whole warm answer).
+    pub ttft_budget_ms: Option<u64>,
+    /// Override of the time-per-output-token budget, ms (default: this many
+    /// times the median TPOT of the pair's last healthy verifications, never
+    /// looser than `warm_budget_ms / max_tokens`).
+    pub tpot_budget_ms: Option<f64>,
+    /// The TPOT budget from history is the historical median times this.
+    pub tpot_history_ratio: f64,
+    /// N simultaneous requests must finish within N / this × one warm
+    /// request (plus the floor): an engine that batches serves them in about
+    /// one request's time; one that lost batching takes N×.
+    pub min_batching_gain: f64,
 }
 
 impl Default for SuiteConfig {
@@ -260,6 +275,10 @@ impl Default for SuiteConfig {
             abort_storm: AbortStormConfig::default(),
             baseline_warning_ratio: 2.0,
             baseline_floor_ms: 20,
+            ttft_budget_ms: None,
+            tpot_budget_ms: None,
+            tpot_history_ratio: 3.0,
+            min_batching_gain: 2.0,
         }
     }
 }
@@ -270,8 +289,10 @@ impl Default for SuiteConfig {
 pub struct LongGenerationConfig {
     pub enabled: bool,
     pub max_tokens: u32,
-    /// The longest silence allowed between two tokens (and after the last).
-    pub max_token_gap_ms: u64,
+    /// The longest silence allowed between two tokens (and after the last);
+    /// default: the suite's TTFT budget (a pause mid-stream longer than a
+    /// whole warm answer is a stall).
+    pub max_token_gap_ms: Option<u64>,
     pub timeout_ms: u64,
 }
 
@@ -280,7 +301,7 @@ impl Default for LongGenerationConfig {
         Self {
             enabled: true,
             max_tokens: 256,
-            max_token_gap_ms: 5_000,
+            max_token_gap_ms: None,
             timeout_ms: 120_000,
         }
     }
@@ -292,7 +313,8 @@ impl Default for LongGenerationConfig {
 pub struct MultiTurnConfig {
     pub enabled: bool,
     pub second_prompt: String,
-    pub ttft_budget_ms: u64,
+    /// Override of turn 2's first-token budget (default: the suite's).
+    pub ttft_budget_ms: Option<u64>,
     pub timeout_ms: u64,
 }
 
@@ -301,7 +323,7 @@ impl Default for MultiTurnConfig {
         Self {
             enabled: true,
             second_prompt: "Now say the same thing in other words.".into(),
-            ttft_budget_ms: 5_000,
+            ttft_budget_ms: None,
             timeout_ms: 60_000,
         }
     }
@@ -313,7 +335,9 @@ impl Default for MultiTurnConfig {
 pub struct ConcurrencyConfig {
     pub enabled: bool,
     pub requests: u32,
-    pub slowest_budget_ms: u64,
+    /// An absolute bound on the slowest request, on top of the batching
+    /// rule (default: none).
+    pub slowest_budget_ms: Option<u64>,
     pub timeout_ms: u64,
 }
 
@@ -322,7 +346,7 @@ impl Default for ConcurrencyConfig {
         Self {
             enabled: true,
             requests: 8,
-            slowest_budget_ms: 30_000,
+            slowest_budget_ms: None,
             timeout_ms: 120_000,
         }
     }
@@ -558,13 +582,20 @@ impl OrchestratorConfig {
                 ),
                 (
                     "suite.long_generation.max_token_gap_ms",
-                    su.long_generation.max_token_gap_ms,
+                    su.long_generation.max_token_gap_ms.unwrap_or(1),
                 ),
                 ("suite.long_generation.timeout_ms", su.long_generation.timeout_ms),
-                ("suite.multi_turn.ttft_budget_ms", su.multi_turn.ttft_budget_ms),
+                (
+                    "suite.multi_turn.ttft_budget_ms",
+                    su.multi_turn.ttft_budget_ms.unwrap_or(1),
+                ),
+                ("suite.ttft_budget_ms", su.ttft_budget_ms.unwrap_or(1)),
                 ("suite.multi_turn.timeout_ms", su.multi_turn.timeout_ms),
                 ("suite.concurrency.requests", u64::from(su.concurrency.requests)),
-                ("suite.concurrency.slowest_budget_ms", su.concurrency.slowest_budget_ms),
+                (
+                    "suite.concurrency.slowest_budget_ms",
+                    su.concurrency.slowest_budget_ms.unwrap_or(1),
+                ),
                 ("suite.concurrency.timeout_ms", su.concurrency.timeout_ms),
                 ("suite.abort_storm.requests", u64::from(su.abort_storm.requests)),
                 (
@@ -581,6 +612,19 @@ impl OrchestratorConfig {
             if su.multi_turn.second_prompt.trim().is_empty() {
                 return Err(invalid(at("suite.multi_turn.second_prompt"), "must not be empty"));
             }
+            if let Some(t) = su.tpot_budget_ms
+                && !(t.is_finite() && t > 0.0)
+            {
+                return Err(invalid(at("suite.tpot_budget_ms"), "must be a finite number > 0"));
+            }
+            for (f, v) in [
+                ("suite.tpot_history_ratio", su.tpot_history_ratio),
+                ("suite.min_batching_gain", su.min_batching_gain),
+            ] {
+                if !(v.is_finite() && v >= 1.0) {
+                    return Err(invalid(at(f), "must be a finite number >= 1"));
+                }
+            }
             if !(su.baseline_warning_ratio > 1.0 && su.baseline_warning_ratio.is_finite()) {
                 return Err(invalid(
                     at("suite.baseline_warning_ratio"),
@@ -590,12 +634,15 @@ impl OrchestratorConfig {
             p.gate
                 .validate()
                 .map_err(|(f, problem)| invalid(at(&format!("gate.{f}")), problem))?;
-            if pr.warm_probes == 0 || pr.max_probes < pr.warm_probes {
+            if pr.warm_probes == 0 {
+                return Err(invalid(at("probe.warm_probes"), "must be at least 1"));
+            }
+            if pr.max_probes <= pr.warm_probes {
                 return Err(invalid(
                     at("probe.max_probes"),
                     format!(
-                        "must be at least warm_probes ({}) and warm_probes at least 1",
-                        pr.warm_probes
+                        "must be more than warm_probes ({}): a series needs room for a slow first answer and {} warm ones",
+                        pr.warm_probes, pr.warm_probes
                     ),
                 ));
             }

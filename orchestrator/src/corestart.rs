@@ -19,9 +19,10 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use pdwarden_proto::v1::{
-    ChatProbe, Command, OperationStarted, OperationUpdate, Phase, ProbeOutcome, ProbeRequest, ProbeSample,
-    ReadinessSpec, StartUnit, StepUpdate, SuiteAbortStorm, SuiteConcurrency, SuiteLongGeneration, SuiteMultiTurn,
-    SuiteStepRequest, TimelineEntry, command, operation_update, suite_step_request,
+    AttemptOutcome, ChatProbe, CheckKind, Command, OperationStarted, OperationUpdate, Phase, ProbeOutcome,
+    ProbeRequest, ProbeSample, ReadinessSpec, StartUnit, StepUpdate, SuiteAbortStorm, SuiteConcurrency,
+    SuiteLongGeneration, SuiteMultiTurn, SuiteStepRequest, TimelineEntry, command, operation_update,
+    suite_step_request,
 };
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -29,10 +30,12 @@ use tokio::time::Instant;
 use crate::config::{DecodeStartPolicy, PairConfig, UnitRef};
 use crate::fleet::{AgentReport, Fleet, phase_name};
 use crate::journal::Journal;
-use crate::report::{OperationReport, ProbeRecord, StepRecord, TimelineRecord};
+use crate::report::{AttemptRecord, OperationReport, ProbeRecord, StepRecord, TimelineRecord};
 use crate::stats::summarize;
-use crate::suite::{self, Baseline, LongGenerationBudget, RequestSample, StepReport, SuiteStep};
-use crate::verdict::{ProbeObservation, ProbePolicy, ReadinessPhase, UnitStartup, cold_allowance, judge};
+use crate::suite::{self, Baseline, BudgetInputs, RequestSample, StepReport, SuiteBudgets, SuiteStep};
+use crate::verdict::{
+    ColdSample, FailedCheck, ProbeObservation, ProbePolicy, ReadinessPhase, UnitStartup, cold_allowance, judge,
+};
 
 /// Slack the orchestrator adds to an agent-side deadline before it gives up on
 /// hearing from the agent at all.
@@ -107,6 +110,7 @@ struct RecordedEvidence {
     steps: Vec<StepRecord>,
     timeline: Vec<TimelineRecord>,
     probes: Vec<ProbeRecord>,
+    attempts: Vec<AttemptRecord>,
 }
 
 impl Recorder {
@@ -174,6 +178,22 @@ impl Recorder {
         self.lock().timeline.push(rec);
     }
 
+    /// A readiness check attempt: journaled and kept for the report; a
+    /// generation attempt is also a timeline entry (phase `check`).
+    fn attempt(&self, rec: AttemptRecord) {
+        self.journal_entry(rec.at_ms, "attempt", &rec);
+        if rec.check == "generation" {
+            self.phase(TimelineRecord {
+                unit: rec.unit.clone(),
+                role: rec.role.clone(),
+                phase: "check".into(),
+                at_ms: rec.at_ms,
+                detail: rec.describe(),
+            });
+        }
+        self.lock().attempts.push(rec);
+    }
+
     fn probe(&self, rec: ProbeRecord) {
         self.journal_entry(self.now_ms(), "probe", &rec);
         self.send(operation_update::Kind::Probe(ProbeSample {
@@ -222,6 +242,10 @@ struct UnitStart {
     last_detail: String,
     check_latency_ms: u64,
     check_tokens: u32,
+    /// Every generation check of this start-up, in order (DESIGN.md 10).
+    generation_attempts: Vec<AttemptRecord>,
+    /// What the agent said it spawned (its `spawned` event).
+    config_fingerprint: String,
 }
 
 impl UnitStart {
@@ -234,7 +258,27 @@ impl UnitStart {
             lost_contact: self.lost_contact,
             last_detail: self.last_detail.clone(),
             waited_ms: now_ms.saturating_sub(self.sent_at_ms),
+            // The router's failed generations are probes of the series instead.
+            failed_checks: if self.role == "router" {
+                Vec::new()
+            } else {
+                self.failed_checks()
+            },
         }
+    }
+
+    /// Generation checks that timed out or failed before the unit generated.
+    fn failed_checks(&self) -> Vec<FailedCheck> {
+        self.generation_attempts
+            .iter()
+            .filter(|a| a.outcome != "ok")
+            .map(|a| FailedCheck {
+                seq: a.seq,
+                timed_out: a.outcome == "timeout",
+                latency_ms: a.latency_ms,
+                detail: a.detail.clone(),
+            })
+            .collect()
     }
 
     fn outcome(&self) -> String {
@@ -320,6 +364,7 @@ pub fn resume_point(
             lost_contact: false,
             last_detail: "generating before the orchestrator restarted (agent's facts)".into(),
             waited_ms: 0,
+            failed_checks: Vec::new(),
         })
         .collect();
     (wanted, kept)
@@ -346,16 +391,6 @@ pub async fn run_operation_from(
         pair: pair.name.clone(),
         decode_start_policy: pair.decode_start_policy.as_str().into(),
     }));
-    let policy = ProbePolicy {
-        warm_budget_ms: pair.probe.warm_budget_ms,
-        cold_allowance: cold_allowance(
-            &healthy_first_probes(&ctx.journal, &pair.name),
-            pair.probe.cold_allowance_margin,
-            pair.probe.cold_allowance_ms,
-            pair.probe.warm_budget_ms,
-        ),
-        cold_start_possible: kind == OperationKind::CoRestart,
-    };
     let (from, kept, resume_note) = match resume {
         Some(r) => {
             rec.journal_entry(
@@ -373,6 +408,7 @@ pub async fn run_operation_from(
         rec: &rec,
         starts: Vec::new(),
         probes: Vec::new(),
+        budgets: None,
     };
     let journal_error = match kind {
         OperationKind::CoRestart => run.drive(from).await.err(),
@@ -399,10 +435,29 @@ pub async fn run_operation_from(
                     lost_contact: false,
                     last_detail: "not started".into(),
                     waited_ms: 0,
+                    failed_checks: Vec::new(),
                 });
             }
         }
     }
+    // The allowance is measured from restarts that started the same thing:
+    // the fingerprint of what this operation spawned.
+    let fingerprint = match kind {
+        OperationKind::CoRestart => run.fingerprint(),
+        OperationKind::Verify { .. } => String::new(),
+    };
+    let policy = ProbePolicy {
+        warm_budget_ms: run.pair.probe.warm_budget_ms,
+        cold_allowance: cold_allowance(
+            &accepted_cold_samples(&run.ctx.journal, &run.pair.name),
+            &fingerprint,
+            run.pair.probe.cold_allowance_margin,
+            run.pair.probe.cold_allowance_ms,
+            run.pair.probe.warm_budget_ms,
+        ),
+        cold_start_possible: kind == OperationKind::CoRestart,
+        warm_probes: run.pair.probe.warm_probes,
+    };
     let mut verdict = judge(&startups, &run.probes, &policy);
     let mut suite_steps = Vec::new();
     if journal_error.is_none() && verdict.kind.is_healthy() {
@@ -449,10 +504,13 @@ pub async fn run_operation_from(
                 .collect::<Vec<_>>(),
         ),
         probes: evidence.probes,
+        attempts: evidence.attempts,
         warnings: suite::warnings(&suite_steps),
+        budgets: run.budgets.clone(),
         suite: suite_steps,
         warm_budget_ms: policy.warm_budget_ms,
         cold_allowance: policy.cold_allowance,
+        fingerprint,
         total_ms: rec.now_ms(),
     };
     if let Err(e) = rec.journal.conclude(&operation_id, report.verdict.as_str(), &report) {
@@ -486,19 +544,30 @@ fn sample_from_wire(s: pdwarden_proto::v1::SuiteRequestSample) -> RequestSample 
 /// The suite of the pair's last healthy operation that ran one: the
 /// baseline each step is compared with.
 fn last_healthy_suite(journal: &Journal, pair: &str) -> Option<(String, Vec<StepReport>)> {
-    let history = journal.history(pair, 50).ok()?;
-    history.into_iter().find_map(|r| {
-        if !matches!(r.verdict.as_deref(), Some("healthy" | "healthy_after_cold_start")) {
-            return None;
-        }
-        let steps: Vec<StepReport> = serde_json::from_value(r.report?.get("suite")?.clone()).ok()?;
-        (!steps.is_empty()).then_some((r.operation_id, steps))
-    })
+    healthy_suites(journal, pair).into_iter().next()
 }
 
-/// First-probe latencies of the pair's earlier restarts that ended healthy:
-/// the evidence the cold allowance is measured from.
-fn healthy_first_probes(journal: &Journal, pair: &str) -> Vec<(String, u64)> {
+/// The suites of the pair's healthy operations that ran one, newest first.
+fn healthy_suites(journal: &Journal, pair: &str) -> Vec<(String, Vec<StepReport>)> {
+    let Ok(history) = journal.history(pair, 50) else {
+        return Vec::new();
+    };
+    history
+        .into_iter()
+        .filter_map(|r| {
+            if !matches!(r.verdict.as_deref(), Some("healthy" | "healthy_after_cold_start")) {
+                return None;
+            }
+            let steps: Vec<StepReport> = serde_json::from_value(r.report?.get("suite")?.clone()).ok()?;
+            (!steps.is_empty()).then_some((r.operation_id, steps))
+        })
+        .collect()
+}
+
+/// The pair's accepted restarts (newest first): first answer through the
+/// router and the fingerprint of what each started — the evidence the cold
+/// allowance is measured from.
+fn accepted_cold_samples(journal: &Journal, pair: &str) -> Vec<ColdSample> {
     let history = match journal.history(pair, 50) {
         Ok(h) => h,
         Err(e) => {
@@ -511,8 +580,13 @@ fn healthy_first_probes(journal: &Journal, pair: &str) -> Vec<(String, u64)> {
         .filter(|r| r.kind == OperationKind::CoRestart.as_str())
         .filter(|r| matches!(r.verdict.as_deref(), Some("healthy" | "healthy_after_cold_start")))
         .filter_map(|r| {
-            let first = r.report?.get("probes")?.get(0)?.get("latency_ms")?.as_u64()?;
-            Some((r.operation_id, first))
+            let report: OperationReport = serde_json::from_value(r.report?).ok()?;
+            let first = report.probes.first().filter(|p| p.outcome == "ok")?.latency_ms?;
+            Some(ColdSample {
+                operation_id: r.operation_id,
+                first_answer_ms: first,
+                fingerprint: report.fingerprint,
+            })
         })
         .collect()
 }
@@ -523,9 +597,28 @@ struct CoRestart<'a> {
     rec: &'a Recorder,
     starts: Vec<UnitStart>,
     probes: Vec<ProbeObservation>,
+    /// The suite's budgets, once derived.
+    budgets: Option<SuiteBudgets>,
 }
 
 impl CoRestart<'_> {
+    /// One fingerprint of everything this operation started (each unit's
+    /// config version as its agent spawned it); empty if an agent sent none.
+    fn fingerprint(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let mut parts: Vec<String> = self
+            .starts
+            .iter()
+            .map(|s| format!("{}={}", s.unit, s.config_fingerprint))
+            .collect();
+        if parts.is_empty() || self.starts.iter().any(|s| s.config_fingerprint.is_empty()) {
+            return String::new();
+        }
+        parts.sort();
+        let digest = Sha256::digest(parts.join("\n").as_bytes());
+        digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+    }
+
     fn roles(&self) -> [(&'static str, &Vec<UnitRef>); 3] {
         [
             ("prefill", &self.pair.prefill),
@@ -553,7 +646,7 @@ impl CoRestart<'_> {
             CoRestartStep::Probing | CoRestartStep::Verifying => {
                 self.rec.transition(CoRestartStep::Probing)?;
                 let router = self.pair.router[0].clone();
-                self.probe_series_via(&router, None).await;
+                self.probe_series_via(&router, Vec::new()).await;
                 return Ok(());
             }
             _ => {}
@@ -684,6 +777,8 @@ impl CoRestart<'_> {
             last_detail: String::new(),
             check_latency_ms: 0,
             check_tokens: 0,
+            generation_attempts: Vec::new(),
+            config_fingerprint: String::new(),
         };
         match self.ctx.fleet.send(&unit.host, &unit.unit, cmd).await {
             Ok(rx) => s.rx = Some(rx),
@@ -733,35 +828,67 @@ impl CoRestart<'_> {
     /// or `max_probes` have run.
     async fn probe_series(&mut self, first_router: usize) {
         let router = &self.starts[first_router];
-        let readiness = (router.check_latency_ms, router.check_tokens);
+        let mut readiness: Vec<ProbeRecord> = router
+            .generation_attempts
+            .iter()
+            .map(|a| ProbeRecord {
+                target: format!("router:{}", router.unit.unit),
+                seq: 0,
+                latency_ms: Some(a.latency_ms),
+                tokens: 0,
+                outcome: a.outcome.clone(),
+                error: if a.detail.is_empty() {
+                    "readiness generation".into()
+                } else {
+                    format!("readiness generation: {}", a.detail)
+                },
+                request_id: a.request_id.clone(),
+            })
+            .collect();
+        match readiness.iter_mut().rev().find(|r| r.outcome == "ok") {
+            Some(last_ok) => last_ok.tokens = router.check_tokens,
+            // An agent that reports no attempts: the passing check alone.
+            None => readiness.push(ProbeRecord {
+                target: format!("router:{}", router.unit.unit),
+                seq: 0,
+                latency_ms: Some(router.check_latency_ms),
+                tokens: router.check_tokens,
+                outcome: "ok".into(),
+                error: "readiness generation".into(),
+                request_id: String::new(),
+            }),
+        }
         let unit = router.unit.clone();
-        self.probe_series_via(&unit, Some(readiness)).await;
+        self.probe_series_via(&unit, readiness).await;
     }
 
     /// A verification: the probe series through the first router, nothing restarted.
     async fn verify(&mut self) -> Result<(), crate::journal::JournalError> {
         self.rec.transition(CoRestartStep::Probing)?;
         let router = self.pair.router[0].clone();
-        self.probe_series_via(&router, None).await;
+        self.probe_series_via(&router, Vec::new()).await;
         Ok(())
     }
 
     /// Probes through `router`. `readiness` is the router's readiness
     /// generation after a restart (latency, tokens), which counts as probe 1.
-    async fn probe_series_via(&mut self, router: &UnitRef, readiness: Option<(u64, u32)>) {
+    async fn probe_series_via(&mut self, router: &UnitRef, readiness: Vec<ProbeRecord>) {
         let target = format!("router:{}", router.unit);
         let (host, unit) = (router.host.clone(), router.unit.clone());
-        if let Some((latency_ms, tokens)) = readiness {
-            self.rec.probe(ProbeRecord {
-                target: target.clone(),
-                seq: 1,
-                latency_ms: Some(latency_ms),
-                tokens,
-                outcome: "ok".into(),
-                error: "readiness generation".into(),
-                request_id: String::new(),
+        for mut r in readiness {
+            r.seq = self.probes.len() as u32 + 1;
+            let latency_ms = r.latency_ms.unwrap_or(0);
+            self.probes.push(match r.outcome.as_str() {
+                "ok" => ProbeObservation::Ok {
+                    latency_ms,
+                    tokens: r.tokens,
+                },
+                "timeout" => ProbeObservation::Timeout { after_ms: latency_ms },
+                _ => ProbeObservation::Error {
+                    message: r.error.clone(),
+                },
             });
-            self.probes.push(ProbeObservation::Ok { latency_ms, tokens });
+            self.rec.probe(r);
         }
         let step_idx = self.rec.step_started("probe", &unit);
         let p = self.pair.probe.clone();
@@ -786,6 +913,41 @@ impl CoRestart<'_> {
 
     /// Runs the enabled suite steps through the first router, in order, each
     /// judged on its own and against the pair's last healthy verification.
+    /// The suite's budgets, from this operation's warm answers and the
+    /// pair's last healthy verifications (the config's numbers override).
+    fn suite_budgets(&self) -> SuiteBudgets {
+        let cfg = &self.pair.suite;
+        let warm = self.pair.probe.warm_budget_ms;
+        let history_tpot_us = healthy_suites(&self.ctx.journal, &self.pair.name)
+            .into_iter()
+            .filter_map(|(op, steps)| {
+                let lg = steps.iter().find(|s| s.step == SuiteStep::LongGeneration)?;
+                Some((op, *lg.figures.get("tpot_us")?))
+            })
+            .filter(|(_, us)| *us > 0)
+            .collect();
+        suite::derive_budgets(&BudgetInputs {
+            warm_budget_ms: warm,
+            probe_max_tokens: self.pair.probe.max_tokens,
+            warm_answers_ms: self
+                .probes
+                .iter()
+                .filter_map(|p| match p {
+                    ProbeObservation::Ok { latency_ms, .. } if *latency_ms <= warm => Some(*latency_ms),
+                    _ => None,
+                })
+                .collect(),
+            history_tpot_us,
+            ttft_override_ms: cfg.ttft_budget_ms,
+            tpot_override_ms: cfg.tpot_budget_ms,
+            gap_override_ms: cfg.long_generation.max_token_gap_ms,
+            slowest_override_ms: cfg.concurrency.slowest_budget_ms,
+            tpot_history_ratio: cfg.tpot_history_ratio,
+            min_batching_gain: cfg.min_batching_gain,
+            floor_ms: cfg.baseline_floor_ms,
+        })
+    }
+
     async fn verification_suite(&mut self, abort_storm: bool) -> Result<Vec<StepReport>, crate::journal::JournalError> {
         let cfg = self.pair.suite.clone();
         let mut plan: Vec<SuiteStep> = Vec::new();
@@ -806,6 +968,9 @@ impl CoRestart<'_> {
         }
         self.rec.transition(CoRestartStep::Verifying)?;
         let baseline = last_healthy_suite(&self.ctx.journal, &self.pair.name);
+        let budgets = self.suite_budgets();
+        self.rec.journal_entry(self.rec.now_ms(), "suite_budgets", &budgets);
+        self.budgets = Some(budgets.clone());
         let router = self.pair.router[0].clone();
         let chat = self.chat_probe();
         let mut steps = Vec::new();
@@ -820,7 +985,7 @@ impl CoRestart<'_> {
                         timeout_ms: cfg.long_generation.timeout_ms,
                         // Stop listening a little after the budget is blown:
                         // the evidence is in by then.
-                        silence_timeout_ms: cfg.long_generation.max_token_gap_ms * 2,
+                        silence_timeout_ms: budgets.max_token_gap_ms.saturating_mul(2),
                     }),
                     cfg.long_generation.timeout_ms,
                 ),
@@ -856,15 +1021,10 @@ impl CoRestart<'_> {
                 .step_started(&format!("verify-{}", step.as_str()), &router.unit);
             let samples = self.suite_step(&router, request, timeout_ms).await;
             let mut report = match step {
-                SuiteStep::LongGeneration => suite::judge_long_generation(
-                    samples,
-                    LongGenerationBudget {
-                        max_token_gap_ms: cfg.long_generation.max_token_gap_ms,
-                    },
-                ),
-                SuiteStep::MultiTurn => suite::judge_multi_turn(samples, cfg.multi_turn.ttft_budget_ms),
-                SuiteStep::Concurrency => suite::judge_concurrency(samples, cfg.concurrency.slowest_budget_ms),
-                SuiteStep::AbortStorm => suite::judge_abort_storm(samples),
+                SuiteStep::LongGeneration => suite::judge_long_generation(samples, &budgets),
+                SuiteStep::MultiTurn => suite::judge_multi_turn(samples, &budgets, cfg.multi_turn.ttft_budget_ms),
+                SuiteStep::Concurrency => suite::judge_concurrency(samples, &budgets),
+                SuiteStep::AbortStorm => suite::judge_abort_storm(samples, &budgets),
             };
             let base = baseline
                 .as_ref()
@@ -1053,6 +1213,36 @@ async fn next_report(rec: &Recorder, fleet: &Fleet, s: &mut UnitStart) {
 
 fn apply_report(rec: &Recorder, s: &mut UnitStart, report: AgentReport) {
     match report {
+        AgentReport::Unit(ev) if ev.attempt.is_some() => {
+            let a = ev.attempt.clone().unwrap_or_default();
+            let at_ms = s.sent_at_ms + ev.ms_since_command;
+            let generation = CheckKind::try_from(a.check) == Ok(CheckKind::Generation);
+            let record = AttemptRecord {
+                unit: s.unit.unit.clone(),
+                role: s.role.into(),
+                check: if generation { "generation" } else { "health" }.into(),
+                outcome: match AttemptOutcome::try_from(a.outcome).unwrap_or(AttemptOutcome::Unspecified) {
+                    AttemptOutcome::Ok => "ok",
+                    AttemptOutcome::Timeout => "timeout",
+                    AttemptOutcome::Refused => "refused",
+                    _ => "error",
+                }
+                .into(),
+                seq: a.seq,
+                http_status: a.http_status,
+                latency_ms: a.latency_ms,
+                count: a.count.max(1),
+                first_at_ms: s.sent_at_ms + a.first_ms_since_command.min(ev.ms_since_command),
+                at_ms,
+                detail: a.detail,
+                request_id: a.request_id,
+            };
+            // Attempts reported while the old instance stopped are not this start's.
+            if s.spawned && generation {
+                s.generation_attempts.push(record.clone());
+            }
+            rec.attempt(record);
+        }
         AgentReport::Unit(ev) => {
             let phase = Phase::try_from(ev.phase).unwrap_or(Phase::Unspecified);
             let mut name = phase_name(ev.phase).to_string();
@@ -1073,6 +1263,7 @@ fn apply_report(rec: &Recorder, s: &mut UnitStart, report: AgentReport) {
             let reached = match phase {
                 Phase::Spawned => {
                     s.spawned = true;
+                    s.config_fingerprint = ev.config_fingerprint.clone();
                     Some(ReadinessPhase::Spawned)
                 }
                 Phase::Refused => Some(ReadinessPhase::Refused),

@@ -48,6 +48,60 @@ pub struct ProbeRecord {
     pub request_id: String,
 }
 
+/// One readiness check attempt as the agent reported it (DESIGN.md 10):
+/// every generation check, and health polls as runs of the same outcome.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct AttemptRecord {
+    pub unit: String,
+    pub role: String,
+    /// `health` or `generation`.
+    pub check: String,
+    /// `ok`, `timeout`, `error` or `refused`.
+    pub outcome: String,
+    /// 1-based generation attempt within the start-up (0 for health runs).
+    #[serde(default)]
+    pub seq: u32,
+    #[serde(default)]
+    pub http_status: i32,
+    pub latency_ms: u64,
+    /// Polls in a health run (1 for a generation attempt).
+    pub count: u32,
+    /// When the first attempt of the run ended, ms since the operation began.
+    pub first_at_ms: u64,
+    /// When the (last) attempt ended, ms since the operation began.
+    pub at_ms: u64,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub detail: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub request_id: String,
+}
+
+impl AttemptRecord {
+    /// "generation check 1: timeout after 20.0 s (…)" / "health: http 503 ×212 over 4.20 s".
+    pub fn describe(&self) -> String {
+        let detail = if self.detail.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", self.detail)
+        };
+        if self.check == "generation" {
+            format!(
+                "generation check {}: {} after {}{detail}",
+                self.seq,
+                self.outcome,
+                secs(self.latency_ms)
+            )
+        } else {
+            format!(
+                "health: {} ×{} over {}{detail}",
+                self.outcome,
+                self.count,
+                secs(self.at_ms.saturating_sub(self.first_at_ms))
+            )
+        }
+    }
+}
+
 /// The final report of a co-restart.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct OperationReport {
@@ -60,6 +114,9 @@ pub struct OperationReport {
     pub steps: Vec<StepRecord>,
     pub timeline: Vec<TimelineRecord>,
     pub probes: Vec<ProbeRecord>,
+    /// Every readiness check attempt of the start-ups, in the order reported.
+    #[serde(default)]
+    pub attempts: Vec<AttemptRecord>,
     /// The answered probes' latencies, as modes when bimodal.
     pub probe_latency: LatencySummary,
     /// The verification suite's steps, with their raw samples.
@@ -68,8 +125,15 @@ pub struct OperationReport {
     /// Steps within budget but far worse than the pair's history.
     #[serde(default)]
     pub warnings: Vec<String>,
+    /// What the suite's requests were held to, and where each number came from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budgets: Option<crate::suite::SuiteBudgets>,
     pub warm_budget_ms: u64,
     pub cold_allowance: ColdAllowance,
+    /// What the restart started (its units' config fingerprints, hashed):
+    /// cold starts are compared only between equal fingerprints.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub fingerprint: String,
     pub total_ms: u64,
 }
 
@@ -143,6 +207,10 @@ pub fn timeline_summary(timeline: &[TimelineRecord]) -> Vec<String> {
             let role = &events[0].role;
             let mut parts = Vec::new();
             for (i, e) in events.iter().enumerate() {
+                if e.phase == "check" {
+                    parts.push(format!("{} at {}", e.detail, secs(e.at_ms)));
+                    continue;
+                }
                 let label = match e.phase.as_str() {
                     "http_503" => "503",
                     "healthy" => "200",
@@ -173,12 +241,23 @@ pub fn render_summary(r: &OperationReport) -> String {
             let _ = writeln!(out, "  {line}");
         }
     }
+    let failed_attempts: Vec<&AttemptRecord> = r
+        .attempts
+        .iter()
+        .filter(|a| a.check == "generation" && a.outcome != "ok")
+        .collect();
+    if !failed_attempts.is_empty() {
+        let _ = writeln!(out, "generation checks that did not pass:");
+        for a in failed_attempts {
+            let _ = writeln!(out, "  {} {} at {}: {}", a.role, a.unit, secs(a.at_ms), a.describe());
+        }
+    }
     if !r.probes.is_empty() {
         let _ = writeln!(
             out,
-            "probes through the router (warm budget {}, cold allowance {}):",
+            "probes through the router (warm budget {}, cold allowance: {}):",
             secs(r.warm_budget_ms),
-            secs(r.cold_allowance.ms())
+            r.cold_allowance.describe()
         );
         for p in &r.probes {
             let _ = writeln!(out, "{}", live_probe_line(p).trim_start().replace("probe", "  probe"));
@@ -186,6 +265,17 @@ pub fn render_summary(r: &OperationReport) -> String {
     }
     if !r.suite.is_empty() {
         let _ = writeln!(out, "verification suite through the router:");
+        if let Some(b) = &r.budgets {
+            let _ = writeln!(
+                out,
+                "  budgets: ttft {} ({}), tpot {} ({}), one warm request {}",
+                secs(b.ttft_ms),
+                b.ttft_source,
+                crate::suite::ms_us(b.tpot_us),
+                b.tpot_source,
+                secs(b.single_request_ms)
+            );
+        }
         for step in &r.suite {
             let mark = match step.status {
                 StepStatus::Pass => "✓",

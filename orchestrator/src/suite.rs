@@ -9,13 +9,170 @@
 //! last healthy verification, so a step within its absolute budget but far
 //! worse than its own history is a warning.
 //!
+//! # Budgets that mean something
+//! Every suite request is held to [`SuiteBudgets`] derived from the pair's own
+//! warm figures, not to absolute numbers unrelated to the pair: a first token
+//! within the warm budget (a first token is never later than a whole warm
+//! answer), a time per output token within a multiple of the pair's history
+//! (never looser than the warm budget implies for the probe's tokens), an
+//! end-to-end time within `ttft + tokens × tpot`, and N simultaneous requests
+//! within N / `min_batching_gain` × one warm request of this very operation
+//! (an engine that batches serves them in about one request's time; one that
+//! lost batching takes N×). Absolute numbers in the config are overrides.
+//! Each budget carries the sentence that says where it came from.
+//!
+//! A suite request over its budget after the probe series called the pair
+//! warm is a relapse: after `healthy_after_cold_start` it rejects the
+//! cold-start explanation; after `healthy` it is `over_budget`.
+//!
 //! Pure: samples, budgets and the baseline in, a [`StepReport`] out.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::verdict::{Verdict, VerdictKind, secs};
+use crate::stats::summarize;
+use crate::verdict::{Verdict, VerdictKind, judged_ms, secs};
+
+/// What every suite request is held to, and where each number came from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SuiteBudgets {
+    pub ttft_ms: u64,
+    pub ttft_source: String,
+    /// Time per output token, in µs (pd-sim at a small time scale emits a
+    /// token every few hundred µs).
+    pub tpot_us: u64,
+    pub tpot_source: String,
+    pub max_token_gap_ms: u64,
+    pub gap_source: String,
+    /// The end-to-end budget of a probe-shaped request (the probe's warm budget).
+    pub warm_budget_ms: u64,
+    /// One warm request of this operation: the reference for batching.
+    pub single_request_ms: u64,
+    pub single_source: String,
+    pub min_batching_gain: f64,
+    /// An absolute bound on the slowest simultaneous request, if configured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slowest_ms: Option<u64>,
+    /// Differences smaller than this are noise, never a failure.
+    pub floor_ms: u64,
+}
+
+impl SuiteBudgets {
+    /// The end-to-end budget of a request of `tokens` output tokens.
+    pub fn e2e_ms(&self, tokens: u32) -> u64 {
+        self.ttft_ms + (u64::from(tokens) * self.tpot_us).div_ceil(1000)
+    }
+}
+
+/// What the budgets are derived from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BudgetInputs {
+    pub warm_budget_ms: u64,
+    pub probe_max_tokens: u32,
+    /// Latencies of this operation's warm answers through the router.
+    pub warm_answers_ms: Vec<u64>,
+    /// TPOT (µs) of the pair's last healthy verifications, newest first, with
+    /// their operation ids.
+    pub history_tpot_us: Vec<(String, u64)>,
+    pub ttft_override_ms: Option<u64>,
+    pub tpot_override_ms: Option<f64>,
+    pub gap_override_ms: Option<u64>,
+    pub slowest_override_ms: Option<u64>,
+    pub tpot_history_ratio: f64,
+    pub min_batching_gain: f64,
+    pub floor_ms: u64,
+}
+
+/// Derives the suite's budgets (see the module doc).
+pub fn derive_budgets(i: &BudgetInputs) -> SuiteBudgets {
+    let (ttft_ms, ttft_source) = match i.ttft_override_ms {
+        Some(ms) => (ms, "configured (suite.ttft_budget_ms)".to_string()),
+        None => (
+            i.warm_budget_ms,
+            format!("the probe's warm budget ({})", secs(i.warm_budget_ms)),
+        ),
+    };
+    let implied_us = i.warm_budget_ms * 1000 / u64::from(i.probe_max_tokens.max(1));
+    let (tpot_us, tpot_source) = match i.tpot_override_ms {
+        Some(ms) => (
+            (ms * 1000.0).round().max(1.0) as u64,
+            "configured (suite.tpot_budget_ms)".to_string(),
+        ),
+        None if !i.history_tpot_us.is_empty() => {
+            let recent: Vec<u64> = i.history_tpot_us.iter().take(5).map(|(_, us)| *us).collect();
+            let median = judged_ms(&summarize(&recent));
+            let us = ((median as f64 * i.tpot_history_ratio).ceil() as u64).max(1);
+            if us <= implied_us {
+                (
+                    us,
+                    format!(
+                        "{}× the median TPOT ({}) of the last {} healthy verification{} ({})",
+                        i.tpot_history_ratio,
+                        ms_us(median),
+                        recent.len(),
+                        if recent.len() == 1 { "" } else { "s" },
+                        i.history_tpot_us
+                            .iter()
+                            .take(5)
+                            .map(|(op, _)| op.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                )
+            } else {
+                (implied_us, implied_source(i))
+            }
+        }
+        None => (implied_us, implied_source(i)),
+    };
+    let (max_token_gap_ms, gap_source) = match i.gap_override_ms {
+        Some(ms) => (ms, "configured (suite.long_generation.max_token_gap_ms)".to_string()),
+        None => (
+            ttft_ms,
+            "the TTFT budget: a pause mid-stream longer than a whole warm answer".to_string(),
+        ),
+    };
+    let summary = summarize(&i.warm_answers_ms);
+    let (single_request_ms, single_source) = if i.warm_answers_ms.is_empty() {
+        (
+            i.warm_budget_ms,
+            "the warm budget (no warm answer in this operation)".to_string(),
+        )
+    } else {
+        (
+            judged_ms(&summary).max(1),
+            format!("this operation's warm answers: {}", summary.describe()),
+        )
+    };
+    SuiteBudgets {
+        ttft_ms,
+        ttft_source,
+        tpot_us,
+        tpot_source,
+        max_token_gap_ms,
+        gap_source,
+        warm_budget_ms: i.warm_budget_ms,
+        single_request_ms,
+        single_source,
+        min_batching_gain: i.min_batching_gain,
+        slowest_ms: i.slowest_override_ms,
+        floor_ms: i.floor_ms,
+    }
+}
+
+fn implied_source(i: &BudgetInputs) -> String {
+    format!(
+        "the warm budget over the probe's tokens ({} / {} tokens)",
+        secs(i.warm_budget_ms),
+        i.probe_max_tokens
+    )
+}
+
+/// "0.60 ms" from µs.
+pub fn ms_us(us: u64) -> String {
+    format!("{:.2} ms", us as f64 / 1000.0)
+}
 
 /// The suite's steps, in the order they run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -49,7 +206,7 @@ impl SuiteStep {
     /// The figures compared with the pair's history (smaller is better).
     fn baseline_figures(self) -> &'static [&'static str] {
         match self {
-            Self::LongGeneration => &["total_ms", "mean_token_gap_ms"],
+            Self::LongGeneration => &["total_ms", "mean_token_gap_ms", "ttft_ms"],
             Self::MultiTurn => &["turn2_ttft_ms", "turn2_ms"],
             Self::Concurrency => &["slowest_ms"],
             Self::AbortStorm => &["final_probe_ms"],
@@ -158,15 +315,10 @@ impl StepReport {
     }
 }
 
-/// Budgets of the long-generation step.
-#[derive(Debug, Clone, Copy)]
-pub struct LongGenerationBudget {
-    pub max_token_gap_ms: u64,
-}
-
 /// Long generation: every gap between tokens (and the silence after the last
-/// one, if the stream did not finish) against the budget.
-pub fn judge_long_generation(samples: Vec<RequestSample>, budget: LongGenerationBudget) -> StepReport {
+/// one, if the stream did not finish) against the gap budget, then its first
+/// token, its time per output token and its total against the budgets.
+pub fn judge_long_generation(samples: Vec<RequestSample>, b: &SuiteBudgets) -> StepReport {
     let mut r = StepReport::new(SuiteStep::LongGeneration, samples);
     let Some(s) = r.samples.first().cloned() else {
         r.fail(VerdictKind::Failed, "no sample came back".into());
@@ -175,7 +327,7 @@ pub fn judge_long_generation(samples: Vec<RequestSample>, budget: LongGeneration
     let times = &s.token_times_ms;
     let (mut max_gap, mut after_token) = (0u64, 0usize);
     for (i, w) in times.windows(2).enumerate() {
-        if w[1] - w[0] > max_gap {
+        if w[1].saturating_sub(w[0]) > max_gap {
             max_gap = w[1] - w[0];
             after_token = i + 1;
         }
@@ -188,19 +340,22 @@ pub fn judge_long_generation(samples: Vec<RequestSample>, budget: LongGeneration
             after_token = times.len();
         }
     }
-    let mean_gap = if times.len() >= 2 {
-        (times[times.len() - 1] - times[0]) / (times.len() as u64 - 1)
+    let tpot_us = if times.len() >= 2 {
+        (times[times.len() - 1].saturating_sub(times[0])) * 1000 / (times.len() as u64 - 1)
     } else {
         0
     };
     r.figures.insert("tokens".into(), u64::from(s.tokens));
     r.figures.insert("ttft_ms".into(), s.ttft_ms);
     r.figures.insert("max_token_gap_ms".into(), max_gap);
-    r.figures.insert("mean_token_gap_ms".into(), mean_gap);
+    r.figures.insert("mean_token_gap_ms".into(), tpot_us / 1000);
+    r.figures.insert("tpot_us".into(), tpot_us);
     r.figures.insert("total_ms".into(), s.latency_ms);
     if times.is_empty() && !s.ok() {
         r.fail(s.failure_kind(), format!("no token arrived: {}", s.describe_failure()));
-    } else if max_gap > budget.max_token_gap_ms {
+        return r;
+    }
+    if max_gap > b.max_token_gap_ms {
         let after = if after_token == 0 {
             "before the first token".to_string()
         } else {
@@ -209,19 +364,66 @@ pub fn judge_long_generation(samples: Vec<RequestSample>, budget: LongGeneration
         r.fail(
             VerdictKind::Wedged,
             format!(
-                "stream silent for {} {after}; budget {}",
+                "stream silent for {} {after}; budget {} ({})",
                 secs(max_gap),
-                secs(budget.max_token_gap_ms)
+                secs(b.max_token_gap_ms),
+                b.gap_source
             ),
         );
     } else if !s.ok() {
         r.fail(s.failure_kind(), s.describe_failure());
     }
+    if r.status == StepStatus::Fail {
+        return r;
+    }
+    if s.ttft_ms > b.ttft_ms {
+        r.fail(
+            VerdictKind::OverBudget,
+            format!(
+                "first token after {}; budget {} ({})",
+                secs(s.ttft_ms),
+                secs(b.ttft_ms),
+                b.ttft_source
+            ),
+        );
+    }
+    if times.len() >= 2 && tpot_us > b.tpot_us {
+        r.fail(
+            VerdictKind::OverBudget,
+            format!(
+                "a token every {} on average over {} tokens, {:.1}× the {} budget ({}): the decode emits tokens far slower than it should",
+                ms_us(tpot_us),
+                times.len(),
+                tpot_us as f64 / b.tpot_us.max(1) as f64,
+                ms_us(b.tpot_us),
+                b.tpot_source
+            ),
+        );
+    }
+    let e2e = b.e2e_ms(s.tokens);
+    if s.latency_ms > e2e + b.floor_ms {
+        r.fail(
+            VerdictKind::OverBudget,
+            format!(
+                "{} tokens took {}; budget {} (TTFT budget + {} tokens × TPOT budget)",
+                s.tokens,
+                secs(s.latency_ms),
+                secs(e2e),
+                s.tokens
+            ),
+        );
+    }
     r
 }
 
-/// Multi-turn: both turns answer; turn 2's first token within budget.
-pub fn judge_multi_turn(samples: Vec<RequestSample>, ttft_budget_ms: u64) -> StepReport {
+/// Multi-turn: both turns answer; turn 1 (the probe's own request) within
+/// the warm budget, turn 2's first token within the TTFT budget and its
+/// whole answer within TTFT + tokens × TPOT.
+pub fn judge_multi_turn(
+    samples: Vec<RequestSample>,
+    b: &SuiteBudgets,
+    turn2_ttft_override_ms: Option<u64>,
+) -> StepReport {
     let mut r = StepReport::new(SuiteStep::MultiTurn, samples);
     let (Some(t1), Some(t2)) = (r.samples.first().cloned(), r.samples.get(1).cloned()) else {
         r.fail(VerdictKind::Failed, "both turns' samples are needed".into());
@@ -232,7 +434,9 @@ pub fn judge_multi_turn(samples: Vec<RequestSample>, ttft_budget_ms: u64) -> Ste
     r.figures.insert("turn2_ms".into(), t2.latency_ms);
     if !t1.ok() {
         r.fail(t1.failure_kind(), format!("turn 1 failed: {}", t1.describe_failure()));
-    } else if !t2.ok() {
+        return r;
+    }
+    if !t2.ok() {
         r.fail(
             t2.failure_kind(),
             format!(
@@ -240,21 +444,51 @@ pub fn judge_multi_turn(samples: Vec<RequestSample>, ttft_budget_ms: u64) -> Ste
                 t2.describe_failure()
             ),
         );
-    } else if t2.ttft_ms > ttft_budget_ms {
+        return r;
+    }
+    if t1.latency_ms > b.warm_budget_ms {
         r.fail(
             VerdictKind::OverBudget,
             format!(
-                "turn 2's first token after {}; budget {}",
+                "turn 1 (the probe's own request) took {}, over the {} warm budget",
+                secs(t1.latency_ms),
+                secs(b.warm_budget_ms)
+            ),
+        );
+    }
+    let (ttft, source) = match turn2_ttft_override_ms {
+        Some(ms) => (ms, "configured (suite.multi_turn.ttft_budget_ms)"),
+        None => (b.ttft_ms, b.ttft_source.as_str()),
+    };
+    if t2.ttft_ms > ttft {
+        r.fail(
+            VerdictKind::OverBudget,
+            format!(
+                "turn 2's first token after {}; budget {} ({source})",
                 secs(t2.ttft_ms),
-                secs(ttft_budget_ms)
+                secs(ttft)
+            ),
+        );
+    }
+    let e2e = ttft + (u64::from(t2.tokens) * b.tpot_us).div_ceil(1000);
+    if t2.latency_ms > e2e + b.floor_ms {
+        r.fail(
+            VerdictKind::OverBudget,
+            format!(
+                "turn 2 took {} for {} tokens; budget {} (TTFT budget + tokens × TPOT budget)",
+                secs(t2.latency_ms),
+                t2.tokens,
+                secs(e2e)
             ),
         );
     }
     r
 }
 
-/// Concurrency: none lost, the slowest within budget.
-pub fn judge_concurrency(samples: Vec<RequestSample>, slowest_budget_ms: u64) -> StepReport {
+/// Concurrency: none lost; together they finish about as fast as one warm
+/// request (batching), never N× it; the slowest within an absolute bound if
+/// one is configured.
+pub fn judge_concurrency(samples: Vec<RequestSample>, b: &SuiteBudgets) -> StepReport {
     let mut r = StepReport::new(SuiteStep::Concurrency, samples);
     let n = r.samples.len();
     let lost: Vec<&RequestSample> = r.samples.iter().filter(|s| !s.ok()).collect();
@@ -279,9 +513,12 @@ pub fn judge_concurrency(samples: Vec<RequestSample>, slowest_budget_ms: u64) ->
     r.figures.insert("lost".into(), lost_n as u64);
     r.figures.insert("slowest_ms".into(), slowest);
     r.figures.insert("fastest_ms".into(), fastest);
+    r.figures.insert("single_request_ms".into(), b.single_request_ms);
     if n == 0 {
         r.fail(VerdictKind::Failed, "no sample came back".into());
-    } else if lost_n > 0 {
+        return r;
+    }
+    if lost_n > 0 {
         let kind = if timeouts > 0 {
             VerdictKind::Wedged
         } else {
@@ -294,13 +531,34 @@ pub fn judge_concurrency(samples: Vec<RequestSample>, slowest_budget_ms: u64) ->
                 first_lost.unwrap_or_default()
             ),
         );
-    } else if slowest > slowest_budget_ms {
+        return r;
+    }
+    let batched = (b.single_request_ms as f64 * n as f64 / b.min_batching_gain).ceil() as u64;
+    let allowed = batched.max(b.single_request_ms) + b.floor_ms;
+    if n >= 2 && slowest > allowed {
         r.fail(
             VerdictKind::OverBudget,
             format!(
-                "slowest of {n} simultaneous requests took {}; budget {}",
+                "lost batching: {n} simultaneous requests took {} to finish, {:.1}× one warm request ({}, {}); budget {} (at least {}× faster than one after another, + {} floor)",
                 secs(slowest),
-                secs(slowest_budget_ms)
+                slowest as f64 / b.single_request_ms.max(1) as f64,
+                secs(b.single_request_ms),
+                b.single_source,
+                secs(allowed),
+                b.min_batching_gain,
+                secs(b.floor_ms)
+            ),
+        );
+    }
+    if let Some(limit) = b.slowest_ms
+        && slowest > limit
+    {
+        r.fail(
+            VerdictKind::OverBudget,
+            format!(
+                "slowest of {n} simultaneous requests took {}; budget {} (configured)",
+                secs(slowest),
+                secs(limit)
             ),
         );
     }
@@ -308,7 +566,7 @@ pub fn judge_concurrency(samples: Vec<RequestSample>, slowest_budget_ms: u64) ->
 }
 
 /// Abort storm: after requests abandoned mid-prefill, a normal probe must answer.
-pub fn judge_abort_storm(samples: Vec<RequestSample>) -> StepReport {
+pub fn judge_abort_storm(samples: Vec<RequestSample>, b: &SuiteBudgets) -> StepReport {
     let mut r = StepReport::new(SuiteStep::AbortStorm, samples);
     let Some(last) = r.samples.last().cloned() else {
         r.fail(VerdictKind::Failed, "no sample came back".into());
@@ -325,6 +583,15 @@ pub fn judge_abort_storm(samples: Vec<RequestSample>) -> StepReport {
             format!(
                 "after {aborted} requests were abandoned mid-prefill, a normal probe got no answer ({}): an abandoned request holds the engine (INCIDENTS row 4)",
                 last.describe_failure()
+            ),
+        );
+    } else if last.latency_ms > b.warm_budget_ms + b.floor_ms {
+        r.fail(
+            VerdictKind::OverBudget,
+            format!(
+                "after {aborted} requests were abandoned mid-prefill, a normal probe took {}, over the {} warm budget: the engine is still busy with abandoned work",
+                secs(last.latency_ms),
+                secs(b.warm_budget_ms)
             ),
         );
     } else if aborted < abandoned {
@@ -377,15 +644,21 @@ pub fn overall(series: Verdict, steps: &[StepReport]) -> Verdict {
         return series;
     };
     let mut reasons: Vec<String> = failed.iter().flat_map(|s| s.reasons.iter().cloned()).collect();
+    let mut kind = first.fails_as.unwrap_or(VerdictKind::Failed);
+    // A request over budget after the series called the pair warm is a
+    // relapse: warm-up does not come back, so the cold-start story falls.
+    if kind == VerdictKind::OverBudget && series.kind == VerdictKind::HealthyAfterColdStart {
+        kind = VerdictKind::ColdStartRejected;
+        reasons.push(
+            "a relapse: the probe series called the pair warm after a cold start, and a later request was over its budget; a cold start slows only the first answer".into(),
+        );
+    }
     reasons.push(format!(
         "short probe series passed ({}): only the suite's {} exposed it",
         series.kind,
         failed.iter().map(|s| s.step.title()).collect::<Vec<_>>().join(", ")
     ));
-    Verdict {
-        kind: first.fails_as.unwrap_or(VerdictKind::Failed),
-        reasons,
-    }
+    Verdict { kind, reasons }
 }
 
 /// Warnings of passing steps, for the report.
@@ -419,34 +692,44 @@ mod tests {
         stream(&[], latency_ms, outcome)
     }
 
+    /// Budgets as a pair with a 1 s warm budget and no history derives them,
+    /// with a `gap_ms` silence budget.
+    fn budgets(gap_ms: u64) -> SuiteBudgets {
+        derive_budgets(&BudgetInputs {
+            warm_budget_ms: 1_000,
+            probe_max_tokens: 8,
+            warm_answers_ms: vec![300, 310, 290],
+            history_tpot_us: Vec::new(),
+            ttft_override_ms: None,
+            tpot_override_ms: None,
+            gap_override_ms: Some(gap_ms),
+            slowest_override_ms: None,
+            tpot_history_ratio: 3.0,
+            min_batching_gain: 2.0,
+            floor_ms: 20,
+        })
+    }
+
     /// A decode that freezes mid-stream after token 12: the silence until the
     /// timeout is the evidence, named with its numbers (the example).
     #[test]
     fn mid_stream_freeze_fails_long_generation() {
         let times: Vec<u64> = (1..=12).map(|i| 100 + i * 20).collect();
-        let r = judge_long_generation(
-            vec![stream(&times, 340 + 31_200, "timeout")],
-            LongGenerationBudget {
-                max_token_gap_ms: 5_000,
-            },
-        );
+        let r = judge_long_generation(vec![stream(&times, 340 + 31_200, "timeout")], &budgets(5_000));
         assert_eq!(r.status, StepStatus::Fail);
         assert_eq!(r.fails_as, Some(VerdictKind::Wedged));
         assert_eq!(
             r.reasons,
-            vec!["long generation: stream silent for 31.2 s after token 12; budget 5.00 s"]
+            vec![
+                "long generation: stream silent for 31.2 s after token 12; budget 5.00 s (configured (suite.long_generation.max_token_gap_ms))"
+            ]
         );
     }
 
     #[test]
     fn steady_stream_passes() {
         let times: Vec<u64> = (0..256).map(|i| 150 + i * 12).collect();
-        let r = judge_long_generation(
-            vec![stream(&times, 3_200, "ok")],
-            LongGenerationBudget {
-                max_token_gap_ms: 1_000,
-            },
-        );
+        let r = judge_long_generation(vec![stream(&times, 3_200, "ok")], &budgets(1_000));
         assert_eq!(r.status, StepStatus::Pass, "{r:?}");
         assert_eq!(r.figures["tokens"], 256);
         assert_eq!(r.figures["mean_token_gap_ms"], 12);
@@ -454,12 +737,7 @@ mod tests {
 
     #[test]
     fn a_gap_inside_the_stream_counts() {
-        let r = judge_long_generation(
-            vec![stream(&[10, 20, 9_000, 9_010], 9_020, "ok")],
-            LongGenerationBudget {
-                max_token_gap_ms: 5_000,
-            },
-        );
+        let r = judge_long_generation(vec![stream(&[10, 20, 9_000, 9_010], 9_020, "ok")], &budgets(5_000));
         assert_eq!(r.status, StepStatus::Fail);
         assert!(r.reasons[0].contains("stream silent for 8.98 s after token 2"), "{r:?}");
     }
@@ -467,12 +745,12 @@ mod tests {
     /// A broken second transfer: turn 1 answers, turn 2 does not.
     #[test]
     fn multi_turn_names_the_turn() {
-        let r = judge_multi_turn(vec![probe(300, "ok"), probe(20_000, "timeout")], 5_000);
+        let r = judge_multi_turn(vec![probe(300, "ok"), probe(20_000, "timeout")], &budgets(5_000), None);
         assert_eq!(r.fails_as, Some(VerdictKind::Wedged));
         assert!(r.reasons[0].starts_with("multi-turn: turn 2 (extending turn 1's conversation) failed: timeout"));
         let mut t2 = stream(&[6_000, 6_010], 6_020, "ok");
         t2.index = 1;
-        let r = judge_multi_turn(vec![probe(300, "ok"), t2], 5_000);
+        let r = judge_multi_turn(vec![probe(300, "ok"), t2], &budgets(5_000), None);
         assert_eq!(r.fails_as, Some(VerdictKind::OverBudget));
     }
 
@@ -485,13 +763,13 @@ mod tests {
                 probe(120, "ok"),
                 probe(5, "error"),
             ],
-            10_000,
+            &budgets(5_000),
         );
         assert_eq!(r.fails_as, Some(VerdictKind::Wedged));
         assert!(r.reasons[0].starts_with("concurrency: 2 of 4 simultaneous requests lost (1 timed out"));
-        let ok = judge_concurrency(vec![probe(100, "ok"), probe(900, "ok")], 1_000);
+        let ok = judge_concurrency(vec![probe(300, "ok"), probe(320, "ok")], &budgets(5_000));
         assert_eq!(ok.status, StepStatus::Pass);
-        assert_eq!(ok.figures["slowest_ms"], 900);
+        assert_eq!(ok.figures["slowest_ms"], 320);
     }
 
     /// INCIDENTS row 4 in the gate: abandoned long prompts, then a probe that hangs.
@@ -499,10 +777,13 @@ mod tests {
     fn abort_storm_catches_a_leaked_slot() {
         let mut abandoned = probe(2_000, "timeout");
         abandoned.aborted = true;
-        let r = judge_abort_storm(vec![abandoned.clone(), abandoned.clone(), probe(120_000, "timeout")]);
+        let r = judge_abort_storm(
+            vec![abandoned.clone(), abandoned.clone(), probe(120_000, "timeout")],
+            &budgets(5_000),
+        );
         assert_eq!(r.fails_as, Some(VerdictKind::Wedged));
         assert!(r.reasons[0].contains("after 2 requests were abandoned mid-prefill"));
-        let r = judge_abort_storm(vec![abandoned, probe(300, "ok")]);
+        let r = judge_abort_storm(vec![abandoned, probe(300, "ok")], &budgets(5_000));
         assert_eq!(r.status, StepStatus::Pass);
     }
 
@@ -511,12 +792,7 @@ mod tests {
     #[test]
     fn baseline_regression_warns() {
         let times: Vec<u64> = (0..256).map(|i| i * 3).collect();
-        let mut r = judge_long_generation(
-            vec![stream(&times, 3 * 460, "ok")],
-            LongGenerationBudget {
-                max_token_gap_ms: 1_000,
-            },
-        );
+        let mut r = judge_long_generation(vec![stream(&times, 3 * 460, "ok")], &budgets(1_000));
         let base = Baseline {
             operation_id: "op-7".into(),
             figures: BTreeMap::from([("total_ms".to_string(), 460), ("mean_token_gap_ms".to_string(), 1)]),
@@ -545,7 +821,7 @@ mod tests {
             kind: VerdictKind::HealthyAfterColdStart,
             reasons: vec!["cold start".into()],
         };
-        let failed = judge_concurrency(vec![probe(30_000, "timeout")], 10_000);
+        let failed = judge_concurrency(vec![probe(30_000, "timeout")], &budgets(5_000));
         let v = overall(ok_series.clone(), &[failed]);
         assert_eq!(v.kind, VerdictKind::Wedged);
         assert!(v.reasons[0].starts_with("concurrency:"));
@@ -560,5 +836,136 @@ mod tests {
             reasons: vec!["x".into()],
         };
         assert_eq!(overall(bad_series.clone(), &[]), bad_series);
+    }
+
+    fn inputs() -> BudgetInputs {
+        BudgetInputs {
+            warm_budget_ms: 1_000,
+            probe_max_tokens: 8,
+            warm_answers_ms: vec![300, 310, 290],
+            history_tpot_us: Vec::new(),
+            ttft_override_ms: None,
+            tpot_override_ms: None,
+            gap_override_ms: None,
+            slowest_override_ms: None,
+            tpot_history_ratio: 3.0,
+            min_batching_gain: 2.0,
+            floor_ms: 20,
+        }
+    }
+
+    /// Budgets come from the pair's own figures and say so; TPOT from history
+    /// is a robust median (one slow accepted verification does not loosen it)
+    /// and never looser than the warm budget implies.
+    #[test]
+    fn budgets_are_derived_from_the_pairs_own_figures() {
+        let b = derive_budgets(&inputs());
+        assert_eq!((b.ttft_ms, b.tpot_us, b.max_token_gap_ms), (1_000, 125_000, 1_000));
+        assert_eq!(b.single_request_ms, 300);
+        assert!(b.tpot_source.starts_with("the warm budget over the probe's tokens"));
+        let mut i = inputs();
+        i.history_tpot_us = vec![
+            ("op-3".into(), 12_000),
+            ("op-2".into(), 90_000),
+            ("op-1".into(), 11_000),
+        ];
+        let b = derive_budgets(&i);
+        assert_eq!(b.tpot_us, 36_000, "3 × the median 12 ms, not the 90 ms outlier");
+        assert!(
+            b.tpot_source
+                .contains("last 3 healthy verifications (op-3, op-2, op-1)"),
+            "{}",
+            b.tpot_source
+        );
+        i.history_tpot_us = vec![("op-9".into(), 100_000)];
+        assert_eq!(
+            derive_budgets(&i).tpot_us,
+            125_000,
+            "capped by what the warm budget implies"
+        );
+        i.tpot_override_ms = Some(40.0);
+        assert_eq!(derive_budgets(&i).tpot_us, 40_000);
+    }
+
+    /// Cache hits and misses: one warm request is the slow mode, not a median
+    /// that describes neither.
+    #[test]
+    fn single_request_reference_is_the_slow_mode() {
+        let mut i = inputs();
+        i.warm_answers_ms = vec![50, 55, 52, 400, 410, 405];
+        let b = derive_budgets(&i);
+        assert_eq!(b.single_request_ms, 405);
+        assert!(b.single_source.contains("bimodal"), "{}", b.single_source);
+    }
+
+    /// A decode that emits tokens far slower than its history fails, though
+    /// no gap breaks the silence budget and the short probes passed.
+    #[test]
+    fn slow_decode_fails_on_time_per_token() {
+        let mut i = inputs();
+        i.history_tpot_us = vec![("op-1".into(), 12_000)];
+        let b = derive_budgets(&i);
+        let times: Vec<u64> = (0..256).map(|k| 150 + k * 60).collect();
+        let r = judge_long_generation(vec![stream(&times, 150 + 255 * 60, "ok")], &b);
+        assert_eq!(r.fails_as, Some(VerdictKind::OverBudget), "{r:?}");
+        assert!(
+            r.reasons[0].starts_with("long generation: a token every 60.00 ms on average over 256 tokens, 1.7× the 36.00 ms budget (3× the median TPOT (12.00 ms)"),
+            "{r:?}"
+        );
+    }
+
+    /// Long generation checks its first token too, not only gaps.
+    #[test]
+    fn long_generation_checks_ttft() {
+        let times: Vec<u64> = (0..16).map(|k| 4_000 + k * 10).collect();
+        let r = judge_long_generation(vec![stream(&times, 4_160, "ok")], &derive_budgets(&inputs()));
+        assert_eq!(r.fails_as, Some(VerdictKind::OverBudget));
+        assert!(
+            r.reasons[0]
+                .starts_with("long generation: first token after 4.00 s; budget 1.00 s (the probe's warm budget"),
+            "{r:?}"
+        );
+    }
+
+    /// N simultaneous requests taking about N× one request is lost batching.
+    #[test]
+    fn lost_batching_fails_concurrency() {
+        let b = derive_budgets(&inputs());
+        let serial: Vec<RequestSample> = (1..=8).map(|k| probe(300 * k, "ok")).collect();
+        let r = judge_concurrency(serial, &b);
+        assert_eq!(r.fails_as, Some(VerdictKind::OverBudget));
+        assert!(
+            r.reasons[0].starts_with("concurrency: lost batching: 8 simultaneous requests took 2.40 s to finish, 8.0× one warm request (0.30 s"),
+            "{r:?}"
+        );
+        let batched: Vec<RequestSample> = (0..8).map(|k| probe(320 + k * 10, "ok")).collect();
+        assert_eq!(judge_concurrency(batched, &b).status, StepStatus::Pass);
+    }
+
+    /// A suite request over budget after a cold start was accepted is a
+    /// relapse: the cold-start story is rejected; after a warm series it is
+    /// over budget.
+    #[test]
+    fn a_suite_relapse_rejects_the_cold_start() {
+        let b = derive_budgets(&inputs());
+        let mut t2 = stream(&[2_400, 2_410], 2_420, "ok");
+        t2.index = 1;
+        let relapsed = judge_multi_turn(vec![probe(2_400, "ok"), t2], &b, None);
+        assert!(
+            relapsed.reasons[0]
+                .starts_with("multi-turn: turn 1 (the probe's own request) took 2.40 s, over the 1.00 s warm budget")
+        );
+        let cold = Verdict {
+            kind: VerdictKind::HealthyAfterColdStart,
+            reasons: vec![],
+        };
+        let v = overall(cold, std::slice::from_ref(&relapsed));
+        assert_eq!(v.kind, VerdictKind::ColdStartRejected, "{v:?}");
+        assert!(v.reasons.iter().any(|r| r.starts_with("a relapse:")));
+        let warm = Verdict {
+            kind: VerdictKind::Healthy,
+            reasons: vec![],
+        };
+        assert_eq!(overall(warm, &[relapsed]).kind, VerdictKind::OverBudget);
     }
 }

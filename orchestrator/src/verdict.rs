@@ -2,18 +2,53 @@
 //!
 //! This is the judgement half of DESIGN.md 3: it never does I/O and never
 //! reads a clock, so every incident in `INCIDENTS.md` is a unit test with the
-//! incident's own numbers. The rules it enforces:
+//! incident's own numbers. It is handed every attempt (DESIGN.md 10): the
+//! router's readiness generations that timed out or failed before the first
+//! answer are probes of the series, and an engine's generation checks that
+//! timed out or failed before it generated are part of its start-up.
 //!
-//! - Readiness means generation. A unit that answered health 200 but whose
-//!   generation check never passed is `wedged`, not healthy (INCIDENTS row 3).
-//! - "Cold start" is a hypothesis with a test (INCIDENTS row 2): only the first
-//!   probe may be slow, and only up to the cold allowance; later probes must
-//!   not get slower; they must reach the warm budget within the probe series;
-//!   a timeout is never cold start.
+//! # Readiness
+//! Readiness means generation. A unit that answered health 200 but whose
+//! generation check never passed is `wedged`, not healthy (INCIDENTS row 3).
+//!
+//! # The physical model of a warm-up (INCIDENTS row 2)
+//! A freshly started engine pays its cold cost — loading kernels, capturing
+//! graphs, filling caches — on the *first* request it serves. Nothing about
+//! that cost comes back on the second request. So, written once:
+//!
+//! 1. At most the first answer may be slow, and only up to the cold allowance.
+//! 2. Every answer after it is within the warm budget at once: a second slow
+//!    answer, one as slow as the first, a rise, or a slow answer after a warm
+//!    one (a relapse) rejects the cold-start explanation.
+//! 3. The series ends with at least `warm_probes` consecutive warm answers —
+//!    never fewer, even when `max_probes` ran out.
+//! 4. A timeout or an error anywhere — engine checks, router readiness, probes,
+//!    the suite — is never cold start.
+//! 5. When nothing claims a warm-up — no answer within the warm budget and no
+//!    answer at least [`WARM_UP_FALL`] faster than the first — there is no
+//!    cold-start story to reject: the pair is simply `over_budget`.
+//!
+//! The verdicts these rules lead to: `healthy` (first answer warm, every answer
+//! warm), `healthy_after_cold_start` (rules 1–3 hold for a slow first answer),
+//! `cold_start_rejected` (a slow or failed start whose story breaks a rule),
+//! `over_budget` (answers, but slower than budget without a warm-up story, or
+//! a relapse after a warm first answer), `wedged` (no answer, or a stall after
+//! answering), `failed` (an error answer, a unit that did not start).
+//! Every rejection names the numbers that broke its rule.
+//!
+//! # The cold allowance learned from history
+//! [`cold_allowance`] takes the first-answer latencies of the pair's accepted
+//! restarts with the same engine and config fingerprint, needs at least
+//! [`MIN_COLD_HISTORY`] of them, uses the median (the slow mode's median if the
+//! set is bimodal) times the margin, and never leaves the range [warm budget,
+//! configured allowance]: one bad accepted restart cannot raise the bar, and a
+//! changed engine starts again from what the operator configured.
 
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
+
+use crate::stats::{LatencySummary, summarize};
 
 /// The outcome of one restart, as an operator reads it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -25,11 +60,11 @@ pub enum VerdictKind {
     HealthyAfterColdStart,
     /// A slow start was explained as cold start, and the evidence refutes it.
     ColdStartRejected,
-    /// Generation works but a later probe is over the warm budget.
+    /// Generation works but slower than its budget, with no warm-up to explain it.
     OverBudget,
     /// Something listens and answers health, but generation does not happen.
     Wedged,
-    /// A unit did not start, exited, or could not be reached.
+    /// A unit did not start, exited, could not be reached, or answered errors.
     Failed,
 }
 
@@ -87,6 +122,17 @@ impl ReadinessPhase {
     }
 }
 
+/// A generation check of an engine's start-up that did not pass.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FailedCheck {
+    /// 1-based attempt number within the start-up.
+    pub seq: u32,
+    /// True for a timeout, false for an error answer.
+    pub timed_out: bool,
+    pub latency_ms: u64,
+    pub detail: String,
+}
+
 /// What one unit's start-up showed.
 #[derive(Debug, Clone, PartialEq)]
 pub struct UnitStartup {
@@ -104,9 +150,12 @@ pub struct UnitStartup {
     pub last_detail: String,
     /// How long the operation waited for it, in ms.
     pub waited_ms: u64,
+    /// Engine generation checks that timed out or failed (the router's are
+    /// probes of the series instead).
+    pub failed_checks: Vec<FailedCheck>,
 }
 
-/// One end-to-end probe through the router.
+/// One end-to-end generation through the router.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ProbeObservation {
     Ok { latency_ms: u64, tokens: u32 },
@@ -114,41 +163,94 @@ pub enum ProbeObservation {
     Error { message: String },
 }
 
+impl ProbeObservation {
+    fn latency(&self) -> Option<u64> {
+        match self {
+            Self::Ok { latency_ms, .. } => Some(*latency_ms),
+            _ => None,
+        }
+    }
+}
+
+/// Accepted restarts needed before history may set the cold allowance.
+pub const MIN_COLD_HISTORY: usize = 3;
+/// The most recent accepted restarts the statistic looks at.
+pub const COLD_HISTORY_WINDOW: usize = 20;
+/// A later answer at most this fraction of the first one is a fall: the
+/// series claims a warm-up even if it never reached the warm budget.
+pub const WARM_UP_FALL: f64 = 0.75;
+
+/// One accepted restart of the pair, as history offers it to the allowance.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ColdSample {
+    pub operation_id: String,
+    /// Latency of the first answer through the router after that restart.
+    pub first_answer_ms: u64,
+    /// The engine and config fingerprint that restart ran with.
+    pub fingerprint: String,
+}
+
 /// Where the cold allowance came from, so a rejection can cite it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "source", rename_all = "snake_case")]
 pub enum ColdAllowance {
-    /// No history: the pair's configured allowance.
-    Configured { ms: u64 },
-    /// Measured on this pair: the slowest first probe of earlier healthy
-    /// restarts, times the configured margin.
+    /// The pair's configured allowance; `why` says why history did not set it.
+    Configured {
+        ms: u64,
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        why: String,
+    },
+    /// Measured on this pair: the median first answer of `samples` accepted
+    /// restarts with the same fingerprint, times `margin`, kept within
+    /// [warm budget, configured allowance].
     Measured {
         ms: u64,
-        first_probe_ms: u64,
-        operation_id: String,
+        #[serde(default)]
+        median_first_ms: u64,
+        #[serde(default)]
+        samples: usize,
+        #[serde(default)]
+        margin: f64,
+        #[serde(default)]
+        configured_ms: u64,
+        /// Whether the first answers were bimodal (the slow mode was used).
+        #[serde(default)]
+        bimodal: bool,
+        #[serde(default)]
+        operation_ids: Vec<String>,
     },
 }
 
 impl ColdAllowance {
     pub fn ms(&self) -> u64 {
         match self {
-            Self::Configured { ms } | Self::Measured { ms, .. } => *ms,
+            Self::Configured { ms, .. } | Self::Measured { ms, .. } => *ms,
         }
     }
 
-    fn describe(&self) -> String {
+    /// Where the number came from, in a sentence for the report.
+    pub fn describe(&self) -> String {
         match self {
-            Self::Configured { ms } => {
+            Self::Configured { ms, why } if why.is_empty() => {
                 format!("the configured cold-start allowance ({})", secs(*ms))
+            }
+            Self::Configured { ms, why } => {
+                format!("the configured cold-start allowance ({}; {why})", secs(*ms))
             }
             Self::Measured {
                 ms,
-                first_probe_ms,
-                operation_id,
+                median_first_ms,
+                samples,
+                margin,
+                configured_ms,
+                bimodal,
+                ..
             } => format!(
-                "this pair's measured cold start ({} in operation {operation_id}; allowance {})",
-                secs(*first_probe_ms),
-                secs(*ms)
+                "this pair's measured cold start ({}{} median first answer of {samples} accepted restarts × {margin}; allowance {}, configured {})",
+                if *bimodal { "slow-mode " } else { "" },
+                secs(*median_first_ms),
+                secs(*ms),
+                secs(*configured_ms)
             ),
         }
     }
@@ -162,6 +264,8 @@ pub struct ProbePolicy {
     /// False when nothing was restarted (a verification of a pair in
     /// service): then a slow first probe is simply over budget.
     pub cold_start_possible: bool,
+    /// Consecutive warm answers that end a series (never fewer are accepted).
+    pub warm_probes: u32,
 }
 
 /// Formats milliseconds the way the incident reports quote them ("17.9 s").
@@ -180,6 +284,37 @@ pub fn judge(startups: &[UnitStartup], probes: &[ProbeObservation], policy: &Pro
         return v;
     }
     let mut v = judge_probes(probes, policy);
+    // Rule 4 for the engines: a generation check that hung or failed before
+    // the unit generated is never cold start, however well it answered later.
+    let failed: Vec<String> = startups
+        .iter()
+        .flat_map(|u| {
+            u.failed_checks.iter().map(move |c| {
+                let what = if c.timed_out {
+                    format!("timed out after {}", secs(c.latency_ms))
+                } else {
+                    format!("failed after {} ({})", secs(c.latency_ms), c.detail)
+                };
+                format!(
+                    "{} {}: generation check {} {what} before its first answer: {} is never cold start",
+                    u.role,
+                    u.unit,
+                    c.seq,
+                    if c.timed_out { "a timeout" } else { "an error" }
+                )
+            })
+        })
+        .collect();
+    if !failed.is_empty() {
+        if matches!(
+            v.kind,
+            VerdictKind::Healthy | VerdictKind::HealthyAfterColdStart | VerdictKind::OverBudget
+        ) {
+            v.kind = VerdictKind::ColdStartRejected;
+            v.reasons.clear();
+        }
+        v.reasons.splice(0..0, failed);
+    }
     if !startups.is_empty()
         && matches!(
             v.kind,
@@ -195,23 +330,74 @@ pub fn judge(startups: &[UnitStartup], probes: &[ProbeObservation], policy: &Pro
     v
 }
 
-/// Derives the cold allowance from evidence when there is some: the slowest
-/// first probe of this pair's earlier healthy restarts (`history`: operation
-/// id and first-probe latency), times `margin`, never below the warm budget.
-/// Only without history does the configured allowance apply.
+/// The cold allowance for the next restart (see the module doc): history of
+/// accepted restarts (newest first) with `fingerprint`, or the configured one.
 pub fn cold_allowance(
-    history: &[(String, u64)],
+    history: &[ColdSample],
+    fingerprint: &str,
     margin: f64,
     configured_ms: u64,
     warm_budget_ms: u64,
 ) -> ColdAllowance {
-    match history.iter().max_by_key(|(_, ms)| *ms) {
-        None => ColdAllowance::Configured { ms: configured_ms },
-        Some((op, first)) => ColdAllowance::Measured {
-            ms: ((*first as f64 * margin).ceil() as u64).max(warm_budget_ms),
-            first_probe_ms: *first,
-            operation_id: op.clone(),
-        },
+    let same: Vec<&ColdSample> = history
+        .iter()
+        .filter(|s| s.fingerprint == fingerprint)
+        .take(COLD_HISTORY_WINDOW)
+        .collect();
+    if same.len() < MIN_COLD_HISTORY {
+        let why = match history.first() {
+            Some(newest) if newest.fingerprint != fingerprint => format!(
+                "the engine or its config changed since operation {} (fingerprint {} → {}): history starts again",
+                newest.operation_id,
+                short(&newest.fingerprint),
+                short(fingerprint)
+            ),
+            _ => format!(
+                "{} accepted restart{} with this engine and config, {MIN_COLD_HISTORY} needed to measure one",
+                same.len(),
+                if same.len() == 1 { "" } else { "s" }
+            ),
+        };
+        return ColdAllowance::Configured { ms: configured_ms, why };
+    }
+    let firsts: Vec<u64> = same.iter().map(|s| s.first_answer_ms).collect();
+    let summary = summarize(&firsts);
+    let median = judged_ms(&summary);
+    let margin = if margin.is_finite() && margin >= 1.0 {
+        margin
+    } else {
+        1.0
+    };
+    let ms = ((median as f64 * margin).ceil() as u64)
+        .min(configured_ms)
+        .max(warm_budget_ms.min(configured_ms));
+    ColdAllowance::Measured {
+        ms,
+        median_first_ms: median,
+        samples: same.len(),
+        margin,
+        configured_ms,
+        bimodal: matches!(summary, LatencySummary::Bimodal { .. }),
+        operation_ids: same.iter().map(|s| s.operation_id.clone()).collect(),
+    }
+}
+
+/// The figure a set of latencies is judged by: its median, or the slow
+/// mode's median when the set is bimodal (a cache miss is what a user sees
+/// on a miss; the fast mode's median would flatter it).
+pub fn judged_ms(summary: &LatencySummary) -> u64 {
+    match summary {
+        LatencySummary::Empty => 0,
+        LatencySummary::Unimodal { median_ms, .. } => *median_ms,
+        LatencySummary::Bimodal { high, .. } => high.median_ms,
+    }
+}
+
+fn short(fingerprint: &str) -> &str {
+    if fingerprint.is_empty() {
+        "none"
+    } else {
+        &fingerprint[..fingerprint.len().min(12)]
     }
 }
 
@@ -302,15 +488,29 @@ fn judge_probes(probes: &[ProbeObservation], policy: &ProbePolicy) -> Verdict {
             reasons,
         };
     }
-    match first {
-        ProbeObservation::Ok { latency_ms, .. } if *latency_ms <= warm => judge_warm_series(probes, warm),
-        _ if !policy.cold_start_possible => judge_warm_series(probes, warm),
-        _ => judge_cold_start(probes, policy),
+    let cold_claimed = policy.cold_start_possible && first.latency().is_none_or(|l| l > warm);
+    // An error answer is something broken, not slow: it decides the kind
+    // whatever else the series shows (rule 4), with every failure named.
+    if probes.iter().any(|p| matches!(p, ProbeObservation::Error { .. })) {
+        let mut reasons = failure_reasons(probes, cold_claimed);
+        reasons.extend(slow_reasons(probes, warm));
+        return Verdict {
+            kind: VerdictKind::Failed,
+            reasons,
+        };
+    }
+    if cold_claimed {
+        judge_cold_start(probes, policy)
+    } else {
+        judge_warm_series(probes, policy)
     }
 }
 
-/// The first probe was within the warm budget: every later one must be too.
-fn judge_warm_series(probes: &[ProbeObservation], warm: u64) -> Verdict {
+/// No cold start is claimed (the first answer was warm, or nothing was
+/// restarted): every answer must be warm, and a timeout after answering is
+/// a stall.
+fn judge_warm_series(probes: &[ProbeObservation], policy: &ProbePolicy) -> Verdict {
+    let warm = policy.warm_budget_ms;
     let mut reasons = Vec::new();
     let mut kind = VerdictKind::Healthy;
     for (i, p) in probes.iter().enumerate() {
@@ -326,7 +526,7 @@ fn judge_warm_series(probes: &[ProbeObservation], warm: u64) -> Verdict {
                     kind = VerdictKind::OverBudget;
                 }
             }
-            ProbeObservation::Ok { .. } => {}
+            ProbeObservation::Ok { .. } | ProbeObservation::Error { .. } => {}
             ProbeObservation::Timeout { after_ms } => {
                 reasons.push(format!(
                     "probe {seq} timed out after {}: generation stalled after answering before",
@@ -334,16 +534,16 @@ fn judge_warm_series(probes: &[ProbeObservation], warm: u64) -> Verdict {
                 ));
                 kind = VerdictKind::Wedged;
             }
-            ProbeObservation::Error { message } => {
-                reasons.push(format!("probe {seq} failed: {message}"));
-                if kind != VerdictKind::Wedged {
-                    kind = VerdictKind::Failed;
-                }
-            }
         }
     }
+    if kind == VerdictKind::Healthy
+        && let Some(r) = convergence_failure(probes, policy)
+    {
+        reasons.push(r);
+        kind = VerdictKind::OverBudget;
+    }
     if kind == VerdictKind::Healthy {
-        let max = probes.iter().filter_map(ok_latency).max().unwrap_or(0);
+        let max = probes.iter().filter_map(ProbeObservation::latency).max().unwrap_or(0);
         reasons.push(format!(
             "{} probes through the router, slowest {}, all within the {} warm budget",
             probes.len(),
@@ -354,78 +554,138 @@ fn judge_warm_series(probes: &[ProbeObservation], warm: u64) -> Verdict {
     Verdict { kind, reasons }
 }
 
-/// The first probe was slow or failed: test the cold-start hypothesis.
+/// Rule 3: the series must end with `warm_probes` consecutive warm answers.
+fn convergence_failure(probes: &[ProbeObservation], policy: &ProbePolicy) -> Option<String> {
+    let warm = policy.warm_budget_ms;
+    let tail = probes
+        .iter()
+        .rev()
+        .take_while(|p| p.latency().is_some_and(|l| l <= warm))
+        .count();
+    (tail < policy.warm_probes as usize).then(|| {
+        format!(
+            "not converged: the series ended with {tail} consecutive warm answer{} after {} probes; {} are needed",
+            if tail == 1 { "" } else { "s" },
+            probes.len(),
+            policy.warm_probes
+        )
+    })
+}
+
+/// The first answer was slow (or the first attempt failed) after a restart:
+/// test the cold-start hypothesis against rules 1–5.
 fn judge_cold_start(probes: &[ProbeObservation], policy: &ProbePolicy) -> Verdict {
     let warm = policy.warm_budget_ms;
     let allowance = policy.cold_allowance.ms();
-    let mut reasons = Vec::new();
+    let timeouts = failure_reasons(probes, true);
+    let answers: Vec<(usize, u64)> = probes
+        .iter()
+        .enumerate()
+        .filter_map(|(i, p)| p.latency().map(|l| (i + 1, l)))
+        .collect();
 
-    if let ProbeObservation::Ok { latency_ms, .. } = probes[0]
-        && latency_ms > allowance
+    // Rule 5: with no timeout, and no answer warm or clearly falling, there is
+    // no warm-up story to test: the pair is slow.
+    if timeouts.is_empty() {
+        let first = answers[0].1;
+        let fell = answers
+            .iter()
+            .skip(1)
+            .any(|&(_, l)| l <= warm || (l as f64) <= first as f64 * WARM_UP_FALL);
+        if !fell {
+            let mut reasons = vec![format!(
+                "every one of {} answers was over the {} warm budget and none fell below {:.0}% of the first ({}): no warm-up to explain it",
+                answers.len(),
+                secs(warm),
+                WARM_UP_FALL * 100.0,
+                secs(first)
+            )];
+            reasons.extend(slow_reasons(probes, warm));
+            return Verdict {
+                kind: VerdictKind::OverBudget,
+                reasons,
+            };
+        }
+    }
+
+    let mut reasons = Vec::new();
+    // Rule 1: the first answer within the allowance.
+    if let Some(&(seq, first)) = answers.first()
+        && seq == 1
+        && first > allowance
     {
         reasons.push(format!(
             "probe 1 took {}, above {}",
-            secs(latency_ms),
+            secs(first),
             policy.cold_allowance.describe()
         ));
     }
-    // Warm-up makes latency fall: each probe must be no slower than the one
-    // before it (compared between consecutive answered probes). Jitter among
-    // probes that are already within the warm budget is not a rise.
-    for i in 1..probes.len() {
-        if let (Some(prev), Some(cur)) = (ok_latency(&probes[i - 1]), ok_latency(&probes[i]))
-            && cur > prev
-            && cur > warm
-        {
+    // Rule 4: timeouts.
+    reasons.extend(timeouts);
+    // Rule 2: every answer after the first is warm at once.
+    let mut reached: Option<usize> = None;
+    let mut prev: Option<(usize, u64)> = None;
+    for &(seq, l) in &answers {
+        if seq > 1 && l > warm {
+            let why = match (reached, prev) {
+                (Some(r), _) => format!(
+                    "a relapse after probe {r} had reached the {} budget: warm-up does not come back",
+                    secs(warm)
+                ),
+                (None, Some((pseq, pl))) if l > pl => format!(
+                    "slower than probe {pseq} ({}): warm-up makes latency fall, not rise",
+                    secs(pl)
+                ),
+                (None, Some((pseq, pl))) if pseq == 1 && l.abs_diff(pl) * 10 <= pl => format!(
+                    "as slow as probe 1 ({}): a cold start slows only the first answer",
+                    secs(pl)
+                ),
+                (None, Some((1, pl))) => format!(
+                    "a second slow answer after probe 1 ({}): a cold start slows only the first answer",
+                    secs(pl)
+                ),
+                (None, Some((pseq, pl))) => format!(
+                    "still over budget after probe {pseq} ({}): a cold start slows only the first answer",
+                    secs(pl)
+                ),
+                (None, None) => format!(
+                    "over the {} budget, the first answer after a failed attempt: a cold start slows only the first answer",
+                    secs(warm)
+                ),
+            };
             reasons.push(format!(
-                "probe {} took {}, slower than probe {} ({}): warm-up makes latency fall, not rise",
-                i + 1,
-                secs(cur),
-                i,
-                secs(prev)
+                "probe {seq} took {}, over the {} warm budget, {why}",
+                secs(l),
+                secs(warm)
             ));
         }
+        if l <= warm && reached.is_none() {
+            reached = Some(seq);
+        }
+        prev = Some((seq, l));
     }
-    reasons.extend(failure_reasons(probes, true));
-    // Convergence: some probe reaches the warm budget, and none after it leaves it.
-    match probes.iter().position(|p| ok_latency(p).is_some_and(|l| l <= warm)) {
-        None => reasons.push(format!(
+    // Rule 3: convergence.
+    if reached.is_none() {
+        reasons.push(format!(
             "no convergence: {} probes, none within the {} budget",
             probes.len(),
             secs(warm)
-        )),
-        Some(k) => {
-            for (j, p) in probes.iter().enumerate().skip(k + 1) {
-                if let Some(l) = ok_latency(p)
-                    && l > warm
-                {
-                    reasons.push(format!(
-                        "probe {} took {} after probe {} had reached the {} budget",
-                        j + 1,
-                        secs(l),
-                        k + 1,
-                        secs(warm)
-                    ));
-                }
-            }
-        }
+        ));
+    } else if let Some(r) = convergence_failure(probes, policy) {
+        reasons.push(r);
     }
 
     if reasons.is_empty() {
-        let first = ok_latency(&probes[0]).unwrap_or(0);
-        let k = probes
-            .iter()
-            .position(|p| ok_latency(p).is_some_and(|l| l <= warm))
-            .unwrap_or(0);
+        let first = answers[0].1;
+        let k = reached.unwrap_or(1);
         Verdict {
             kind: VerdictKind::HealthyAfterColdStart,
             reasons: vec![format!(
-                "probe 1 took {} (within {}); latency fell to {} by probe {}, within the {} warm budget",
+                "probe 1 took {} (within {}); probe {k} and every later one within the {} warm budget ({} consecutive)",
                 secs(first),
                 policy.cold_allowance.describe(),
-                secs(ok_latency(&probes[k]).unwrap_or(0)),
-                k + 1,
-                secs(warm)
+                secs(warm),
+                probes.len() + 1 - k
             )],
         }
     } else {
@@ -434,6 +694,18 @@ fn judge_cold_start(probes: &[ProbeObservation], policy: &ProbePolicy) -> Verdic
             reasons,
         }
     }
+}
+
+fn slow_reasons(probes: &[ProbeObservation], warm: u64) -> Vec<String> {
+    probes
+        .iter()
+        .enumerate()
+        .filter_map(|(i, p)| {
+            p.latency()
+                .filter(|l| *l > warm)
+                .map(|l| format!("probe {} took {}, over the {} warm budget", i + 1, secs(l), secs(warm)))
+        })
+        .collect()
 }
 
 fn failure_reasons(probes: &[ProbeObservation], after_restart: bool) -> Vec<String> {
@@ -455,16 +727,10 @@ fn failure_reasons(probes: &[ProbeObservation], after_restart: bool) -> Vec<Stri
         .collect()
 }
 
-fn ok_latency(p: &ProbeObservation) -> Option<u64> {
-    match p {
-        ProbeObservation::Ok { latency_ms, .. } => Some(*latency_ms),
-        _ => None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     fn ok(ms: u64) -> ProbeObservation {
         ProbeObservation::Ok {
@@ -477,6 +743,10 @@ mod tests {
         ProbeObservation::Timeout { after_ms: ms }
     }
 
+    fn error(m: &str) -> ProbeObservation {
+        ProbeObservation::Error { message: m.into() }
+    }
+
     fn ready(unit: &str, role: &str) -> UnitStartup {
         UnitStartup {
             unit: unit.into(),
@@ -486,6 +756,7 @@ mod tests {
             lost_contact: false,
             last_detail: String::new(),
             waited_ms: 1_000,
+            failed_checks: Vec::new(),
         }
     }
 
@@ -501,9 +772,21 @@ mod tests {
     fn policy() -> ProbePolicy {
         ProbePolicy {
             warm_budget_ms: 1_000,
-            cold_allowance: ColdAllowance::Configured { ms: 30_000 },
+            cold_allowance: ColdAllowance::Configured {
+                ms: 30_000,
+                why: String::new(),
+            },
             cold_start_possible: true,
+            warm_probes: 2,
         }
+    }
+
+    fn kind(probes: &[ProbeObservation]) -> VerdictKind {
+        judge(&pair_ready(), probes, &policy()).kind
+    }
+
+    fn text(probes: &[ProbeObservation]) -> String {
+        judge(&pair_ready(), probes, &policy()).reasons.join("\n")
     }
 
     /// INCIDENTS row 2, exactly: 17.9 s, 106.4 s, 10.5 s, then no answer.
@@ -515,7 +798,7 @@ mod tests {
         assert_eq!(v.kind, VerdictKind::ColdStartRejected, "{v:?}");
         let text = v.reasons.join("\n");
         assert!(
-            text.contains("probe 2 took 106.4 s, slower than probe 1 (17.9 s): warm-up makes latency fall, not rise"),
+            text.contains("probe 2 took 106.4 s, over the 1.00 s warm budget, slower than probe 1 (17.9 s): warm-up makes latency fall, not rise"),
             "{text}"
         );
         assert!(
@@ -528,30 +811,33 @@ mod tests {
         );
     }
 
-    /// Row 2 against this pair's measured cold start: 17.9 s is far above a
-    /// controlled restart that answered in 1.71 s (seed 000), even if every
-    /// later probe were fast.
+    /// Row 2 against a measured cold start: 17.9 s is far above restarts
+    /// that answered in 1.71 s (seed 000), even if every later probe were fast.
     #[test]
     fn first_probe_above_measured_cold_start_is_rejected() {
+        let h: Vec<ColdSample> = (0..3)
+            .map(|i| ColdSample {
+                operation_id: format!("op-{i}"),
+                first_answer_ms: 1_710,
+                fingerprint: "f".into(),
+            })
+            .collect();
         let p = ProbePolicy {
-            warm_budget_ms: 1_000,
-            cold_allowance: ColdAllowance::Measured {
-                ms: 3_420,
-                first_probe_ms: 1_710,
-                operation_id: "op-1".into(),
-            },
-            cold_start_possible: true,
+            cold_allowance: cold_allowance(&h, "f", 2.0, 30_000, 1_000),
+            ..policy()
         };
         let v = judge(&pair_ready(), &[ok(17_900), ok(400), ok(300)], &p);
         assert_eq!(v.kind, VerdictKind::ColdStartRejected);
         assert!(
-            v.reasons[0]
-                .starts_with("probe 1 took 17.9 s, above this pair's measured cold start (1.71 s in operation op-1")
+            v.reasons[0].starts_with(
+                "probe 1 took 17.9 s, above this pair's measured cold start (1.71 s median first answer of 3 accepted restarts × 2; allowance 3.42 s"
+            ),
+            "{v:?}"
         );
     }
 
     /// A genuine cold start: slow first probe within the allowance, then
-    /// falling to the warm budget.
+    /// warm at once, for `warm_probes` answers.
     #[test]
     fn genuine_cold_start_is_accepted() {
         let v = judge(&pair_ready(), &[ok(1_710), ok(600), ok(450)], &policy());
@@ -559,7 +845,7 @@ mod tests {
         assert!(v.kind.is_healthy());
     }
 
-    /// Falling but never reaching the budget is not a cold start.
+    /// Rule 2 and 3: falling but never reaching the budget is not a cold start.
     #[test]
     fn falling_without_convergence_is_rejected() {
         let v = judge(
@@ -568,8 +854,15 @@ mod tests {
             &policy(),
         );
         assert_eq!(v.kind, VerdictKind::ColdStartRejected);
-        assert_eq!(v.reasons[0], "no convergence: 5 probes, none within the 1.00 s budget");
-        assert_eq!(v.reasons.len(), 2, "{v:?}");
+        assert!(
+            v.reasons[0].starts_with("probe 2 took 5.00 s, over the 1.00 s warm budget, a second slow answer"),
+            "{v:?}"
+        );
+        assert_eq!(
+            v.reasons.last().unwrap(),
+            "every unit answered health 200 and passed its own generation check (prefill-0, decode-0, router-0); neither exercises generation through the router"
+        );
+        assert!(text(&[ok(9_000), ok(5_000), ok(3_000), ok(2_000), ok(1_500)]).contains("no convergence: 5 probes"));
     }
 
     /// Jitter between warm probes after a genuine cold start is not a rise.
@@ -580,19 +873,119 @@ mod tests {
             &[ok(319), ok(21), ok(22)],
             &ProbePolicy {
                 warm_budget_ms: 50,
-                cold_allowance: ColdAllowance::Configured { ms: 1_500 },
+                cold_allowance: ColdAllowance::Configured {
+                    ms: 1_500,
+                    why: String::new(),
+                },
                 cold_start_possible: true,
+                warm_probes: 2,
             },
         );
         assert_eq!(v.kind, VerdictKind::HealthyAfterColdStart, "{v:?}");
     }
 
-    /// A timeout is never cold start, even when the probes around it are fine.
+    /// Rule 4: a timeout is never cold start, even when the probes around it are fine.
     #[test]
     fn timeout_in_a_cold_series_rejects() {
         let v = judge(&pair_ready(), &[ok(5_000), timeout(20_000), ok(300)], &policy());
         assert_eq!(v.kind, VerdictKind::ColdStartRejected);
         assert!(v.reasons.iter().any(|r| r.contains("probe 2 timed out")));
+    }
+
+    /// The hidden hang: the router's first generation hung until its
+    /// timeout, the retry answered fast. Recorded as probe 1, it rejects.
+    #[test]
+    fn a_hang_before_the_first_answer_rejects() {
+        let v = judge(&pair_ready(), &[timeout(20_000), ok(300), ok(280)], &policy());
+        assert_eq!(v.kind, VerdictKind::ColdStartRejected, "{v:?}");
+        assert_eq!(
+            v.reasons[0],
+            "probe 1 timed out after 20.0 s: a timeout is never cold start"
+        );
+    }
+
+    /// An engine's own generation check that hung before it generated is
+    /// rule 4 too, even when every probe through the router is warm.
+    #[test]
+    fn an_engine_check_that_hung_before_generating_rejects() {
+        let mut s = pair_ready();
+        s[1].failed_checks.push(FailedCheck {
+            seq: 1,
+            timed_out: true,
+            latency_ms: 5_000,
+            detail: "timed out".into(),
+        });
+        let v = judge(&s, &[ok(300), ok(280)], &policy());
+        assert_eq!(v.kind, VerdictKind::ColdStartRejected, "{v:?}");
+        assert_eq!(
+            v.reasons[0],
+            "decode decode-0: generation check 1 timed out after 5.00 s before its first answer: a timeout is never cold start"
+        );
+        // A worse verdict stays, with the check named too.
+        let v = judge(&s, &[timeout(20_000)], &policy());
+        assert_eq!(v.kind, VerdictKind::Wedged);
+        assert!(v.reasons[0].starts_with("decode decode-0: generation check 1"));
+    }
+
+    /// Rule 2: an equally slow second answer is not a warm-up.
+    #[test]
+    fn slow_then_equally_slow_then_warm_rejects() {
+        let v = judge(&pair_ready(), &[ok(5_000), ok(5_000), ok(300), ok(300)], &policy());
+        assert_eq!(v.kind, VerdictKind::ColdStartRejected);
+        assert!(v.reasons[0].contains("as slow as probe 1 (5.00 s)"), "{v:?}");
+    }
+
+    /// Rule 2: a relapse after reaching warm rejects, naming the probe that was warm.
+    #[test]
+    fn relapse_after_warm_rejects() {
+        let v = judge(
+            &pair_ready(),
+            &[ok(5_000), ok(300), ok(8_000), ok(300), ok(300)],
+            &policy(),
+        );
+        assert_eq!(v.kind, VerdictKind::ColdStartRejected);
+        assert!(
+            v.reasons[0].contains("probe 3 took 8.00 s, over the 1.00 s warm budget, a relapse after probe 2"),
+            "{v:?}"
+        );
+    }
+
+    /// Rule 3: one warm answer at `max_probes` is not convergence when two are needed.
+    #[test]
+    fn one_warm_answer_is_not_convergence() {
+        let v = judge(&pair_ready(), &[ok(5_000), ok(300)], &policy());
+        assert_eq!(v.kind, VerdictKind::ColdStartRejected);
+        assert_eq!(
+            v.reasons[0],
+            "not converged: the series ended with 1 consecutive warm answer after 2 probes; 2 are needed"
+        );
+    }
+
+    /// Rule 5: uniformly ~6× over budget, no warm-up at all: `over_budget`,
+    /// not a rejected cold-start claim nobody made.
+    #[test]
+    fn uniformly_slow_pair_is_over_budget() {
+        let v = judge(&pair_ready(), &[ok(6_100), ok(5_900), ok(6_000)], &policy());
+        assert_eq!(v.kind, VerdictKind::OverBudget, "{v:?}");
+        assert!(
+            v.reasons[0].starts_with("every one of 3 answers was over the 1.00 s warm budget and none fell below 75%"),
+            "{v:?}"
+        );
+        assert!(!v.reasons.iter().any(|r| r.contains("warm-up makes")), "{v:?}");
+    }
+
+    /// An error answer (a failed KV transfer) is `failed`, whatever else.
+    #[test]
+    fn an_error_anywhere_is_failed() {
+        for probes in [
+            vec![ok(300), error("http 500: KV transfer failed"), ok(300)],
+            vec![error("http 500: KV transfer failed"), ok(300), ok(300)],
+            vec![ok(5_000), ok(300), error("http 500"), ok(300), ok(300)],
+        ] {
+            let v = judge(&pair_ready(), &probes, &policy());
+            assert_eq!(v.kind, VerdictKind::Failed, "{probes:?}");
+            assert!(v.reasons.iter().any(|r| r.contains("failed: http 500")), "{v:?}");
+        }
     }
 
     /// INCIDENTS row 3: every unit healthy, every generation times out (4 and
@@ -661,11 +1054,8 @@ mod tests {
 
     #[test]
     fn warm_series_is_healthy_and_later_slowness_is_over_budget() {
-        assert_eq!(
-            judge(&pair_ready(), &[ok(300), ok(250)], &policy()).kind,
-            VerdictKind::Healthy
-        );
-        let v = judge(&pair_ready(), &[ok(300), ok(2_500)], &policy());
+        assert_eq!(kind(&[ok(300), ok(250)]), VerdictKind::Healthy);
+        let v = judge(&pair_ready(), &[ok(300), ok(2_500), ok(300), ok(300)], &policy());
         assert_eq!(v.kind, VerdictKind::OverBudget);
         assert_eq!(v.reasons[0], "probe 2 took 2.50 s, over the 1.00 s warm budget");
     }
@@ -673,30 +1063,88 @@ mod tests {
     /// Answering, then stalling: wedged (INCIDENTS row 4's shape).
     #[test]
     fn answer_then_timeout_is_wedged() {
-        let v = judge(&pair_ready(), &[ok(300), timeout(240_000)], &policy());
-        assert_eq!(v.kind, VerdictKind::Wedged);
+        assert_eq!(kind(&[ok(300), timeout(240_000)]), VerdictKind::Wedged);
     }
 
-    /// A controlled restart that answered fast is evidence: the allowance
-    /// comes from it, not from the config.
+    fn samples(firsts: &[u64], fingerprint: &str) -> Vec<ColdSample> {
+        firsts
+            .iter()
+            .enumerate()
+            .map(|(i, &ms)| ColdSample {
+                operation_id: format!("op-{i}"),
+                first_answer_ms: ms,
+                fingerprint: fingerprint.into(),
+            })
+            .collect()
+    }
+
+    /// History needs three accepted restarts; fewer leave the configured
+    /// allowance, saying why.
     #[test]
-    fn allowance_comes_from_history_when_there_is_some() {
-        assert_eq!(
-            cold_allowance(&[], 2.0, 30_000, 1_000),
-            ColdAllowance::Configured { ms: 30_000 }
-        );
-        let h = vec![("op-a".to_string(), 1_710), ("op-b".to_string(), 900)];
-        assert_eq!(
-            cold_allowance(&h, 2.0, 30_000, 1_000),
-            ColdAllowance::Measured {
-                ms: 3_420,
-                first_probe_ms: 1_710,
-                operation_id: "op-a".into()
+    fn allowance_needs_enough_history() {
+        match cold_allowance(&samples(&[1_710, 900], "f"), "f", 2.0, 30_000, 1_000) {
+            ColdAllowance::Configured { ms, why } => {
+                assert_eq!(ms, 30_000);
+                assert_eq!(
+                    why,
+                    "2 accepted restarts with this engine and config, 3 needed to measure one"
+                );
             }
+            other => panic!("{other:?}"),
+        }
+        let a = cold_allowance(&samples(&[1_710, 900, 1_800], "f"), "f", 2.0, 30_000, 1_000);
+        assert_eq!(a.ms(), 3_420);
+        // A history of warm first answers never pushes it below the warm budget.
+        assert_eq!(
+            cold_allowance(&samples(&[120, 100, 130], "f"), "f", 2.0, 30_000, 1_000).ms(),
+            1_000
         );
-        // A history of warm first probes never pushes the allowance below the warm budget.
-        let h = vec![("op-c".to_string(), 120)];
-        assert_eq!(cold_allowance(&h, 2.0, 30_000, 1_000).ms(), 1_000);
+    }
+
+    /// One bad accepted restart does not raise the bar for the next ones
+    /// (the median holds), and history never exceeds the configured allowance.
+    #[test]
+    fn history_cannot_be_poisoned() {
+        let a = cold_allowance(&samples(&[1_700, 29_000, 1_800, 1_600], "f"), "f", 2.0, 30_000, 1_000);
+        assert_eq!(a.ms(), 3_500, "{a:?}");
+        let a = cold_allowance(&samples(&[20_000, 25_000, 29_000], "f"), "f", 2.0, 30_000, 1_000);
+        assert_eq!(a.ms(), 30_000, "capped at the configured allowance: {a:?}");
+        // Bimodal first answers (page cache hit/miss): judged by the slow mode.
+        let a = cold_allowance(
+            &samples(&[400, 420, 410, 5_000, 5_200, 5_100], "f"),
+            "f",
+            2.0,
+            30_000,
+            1_000,
+        );
+        assert!(matches!(a, ColdAllowance::Measured { bimodal: true, .. }), "{a:?}");
+        assert_eq!(a.ms(), 10_200);
+    }
+
+    /// After an engine or config change the allowance starts again from the
+    /// configured one: a 1.7 s history does not reject a 5 s cold start of
+    /// the upgraded engine.
+    #[test]
+    fn a_changed_engine_starts_from_the_configured_allowance() {
+        let h = samples(&[1_700, 1_700, 1_700], "old");
+        let a = cold_allowance(&h, "new", 2.0, 30_000, 1_000);
+        match &a {
+            ColdAllowance::Configured { ms: 30_000, why } => {
+                assert!(
+                    why.starts_with("the engine or its config changed since operation op-0"),
+                    "{why}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        let p = ProbePolicy {
+            cold_allowance: a,
+            ..policy()
+        };
+        assert_eq!(
+            judge(&pair_ready(), &[ok(5_000), ok(300), ok(300)], &p).kind,
+            VerdictKind::HealthyAfterColdStart
+        );
     }
 
     /// Without a restart there is no cold start to excuse a slow first probe.
@@ -721,31 +1169,73 @@ mod tests {
         );
     }
 
-    /// Property: no series containing a timeout is ever judged healthy.
-    #[test]
-    fn no_series_with_a_timeout_is_healthy() {
-        let lat = [100u64, 900, 1_500, 17_900, 40_000];
-        for a in lat {
-            for b in lat {
-                for pos in 0..3 {
-                    let mut probes = vec![ok(a), ok(b)];
-                    probes.insert(pos, timeout(60_000));
-                    let v = judge(&pair_ready(), &probes, &policy());
-                    assert!(!v.kind.is_healthy(), "{probes:?} -> {v:?}");
-                }
-            }
-        }
+    fn observation() -> impl Strategy<Value = ProbeObservation> {
+        prop_oneof![
+            6 => (1u64..200_000).prop_map(ok),
+            1 => (1u64..200_000).prop_map(timeout),
+            1 => Just(error("http 500")),
+        ]
     }
 
-    /// Property: a probe slower than the one before it never passes as cold start.
-    #[test]
-    fn rising_latency_never_passes_as_cold_start() {
-        for first in [1_500u64, 5_000, 17_900] {
-            for rise in [1u64, 500, 88_500] {
-                let probes = [ok(first), ok(first + rise), ok(200)];
-                let v = judge(&pair_ready(), &probes, &policy());
-                assert_eq!(v.kind, VerdictKind::ColdStartRejected, "{probes:?}");
+    fn series() -> impl Strategy<Value = Vec<ProbeObservation>> {
+        prop::collection::vec(observation(), 1..8)
+    }
+
+    proptest! {
+        /// Property: no series containing a timeout or an error is ever healthy.
+        #[test]
+        fn prop_a_failure_is_never_healthy(mut probes in series(), at in 0usize..8, t in 1u64..200_000, err in any::<bool>()) {
+            let at = at.min(probes.len());
+            probes.insert(at, if err { error("x") } else { timeout(t) });
+            let v = judge(&pair_ready(), &probes, &policy());
+            prop_assert!(!v.kind.is_healthy(), "{:?} -> {:?}", probes, v);
+        }
+
+        /// Property: a series that never reaches the warm budget is never healthy.
+        #[test]
+        fn prop_never_warm_is_never_healthy(lat in prop::collection::vec(1_001u64..200_000, 1..8)) {
+            let probes: Vec<_> = lat.into_iter().map(ok).collect();
+            prop_assert!(!kind(&probes).is_healthy());
+        }
+
+        /// Property: a healthy verdict after a restart means at most the first
+        /// answer was slow, it was within the allowance, and the series ends
+        /// with `warm_probes` warm answers.
+        #[test]
+        fn prop_healthy_obeys_the_warm_up_model(probes in series()) {
+            let v = judge(&pair_ready(), &probes, &policy());
+            if v.kind.is_healthy() {
+                let lat: Vec<u64> = probes.iter().map(|p| p.latency().expect("all answered")).collect();
+                prop_assert!(lat[0] <= 30_000);
+                prop_assert!(lat[1..].iter().all(|&l| l <= 1_000));
+                prop_assert!(lat.len() >= 2 && lat[lat.len() - 2..].iter().all(|&l| l <= 1_000));
+                prop_assert_eq!(v.kind == VerdictKind::Healthy, lat[0] <= 1_000);
             }
+        }
+
+        /// Property: a second answer slower than the warm budget never passes
+        /// as cold start (a rise, an equal-slow one, a second slow one).
+        #[test]
+        fn prop_second_slow_answer_rejects(first in 1_001u64..30_000, second in 1_001u64..200_000, rest in prop::collection::vec(1u64..1_000, 0..5)) {
+            let mut probes = vec![ok(first), ok(second)];
+            probes.extend(rest.into_iter().map(ok));
+            let k = kind(&probes);
+            prop_assert!(matches!(k, VerdictKind::ColdStartRejected | VerdictKind::OverBudget), "{:?}", k);
+        }
+
+        /// Property: the history-measured allowance never exceeds the configured
+        /// one, and never falls below the warm budget.
+        #[test]
+        fn prop_allowance_is_bounded(firsts in prop::collection::vec(1u64..1_000_000, 0..30), configured in 1_000u64..100_000) {
+            let a = cold_allowance(&samples(&firsts, "f"), "f", 2.0, configured, 1_000);
+            prop_assert!(a.ms() <= configured && a.ms() >= 1_000);
+        }
+
+        /// Property: no verdict kind is reached without at least one reason.
+        #[test]
+        fn prop_every_verdict_has_a_reason(probes in series(), possible in any::<bool>()) {
+            let p = ProbePolicy { cold_start_possible: possible, ..policy() };
+            prop_assert!(!judge(&pair_ready(), &probes, &p).reasons.is_empty());
         }
     }
 }

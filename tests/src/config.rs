@@ -5,13 +5,16 @@
 //! two: what is fixed for the life of the process (role, addresses, start-up phases,
 //! time scale) and [`Settings`], the timing and fault knobs that `POST /sim/fault` may
 //! change while the engine runs ([`FaultPatch`] is that request's body, using the
-//! flags' own names).
+//! flags' own names). A few flags are start-only on purpose: `--max-running` sizes a
+//! semaphore at start, and `--cold-first-ms-by-start`/`--start-count-file` describe
+//! *which start* this process is, which no live patch can change.
 //!
 //! Every duration here is in *simulated* milliseconds; [`crate::clock::Scale`] turns
 //! them into real time (`--time-scale 0.01` runs a 56 s start-up in 0.56 s).
 
 use std::collections::VecDeque;
 use std::fmt;
+use std::path::PathBuf;
 use std::str::FromStr;
 
 use clap::{Parser, ValueEnum};
@@ -93,6 +96,50 @@ pub enum ConfigError {
     OutOfRange { flag: &'static str, min: f64, value: f64 },
     #[error("--knob-env, --knob-value and --knob-slowdown go together (missing {0})")]
     KnobIncomplete(&'static str),
+    #[error("--relapse-after and --relapse-slowdown go together (missing {0})")]
+    RelapseIncomplete(&'static str),
+    #[error("--cold-first-ms-by-start and --start-count-file go together (missing {0})")]
+    ColdByStartIncomplete(&'static str),
+    #[error("--cold-first-ms-by-start entry {0:?} is not a non-negative number of ms")]
+    ColdByStartEntry(String),
+    #[error("--cold-first-ms-by-start needs at least one entry")]
+    ColdByStartEmpty,
+    #[error("{0} applies to a decode only (this engine is --role prefill)")]
+    DecodeOnly(&'static str),
+}
+
+/// `--cold-first-ms-by-start LIST` with `--start-count-file PATH`: the cold penalty
+/// of this process depends on how many times the unit has started before.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ColdByStart {
+    /// Entry k-1 is the cold penalty of the k-th start; the last entry repeats.
+    pub cold_first_ms: Vec<f64>,
+    /// Where starts are counted (read, add one, write back at each start).
+    pub count_file: PathBuf,
+}
+
+impl ColdByStart {
+    /// The cold penalty of the `start`-th start (1-based; 0 is read as 1).
+    pub fn for_start(&self, start: u64) -> f64 {
+        let i = (start.max(1) - 1).min(self.cold_first_ms.len() as u64 - 1);
+        self.cold_first_ms[i as usize]
+    }
+}
+
+/// Parses `"90000,4000,0"`; empty entries are ignored, an empty list is an error.
+pub fn parse_cold_by_start(list: &str) -> Result<Vec<f64>, ConfigError> {
+    let v = list
+        .split(',')
+        .filter(|e| !e.trim().is_empty())
+        .map(|e| match e.trim().parse::<f64>() {
+            Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+            _ => Err(ConfigError::ColdByStartEntry(e.to_string())),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if v.is_empty() {
+        return Err(ConfigError::ColdByStartEmpty);
+    }
+    Ok(v)
 }
 
 /// pd-sim's flags, as typed.
@@ -142,10 +189,17 @@ pub struct Args {
     #[arg(long, default_value_t = DEFAULT_HEALTH_TIMEOUT_MS)]
     pub health_timeout_ms: f64,
 
-    /// Total latencies (ms, or `hang`) of successive client generations, e.g. `17900,106400,hang`.
+    /// Total latencies (ms, or `hang`) of successive client generations, e.g. `17900,106400,hang`;
+    /// after the script, the model. `hang,` is a generation that hangs once after start and
+    /// then works: the first client generation never answers, later ones follow the model
+    /// (INCIDENTS row 2, seed 003: a probe that never finished among ones that did).
     #[arg(long)]
     pub latency_script: Option<String>,
-    /// Run one client generation at a time.
+    /// Run one client generation at a time: a scheduler that stops batching. Throughput
+    /// collapses to one request's worth (each waits for the ones before it) while health,
+    /// whose one-token pass does not queue for the slot, stays 200. The real-engine analogue
+    /// is SGLang's `--max-running-requests 1` (`python/sglang/srt/server_args.py`), which
+    /// caps the running batch the scheduler builds.
     #[arg(long)]
     pub serial: bool,
     /// With --serial: a client that disconnects before its first token leaks the slot forever.
@@ -176,9 +230,40 @@ pub struct Args {
     #[arg(long, default_value_t = 0)]
     pub freeze_after_tokens: u64,
     /// At most this many client generations run at once; the rest queue (0 = no limit;
-    /// --serial is the same as 1).
+    /// --serial is the same as 1). `1` is the throughput collapse of a scheduler that stops
+    /// batching (see --serial); start-only.
     #[arg(long, default_value_t = 0)]
     pub max_running: usize,
+    /// After this many client generations since start, every later one is
+    /// --relapse-slowdown times slower. Models a pair that is fast right after warm-up and
+    /// then degrades: a decode whose KV cache pool fills retracts running requests and
+    /// recomputes them (SGLang `Scheduler.update_running_batch` in
+    /// `python/sglang/srt/managers/scheduler.py`: `check_decode_mem()` fails,
+    /// `retract_decode()` puts requests back in the waiting queue, log "KV cache pool is
+    /// full. Retract requests."). Health's one-token pass is unaffected, so health stays 200.
+    #[arg(long)]
+    pub relapse_after: Option<u64>,
+    /// Factor (>= 1) on every modelled duration of a relapsed generation, on top of the knob's.
+    #[arg(long)]
+    pub relapse_slowdown: Option<f64>,
+    /// Decode only: every Nth routed request (one carrying `bootstrap_room`) fails its KV
+    /// transfer and is answered as SGLang's decode answers a failed transfer (0 = off).
+    /// Models transfers lost to a flaky link or a prefill that drops rooms: SGLang's
+    /// `DecodeTransferQueue.pop_transferred` (`python/sglang/srt/disaggregation/decode.py`)
+    /// sees `KVPoll.Failed` and calls `prepare_abort(..., status_code=500)`.
+    #[arg(long, default_value_t = 0)]
+    pub kv_fail_every: u64,
+    /// Cold penalty per start, comma-separated ms: entry k on this process's k-th start as
+    /// counted in --start-count-file (the last entry repeats; overrides --cold-first-ms).
+    /// Models a first-generation penalty that differs between restarts of the same unit:
+    /// page cache cold vs warm, a new engine version's JIT/compile caches, CUDA graph
+    /// capture after an upgrade.
+    #[arg(long)]
+    pub cold_first_ms_by_start: Option<String>,
+    /// File in which pd-sim counts its own starts: read the number (a missing file is 0),
+    /// add one, write it back at start. Goes with --cold-first-ms-by-start.
+    #[arg(long)]
+    pub start_count_file: Option<PathBuf>,
 }
 
 /// The timing and fault settings `POST /sim/fault` can change live.
@@ -201,12 +286,24 @@ pub struct Settings {
     pub fault_health_hang: bool,
     /// See `--freeze-after-tokens`.
     pub freeze_after_tokens: u64,
+    /// See `--relapse-after` (None = no relapse).
+    pub relapse_after: Option<u64>,
+    /// See `--relapse-slowdown` (1 when there is no relapse).
+    pub relapse_slowdown: f64,
+    /// See `--kv-fail-every` (0 = off).
+    pub kv_fail_every: u64,
 }
 
 impl Settings {
     /// The factor every modelled duration is multiplied by (1 unless the knob is live).
     pub fn slowdown(&self) -> f64 {
         if self.knob_live { self.knob_slowdown } else { 1.0 }
+    }
+
+    /// Whether the `generation`-th client generation since start (1-based) has relapsed:
+    /// only those after the first `--relapse-after` do.
+    pub fn relapsed(&self, generation: u64) -> bool {
+        self.relapse_after.is_some_and(|n| generation > n)
     }
 }
 
@@ -229,6 +326,8 @@ pub struct Config {
     pub knob_env_value: Option<String>,
     /// `--max-running` (0 = no limit).
     pub max_running: usize,
+    /// `--cold-first-ms-by-start` with `--start-count-file`; applied when the engine starts.
+    pub cold_by_start: Option<ColdByStart>,
 }
 
 fn check(flag: &'static str, value: f64, min: f64) -> Result<f64, ConfigError> {
@@ -249,6 +348,24 @@ impl Config {
             (_, None, _) => return Err(ConfigError::KnobIncomplete("--knob-value")),
             (_, _, None) => return Err(ConfigError::KnobIncomplete("--knob-slowdown")),
         };
+        let (relapse_after, relapse_slowdown) = match (args.relapse_after, args.relapse_slowdown) {
+            (None, None) => (None, 1.0),
+            (Some(n), Some(f)) => (Some(n), check("relapse-slowdown", f, 1.0)?),
+            (None, Some(_)) => return Err(ConfigError::RelapseIncomplete("--relapse-after")),
+            (Some(_), None) => return Err(ConfigError::RelapseIncomplete("--relapse-slowdown")),
+        };
+        if args.role == Role::Prefill && args.kv_fail_every > 0 {
+            return Err(ConfigError::DecodeOnly("--kv-fail-every"));
+        }
+        let cold_by_start = match (args.cold_first_ms_by_start, args.start_count_file) {
+            (None, None) => None,
+            (Some(list), Some(count_file)) => Some(ColdByStart {
+                cold_first_ms: parse_cold_by_start(&list)?,
+                count_file,
+            }),
+            (None, Some(_)) => return Err(ConfigError::ColdByStartIncomplete("--cold-first-ms-by-start")),
+            (Some(_), None) => return Err(ConfigError::ColdByStartIncomplete("--start-count-file")),
+        };
         let knob_env_value = args.knob_env.as_deref().and_then(&env);
         let knob_live = args.knob_value.is_some() && knob_env_value == args.knob_value;
         let settings = Settings {
@@ -267,6 +384,9 @@ impl Config {
             knob_live,
             fault_health_hang: args.fault_health_hang,
             freeze_after_tokens: args.freeze_after_tokens,
+            relapse_after,
+            relapse_slowdown,
+            kv_fail_every: args.kv_fail_every,
         };
         let bootstrap_port = match args.role {
             Role::Prefill => Some(args.bootstrap_port.unwrap_or(DEFAULT_BOOTSTRAP_PORT)),
@@ -286,6 +406,7 @@ impl Config {
             settings,
             knob_env_value,
             max_running: args.max_running,
+            cold_by_start,
         })
     }
 
@@ -370,6 +491,16 @@ pub struct FaultPatch {
     pub fault_health_hang: Option<bool>,
     #[serde(alias = "freeze-after-tokens")]
     pub freeze_after_tokens: Option<u64>,
+    /// With `relapse_slowdown`, or alone to move an existing relapse's threshold.
+    #[serde(alias = "relapse-after")]
+    pub relapse_after: Option<u64>,
+    /// With `relapse_after`, or alone to change an existing relapse (1 switches it off).
+    #[serde(alias = "relapse-slowdown")]
+    pub relapse_slowdown: Option<f64>,
+    /// Decode only; setting it restarts the count (the Nth routed request *after the patch*
+    /// fails).
+    #[serde(alias = "kv-fail-every")]
+    pub kv_fail_every: Option<u64>,
 }
 
 impl FaultPatch {
@@ -409,6 +540,22 @@ impl FaultPatch {
         }
         if let Some(v) = self.fault_health_hang {
             n.fault_health_hang = v;
+        }
+        match (self.relapse_after, self.relapse_slowdown, n.relapse_after) {
+            (None, None, _) => {}
+            (Some(_), None, None) => return Err(ConfigError::RelapseIncomplete("--relapse-slowdown")),
+            (None, Some(_), None) => return Err(ConfigError::RelapseIncomplete("--relapse-after")),
+            (after, slowdown, _) => {
+                if let Some(a) = after {
+                    n.relapse_after = Some(a);
+                }
+                if let Some(f) = slowdown {
+                    n.relapse_slowdown = check("relapse-slowdown", f, 1.0)?;
+                }
+            }
+        }
+        if let Some(v) = self.kv_fail_every {
+            n.kv_fail_every = v;
         }
         if let Some(v) = &self.knob_env {
             n.knob_env = Some(v.clone());
@@ -477,5 +624,123 @@ mod tests {
             vec![LatencyStep::Ms(100.0), LatencyStep::Hang]
         );
         assert!(serde_json::from_str::<FaultPatch>(r#"{"nonsense":1}"#).is_err());
+    }
+    /// The one-line message of a rejected flag set.
+    fn error(extra: &[&str]) -> String {
+        Config::from_args(args(extra), |_| None).unwrap_err().to_string()
+    }
+
+    // Relapse flags go together, and the error names the one that is missing;
+    // a relapse cannot speed an engine up (F >= 1).
+    #[test]
+    fn relapse_flags_validate() {
+        assert!(error(&["--relapse-after", "3"]).contains("missing --relapse-slowdown"));
+        assert!(error(&["--relapse-slowdown", "4"]).contains("missing --relapse-after"));
+        assert!(error(&["--relapse-after", "3", "--relapse-slowdown", "0.5"]).contains("--relapse-slowdown"));
+        let c = Config::from_args(args(&["--relapse-after", "3", "--relapse-slowdown", "4"]), |_| None).unwrap();
+        assert_eq!((c.settings.relapse_after, c.settings.relapse_slowdown), (Some(3), 4.0));
+        let off = Config::for_test(Role::Decode).settings;
+        assert_eq!((off.relapse_after, off.relapse_slowdown), (None, 1.0));
+    }
+
+    // Only generations after the first N relapse: N fine, N+1 onwards slowed.
+    #[test]
+    fn relapse_rule_counts_generations_since_start() {
+        let mut s = Config::for_test(Role::Decode).settings;
+        assert!(!s.relapsed(1_000));
+        s.relapse_after = Some(3);
+        assert_eq!(
+            (1..=5).map(|k| s.relapsed(k)).collect::<Vec<_>>(),
+            [false, false, false, true, true]
+        );
+        s.relapse_after = Some(0);
+        assert!(s.relapsed(1), "--relapse-after 0 relapses from the first generation");
+    }
+
+    // A patch may set both relapse fields, or change one of an existing relapse, but not
+    // start a relapse with only one of them.
+    #[test]
+    fn relapse_patch_needs_both_to_start() {
+        let mut s = Config::for_test(Role::Decode).settings;
+        let p = |j: &str| serde_json::from_str::<FaultPatch>(j).unwrap();
+        let e = p(r#"{"relapse_after": 2}"#).apply(&mut s, |_| None).unwrap_err();
+        assert!(e.to_string().contains("missing --relapse-slowdown"), "{e}");
+        let e = p(r#"{"relapse-slowdown": 2}"#).apply(&mut s, |_| None).unwrap_err();
+        assert!(e.to_string().contains("missing --relapse-after"), "{e}");
+        assert_eq!(s.relapse_after, None, "a rejected patch changes nothing");
+        p(r#"{"relapse_after": 2, "relapse_slowdown": 3}"#)
+            .apply(&mut s, |_| None)
+            .unwrap();
+        p(r#"{"relapse_slowdown": 5}"#).apply(&mut s, |_| None).unwrap();
+        assert_eq!((s.relapse_after, s.relapse_slowdown), (Some(2), 5.0));
+        assert!(p(r#"{"relapse_slowdown": 0.9}"#).apply(&mut s, |_| None).is_err());
+    }
+
+    // --kv-fail-every is a decode's fault: a prefill refuses it (0, off, is fine anywhere).
+    #[test]
+    fn kv_fail_every_is_decode_only() {
+        let prefill = |n: &str| Args::parse_from(["pd-sim", "--role", "prefill", "--port", "1", "--kv-fail-every", n]);
+        let e = Config::from_args(prefill("3"), |_| None).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "--kv-fail-every applies to a decode only (this engine is --role prefill)"
+        );
+        assert!(Config::from_args(prefill("0"), |_| None).is_ok());
+        let d = Config::from_args(args(&["--kv-fail-every", "3"]), |_| None).unwrap();
+        assert_eq!(d.settings.kv_fail_every, 3);
+        let mut s = d.settings;
+        serde_json::from_str::<FaultPatch>(r#"{"kv-fail-every": 0}"#)
+            .unwrap()
+            .apply(&mut s, |_| None)
+            .unwrap();
+        assert_eq!(s.kv_fail_every, 0);
+    }
+
+    // The k-th start gets entry k of the list; the last entry repeats for later starts.
+    #[test]
+    fn cold_penalty_by_start_number() {
+        let c = ColdByStart {
+            cold_first_ms: parse_cold_by_start("90000, 4000,0").unwrap(),
+            count_file: PathBuf::from("/nonexistent"),
+        };
+        let by_start: Vec<f64> = (1..=5).map(|k| c.for_start(k)).collect();
+        assert_eq!(by_start, [90_000.0, 4_000.0, 0.0, 0.0, 0.0]);
+        let one = ColdByStart {
+            cold_first_ms: vec![700.0],
+            count_file: PathBuf::new(),
+        };
+        assert_eq!((one.for_start(1), one.for_start(9)), (700.0, 700.0));
+    }
+
+    // The start flags go together; the list takes non-negative ms and at least one entry.
+    #[test]
+    fn cold_by_start_flags_validate() {
+        assert!(error(&["--cold-first-ms-by-start", "1,2"]).contains("missing --start-count-file"));
+        assert!(error(&["--start-count-file", "/tmp/x"]).contains("missing --cold-first-ms-by-start"));
+        let bad = ["--cold-first-ms-by-start", "100,-1", "--start-count-file", "/tmp/x"];
+        assert_eq!(
+            error(&bad),
+            "--cold-first-ms-by-start entry \"-1\" is not a non-negative number of ms"
+        );
+        let empty = ["--cold-first-ms-by-start", ",", "--start-count-file", "/tmp/x"];
+        assert_eq!(error(&empty), "--cold-first-ms-by-start needs at least one entry");
+        let ok = ["--cold-first-ms-by-start", "100,5", "--start-count-file", "/tmp/x"];
+        let c = Config::from_args(args(&ok), |_| None).unwrap();
+        assert_eq!(
+            c.cold_by_start,
+            Some(ColdByStart {
+                cold_first_ms: vec![100.0, 5.0],
+                count_file: PathBuf::from("/tmp/x"),
+            })
+        );
+    }
+
+    // `hang,` is one hang followed by the model: the trailing comma adds no entry.
+    #[test]
+    fn hang_once_script_parses() {
+        assert_eq!(
+            Vec::from(parse_latency_script("hang,").unwrap()),
+            vec![LatencyStep::Hang]
+        );
     }
 }

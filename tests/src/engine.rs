@@ -5,7 +5,8 @@
 //! start) and returns a [`Plan`]. The HTTP layer carries the plan out on tokio's
 //! clock. Keeping the model pure is what lets the incidents' numbers be unit tests.
 //!
-//! The model, in simulated milliseconds (every modelled term × the knob's slowdown):
+//! The model, in simulated milliseconds (every modelled term × the knob's slowdown,
+//! × the relapse slowdown once relapsed):
 //! - served alone (no prefill→decode transfer): the first token after
 //!   `ttft + prompt_tokens/prefill_tok_per_s + tpot`, then one per `tpot`, so a
 //!   request takes `ttft + prompt/speed + max_tokens × tpot`;
@@ -27,6 +28,30 @@
 //! (the total latency, exactly, no slowdown); `hang` never answers. The health
 //! check's own one-token pass costs `ttft` and never consumes the script or the cold
 //! penalty: that is why health can stay 200 while generation is slow or absent.
+//!
+//! Faults for restart verdicts, each the pure rule of a real mechanism:
+//! - *Relapse* (`--relapse-after N --relapse-slowdown F`): client generation k since
+//!   start (every one admitted counts, scripted ones too) is modelled F× slower when
+//!   k > N. A pair that is fast right after warm-up and then degrades: a decode whose KV
+//!   cache pool fills retracts running requests and recomputes them — SGLang's
+//!   `Scheduler.update_running_batch` (`python/sglang/srt/managers/scheduler.py`) calls
+//!   `batch.retract_decode()` when `check_decode_mem()` fails, logs "KV cache pool is
+//!   full. Retract requests." and re-queues the retracted requests. Health's pass is
+//!   not slowed, so health stays 200 through the relapse.
+//! - *Failed KV transfer* (`--kv-fail-every N`, decode): routed request k (the decode
+//!   part of a routed request, counted since start or since the patch that set N) fails
+//!   its transfer when k is a multiple of N: requests 1..N-1 succeed, N fails, and so on.
+//!   SGLang's `DecodeTransferQueue.pop_transferred`
+//!   (`python/sglang/srt/disaggregation/decode.py`) meets `KVPoll.Failed` and aborts the
+//!   request with HTTP 500; the HTTP layer answers it as it answers a stale bootstrap.
+//! - *Cold start per restart* (`--cold-first-ms-by-start`): the first-generation penalty
+//!   of the k-th start differs (page cache cold or warm, a new engine version's
+//!   JIT/compile caches, CUDA graph capture after an upgrade); the server picks the
+//!   start's `cold_first_ms` and this model charges it as usual.
+//! - *Hang once* (`--latency-script hang,`): the first generation never answers, later
+//!   ones follow the model (INCIDENTS row 2). *Throughput collapse* (`--serial`,
+//!   `--max-running 1`): a scheduler that stops batching; enforced by the HTTP layer's
+//!   slot, not here, because it is about waiting, not cost.
 //!
 //! Token counting is deliberately crude: one token per whitespace-separated word
 //! ([`count_tokens`]). Tests and drills control prompt size by word count.
@@ -120,6 +145,17 @@ pub struct Admission {
     pub stall_ms: f64,
     /// Prompt tokens served from the prefix cache.
     pub cached_tokens: u64,
+    /// The relapse slowdown was applied (see `--relapse-after`; never to a scripted plan).
+    pub relapsed: bool,
+    /// A decode part: this is routed request k (see `--kv-fail-every`).
+    pub routed_seq: Option<u64>,
+    /// A decode part whose KV transfer fails (see `--kv-fail-every`).
+    pub kv_fail: bool,
+}
+
+/// `--kv-fail-every`: whether routed request `k` (1-based) fails its KV transfer.
+pub fn kv_transfer_fails(every: u64, k: u64) -> bool {
+    every > 0 && k.is_multiple_of(every)
 }
 
 /// Live sessions keyed by prompt prefix (see `--session-prefix-tokens`).
@@ -177,6 +213,11 @@ pub struct EngineState {
     pub sessions: Sessions,
     /// The prefix key of the latest request (sessions on): the one cached prefix.
     pub cached_prefix: Option<String>,
+    /// Client generations admitted since start (what `--relapse-after` counts).
+    pub generations: u64,
+    /// Routed (decode-part) requests admitted since start, or since a patch last set
+    /// `--kv-fail-every` (what that flag counts).
+    pub routed: u64,
 }
 
 impl EngineState {
@@ -186,6 +227,8 @@ impl EngineState {
             cold_pending: true,
             sessions: Sessions::default(),
             cached_prefix: None,
+            generations: 0,
+            routed: 0,
         }
     }
 
@@ -205,6 +248,12 @@ impl EngineState {
             (false, 0, 0)
         };
         let stall_ms = others as f64 * s.stall_per_session_ms;
+        self.generations += 1;
+        let routed_seq = (req.part == Part::Decode).then(|| {
+            self.routed += 1;
+            self.routed
+        });
+        let kv_fail = routed_seq.is_some_and(|k| kv_transfer_fails(s.kv_fail_every, k));
         let cold = std::mem::take(&mut self.cold_pending);
         let cold_ms = if cold { s.cold_first_ms } else { 0.0 };
         let tokens = match req.part {
@@ -227,9 +276,13 @@ impl EngineState {
                 minted_session,
                 stall_ms,
                 cached_tokens,
+                relapsed: false,
+                routed_seq,
+                kv_fail,
             };
         }
-        let slow = s.slowdown();
+        let relapsed = s.relapsed(self.generations);
+        let slow = s.slowdown() * if relapsed { s.relapse_slowdown } else { 1.0 };
         let prompt_ms = if s.prefill_tok_per_s > 0.0 {
             (req.prompt_tokens - cached_tokens) as f64 * 1000.0 / s.prefill_tok_per_s
         } else {
@@ -260,10 +313,14 @@ impl EngineState {
             minted_session,
             stall_ms,
             cached_tokens,
+            relapsed,
+            routed_seq,
+            kv_fail,
         }
     }
 
-    /// The health check's one-token forward pass: `ttft`, nothing else.
+    /// The health check's one-token forward pass: `ttft` (× the knob), nothing else —
+    /// no cold penalty, no script, no relapse.
     pub fn health_plan(s: &Settings) -> Plan {
         if s.fault_health_hang {
             Plan::Hang
@@ -426,5 +483,73 @@ mod tests {
             e.admit(&s, &shape("p", 8, Part::Whole), 0.0).plan.cost_ms(),
             2.0 * (50.0 + 1.0 + 80.0)
         );
+    }
+    // A relapse: the first N generations cost the model, every later one F× that
+    // (on top of the knob), while the health pass keeps its warm cost.
+    #[test]
+    fn relapse_slows_generations_after_n_not_health() {
+        let mut s = settings();
+        s.relapse_after = Some(2);
+        s.relapse_slowdown = 4.0;
+        s.knob_live = true;
+        s.knob_slowdown = 1.5;
+        let warm = 1.5 * (50.0 + 1.0 + 80.0);
+        let mut e = EngineState::new(VecDeque::new());
+        let runs: Vec<Admission> = (0..4).map(|_| e.admit(&s, &shape("p", 8, Part::Whole), 0.0)).collect();
+        let costs: Vec<f64> = runs.iter().map(|a| a.plan.cost_ms()).collect();
+        assert_eq!(costs, [warm, warm, 4.0 * warm, 4.0 * warm]);
+        assert_eq!(runs.iter().filter(|a| a.relapsed).count(), 2);
+        assert_eq!(EngineState::health_plan(&s).cost_ms(), 1.5 * 50.0);
+    }
+
+    // Scripted generations count towards --relapse-after but stay exact.
+    #[test]
+    fn relapse_counts_scripted_generations_but_not_their_cost() {
+        let mut s = settings();
+        s.relapse_after = Some(1);
+        s.relapse_slowdown = 2.0;
+        let mut e = EngineState::new(crate::config::parse_latency_script("500,700").unwrap());
+        let a: Vec<Admission> = (0..3).map(|_| e.admit(&s, &shape("p", 8, Part::Whole), 0.0)).collect();
+        assert_eq!(a[0].plan.cost_ms(), 500.0);
+        assert_eq!(a[1].plan.cost_ms(), 700.0);
+        assert!(!a[1].relapsed, "a script entry is exact");
+        assert!(a[2].relapsed);
+        assert_eq!(a[2].plan.cost_ms(), 2.0 * (50.0 + 1.0 + 80.0));
+    }
+
+    // Every Nth routed request fails its transfer, deterministically: 1..N-1 succeed,
+    // N fails, N+1..2N-1 succeed, 2N fails. Unrouted generations are not counted.
+    #[test]
+    fn kv_fail_every_nth_routed_request() {
+        let mut s = settings();
+        s.kv_fail_every = 3;
+        let mut e = EngineState::new(VecDeque::new());
+        let mut fails = Vec::new();
+        for _ in 0..7 {
+            e.admit(&s, &shape("alone", 1, Part::Whole), 0.0);
+            let a = e.admit(&s, &shape("routed", 1, Part::Decode), 0.0);
+            fails.push((a.routed_seq.unwrap(), a.kv_fail));
+        }
+        let expected: Vec<(u64, bool)> = (1..=7).map(|k| (k, k % 3 == 0)).collect();
+        assert_eq!(fails, expected);
+        assert!(!kv_transfer_fails(0, 3), "0 is off");
+        s.kv_fail_every = 1;
+        assert!(e.admit(&s, &shape("routed", 1, Part::Decode), 0.0).kv_fail);
+    }
+
+    // `hang,`: the one hung generation is followed by the model, cold penalty and all
+    // charged to the hung one (the first after start).
+    #[test]
+    fn hang_once_then_model() {
+        let mut s = settings();
+        s.cold_first_ms = 1000.0;
+        let mut e = EngineState::new(crate::config::parse_latency_script("hang,").unwrap());
+        let first = e.admit(&s, &shape("p", 8, Part::Whole), 0.0);
+        assert_eq!(first.plan, Plan::Hang);
+        assert!(first.cold);
+        let next: Vec<f64> = (0..3)
+            .map(|_| e.admit(&s, &shape("p", 8, Part::Whole), 0.0).plan.cost_ms())
+            .collect();
+        assert_eq!(next, [131.0, 131.0, 131.0]);
     }
 }

@@ -17,6 +17,21 @@
 //! and the health check's pass does not queue for the `--serial` slot, so a leaked
 //! slot leaves health at 200 while every generation hangs (INCIDENTS row 4).
 //!
+//! A failed KV transfer — a stale bootstrap after a prefill restarted alone, or one
+//! injected by `--kv-fail-every` — is answered one way ([`kv_transfer_failed`]), as
+//! SGLang's decode answers it: `DecodeTransferQueue.pop_transferred`
+//! (`python/sglang/srt/disaggregation/decode.py`) aborts the request with
+//! `prepare_abort(req, "Decode transfer failed for request rank=… decode_req.req.rid=…
+//! decode_req.req.bootstrap_room=… with exception KVTransferError(bootstrap_room=…): …",
+//! status_code=500)`; the tokenizer manager (`python/sglang/srt/managers/tokenizer_manager.py`)
+//! raises that as `fastapi.HTTPException(500, detail=message)` for a non-streamed request;
+//! the OpenAI layer (`entrypoints/openai/serving_base.py`, `handle_request`) turns it into
+//! `{"object":"error","message":…,"type":"500","param":null,"code":500}` and `/generate`
+//! (`entrypoints/http_server.py`, which catches only `ValueError`) leaves it to FastAPI:
+//! `{"detail": …}`. Both are HTTP 500. A streamed request gets the same 500 before its
+//! stream starts (SGLang would open the stream and end it with the abort: a
+//! simplification).
+//!
 //! A request counts as a probe when its `X-Request-Id` begins `pdwarden-probe-` (the
 //! only tag that survives the router) or it carries `X-Pdwarden-Probe: 1`.
 
@@ -71,6 +86,8 @@ pub fn router(sim: Arc<Sim>) -> Router {
 struct ApiError {
     status: StatusCode,
     message: String,
+    /// The `type` field; None = the status's reason phrase.
+    err_type: Option<String>,
 }
 
 impl ApiError {
@@ -78,6 +95,16 @@ impl ApiError {
         ApiError {
             status: StatusCode::BAD_REQUEST,
             message: message.into(),
+            err_type: None,
+        }
+    }
+
+    /// What SGLang's OpenAI layer makes of an `HTTPException`: `type` is the status code.
+    fn http_exception(status: StatusCode, message: String) -> ApiError {
+        ApiError {
+            status,
+            message,
+            err_type: Some(status.as_u16().to_string()),
         }
     }
 }
@@ -87,7 +114,10 @@ impl IntoResponse for ApiError {
         let body = json!({
             "object": "error",
             "message": self.message,
-            "type": self.status.canonical_reason().unwrap_or("Error"),
+            "type": self
+                .err_type
+                .as_deref()
+                .unwrap_or(self.status.canonical_reason().unwrap_or("Error")),
             "param": null,
             "code": self.status.as_u16(),
         });
@@ -255,6 +285,12 @@ async fn metrics(State(sim): State<Arc<Sim>>) -> Response {
             "gauge",
             "The number of requests in the decode transfer queue.",
             c.transfer_waiting as f64,
+        );
+        metric(
+            "sglang:num_transfer_failed_reqs_total",
+            "counter",
+            "The number of transfer failed requests.",
+            c.kv_transfers_failed as f64,
         );
     }
     metric(
@@ -593,6 +629,9 @@ async fn serve_generation(sim: Arc<Sim>, req: GenRequest) -> Response {
         c.prompt_tokens_total += prompt_tokens;
     });
     inflight.running = Some(GaugeGuard::new(&sim, |c| &mut c.running));
+    if admission.relapsed {
+        sim.stats.update(|c| c.relapsed_requests += 1);
+    }
     if admission.minted_session {
         tracing::debug!(rid = %req.rid, "session minted");
     }
@@ -622,20 +661,25 @@ async fn serve_generation(sim: Arc<Sim>, req: GenRequest) -> Response {
                 unreachable!("a decode always has a bootstrap client");
             };
             let waiting = GaugeGuard::new(&sim, |c| &mut c.transfer_waiting);
+            if admission.kv_fail {
+                // `--kv-fail-every`: the transfer is lost; the decode notices when it
+                // would have started on the request, and never pulls the room's KV.
+                sleep_until(ready_at).await;
+                drop(waiting);
+                sim.stats.update(|c| c.kv_failures_injected += 1);
+                inflight.done = true;
+                let reason = format!(
+                    "KV transfer failed: injected by --kv-fail-every {} (routed request {})",
+                    settings.kv_fail_every,
+                    admission.routed_seq.unwrap_or_default()
+                );
+                return kv_transfer_failed(&sim, &req, *room, &reason);
+            }
             let (kv, ()) = tokio::join!(client.fetch_kv(host, *port, *room), sleep_until(ready_at));
             drop(waiting);
             if let Err(e) = kv {
-                sim.stats.update(|c| {
-                    c.kv_transfers_failed += 1;
-                    c.failed += 1;
-                });
                 inflight.done = true;
-                tracing::warn!(rid = %req.rid, error = %e, "KV transfer failed");
-                return ApiError {
-                    status: StatusCode::INTERNAL_SERVER_ERROR,
-                    message: format!("KV transfer failed: {e}"),
-                }
-                .into_response();
+                return kv_transfer_failed(&sim, &req, *room, &format!("KV transfer failed: {e}"));
             }
             sim.stats.update(|c| c.kv_transfers_ok += 1);
         }
@@ -680,6 +724,28 @@ async fn serve_generation(sim: Arc<Sim>, req: GenRequest) -> Response {
         Kind::Generate => out.generate_json(tokens, true),
     };
     Json(body).into_response()
+}
+
+/// Answers a decode request whose KV transfer failed, as SGLang's decode does (module
+/// doc): HTTP 500, chat `{"object":"error","message":…,"type":"500",…}`, `/generate`
+/// `{"detail":…}`. `reason` is the transfer backend's failure reason (pd-sim's own text;
+/// it starts "KV transfer failed" so scenarios can match either failure).
+fn kv_transfer_failed(sim: &Sim, req: &GenRequest, room: u64, reason: &str) -> Response {
+    sim.stats.update(|c| {
+        c.kv_transfers_failed += 1;
+        c.failed += 1;
+    });
+    let message = format!(
+        "Decode transfer failed for request rank=0 decode_req.req.rid='{}' decode_req.req.bootstrap_room={room} \
+         with exception KVTransferError(bootstrap_room={room}): {reason}",
+        req.rid
+    );
+    tracing::warn!(rid = %req.rid, "{message}");
+    let status = StatusCode::INTERNAL_SERVER_ERROR;
+    match req.kind {
+        Kind::Chat => ApiError::http_exception(status, message).into_response(),
+        Kind::Generate => (status, Json(json!({ "detail": message }))).into_response(),
+    }
 }
 
 const WORDS: [&str; 9] = ["The", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog."];

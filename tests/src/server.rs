@@ -11,6 +11,10 @@
 //! running its forward pass and generations are served. Each transition is logged
 //! once to stderr and stamped on `CLOCK_MONOTONIC`.
 //!
+//! With `--cold-first-ms-by-start`, the very first thing a start does is count itself in
+//! `--start-count-file` ([`count_start`]) and take that start's cold penalty, so that a
+//! test can restart the same unit several times, each start with its own cold cost.
+//!
 //! Connections are served by our own accept loop rather than `axum::serve`, so that
 //! a shutdown drops every connection at once — requests in flight included — the way
 //! a killed engine process does. (A graceful shutdown would wait forever on a hung
@@ -19,8 +23,9 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
@@ -48,6 +53,45 @@ pub enum SimError {
     Task(#[source] tokio::task::JoinError),
     #[error("the engine stopped before it listened")]
     StoppedEarly,
+    #[error("--start-count-file {path}: cannot {what} it")]
+    StartCountIo {
+        what: &'static str,
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("--start-count-file {path} holds {content:?}, not a number of starts")]
+    StartCountContent { path: String, content: String },
+}
+
+/// Counts one more start in `path` and returns this start's number (1-based): reads the
+/// starts before (a missing or empty file is 0), writes back one more.
+pub async fn count_start(path: &Path) -> Result<u64, SimError> {
+    let shown = || path.display().to_string();
+    let before = match tokio::fs::read_to_string(path).await {
+        Ok(text) if text.trim().is_empty() => 0,
+        Ok(text) => text.trim().parse::<u64>().map_err(|_| SimError::StartCountContent {
+            path: shown(),
+            content: text.trim().to_string(),
+        })?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+        Err(source) => {
+            return Err(SimError::StartCountIo {
+                what: "read",
+                path: shown(),
+                source,
+            });
+        }
+    };
+    let this = before + 1;
+    tokio::fs::write(path, format!("{this}\n"))
+        .await
+        .map_err(|source| SimError::StartCountIo {
+            what: "write",
+            path: shown(),
+            source,
+        })?;
+    Ok(this)
 }
 
 /// The addresses an engine listens on, once it does.
@@ -80,6 +124,8 @@ pub struct Sim {
     start_mono_ms: f64,
     listen_mono_ms: Mutex<Option<f64>>,
     ready_mono_ms: Mutex<Option<f64>>,
+    /// This start's number in `--start-count-file`, once counted.
+    start_number: OnceLock<u64>,
 }
 
 impl Sim {
@@ -106,6 +152,7 @@ impl Sim {
             start_mono_ms,
             listen_mono_ms: Mutex::new(None),
             ready_mono_ms: Mutex::new(None),
+            start_number: OnceLock::new(),
             instance_id,
             config,
         })
@@ -142,6 +189,9 @@ impl Sim {
 
     /// Applies a `/sim/fault` patch.
     pub(crate) fn apply_fault(&self, patch: &FaultPatch) -> Result<(), crate::config::ConfigError> {
+        if self.config.role == Role::Prefill && patch.kv_fail_every.is_some_and(|n| n > 0) {
+            return Err(crate::config::ConfigError::DecodeOnly("--kv-fail-every"));
+        }
         let knob_name = self.config.settings.knob_env.clone();
         let knob_start_value = self.config.knob_env_value.clone();
         let script = match &patch.latency_script {
@@ -158,8 +208,15 @@ impl Sim {
                 }
             })?;
         }
-        if let Some(script) = script {
-            self.engine.lock().unwrap_or_else(|e| e.into_inner()).script = script;
+        {
+            let mut engine = self.engine.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(script) = script {
+                engine.script = script;
+            }
+            if patch.kv_fail_every.is_some() {
+                // The Nth routed request after the patch is the first to fail.
+                engine.routed = 0;
+            }
         }
         tracing::info!(?patch, "fault settings changed");
         Ok(())
@@ -189,6 +246,7 @@ impl Sim {
             start_mono_ms: self.start_mono_ms,
             listen_mono_ms: *self.listen_mono_ms.lock().unwrap_or_else(|e| e.into_inner()),
             ready_mono_ms: *self.ready_mono_ms.lock().unwrap_or_else(|e| e.into_inner()),
+            start_number: self.start_number.get().copied(),
             sessions_live,
             sessions_minted,
             counters: self.stats.snapshot(),
@@ -288,6 +346,18 @@ async fn bind(what: &'static str, host: &str, port: u16) -> Result<TcpListener, 
 async fn lifecycle(sim: Arc<Sim>, cancel: CancellationToken) -> Result<(), SimError> {
     let cfg = &sim.config;
     sim.log_phase(Phase::Starting, sim.start_mono_ms);
+    if let Some(by_start) = &cfg.cold_by_start {
+        let start = count_start(&by_start.count_file).await?;
+        let cold_ms = by_start.for_start(start);
+        sim.settings.lock().unwrap_or_else(|e| e.into_inner()).cold_first_ms = cold_ms;
+        let _ = sim.start_number.set(start);
+        tracing::info!(
+            start,
+            cold_first_ms = cold_ms,
+            file = %by_start.count_file.display(),
+            "start counted"
+        );
+    }
     let listen_at = sim.clock.at(cfg.listen_after_ms);
     tokio::select! {
         _ = tokio::time::sleep_until(listen_at) => {}

@@ -104,14 +104,35 @@ async fn routed(
     room: u64,
     timeout: Duration,
 ) -> Result<reqwest::Response, reqwest::Error> {
-    let mut body = chat("hello from the router", 4);
+    routed_to(
+        c,
+        p,
+        d,
+        "/v1/chat/completions",
+        chat("hello from the router", 4),
+        room,
+        timeout,
+    )
+    .await
+}
+
+/// [`routed`] for any endpoint and body.
+async fn routed_to(
+    c: &reqwest::Client,
+    p: Bound,
+    d: Bound,
+    path: &'static str,
+    mut body: Value,
+    room: u64,
+    timeout: Duration,
+) -> Result<reqwest::Response, reqwest::Error> {
     body["bootstrap_host"] = json!("127.0.0.1");
     body["bootstrap_port"] = json!(p.bootstrap.unwrap().port());
     body["bootstrap_room"] = json!(room);
     let pc = c.clone();
     let pbody = body.clone();
-    tokio::spawn(async move { post(&pc, p, "/v1/chat/completions", &pbody, timeout).await });
-    post(c, d, "/v1/chat/completions", &body, timeout).await
+    tokio::spawn(async move { post(&pc, p, path, &pbody, timeout).await });
+    post(c, d, path, &body, timeout).await
 }
 
 // Start-up phases: connection refused until listen-after; then /v1/models 200 at
@@ -377,6 +398,15 @@ async fn bootstrap_stale_degraded_and_cleared_by_ordered_co_restart() {
     let (p, pb) = restart(p, pb, pcfg.clone()).await;
     let r = routed(&c, pb, db, 2, ok).await.unwrap();
     assert_eq!(r.status(), 500, "stale identity: transfer fails");
+    // The same answer as an injected failure: SGLang's failed-transfer abort.
+    let v: Value = r.json().await.unwrap();
+    let m = v["message"].as_str().unwrap();
+    assert_eq!(v["type"], "500");
+    assert!(
+        m.starts_with("Decode transfer failed for request rank=0")
+            && m.contains("KVTransferError(bootstrap_room=2): KV transfer failed: prefill bootstrap"),
+        "{m}"
+    );
     assert_eq!(stats(&c, db).await["kv_transfers_failed"], 1);
 
     let (d, db) = restart(d, db, dcfg.clone()).await;
@@ -600,6 +630,264 @@ async fn max_running_queues_the_excess() {
         .await,
         "two run, one queues"
     );
+    for s in sends {
+        assert!(s.await.unwrap().unwrap().status().is_success());
+    }
+    h.shutdown().await.unwrap();
+}
+
+// `--kv-fail-every 2`: routed requests 1 and 3 succeed, 2 and 4 fail their transfer and
+// are answered as SGLang's decode answers one — HTTP 500, chat's OpenAI error with type
+// "500", /generate's FastAPI `{"detail": …}` — while unrouted generations and health are
+// untouched; /sim/stats and /metrics count the failures.
+#[tokio::test]
+async fn kv_fail_every_fails_the_nth_routed_request() {
+    let c = client();
+    let ok = Duration::from_secs(5);
+    let (p, pb) = start(Config::for_test(Role::Prefill)).await;
+    let mut dcfg = Config::for_test(Role::Decode);
+    dcfg.settings.kv_fail_every = 2;
+    let (d, db) = start(dcfg).await;
+    let generate = json!({"text": "hello from the router", "sampling_params": {"max_new_tokens": 4}});
+    assert_eq!(routed(&c, pb, db, 1, ok).await.unwrap().status(), 200);
+    assert_eq!(
+        post(&c, db, "/v1/chat/completions", &chat("alone", 2), ok)
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let r = routed(&c, pb, db, 2, ok).await.unwrap();
+    assert_eq!(r.status(), 500);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["object"], "error");
+    assert_eq!(v["type"], "500");
+    assert_eq!(v["code"], 500);
+    assert_eq!(v["param"], Value::Null);
+    let m = v["message"].as_str().unwrap();
+    assert!(
+        m.starts_with("Decode transfer failed for request rank=0 decode_req.req.rid='")
+            && m.contains(
+                "decode_req.req.bootstrap_room=2 with exception KVTransferError(bootstrap_room=2): KV transfer failed"
+            ),
+        "{m}"
+    );
+    assert_eq!(
+        routed_to(&c, pb, db, "/generate", generate.clone(), 3, ok)
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let r = routed_to(&c, pb, db, "/generate", generate, 4, ok).await.unwrap();
+    assert_eq!(r.status(), 500);
+    let v: Value = r.json().await.unwrap();
+    assert!(v["detail"].as_str().unwrap().contains("bootstrap_room=4"), "{v}");
+    assert_eq!(status(&c, format!("http://{}/health", db.http)).await, Some(200));
+    let s = stats(&c, db).await;
+    assert_eq!(
+        (
+            &s["kv_transfers_ok"],
+            &s["kv_transfers_failed"],
+            &s["kv_failures_injected"]
+        ),
+        (&json!(2), &json!(2), &json!(2))
+    );
+    let metrics = c
+        .get(format!("http://{}/metrics", db.http))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("sglang:num_transfer_failed_reqs_total{model_name=\"pd-sim/sim-model\"} 2"),
+        "{metrics}"
+    );
+    // A live patch restarts the count: the 3rd routed request after it fails.
+    let r = c
+        .post(format!("http://{}/sim/fault", db.http))
+        .json(&json!({"kv_fail_every": 3}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let after: Vec<u16> = {
+        let mut v = Vec::new();
+        for room in 5..8 {
+            v.push(routed(&c, pb, db, room, ok).await.unwrap().status().as_u16());
+        }
+        v
+    };
+    assert_eq!(after, [200, 200, 500]);
+    // A prefill refuses the fault.
+    let r = c
+        .post(format!("http://{}/sim/fault", pb.http))
+        .json(&json!({"kv_fail_every": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    p.shutdown().await.unwrap();
+    d.shutdown().await.unwrap();
+}
+
+// A relapse over HTTP: after 2 generations every one is charged F× the model, /sim/stats
+// counts them, and health stays 200 (its pass is not slowed).
+#[tokio::test]
+async fn relapse_slows_later_generations_health_stays_200() {
+    let mut cfg = Config::for_test(Role::Decode);
+    cfg.settings.ttft_ms = 1_000.0;
+    cfg.settings.tpot_ms = 100.0;
+    cfg.settings.relapse_after = Some(2);
+    cfg.settings.relapse_slowdown = 3.0;
+    let (h, b) = start(cfg).await;
+    let c = client();
+    let mut charged = Vec::new();
+    for _ in 0..4 {
+        let before = stats(&c, b).await["busy_ms_total"].as_f64().unwrap();
+        let r = post(&c, b, "/v1/chat/completions", &chat("p", 2), Duration::from_secs(5)).await;
+        assert_eq!(r.unwrap().status(), 200);
+        charged.push(stats(&c, b).await["busy_ms_total"].as_f64().unwrap() - before);
+    }
+    let warm = 1_000.0 + 0.05 + 200.0;
+    for (got, want) in charged.iter().zip([warm, warm, 3.0 * warm, 3.0 * warm]) {
+        assert!((got - want).abs() < 1e-6, "{charged:?}");
+    }
+    assert_eq!(stats(&c, b).await["relapsed_requests"], 2);
+    assert_eq!(status(&c, format!("http://{}/health", b.http)).await, Some(200));
+    h.shutdown().await.unwrap();
+}
+
+// Real restarts of one unit with a start counter: start k takes entry k of
+// --cold-first-ms-by-start (the last repeats), a missing file counts as no start
+// before, and the count survives in the file.
+#[tokio::test]
+async fn cold_first_ms_differs_by_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("starts");
+    let args = Args::parse_from([
+        "pd-sim",
+        "--role",
+        "decode",
+        "--port",
+        "0",
+        "--time-scale",
+        "0.01",
+        "--ttft-ms",
+        "100",
+        "--tpot-ms",
+        "0",
+        "--prefill-tok-per-s",
+        "0",
+        "--cold-first-ms-by-start",
+        "9000,2000,0",
+        "--start-count-file",
+        file.to_str().unwrap(),
+    ]);
+    let cfg = Config::from_args(args, |_| None).unwrap();
+    let c = client();
+    let (mut h, mut b) = start(cfg.clone()).await;
+    let mut seen = Vec::new();
+    for k in 1..=4u64 {
+        if k > 1 {
+            (h, b) = restart(h, b, cfg.clone()).await;
+        }
+        post(&c, b, "/v1/chat/completions", &chat("p", 1), Duration::from_secs(5))
+            .await
+            .unwrap();
+        let s = stats(&c, b).await;
+        assert_eq!(s["start_number"], k);
+        seen.push((
+            s["settings"]["cold_first_ms"].as_f64().unwrap(),
+            s["busy_ms_total"].as_f64().unwrap(),
+        ));
+    }
+    assert_eq!(seen, [(9000.0, 9100.0), (2000.0, 2100.0), (0.0, 100.0), (0.0, 100.0)]);
+    assert_eq!(std::fs::read_to_string(&file).unwrap().trim(), "4");
+    h.shutdown().await.unwrap();
+}
+
+// A start-count file that holds no number stops the start with one line naming the flag.
+#[tokio::test]
+async fn bad_start_count_file_fails_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("starts");
+    std::fs::write(&file, "three\n").unwrap();
+    let mut cfg = Config::for_test(Role::Decode);
+    cfg.cold_by_start = Some(crate::config::ColdByStart {
+        cold_first_ms: vec![0.0],
+        count_file: file.clone(),
+    });
+    let mut h = spawn(cfg);
+    let e = h.bound().await.unwrap_err().to_string();
+    assert_eq!(
+        e,
+        format!(
+            "--start-count-file {} holds \"three\", not a number of starts",
+            file.display()
+        )
+    );
+}
+
+// `--latency-script hang,`: the first generation after start hangs for good; the next
+// ones, sent while it still hangs, follow the model; health stays 200.
+#[tokio::test]
+async fn hang_once_then_normal_generations() {
+    let mut cfg = Config::for_test(Role::Decode);
+    cfg.latency_script = parse_latency_script("hang,").unwrap();
+    let (h, b) = start(cfg).await;
+    let c = client();
+    let hung = tokio::spawn({
+        let c = c.clone();
+        async move { post(&c, b, "/v1/chat/completions", &chat("p", 2), Duration::from_secs(30)).await }
+    });
+    assert!(wait_until(Duration::from_secs(5), || async { stats(&c, b).await["running"] == 1 }).await);
+    for _ in 0..2 {
+        let r = post(&c, b, "/v1/chat/completions", &chat("p", 2), Duration::from_secs(5)).await;
+        assert_eq!(r.unwrap().status(), 200);
+    }
+    assert_eq!(status(&c, format!("http://{}/health", b.http)).await, Some(200));
+    let s = stats(&c, b).await;
+    assert_eq!(
+        (&s["completed"], &s["running"]),
+        (&json!(2), &json!(1)),
+        "the first still hangs"
+    );
+    assert!(!hung.is_finished());
+    h.shutdown().await.unwrap();
+}
+
+// `--max-running 1`, a scheduler that stops batching: of two concurrent generations one
+// runs and one queues behind it, health (outside the queue) stays 200, both finish.
+#[tokio::test]
+async fn max_running_one_stops_batching() {
+    let mut cfg = Config::for_test(Role::Decode);
+    cfg.max_running = 1;
+    cfg.settings.ttft_ms = 20_000.0; // 200 ms real each
+    let (h, b) = start(cfg).await;
+    let c = client();
+    let sends: Vec<_> = (0..2)
+        .map(|_| {
+            let c = c.clone();
+            tokio::spawn(
+                async move { post(&c, b, "/v1/chat/completions", &chat("hi", 1), Duration::from_secs(10)).await },
+            )
+        })
+        .collect();
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            let c = c.clone();
+            async move {
+                let s = stats(&c, b).await;
+                s["running"] == 1 && s["queued"] == 1
+            }
+        })
+        .await,
+        "one runs, one queues"
+    );
+    assert_eq!(status(&c, format!("http://{}/health", b.http)).await, Some(200));
     for s in sends {
         assert!(s.await.unwrap().unwrap().status().is_success());
     }

@@ -43,9 +43,14 @@ pub struct Counters {
     pub health_requests: u64,
     pub health_ok: u64,
     pub health_failed: u64,
-    /// Decode: KV transfers completed / failed (stale identity, unreachable prefill).
+    /// Decode: KV transfers completed / failed (stale identity, unreachable prefill,
+    /// `--kv-fail-every`).
     pub kv_transfers_ok: u64,
     pub kv_transfers_failed: u64,
+    /// Decode: of the failed transfers, those injected by `--kv-fail-every`.
+    pub kv_failures_injected: u64,
+    /// Generations whose modelled durations carried the `--relapse-slowdown`.
+    pub relapsed_requests: u64,
     /// Prefill: KV handed to decodes, and degraded bootstraps handed out.
     pub kv_served: u64,
     pub degraded_bootstraps: u64,
@@ -116,6 +121,8 @@ pub struct StatsSnapshot {
     pub start_mono_ms: f64,
     pub listen_mono_ms: Option<f64>,
     pub ready_mono_ms: Option<f64>,
+    /// Which start of the unit this process is, counted in `--start-count-file` (1 = first).
+    pub start_number: Option<u64>,
     pub sessions_live: u64,
     pub sessions_minted: u64,
     #[serde(flatten)]
