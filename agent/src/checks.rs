@@ -220,16 +220,26 @@ impl HttpChecker {
 
 impl Checker for HttpChecker {
     async fn health(&self) -> HealthObservation {
+        let started = Instant::now();
         let req = self.client.get(&self.health_url).send();
-        match tokio::time::timeout(self.health_timeout, req).await {
+        let result = tokio::time::timeout(self.health_timeout, req).await;
+        let latency = started.elapsed();
+        match result {
             Err(_) => HealthObservation::TimedOut {
                 after: self.health_timeout,
             },
             Ok(Ok(resp)) => HealthObservation::Status {
                 status: resp.status().as_u16(),
+                latency,
             },
-            Ok(Err(e)) if e.is_connect() => HealthObservation::Refused { error: root_cause(&e) },
-            Ok(Err(e)) => HealthObservation::Failed { error: error_chain(&e) },
+            Ok(Err(e)) if e.is_connect() => HealthObservation::Refused {
+                error: root_cause(&e),
+                latency,
+            },
+            Ok(Err(e)) => HealthObservation::Failed {
+                error: error_chain(&e),
+                latency,
+            },
         }
     }
 
@@ -251,18 +261,27 @@ impl Checker for HttpChecker {
                             r.latency.as_millis(),
                             r.request_id
                         ),
+                        http_status: r.http_status,
+                        request_id: r.request_id,
                     },
                     ProbeOutcome::Timeout => GenerationObservation::TimedOut {
                         after: self.check_timeout,
+                        http_status: r.http_status,
+                        request_id: r.request_id,
                     },
                     _ => GenerationObservation::Failed {
                         latency: r.latency,
                         reason: format!("chat completion failed ({})", r.error),
+                        http_status: r.http_status,
+                        request_id: r.request_id,
                     },
                 }
             }
             GenerationCheck::Get { url, path } => {
                 let started = Instant::now();
+                // Known once the headers arrive, even if the body then stalls
+                // or breaks: that is evidence too.
+                let mut http_status = 0u16;
                 let exchange = async {
                     let resp = self
                         .client
@@ -276,31 +295,44 @@ impl Checker for HttpChecker {
                         .await
                         .map_err(|e| error_chain(&e))?;
                     let status = resp.status();
+                    http_status = status.as_u16();
                     // Read the body so the check covers the whole answer
                     // (bounded: a broken engine must not fill our memory).
                     read_body_limited(resp, MAX_HEALTH_BYTES).await?;
                     Ok::<_, String>(status)
                 };
-                match tokio::time::timeout(self.check_timeout, exchange).await {
+                let result = tokio::time::timeout(self.check_timeout, exchange).await;
+                let latency = started.elapsed();
+                // GET checks report no request id (the proto's is the chat check's).
+                let request_id = String::new();
+                match result {
                     Err(_) => GenerationObservation::TimedOut {
                         after: self.check_timeout,
+                        http_status,
+                        request_id,
                     },
                     Ok(Ok(status)) if status.is_success() => GenerationObservation::Passed {
-                        latency: started.elapsed(),
+                        latency,
                         tokens: 0,
                         detail: format!(
                             "generation check: GET {path} {} in {} ms",
                             status.as_u16(),
-                            started.elapsed().as_millis()
+                            latency.as_millis()
                         ),
+                        http_status,
+                        request_id,
                     },
                     Ok(Ok(status)) => GenerationObservation::Failed {
-                        latency: started.elapsed(),
+                        latency,
                         reason: format!("GET {path} answered {}", status.as_u16()),
+                        http_status,
+                        request_id,
                     },
                     Ok(Err(e)) => GenerationObservation::Failed {
-                        latency: started.elapsed(),
+                        latency,
                         reason: format!("GET {path} failed ({e})"),
+                        http_status,
+                        request_id,
                     },
                 }
             }

@@ -35,6 +35,9 @@
 //! - `generating`: when the generation check returned; `check_latency_ms` is
 //!   its duration, so it started at `ms_since_command - check_latency_ms`;
 //! - `not_ready`: when the readiness deadline fired;
+//! - check attempts (`attempt` set; every generation check, health polls as
+//!   runs of one outcome): when the check (the run's last poll) ended, with
+//!   the unit's phase at that moment; they change no phase;
 //! - `stopping`: when SIGTERM was sent; `exited`: when the exit was reaped.
 //!   Both carry the stop's id, or the start's id for a restart;
 //! - an `exited` during a start-up watch carries the start's id; any other

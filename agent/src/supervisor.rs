@@ -4,9 +4,10 @@
 //! the order the commands arrived, so a restart and a stop can never
 //! interleave. Everything the agent knows about a unit (phase, pid, which
 //! command its events belong to) sits in one small mutex-guarded state;
-//! phase events are sent while that lock is held, so the event stream of a
-//! unit is always in the order the facts changed, and a readiness watch can
-//! never report a phase after the process it watched has exited.
+//! phase events, and the readiness watch's check attempts, are sent while that
+//! lock is held, so the event stream of a unit is always in the order the
+//! facts changed, and a readiness watch can never report a phase or an attempt
+//! after the process it watched has exited.
 //!
 //! Processes are exec'd from argv (never a shell string) in their own process
 //! group, with stdout and stderr appended to `state_dir/logs/<unit>.log`.
@@ -35,7 +36,7 @@ use tracing::{info, warn};
 use crate::checks::HttpChecker;
 use crate::config::{AgentConfig, UnitConfig};
 use crate::outbox::Outbox;
-use crate::readiness::{self, PhaseChange, ReadinessParams, ReadinessWatch};
+use crate::readiness::{self, Attempt, PhaseChange, ReadinessParams, ReadinessWatch, WatchEvent};
 
 /// Grace before SIGKILL when a command leaves it 0.
 pub const DEFAULT_STOP_GRACE_MS: u64 = 10_000;
@@ -263,6 +264,7 @@ impl Unit {
         info!(
             unit = %event.unit,
             phase = ?Phase::try_from(event.phase).unwrap_or(Phase::Unspecified),
+            attempt = event.attempt.is_some(),
             command_id = %event.command_id,
             ms = event.ms_since_command,
             detail = %event.detail,
@@ -356,7 +358,7 @@ impl Unit {
         } else {
             format!("pid {pid} (config version {version})")
         };
-        let run = self.begin_run(ctx, pid, exit_rx, params, detail);
+        let run = self.begin_run(ctx, pid, exit_rx, params, detail, spec.fingerprint());
         self.lock().spawned_version = Some(version);
         self.write_pid_file(pid);
         tokio::spawn(reap(Arc::clone(self), run, child, exit_tx));
@@ -372,6 +374,7 @@ impl Unit {
         exited: watch::Receiver<Option<ExitInfo>>,
         params: ReadinessParams,
         detail: String,
+        fingerprint: String,
     ) -> u64 {
         let cfg = &self.config;
         let now = Instant::now();
@@ -384,6 +387,7 @@ impl Unit {
         st.attribution = Attribution::Starting(ctx.clone());
         let mut event = self.event(Some(&ctx), now, pid, Phase::Spawned);
         event.detail = detail;
+        event.config_fingerprint = fingerprint;
         self.send(event);
 
         let checker = HttpChecker::new(
@@ -396,8 +400,8 @@ impl Unit {
         let unit = Arc::clone(self);
         let w = ReadinessWatch::new(ctx.received_at, params.deadline);
         let watch_task = tokio::spawn(async move {
-            readiness::watch(&checker, w, params.poll_interval, |change| {
-                unit.on_phase_change(run, change)
+            readiness::watch(&checker, w, params.poll_interval, |event| {
+                unit.on_watch_event(run, event)
             })
             .await;
         });
@@ -456,10 +460,39 @@ impl Unit {
         let (exit_tx, exit_rx) = watch::channel(None);
         let ctx = CommandContext::new("", Instant::now());
         let detail = format!("pid {pid} (adopted from a previous agent)");
-        let run = self.begin_run(ctx, pid, exit_rx, ReadinessParams::default(), detail);
+        // What an adopted process was launched with is not known for certain.
+        let run = self.begin_run(ctx, pid, exit_rx, ReadinessParams::default(), detail, String::new());
         info!(unit = %self.config.name, pid, "adopted a running unit");
         tokio::spawn(watch_adopted(Arc::clone(self), run, pid, start, exit_tx));
         Some(pid)
+    }
+
+    /// Reports what the readiness watch of spawn `run` saw; false once that
+    /// watch is no longer current (stopped, exited or replaced).
+    fn on_watch_event(&self, run: u64, event: WatchEvent) -> bool {
+        match event {
+            WatchEvent::Phase(change) => self.on_phase_change(run, change),
+            WatchEvent::Attempt(attempt) => self.on_attempt(run, &attempt),
+        }
+    }
+
+    /// Reports one check attempt of spawn `run`'s watch as a `UnitEvent`
+    /// with `attempt` set, stamped when the attempt ended. The unit's phase
+    /// and attribution stay as they are: an attempt is evidence, not a
+    /// transition. False once that watch is no longer current.
+    fn on_attempt(&self, run: u64, attempt: &Attempt) -> bool {
+        let st = self.lock();
+        let Some(pid) = st.running.as_ref().filter(|r| r.run == run).map(|r| r.pid) else {
+            return false;
+        };
+        let Attribution::Starting(ctx) = &st.attribution else {
+            return false;
+        };
+        let mut event = self.event(Some(ctx), ctx.received_at + attempt.since_command, pid, st.phase);
+        event.detail.clone_from(&attempt.detail);
+        event.attempt = Some(attempt.to_proto());
+        self.send(event);
+        true
     }
 
     /// Reports a readiness transition of spawn `run`; false once that watch
@@ -924,6 +957,10 @@ mod tests {
                 poll_interval: Duration::from_millis(50),
                 ..Default::default()
             };
+            self.start_with(unit, id, params).await
+        }
+
+        async fn start_with(&mut self, unit: &str, id: &str, params: ReadinessParams) -> u32 {
             let pid = self
                 .sup
                 .start(
@@ -939,9 +976,17 @@ mod tests {
             pid
         }
 
-        /// The next event of `unit` with `phase`, skipping others; panics after 10 s.
+        /// The next phase change of `unit` to `phase`, skipping other events
+        /// (attempts included); panics after 10 s.
         async fn wait_phase(&mut self, unit: &str, phase: Phase) -> UnitEvent {
+            self.events_until(unit, phase).await.pop().unwrap()
+        }
+
+        /// The events of `unit` up to and including its phase change to
+        /// `phase`; panics after 10 s.
+        async fn events_until(&mut self, unit: &str, phase: Phase) -> Vec<UnitEvent> {
             let deadline = Instant::now() + Duration::from_secs(10);
+            let mut seen = Vec::new();
             loop {
                 let msg = tokio::time::timeout_at(deadline, self.events.recv())
                     .await
@@ -949,9 +994,12 @@ mod tests {
                     .unwrap();
                 if let Some(Kind::UnitEvent(e)) = msg.kind
                     && e.unit == unit
-                    && e.phase == phase as i32
                 {
-                    return e;
+                    let done = e.attempt.is_none() && e.phase == phase as i32;
+                    seen.push(e);
+                    if done {
+                        return seen;
+                    }
                 }
             }
         }
@@ -1025,6 +1073,47 @@ mod tests {
             exited.detail,
             "exit status 4; log tail: HF_TOKEN=[redacted] MODEL=/m | auth with [redacted] failed"
         );
+    }
+
+    // Property: the readiness watch's check attempts reach the stream as
+    // events with `attempt` set, under the start's command id and stamped when
+    // they ended, carrying the unit's phase at the time and changing neither
+    // it nor the attribution; the refused polls' run comes before not_ready.
+    #[tokio::test]
+    async fn attempts_are_reported_without_changing_the_phase() {
+        use pdwarden_proto::v1::{AttemptOutcome, CheckKind};
+        let mut f = Fixture::new(&[("s", &["sleep", "30"])]);
+        let params = ReadinessParams {
+            deadline: Duration::from_millis(300),
+            poll_interval: Duration::from_millis(50),
+            ..Default::default()
+        };
+        let pid = f.start_with("s", "c1", params).await;
+        let events = f.events_until("s", Phase::NotReady).await;
+        let phases: Vec<Phase> = events
+            .iter()
+            .filter(|e| e.attempt.is_none())
+            .map(|e| Phase::try_from(e.phase).unwrap())
+            .collect();
+        assert_eq!(phases, vec![Phase::Spawned, Phase::Refused, Phase::NotReady]);
+        let [.., run_event, not_ready] = events.as_slice() else {
+            panic!("{events:?}")
+        };
+        let run = run_event.attempt.as_ref().expect("the refused run before not_ready");
+        assert_eq!(
+            (run.check, run.outcome),
+            (CheckKind::Health as i32, AttemptOutcome::Refused as i32)
+        );
+        assert!(run.count >= 2, "polls every 50 ms for 300 ms: {run:?}");
+        assert!(run.first_ms_since_command <= run_event.ms_since_command);
+        assert!(run_event.ms_since_command <= not_ready.ms_since_command);
+        assert_eq!(
+            (run_event.command_id.as_str(), run_event.pid, run_event.phase),
+            ("c1", pid, Phase::Refused as i32)
+        );
+        assert_eq!(run_event.detail, "connection refused");
+        assert_eq!(not_ready.command_id, "c1");
+        assert_eq!(f.sup.unit_infos()[0].phase, Phase::NotReady as i32);
     }
 
     // Property: a crash after the watch ended (here: unit runs, then is

@@ -50,6 +50,21 @@ pub struct Edit {
 }
 
 impl LaunchSpec {
+    /// A short stable fingerprint of what is launched (argv, environment
+    /// edits): the orchestrator compares cold starts only between restarts
+    /// that launched the same thing (an upgrade changes the allowance's
+    /// history). One-way and truncated, so secrets in the environment do not
+    /// leave the host.
+    pub fn fingerprint(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let text = serde_json::to_string(self).unwrap_or_default();
+        Sha256::digest(text.as_bytes())
+            .iter()
+            .take(8)
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+
     pub fn from_config(c: &UnitConfig) -> Self {
         LaunchSpec {
             argv: c.argv.clone(),

@@ -258,6 +258,10 @@ async fn drive(session: Session, bases: &[String], rounds: usize, seed: u64) -> 
             let Some(agent_message::Kind::UnitEvent(ev)) = msg.kind else {
                 continue;
             };
+            // Check attempts repeat the unit's current phase; only phase changes time the lag.
+            if ev.attempt.is_some() {
+                continue;
+            }
             let Some((_, s)) = open.get_mut(&ev.command_id) else {
                 continue;
             };

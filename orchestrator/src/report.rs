@@ -79,7 +79,7 @@ pub struct AttemptRecord {
 impl AttemptRecord {
     /// "generation check 1: timeout after 20.0 s (…)" / "health: http 503 ×212 over 4.20 s".
     pub fn describe(&self) -> String {
-        let detail = if self.detail.is_empty() {
+        let detail = if self.detail.is_empty() || self.outcome == "ok" {
             String::new()
         } else {
             format!(" ({})", self.detail)
@@ -260,7 +260,11 @@ pub fn render_summary(r: &OperationReport) -> String {
             r.cold_allowance.describe()
         );
         for p in &r.probes {
-            let _ = writeln!(out, "{}", live_probe_line(p).trim_start().replace("probe", "  probe"));
+            let _ = writeln!(
+                out,
+                "{}",
+                live_probe_line(p).trim_start().replacen("probe", "  probe", 1)
+            );
         }
     }
     if !r.suite.is_empty() {

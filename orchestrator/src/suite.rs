@@ -370,6 +370,18 @@ pub fn judge_long_generation(samples: Vec<RequestSample>, b: &SuiteBudgets) -> S
                 b.gap_source
             ),
         );
+    } else if !s.ok() && s.outcome == "timeout" && !times.is_empty() {
+        // Tokens kept coming, no silence broke the gap budget: the stream is
+        // slow, not stuck.
+        r.fail(
+            VerdictKind::OverBudget,
+            format!(
+                "still streaming when its timeout ended it: {} tokens in {}, a token every {} on average",
+                times.len(),
+                secs(s.latency_ms),
+                ms_us(tpot_us)
+            ),
+        );
     } else if !s.ok() {
         r.fail(s.failure_kind(), s.describe_failure());
     }
@@ -647,7 +659,11 @@ pub fn overall(series: Verdict, steps: &[StepReport]) -> Verdict {
     let mut kind = first.fails_as.unwrap_or(VerdictKind::Failed);
     // A request over budget after the series called the pair warm is a
     // relapse: warm-up does not come back, so the cold-start story falls.
-    if kind == VerdictKind::OverBudget && series.kind == VerdictKind::HealthyAfterColdStart {
+    // (Lost batching is a throughput failure, not one slow request: it stays over budget.)
+    let relapsed = failed
+        .iter()
+        .any(|s| s.fails_as == Some(VerdictKind::OverBudget) && s.step != SuiteStep::Concurrency);
+    if kind == VerdictKind::OverBudget && relapsed && series.kind == VerdictKind::HealthyAfterColdStart {
         kind = VerdictKind::ColdStartRejected;
         reasons.push(
             "a relapse: the probe series called the pair warm after a cold start, and a later request was over its budget; a cold start slows only the first answer".into(),
@@ -967,5 +983,18 @@ mod tests {
             reasons: vec![],
         };
         assert_eq!(overall(warm, &[relapsed]).kind, VerdictKind::OverBudget);
+    }
+
+    /// A stream that is still producing tokens when its timeout ends it is
+    /// slow, not wedged.
+    #[test]
+    fn a_slow_stream_cut_by_its_timeout_is_over_budget() {
+        let times: Vec<u64> = (0..200).map(|k| 20 + k * 30).collect();
+        let r = judge_long_generation(vec![stream(&times, 6_000, "timeout")], &budgets(1_000));
+        assert_eq!(r.fails_as, Some(VerdictKind::OverBudget), "{r:?}");
+        assert!(
+            r.reasons[0].starts_with("long generation: still streaming when its timeout ended it: 200 tokens"),
+            "{r:?}"
+        );
     }
 }

@@ -1,14 +1,14 @@
 //! The whole agent in-process against a fake orchestrator: registration,
-//! start-up events over gRPC, at-most-once commands, probes, crash reports,
-//! reconnects and shutdown behaviour.
+//! start-up events and check attempts over gRPC, at-most-once commands,
+//! probes, crash reports, reconnects and shutdown behaviour.
 
 use std::path::Path;
 
 use pdwarden_agent::AgentConfig;
 use pdwarden_proto::v1::{
-    AgentMessage, ChatProbe, Command, CommandResult, OrchestratorMessage, Phase, ProbeOutcome, ProbeRequest,
-    ProbeResult, ReadinessSpec, Register, StartUnit, StopUnit, UnitEvent, agent_message::Kind, command::Action,
-    orchestrator_message,
+    AgentMessage, AttemptOutcome, ChatProbe, CheckAttempt, CheckKind, Command, CommandResult, OrchestratorMessage,
+    Phase, ProbeOutcome, ProbeRequest, ProbeResult, ReadinessSpec, Register, StartUnit, StopUnit, UnitEvent,
+    agent_message::Kind, command::Action, orchestrator_message,
 };
 
 use crate::util::{Agent, EngineScript, FakeEngine, FakeOrchestrator, PidGuard, Session, alive, wait_until};
@@ -79,9 +79,18 @@ async fn until<T>(s: &mut Session, mut pick: impl FnMut(&AgentMessage) -> Option
     }
 }
 
+/// A phase change to `phase` (not an attempt event).
 fn event(m: &AgentMessage, phase: Phase) -> Option<UnitEvent> {
     match &m.kind {
-        Some(Kind::UnitEvent(e)) if e.phase == phase as i32 => Some(e.clone()),
+        Some(Kind::UnitEvent(e)) if e.attempt.is_none() && e.phase == phase as i32 => Some(e.clone()),
+        _ => None,
+    }
+}
+
+/// A check-attempt event (the event, and its attempt).
+fn attempt(m: &AgentMessage) -> Option<(UnitEvent, CheckAttempt)> {
+    match &m.kind {
+        Some(Kind::UnitEvent(e)) => e.attempt.clone().map(|a| (e.clone(), a)),
         _ => None,
     }
 }
@@ -100,10 +109,11 @@ fn probe_result(m: &AgentMessage) -> Option<ProbeResult> {
     }
 }
 
+/// The phase changes among `msgs` (attempt events left out).
 fn phases(msgs: &[AgentMessage]) -> Vec<Phase> {
     msgs.iter()
         .filter_map(|m| match &m.kind {
-            Some(Kind::UnitEvent(e)) => Some(Phase::try_from(e.phase).unwrap()),
+            Some(Kind::UnitEvent(e)) if e.attempt.is_none() => Some(Phase::try_from(e.phase).unwrap()),
             _ => None,
         })
         .collect()
@@ -221,6 +231,77 @@ async fn start_duplicate_probe_stop_over_grpc() {
         log.contains("starting unit prefill-0 (command \"c1\", config version 0)"),
         "{log}"
     );
+}
+
+// Property: every readiness check reaches the orchestrator's stream as a
+// UnitEvent with `attempt` set, under the start's command id, carrying the
+// unit's phase at the time (healthy) and the failed check's HTTP status and
+// seq; the passing check is the event right before GENERATING, and the
+// stream's stamps never decrease.
+#[tokio::test]
+async fn check_attempts_reach_the_orchestrator() {
+    let mut orch = FakeOrchestrator::start().await;
+    let script = EngineScript::new(200, 503, 0);
+    let engine = FakeEngine::serve(0, script.clone()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start(config(&orch.url, dir.path(), &engine.base_url(), "stop-units"));
+    let mut pids = PidGuard::default();
+    let mut s = orch.accept().await;
+    register(&mut s).await;
+
+    s.send(command("c1", start("prefill-0")));
+    let ((failed_event, failed), seen) = until(&mut s, |m| {
+        attempt(m).filter(|(_, a)| a.check == CheckKind::Generation as i32)
+    })
+    .await;
+    let spawned = seen.iter().find_map(|m| event(m, Phase::Spawned)).expect("SPAWNED");
+    pids.0.push(spawned.pid);
+    assert_eq!(
+        (failed.outcome, failed.http_status, failed.seq, failed.count),
+        (AttemptOutcome::Error as i32, 503, 1, 1)
+    );
+    assert_eq!(failed.detail, "GET /health_generate answered 503");
+    assert_eq!(
+        (failed_event.command_id.as_str(), failed_event.pid, failed_event.phase),
+        ("c1", spawned.pid, Phase::Healthy as i32)
+    );
+    assert_eq!(failed_event.detail, failed.detail);
+    assert_eq!(failed.first_ms_since_command, failed_event.ms_since_command);
+    // The health run that led to the check came before it.
+    let (_, health) = seen
+        .iter()
+        .filter_map(attempt)
+        .find(|(_, a)| a.check == CheckKind::Health as i32)
+        .expect("the healthy run before the generation check");
+    assert_eq!((health.outcome, health.http_status), (AttemptOutcome::Ok as i32, 200));
+
+    script.generate_status.store(200, std::sync::atomic::Ordering::SeqCst);
+    let (generating, after) = until(&mut s, |m| event(m, Phase::Generating)).await;
+    let (ok_event, ok) = after.iter().rev().find_map(attempt).expect("the passing attempt");
+    assert_eq!(
+        after.last().and_then(attempt).map(|(_, a)| a),
+        Some(ok.clone()),
+        "the passing check is reported right before GENERATING"
+    );
+    assert_eq!(
+        (ok.check, ok.outcome),
+        (CheckKind::Generation as i32, AttemptOutcome::Ok as i32)
+    );
+    assert!(ok.seq >= 2, "{ok:?}");
+    assert_eq!(ok_event.phase, Phase::Healthy as i32, "an attempt changes no phase");
+    assert_eq!(generating.command_id, "c1");
+
+    let stamp = |m: &AgentMessage| match &m.kind {
+        Some(Kind::UnitEvent(e)) if e.command_id == "c1" => Some(e.ms_since_command),
+        _ => None,
+    };
+    let stamps: Vec<u64> = (seen.iter().filter_map(stamp))
+        .chain([failed_event.ms_since_command])
+        .chain(after.iter().filter_map(stamp))
+        .chain([generating.ms_since_command])
+        .collect();
+    assert!(stamps.is_sorted(), "{stamps:?}");
+    agent.shutdown().await;
 }
 
 // Property: an exit nobody asked for is reported at once with command id "";

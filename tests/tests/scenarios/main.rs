@@ -9,4 +9,5 @@ mod harness;
 mod incidents;
 mod partition;
 mod suite;
+mod verdicts;
 mod watch;

@@ -29,7 +29,7 @@ fn healthy_pair_passes_every_step() {
     let long = step(&r, "long_generation");
     assert_eq!(long["figures"]["tokens"], 256);
     assert_eq!(long["samples"][0]["token_times_ms"].as_array().unwrap().len(), 256);
-    assert_eq!(step(&r, "concurrency")["samples"].as_array().unwrap().len(), 4);
+    assert_eq!(step(&r, "concurrency")["samples"].as_array().unwrap().len(), 8);
     assert!(r["warnings"].as_array().unwrap().is_empty());
 }
 
@@ -111,8 +111,9 @@ fn slot_leak_fails_only_the_abort_storm() {
     );
 }
 
-/// A pair slowed 3× against its own history passes its budgets but gets the
-/// warning, with both numbers.
+/// A pair slowed 2.5× against its own history (over the 2× warning ratio,
+/// under the 3× TPOT budget ratio) passes its budgets but gets the warning,
+/// with both numbers.
 #[test]
 fn slowdown_against_history_is_a_warning() {
     let _one = exclusive();
@@ -127,11 +128,11 @@ fn slowdown_against_history_is_a_warning() {
         .and_then(|u| u["base_url"].as_str())
         .unwrap()
         .to_string();
-    // The demo's decode: tpot 12 ms → 36 ms (simulated), live.
+    // The demo's decode: tpot 12 ms → 30 ms (simulated), live.
     let answered = tokio::runtime::Runtime::new().unwrap().block_on(async {
         reqwest::Client::new()
             .post(format!("{decode_url}/sim/fault"))
-            .body(r#"{"tpot_ms": 36}"#)
+            .body(r#"{"tpot_ms": 30}"#)
             .send()
             .await
             .map(|r| r.status())

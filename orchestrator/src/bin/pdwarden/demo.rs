@@ -439,13 +439,14 @@ max_tokens = 256
 max_token_gap_ms = {gap}
 timeout_ms = {probe_timeout}
 
+# TTFT, TPOT, end-to-end and batching budgets are derived from the pair's
+# own warm figures (README "Verdicts"); only the stream-silence budget is
+# absolute here, above what two shared CPUs can jitter.
 [pair.suite.multi_turn]
-ttft_budget_ms = {turn2_ttft}
 timeout_ms = {probe_timeout}
 
 [pair.suite.concurrency]
-requests = 4
-slowest_budget_ms = {slowest}
+requests = 8
 timeout_ms = {probe_timeout}
 
 [pair.suite.abort_storm]
@@ -501,8 +502,6 @@ check_timeout_ms = {check}
         check = scaled(30_000).max(1_000),
         floor = scaled(400),
         gap = scaled(2_000),
-        turn2_ttft = scaled(2_000),
-        slowest = scaled(8_000),
         // 20,000 prompt tokens take 1 s of prefill at pd-sim's default speed:
         // abandoned at half that, they are cancelled mid-prefill.
         abort_after = scaled(500),

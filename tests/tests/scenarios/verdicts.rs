@@ -1,0 +1,224 @@
+//! Restart verdicts that no sequence of engine answers can fool (issue 12),
+//! through the real sglang-router: each scenario makes pd-sim answer one way
+//! and checks the verdict says what happened, with its numbers.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::harness::{HeldDemo, exclusive, pdwarden, reasons};
+
+const LIMIT: Duration = Duration::from_secs(180);
+
+fn demo(decode_sim: &str) -> (i32, Value) {
+    let out = pdwarden(
+        &["demo", "--json", "--no-auto-recover", "--decode-sim", decode_sim],
+        LIMIT,
+    );
+    let r = out.json();
+    (out.code, r)
+}
+
+fn step<'a>(report: &'a Value, name: &str) -> &'a Value {
+    report["suite"]
+        .as_array()
+        .and_then(|s| s.iter().find(|s| s["step"] == name))
+        .unwrap_or_else(|| panic!("no suite step {name}: {:#}", report["suite"]))
+}
+
+fn decode_url(demo: &HeldDemo) -> String {
+    let status = demo.cli(&["status", "--json"]).json();
+    status["agents"][0]["units"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|u| u["name"] == "decode-0")
+        .and_then(|u| u["base_url"].as_str())
+        .unwrap()
+        .to_string()
+}
+
+fn patch(url: &str, body: &'static str) {
+    let answered = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        reqwest::Client::new()
+            .post(format!("{url}/sim/fault"))
+            .body(body)
+            .send()
+            .await
+            .map(|r| r.status())
+    });
+    assert!(answered.as_ref().is_ok_and(|s| s.is_success()), "{answered:?}");
+}
+
+/// The first generation through the router after the restart hangs until its
+/// timeout; the retry answers fast. The hang is probe 1 of the series (it used
+/// to be retried silently and the pair called healthy): a timeout is never
+/// cold start.
+#[test]
+fn a_hang_before_the_first_answer_is_never_healthy() {
+    let _one = exclusive();
+    let (code, r) = demo("--latency-script hang");
+    assert_eq!(code, 2, "{r:#}");
+    assert_eq!(r["verdict"], "cold_start_rejected", "{r:#}");
+    let first = &r["probes"][0];
+    assert_eq!(first["outcome"], "timeout", "{r:#}");
+    assert!(
+        first["error"].as_str().unwrap().starts_with("readiness generation"),
+        "{first}"
+    );
+    assert_eq!(r["probes"][1]["outcome"], "ok", "the retry answered: {r:#}");
+    assert!(
+        reasons(&r).contains("probe 1 timed out after") && reasons(&r).contains("a timeout is never cold start"),
+        "{}",
+        reasons(&r)
+    );
+    // The attempt is in the report's evidence, not only in the probes.
+    let attempts = r["attempts"].as_array().unwrap();
+    assert!(
+        attempts
+            .iter()
+            .any(|a| a["unit"] == "router-0" && a["check"] == "generation" && a["outcome"] == "timeout"),
+        "{attempts:#?}"
+    );
+}
+
+/// Slow first answer, two warm ones (the series stops), then every later
+/// request 10× slower: the suite's budgets come from the pair's warm figures,
+/// so the relapse is caught and the cold-start story rejected.
+#[test]
+fn a_relapse_after_warm_up_rejects_the_cold_start() {
+    let _one = exclusive();
+    let (code, r) = demo("--relapse-after 3 --relapse-slowdown 10");
+    assert_eq!(code, 2, "{r:#}");
+    assert_eq!(r["verdict"], "cold_start_rejected", "{}", reasons(&r));
+    assert!(
+        r["probes"].as_array().unwrap().iter().all(|p| p["outcome"] == "ok"),
+        "the short series passed: {r:#}"
+    );
+    let text = reasons(&r);
+    assert!(text.contains("a relapse:"), "{text}");
+    assert!(
+        text.contains("long generation: first token after")
+            || text.contains("multi-turn: turn 1 (the probe's own request) took"),
+        "{text}"
+    );
+}
+
+/// A decode that emits tokens 5× slower than its last healthy verification,
+/// while the short probes stay within the warm budget: the suite's TPOT
+/// budget (from the pair's history) fails it as over budget.
+#[test]
+fn a_slow_decode_fails_on_time_per_output_token() {
+    let _one = exclusive();
+    let demo = HeldDemo::start(&["--no-auto-recover"], LIMIT);
+    assert!(
+        demo.report["verdict"].as_str().unwrap().starts_with("healthy"),
+        "{:#}",
+        demo.report
+    );
+    let tpot_us = step(&demo.report, "long_generation")["figures"]["tpot_us"]
+        .as_u64()
+        .unwrap();
+    assert!(tpot_us > 0, "{:#}", demo.report);
+    patch(&decode_url(&demo), r#"{"tpot_ms": 60}"#);
+    let out = demo.cli(&["verify", "demo", "--json"]);
+    let r = out.json();
+    assert_eq!(out.code, 2, "{r:#}");
+    assert_eq!(r["verdict"], "over_budget", "{}", reasons(&r));
+    assert!(
+        r["probes"].as_array().unwrap().iter().all(|p| p["outcome"] == "ok"),
+        "probes answered: {r:#}"
+    );
+    let text = reasons(&r);
+    assert!(text.contains("long generation: a token every"), "{text}");
+    assert!(text.contains("the median TPOT"), "budget from history: {text}");
+    assert_eq!(
+        r["budgets"]["tpot_us"].as_u64().unwrap(),
+        tpot_us * 3,
+        "{:#}",
+        r["budgets"]
+    );
+}
+
+/// A scheduler that stopped batching: 8 simultaneous requests take about 8×
+/// one. Each answers, none is lost; the concurrency step calls it lost
+/// batching, and the pair is over budget.
+#[test]
+fn lost_batching_is_over_budget() {
+    let _one = exclusive();
+    let (code, r) = demo("--max-running 1 --ttft-ms 400");
+    assert_eq!(code, 2, "{r:#}");
+    assert_eq!(r["verdict"], "over_budget", "{}", reasons(&r));
+    let c = step(&r, "concurrency");
+    assert_eq!(c["status"], "fail", "{c:#}");
+    assert_eq!(c["figures"]["lost"], 0);
+    assert!(
+        reasons(&r).contains("concurrency: lost batching: 8 simultaneous requests took"),
+        "{}",
+        reasons(&r)
+    );
+}
+
+/// Every answer ~6× over the warm budget and no warm-up at all: there was no
+/// cold-start claim to reject, so the verdict is `over_budget`.
+#[test]
+fn a_uniformly_slow_pair_is_over_budget() {
+    let _one = exclusive();
+    let (code, r) = demo("--ttft-ms 6000 --cold-first-ms 0");
+    assert_eq!(code, 2, "{r:#}");
+    assert_eq!(r["verdict"], "over_budget", "{}", reasons(&r));
+    let text = reasons(&r);
+    assert!(
+        text.starts_with("every one of 5 answers was over the 0.05 s warm budget"),
+        "{text}"
+    );
+    assert!(!text.contains("warm-up makes latency fall"), "{text}");
+}
+
+/// One KV transfer in three fails on the decode (HTTP 500, as SGLang's decode
+/// answers a failed transfer). The real router retries the failed request on
+/// another attempt, so no error reaches the client — only the retry's delay.
+/// The pair is never called healthy, and the delayed answers are named.
+#[test]
+fn intermittent_kv_transfer_failures_are_never_healthy() {
+    let _one = exclusive();
+    let (code, r) = demo("--kv-fail-every 3");
+    assert_eq!(code, 2, "{r:#}");
+    assert!(
+        !matches!(r["verdict"].as_str(), Some("healthy" | "healthy_after_cold_start")),
+        "{r:#}"
+    );
+    let text = reasons(&r);
+    assert!(
+        text.contains("failed: http 500") || text.contains("a relapse after probe"),
+        "{text}"
+    );
+}
+
+/// A bad restart that was accepted (its 1.2 s first answer is within the
+/// configured 1.5 s allowance) does not raise the bar: the next restart's
+/// 2.0 s cold start is judged against the configured allowance (one accepted
+/// restart is not history enough), not against 2 × 1.2 s.
+#[test]
+fn a_poisoned_history_does_not_raise_the_allowance() {
+    let _one = exclusive();
+    let dir = tempfile::tempdir().unwrap();
+    let count = dir.path().join("decode-starts");
+    let sim = format!(
+        "--cold-first-ms-by-start 24000,40000 --start-count-file {}",
+        count.display()
+    );
+    let demo = HeldDemo::start(&["--no-auto-recover", "--decode-sim", &sim], LIMIT);
+    assert_eq!(demo.report["verdict"], "healthy_after_cold_start", "{:#}", demo.report);
+    let out = demo.cli_within(&["restart", "pd-pair", "demo", "--json"], LIMIT);
+    let r = out.json();
+    assert_eq!(out.code, 2, "{r:#}");
+    assert_eq!(r["verdict"], "cold_start_rejected", "{}", reasons(&r));
+    assert_eq!(r["cold_allowance"]["source"], "configured", "{:#}", r["cold_allowance"]);
+    assert!(
+        reasons(&r).contains("probe 1 took")
+            && reasons(&r).contains("above the configured cold-start allowance (1.50 s"),
+        "{}",
+        reasons(&r)
+    );
+}
