@@ -166,6 +166,36 @@ impl Dispatcher {
                 let result = self.start_watch(&ctx, &spec);
                 Box::pin(async move { Kind::CommandResult(result) })
             }
+            Some(Action::Scrape(spec)) => {
+                let resolved = self.resolve_targets(&spec.targets);
+                let http = self.http.clone();
+                let timeout = Duration::from_millis(if spec.scrape_timeout_ms == 0 {
+                    crate::watch::DEFAULT_SCRAPE_TIMEOUT_MS
+                } else {
+                    spec.scrape_timeout_ms
+                });
+                Box::pin(async move {
+                    let id = ctx.id.clone();
+                    let result = match resolved {
+                        Err(error) => pdwarden_proto::v1::ScrapeResult {
+                            command_id: id,
+                            samples: Vec::new(),
+                            error: format!("scrape: {error}"),
+                        },
+                        Ok(targets) => pdwarden_proto::v1::ScrapeResult {
+                            samples: futures::future::join_all(
+                                targets
+                                    .iter()
+                                    .map(|t| crate::watch::sample_one(&http, t, timeout, &id, 1)),
+                            )
+                            .await,
+                            command_id: id,
+                            error: String::new(),
+                        },
+                    };
+                    Kind::ScrapeResult(result)
+                })
+            }
             Some(Action::UnitConfig(change)) => {
                 let result = self.change_unit_config(&ctx, change);
                 Box::pin(async move { Kind::UnitConfigResult(result) })
@@ -191,31 +221,44 @@ impl Dispatcher {
 }
 
 impl Dispatcher {
+    /// Resolves watch/scrape targets against this agent's units.
+    fn resolve_targets(&self, wanted: &[pdwarden_proto::v1::WatchTarget]) -> Result<Vec<crate::watch::Target>, String> {
+        wanted
+            .iter()
+            .map(|t| {
+                let u = self
+                    .supervisor
+                    .unit_config(&t.unit)
+                    .ok_or_else(|| format!("unknown unit {:?}", t.unit))?;
+                let base = u.base_url.trim_end_matches('/');
+                let path = if t.metrics_path.is_empty() {
+                    "/metrics"
+                } else {
+                    t.metrics_path.as_str()
+                };
+                Ok(crate::watch::Target {
+                    unit: t.unit.clone(),
+                    metrics_url: format!("{base}{path}"),
+                    health_url: format!("{base}{}", u.health_path),
+                })
+            })
+            .collect()
+    }
+
     /// Replaces the engine watch; refused (and the old watch kept) if a
     /// target is not a unit of this agent.
     fn start_watch(&self, ctx: &CommandContext, spec: &pdwarden_proto::v1::WatchEngines) -> CommandResult {
-        let mut targets = Vec::new();
-        for t in &spec.targets {
-            let Some(u) = self.supervisor.unit_config(&t.unit) else {
+        let targets = match self.resolve_targets(&spec.targets) {
+            Ok(t) => t,
+            Err(error) => {
                 return CommandResult {
                     command_id: ctx.id.clone(),
                     ok: false,
-                    error: format!("watch: unknown unit {:?}", t.unit),
+                    error: format!("watch: {error}"),
                     ms_since_command: ctx_ms(ctx),
                 };
-            };
-            let base = u.base_url.trim_end_matches('/');
-            let path = if t.metrics_path.is_empty() {
-                "/metrics"
-            } else {
-                t.metrics_path.as_str()
-            };
-            targets.push(crate::watch::Target {
-                unit: t.unit.clone(),
-                metrics_url: format!("{base}{path}"),
-                health_url: format!("{base}{}", u.health_path),
-            });
-        }
+            }
+        };
         info!(command_id = %ctx.id, units = targets.len(), interval_ms = spec.interval_ms, "watch");
         self.watch
             .replace(ctx.id.clone(), spec, targets, self.http.clone(), self.outbox.clone());

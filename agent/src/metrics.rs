@@ -33,6 +33,10 @@ pub struct EngineMetrics {
     pub requests_total: Option<f64>,
     /// `sglang:num_aborted_requests_total`
     pub aborted_requests_total: Option<f64>,
+    /// `sglang:num_transfer_failed_reqs_total` (PD: KV transfers that failed).
+    pub transfer_failed_total: Option<f64>,
+    /// `sglang:num_bootstrap_failed_reqs_total` (PD: bootstraps that failed).
+    pub bootstrap_failed_total: Option<f64>,
 }
 
 /// Parses Prometheus text exposition format (comments, `name{labels} value
@@ -60,6 +64,8 @@ pub fn parse(text: &str) -> EngineMetrics {
             "sglang:prompt_tokens_total" => &mut m.prompt_tokens_total,
             "sglang:num_requests_total" => &mut m.requests_total,
             "sglang:num_aborted_requests_total" => &mut m.aborted_requests_total,
+            "sglang:num_transfer_failed_reqs_total" => &mut m.transfer_failed_total,
+            "sglang:num_bootstrap_failed_reqs_total" => &mut m.bootstrap_failed_total,
             _ => continue,
         };
         *slot = Some(slot.unwrap_or(0.0) + value);

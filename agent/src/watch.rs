@@ -91,7 +91,13 @@ impl Watch {
 }
 
 /// Scrapes metrics and health of one unit, concurrently.
-async fn sample_one(http: &reqwest::Client, t: &Target, timeout: Duration, command_id: &str, seq: u64) -> EngineSample {
+pub(crate) async fn sample_one(
+    http: &reqwest::Client,
+    t: &Target,
+    timeout: Duration,
+    command_id: &str,
+    seq: u64,
+) -> EngineSample {
     let health = async {
         let started = Instant::now();
         let r = tokio::time::timeout(timeout, http.get(&t.health_url).send()).await;
@@ -121,6 +127,8 @@ async fn sample_one(http: &reqwest::Client, t: &Target, timeout: Duration, comma
             s.prompt_tokens_total = m.prompt_tokens_total;
             s.requests_total = m.requests_total;
             s.aborted_requests_total = m.aborted_requests_total;
+            s.transfer_failed_total = m.transfer_failed_total;
+            s.bootstrap_failed_total = m.bootstrap_failed_total;
         }
         Err(e) => s.error = e,
     }

@@ -188,7 +188,7 @@ pub async fn run(window: Duration) -> anyhow::Result<WatchFigures> {
         .context("`pdwarden` is not built next to this binary (cargo build --release --bins)")?;
     let log = std::env::temp_dir().join(format!("pdwarden-bench-demo-{}.log", std::process::id()));
     let mut child = Command::new(&pdwarden)
-        .args(["demo", "--json", "--hold"])
+        .args(["demo", "--json", "--hold", "--engines-serial"])
         .arg(format!("--prefill-sim={SERIAL_LEAKING_PREFILL}"))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

@@ -339,6 +339,11 @@ pub struct ConcurrencyConfig {
     /// rule (default: none).
     pub slowest_budget_ms: Option<u64>,
     pub timeout_ms: u64,
+    /// The engines batch simultaneous requests (SGLang and vLLM do). False
+    /// for an engine that serves one request at a time by design (a
+    /// llama.cpp-style server, seed 001): N requests are then expected to take
+    /// about N× one, and only more than that fails.
+    pub engines_batch: bool,
 }
 
 impl Default for ConcurrencyConfig {
@@ -347,6 +352,7 @@ impl Default for ConcurrencyConfig {
             enabled: true,
             requests: 8,
             slowest_budget_ms: None,
+            engines_batch: true,
             timeout_ms: 120_000,
         }
     }

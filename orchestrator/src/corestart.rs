@@ -14,14 +14,15 @@
 //! every phase event and probe is journaled as it arrives. The verdict comes
 //! from the pure [`crate::verdict`] module; this module only gathers evidence.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::join_all;
 use pdwarden_proto::v1::{
     AttemptOutcome, ChatProbe, CheckKind, Command, OperationStarted, OperationUpdate, Phase, ProbeOutcome,
-    ProbeRequest, ProbeSample, ReadinessSpec, StartUnit, StepUpdate, SuiteAbortStorm, SuiteConcurrency,
-    SuiteLongGeneration, SuiteMultiTurn, SuiteStepRequest, TimelineEntry, command, operation_update,
+    ProbeRequest, ProbeSample, ReadinessSpec, ScrapeEngines, StartUnit, StepUpdate, SuiteAbortStorm, SuiteConcurrency,
+    SuiteLongGeneration, SuiteMultiTurn, SuiteStepRequest, TimelineEntry, WatchTarget, command, operation_update,
     suite_step_request,
 };
 use tokio::sync::mpsc;
@@ -30,11 +31,12 @@ use tokio::time::Instant;
 use crate::config::{DecodeStartPolicy, PairConfig, UnitRef};
 use crate::fleet::{AgentReport, Fleet, phase_name};
 use crate::journal::Journal;
-use crate::report::{AttemptRecord, OperationReport, ProbeRecord, StepRecord, TimelineRecord};
+use crate::report::{AttemptRecord, EngineCounterRecord, OperationReport, ProbeRecord, StepRecord, TimelineRecord};
 use crate::stats::summarize;
 use crate::suite::{self, Baseline, BudgetInputs, RequestSample, StepReport, SuiteBudgets, SuiteStep};
 use crate::verdict::{
-    ColdSample, FailedCheck, ProbeObservation, ProbePolicy, ReadinessPhase, UnitStartup, cold_allowance, judge,
+    ColdSample, EngineFailures, FailedCheck, ProbeObservation, ProbePolicy, ReadinessPhase, UnitStartup,
+    cold_allowance, judge, judge_engine_failures,
 };
 
 /// Slack the orchestrator adds to an agent-side deadline before it gives up on
@@ -410,6 +412,12 @@ pub async fn run_operation_from(
         probes: Vec::new(),
         budgets: None,
     };
+    // The engines' PD failure counters before the requests: a unit this
+    // operation starts counts from 0; a pair in service is scraped first.
+    let counters_before = match kind {
+        OperationKind::CoRestart => None,
+        OperationKind::Verify { .. } => Some(run.scrape_engines().await),
+    };
     let journal_error = match kind {
         OperationKind::CoRestart => run.drive(from).await.err(),
         OperationKind::Verify { .. } => run.verify().await.err(),
@@ -476,6 +484,15 @@ pub async fn run_operation_from(
         }
         verdict = suite::overall(verdict, &suite_steps);
     }
+    // What a retrying router hid: failures the engines counted meanwhile.
+    let mut engine_counters = Vec::new();
+    if journal_error.is_none() && !run.probes.is_empty() {
+        let after = run.scrape_engines().await;
+        let engines = run.engine_failures(counters_before.as_ref(), &after);
+        rec.journal_entry(rec.now_ms(), "engine_counters", &after);
+        engine_counters = after.into_values().collect();
+        verdict = judge_engine_failures(verdict, &engines);
+    }
     if let Some(note) = resume_note {
         verdict.reasons.push(note);
     }
@@ -507,6 +524,7 @@ pub async fn run_operation_from(
         attempts: evidence.attempts,
         warnings: suite::warnings(&suite_steps),
         budgets: run.budgets.clone(),
+        engine_counters,
         suite: suite_steps,
         warm_budget_ms: policy.warm_budget_ms,
         cold_allowance: policy.cold_allowance,
@@ -913,6 +931,100 @@ impl CoRestart<'_> {
 
     /// Runs the enabled suite steps through the first router, in order, each
     /// judged on its own and against the pair's last healthy verification.
+    /// One scrape of every engine of the pair (`ScrapeEngines` to each
+    /// host), by unit. A unit whose agent did not answer is missing.
+    async fn scrape_engines(&self) -> BTreeMap<String, EngineCounterRecord> {
+        let mut by_host: BTreeMap<String, Vec<(&'static str, String)>> = BTreeMap::new();
+        for (role, units) in [("prefill", &self.pair.prefill), ("decode", &self.pair.decode)] {
+            for u in units {
+                by_host.entry(u.host.clone()).or_default().push((role, u.unit.clone()));
+            }
+        }
+        let timeout_ms = 2_000;
+        let scrapes = by_host.into_iter().map(|(host, units)| async move {
+            let command_id = uuid::Uuid::new_v4().to_string();
+            let cmd = Command {
+                command_id: command_id.clone(),
+                action: Some(command::Action::Scrape(ScrapeEngines {
+                    targets: units
+                        .iter()
+                        .map(|(_, unit)| WatchTarget {
+                            unit: unit.clone(),
+                            metrics_path: String::new(),
+                        })
+                        .collect(),
+                    scrape_timeout_ms: timeout_ms,
+                })),
+            };
+            let deadline = Instant::now() + Duration::from_millis(timeout_ms) + AGENT_SILENCE_SLACK;
+            let first = units.first().map(|(_, u)| u.clone()).unwrap_or_default();
+            let mut got = Vec::new();
+            if let Ok(mut rx) = self.ctx.fleet.send(&host, &first, cmd).await {
+                loop {
+                    match tokio::time::timeout_at(deadline, rx.recv()).await {
+                        Ok(Some(AgentReport::Scrape(r))) => {
+                            got = r.samples;
+                            break;
+                        }
+                        Ok(Some(AgentReport::Disconnected) | None) | Err(_) => break,
+                        Ok(Some(_)) => continue,
+                    }
+                }
+                self.ctx.fleet.forget(&command_id);
+            }
+            units
+                .into_iter()
+                .map(|(role, unit)| {
+                    let sample = got.iter().find(|s| s.unit == unit);
+                    EngineCounterRecord {
+                        role: role.into(),
+                        transfer_failed_total: sample.and_then(|s| s.transfer_failed_total),
+                        bootstrap_failed_total: sample.and_then(|s| s.bootstrap_failed_total),
+                        error: match sample {
+                            None => "no answer from the agent".into(),
+                            Some(s) if !s.metrics_ok => s.error.clone(),
+                            Some(_) => String::new(),
+                        },
+                        unit,
+                    }
+                })
+                .collect::<Vec<_>>()
+        });
+        join_all(scrapes)
+            .await
+            .into_iter()
+            .flatten()
+            .map(|r| (r.unit.clone(), r))
+            .collect()
+    }
+
+    /// Each engine's counters from `before` (None: restarted here, so 0) to `after`.
+    fn engine_failures(
+        &self,
+        before: Option<&BTreeMap<String, EngineCounterRecord>>,
+        after: &BTreeMap<String, EngineCounterRecord>,
+    ) -> Vec<EngineFailures> {
+        after
+            .values()
+            .map(|a| {
+                let b = before.and_then(|m| m.get(&a.unit));
+                let span = |now: Option<f64>, then: Option<Option<f64>>| -> Option<(f64, f64)> {
+                    let now = now?;
+                    match then {
+                        None => Some((0.0, now)),
+                        Some(then) => Some((then?, now)),
+                    }
+                };
+                EngineFailures {
+                    unit: a.unit.clone(),
+                    role: a.role.clone(),
+                    transfer_failed: span(a.transfer_failed_total, b.map(|b| b.transfer_failed_total)),
+                    bootstrap_failed: span(a.bootstrap_failed_total, b.map(|b| b.bootstrap_failed_total)),
+                }
+            })
+            .collect()
+    }
+
     /// The suite's budgets, from this operation's warm answers and the
     /// pair's last healthy verifications (the config's numbers override).
     fn suite_budgets(&self) -> SuiteBudgets {
@@ -944,6 +1056,7 @@ impl CoRestart<'_> {
             slowest_override_ms: cfg.concurrency.slowest_budget_ms,
             tpot_history_ratio: cfg.tpot_history_ratio,
             min_batching_gain: cfg.min_batching_gain,
+            engines_batch: cfg.concurrency.engines_batch,
             floor_ms: cfg.baseline_floor_ms,
         })
     }
@@ -1298,7 +1411,11 @@ fn apply_report(rec: &Recorder, s: &mut UnitStart, report: AgentReport) {
                 s.last_detail = format!("start failed: {}", r.error);
             }
         }
-        AgentReport::Probe(_) | AgentReport::Suite(_) | AgentReport::UnitConfig(_) | AgentReport::Gate(_) => {}
+        AgentReport::Probe(_)
+        | AgentReport::Suite(_)
+        | AgentReport::UnitConfig(_)
+        | AgentReport::Gate(_)
+        | AgentReport::Scrape(_) => {}
         AgentReport::Disconnected => {
             s.done = true;
             s.lost_contact = !s.generating;

@@ -36,6 +36,8 @@ pub enum AgentReport {
     Probe(ProbeResult),
     /// The samples of one verification-suite step.
     Suite(pdwarden_proto::v1::SuiteStepResult),
+    /// One scrape of engines (`ScrapeEngines`).
+    Scrape(pdwarden_proto::v1::ScrapeResult),
     /// A unit config change's answer (change gate).
     UnitConfig(pdwarden_proto::v1::UnitConfigResult),
     /// A change gate measurement (process inspection, benchmark cell).
@@ -333,6 +335,10 @@ impl Fleet {
             Some(agent_message::Kind::GateResult(r)) => {
                 let id = r.command_id.clone();
                 self.deliver(host, &id, AgentReport::Gate(r));
+            }
+            Some(agent_message::Kind::ScrapeResult(r)) => {
+                let id = r.command_id.clone();
+                self.deliver(host, &id, AgentReport::Scrape(r));
             }
             Some(agent_message::Kind::Register(reg)) => {
                 // A re-registration on a live stream refreshes the facts.

@@ -102,6 +102,20 @@ impl AttemptRecord {
     }
 }
 
+/// An engine's PD failure counters as scraped after the operation's requests.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct EngineCounterRecord {
+    pub unit: String,
+    pub role: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transfer_failed_total: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap_failed_total: Option<f64>,
+    /// Why the scrape said nothing, if it did not.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub error: String,
+}
+
 /// The final report of a co-restart.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct OperationReport {
@@ -128,6 +142,9 @@ pub struct OperationReport {
     /// What the suite's requests were held to, and where each number came from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budgets: Option<crate::suite::SuiteBudgets>,
+    /// The engines' PD failure counters after the requests.
+    #[serde(default)]
+    pub engine_counters: Vec<EngineCounterRecord>,
     pub warm_budget_ms: u64,
     pub cold_allowance: ColdAllowance,
     /// What the restart started (its units' config fingerprints, hashed):

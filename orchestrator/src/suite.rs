@@ -51,6 +51,9 @@ pub struct SuiteBudgets {
     pub single_request_ms: u64,
     pub single_source: String,
     pub min_batching_gain: f64,
+    /// False: the engines serve one request at a time by design.
+    #[serde(default = "yes")]
+    pub engines_batch: bool,
     /// An absolute bound on the slowest simultaneous request, if configured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slowest_ms: Option<u64>,
@@ -81,8 +84,16 @@ pub struct BudgetInputs {
     pub slowest_override_ms: Option<u64>,
     pub tpot_history_ratio: f64,
     pub min_batching_gain: f64,
+    pub engines_batch: bool,
     pub floor_ms: u64,
 }
+
+fn yes() -> bool {
+    true
+}
+
+/// With serial engines, N requests may take this many times N × one.
+pub const SERIAL_SLACK: f64 = 1.25;
 
 /// Derives the suite's budgets (see the module doc).
 pub fn derive_budgets(i: &BudgetInputs) -> SuiteBudgets {
@@ -156,6 +167,7 @@ pub fn derive_budgets(i: &BudgetInputs) -> SuiteBudgets {
         single_request_ms,
         single_source,
         min_batching_gain: i.min_batching_gain,
+        engines_batch: i.engines_batch,
         slowest_ms: i.slowest_override_ms,
         floor_ms: i.floor_ms,
     }
@@ -545,9 +557,24 @@ pub fn judge_concurrency(samples: Vec<RequestSample>, b: &SuiteBudgets) -> StepR
         );
         return r;
     }
+    if !b.engines_batch {
+        let allowed = (b.single_request_ms as f64 * n as f64 * SERIAL_SLACK).ceil() as u64 + b.floor_ms;
+        if slowest > allowed {
+            r.fail(
+                VerdictKind::OverBudget,
+                format!(
+                    "{n} simultaneous requests took {} on engines that serve one at a time; budget {} ({SERIAL_SLACK} × {n} × one warm request of {}, + {} floor)",
+                    secs(slowest),
+                    secs(allowed),
+                    secs(b.single_request_ms),
+                    secs(b.floor_ms)
+                ),
+            );
+        }
+    }
     let batched = (b.single_request_ms as f64 * n as f64 / b.min_batching_gain).ceil() as u64;
     let allowed = batched.max(b.single_request_ms) + b.floor_ms;
-    if n >= 2 && slowest > allowed {
+    if b.engines_batch && n >= 2 && slowest > allowed {
         r.fail(
             VerdictKind::OverBudget,
             format!(
@@ -722,6 +749,7 @@ mod tests {
             slowest_override_ms: None,
             tpot_history_ratio: 3.0,
             min_batching_gain: 2.0,
+            engines_batch: true,
             floor_ms: 20,
         })
     }
@@ -866,6 +894,7 @@ mod tests {
             slowest_override_ms: None,
             tpot_history_ratio: 3.0,
             min_batching_gain: 2.0,
+            engines_batch: true,
             floor_ms: 20,
         }
     }
@@ -956,6 +985,17 @@ mod tests {
         );
         let batched: Vec<RequestSample> = (0..8).map(|k| probe(320 + k * 10, "ok")).collect();
         assert_eq!(judge_concurrency(batched, &b).status, StepStatus::Pass);
+        // An engine serial by design (configured so) may take N×, not more.
+        let mut i = inputs();
+        i.engines_batch = false;
+        let serial_b = derive_budgets(&i);
+        let serial: Vec<RequestSample> = (1..=8).map(|k| probe(300 * k, "ok")).collect();
+        assert_eq!(judge_concurrency(serial, &serial_b).status, StepStatus::Pass);
+        let slower: Vec<RequestSample> = (1..=8).map(|k| probe(450 * k, "ok")).collect();
+        assert_eq!(
+            judge_concurrency(slower, &serial_b).fails_as,
+            Some(VerdictKind::OverBudget)
+        );
     }
 
     /// A suite request over budget after a cold start was accepted is a

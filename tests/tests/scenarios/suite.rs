@@ -73,7 +73,7 @@ fn broken_transfer_fails_the_first_probe() {
     // first — the router's circuit breaker, opened by those same failures.
     let error = first["error"].as_str().unwrap();
     assert!(
-        error.contains("KV transfer failed") || error.contains("No available prefill workers"),
+        error.contains("Decode transfer failed") || error.contains("No available prefill workers"),
         "{first}"
     );
 }
@@ -85,6 +85,7 @@ fn slot_leak_fails_only_the_abort_storm() {
     let _one = exclusive();
     let demo = HeldDemo::start(
         &[
+            "--engines-serial",
             "--prefill-sim",
             "--serial --leak-slot-on-disconnect --prefill-tok-per-s 250",
         ],

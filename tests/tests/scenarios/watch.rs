@@ -79,6 +79,7 @@ fn wedged_pair_in_service_is_detected_and_recovered_automatically() {
     // when a client gives up mid-prefill.
     let demo = HeldDemo::start(
         &[
+            "--engines-serial",
             "--prefill-sim",
             "--serial --leak-slot-on-disconnect --prefill-tok-per-s 250",
         ],
@@ -253,6 +254,7 @@ fn stalled_queue_with_idle_gpu_is_detected() {
     write_gpus(&gpus, json!([]));
     let demo = HeldDemo::start(
         &[
+            "--engines-serial",
             "--prefill-sim",
             "--serial --leak-slot-on-disconnect --prefill-tok-per-s 250",
             "--gpu-fake",

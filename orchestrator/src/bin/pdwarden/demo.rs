@@ -85,6 +85,11 @@ pub struct DemoArgs {
     /// The watch reports a wedge but does not recover it.
     #[arg(long)]
     no_auto_recover: bool,
+    /// The engines run one request at a time by design (pd-sim `--serial`):
+    /// the concurrency step expects N requests to take N× one, not batching
+    /// (`suite.concurrency.engines_batch = false`). The slot-leak drill sets it.
+    #[arg(long)]
+    engines_serial: bool,
 }
 
 const DEFAULT_TIME_SCALE: f64 = 0.05;
@@ -448,6 +453,7 @@ timeout_ms = {probe_timeout}
 [pair.suite.concurrency]
 requests = 8
 timeout_ms = {probe_timeout}
+engines_batch = {engines_batch}
 
 [pair.suite.abort_storm]
 after_restart = false
@@ -510,6 +516,7 @@ check_timeout_ms = {check}
         // A drill that breaks the pair behind pdwarden's back shows what
         // `verify` concludes; the watch would otherwise race it and recover
         // the pair first (its own recovery has its own scenario).
+        engines_batch = !args.engines_serial && !matches!(args.incident, Some(Incident::SlotLeak)),
         auto_recover = !args.no_auto_recover
             && !matches!(
                 args.incident,
