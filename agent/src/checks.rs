@@ -187,6 +187,8 @@ pub struct HttpChecker {
     pub health_timeout: Duration,
     pub generation: GenerationCheck,
     pub check_timeout: Duration,
+    /// Where the engine's version is asked, in order (empty: not asked).
+    pub version_urls: Vec<String>,
 }
 
 impl HttpChecker {
@@ -212,6 +214,13 @@ impl HttpChecker {
             client,
             health_url: format!("{base}{health_path}"),
             health_timeout: params.health_timeout,
+            // Engines checked by GET: SGLang's `/get_server_info` and
+            // vLLM's `/version` both carry a `version` field.
+            version_urls: if params.chat.is_none() {
+                vec![format!("{base}/get_server_info"), format!("{base}/version")]
+            } else {
+                Vec::new()
+            },
             generation,
             check_timeout: params.check_timeout,
         }
@@ -219,6 +228,26 @@ impl HttpChecker {
 }
 
 impl Checker for HttpChecker {
+    async fn version(&self) -> Option<String> {
+        for url in &self.version_urls {
+            let ask = async {
+                let resp = self.client.get(url).send().await.ok()?;
+                if !resp.status().is_success() {
+                    return None;
+                }
+                let body = read_body_limited(resp, 1 << 20).await.ok()?;
+                let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+                v.get("version")?
+                    .as_str()
+                    .map(|s| s.chars().take(64).collect::<String>())
+            };
+            if let Ok(Some(v)) = tokio::time::timeout(self.health_timeout, ask).await {
+                return Some(v);
+            }
+        }
+        None
+    }
+
     async fn health(&self) -> HealthObservation {
         let started = Instant::now();
         let req = self.client.get(&self.health_url).send();

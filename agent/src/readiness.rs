@@ -145,6 +145,9 @@ pub struct PhaseChange {
     pub check_latency: Option<Duration>,
     /// Completion tokens that check returned (chat checks; 0 for GET checks).
     pub check_tokens: u32,
+    /// On `generating`: the version the engine reports (SGLang
+    /// `/get_server_info`, vLLM `/version`), "" when it says none.
+    pub engine_version: String,
 }
 
 /// One readiness check as the agent made it (the proto's `CheckAttempt`): a
@@ -530,6 +533,7 @@ impl ReadinessWatch {
             http_status: 0,
             check_latency: None,
             check_tokens: 0,
+            engine_version: String::new(),
         }));
         events
     }
@@ -571,6 +575,7 @@ impl ReadinessWatch {
             http_status,
             check_latency,
             check_tokens: 0,
+            engine_version: String::new(),
         })
     }
 }
@@ -587,6 +592,11 @@ fn plural(n: u32, what: &str) -> String {
 pub trait Checker: Send + Sync {
     fn health(&self) -> impl Future<Output = HealthObservation> + Send;
     fn generation(&self) -> impl Future<Output = GenerationObservation> + Send;
+    /// The engine's own version, asked once when it generates (restart
+    /// history is compared only between starts of the same engine version).
+    fn version(&self) -> impl Future<Output = Option<String>> + Send {
+        async { None }
+    }
 }
 
 /// Drives `watch` until `generating`, `not_ready`, or until `emit` returns
@@ -632,11 +642,18 @@ pub async fn watch<C: Checker>(
                     if !emit_all(&mut emit, watch.generation_started(started)) {
                         return;
                     }
-                    tokio::select! {
+                    let mut events = tokio::select! {
                         biased;
                         obs = checker.generation() => watch.observe_generation(obs, Instant::now()),
                         _ = sleep_until(deadline) => watch.check_deadline(Instant::now()),
+                    };
+                    if let Some(WatchEvent::Phase(change)) = events
+                        .iter_mut()
+                        .find(|e| matches!(e, WatchEvent::Phase(c) if c.phase == Phase::Generating))
+                    {
+                        change.engine_version = checker.version().await.unwrap_or_default();
                     }
+                    events
                 }
                 NextCheck::Done => Vec::new(),
             };
@@ -1078,6 +1095,9 @@ mod tests {
             tokio::time::sleep(took).await;
             obs
         }
+        async fn version(&self) -> Option<String> {
+            Some("0.5.1".into())
+        }
     }
 
     /// Runs the driver to its end, collecting every event.
@@ -1148,6 +1168,16 @@ mod tests {
             ]
         );
         assert_chronological(&events);
+        // The engine's version rides on `generating` (restart history compares
+        // only starts of the same engine version).
+        let versions: Vec<&str> = events
+            .iter()
+            .filter_map(|e| match e {
+                WatchEvent::Phase(c) if c.phase == Phase::Generating => Some(c.engine_version.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(versions, ["0.5.1"]);
         let calls = checker.calls.lock().unwrap().clone();
         assert_eq!(calls[4], ("health", ms(80)));
         assert_eq!(calls[5], ("generation", ms(80)));

@@ -516,6 +516,7 @@ impl Unit {
         event.http_status = change.http_status;
         event.check_latency_ms = change.check_latency.map_or(0, duration_ms);
         event.check_tokens = change.check_tokens;
+        event.engine_version = change.engine_version;
         self.send(event);
         !finished
     }

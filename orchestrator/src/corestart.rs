@@ -248,6 +248,8 @@ struct UnitStart {
     generation_attempts: Vec<AttemptRecord>,
     /// What the agent said it spawned (its `spawned` event).
     config_fingerprint: String,
+    /// The version the engine reported when it generated.
+    engine_version: String,
 }
 
 impl UnitStart {
@@ -621,13 +623,14 @@ struct CoRestart<'a> {
 
 impl CoRestart<'_> {
     /// One fingerprint of everything this operation started (each unit's
-    /// config version as its agent spawned it); empty if an agent sent none.
+    /// config version as its agent spawned it, and the version each engine
+    /// reported); empty if an agent sent no config fingerprint.
     fn fingerprint(&self) -> String {
         use sha2::{Digest, Sha256};
         let mut parts: Vec<String> = self
             .starts
             .iter()
-            .map(|s| format!("{}={}", s.unit, s.config_fingerprint))
+            .map(|s| format!("{}={}@{}", s.unit, s.config_fingerprint, s.engine_version))
             .collect();
         if parts.is_empty() || self.starts.iter().any(|s| s.config_fingerprint.is_empty()) {
             return String::new();
@@ -797,6 +800,7 @@ impl CoRestart<'_> {
             check_tokens: 0,
             generation_attempts: Vec::new(),
             config_fingerprint: String::new(),
+            engine_version: String::new(),
         };
         match self.ctx.fleet.send(&unit.host, &unit.unit, cmd).await {
             Ok(rx) => s.rx = Some(rx),
@@ -1387,6 +1391,7 @@ fn apply_report(rec: &Recorder, s: &mut UnitStart, report: AgentReport) {
                     s.done = true;
                     s.check_latency_ms = ev.check_latency_ms;
                     s.check_tokens = ev.check_tokens;
+                    s.engine_version = ev.engine_version.clone();
                     Some(ReadinessPhase::Generating)
                 }
                 Phase::Exited if s.spawned => {
