@@ -970,7 +970,8 @@ impl CoRestart<'_> {
                             got = r.samples;
                             break;
                         }
-                        Ok(Some(AgentReport::Disconnected) | None) | Err(_) => break,
+                        // A refusal (an agent that does not know the command) ends it too.
+                        Ok(Some(AgentReport::Disconnected | AgentReport::Result(_)) | None) | Err(_) => break,
                         Ok(Some(_)) => continue,
                     }
                 }

@@ -739,18 +739,8 @@ mod tests {
     /// with a `gap_ms` silence budget.
     fn budgets(gap_ms: u64) -> SuiteBudgets {
         derive_budgets(&BudgetInputs {
-            warm_budget_ms: 1_000,
-            probe_max_tokens: 8,
-            warm_answers_ms: vec![300, 310, 290],
-            history_tpot_us: Vec::new(),
-            ttft_override_ms: None,
-            tpot_override_ms: None,
             gap_override_ms: Some(gap_ms),
-            slowest_override_ms: None,
-            tpot_history_ratio: 3.0,
-            min_batching_gain: 2.0,
-            engines_batch: true,
-            floor_ms: 20,
+            ..inputs()
         })
     }
 

@@ -602,16 +602,21 @@ async fn freeze_after_tokens_stops_the_stream_mid_way() {
     h.shutdown().await.unwrap();
 }
 
-// `--max-running 2`: a third concurrent generation waits for a slot (it is
-// counted as queued) and runs once one frees.
-#[tokio::test]
-async fn max_running_queues_the_excess() {
+/// Starts `max_running + 1` concurrent generations on a decode with
+/// `--max-running max_running`: all but one run, one queues (counted as
+/// queued), health (outside the queue) stays 200, and every one finishes.
+async fn excess_generation_queues(max_running: usize) {
     let mut cfg = Config::for_test(Role::Decode);
-    cfg.max_running = 2;
-    cfg.settings.ttft_ms = 20_000.0; // 200 ms real each
+    cfg.max_running = max_running;
+    // ~1.2 s real each (tpot, which health's own pass does not pay): the
+    // window in which all but one run and one queues is as long as one
+    // generation, and must outlast the third request's connection on a
+    // loaded 2-core machine (a 200 ms window was missed once).
+    cfg.settings.ttft_ms = 20_000.0;
+    cfg.settings.tpot_ms = 100_000.0;
     let (h, b) = start(cfg).await;
     let c = client();
-    let sends: Vec<_> = (0..3)
+    let sends: Vec<_> = (0..=max_running)
         .map(|_| {
             let c = c.clone();
             tokio::spawn(
@@ -624,16 +629,24 @@ async fn max_running_queues_the_excess() {
             let c = c.clone();
             async move {
                 let s = stats(&c, b).await;
-                s["running"] == 2 && s["queued"] == 1
+                s["running"] == max_running && s["queued"] == 1
             }
         })
         .await,
-        "two run, one queues"
+        "{max_running} run, one queues"
     );
+    assert_eq!(status(&c, format!("http://{}/health", b.http)).await, Some(200));
     for s in sends {
         assert!(s.await.unwrap().unwrap().status().is_success());
     }
     h.shutdown().await.unwrap();
+}
+
+// `--max-running 2`: a third concurrent generation waits for a slot (it is
+// counted as queued) and runs once one frees.
+#[tokio::test]
+async fn max_running_queues_the_excess() {
+    excess_generation_queues(2).await;
 }
 
 // `--kv-fail-every 2`: routed requests 1 and 3 succeed, 2 and 4 fail their transfer and
@@ -863,33 +876,5 @@ async fn hang_once_then_normal_generations() {
 // runs and one queues behind it, health (outside the queue) stays 200, both finish.
 #[tokio::test]
 async fn max_running_one_stops_batching() {
-    let mut cfg = Config::for_test(Role::Decode);
-    cfg.max_running = 1;
-    cfg.settings.ttft_ms = 20_000.0; // 200 ms real each
-    let (h, b) = start(cfg).await;
-    let c = client();
-    let sends: Vec<_> = (0..2)
-        .map(|_| {
-            let c = c.clone();
-            tokio::spawn(
-                async move { post(&c, b, "/v1/chat/completions", &chat("hi", 1), Duration::from_secs(10)).await },
-            )
-        })
-        .collect();
-    assert!(
-        wait_until(Duration::from_secs(5), || {
-            let c = c.clone();
-            async move {
-                let s = stats(&c, b).await;
-                s["running"] == 1 && s["queued"] == 1
-            }
-        })
-        .await,
-        "one runs, one queues"
-    );
-    assert_eq!(status(&c, format!("http://{}/health", b.http)).await, Some(200));
-    for s in sends {
-        assert!(s.await.unwrap().unwrap().status().is_success());
-    }
-    h.shutdown().await.unwrap();
+    excess_generation_queues(1).await;
 }

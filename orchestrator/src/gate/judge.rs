@@ -77,6 +77,11 @@ pub enum Finding {
     /// difference that matters, in either direction (neither a win nor a
     /// regression).
     UnderFloor,
+    /// Better, significantly, but by less than the tolerance: as a worsening
+    /// within the tolerance is not a regression, an improvement within it is
+    /// not a win (a no-op knob measured on fresh processes drifted +2.8 %
+    /// in throughput with a tight interval).
+    BetterWithinTolerance,
 }
 
 /// The shape of one sample set, in the metric's unit.
@@ -377,6 +382,8 @@ pub fn judge(
                 Finding::NoSignificantDifference
             } else if m.unit == "ms" && (after - before).abs() < policy.min_effect_ms {
                 Finding::UnderFloor
+            } else if !worse && change_pct.abs() <= policy.tolerance_pct {
+                Finding::BetterWithinTolerance
             } else if !worse {
                 Finding::Better
             } else if change_pct.abs() > policy.tolerance_pct {
@@ -428,15 +435,15 @@ pub fn judge(
             .filter(|c| c.finding == Finding::NoSignificantDifference)
             .map(|c| c.ci_low_pct.abs().max(c.ci_high_pct.abs()))
             .fold(0.0, f64::max);
-        let under = count(Finding::UnderFloor);
+        let under = count(Finding::UnderFloor) + count(Finding::BetterWithinTolerance);
         reasons.push(if under == 0 {
             format!(
                 "no significant difference in any of {n} comparisons (the changes were within the noise; intervals up to ±{widest:.1} %): not a win"
             )
         } else {
             format!(
-                "no difference that matters in any of {n} comparisons ({under} significant but under the {} ms min_effect_ms floor, the rest within the noise, intervals up to ±{widest:.1} %): not a win",
-                policy.min_effect_ms
+                "no difference that matters in any of {n} comparisons ({under} significant but under the {} ms min_effect_ms floor or better by less than the {} % tolerance, the rest within the noise, intervals up to ±{widest:.1} %): not a win",
+                policy.min_effect_ms, policy.tolerance_pct
             )
         });
     }
@@ -444,6 +451,7 @@ pub fn judge(
         Finding::Regression,
         Finding::WorseWithinTolerance,
         Finding::Better,
+        Finding::BetterWithinTolerance,
         Finding::UnderFloor,
     ] {
         let mut found: Vec<&Comparison> = comparisons.iter().filter(|c| c.finding == f).collect();
@@ -479,6 +487,9 @@ pub fn describe(c: &Comparison, tolerance_pct: f64) -> String {
             c.unit
         ),
         Finding::WorseWithinTolerance => format!("worse, within the {tolerance_pct} % tolerance"),
+        Finding::BetterWithinTolerance => {
+            format!("better, but within the {tolerance_pct} % tolerance: no difference that matters")
+        }
         Finding::Regression => format!("regression beyond the {tolerance_pct} % tolerance"),
     };
     let bimodal = if c.statistic == "mean" {
@@ -702,5 +713,25 @@ mod tests {
         let r = judge(&[metric("e2e", Better::Lower, s.clone(), s)], 0, 2, POLICY);
         assert_eq!(r.judgement, Judgement::Regressed);
         assert!(r.reasons[0].contains("2 benchmark requests failed"));
+    }
+
+    /// A significant improvement smaller than the tolerance is not a win
+    /// (the CI run's no-op knob: throughput +2.8 % with a 5 % tolerance);
+    /// one beyond it is.
+    #[test]
+    fn improvement_within_the_tolerance_is_not_a_win() {
+        let mut tp = metric("throughput", Better::Higher, noisy(583.0, 32, 0), noisy(599.0, 32, 1));
+        tp.unit = "tok/s".into();
+        let r = judge(std::slice::from_ref(&tp), 0, 0, POLICY);
+        assert_eq!(r.comparisons[0].finding, Finding::BetterWithinTolerance, "{r:?}");
+        assert_eq!(r.judgement, Judgement::NoSignificantDifference);
+        assert!(
+            r.reasons[0].contains("better by less than the 5 % tolerance"),
+            "{:?}",
+            r.reasons
+        );
+        let mut big = metric("throughput", Better::Higher, noisy(583.0, 32, 0), noisy(680.0, 32, 1));
+        big.unit = "tok/s".into();
+        assert_eq!(judge(&[big], 0, 0, POLICY).judgement, Judgement::Improved);
     }
 }

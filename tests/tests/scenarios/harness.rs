@@ -222,3 +222,31 @@ pub fn reasons(v: &Value) -> String {
         .collect::<Vec<_>>()
         .join("\n")
 }
+
+impl HeldDemo {
+    /// The base URL of one of the held stack's units, from `status`.
+    pub fn unit_url(&self, unit: &str) -> String {
+        let status = self.cli(&["status", "--json"]).json();
+        status["agents"][0]["units"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|u| u["name"] == unit)
+            .and_then(|u| u["base_url"].as_str())
+            .unwrap_or_else(|| panic!("no unit {unit} in {status:#}"))
+            .to_string()
+    }
+}
+
+/// Changes a running pd-sim's settings live (`POST /sim/fault`).
+pub fn sim_fault(url: &str, body: &'static str) {
+    let answered = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        reqwest::Client::new()
+            .post(format!("{url}/sim/fault"))
+            .body(body)
+            .send()
+            .await
+            .map(|r| r.status())
+    });
+    assert!(answered.as_ref().is_ok_and(|s| s.is_success()), "{answered:?}");
+}

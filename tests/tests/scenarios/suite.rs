@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::harness::{HeldDemo, exclusive, pdwarden, reasons};
+use crate::harness::{HeldDemo, exclusive, pdwarden, reasons, sim_fault};
 
 const LIMIT: Duration = Duration::from_secs(180);
 
@@ -120,25 +120,8 @@ fn slowdown_against_history_is_a_warning() {
     let _one = exclusive();
     let demo = HeldDemo::start(&[], LIMIT);
     assert!(demo.report["verdict"].as_str().unwrap().starts_with("healthy"));
-    let status = demo.cli(&["status", "--json"]).json();
-    let decode_url = status["agents"][0]["units"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|u| u["name"] == "decode-0")
-        .and_then(|u| u["base_url"].as_str())
-        .unwrap()
-        .to_string();
     // The demo's decode: tpot 12 ms → 30 ms (simulated), live.
-    let answered = tokio::runtime::Runtime::new().unwrap().block_on(async {
-        reqwest::Client::new()
-            .post(format!("{decode_url}/sim/fault"))
-            .body(r#"{"tpot_ms": 30}"#)
-            .send()
-            .await
-            .map(|r| r.status())
-    });
-    assert!(answered.as_ref().is_ok_and(|s| s.is_success()), "{answered:?}");
+    sim_fault(&demo.unit_url("decode-0"), r#"{"tpot_ms": 30}"#);
     let out = demo.cli(&["verify", "demo", "--json"]);
     let r = out.json();
     assert_eq!(out.code, 0, "within budget: {r:#}");

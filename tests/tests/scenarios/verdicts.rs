@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::harness::{HeldDemo, exclusive, pdwarden, reasons};
+use crate::harness::{HeldDemo, exclusive, pdwarden, reasons, sim_fault};
 
 const LIMIT: Duration = Duration::from_secs(180);
 
@@ -24,30 +24,6 @@ fn step<'a>(report: &'a Value, name: &str) -> &'a Value {
         .as_array()
         .and_then(|s| s.iter().find(|s| s["step"] == name))
         .unwrap_or_else(|| panic!("no suite step {name}: {:#}", report["suite"]))
-}
-
-fn decode_url(demo: &HeldDemo) -> String {
-    let status = demo.cli(&["status", "--json"]).json();
-    status["agents"][0]["units"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|u| u["name"] == "decode-0")
-        .and_then(|u| u["base_url"].as_str())
-        .unwrap()
-        .to_string()
-}
-
-fn patch(url: &str, body: &'static str) {
-    let answered = tokio::runtime::Runtime::new().unwrap().block_on(async {
-        reqwest::Client::new()
-            .post(format!("{url}/sim/fault"))
-            .body(body)
-            .send()
-            .await
-            .map(|r| r.status())
-    });
-    assert!(answered.as_ref().is_ok_and(|s| s.is_success()), "{answered:?}");
 }
 
 /// The first generation through the router after the restart hangs until its
@@ -120,7 +96,7 @@ fn a_slow_decode_fails_on_time_per_output_token() {
         .as_u64()
         .unwrap();
     assert!(tpot_us > 0, "{:#}", demo.report);
-    patch(&decode_url(&demo), r#"{"tpot_ms": 60}"#);
+    sim_fault(&demo.unit_url("decode-0"), r#"{"tpot_ms": 60}"#);
     let out = demo.cli(&["verify", "demo", "--json"]);
     let r = out.json();
     assert_eq!(out.code, 2, "{r:#}");
