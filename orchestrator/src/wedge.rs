@@ -13,7 +13,10 @@
 //!   produced a token since it was sent.
 //! - **Health gone bad**: health answered 200 earlier in this watch and has
 //!   not for the stall budget while `/metrics` still answers (SGLang's health
-//!   runs a generation that times out when the scheduler is stuck).
+//!   runs a generation that times out when the scheduler is stuck). With
+//!   requests running or queued (and the GPU not known idle) the allowance is
+//!   the stall budget plus the worst prefill: the same health answers 503 after
+//!   20 s of a legitimate long prefill (sgl-project/sglang#22511).
 //!
 //! Active probes are asked for only when passive evidence is missing (stale
 //! or absent samples) or suspicious (a stall past the budget but not yet past
@@ -361,19 +364,57 @@ fn assess_unit(u: &UnitTrack, p: &WatchPolicy, now: Instant) -> UnitAssessment {
         }
         return a;
     };
+    // SGLang's /health runs a one-token generation through the scheduler and
+    // answers 503 after 20 s without scheduler output; a long prefill gives
+    // none until it ends (sgl-project/sglang#22511). So with work present on
+    // a GPU not known idle, health may stay bad for as long as the worst
+    // legitimate prefill before that alone is a wedge.
+    let mut health_note = None;
     if let Some(bad) = u.health_bad_since {
         let bad_for = now.saturating_duration_since(bad);
-        if bad_for >= p.stall_budget {
+        let gpu_idle = m.gpu_util.is_some_and(|g| g < p.gpu_idle_below);
+        let busy = m.running + m.queued > 0.0 && !gpu_idle;
+        let threshold = if busy {
+            p.stall_budget + p.max_prefill
+        } else {
+            p.stall_budget
+        };
+        let last_status = if last.health_status == 0 {
+            "no answer".to_string()
+        } else {
+            last.health_status.to_string()
+        };
+        if bad_for >= threshold {
             a.state = UnitState::Wedged;
+            let allowance = if busy {
+                format!(
+                    " (past the stall budget {} + worst prefill {} allowed while work is present)",
+                    s(p.stall_budget),
+                    s(p.max_prefill)
+                )
+            } else {
+                String::new()
+            };
             a.reasons.push(format!(
-                "{}: health answered 200 earlier but has not for {} (last: {}) while /metrics answers ({} running, {} queued)",
+                "{}: health answered 200 earlier but has not for {} (last: {}) while /metrics answers ({} running, {} queued){allowance}",
                 u.unit,
                 s(bad_for),
-                if last.health_status == 0 { "no answer".to_string() } else { last.health_status.to_string() },
+                last_status,
                 m.running,
                 m.queued
             ));
             return a;
+        }
+        if bad_for >= p.stall_budget {
+            health_note = Some(format!(
+                "{}: health has not answered 200 for {} (last: {}) with {} running, {} queued: an engine busy with a prefill answers health late; within the worst prefill {}",
+                u.unit,
+                s(bad_for),
+                last_status,
+                m.running,
+                m.queued,
+                s(p.max_prefill)
+            ));
         }
     }
     if let Some(stalled) = u.stalled_for(now) {
@@ -422,6 +463,17 @@ fn assess_unit(u: &UnitTrack, p: &WatchPolicy, now: Instant) -> UnitAssessment {
         } else {
             a.state = UnitState::Serving;
         }
+        if let Some(note) = health_note
+            && a.state != UnitState::Wedged
+        {
+            a.state = UnitState::Stalled;
+            a.reasons.push(note);
+        }
+        return a;
+    }
+    if let Some(note) = health_note {
+        a.state = UnitState::Stalled;
+        a.reasons.push(note);
         return a;
     }
     let recent = u
@@ -1040,6 +1092,48 @@ mod tests {
         assert_eq!(a.state, UnitState::Wedged);
         assert!(
             a.reasons[0].contains("has not for 19.0 s (last: 503)"),
+            "{:?}",
+            a.reasons
+        );
+    }
+
+    /// Issue 13's false wedge: a serial prefill busy with a 40 s prefill (1
+    /// running, counters flat: SGLang counts tokens at finish) whose SGLang-like
+    /// health answers 503 after 20 s is not wedged while the worst legitimate
+    /// prefill has not passed; a health that stays bad past it is.
+    #[test]
+    fn health_503_during_a_long_prefill_is_not_a_wedge() {
+        let p = policy();
+        let t0 = Instant::now();
+        let mut busy = UnitTrack::new("prefill-0", "prefill");
+        for t in 0..=40u64 {
+            let mut s = sample(t0 + Duration::from_secs(t), 1.0, 0.0, 5.0, 5.0, None);
+            if t >= 20 {
+                s.health_status = 503;
+            }
+            busy.observe(s);
+        }
+        let a = assess_unit(&busy, &p, t0 + Duration::from_secs(40));
+        assert_ne!(a.state, UnitState::Wedged, "{:?}", a.reasons);
+        assert!(
+            a.reasons
+                .iter()
+                .any(|r| r.contains("health has not answered 200 for 20.0 s")),
+            "{:?}",
+            a.reasons
+        );
+        // Past stall budget + worst prefill (8 + 200 s) with health still bad: wedged.
+        for t in 41..=230u64 {
+            let mut s = sample(t0 + Duration::from_secs(t), 1.0, 0.0, 5.0, 5.0, None);
+            s.health_status = 503;
+            busy.observe(s);
+        }
+        let a = assess_unit(&busy, &p, t0 + Duration::from_secs(230));
+        assert_eq!(a.state, UnitState::Wedged);
+        assert!(
+            a.reasons
+                .iter()
+                .any(|r| r.contains("health answered 200 earlier but has not for 210.0 s")),
             "{:?}",
             a.reasons
         );
