@@ -64,7 +64,12 @@ pub struct SuiteBudgets {
 impl SuiteBudgets {
     /// The end-to-end budget of a request of `tokens` output tokens.
     pub fn e2e_ms(&self, tokens: u32) -> u64 {
-        self.ttft_ms + (u64::from(tokens) * self.tpot_us).div_ceil(1000)
+        self.e2e_after_ms(self.ttft_ms, tokens)
+    }
+
+    /// The same with another first-token budget (turn 2's may be overridden).
+    pub fn e2e_after_ms(&self, ttft_ms: u64, tokens: u32) -> u64 {
+        ttft_ms + (u64::from(tokens) * self.tpot_us).div_ceil(1000)
     }
 }
 
@@ -494,7 +499,7 @@ pub fn judge_multi_turn(
             ),
         );
     }
-    let e2e = ttft + (u64::from(t2.tokens) * b.tpot_us).div_ceil(1000);
+    let e2e = b.e2e_after_ms(ttft, t2.tokens);
     if t2.latency_ms > e2e + b.floor_ms {
         r.fail(
             VerdictKind::OverBudget,

@@ -485,6 +485,20 @@ async fn fault_endpoint_changes_behaviour_live() {
     h.shutdown().await.unwrap();
 }
 
+/// Sends a generation that the engine's script makes hang, and waits until
+/// the engine counts it running.
+async fn spawn_hung_generation(
+    c: &reqwest::Client,
+    b: Bound,
+) -> tokio::task::JoinHandle<Result<reqwest::Response, reqwest::Error>> {
+    let hung = tokio::spawn({
+        let c = c.clone();
+        async move { post(&c, b, "/v1/chat/completions", &chat("p", 2), Duration::from_secs(30)).await }
+    });
+    assert!(wait_until(Duration::from_secs(5), || async { stats(c, b).await["running"] == 1 }).await);
+    hung
+}
+
 // Shutdown does not wait for a hung generation: it drops the connection.
 #[tokio::test]
 async fn shutdown_drops_hung_requests() {
@@ -492,11 +506,7 @@ async fn shutdown_drops_hung_requests() {
     cfg.latency_script = parse_latency_script("hang").unwrap();
     let (h, b) = start(cfg).await;
     let c = client();
-    let hung = tokio::spawn({
-        let c = c.clone();
-        async move { post(&c, b, "/v1/chat/completions", &chat("p", 2), Duration::from_secs(30)).await }
-    });
-    assert!(wait_until(Duration::from_secs(5), || async { stats(&c, b).await["running"] == 1 }).await);
+    let hung = spawn_hung_generation(&c, b).await;
     tokio::time::timeout(Duration::from_secs(2), h.shutdown())
         .await
         .expect("shutdown is prompt")
@@ -852,11 +862,7 @@ async fn hang_once_then_normal_generations() {
     cfg.latency_script = parse_latency_script("hang,").unwrap();
     let (h, b) = start(cfg).await;
     let c = client();
-    let hung = tokio::spawn({
-        let c = c.clone();
-        async move { post(&c, b, "/v1/chat/completions", &chat("p", 2), Duration::from_secs(30)).await }
-    });
-    assert!(wait_until(Duration::from_secs(5), || async { stats(&c, b).await["running"] == 1 }).await);
+    let hung = spawn_hung_generation(&c, b).await;
     for _ in 0..2 {
         let r = post(&c, b, "/v1/chat/completions", &chat("p", 2), Duration::from_secs(5)).await;
         assert_eq!(r.unwrap().status(), 200);

@@ -250,3 +250,11 @@ pub fn sim_fault(url: &str, body: &'static str) {
     });
     assert!(answered.as_ref().is_ok_and(|s| s.is_success()), "{answered:?}");
 }
+
+/// One suite step of a report, by name.
+pub fn step<'a>(report: &'a Value, name: &str) -> &'a Value {
+    report["suite"]
+        .as_array()
+        .and_then(|s| s.iter().find(|s| s["step"] == name))
+        .unwrap_or_else(|| panic!("no suite step {name}: {:#}", report["suite"]))
+}

@@ -3,18 +3,9 @@
 
 use std::time::Duration;
 
-use serde_json::Value;
-
-use crate::harness::{HeldDemo, exclusive, pdwarden, reasons, sim_fault};
+use crate::harness::{HeldDemo, exclusive, pdwarden, reasons, sim_fault, step};
 
 const LIMIT: Duration = Duration::from_secs(180);
-
-fn step<'a>(report: &'a Value, name: &str) -> &'a Value {
-    report["suite"]
-        .as_array()
-        .and_then(|s| s.iter().find(|s| s["step"] == name))
-        .unwrap_or_else(|| panic!("no suite step {name}: {:#}", report["suite"]))
-}
 
 /// A healthy pair passes every step, with raw samples in the report.
 #[test]

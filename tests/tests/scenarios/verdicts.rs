@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::harness::{HeldDemo, exclusive, pdwarden, reasons, sim_fault};
+use crate::harness::{HeldDemo, exclusive, pdwarden, reasons, sim_fault, step};
 
 const LIMIT: Duration = Duration::from_secs(180);
 
@@ -17,13 +17,6 @@ fn demo(decode_sim: &str) -> (i32, Value) {
     );
     let r = out.json();
     (out.code, r)
-}
-
-fn step<'a>(report: &'a Value, name: &str) -> &'a Value {
-    report["suite"]
-        .as_array()
-        .and_then(|s| s.iter().find(|s| s["step"] == name))
-        .unwrap_or_else(|| panic!("no suite step {name}: {:#}", report["suite"]))
 }
 
 /// The first generation through the router after the restart hangs until its
