@@ -14,29 +14,66 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use pdwarden_engines::{EngineKind, Signal};
+
 use crate::checks::error_chain;
 
-/// The numbers a wedge judgement needs, from one scrape.
+/// The numbers a wedge judgement needs, from one scrape. Which engine
+/// metric fills which field is the engine profiles' business
+/// (`pdwarden_engines`): SGLang's and vLLM's names are both read.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct EngineMetrics {
-    /// `sglang:num_running_reqs`
+    /// The engine whose metric names were seen (the first one, if both).
+    pub engine: Option<EngineKind>,
+    /// `sglang:num_running_reqs`, `vllm:num_requests_running`
     pub running_reqs: Option<f64>,
-    /// `sglang:num_queue_reqs`
+    /// `sglang:num_queue_reqs`, `vllm:num_requests_waiting`
     pub queued_reqs: Option<f64>,
     /// `sglang:gen_throughput` (tokens/s; a gauge engines may leave stale).
     pub gen_throughput: Option<f64>,
-    /// `sglang:generation_tokens_total`
+    /// `sglang:generation_tokens_total` (at finish), `vllm:generation_tokens_total` (per step)
     pub generation_tokens_total: Option<f64>,
-    /// `sglang:prompt_tokens_total`
+    /// `sglang:prompt_tokens_total` (at finish), `vllm:prompt_tokens_total` (per step)
     pub prompt_tokens_total: Option<f64>,
-    /// `sglang:num_requests_total`
+    /// `sglang:num_requests_total`, `vllm:request_success_total`
     pub requests_total: Option<f64>,
     /// `sglang:num_aborted_requests_total`
     pub aborted_requests_total: Option<f64>,
+    /// `sglang:realtime_tokens_total`, every mode (rises during work).
+    pub realtime_tokens_total: Option<f64>,
+    /// `sglang:num_prefill_prealloc_queue_reqs`
+    pub prefill_prealloc_queue_reqs: Option<f64>,
+    /// `sglang:num_prefill_inflight_queue_reqs`
+    pub prefill_inflight_queue_reqs: Option<f64>,
+    /// `sglang:num_decode_prealloc_queue_reqs`
+    pub decode_prealloc_queue_reqs: Option<f64>,
+    /// `sglang:num_decode_transfer_queue_reqs`
+    pub decode_transfer_queue_reqs: Option<f64>,
     /// `sglang:num_transfer_failed_reqs_total` (PD: KV transfers that failed).
     pub transfer_failed_total: Option<f64>,
     /// `sglang:num_bootstrap_failed_reqs_total` (PD: bootstraps that failed).
     pub bootstrap_failed_total: Option<f64>,
+}
+
+impl EngineMetrics {
+    fn slot(&mut self, signal: Signal) -> &mut Option<f64> {
+        match signal {
+            Signal::RunningReqs => &mut self.running_reqs,
+            Signal::QueuedReqs => &mut self.queued_reqs,
+            Signal::GenThroughput => &mut self.gen_throughput,
+            Signal::GenerationTokens => &mut self.generation_tokens_total,
+            Signal::PromptTokens => &mut self.prompt_tokens_total,
+            Signal::Requests => &mut self.requests_total,
+            Signal::AbortedRequests => &mut self.aborted_requests_total,
+            Signal::RealtimeTokens => &mut self.realtime_tokens_total,
+            Signal::PrefillPreallocQueue => &mut self.prefill_prealloc_queue_reqs,
+            Signal::PrefillInflightQueue => &mut self.prefill_inflight_queue_reqs,
+            Signal::DecodePreallocQueue => &mut self.decode_prealloc_queue_reqs,
+            Signal::DecodeTransferQueue => &mut self.decode_transfer_queue_reqs,
+            Signal::TransferFailed => &mut self.transfer_failed_total,
+            Signal::BootstrapFailed => &mut self.bootstrap_failed_total,
+        }
+    }
 }
 
 /// Parses Prometheus text exposition format (comments, `name{labels} value
@@ -56,18 +93,11 @@ pub fn parse(text: &str) -> EngineMetrics {
         if !value.is_finite() {
             continue;
         }
-        let slot = match name {
-            "sglang:num_running_reqs" => &mut m.running_reqs,
-            "sglang:num_queue_reqs" => &mut m.queued_reqs,
-            "sglang:gen_throughput" => &mut m.gen_throughput,
-            "sglang:generation_tokens_total" => &mut m.generation_tokens_total,
-            "sglang:prompt_tokens_total" => &mut m.prompt_tokens_total,
-            "sglang:num_requests_total" => &mut m.requests_total,
-            "sglang:num_aborted_requests_total" => &mut m.aborted_requests_total,
-            "sglang:num_transfer_failed_reqs_total" => &mut m.transfer_failed_total,
-            "sglang:num_bootstrap_failed_reqs_total" => &mut m.bootstrap_failed_total,
-            _ => continue,
+        let Some((engine, signal)) = pdwarden_engines::signal_of(name) else {
+            continue;
         };
+        m.engine.get_or_insert(engine);
+        let slot = m.slot(signal);
         *slot = Some(slot.unwrap_or(0.0) + value);
     }
     m
@@ -156,5 +186,29 @@ garbage line
         assert_eq!(m.prompt_tokens_total, Some(41_818.0));
         assert_eq!(m.gen_throughput, None);
         assert_eq!(m.aborted_requests_total, None);
+    }
+
+    /// Property: vLLM's names fill the same fields, SGLang's realtime
+    /// counter is summed over its modes, and the engine is recognised.
+    #[test]
+    fn reads_vllm_names_and_sglang_realtime_modes() {
+        let vllm = parse(
+            "vllm:num_requests_running{model_name=\"m\"} 2\nvllm:num_requests_waiting{model_name=\"m\"} 5\n\
+             vllm:generation_tokens_total{model_name=\"m\"} 77\nvllm:prompt_tokens_total{model_name=\"m\"} 900\n",
+        );
+        assert_eq!(vllm.engine, Some(EngineKind::Vllm));
+        assert_eq!((vllm.running_reqs, vllm.queued_reqs), (Some(2.0), Some(5.0)));
+        assert_eq!(vllm.generation_tokens_total, Some(77.0));
+        assert_eq!(vllm.realtime_tokens_total, None);
+        let sglang = parse(
+            "sglang:realtime_tokens_total{mode=\"prefill_compute\"} 8192\n\
+             sglang:realtime_tokens_total{mode=\"prefill_cache\"} 8\n\
+             sglang:realtime_tokens_total{mode=\"decode\"} 40\n\
+             sglang:num_decode_transfer_queue_reqs 3\nsglang:num_prefill_inflight_queue_reqs 1\n",
+        );
+        assert_eq!(sglang.engine, Some(EngineKind::Sglang));
+        assert_eq!(sglang.realtime_tokens_total, Some(8240.0));
+        assert_eq!(sglang.decode_transfer_queue_reqs, Some(3.0));
+        assert_eq!(sglang.prefill_inflight_queue_reqs, Some(1.0));
     }
 }

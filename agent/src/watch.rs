@@ -129,6 +129,12 @@ pub(crate) async fn sample_one(
             s.aborted_requests_total = m.aborted_requests_total;
             s.transfer_failed_total = m.transfer_failed_total;
             s.bootstrap_failed_total = m.bootstrap_failed_total;
+            s.realtime_tokens_total = m.realtime_tokens_total;
+            s.prefill_prealloc_queue_reqs = m.prefill_prealloc_queue_reqs;
+            s.prefill_inflight_queue_reqs = m.prefill_inflight_queue_reqs;
+            s.decode_prealloc_queue_reqs = m.decode_prealloc_queue_reqs;
+            s.decode_transfer_queue_reqs = m.decode_transfer_queue_reqs;
+            s.engine_kind = m.engine.map(|e| e.as_str().to_string()).unwrap_or_default();
         }
         Err(e) => s.error = e,
     }

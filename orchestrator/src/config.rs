@@ -146,6 +146,25 @@ pub struct WatchConfig {
     pub max_prompt_tokens: u64,
     /// The slowest prefill speed to plan for, tokens per second.
     pub prefill_tok_per_s: f64,
+    /// The most output tokens a request may ask for; with `decode_tok_per_s`
+    /// it bounds the longest legitimate generation.
+    pub max_output_tokens: u64,
+    /// The slowest decode speed of one request to plan for, tokens per second.
+    pub decode_tok_per_s: f64,
+    /// The longest legitimate KV transfer of one prefilled request to its decode.
+    pub max_kv_transfer_ms: u64,
+    /// The engines' `--chunked-prefill-size` (SGLang's `/get_server_info`
+    /// shows it): a during-work counter then rises at least every chunk, so a
+    /// stall is confirmed after one chunk at the slowest speed instead of the
+    /// whole worst prefill. Unset: the worst prefill (chunking off).
+    pub prefill_chunk_tokens: Option<u64>,
+    /// What the pair's engines are (`sglang` or `vllm`): which metrics rise
+    /// during work and what health means (`pdwarden_engines`). A scrape that
+    /// shows the other kind's metric names wins.
+    pub engine: pdwarden_engines::EngineKind,
+    /// How stale an idle engine's gauges may be; unset: the engine profile's
+    /// figure (SGLang: 30 s). Only a scaled simulation should set it.
+    pub idle_gauge_refresh_ms: Option<u64>,
     /// Without traffic proving liveness, at most one probe per interval.
     pub idle_probe_interval_ms: u64,
     /// The minimum gap between any two probes.
@@ -170,6 +189,12 @@ impl Default for WatchConfig {
             stall_budget_ms: 8_000,
             max_prompt_tokens: 32_768,
             prefill_tok_per_s: 5_000.0,
+            max_output_tokens: 4_096,
+            decode_tok_per_s: 10.0,
+            max_kv_transfer_ms: 10_000,
+            prefill_chunk_tokens: None,
+            engine: pdwarden_engines::EngineKind::Sglang,
+            idle_gauge_refresh_ms: None,
             idle_probe_interval_ms: 60_000,
             min_probe_interval_ms: 5_000,
             max_probe_timeout_ms: 600_000,
@@ -184,6 +209,20 @@ impl WatchConfig {
     /// The worst legitimate prefill, in ms.
     pub fn max_prefill_ms(&self) -> u64 {
         (self.max_prompt_tokens as f64 * 1000.0 / self.prefill_tok_per_s).ceil() as u64
+    }
+
+    /// The worst legitimate generation, in ms.
+    pub fn max_generation_ms(&self) -> u64 {
+        (self.max_output_tokens as f64 * 1000.0 / self.decode_tok_per_s).ceil() as u64
+    }
+
+    /// One prefill chunk at the slowest speed (the worst prefill when
+    /// `prefill_chunk_tokens` is unset), in ms.
+    pub fn max_prefill_chunk_ms(&self) -> u64 {
+        let chunk = self
+            .prefill_chunk_tokens
+            .map_or(self.max_prompt_tokens, |c| c.min(self.max_prompt_tokens));
+        (chunk as f64 * 1000.0 / self.prefill_tok_per_s).ceil() as u64
     }
 }
 
@@ -545,13 +584,30 @@ impl OrchestratorConfig {
                 ("watch.min_probe_interval_ms", w.min_probe_interval_ms),
                 ("watch.max_probe_timeout_ms", w.max_probe_timeout_ms),
                 ("watch.recovery_window_ms", w.recovery_window_ms),
+                ("watch.max_output_tokens", w.max_output_tokens),
+                ("watch.max_kv_transfer_ms", w.max_kv_transfer_ms),
+                ("watch.prefill_chunk_tokens", w.prefill_chunk_tokens.unwrap_or(1)),
             ] {
                 if v == 0 {
                     return Err(invalid(at(f), "must be greater than 0"));
                 }
             }
-            if !(w.prefill_tok_per_s > 0.0 && w.prefill_tok_per_s.is_finite()) {
-                return Err(invalid(at("watch.prefill_tok_per_s"), "must be a finite number > 0"));
+            for (f, v) in [
+                ("watch.prefill_tok_per_s", w.prefill_tok_per_s),
+                ("watch.decode_tok_per_s", w.decode_tok_per_s),
+            ] {
+                if !(v > 0.0 && v.is_finite()) {
+                    return Err(invalid(at(f), "must be a finite number > 0"));
+                }
+            }
+            if matches!(
+                w.engine,
+                pdwarden_engines::EngineKind::SglangRouter | pdwarden_engines::EngineKind::VllmRouter
+            ) {
+                return Err(invalid(
+                    at("watch.engine"),
+                    "names the pair's engines: \"sglang\" or \"vllm\", not a router",
+                ));
             }
             if !(0.0..=1.0).contains(&w.gpu_idle_below) {
                 return Err(invalid(at("watch.gpu_idle_below"), "must be between 0 and 1"));

@@ -10,15 +10,20 @@
 //! - `GET /ready/unit/HOST/UNIT` → 200 when that engine serves or idles.
 //! - `GET /ready` → every pair; 200 only if all are ready.
 //! - `GET /metrics` → Prometheus gauges: readiness, held pairs (a held pair
-//!   is an alert), recoveries in the window, probes sent.
+//!   is an alert), recoveries in the window, probes sent; and the histogram
+//!   `pdwarden_wedge_detection_seconds{pair,kind}` of time to detect a wedge.
 //!
-//! Deliberately tiny (HTTP/1.1, GET only, `Connection: close`) so it adds no
-//! dependency and cannot hold the orchestrator up: each connection has a
+//! Deliberately tiny (HTTP/1.1, GET only, `Connection: close`) so it
+//! cannot hold the orchestrator up: each connection has a
 //! 5 s budget.
 
-use std::fmt::Write as _;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -128,32 +133,51 @@ pub fn route(path: &str, board: &WatchBoard) -> (u16, &'static str, String) {
     }
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PairLabel {
+    pair: String,
+}
+
+/// The board in Prometheus text format (`prometheus-client`): per-pair
+/// gauges from the latest views, and the wedge detection-time histogram.
 fn metrics(board: &WatchBoard) -> String {
     let pairs = board.all();
-    let mut out = String::new();
-    let mut gauge = |name: &str, help: &str, value: &dyn Fn(&crate::watcher::PairWatchView) -> f64| {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+    let mut registry = Registry::default();
+    let gauges: [(&str, &str, fn(&crate::watcher::PairWatchView) -> f64); 4] = [
+        (
+            "pdwarden_pair_ready",
+            "1 when the pair's latest watch verdict is healthy.",
+            |p| f64::from(u8::from(p.ready)),
+        ),
+        (
+            "pdwarden_pair_held",
+            "1 when the circuit breaker holds the pair for a human.",
+            |p| f64::from(u8::from(p.held.is_some())),
+        ),
+        (
+            "pdwarden_pair_recoveries_in_window",
+            "Automatic recoveries within the breaker's window.",
+            |p| f64::from(p.recoveries_in_window),
+        ),
+        ("pdwarden_pair_probes_sent", "Active probes the watch sent.", |p| {
+            p.probes_sent as f64
+        }),
+    ];
+    for (name, help, value) in gauges {
+        let family = Family::<PairLabel, Gauge<f64, AtomicU64>>::default();
         for p in &pairs {
-            let _ = writeln!(out, "{name}{{pair=\"{}\"}} {}", p.pair.replace('"', "'"), value(p));
+            family.get_or_create(&PairLabel { pair: p.pair.clone() }).set(value(p));
         }
-    };
-    gauge(
-        "pdwarden_pair_ready",
-        "1 when the pair's latest watch verdict is healthy.",
-        &|p| f64::from(u8::from(p.ready)),
+        registry.register(name, help, family);
+    }
+    registry.register(
+        "pdwarden_wedge_detection_seconds",
+        "Time from a wedge's onset (the moment its silence began) to its confirmation, per pair and kind.",
+        board.detection.clone(),
     );
-    gauge(
-        "pdwarden_pair_held",
-        "1 when the circuit breaker holds the pair for a human.",
-        &|p| f64::from(u8::from(p.held.is_some())),
-    );
-    gauge(
-        "pdwarden_pair_recoveries_in_window",
-        "Automatic recoveries within the breaker's window.",
-        &|p| f64::from(p.recoveries_in_window),
-    );
-    gauge("pdwarden_pair_probes_sent", "Active probes the watch sent.", &|p| {
-        p.probes_sent as f64
-    });
+    let mut out = String::new();
+    if prometheus_client::encoding::text::encode(&mut out, &registry).is_err() {
+        out.clear();
+    }
     out
 }

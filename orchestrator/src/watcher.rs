@@ -24,6 +24,9 @@ use std::time::Duration;
 use pdwarden_proto::v1::{
     ChatProbe, Command, EngineSample, ProbeOutcome as PbOutcome, ProbeRequest, WatchEngines, WatchTarget, command,
 };
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use serde::Serialize;
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -33,6 +36,8 @@ use crate::config::{PairConfig, UnitRef, WatchConfig};
 use crate::corestart::{OperationContext, OperationKind, run_operation};
 use crate::fleet::AgentReport;
 use crate::journal::JournalError;
+use pdwarden_engines::EngineKind;
+
 use crate::wedge::{
     Assessment, Breaker, BreakerDecision, Metrics, PairEvidence, PairState, PastOperation, ProbeDecision, ProbeOutcome,
     ProbeRecord, Sample, UnitAssessment, UnitTrack, WatchPolicy, judge, recoveries_still_counting,
@@ -105,20 +110,48 @@ pub struct RecoveryView {
     pub detected_mono_ms: f64,
     pub concluded_mono_ms: Option<f64>,
     pub verdict: Option<String>,
+    /// The wedge's kind and the time from its onset to its confirmation.
+    pub kind: Option<String>,
+    pub detection_ms: Option<u64>,
+}
+
+/// Labels of the wedge detection-time histogram.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WedgeLabels {
+    pub pair: String,
+    pub kind: String,
+}
+
+fn detection_histogram() -> Histogram {
+    // 0.25 s .. 1024 s: a scaled demo's seconds to production's minutes.
+    Histogram::new(exponential_buckets(0.25, 2.0, 13))
 }
 
 /// The latest view of every watched pair, shared with `status` and the
-/// readiness endpoint.
-#[derive(Clone, Default)]
-pub struct WatchBoard(Arc<Mutex<BTreeMap<String, PairWatchView>>>);
+/// readiness endpoint, and the detection time of every confirmed wedge.
+#[derive(Clone)]
+pub struct WatchBoard {
+    views: Arc<Mutex<BTreeMap<String, PairWatchView>>>,
+    /// Seconds from a wedge's onset (the silence began) to its confirmation.
+    pub detection: Family<WedgeLabels, Histogram, fn() -> Histogram>,
+}
+
+impl Default for WatchBoard {
+    fn default() -> Self {
+        WatchBoard {
+            views: Arc::default(),
+            detection: Family::new_with_constructor(detection_histogram),
+        }
+    }
+}
 
 impl WatchBoard {
     pub fn get(&self, pair: &str) -> Option<PairWatchView> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).get(pair).cloned()
+        self.views.lock().unwrap_or_else(|p| p.into_inner()).get(pair).cloned()
     }
 
     pub fn all(&self) -> Vec<PairWatchView> {
-        self.0
+        self.views
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .values()
@@ -130,7 +163,7 @@ impl WatchBoard {
     /// `gpu_idle_with_queue` finding).
     pub fn queued_by_host(&self) -> BTreeMap<String, BTreeMap<String, u64>> {
         let mut out: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
-        for view in self.0.lock().unwrap_or_else(|p| p.into_inner()).values() {
+        for view in self.views.lock().unwrap_or_else(|p| p.into_inner()).values() {
             for u in &view.units {
                 if let Some(m) = u.assessment.metrics {
                     out.entry(u.host.clone())
@@ -143,7 +176,7 @@ impl WatchBoard {
     }
 
     fn put(&self, view: PairWatchView) {
-        self.0
+        self.views
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(view.pair.clone(), view);
@@ -154,9 +187,20 @@ impl WatchBoard {
 pub fn policy(pair: &PairConfig) -> WatchPolicy {
     let w = &pair.watch;
     let ms = Duration::from_millis;
+    // A probe's tokens as the engine counts them: words are a lower bound,
+    // so twice the words, its output, and a chat template's overhead.
+    let prompt_words = pair.probe.prompt.split_whitespace().count() as f64;
     WatchPolicy {
         stall_budget: ms(w.stall_budget_ms),
         max_prefill: ms(w.max_prefill_ms()),
+        max_generation: ms(w.max_generation_ms()),
+        max_prefill_chunk: ms(w.max_prefill_chunk_ms()),
+        decode_step: Duration::from_secs_f64(1.0 / w.decode_tok_per_s),
+        idle_gauge_refresh: w.idle_gauge_refresh_ms.map(ms),
+        max_kv_transfer: ms(w.max_kv_transfer_ms),
+        serial: !pair.suite.concurrency.engines_batch,
+        engine: w.engine,
+        probe_tokens: 2.0 * prompt_words + f64::from(pair.probe.max_tokens) + 64.0,
         idle_probe_interval: ms(w.idle_probe_interval_ms),
         min_probe_interval: ms(w.min_probe_interval_ms),
         probe_timeout: ms(pair.probe.probe_timeout_ms),
@@ -324,12 +368,25 @@ impl PairWatcher {
                 GPU_REPORT_MAX_AGE_MS,
             )
         });
+        let engine = match s.engine_kind.as_str() {
+            "sglang" => Some(EngineKind::Sglang),
+            "vllm" => Some(EngineKind::Vllm),
+            _ => None,
+        };
         let metrics = s.metrics_ok.then(|| Metrics {
             running: s.running_reqs.unwrap_or(0.0),
             queued: s.queued_reqs.unwrap_or(0.0),
             generation_tokens: s.generation_tokens_total,
             prompt_tokens: s.prompt_tokens_total,
+            realtime_tokens: s.realtime_tokens_total,
+            prefill_prealloc: s.prefill_prealloc_queue_reqs,
+            prefill_inflight: s.prefill_inflight_queue_reqs,
+            decode_prealloc: s.decode_prealloc_queue_reqs,
+            decode_transfer: s.decode_transfer_queue_reqs,
+            transfer_failed: s.transfer_failed_total,
+            bootstrap_failed: s.bootstrap_failed_total,
             gpu_util,
+            engine,
         });
         self.evidence.observe(
             &s.unit,
@@ -339,6 +396,7 @@ impl PairWatcher {
                 metrics,
                 error: s.error,
             },
+            self.policy.engine,
         );
     }
 
@@ -534,8 +592,7 @@ impl PairWatcher {
                     .clone();
                 self.probe_seq += 1;
                 self.probes_sent += 1;
-                self.evidence.probe_in_flight = true;
-                self.evidence.last_probe_sent = Some(now);
+                self.evidence.probe_sent(now, self.policy.probe_tokens);
                 tracing::info!(pair = %self.pair.name, router = %router, timeout_ms = timeout.as_millis() as u64, work_ahead, "probe: {why}");
                 let chat = ChatProbe {
                     model: self.pair.probe.model.clone(),
@@ -579,10 +636,22 @@ impl PairWatcher {
                 return false;
             }
         }
+        let detection_ms = a
+            .wedge
+            .as_ref()
+            .map(|w| u64::try_from(Instant::now().saturating_duration_since(w.onset).as_millis()).unwrap_or(u64::MAX));
         let trigger = json!({
             "automatic": true,
             "state": a.state,
             "reasons": a.reasons,
+            // What rules out honest work (DESIGN.md 12): the kind, how long the
+            // silence lasted, and each argument.
+            "wedge": a.wedge.as_ref().map(|w| json!({
+                "kind": w.kind,
+                "silent_ms": w.silent_ms,
+                "detection_ms": detection_ms,
+                "ruled_out": w.ruled_out,
+            })),
             "units": a.units,
             "last_probe": self.last_probe_view,
             "detected_mono_ms": detected_mono_ms,
@@ -597,7 +666,16 @@ impl PairWatcher {
             );
             return false;
         }
-        tracing::error!(pair = %self.pair.name, operation = %operation_id, nth, reasons = ?a.reasons, "pair wedged: automatic co-restart");
+        if let (Some(w), Some(d)) = (&a.wedge, detection_ms) {
+            self.board
+                .detection
+                .get_or_create(&WedgeLabels {
+                    pair: self.pair.name.clone(),
+                    kind: w.kind.as_str().to_string(),
+                })
+                .observe(d as f64 / 1000.0);
+        }
+        tracing::error!(pair = %self.pair.name, operation = %operation_id, nth, reasons = ?a.reasons, kind = a.wedge.as_ref().map(|w| w.kind.as_str()), detection_ms, "pair wedged: automatic co-restart");
         self.own_ops.insert(operation_id.clone());
         self.running_op = Some(operation_id.clone());
         self.last_recovery = Some(RecoveryView {
@@ -606,6 +684,8 @@ impl PairWatcher {
             detected_mono_ms,
             concluded_mono_ms: None,
             verdict: None,
+            kind: a.wedge.as_ref().map(|w| w.kind.as_str().to_string()),
+            detection_ms,
         });
         self.publish("recovering", false, a.reasons.clone(), a.units.clone());
         let (tx, _rx) = mpsc::unbounded_channel();

@@ -1,38 +1,67 @@
 //! Wedge judgement: passive engine samples and active probe results in,
 //! a verdict with its numbers out. Pure: no I/O, no clock; `now` is handed in
-//! (DESIGN.md 3), so INCIDENTS rows 4 and 5 are unit tests below.
+//! (DESIGN.md 3), so INCIDENTS rows 4 and 5 and issue 13's false wedge are
+//! unit tests below.
 //!
-//! The rules, each reported with its numbers:
-//! - **Stall**: an engine has requests running or queued while its token
-//!   counters do not advance. On a serial engine a legitimate long prefill
-//!   looks exactly like that, so unless the GPU is known to be idle the stall
-//!   must outlast the worst prefill (`max_prefill`) plus the stall budget
-//!   before it is a wedge; with the GPU near zero, the budget alone suffices.
-//! - **Generation silent while health answers 200**: a probe whose timeout
-//!   covered every prefill queued ahead of it timed out, and no engine has
-//!   produced a token since it was sent.
-//! - **Health gone bad**: health answered 200 earlier in this watch and has
-//!   not for the stall budget while `/metrics` still answers (SGLang's health
-//!   runs a generation that times out when the scheduler is stuck). With
-//!   requests running or queued (and the GPU not known idle) the allowance is
-//!   the stall budget plus the worst prefill: the same health answers 503 after
-//!   20 s of a legitimate long prefill (sgl-project/sglang#22511).
+//! An automatic recovery kills every request in flight on the pair, so a
+//! wedge needs positive evidence that nothing progresses, from signals that
+//! move during work (DESIGN.md 12). What moves when is the engine profile's
+//! business (`pdwarden_engines`): SGLang counts `prompt_tokens_total` and
+//! `generation_tokens_total` only when a request finishes, and
+//! `realtime_tokens_total` per prefill chunk and decode log interval; vLLM
+//! counts its token counters every engine step. "Progress" is any counter
+//! rising beyond what the watch's own probes put there (a probe credits each
+//! engine with its tokens, so a short probe that an engine still answers
+//! cannot hide a stall of the real requests: the partial wedge).
+//!
+//! The rules, each reported with its numbers and with how it ruled out
+//! legitimate work ([`WedgeEvidence::ruled_out`]):
+//! - **Stall** (seed 001's slot leak): requests present (running, queued or
+//!   in a PD queue) and no progress for the stall budget plus the longest
+//!   legitimate silence of the signals the engine has: with a during-work
+//!   counter, one prefill chunk (or the whole worst prefill) or one decode log
+//!   interval at the slowest speeds; with only finish counters (SGLang before
+//!   0.5.4), the longest legitimate request, prefill plus generation; with the
+//!   GPU known idle, the budget alone. A decode's requests waiting for KV may
+//!   also wait for the prefill's compute and the transfer. A stall that the
+//!   watch's probes survived is reported as a partial wedge.
+//! - **KV transfer stuck** (seed 004): a prefill holds prefilled requests in
+//!   its inflight queue and the decode holds requests waiting for KV, both
+//!   without a break for the stall budget plus the longest legitimate
+//!   transfer, and the decode has progressed with nothing in that time.
+//! - **Generation silent while health answers 200** (seeds 002, 003): a
+//!   probe whose timeout covered the work ahead of it timed out, and some
+//!   engine has not progressed since it was sent. Discarded only when every
+//!   engine progressed since (the pair served others: suspect, not wedged).
+//! - **Health gone bad**: health answered 200 earlier in this watch, has not
+//!   for the stall budget while `/metrics` answers, and nothing progressed
+//!   since it failed. SGLang's health runs through the scheduler and answers
+//!   503 during an honest prefill over 20 s (sgl-project/sglang#22511), so
+//!   with work present the allowance grows by the worst prefill; vLLM's health
+//!   fails only once the engine core is dead.
 //!
 //! Active probes are asked for only when passive evidence is missing (stale
-//! or absent samples) or suspicious (a stall past the budget but not yet past
-//! the worst prefill), or when nothing has proved liveness for
-//! `idle_probe_interval`; never while real traffic advances every engine's
-//! token counters. Their timeout covers the worst prefill queued ahead of
-//! them; a probe that cannot be given such a timeout is deferred, not sent
-//! to be abandoned mid-prefill (INCIDENTS row 4).
+//! or absent samples) or suspicious (past the budget, within the allowance),
+//! or when nothing has proved liveness for `idle_probe_interval`; never while
+//! real traffic advances every engine's counters. Their timeout covers the
+//! work ahead of them — on a serial engine every request running or queued,
+//! each up to the worst prefill plus the worst generation; on a batching one
+//! the queued prefills and one running prefill — so a probe is never
+//! abandoned mid-prefill (INCIDENTS row 4); one that would need more than
+//! `max_probe_timeout` is deferred.
 //!
 //! [`Breaker`] bounds automatic recoveries per pair per window.
 
 use std::collections::VecDeque;
 use std::time::Duration;
 
+use pdwarden_engines::{EngineKind, Health, Moves, PrefillProgress, Signal};
 use serde::Serialize;
 use tokio::time::Instant;
+
+/// A finished probe's tokens show in an engine's counters within this (the
+/// next scrape, or SGLang's next prefill/decode log).
+const CREDIT_GRACE: Duration = Duration::from_secs(2);
 
 /// Budgets and rates of a pair's watch (from `[pair.watch]`).
 #[derive(Debug, Clone, PartialEq)]
@@ -42,11 +71,27 @@ pub struct WatchPolicy {
     pub stall_budget: Duration,
     /// The longest legitimate prefill: `max_prompt_tokens / prefill_tok_per_s`.
     pub max_prefill: Duration,
+    /// The longest legitimate generation: `max_output_tokens / decode_tok_per_s`.
+    pub max_generation: Duration,
+    /// One prefill chunk (`prefill_chunk_tokens`) at the slowest speed; the
+    /// worst prefill when chunking is unknown.
+    pub max_prefill_chunk: Duration,
+    /// One decode step at the slowest decode speed.
+    pub decode_step: Duration,
+    /// How stale an idle engine's gauges may be (SGLang refreshes them at
+    /// most every 30 s while idle); `None`: the profile's figure.
+    pub idle_gauge_refresh: Option<Duration>,
+    /// The longest legitimate KV transfer once a request is prefilled.
+    pub max_kv_transfer: Duration,
+    /// The engines run one request at a time (`suite.concurrency.engines_batch = false`).
+    pub serial: bool,
+    /// The pair's engines, unless a scrape's metric names say otherwise.
+    pub engine: EngineKind,
     /// Without other proof of liveness, at most one probe per this interval.
     pub idle_probe_interval: Duration,
     /// The minimum gap between two probes, whatever the reason.
     pub min_probe_interval: Duration,
-    /// A probe's own budget, before the prefills queued ahead are added.
+    /// A probe's own budget, before the work ahead of it is added.
     pub probe_timeout: Duration,
     /// A probe that would need longer is deferred instead of sent.
     pub max_probe_timeout: Duration,
@@ -54,16 +99,94 @@ pub struct WatchPolicy {
     pub stale_after: Duration,
     /// GPU utilisation (0..1) below which the GPU counts as idle.
     pub gpu_idle_below: f64,
+    /// Tokens one probe may add to an engine's token counters (its prompt
+    /// and output, generously counted).
+    pub probe_tokens: f64,
 }
 
-/// The numbers of one scrape that judgement uses.
+impl WatchPolicy {
+    /// The longest legitimate request: the worst prefill plus the worst generation.
+    pub fn max_request(&self) -> Duration {
+        self.max_prefill + self.max_generation
+    }
+
+    /// The longest an engine of this profile may legitimately show work
+    /// present with its during-work counters flat: one prefill chunk where
+    /// they rise per chunk (SGLang), the whole prefill where they rise only at
+    /// its end (vLLM), and never less than the gauges' idle refresh (SGLang's
+    /// gauges may still show a finished request for up to 30 s).
+    pub fn work_gap(&self, profile: &pdwarden_engines::Profile) -> Duration {
+        let prefill = match profile.prefill_progress {
+            PrefillProgress::PerChunk => self.max_prefill_chunk,
+            PrefillProgress::AtPrefillEnd => self.max_prefill,
+        };
+        let idle = match profile.idle_gauge_refresh_ms {
+            Some(ms) => self.idle_gauge_refresh.unwrap_or(Duration::from_millis(ms)),
+            None => Duration::ZERO,
+        };
+        prefill.max(idle).max(self.decode_step)
+    }
+
+    /// The longest an engine may legitimately make no progress at all with
+    /// work present: its during-work gap, or, without a during-work counter,
+    /// the longest legitimate request.
+    pub fn silence_allowance(&self, profile: &pdwarden_engines::Profile, has_work_signal: bool) -> Duration {
+        if has_work_signal {
+            self.work_gap(profile)
+        } else {
+            self.max_request()
+        }
+    }
+}
+
+/// The numbers of one scrape that judgement uses (`None`: not exposed).
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
 pub struct Metrics {
     pub running: f64,
     pub queued: f64,
     pub generation_tokens: Option<f64>,
     pub prompt_tokens: Option<f64>,
+    pub realtime_tokens: Option<f64>,
+    pub prefill_prealloc: Option<f64>,
+    pub prefill_inflight: Option<f64>,
+    pub decode_prealloc: Option<f64>,
+    pub decode_transfer: Option<f64>,
+    pub transfer_failed: Option<f64>,
+    pub bootstrap_failed: Option<f64>,
     pub gpu_util: Option<f64>,
+    /// The engine whose metric names the scrape found.
+    pub engine: Option<EngineKind>,
+}
+
+impl Metrics {
+    fn counter(&self, s: Signal) -> Option<f64> {
+        match s {
+            Signal::GenerationTokens => self.generation_tokens,
+            Signal::PromptTokens => self.prompt_tokens,
+            Signal::RealtimeTokens => self.realtime_tokens,
+            _ => None,
+        }
+    }
+
+    /// Requests the engine holds in any queue: running, waiting, or in a PD queue.
+    pub fn in_flight(&self) -> f64 {
+        self.running
+            + self.queued
+            + [
+                self.prefill_prealloc,
+                self.prefill_inflight,
+                self.decode_prealloc,
+                self.decode_transfer,
+            ]
+            .iter()
+            .map(|v| v.unwrap_or(0.0).max(0.0))
+            .sum::<f64>()
+    }
+
+    /// Requests whose only work is waiting for KV from the prefill.
+    fn only_waiting_for_kv(&self) -> bool {
+        self.running + self.queued <= 0.0 && self.decode_transfer.unwrap_or(0.0) + self.decode_prealloc.unwrap_or(0.0) > 0.0
+    }
 }
 
 /// One engine sample, stamped on arrival.
@@ -77,6 +200,19 @@ pub struct Sample {
     pub error: String,
 }
 
+/// The token counters of one family (during work, or at finish), summed.
+fn family(m: &Metrics, profile: &pdwarden_engines::Profile, moves: Moves) -> Option<f64> {
+    let mut any = false;
+    let mut sum = 0.0;
+    for metric in profile.metrics.iter().filter(|x| x.moves == moves) {
+        if let Some(v) = m.counter(metric.signal) {
+            any = true;
+            sum += v;
+        }
+    }
+    any.then_some(sum)
+}
+
 /// What the watch knows of one engine, folded sample by sample.
 #[derive(Debug, Clone)]
 pub struct UnitTrack {
@@ -85,18 +221,31 @@ pub struct UnitTrack {
     pub last: Option<Sample>,
     /// The first sample of this watch.
     pub first_at: Option<Instant>,
-    /// When a token counter last advanced (never the first sample).
+    /// When a counter last rose beyond the probes' credit (never the first sample).
     pub last_progress: Option<Instant>,
-    /// Since when requests have been running or queued without a break.
+    /// When a during-work counter last rose beyond the probes' credit.
+    pub last_work_progress: Option<Instant>,
+    /// Since when requests have been in flight without a break.
     pub work_since: Option<Instant>,
+    /// Since when the prefill's inflight queue (KV being sent) has been non-empty.
+    pub inflight_since: Option<Instant>,
+    /// Since when the decode's KV-wait queues have been non-empty.
+    pub kv_wait_since: Option<Instant>,
     /// Health answered 2xx at least once in this watch.
     pub health_seen_ok: bool,
     /// Since when health has not answered 2xx (after `health_seen_ok`).
     pub health_bad_since: Option<Instant>,
     /// Since when the metrics scrape has failed.
     pub scrape_bad_since: Option<Instant>,
-    /// Counters of the last sample that had them.
-    counters: Option<(f64, f64)>,
+    /// The last sample's counter families: (during work, at finish).
+    counters: Option<(Option<f64>, Option<f64>)>,
+    /// Tokens the watch's probes may still add to each family.
+    credit: (f64, f64),
+    /// The credit lapses after this (a probe's tokens show within a scrape
+    /// of its answer); `None` while a probe is in flight.
+    credit_expires: Option<Instant>,
+    /// The last sample carried a counter that rises during work.
+    pub has_work_signal: bool,
 }
 
 impl UnitTrack {
@@ -107,16 +256,38 @@ impl UnitTrack {
             last: None,
             first_at: None,
             last_progress: None,
+            last_work_progress: None,
             work_since: None,
+            inflight_since: None,
+            kv_wait_since: None,
             health_seen_ok: false,
             health_bad_since: None,
             scrape_bad_since: None,
             counters: None,
+            credit: (0.0, 0.0),
+            credit_expires: None,
+            has_work_signal: false,
         }
     }
 
-    /// Folds one sample in.
-    pub fn observe(&mut self, s: Sample) {
+    /// The engine kind of this unit: what its metrics show, else the pair's.
+    pub fn engine(&self, p: &WatchPolicy) -> EngineKind {
+        self.last
+            .as_ref()
+            .and_then(|s| s.metrics)
+            .and_then(|m| m.engine)
+            .unwrap_or(p.engine)
+    }
+
+    /// A probe was sent: it may add up to `tokens` to each counter family.
+    pub fn credit_probe(&mut self, tokens: f64) {
+        let cap = tokens * 4.0;
+        self.credit = ((self.credit.0 + tokens).min(cap), (self.credit.1 + tokens).min(cap));
+        self.credit_expires = None;
+    }
+
+    /// Folds one sample in; `engine` is the pair's engine kind.
+    pub fn observe(&mut self, s: Sample, engine: EngineKind) {
         self.first_at.get_or_insert(s.at);
         let health_ok = (200..300).contains(&s.health_status);
         if health_ok {
@@ -131,32 +302,79 @@ impl UnitTrack {
             }
             Some(m) => {
                 self.scrape_bad_since = None;
-                let now = (m.generation_tokens.unwrap_or(0.0), m.prompt_tokens.unwrap_or(0.0));
+                if self.credit_expires.is_some_and(|t| s.at > t) {
+                    self.credit = (0.0, 0.0);
+                    self.credit_expires = None;
+                }
+                let profile = m.engine.unwrap_or(engine).profile();
+                let now = (family(m, profile, Moves::DuringWork), family(m, profile, Moves::AtFinish));
+                self.has_work_signal = now.0.is_some();
                 if let Some(prev) = self.counters {
-                    if now.0 < prev.0 || now.1 < prev.1 {
+                    let back = |a: Option<f64>, b: Option<f64>| matches!((a, b), (Some(a), Some(b)) if a < b);
+                    if back(now.0, prev.0) || back(now.1, prev.1) {
                         // Counters went backwards: a new process. Start over.
                         self.work_since = None;
                         self.last_progress = None;
-                    } else if now.0 > prev.0 || now.1 > prev.1 {
-                        self.last_progress = Some(s.at);
+                        self.last_work_progress = None;
+                        self.inflight_since = None;
+                        self.kv_wait_since = None;
+                        self.credit = (0.0, 0.0);
+                    } else {
+                        let delta = |a: Option<f64>, b: Option<f64>| match (a, b) {
+                            (Some(a), Some(b)) => a - b,
+                            _ => 0.0,
+                        };
+                        let (dw, df) = (delta(now.0, prev.0), delta(now.1, prev.1));
+                        let beyond = |d: f64, credit: &mut f64| {
+                            if d <= 0.0 {
+                                return false;
+                            }
+                            if d <= *credit {
+                                *credit -= d;
+                                false
+                            } else {
+                                *credit = 0.0;
+                                true
+                            }
+                        };
+                        let work = beyond(dw, &mut self.credit.0);
+                        let finish = beyond(df, &mut self.credit.1);
+                        if work {
+                            self.last_work_progress = Some(s.at);
+                        }
+                        if work || finish {
+                            self.last_progress = Some(s.at);
+                        }
                     }
                 }
                 self.counters = Some(now);
-                if m.running + m.queued > 0.0 {
-                    self.work_since.get_or_insert(s.at);
-                } else {
-                    self.work_since = None;
-                }
+                let since = |slot: &mut Option<Instant>, present: bool| {
+                    if present {
+                        slot.get_or_insert(s.at);
+                    } else {
+                        *slot = None;
+                    }
+                };
+                since(&mut self.work_since, m.in_flight() > 0.0);
+                since(&mut self.inflight_since, m.prefill_inflight.unwrap_or(0.0) > 0.0);
+                since(
+                    &mut self.kv_wait_since,
+                    m.decode_transfer.unwrap_or(0.0) + m.decode_prealloc.unwrap_or(0.0) > 0.0,
+                );
             }
         }
         self.last = Some(s);
     }
 
-    /// How long work has been present without progress.
-    fn stalled_for(&self, now: Instant) -> Option<Duration> {
+    /// Since when work has been present without progress.
+    fn silent_since(&self) -> Option<Instant> {
         let since = self.work_since?;
-        let silent_since = self.last_progress.map_or(since, |p| p.max(since));
-        Some(now.saturating_duration_since(silent_since))
+        Some(self.last_progress.map_or(since, |p| p.max(since)))
+    }
+
+    /// Whether a counter rose beyond the probes' credit after `t`.
+    fn progressed_after(&self, t: Instant) -> bool {
+        self.last_progress.is_some_and(|p| p > t)
     }
 }
 
@@ -192,6 +410,8 @@ pub struct PairEvidence {
     pub last_probe_done: Option<Instant>,
     /// When liveness was last proven by a probe or a healthy operation, and how.
     pub last_proof: Option<(Instant, String)>,
+    /// When a probe last succeeded (a stall it survived is a partial wedge).
+    pub last_probe_ok: Option<Instant>,
 }
 
 impl PairEvidence {
@@ -203,19 +423,35 @@ impl PairEvidence {
             last_probe: None,
             last_probe_done: None,
             last_proof: None,
+            last_probe_ok: None,
         }
     }
 
-    pub fn observe(&mut self, unit: &str, sample: Sample) {
+    pub fn observe(&mut self, unit: &str, sample: Sample, engine: EngineKind) {
         if let Some(u) = self.units.iter_mut().find(|u| u.unit == unit) {
-            u.observe(sample);
+            u.observe(sample, engine);
+        }
+    }
+
+    /// A probe leaves: every engine is credited with the tokens it may add.
+    pub fn probe_sent(&mut self, now: Instant, tokens: f64) {
+        self.probe_in_flight = true;
+        self.last_probe_sent = Some(now);
+        for u in &mut self.units {
+            u.credit_probe(tokens);
         }
     }
 
     pub fn probe_done(&mut self, record: ProbeRecord, done_at: Instant) {
         self.probe_in_flight = false;
+        for u in &mut self.units {
+            if u.credit != (0.0, 0.0) {
+                u.credit_expires = Some(done_at + CREDIT_GRACE);
+            }
+        }
         if matches!(record.outcome, ProbeOutcome::Ok { .. }) {
             self.last_proof = Some((done_at, format!("probe through {} answered", record.target)));
+            self.last_probe_ok = Some(done_at);
         }
         self.last_probe = Some(record);
         self.last_probe_done = Some(done_at);
@@ -228,6 +464,7 @@ impl PairEvidence {
         }
         self.probe_in_flight = false;
         self.last_probe = None;
+        self.last_probe_ok = None;
         self.last_proof = proof;
     }
 }
@@ -248,6 +485,47 @@ pub enum UnitState {
     Unknown,
 }
 
+/// Which kind of wedge the evidence shows (the detection-time metric's label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WedgeKind {
+    /// Requests present, nothing progresses (seed 001's leaked slot).
+    Stall,
+    /// Real requests stall while the watch's own short probes are answered.
+    PartialStall,
+    /// Prefilled requests never reach their decode (seed 004).
+    KvTransfer,
+    /// A probe covering the work ahead timed out while health said 200 (seeds 002, 003).
+    SilentGeneration,
+    /// Health through the scheduler failed for longer than any prefill, with no progress.
+    HealthGoneBad,
+}
+
+impl WedgeKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Stall => "stall",
+            Self::PartialStall => "partial_stall",
+            Self::KvTransfer => "kv_transfer",
+            Self::SilentGeneration => "silent_generation",
+            Self::HealthGoneBad => "health_gone_bad",
+        }
+    }
+}
+
+/// Why a wedge is not legitimate work: what the journaled trigger carries.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WedgeEvidence {
+    pub kind: WedgeKind,
+    /// When the silence began (detection time is measured from here).
+    #[serde(skip)]
+    pub onset: Instant,
+    /// How long the silence had lasted when the wedge was confirmed.
+    pub silent_ms: u64,
+    /// How the evidence rules out legitimate work, one line per argument.
+    pub ruled_out: Vec<String>,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct UnitAssessment {
     pub unit: String,
@@ -256,6 +534,8 @@ pub struct UnitAssessment {
     pub reasons: Vec<String>,
     pub metrics: Option<Metrics>,
     pub health_status: u16,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wedge: Option<WedgeEvidence>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -304,11 +584,17 @@ pub struct Assessment {
     pub reasons: Vec<String>,
     pub units: Vec<UnitAssessment>,
     pub probe: ProbeDecision,
+    /// Set when `state` is `Wedged`: the kind, the onset, and what ruled out honest work.
+    pub wedge: Option<WedgeEvidence>,
 }
 
 fn s(d: Duration) -> String {
     let ms = d.as_millis() as u64;
     crate::verdict::secs(ms)
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 fn health_phrase(status: u16) -> String {
@@ -319,7 +605,11 @@ fn health_phrase(status: u16) -> String {
     }
 }
 
-fn assess_unit(u: &UnitTrack, p: &WatchPolicy, now: Instant) -> UnitAssessment {
+fn num(v: Option<f64>) -> String {
+    v.map_or("?".into(), |v| format!("{v}"))
+}
+
+fn assess_unit(u: &UnitTrack, p: &WatchPolicy, now: Instant, last_probe_ok: Option<Instant>) -> UnitAssessment {
     let mut a = UnitAssessment {
         unit: u.unit.clone(),
         role: u.role.clone(),
@@ -327,6 +617,7 @@ fn assess_unit(u: &UnitTrack, p: &WatchPolicy, now: Instant) -> UnitAssessment {
         reasons: Vec::new(),
         metrics: u.last.as_ref().and_then(|s| s.metrics),
         health_status: u.last.as_ref().map_or(0, |s| s.health_status),
+        wedge: None,
     };
     let Some(last) = &u.last else {
         a.reasons.push(format!("{}: no sample yet", u.unit));
@@ -364,116 +655,202 @@ fn assess_unit(u: &UnitTrack, p: &WatchPolicy, now: Instant) -> UnitAssessment {
         }
         return a;
     };
-    // SGLang's /health runs a one-token generation through the scheduler and
-    // answers 503 after 20 s without scheduler output; a long prefill gives
-    // none until it ends (sgl-project/sglang#22511). So with work present on
-    // a GPU not known idle, health may stay bad for as long as the worst
-    // legitimate prefill before that alone is a wedge.
-    let mut health_note = None;
+    let engine = u.engine(p);
+    let profile = engine.profile();
+    let gpu_idle = m.gpu_util.is_some_and(|g| g < p.gpu_idle_below);
+    let gpu = match m.gpu_util {
+        Some(g) => format!("GPU utilisation {:.0} %", g * 100.0),
+        None => "GPU utilisation unknown".into(),
+    };
+    let queues = format!(
+        "{} running, {} queued{}",
+        m.running,
+        m.queued,
+        match (m.prefill_inflight, m.decode_transfer) {
+            (Some(i), _) if i > 0.0 => format!(", {i} sending KV"),
+            (_, Some(t)) if t > 0.0 => format!(", {t} waiting for KV"),
+            _ => String::new(),
+        }
+    );
+
+    // Stall: work present, no progress beyond the probes' credit.
+    let mut stall_state = None;
+    if let Some(silent_since) = u.silent_since() {
+        let stalled = now.saturating_duration_since(silent_since);
+        let kv_only = m.only_waiting_for_kv();
+        let (allowance, why_allowance, ruled_out) = if gpu_idle {
+            (
+                Duration::ZERO,
+                format!("stall budget {} with the GPU idle", s(p.stall_budget)),
+                format!("{gpu} < {:.0} %: nothing is computing", p.gpu_idle_below * 100.0),
+            )
+        } else if u.has_work_signal {
+            let gap = p.work_gap(profile);
+            let mut allow = gap;
+            let mut why = format!(
+                "stall budget {} + {} that {} may legitimately stay flat ({})",
+                s(p.stall_budget),
+                s(gap),
+                during_work_names(profile),
+                match profile.prefill_progress {
+                    PrefillProgress::PerChunk => "one prefill chunk at the slowest speed, or the gauges' idle refresh",
+                    PrefillProgress::AtPrefillEnd => "the worst prefill: it counts nothing until the prefill ends",
+                }
+            );
+            if kv_only {
+                allow = allow.max(p.max_prefill + p.max_kv_transfer);
+                why = format!(
+                    "stall budget {} + worst prefill {} + KV transfer {} (requests waiting for KV wait for the prefill's compute)",
+                    s(p.stall_budget),
+                    s(p.max_prefill),
+                    s(p.max_kv_transfer)
+                );
+            }
+            (
+                allow,
+                why,
+                format!(
+                    "{} rises during work and has not risen beyond the probes' own tokens for {} > {} it can legitimately stay flat",
+                    during_work_names(profile),
+                    s(stalled),
+                    s(allow)
+                ),
+            )
+        } else {
+            let mut allow = p.max_request();
+            if kv_only {
+                allow += p.max_kv_transfer;
+            }
+            (
+                allow,
+                format!(
+                    "stall budget {} + the longest legitimate request {} (worst prefill {} + worst generation {}); this engine exposes no counter that rises during work",
+                    s(p.stall_budget),
+                    s(p.max_request()),
+                    s(p.max_prefill),
+                    s(p.max_generation)
+                ),
+                format!(
+                    "no request finished for {}, longer than any legitimate prefill plus generation",
+                    s(stalled)
+                ),
+            )
+        };
+        let line = format!(
+            "{}: {queues}, generation_tokens_total {} prompt_tokens_total {} realtime_tokens_total {}, no progress for {} ({gpu}; {why_allowance}); {}",
+            u.unit,
+            num(m.generation_tokens),
+            num(m.prompt_tokens),
+            num(m.realtime_tokens),
+            s(stalled),
+            health_phrase(last.health_status)
+        );
+        if stalled >= p.stall_budget + allowance {
+            let partial = last_probe_ok.is_some_and(|t| t > silent_since);
+            a.state = UnitState::Wedged;
+            let mut ruled = vec![ruled_out];
+            if partial {
+                ruled.push(format!(
+                    "the watch's own short probe was answered during the stall: the engine serves a probe but not its {queues}"
+                ));
+            }
+            a.wedge = Some(WedgeEvidence {
+                kind: if partial { WedgeKind::PartialStall } else { WedgeKind::Stall },
+                onset: silent_since,
+                silent_ms: ms(stalled),
+                ruled_out: ruled,
+            });
+            a.reasons.push(format!(
+                "{line}: {}",
+                if partial { "wedged (partial: probes pass, real requests stall)" } else { "wedged" }
+            ));
+            return a;
+        }
+        if stalled >= p.stall_budget {
+            stall_state = Some(UnitState::Stalled);
+            a.reasons.push(format!("{line}: past the stall budget, within the allowance"));
+        } else {
+            stall_state = Some(UnitState::Serving);
+        }
+    }
+
+    // Health gone bad with /metrics answering, and nothing progressing since.
     if let Some(bad) = u.health_bad_since {
         let bad_for = now.saturating_duration_since(bad);
-        let gpu_idle = m.gpu_util.is_some_and(|g| g < p.gpu_idle_below);
-        let busy = m.running + m.queued > 0.0 && !gpu_idle;
-        let threshold = if busy {
-            p.stall_budget + p.max_prefill
-        } else {
-            p.stall_budget
+        let busy = m.in_flight() > 0.0 && !gpu_idle;
+        let scheduler = profile.health_waits_for_scheduler();
+        let allowance = match scheduler {
+            Some(_) if busy => p.max_prefill,
+            _ => Duration::ZERO,
         };
         let last_status = if last.health_status == 0 {
             "no answer".to_string()
         } else {
             last.health_status.to_string()
         };
-        if bad_for >= threshold {
+        let progressed = u.progressed_after(bad);
+        if bad_for >= p.stall_budget + allowance && !progressed {
             a.state = UnitState::Wedged;
-            let allowance = if busy {
-                format!(
-                    " (past the stall budget {} + worst prefill {} allowed while work is present)",
-                    s(p.stall_budget),
-                    s(p.max_prefill)
-                )
-            } else {
-                String::new()
+            let meaning = match profile.health {
+                Health::ThroughScheduler { timeout_ms, .. } => format!(
+                    "{} health runs a generation through the scheduler and fails after {} without scheduler output",
+                    engine.as_str(),
+                    s(Duration::from_millis(timeout_ms))
+                ),
+                Health::EngineAlive => format!("{} health fails only once the engine core has died", engine.as_str()),
+                Health::RouterProcess => "a router's health".into(),
             };
+            let mut ruled = vec![
+                meaning,
+                format!("no counter rose in the {} since health failed", s(bad_for)),
+            ];
+            if allowance > Duration::ZERO {
+                ruled.push(format!(
+                    "with {queues} a prefill may keep health failing for at most the worst prefill {}; that has passed",
+                    s(p.max_prefill)
+                ));
+            }
+            a.wedge = Some(WedgeEvidence {
+                kind: WedgeKind::HealthGoneBad,
+                onset: bad,
+                silent_ms: ms(bad_for),
+                ruled_out: ruled,
+            });
             a.reasons.push(format!(
-                "{}: health answered 200 earlier but has not for {} (last: {}) while /metrics answers ({} running, {} queued){allowance}",
+                "{}: health answered 200 earlier but has not for {} (last: {}) while /metrics answers ({queues}) and nothing progressed since (allowed: stall budget {}{})",
                 u.unit,
                 s(bad_for),
                 last_status,
-                m.running,
-                m.queued
+                s(p.stall_budget),
+                if allowance > Duration::ZERO {
+                    format!(" + worst prefill {} while work is present", s(p.max_prefill))
+                } else {
+                    String::new()
+                }
             ));
             return a;
         }
         if bad_for >= p.stall_budget {
-            health_note = Some(format!(
-                "{}: health has not answered 200 for {} (last: {}) with {} running, {} queued: an engine busy with a prefill answers health late; within the worst prefill {}",
-                u.unit,
-                s(bad_for),
-                last_status,
-                m.running,
-                m.queued,
-                s(p.max_prefill)
-            ));
+            a.state = UnitState::Stalled;
+            a.reasons.push(if progressed {
+                format!(
+                    "{}: health has not answered 200 for {} (last: {last_status}) but counters rose since: the engine works",
+                    u.unit,
+                    s(bad_for)
+                )
+            } else {
+                format!(
+                    "{}: health has not answered 200 for {} (last: {last_status}) with {queues}: an engine busy with a prefill answers health late; within the worst prefill {}",
+                    u.unit,
+                    s(bad_for),
+                    s(p.max_prefill)
+                )
+            });
+            return a;
         }
     }
-    if let Some(stalled) = u.stalled_for(now) {
-        let gpu_idle = m.gpu_util.is_some_and(|g| g < p.gpu_idle_below);
-        let threshold = if gpu_idle {
-            p.stall_budget
-        } else {
-            p.stall_budget + p.max_prefill
-        };
-        let counters = format!(
-            "generation_tokens_total stuck at {} and prompt_tokens_total at {}",
-            m.generation_tokens.map_or("?".into(), |v| format!("{v}")),
-            m.prompt_tokens.map_or("?".into(), |v| format!("{v}"))
-        );
-        let gpu = match m.gpu_util {
-            Some(g) => format!("GPU utilisation {:.0} %", g * 100.0),
-            None => "GPU utilisation unknown".into(),
-        };
-        let why_threshold = if gpu_idle {
-            format!("stall budget {} with the GPU idle", s(p.stall_budget))
-        } else {
-            format!(
-                "stall budget {} + worst prefill {}",
-                s(p.stall_budget),
-                s(p.max_prefill)
-            )
-        };
-        let line = format!(
-            "{}: {} running, {} queued, {} for {} ({}; {}); {}",
-            u.unit,
-            m.running,
-            m.queued,
-            counters,
-            s(stalled),
-            gpu,
-            why_threshold,
-            health_phrase(last.health_status)
-        );
-        if stalled >= threshold {
-            a.state = UnitState::Wedged;
-            a.reasons.push(format!("{line}: wedged"));
-        } else if stalled >= p.stall_budget {
-            a.state = UnitState::Stalled;
-            a.reasons
-                .push(format!("{line}: past the stall budget, within the worst prefill"));
-        } else {
-            a.state = UnitState::Serving;
-        }
-        if let Some(note) = health_note
-            && a.state != UnitState::Wedged
-        {
-            a.state = UnitState::Stalled;
-            a.reasons.push(note);
-        }
-        return a;
-    }
-    if let Some(note) = health_note {
-        a.state = UnitState::Stalled;
-        a.reasons.push(note);
+    if let Some(st) = stall_state {
+        a.state = st;
         return a;
     }
     let recent = u
@@ -483,9 +860,81 @@ fn assess_unit(u: &UnitTrack, p: &WatchPolicy, now: Instant) -> UnitAssessment {
     a
 }
 
+fn during_work_names(profile: &pdwarden_engines::Profile) -> String {
+    profile
+        .metrics
+        .iter()
+        .filter(|m| m.moves == Moves::DuringWork)
+        .map(|m| m.name)
+        .collect::<Vec<_>>()
+        .join(" + ")
+}
+
+/// Seed 004: a prefill's KV never reaches its decode. Both PD queues hold
+/// requests without a break past the budget plus the longest transfer, and
+/// the decode progressed with nothing meanwhile.
+fn kv_transfer_stuck(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Option<(String, WedgeEvidence)> {
+    let stale = |u: &UnitTrack| u.last.as_ref().is_none_or(|s| now.saturating_duration_since(s.at) > p.stale_after);
+    let limit = p.stall_budget + p.max_kv_transfer;
+    let prefill = e
+        .units
+        .iter()
+        .filter(|u| !stale(u))
+        .filter_map(|u| u.inflight_since.map(|t| (u, t)))
+        .filter(|(_, t)| now.saturating_duration_since(*t) >= limit)
+        .min_by_key(|(_, t)| *t)?;
+    let decode = e
+        .units
+        .iter()
+        .filter(|u| !stale(u))
+        .filter_map(|u| u.kv_wait_since.map(|t| (u, t)))
+        .filter(|(u, t)| now.saturating_duration_since(*t) >= limit && !u.progressed_after(*t))
+        .min_by_key(|(_, t)| *t)?;
+    let onset = prefill.1.max(decode.1);
+    let silent = now.saturating_duration_since(onset);
+    let pm = prefill.0.last.as_ref().and_then(|s| s.metrics).unwrap_or_default();
+    let dm = decode.0.last.as_ref().and_then(|s| s.metrics).unwrap_or_default();
+    let reason = format!(
+        "{} has held {} prefilled request(s) sending KV for {} and {} {} waiting for KV for {}, and {} has progressed with nothing since: a KV transfer takes at most {} (stall budget {} + {}); {}, {}",
+        prefill.0.unit,
+        num(pm.prefill_inflight),
+        s(now.saturating_duration_since(prefill.1)),
+        decode.0.unit,
+        num(dm.decode_transfer),
+        s(now.saturating_duration_since(decode.1)),
+        decode.0.unit,
+        s(p.max_kv_transfer),
+        s(p.stall_budget),
+        s(p.max_kv_transfer),
+        health_phrase(prefill.0.last.as_ref().map_or(0, |s| s.health_status)),
+        health_phrase(decode.0.last.as_ref().map_or(0, |s| s.health_status)),
+    );
+    let evidence = WedgeEvidence {
+        kind: WedgeKind::KvTransfer,
+        onset,
+        silent_ms: ms(silent),
+        ruled_out: vec![
+            format!(
+                "the prefill finished computing those requests (they are in its inflight queue): no prefill is still running for them"
+            ),
+            format!(
+                "a legitimate transfer ends within {}; both queues stayed non-empty for {}",
+                s(p.max_kv_transfer),
+                s(silent)
+            ),
+            format!("{} finished or generated nothing in that time", decode.0.unit),
+        ],
+    };
+    Some((reason, evidence))
+}
+
 /// Judges a pair at `now`.
 pub fn judge(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Assessment {
-    let units: Vec<UnitAssessment> = e.units.iter().map(|u| assess_unit(u, p, now)).collect();
+    let units: Vec<UnitAssessment> = e
+        .units
+        .iter()
+        .map(|u| assess_unit(u, p, now, e.last_probe_ok))
+        .collect();
     let any = |st: UnitState| units.iter().any(|u| u.state == st);
     let unit_reasons = |st: &[UnitState]| -> Vec<String> {
         units
@@ -501,17 +950,22 @@ pub fn judge(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Assessment {
         .map(|u| u.last_progress)
         .collect::<Option<Vec<_>>>()
         .and_then(|v| v.into_iter().min());
-    let progress_since = |t: Instant| e.units.iter().any(|u| u.last_progress.is_some_and(|p| p > t));
     let proof_at = [traffic_proof, e.last_proof.as_ref().map(|p| p.0)]
         .into_iter()
         .flatten()
         .max();
     let proof_fresh = |within: Duration| proof_at.is_some_and(|t| now.saturating_duration_since(t) < within);
 
-    let failed_probe = e
-        .last_probe
-        .as_ref()
-        .filter(|r| !matches!(r.outcome, ProbeOutcome::Ok { .. }) && !progress_since(r.sent_at));
+    // A failed probe stands unless every engine progressed after it was sent.
+    let failed_probe = e.last_probe.as_ref().filter(|r| {
+        !matches!(r.outcome, ProbeOutcome::Ok { .. }) && !e.units.iter().all(|u| u.progressed_after(r.sent_at))
+    });
+    let served_others = e.last_probe.as_ref().filter(|r| {
+        !matches!(r.outcome, ProbeOutcome::Ok { .. })
+            && !e.units.is_empty()
+            && e.units.iter().all(|u| u.progressed_after(r.sent_at))
+            && e.last_probe_done.is_some_and(|d| now.saturating_duration_since(d) < p.idle_probe_interval)
+    });
     let health_line = || {
         units
             .iter()
@@ -520,8 +974,16 @@ pub fn judge(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Assessment {
             .join(", ")
     };
 
+    let mut wedge = None;
     let (state, reasons) = if any(UnitState::Wedged) {
+        wedge = units
+            .iter()
+            .filter_map(|u| u.wedge.clone())
+            .min_by_key(|w| w.onset);
         (PairState::Wedged, unit_reasons(&[UnitState::Wedged]))
+    } else if let Some((reason, evidence)) = kv_transfer_stuck(e, p, now) {
+        wedge = Some(evidence);
+        (PairState::Wedged, vec![reason])
     } else if let Some(
         r @ ProbeRecord {
             outcome: ProbeOutcome::Timeout { after_ms },
@@ -529,16 +991,56 @@ pub fn judge(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Assessment {
         },
     ) = failed_probe
         && units.iter().all(|u| (200..300).contains(&u.health_status))
+        && e.units.iter().any(|u| {
+            !u.progressed_after(r.sent_at)
+                && now.saturating_duration_since(r.sent_at)
+                    >= p.silence_allowance(u.engine(p).profile(), u.has_work_signal)
+        })
     {
+        let silent: Vec<&str> = e
+            .units
+            .iter()
+            .filter(|u| !u.progressed_after(r.sent_at))
+            .filter(|u| {
+                // Silent for longer than a legitimate prefill chunk (or request)
+                // that the engine's stale gauges may not show yet.
+                let allow = p.silence_allowance(u.engine(p).profile(), u.has_work_signal);
+                now.saturating_duration_since(r.sent_at) >= allow
+            })
+            .map(|u| u.unit.as_str())
+            .collect();
+        let covered = format!(
+            "its timeout {} covered {} request(s) ahead at up to {} each{}",
+            s(r.timeout),
+            r.work_ahead,
+            s(if p.serial { p.max_request() } else { p.max_prefill }),
+            if p.serial {
+                " (serial engines: each runs its whole prefill and generation first)"
+            } else {
+                ""
+            }
+        );
+        wedge = Some(WedgeEvidence {
+            kind: WedgeKind::SilentGeneration,
+            onset: r.sent_at,
+            silent_ms: ms(now.saturating_duration_since(r.sent_at)),
+            ruled_out: vec![
+                covered.clone(),
+                format!(
+                    "{} progressed with nothing beyond the probe's own tokens since it was sent",
+                    silent.join(", ")
+                ),
+                "health 200 does not prove generation (INCIDENTS row 3)".into(),
+            ],
+        });
         (
             PairState::Wedged,
             vec![format!(
-                "{} through {} timed out after {} (its timeout covered {} request(s) ahead at up to {} of prefill each); no engine produced a token since it was sent, while {}",
+                "{} through {} timed out after {} ({covered}); {} produced nothing since it was sent, while {}",
                 probe_name(r),
                 r.target,
                 s(Duration::from_millis(*after_ms)),
-                r.work_ahead,
-                s(p.max_prefill),
+                silent.join(", "),
                 health_line()
             )],
         )
@@ -553,7 +1055,16 @@ pub fn judge(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Assessment {
         (
             PairState::Suspect,
             vec![format!(
-                "{} through {} {what}; no engine has produced a token since",
+                "{} through {} {what}; not every engine has progressed since",
+                probe_name(r),
+                r.target
+            )],
+        )
+    } else if let Some(r) = served_others {
+        (
+            PairState::Suspect,
+            vec![format!(
+                "{} through {} failed, yet every engine progressed since: the pair serves other requests (a partial wedge is judged by the stall rule)",
                 probe_name(r),
                 r.target
             )],
@@ -591,6 +1102,24 @@ pub fn judge(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Assessment {
         reasons,
         units,
         probe,
+        wedge,
+    }
+}
+
+/// The requests ahead of a probe on one engine, and the time they may
+/// legitimately take: on a serial engine each runs its whole prefill and
+/// generation first; on a batching one the queued ones are prefilled first
+/// and at most one running prefill holds the batch.
+fn work_ahead(m: &Metrics, p: &WatchPolicy) -> (u32, Duration) {
+    let count = |v: f64| v.max(0.0).ceil() as u32;
+    let running = count(m.running);
+    let queued = count(m.queued + m.prefill_prealloc.unwrap_or(0.0) + m.decode_prealloc.unwrap_or(0.0));
+    if p.serial {
+        let n = running + queued;
+        (n, p.max_request() * n)
+    } else {
+        let n = queued + u32::from(running > 0);
+        (running + queued, p.max_prefill * n)
     }
 }
 
@@ -641,19 +1170,35 @@ fn decide_probe(
         }
         _ => return ProbeDecision::None,
     };
-    // A probe must not be abandoned mid-prefill: its timeout covers every
-    // request ahead of it on the busiest engine, each at the worst prefill.
-    let work_ahead = units
+    // A probe must not be abandoned mid-prefill: its timeout covers the work
+    // ahead of it on the busiest engine.
+    let (work_ahead, ahead) = units
         .iter()
-        .filter_map(|u| u.metrics.map(|m| (m.running + m.queued).max(0.0).ceil() as u32))
+        .filter_map(|u| u.metrics.map(|m| work_ahead(&m, p)))
+        .max_by_key(|(_, d)| *d)
+        .unwrap_or((0, Duration::ZERO));
+    // And at least one legitimate silence of the slowest engine: a prefill
+    // chunk in progress that its stale gauges do not show yet. A probe that
+    // times out is then evidence, not bad luck.
+    let floor = e
+        .units
+        .iter()
+        .map(|u| p.silence_allowance(u.engine(p).profile(), u.has_work_signal))
         .max()
-        .unwrap_or(0);
-    let timeout = p.probe_timeout + p.max_prefill * work_ahead;
+        .unwrap_or(Duration::ZERO);
+    let timeout = p.probe_timeout + ahead.max(floor);
+    let each = if p.serial {
+        format!(
+            "up to {} each (worst prefill + worst generation: the engines are serial)",
+            s(p.max_request())
+        )
+    } else {
+        format!("up to {} of prefill", s(p.max_prefill))
+    };
     if timeout > p.max_probe_timeout {
         return ProbeDecision::Defer {
             why: format!(
-                "{why}, but {work_ahead} request(s) are ahead of a probe: covering them at up to {} of prefill each needs {} (> max {}); waiting instead of risking an abandoned prefill",
-                s(p.max_prefill),
+                "{why}, but {work_ahead} request(s) are ahead of a probe: covering them at {each} needs {} (> max {}); waiting instead of risking an abandoned prefill",
                 s(timeout),
                 s(p.max_probe_timeout)
             ),
@@ -797,30 +1342,44 @@ mod tests {
     use super::*;
 
     /// Defaults of `[pair.watch]`, with seed 001's serial engine: prompts up
-    /// to 50,000 tokens at 250 tok/s → a worst prefill of 200 s.
+    /// to 50,000 tokens at 250 tok/s → a worst prefill of 200 s (chunking
+    /// unknown, so a chunk is the whole prefill); outputs up to 1,000 tokens
+    /// at 10 tok/s → a worst generation of 100 s.
     fn policy() -> WatchPolicy {
         WatchPolicy {
             stall_budget: Duration::from_secs(8),
             max_prefill: Duration::from_secs(200),
+            max_generation: Duration::from_secs(100),
+            max_prefill_chunk: Duration::from_secs(200),
+            decode_step: Duration::from_millis(100),
+            idle_gauge_refresh: None,
+            max_kv_transfer: Duration::from_secs(10),
+            serial: true,
+            engine: EngineKind::Sglang,
             idle_probe_interval: Duration::from_secs(60),
             min_probe_interval: Duration::from_secs(5),
             probe_timeout: Duration::from_secs(120),
-            max_probe_timeout: Duration::from_secs(600),
+            max_probe_timeout: Duration::from_secs(1_200),
             stale_after: Duration::from_secs(5),
             gpu_idle_below: 0.05,
+            probe_tokens: 100.0,
         }
     }
 
-    fn sample(at: Instant, running: f64, queued: f64, generated: f64, prompt: f64, gpu: Option<f64>) -> Sample {
+    /// An SGLang sample: `realtime` is `realtime_tokens_total` (rises during
+    /// work), `finished` the at-finish token counters' sum.
+    fn sample(at: Instant, running: f64, queued: f64, realtime: f64, finished: f64, gpu: Option<f64>) -> Sample {
         Sample {
             at,
             health_status: 200,
             metrics: Some(Metrics {
                 running,
                 queued,
-                generation_tokens: Some(generated),
-                prompt_tokens: Some(prompt),
+                generation_tokens: Some(finished),
+                prompt_tokens: Some(0.0),
+                realtime_tokens: Some(realtime),
                 gpu_util: gpu,
+                ..Metrics::default()
             }),
             error: String::new(),
         }
@@ -833,53 +1392,81 @@ mod tests {
         ])
     }
 
+    fn observe(e: &mut PairEvidence, unit: &str, s: Sample) {
+        e.observe(unit, s, EngineKind::Sglang);
+    }
+
     /// Feeds one sample per second to both units from `from` for `secs` s;
-    /// `f(t)` gives (prefill, decode) samples' fields. Returns every
-    /// assessment, one per second.
+    /// `f(t)` gives (prefill, decode) samples. Returns every assessment, one
+    /// per second.
+    fn run_with(
+        e: &mut PairEvidence,
+        p: &WatchPolicy,
+        t0: Instant,
+        secs: u64,
+        f: impl Fn(u64, Instant) -> [Sample; 2],
+    ) -> Vec<Assessment> {
+        (0..=secs)
+            .map(|t| {
+                let now = t0 + Duration::from_secs(t);
+                let [a, b] = f(t, now);
+                observe(e, "prefill-0", a);
+                observe(e, "decode-0", b);
+                judge(e, p, now)
+            })
+            .collect()
+    }
+
+    /// `run_with` for plain samples: (running, queued, realtime, finished, gpu).
     fn run(
         e: &mut PairEvidence,
         t0: Instant,
         secs: u64,
         f: impl Fn(u64) -> [(f64, f64, f64, f64, Option<f64>); 2],
     ) -> Vec<Assessment> {
-        let p = policy();
-        (0..=secs)
-            .map(|t| {
-                let now = t0 + Duration::from_secs(t);
-                let [a, b] = f(t);
-                e.observe("prefill-0", sample(now, a.0, a.1, a.2, a.3, a.4));
-                e.observe("decode-0", sample(now, b.0, b.1, b.2, b.3, b.4));
-                judge(e, &p, now)
-            })
-            .collect()
+        run_with(e, &policy(), t0, secs, |t, now| {
+            let [a, b] = f(t);
+            [
+                sample(now, a.0, a.1, a.2, a.3, a.4),
+                sample(now, b.0, b.1, b.2, b.3, b.4),
+            ]
+        })
+    }
+
+    fn first_wedged(out: &[Assessment]) -> Option<usize> {
+        out.iter().position(|a| a.state == PairState::Wedged)
     }
 
     /// INCIDENTS row 4: the serial prefill leaked its slot on the abandoned
     /// 41,818-token prompt; the next 18-token request queues forever, health
-    /// 200. Without GPU evidence it is a wedge once the stall outlasts the
-    /// worst prefill (200 s) plus the budget (8 s) — not before, since a real
-    /// 41,818-token prefill at 250 tok/s takes 167 s — and the reason names
-    /// the numbers.
+    /// 200. Without GPU evidence it is a wedge once realtime_tokens_total has
+    /// been flat for the budget (8 s) plus the longest legitimate flat spell
+    /// (one chunk at the slowest speed: here the whole worst prefill, 200 s) —
+    /// not before, since a real 41,818-token prefill at 250 tok/s takes 167 s —
+    /// and the reason names the numbers.
     #[test]
     fn row4_slot_leak_is_wedged_after_the_worst_prefill_not_before() {
         let t0 = Instant::now();
         let mut e = pair();
         let out = run(&mut e, t0, 220, |t| {
-            // t = 0: the long prompt is admitted (prompt counter +41,818).
-            let prompt = if t == 0 { 100.0 } else { 41_918.0 };
-            [(1.0, 1.0, 50.0, prompt, None), (0.0, 0.0, 400.0, 18.0, None)]
+            // t = 1: the last chunk the engine computed before the leak.
+            let realtime = if t == 0 { 100.0 } else { 8_292.0 };
+            [(1.0, 1.0, realtime, 50.0, None), (0.0, 0.0, 400.0, 18.0, None)]
         });
-        // A legitimate 41,818-token prefill at 250 tok/s ends at 167 s: not flagged.
         assert!(out[..=167].iter().all(|a| a.state != PairState::Wedged));
         assert_eq!(out[100].state, PairState::Suspect, "{:?}", out[100].reasons);
-        let first = out.iter().position(|a| a.state == PairState::Wedged).unwrap();
-        assert_eq!(first, 209, "stall counted from the admission at 1 s");
-        let r = out[first].reasons.join("\n");
+        let first = first_wedged(&out).unwrap();
+        assert_eq!(first, 209, "stall counted from the last progress at 1 s");
+        let a = &out[first];
+        let r = a.reasons.join("\n");
         assert!(r.contains("prefill-0: 1 running, 1 queued"), "{r}");
-        assert!(r.contains("prompt_tokens_total at 41918"), "{r}");
-        assert!(r.contains("for 208.0 s"), "{r}");
-        assert!(r.contains("worst prefill 200.0 s"), "{r}");
+        assert!(r.contains("realtime_tokens_total 8292"), "{r}");
+        assert!(r.contains("no progress for 208.0 s"), "{r}");
+        assert!(r.contains("+ 200.0 s that sglang:realtime_tokens_total may legitimately stay flat"), "{r}");
         assert!(r.contains("health answers 200"), "{r}");
+        let w = a.wedge.as_ref().unwrap();
+        assert_eq!((w.kind, w.silent_ms), (WedgeKind::Stall, 208_000));
+        assert!(w.ruled_out[0].contains("rises during work"), "{:?}", w.ruled_out);
     }
 
     /// Row 4 with GPU evidence: requests queued, counters still, GPU near
@@ -889,32 +1476,22 @@ mod tests {
         let t0 = Instant::now();
         let mut e = pair();
         let out = run(&mut e, t0, 30, |_| {
-            [
-                (1.0, 1.0, 50.0, 41_918.0, Some(0.0)),
-                (0.0, 0.0, 400.0, 18.0, Some(0.0)),
-            ]
+            [(1.0, 1.0, 50.0, 41_918.0, Some(0.0)), (0.0, 0.0, 400.0, 18.0, Some(0.0))]
         });
-        let first = out.iter().position(|a| a.state == PairState::Wedged).unwrap();
+        let first = first_wedged(&out).unwrap();
         assert_eq!(first, 8);
-        assert!(
-            out[first].reasons[0].contains("GPU utilisation 0 %"),
-            "{:?}",
-            out[first].reasons
-        );
+        assert!(out[first].reasons[0].contains("GPU utilisation 0 %"), "{:?}", out[first].reasons);
         // A busy GPU is a long prefill, not a wedge (yet).
         let mut e = pair();
         let busy = run(&mut e, t0, 30, |_| {
-            [
-                (1.0, 1.0, 50.0, 41_918.0, Some(0.97)),
-                (0.0, 0.0, 400.0, 18.0, Some(0.0)),
-            ]
+            [(1.0, 1.0, 50.0, 41_918.0, Some(0.97)), (0.0, 0.0, 400.0, 18.0, Some(0.0))]
         });
         assert!(busy.iter().all(|a| a.state != PairState::Wedged));
     }
 
     /// Row 4's fix: with a 900 s client timeout, 39,623 tokens prefilled in
-    /// 138.7 s, then answered; the watch never calls that a wedge, and once
-    /// the counters advance the pair is healthy again.
+    /// 138.7 s (one unchunked forward: realtime tokens rise once, at the
+    /// end), then answered; never a wedge, and healthy once counters move.
     #[test]
     fn row4_long_but_legitimate_prefill_is_never_wedged() {
         let t0 = Instant::now();
@@ -925,15 +1502,79 @@ mod tests {
                 (
                     if done { 0.0 } else { 1.0 },
                     0.0,
-                    if done { 51.0 } else { 50.0 } + if t >= 1 { 0.0 } else { -1.0 },
-                    if t >= 1 { 39_723.0 } else { 100.0 },
+                    if done { 39_723.0 } else { 100.0 },
+                    if done { 39_724.0 } else { 100.0 },
                     None,
                 ),
-                (0.0, 0.0, if done { 420.0 } else { 400.0 }, 18.0, None),
+                (0.0, 0.0, if done { 420.0 } else { 400.0 }, if done { 420.0 } else { 400.0 }, None),
             ]
         });
         assert!(out.iter().all(|a| a.state != PairState::Wedged));
         assert_eq!(out[150].state, PairState::Healthy, "{:?}", out[150].reasons);
+    }
+
+    /// Issue 13, found: a generation at low tokens/s runs for minutes while
+    /// SGLang's at-finish counters stay flat; realtime_tokens_total rises
+    /// every decode step, so it is never a stall. (The old judge read only
+    /// the at-finish counters and called it a wedge at 208 s.)
+    #[test]
+    fn long_generation_at_low_tokens_per_s_is_never_a_stall() {
+        let t0 = Instant::now();
+        let mut e = pair();
+        let out = run(&mut e, t0, 600, |t| {
+            let t = t as f64;
+            // 8,000 output tokens at 5 tok/s: 1,600 s; nothing finishes in 600 s.
+            [(0.0, 0.0, 500.0, 500.0, None), (1.0, 0.0, 500.0 + 5.0 * t, 18.0, None)]
+        });
+        assert!(
+            out.iter().all(|a| !matches!(a.state, PairState::Wedged | PairState::Suspect)),
+            "{:?}",
+            out.iter().find(|a| a.state != PairState::Healthy && a.state != PairState::Unproven)
+        );
+    }
+
+    /// The fallback (SGLang < 0.5.7: no counter rises during work): with
+    /// work present and nothing finishing, only the longest legitimate
+    /// request (prefill 200 s + generation 100 s) plus the budget makes a
+    /// wedge.
+    #[test]
+    fn without_a_during_work_counter_the_longest_request_is_allowed() {
+        let p = policy();
+        let t0 = Instant::now();
+        let mut e = pair();
+        let old = |at: Instant, running: f64, finished: f64| {
+            let mut s = sample(at, running, 0.0, 0.0, finished, None);
+            s.metrics.as_mut().unwrap().realtime_tokens = None;
+            s
+        };
+        let out = run_with(&mut e, &p, t0, 320, |_, now| [old(now, 1.0, 50.0), old(now, 0.0, 18.0)]);
+        assert_eq!(first_wedged(&out), Some(308), "8 s + 200 s + 100 s");
+        let r = out[308].reasons.join("\n");
+        assert!(r.contains("exposes no counter that rises during work"), "{r}");
+    }
+
+    /// SGLang's gauges are refreshed at most every 30 s while idle: a request
+    /// that finished may still show as running with nothing moving. Not a
+    /// stall within the gauges' refresh, even with chunked prefill known.
+    #[test]
+    fn stale_gauge_after_a_finish_is_not_a_stall() {
+        let mut p = policy();
+        p.max_prefill_chunk = Duration::from_secs(2);
+        let t0 = Instant::now();
+        let mut e = pair();
+        let out = run_with(&mut e, &p, t0, 36, |t, now| {
+            // Finished at 1 s; the gauge says 1 running until the idle log at 31 s.
+            let running = if t < 31 { 1.0 } else { 0.0 };
+            let done = if t >= 1 { 60.0 } else { 10.0 };
+            [sample(now, 0.0, 0.0, done, done, None), sample(now, running, 0.0, done, done, None)]
+        });
+        assert!(first_wedged(&out).is_none(), "{:?}", out.iter().find(|a| a.state == PairState::Wedged));
+        // A real stall with chunking known is caught after budget + 30 s.
+        let mut e = pair();
+        let out = run_with(&mut e, &p, t0, 60, |_, now| {
+            [sample(now, 1.0, 1.0, 10.0, 10.0, None), sample(now, 0.0, 0.0, 10.0, 10.0, None)]
+        });
+        assert_eq!(first_wedged(&out), Some(38));
     }
 
     /// Row 5: under steady real traffic (every engine's counters advance
@@ -945,7 +1586,7 @@ mod tests {
         let mut e = pair();
         let out = run(&mut e, t0, 3_600, |t| {
             let t = t as f64;
-            [(3.0, 5.0, t, 4_000.0 * t, None), (8.0, 2.0, 30.0 * t, 10.0 * t, None)]
+            [(3.0, 5.0, 4_000.0 * t, 100.0 * t, None), (8.0, 2.0, 30.0 * t, 30.0 * t, None)]
         });
         let probes = out
             .iter()
@@ -955,155 +1596,373 @@ mod tests {
         assert!(out[1..].iter().all(|a| a.state == PairState::Healthy));
     }
 
+    fn ok_probe(sent_at: Instant, timeout: Duration, work_ahead: u32) -> ProbeRecord {
+        ProbeRecord {
+            target: "router-0".into(),
+            sent_at,
+            timeout,
+            work_ahead,
+            outcome: ProbeOutcome::Ok { latency_ms: 200 },
+            request_id: "pdwarden-probe-x".into(),
+        }
+    }
+
     /// Row 5: idle for an hour, the probe rate is bounded by
     /// `idle_probe_interval` (60 s → at most 60 probes per hour, all with the
-    /// pair's one prompt), and never two probes in flight.
+    /// pair's one prompt), never two probes in flight, and the probes' own
+    /// tokens never count as traffic.
     #[test]
     fn row5_idle_pair_is_probed_at_a_bounded_rate() {
         let p = policy();
         let t0 = Instant::now();
         let mut e = pair();
         let mut sent = 0;
+        let mut tokens = 10.0;
         for t in 0..3_600u64 {
             let now = t0 + Duration::from_secs(t);
-            e.observe("prefill-0", sample(now, 0.0, 0.0, 10.0, 10.0, None));
-            e.observe("decode-0", sample(now, 0.0, 0.0, 10.0, 10.0, None));
-            if let ProbeDecision::Send {
-                timeout, work_ahead, ..
-            } = judge(&e, &p, now).probe
-            {
-                assert_eq!((timeout, work_ahead), (p.probe_timeout, 0));
+            observe(&mut e, "prefill-0", sample(now, 0.0, 0.0, tokens, tokens, None));
+            observe(&mut e, "decode-0", sample(now, 0.0, 0.0, tokens, tokens, None));
+            let a = judge(&e, &p, now);
+            assert!(a.reasons.iter().all(|r| !r.contains("real traffic")), "{:?}", a.reasons);
+            if let ProbeDecision::Send { timeout, work_ahead, .. } = a.probe {
+                // Idle engines: the floor of one legitimate silence (200 s chunk).
+                assert_eq!((timeout, work_ahead), (p.probe_timeout + p.max_prefill_chunk, 0));
                 sent += 1;
-                e.last_probe_sent = Some(now);
-                // Answered 200 ms later.
-                e.probe_done(
-                    ProbeRecord {
-                        target: "router-0".into(),
-                        sent_at: now,
-                        timeout,
-                        work_ahead,
-                        outcome: ProbeOutcome::Ok { latency_ms: 200 },
-                        request_id: "pdwarden-probe-x".into(),
-                    },
-                    now + Duration::from_millis(200),
-                );
+                e.probe_sent(now, p.probe_tokens);
+                // Answered 200 ms later; its 40 tokens show in every counter.
+                e.probe_done(ok_probe(now, timeout, work_ahead), now + Duration::from_millis(200));
+                tokens += 40.0;
             }
         }
         assert!((59..=60).contains(&sent), "{sent}");
+        assert!(e.units.iter().all(|u| u.last_progress.is_none()), "probe tokens are not progress");
     }
 
-    /// Row 4: a probe's timeout covers every request ahead of it at the
-    /// worst prefill; if it cannot (over max_probe_timeout), it waits.
+    /// Row 4 and issue 13: a probe's timeout covers the work ahead of it. On
+    /// a serial engine each request ahead runs its whole prefill and
+    /// generation first (200 s + 100 s); if that needs more than
+    /// max_probe_timeout the probe waits.
     #[test]
-    fn probe_timeout_covers_the_queued_prefills_or_the_probe_waits() {
+    fn probe_timeout_covers_the_work_ahead_or_the_probe_waits() {
         let p = policy();
         let t0 = Instant::now();
         let mut e = pair();
         // 1 running + 1 queued, stalled past the budget: suspicious.
         for t in 0..=10u64 {
             let now = t0 + Duration::from_secs(t);
-            e.observe("prefill-0", sample(now, 1.0, 1.0, 50.0, 41_918.0, None));
-            e.observe("decode-0", sample(now, 0.0, 0.0, 400.0, 18.0, None));
+            observe(&mut e, "prefill-0", sample(now, 1.0, 1.0, 50.0, 41_918.0, None));
+            observe(&mut e, "decode-0", sample(now, 0.0, 0.0, 400.0, 18.0, None));
         }
         let a = judge(&e, &p, t0 + Duration::from_secs(10));
         assert_eq!(a.state, PairState::Suspect);
         assert_eq!(
             a.probe,
             ProbeDecision::Send {
-                timeout: Duration::from_secs(120 + 2 * 200),
+                timeout: Duration::from_secs(120 + 2 * 300),
                 work_ahead: 2,
                 why: "passive evidence is missing or suspicious".into()
             }
         );
-        // Three requests ahead would need 720 s > 600 s: deferred.
+        // Three requests ahead would need 1,020 s > 1,200 s? No: 120 + 900 = 1,020 s fits;
+        // four need 1,320 s > 1,200 s: deferred.
         let now = t0 + Duration::from_secs(11);
-        e.observe("prefill-0", sample(now, 1.0, 2.0, 50.0, 41_918.0, None));
-        e.observe("decode-0", sample(now, 0.0, 0.0, 400.0, 18.0, None));
+        observe(&mut e, "prefill-0", sample(now, 1.0, 3.0, 50.0, 41_918.0, None));
+        observe(&mut e, "decode-0", sample(now, 0.0, 0.0, 400.0, 18.0, None));
         match judge(&e, &p, now).probe {
-            ProbeDecision::Defer { why } => assert!(why.contains("3 request(s)") && why.contains("720.0 s"), "{why}"),
+            ProbeDecision::Defer { why } => assert!(why.contains("4 request(s)") && why.contains("1320.0 s"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        // A batching engine: queued prefills plus one running prefill.
+        let mut b = policy();
+        b.serial = false;
+        let a = judge(&e, &b, now);
+        match a.probe {
+            ProbeDecision::Send { timeout, work_ahead, .. } => {
+                assert_eq!((timeout, work_ahead), (Duration::from_secs(120 + 4 * 200), 4))
+            }
             other => panic!("{other:?}"),
         }
     }
 
-    /// Row 3 via a probe: generation hangs, health 200, nothing queued that
-    /// the metrics show; the probe (timeout covering the queue) times out and
-    /// no token came since: wedged, with the probe's numbers. A probe that
-    /// failed is not re-sent soon after (no retry to the unit that just failed).
+    /// Issue 13's false wedge, end to end in the judge: an SGLang-like serial
+    /// prefill at 300 tok/s told the truth (16,384 tokens max: worst prefill
+    /// 55 s). A 12,000-token prompt: 40 s of honest prefill in one forward,
+    /// health 503 from 20 s (no scheduler output), the decode waiting for KV.
+    /// The pair is suspect, the probe's timeout covers the running request
+    /// (worst prefill + generation), the probe queues behind the prefill and
+    /// is answered once it ends — and nothing is ever wedged.
     #[test]
-    fn probe_timeout_with_health_200_and_no_progress_is_wedged() {
+    fn issue13_serial_40s_prefill_is_never_a_wedge() {
+        let mut p = policy();
+        p.max_prefill = Duration::from_secs(55);
+        p.max_prefill_chunk = Duration::from_secs(55);
+        p.probe_timeout = Duration::from_secs(20);
+        let t0 = Instant::now();
+        let mut e = pair();
+        // Healthy and idle before the request (health seen 200).
+        for t in 0..3u64 {
+            let now = t0 + Duration::from_secs(t);
+            observe(&mut e, "prefill-0", sample(now, 0.0, 0.0, 100.0, 100.0, None));
+            observe(&mut e, "decode-0", sample(now, 0.0, 0.0, 100.0, 100.0, None));
+        }
+        let start = t0 + Duration::from_secs(3);
+        let mut probe: Option<(Instant, Duration, u32)> = None;
+        let mut states = Vec::new();
+        for t in 0..=80u64 {
+            let now = start + Duration::from_secs(t);
+            let prefilling = t < 40;
+            let mut pf = sample(
+                now,
+                if prefilling { 1.0 } else { 0.0 },
+                if probe.is_some() && prefilling { 1.0 } else { 0.0 },
+                if prefilling { 100.0 } else { 12_100.0 },
+                100.0,
+                None,
+            );
+            if prefilling && t >= 20 {
+                pf.health_status = 503;
+            }
+            let mut dc = sample(now, if prefilling { 0.0 } else { 1.0 }, 0.0, 100.0 + 20.0 * t.saturating_sub(40) as f64, 100.0, None);
+            dc.metrics.as_mut().unwrap().decode_transfer = Some(if prefilling { 1.0 } else { 0.0 });
+            observe(&mut e, "prefill-0", pf);
+            observe(&mut e, "decode-0", dc);
+            let a = judge(&e, &p, now);
+            assert_ne!(a.state, PairState::Wedged, "t = {t}: {:?}", a.reasons);
+            states.push(a.state);
+            if let ProbeDecision::Send { timeout, work_ahead, .. } = a.probe {
+                assert!(!e.probe_in_flight, "one probe at a time");
+                if prefilling {
+                    assert!(work_ahead >= 1, "covers the running request");
+                    assert!(timeout >= p.probe_timeout + p.max_request(), "{timeout:?}");
+                }
+                e.probe_sent(now, p.probe_tokens);
+                probe = Some((now, timeout, work_ahead));
+            }
+            // A probe queued behind the prefill is answered when it ends.
+            if let Some((sent, timeout, ahead)) = probe
+                && e.probe_in_flight
+                && !prefilling
+            {
+                e.probe_done(ok_probe(sent, timeout, ahead), now);
+            }
+        }
+        assert!(states.contains(&PairState::Suspect), "{states:?}");
+        assert!(probe.is_some(), "a suspicious pair is probed");
+        assert_eq!(*states.last().unwrap(), PairState::Healthy);
+    }
+
+    /// Issue 13, found: any answered probe restarted the stall clock, so a
+    /// partial wedge — real requests frozen, the watch's own short probe
+    /// answered — was never confirmed. The probe's tokens are credited, not
+    /// progress: the stall is confirmed, as a partial one.
+    #[test]
+    fn partial_wedge_that_probes_survive_is_confirmed() {
+        let mut p = policy();
+        p.max_prefill_chunk = Duration::from_secs(20);
+        p.idle_gauge_refresh = Some(Duration::from_secs(5));
+        let t0 = Instant::now();
+        let mut e = pair();
+        let mut extra = 0.0;
+        let mut out = Vec::new();
+        for t in 0..=60u64 {
+            let now = t0 + Duration::from_secs(t);
+            // Three real requests frozen on the decode; probes every 10 s
+            // add their 40 tokens to both engines' counters.
+            if t % 10 == 5 {
+                e.probe_sent(now, p.probe_tokens);
+                extra += 40.0;
+                e.probe_done(ok_probe(now, p.probe_timeout, 3), now + Duration::from_millis(300));
+            }
+            observe(&mut e, "prefill-0", sample(now, 0.0, 0.0, 900.0 + extra, 900.0 + extra, None));
+            observe(&mut e, "decode-0", sample(now, 3.0, 0.0, 700.0 + extra, 700.0 + extra, None));
+            out.push(judge(&e, &p, now));
+        }
+        let first = first_wedged(&out).expect("confirmed");
+        assert_eq!(first, 28, "8 s budget + 20 s chunk");
+        let w = out[first].wedge.as_ref().unwrap();
+        assert_eq!(w.kind, WedgeKind::PartialStall);
+        assert!(w.ruled_out.iter().any(|r| r.contains("own short probe was answered")), "{:?}", w.ruled_out);
+    }
+
+    /// Issue 13, found: a timed-out probe was discarded as soon as any unit
+    /// showed progress. The prefill keeps computing other requests while the
+    /// decode produces nothing: the probe's timeout still stands as a wedge.
+    /// Only when every engine progressed is it merely suspect.
+    #[test]
+    fn timed_out_probe_stands_while_one_engine_is_silent() {
         let p = policy();
         let t0 = Instant::now();
         let mut e = pair();
-        e.observe("prefill-0", sample(t0, 0.0, 0.0, 5.0, 5.0, None));
-        e.observe("decode-0", sample(t0, 0.0, 0.0, 5.0, 5.0, None));
-        e.last_probe_sent = Some(t0);
-        let done = t0 + Duration::from_secs(120);
-        e.observe("prefill-0", sample(done, 0.0, 0.0, 5.0, 5.0, None));
-        e.observe("decode-0", sample(done, 0.0, 0.0, 5.0, 5.0, None));
+        observe(&mut e, "prefill-0", sample(t0, 0.0, 0.0, 5.0, 5.0, None));
+        observe(&mut e, "decode-0", sample(t0, 0.0, 0.0, 5.0, 5.0, None));
+        e.probe_sent(t0, p.probe_tokens);
+        let timeout = p.probe_timeout + p.max_prefill_chunk;
+        let done = t0 + timeout;
+        observe(&mut e, "prefill-0", sample(done, 0.0, 0.0, 9_005.0, 5.0, None));
+        observe(&mut e, "decode-0", sample(done, 0.0, 0.0, 5.0, 5.0, None));
         e.probe_done(
             ProbeRecord {
                 target: "router-0".into(),
                 sent_at: t0,
-                timeout: p.probe_timeout,
+                timeout,
                 work_ahead: 0,
-                outcome: ProbeOutcome::Timeout { after_ms: 120_000 },
+                outcome: ProbeOutcome::Timeout { after_ms: ms(timeout) },
                 request_id: "pdwarden-probe-1".into(),
             },
             done,
         );
         let a = judge(&e, &p, done);
-        assert_eq!(a.state, PairState::Wedged);
+        assert_eq!(a.state, PairState::Wedged, "{:?}", a.reasons);
         let r = &a.reasons[0];
-        assert!(
-            r.contains("timed out after 120.0 s") && r.contains("prefill-0 health 200"),
-            "{r}"
-        );
+        assert!(r.contains("timed out after 320.0 s") && r.contains("decode-0 produced nothing"), "{r}");
+        assert!(!r.contains("prefill-0 produced"), "{r}");
+        assert_eq!(a.wedge.as_ref().unwrap().kind, WedgeKind::SilentGeneration);
+        // Every engine progressed since: the pair serves others — suspect only.
+        let later = done + Duration::from_secs(1);
+        observe(&mut e, "decode-0", sample(later, 0.0, 0.0, 9_005.0, 5.0, None));
+        observe(&mut e, "prefill-0", sample(later, 0.0, 0.0, 19_005.0, 5.0, None));
+        let a = judge(&e, &p, later);
+        assert_eq!(a.state, PairState::Suspect, "{:?}", a.reasons);
         // An erroring probe (e.g. the router's 503) is suspect, not wedged,
         // and the same router is not probed again before the idle interval.
-        e.last_probe.as_mut().unwrap().outcome = ProbeOutcome::Error {
-            message: "http 503".into(),
-        };
-        let a = judge(&e, &p, done);
+        let mut e2 = pair();
+        observe(&mut e2, "prefill-0", sample(done, 0.0, 0.0, 5.0, 5.0, None));
+        observe(&mut e2, "decode-0", sample(done, 0.0, 0.0, 5.0, 5.0, None));
+        e2.probe_done(
+            ProbeRecord {
+                target: "router-0".into(),
+                sent_at: t0,
+                timeout,
+                work_ahead: 0,
+                outcome: ProbeOutcome::Error { message: "http 503".into() },
+                request_id: "pdwarden-probe-2".into(),
+            },
+            done,
+        );
+        let a = judge(&e2, &p, done);
         assert_eq!(a.state, PairState::Suspect);
         assert_eq!(a.probe, ProbeDecision::None);
     }
 
-    /// An engine whose health turns bad for the budget while /metrics answers
-    /// is wedged; one that never answered health yet (still loading) is not.
+    /// A probe that timed out sooner than one legitimate silence of the
+    /// engine (a prefill chunk its stale gauges may not show) is not a wedge.
     #[test]
-    fn health_gone_bad_is_wedged_but_loading_is_not() {
+    fn a_probe_shorter_than_a_legitimate_silence_proves_nothing() {
+        let p = policy();
+        let t0 = Instant::now();
+        let mut e = pair();
+        observe(&mut e, "prefill-0", sample(t0, 0.0, 0.0, 5.0, 5.0, None));
+        observe(&mut e, "decode-0", sample(t0, 0.0, 0.0, 5.0, 5.0, None));
+        let done = t0 + Duration::from_secs(20);
+        observe(&mut e, "prefill-0", sample(done, 0.0, 0.0, 5.0, 5.0, None));
+        observe(&mut e, "decode-0", sample(done, 0.0, 0.0, 5.0, 5.0, None));
+        e.probe_done(
+            ProbeRecord {
+                target: "router-0".into(),
+                sent_at: t0,
+                timeout: Duration::from_secs(20),
+                work_ahead: 0,
+                outcome: ProbeOutcome::Timeout { after_ms: 20_000 },
+                request_id: "pdwarden-probe-1".into(),
+            },
+            done,
+        );
+        assert_eq!(judge(&e, &p, done).state, PairState::Suspect);
+    }
+
+    fn pd_sample(at: Instant, realtime: f64, finished: f64, inflight: f64, kv_wait: f64) -> Sample {
+        let mut s = sample(at, 0.0, 0.0, realtime, finished, None);
+        let m = s.metrics.as_mut().unwrap();
+        m.prefill_inflight = Some(inflight);
+        m.decode_transfer = Some(kv_wait);
+        s
+    }
+
+    /// Seed 004: the prefill keeps computing (its realtime tokens rise), its
+    /// inflight queue and the decode's transfer queue grow, nothing finishes,
+    /// health 200 on both. Confirmed once both queues have held requests for
+    /// the budget plus the longest transfer (8 + 10 s) — long before the
+    /// decode's own stall allowance (worst prefill + transfer) — while a slow
+    /// transfer that completes is never a wedge.
+    #[test]
+    fn degraded_kv_bootstrap_is_confirmed_and_a_slow_transfer_is_not() {
+        let p = policy();
+        let t0 = Instant::now();
+        let mut e = pair();
+        let out = run_with(&mut e, &p, t0, 40, |t, now| {
+            let n = t as f64;
+            [
+                pd_sample(now, 100.0 + 500.0 * n, 100.0, n.min(1.0) * (1.0 + n / 2.0), 0.0),
+                pd_sample(now, 50.0, 50.0, 0.0, n.min(1.0) * (1.0 + n / 2.0)),
+            ]
+        });
+        let first = first_wedged(&out).expect("confirmed");
+        assert_eq!(first, 19, "from the first request in both queues at 1 s: 1 + 8 + 10");
+        let w = out[first].wedge.as_ref().unwrap();
+        assert_eq!(w.kind, WedgeKind::KvTransfer);
+        assert!(out[first].reasons[0].contains("sending KV for 18.0 s"), "{:?}", out[first].reasons);
+        // A slow link: each request's KV takes 6 s, requests every 10 s.
+        let mut e = pair();
+        let out = run_with(&mut e, &p, t0, 200, |t, now| {
+            let in_transfer = t % 10 < 6;
+            let done = (t / 10) as f64;
+            [
+                pd_sample(now, 100.0 + 1_000.0 * done, 10.0 * done, f64::from(u8::from(in_transfer)), 0.0),
+                pd_sample(
+                    now,
+                    50.0 + 30.0 * done,
+                    30.0 * done,
+                    0.0,
+                    f64::from(u8::from(in_transfer)),
+                ),
+            ]
+        });
+        assert!(first_wedged(&out).is_none());
+    }
+
+    /// An engine whose health turns bad for the budget while /metrics answers
+    /// and nothing progresses is wedged; one that never answered health yet
+    /// (still loading) is not; one whose counters rise while health fails
+    /// (SGLang under a long chunked prefill) works.
+    #[test]
+    fn health_gone_bad_is_wedged_but_loading_and_working_are_not() {
         let p = policy();
         let t0 = Instant::now();
         let mut loading = UnitTrack::new("decode-0", "decode");
         let mut gone = UnitTrack::new("decode-0", "decode");
+        let mut working = UnitTrack::new("decode-0", "decode");
         for t in 0..=20u64 {
             let now = t0 + Duration::from_secs(t);
             let mut s = sample(now, 0.0, 0.0, 5.0, 5.0, None);
             s.health_status = 503;
-            loading.observe(s.clone());
+            loading.observe(s.clone(), EngineKind::Sglang);
+            let mut w = sample(now, 0.0, 0.0, 5.0 + 100.0 * t as f64, 5.0, None);
             if t == 0 {
                 s.health_status = 200;
+            } else {
+                w.health_status = 503;
             }
-            gone.observe(s);
+            gone.observe(s, EngineKind::Sglang);
+            working.observe(w, EngineKind::Sglang);
         }
         let now = t0 + Duration::from_secs(20);
-        assert_ne!(assess_unit(&loading, &p, now).state, UnitState::Wedged);
-        let a = assess_unit(&gone, &p, now);
+        assert_ne!(assess_unit(&loading, &p, now, None).state, UnitState::Wedged);
+        assert_ne!(assess_unit(&working, &p, now, None).state, UnitState::Wedged);
+        let a = assess_unit(&gone, &p, now, None);
         assert_eq!(a.state, UnitState::Wedged);
-        assert!(
-            a.reasons[0].contains("has not for 19.0 s (last: 503)"),
-            "{:?}",
-            a.reasons
-        );
+        assert!(a.reasons[0].contains("has not for 19.0 s (last: 503)"), "{:?}", a.reasons);
+        assert_eq!(a.wedge.unwrap().kind, WedgeKind::HealthGoneBad);
     }
 
-    /// Issue 13's false wedge: a serial prefill busy with a 40 s prefill (1
-    /// running, counters flat: SGLang counts tokens at finish) whose SGLang-like
-    /// health answers 503 after 20 s is not wedged while the worst legitimate
-    /// prefill has not passed; a health that stays bad past it is.
+    /// Issue 13's first finding: a serial prefill busy with a 40 s prefill (1
+    /// running, counters flat) whose SGLang health answers 503 after 20 s is
+    /// not wedged while the worst legitimate prefill has not passed; a health
+    /// that stays bad past it with nothing progressing is.
     #[test]
     fn health_503_during_a_long_prefill_is_not_a_wedge() {
-        let p = policy();
+        let mut p = policy();
+        // Allow longer than the health rule: this test is about health alone.
+        p.max_prefill_chunk = Duration::from_secs(900);
         let t0 = Instant::now();
         let mut busy = UnitTrack::new("prefill-0", "prefill");
         for t in 0..=40u64 {
@@ -1111,14 +1970,12 @@ mod tests {
             if t >= 20 {
                 s.health_status = 503;
             }
-            busy.observe(s);
+            busy.observe(s, EngineKind::Sglang);
         }
-        let a = assess_unit(&busy, &p, t0 + Duration::from_secs(40));
+        let a = assess_unit(&busy, &p, t0 + Duration::from_secs(40), None);
         assert_ne!(a.state, UnitState::Wedged, "{:?}", a.reasons);
         assert!(
-            a.reasons
-                .iter()
-                .any(|r| r.contains("health has not answered 200 for 20.0 s")),
+            a.reasons.iter().any(|r| r.contains("health has not answered 200 for 20.0 s")),
             "{:?}",
             a.reasons
         );
@@ -1126,9 +1983,9 @@ mod tests {
         for t in 41..=230u64 {
             let mut s = sample(t0 + Duration::from_secs(t), 1.0, 0.0, 5.0, 5.0, None);
             s.health_status = 503;
-            busy.observe(s);
+            busy.observe(s, EngineKind::Sglang);
         }
-        let a = assess_unit(&busy, &p, t0 + Duration::from_secs(230));
+        let a = assess_unit(&busy, &p, t0 + Duration::from_secs(230), None);
         assert_eq!(a.state, UnitState::Wedged);
         assert!(
             a.reasons
@@ -1137,6 +1994,51 @@ mod tests {
             "{:?}",
             a.reasons
         );
+    }
+
+    /// vLLM's profile: the prompt counter rises only when a prefill ends and
+    /// health never waits for the scheduler. A 150 s prefill with nothing
+    /// moving is allowed the whole worst prefill even with a chunk size
+    /// configured (vLLM counts nothing per chunk); health 503 is the engine
+    /// core dead, a wedge after the budget alone.
+    #[test]
+    fn vllm_long_prefill_is_allowed_and_dead_health_is_not() {
+        let mut p = policy();
+        p.engine = EngineKind::Vllm;
+        p.max_prefill_chunk = Duration::from_secs(10);
+        let t0 = Instant::now();
+        let vllm = |at: Instant, running: f64, generated: f64, prompt: f64| Sample {
+            at,
+            health_status: 200,
+            metrics: Some(Metrics {
+                running,
+                generation_tokens: Some(generated),
+                prompt_tokens: Some(prompt),
+                engine: Some(EngineKind::Vllm),
+                ..Metrics::default()
+            }),
+            error: String::new(),
+        };
+        let mut e = pair();
+        let out = run_with(&mut e, &p, t0, 200, |t, now| {
+            let done = t >= 150;
+            [
+                vllm(now, if done { 0.0 } else { 1.0 }, 5.0, if done { 45_000.0 } else { 5.0 }),
+                vllm(now, if done { 1.0 } else { 0.0 }, 5.0 + t.saturating_sub(150) as f64, 5.0),
+            ]
+        });
+        assert!(first_wedged(&out).is_none(), "{:?}", out.iter().find(|a| a.state == PairState::Wedged));
+        let mut dead = UnitTrack::new("decode-0", "decode");
+        for t in 0..=10u64 {
+            let mut s = vllm(t0 + Duration::from_secs(t), 1.0, 5.0, 5.0);
+            if t > 0 {
+                s.health_status = 503;
+            }
+            dead.observe(s, EngineKind::Vllm);
+        }
+        let a = assess_unit(&dead, &p, t0 + Duration::from_secs(10), None);
+        assert_eq!(a.state, UnitState::Wedged, "{:?}", a.reasons);
+        assert!(a.wedge.unwrap().ruled_out[0].contains("vllm health fails only once the engine core has died"));
     }
 
     /// A restarted orchestrator's breaker counts the recoveries the journal
