@@ -271,6 +271,47 @@ async fn table(cli: &Cli) -> anyhow::Result<()> {
             }
             Err(e) => println!("skipped: {e:#}"),
         }
+        eprintln!("watch: {} cases of legitimate long work and of each wedge kind, one demo stack each…", pd_sim::watch_cases::CASES.len());
+        println!();
+        println!(
+            "## 4b. Watch: time to detect each wedge kind, and false positives on legitimate long work (`pd_sim::watch_cases`, pd-sim in the SGLang profile, time scale 0.05, the demo's scaled `[pair.watch]`: stall budget 2 s, worst prefill = 50,000 tokens at the prefill's speed)"
+        );
+        println!();
+        println!("| case | expected | automatic co-restarts | confirmed as | from case start | from silence onset | recovery | client requests completed |");
+        println!("|---|---|---|---|---|---|---|---|");
+        let mut false_positives = 0;
+        let mut legit_cases = 0;
+        for row in watch::cases().await {
+            match row {
+                Ok(r) => {
+                    let s = |v: Option<f64>| v.map_or("—".to_owned(), |v| format!("{v:.1} s"));
+                    let expected = match r.case.expect {
+                        pd_sim::watch_cases::Expect::Legitimate => {
+                            legit_cases += 1;
+                            false_positives += r.recoveries;
+                            "legitimate".to_owned()
+                        }
+                        pd_sim::watch_cases::Expect::Wedge(k) => format!("wedge: {k}"),
+                    };
+                    println!(
+                        "| {} | {expected} | {} | {} | {} | {} | {} | {} of {} |",
+                        r.case.name,
+                        r.recoveries,
+                        r.kind.as_deref().unwrap_or("—"),
+                        s(r.from_start_s),
+                        s(r.from_silence_s),
+                        r.verdict.as_deref().unwrap_or("—"),
+                        r.completed,
+                        r.requests,
+                    );
+                }
+                Err(e) => println!("| skipped | | | | | | {e:#} | |"),
+            }
+        }
+        println!();
+        println!(
+            "**False positives: {false_positives} automatic co-restart(s) over {legit_cases} legitimate long-work cases** (target 0). Target for every wedge kind: confirmed within the stall budget + the worst legitimate prefill from the silence's onset."
+        );
     }
 
     if want("agent") {

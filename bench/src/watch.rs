@@ -180,7 +180,9 @@ async fn poll<T>(limit: Duration, mut f: impl AsyncFnMut() -> anyhow::Result<Opt
     }
 }
 
-pub async fn run(window: Duration) -> anyhow::Result<WatchFigures> {
+/// Starts `pdwarden demo --json --hold` with `extra` flags and returns the
+/// held stack and a CLI aimed at it.
+async fn start_demo(extra: &[&str]) -> anyhow::Result<(Held, Cli)> {
     let pdwarden: std::path::PathBuf = std::env::current_exe()?
         .parent()
         .map(|d| d.join("pdwarden"))
@@ -188,8 +190,8 @@ pub async fn run(window: Duration) -> anyhow::Result<WatchFigures> {
         .context("`pdwarden` is not built next to this binary (cargo build --release --bins)")?;
     let log = std::env::temp_dir().join(format!("pdwarden-bench-demo-{}.log", std::process::id()));
     let mut child = Command::new(&pdwarden)
-        .args(["demo", "--json", "--hold", "--engines-serial"])
-        .arg(format!("--prefill-sim={SERIAL_LEAKING_PREFILL}"))
+        .args(["demo", "--json", "--hold"])
+        .args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(&log)?)
@@ -222,12 +224,103 @@ pub async fn run(window: Duration) -> anyhow::Result<WatchFigures> {
             line.chars().take(300).collect::<String>()
         );
     }
-    let result = match Cli::new(pdwarden, &report["demo"]) {
-        Ok(cli) => measure(cli, window).await,
-        Err(e) => Err(e),
-    };
+    if !report["verdict"].as_str().unwrap_or("").starts_with("healthy") {
+        bail!("the demo's restart was not healthy: {}", report["verdict"]);
+    }
+    let cli = Cli::new(pdwarden, &report["demo"])?;
+    Ok((held, cli))
+}
+
+pub async fn run(window: Duration) -> anyhow::Result<WatchFigures> {
+    let prefill = format!("--prefill-sim={SERIAL_LEAKING_PREFILL}");
+    let (held, cli) = start_demo(&["--engines-serial", &prefill]).await?;
+    let result = measure(cli, window).await;
     drop(held);
     result
+}
+
+/// One watch case's outcome (`pd_sim::watch_cases`).
+pub struct CaseRow {
+    pub case: &'static pd_sim::watch_cases::WatchCase,
+    /// Automatic co-restarts the watch started during the case.
+    pub recoveries: usize,
+    /// The confirmed wedge's kind (from the journaled trigger).
+    pub kind: Option<String>,
+    /// From the case's start (faults applied, first request sent) to confirmation, s.
+    pub from_start_s: Option<f64>,
+    /// From the silence's onset as the judge saw it to confirmation, s.
+    pub from_silence_s: Option<f64>,
+    /// The automatic co-restart's verdict.
+    pub verdict: Option<String>,
+    /// Client requests that completed, of all.
+    pub completed: usize,
+    pub requests: usize,
+}
+
+/// Runs every watch case on its own demo stack: legitimate long work (the
+/// watch must not recover it) and each wedge kind (it must confirm it).
+pub async fn cases() -> Vec<anyhow::Result<CaseRow>> {
+    let mut rows = Vec::new();
+    for case in pd_sim::watch_cases::CASES {
+        rows.push(run_case(case).await.with_context(|| case.name));
+    }
+    rows
+}
+
+async fn run_case(case: &'static pd_sim::watch_cases::WatchCase) -> anyhow::Result<CaseRow> {
+    use pd_sim::watch_cases::{Expect, Urls};
+    let (held, mut cli) = start_demo(case.demo_args).await?;
+    poll(Duration::from_secs(30), async || {
+        Ok((watch_of(&status(&mut cli).await?)["state"] == "healthy").then_some(()))
+    })
+    .await
+    .context("the watch did not say healthy after the restart")?;
+    let st = status(&mut cli).await?;
+    let urls = Urls {
+        router: unit_url(&st, "router-0")?,
+        prefill: unit_url(&st, "prefill-0")?,
+        decode: unit_url(&st, "decode-0")?,
+    };
+    let started = pd_sim::watch_cases::start(case, &urls, DEMO_TIME_SCALE, Duration::from_secs(90)).await?;
+    let onset = started.onset_mono_ms;
+    let requests = started.requests.len();
+    let mut completed = 0;
+    match case.expect {
+        Expect::Legitimate => {
+            completed = started.outcomes().await.iter().filter(|o| o.completed()).count();
+            tokio::time::sleep(Duration::from_secs(4)).await;
+        }
+        Expect::Wedge(_) => {
+            // Ends when a recovery concluded, or after 150 s without one.
+            let _ = poll(Duration::from_secs(150), async || {
+                let w = watch_of(&status(&mut cli).await?);
+                Ok((w["last_recovery"]["verdict"].is_string() && w["state"] == "healthy").then_some(()))
+            })
+            .await;
+        }
+    }
+    let history = cli.json(&["history", "demo", "--limit", "20", "--json"]).await?;
+    let auto: Vec<Value> = history
+        .as_array()
+        .map(|h| h.iter().filter(|op| op["trigger"]["automatic"] == true).cloned().collect())
+        .unwrap_or_default();
+    let first = auto.last();
+    let row = CaseRow {
+        case,
+        recoveries: auto.len(),
+        kind: first.and_then(|op| op["trigger"]["wedge"]["kind"].as_str().map(str::to_owned)),
+        from_start_s: first
+            .and_then(|op| op["trigger"]["detected_mono_ms"].as_f64())
+            .map(|d| (d - onset) / 1000.0),
+        from_silence_s: first
+            .and_then(|op| op["trigger"]["wedge"]["detection_ms"].as_f64())
+            .map(|ms| ms / 1000.0),
+        verdict: first.and_then(|op| op["verdict"].as_str().map(str::to_owned)),
+        completed,
+        requests,
+    };
+    drop(held);
+    Ok(row)
 }
 
 async fn measure(mut control: Cli, window: Duration) -> anyhow::Result<WatchFigures> {

@@ -259,7 +259,7 @@ pub const SGLANG: Profile = Profile {
             "",
             "python/sglang/srt/metrics/collector.py, TokenizerMetricsCollector.observe_one_finished_request"
         ),
-        metric!(AbortedRequests, "sglang:num_aborted_requests_total", AtFinish, "0.5", COLLECTOR),
+        metric!(AbortedRequests, "sglang:num_aborted_requests_total", AtFinish, "", COLLECTOR),
         metric!(
             RealtimeTokens,
             "sglang:realtime_tokens_total",
@@ -417,6 +417,56 @@ pub const VLLM_ROUTER: Profile = Profile {
     fallback: "the router's health is never evidence of a pair's liveness: only a generation through it is",
 };
 
+/// A release number as its parts: `0.4.6.post4` → `[0, 4, 6, 4]` (the post
+/// release as a fourth part; `0.5.7` → `[0, 5, 7, 0]`).
+fn release(v: &str) -> Vec<u64> {
+    let mut parts = Vec::new();
+    for p in v.trim().split('.') {
+        match p.strip_prefix("post") {
+            Some(n) => {
+                parts.resize(3, 0);
+                parts.push(n.parse().unwrap_or(0));
+            }
+            None => parts.push(p.parse().unwrap_or(0)),
+        }
+    }
+    parts.resize(4, 0);
+    parts
+}
+
+impl Metric {
+    /// Whether an engine of release `version` exposes this metric, by its
+    /// `since` ("" every release; "after X" only releases newer than X).
+    pub fn exposed_by(&self, version: &str) -> bool {
+        let v = release(version);
+        match self.since.strip_prefix("after ") {
+            _ if self.since.is_empty() => true,
+            Some(x) => v > release(x),
+            None => v >= release(self.since),
+        }
+    }
+}
+
+/// SGLang's `/health` runs a generation only since v0.4.10.post2
+/// (sgl-project/sglang#8444, merged with `/health_generate`); before, it
+/// answered 200 unconditionally (`async def health(): return Response(status_code=200)`).
+pub const SGLANG_HEALTH_GENERATES_SINCE: &str = "0.4.10.post2";
+
+/// SGLang's health answers 503 while the server is starting only since v0.5.1
+/// (`ServerStatus.Starting`, sgl-project/sglang#9034); before, the HTTP port
+/// opened once the engine was loaded and a health generation simply queued.
+pub const SGLANG_HEALTH_STARTING_503_SINCE: &str = "0.5.1";
+
+/// Whether release `version` is `since` or newer.
+pub fn release_at_least(version: &str, since: &str) -> bool {
+    release(version) >= release(since)
+}
+
+/// Whether SGLang release `version` runs a generation behind `/health`.
+pub fn sglang_health_generates(version: &str) -> bool {
+    release_at_least(version, SGLANG_HEALTH_GENERATES_SINCE)
+}
+
 /// The engine kinds whose `/metrics` the watch reads.
 pub const ENGINES: [&Profile; 2] = [&SGLANG, &VLLM];
 
@@ -461,5 +511,24 @@ mod tests {
         assert_eq!(SGLANG.health_waits_for_scheduler(), Some(20_000));
         assert_eq!(VLLM.health_waits_for_scheduler(), None);
         assert_eq!(SGLANG.during_work().collect::<Vec<_>>(), vec![Signal::RealtimeTokens]);
+    }
+
+    /// Releases compare by their parts, post releases after their base; a
+    /// metric is exposed from its `since` on, a renamed one only after.
+    #[test]
+    fn metrics_are_exposed_from_their_release_on() {
+        let realtime = SGLANG.metric(Signal::RealtimeTokens).unwrap();
+        assert!(realtime.exposed_by("0.5.7") && realtime.exposed_by("0.5.10.post1"));
+        assert!(!realtime.exposed_by("0.5.6") && !realtime.exposed_by("0.4.9"));
+        let transfer = SGLANG.metric(Signal::DecodeTransferQueue).unwrap();
+        assert!(transfer.exposed_by("0.4.6.post4") && !transfer.exposed_by("0.4.6.post3"));
+        let renamed = SGLANG
+            .metrics
+            .iter()
+            .find(|m| m.name == "sglang:num_prefill_bootstrap_queue_reqs")
+            .unwrap();
+        assert!(!renamed.exposed_by("0.5.10.post1") && renamed.exposed_by("0.5.11"));
+        assert!(SGLANG.metric(Signal::RunningReqs).unwrap().exposed_by("0.3.0"));
+        assert!(!sglang_health_generates("0.4.10.post1") && sglang_health_generates("0.4.10.post2"));
     }
 }

@@ -203,7 +203,7 @@ pub fn policy(pair: &PairConfig) -> WatchPolicy {
         probe_tokens: 2.0 * prompt_words + f64::from(pair.probe.max_tokens) + 64.0,
         idle_probe_interval: ms(w.idle_probe_interval_ms),
         min_probe_interval: ms(w.min_probe_interval_ms),
-        probe_timeout: ms(pair.probe.probe_timeout_ms),
+        probe_timeout: ms(pair.probe.warm_budget_ms.min(pair.probe.probe_timeout_ms)),
         max_probe_timeout: ms(w.max_probe_timeout_ms),
         stale_after: ms(w.scrape_interval_ms * 3 + 2_000),
         gpu_idle_below: w.gpu_idle_below,

@@ -46,7 +46,8 @@
 //! real traffic advances every engine's counters. Their timeout covers the
 //! work ahead of them — on a serial engine every request running or queued,
 //! each up to the worst prefill plus the worst generation; on a batching one
-//! the queued prefills and one running prefill — so a probe is never
+//! the queued prefills, one running prefill and, when requests queue (the
+//! batch is full), the waves of generations they wait for — so a probe is never
 //! abandoned mid-prefill (INCIDENTS row 4); one that would need more than
 //! `max_probe_timeout` is deferred.
 //!
@@ -91,7 +92,9 @@ pub struct WatchPolicy {
     pub idle_probe_interval: Duration,
     /// The minimum gap between two probes, whatever the reason.
     pub min_probe_interval: Duration,
-    /// A probe's own budget, before the work ahead of it is added.
+    /// A probe's own budget (the pair's warm budget: the watch asks whether
+    /// the pair generates, not whether it is fast), before the work ahead of
+    /// it and one legitimate silence are added.
     pub probe_timeout: Duration,
     /// A probe that would need longer is deferred instead of sent.
     pub max_probe_timeout: Duration,
@@ -225,6 +228,9 @@ pub struct UnitTrack {
     pub last_progress: Option<Instant>,
     /// When a during-work counter last rose beyond the probes' credit.
     pub last_work_progress: Option<Instant>,
+    /// When any counter last rose at all, the probes' own tokens included
+    /// (an engine that computed its part of a probe is not silent).
+    pub last_moved: Option<Instant>,
     /// Since when requests have been in flight without a break.
     pub work_since: Option<Instant>,
     /// Since when the prefill's inflight queue (KV being sent) has been non-empty.
@@ -257,6 +263,7 @@ impl UnitTrack {
             first_at: None,
             last_progress: None,
             last_work_progress: None,
+            last_moved: None,
             work_since: None,
             inflight_since: None,
             kv_wait_since: None,
@@ -316,6 +323,7 @@ impl UnitTrack {
                         self.work_since = None;
                         self.last_progress = None;
                         self.last_work_progress = None;
+                        self.last_moved = None;
                         self.inflight_since = None;
                         self.kv_wait_since = None;
                         self.credit = (0.0, 0.0);
@@ -325,6 +333,9 @@ impl UnitTrack {
                             _ => 0.0,
                         };
                         let (dw, df) = (delta(now.0, prev.0), delta(now.1, prev.1));
+                        if dw > 0.0 || df > 0.0 {
+                            self.last_moved = Some(s.at);
+                        }
                         let beyond = |d: f64, credit: &mut f64| {
                             if d <= 0.0 {
                                 return false;
@@ -375,6 +386,11 @@ impl UnitTrack {
     /// Whether a counter rose beyond the probes' credit after `t`.
     fn progressed_after(&self, t: Instant) -> bool {
         self.last_progress.is_some_and(|p| p > t)
+    }
+
+    /// Whether any counter rose after `t`, the probes' own tokens included.
+    fn moved_after(&self, t: Instant) -> bool {
+        self.last_moved.is_some_and(|p| p > t)
     }
 }
 
@@ -810,8 +826,17 @@ fn assess_unit(u: &UnitTrack, p: &WatchPolicy, now: Instant, last_probe_ok: Opti
                     s(p.max_prefill)
                 ));
             }
+            // Probes answered while health failed: the engine serves a short
+            // probe but not its real requests.
+            let window = u.silent_since().map_or(bad, |t| t.min(bad));
+            let partial = last_probe_ok.is_some_and(|t| t > window);
+            if partial {
+                ruled.push(format!(
+                    "the watch's own short probe was answered meanwhile: the engine serves a probe but not its {queues}"
+                ));
+            }
             a.wedge = Some(WedgeEvidence {
-                kind: WedgeKind::HealthGoneBad,
+                kind: if partial { WedgeKind::PartialStall } else { WedgeKind::HealthGoneBad },
                 onset: bad,
                 silent_ms: ms(bad_for),
                 ruled_out: ruled,
@@ -992,7 +1017,7 @@ pub fn judge(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Assessment {
     ) = failed_probe
         && units.iter().all(|u| (200..300).contains(&u.health_status))
         && e.units.iter().any(|u| {
-            !u.progressed_after(r.sent_at)
+            !u.moved_after(r.sent_at)
                 && now.saturating_duration_since(r.sent_at)
                     >= p.silence_allowance(u.engine(p).profile(), u.has_work_signal)
         })
@@ -1000,7 +1025,7 @@ pub fn judge(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Assessment {
         let silent: Vec<&str> = e
             .units
             .iter()
-            .filter(|u| !u.progressed_after(r.sent_at))
+            .filter(|u| !u.moved_after(r.sent_at))
             .filter(|u| {
                 // Silent for longer than a legitimate prefill chunk (or request)
                 // that the engine's stale gauges may not show yet.
@@ -1027,7 +1052,7 @@ pub fn judge(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Assessment {
             ruled_out: vec![
                 covered.clone(),
                 format!(
-                    "{} progressed with nothing beyond the probe's own tokens since it was sent",
+                    "{} computed nothing at all since it was sent, not even the probe's own tokens",
                     silent.join(", ")
                 ),
                 "health 200 does not prove generation (INCIDENTS row 3)".into(),
@@ -1108,8 +1133,9 @@ pub fn judge(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Assessment {
 
 /// The requests ahead of a probe on one engine, and the time they may
 /// legitimately take: on a serial engine each runs its whole prefill and
-/// generation first; on a batching one the queued ones are prefilled first
-/// and at most one running prefill holds the batch.
+/// generation first; on a batching one the queued ones are prefilled first,
+/// at most one running prefill holds the batch, and queued requests wait
+/// for running ones to finish.
 fn work_ahead(m: &Metrics, p: &WatchPolicy) -> (u32, Duration) {
     let count = |v: f64| v.max(0.0).ceil() as u32;
     let running = count(m.running);
@@ -1118,8 +1144,12 @@ fn work_ahead(m: &Metrics, p: &WatchPolicy) -> (u32, Duration) {
         let n = running + queued;
         (n, p.max_request() * n)
     } else {
-        let n = queued + u32::from(running > 0);
-        (running + queued, p.max_prefill * n)
+        // Requests queue on a batching engine only while its batch is full
+        // (`--max-running-requests`, or KV memory): the probe then waits for
+        // ceil((queued + 1) / running) waves of generations to end as well.
+        let prefills = queued + u32::from(running > 0);
+        let waves = if queued > 0 { (queued + 1).div_ceil(running.max(1)) } else { 0 };
+        (running + queued, p.max_prefill * prefills + p.max_generation * waves)
     }
 }
 
@@ -1193,7 +1223,10 @@ fn decide_probe(
             s(p.max_request())
         )
     } else {
-        format!("up to {} of prefill", s(p.max_prefill))
+        format!(
+            "up to {} of prefill each, and the generations queued requests wait for",
+            s(p.max_prefill)
+        )
     };
     if timeout > p.max_probe_timeout {
         return ProbeDecision::Defer {
@@ -1672,14 +1705,23 @@ mod tests {
             ProbeDecision::Defer { why } => assert!(why.contains("4 request(s)") && why.contains("1320.0 s"), "{why}"),
             other => panic!("{other:?}"),
         }
-        // A batching engine: queued prefills plus one running prefill.
+        // A batching engine: queued prefills plus one running prefill, and
+        // with requests queued (the batch is full: 1 running) the 4 waves
+        // of generations they wait for.
         let mut b = policy();
         b.serial = false;
+        b.max_probe_timeout = Duration::from_secs(2_000);
         let a = judge(&e, &b, now);
         match a.probe {
             ProbeDecision::Send { timeout, work_ahead, .. } => {
-                assert_eq!((timeout, work_ahead), (Duration::from_secs(120 + 4 * 200), 4))
+                assert_eq!((timeout, work_ahead), (Duration::from_secs(120 + 4 * 200 + 4 * 100), 4))
             }
+            other => panic!("{other:?}"),
+        }
+        // Nothing queued on a batching engine: one running prefill only.
+        observe(&mut e, "prefill-0", sample(now, 5.0, 0.0, 50.0, 41_918.0, None));
+        match judge(&e, &b, now).probe {
+            ProbeDecision::Send { timeout, .. } => assert_eq!(timeout, Duration::from_secs(120 + 200)),
             other => panic!("{other:?}"),
         }
     }
@@ -1842,6 +1884,44 @@ mod tests {
         let a = judge(&e2, &p, done);
         assert_eq!(a.state, PairState::Suspect);
         assert_eq!(a.probe, ProbeDecision::None);
+    }
+
+    /// Found on the real stack (a burst queued on a decode running 2 at a
+    /// time): the probe queued behind the burst and timed out; the prefill
+    /// had computed the probe's prefill (tokens credited to the probe, so not
+    /// "progress") and nothing else. An engine that computed its part of the
+    /// probe is not silent: no wedge, while the decode works through its queue.
+    #[test]
+    fn an_engine_that_computed_its_part_of_the_probe_is_not_silent() {
+        let p = policy();
+        let t0 = Instant::now();
+        let mut e = pair();
+        observe(&mut e, "prefill-0", sample(t0, 0.0, 0.0, 500.0, 500.0, None));
+        observe(&mut e, "decode-0", sample(t0, 2.0, 14.0, 500.0, 500.0, None));
+        e.probe_sent(t0, p.probe_tokens);
+        let timeout = p.probe_timeout + p.max_prefill_chunk;
+        for t in 1..=320u64 {
+            let now = t0 + Duration::from_secs(t);
+            // The probe's 30 prompt tokens on the prefill at 1 s; the decode
+            // generates 24 tokens a second for the burst.
+            let prefill = if t >= 1 { 530.0 } else { 500.0 };
+            observe(&mut e, "prefill-0", sample(now, 0.0, 0.0, prefill, 500.0, None));
+            observe(&mut e, "decode-0", sample(now, 2.0, 14.0, 500.0 + 24.0 * t as f64, 500.0, None));
+        }
+        let done = t0 + timeout;
+        e.probe_done(
+            ProbeRecord {
+                target: "router-0".into(),
+                sent_at: t0,
+                timeout,
+                work_ahead: 16,
+                outcome: ProbeOutcome::Timeout { after_ms: ms(timeout) },
+                request_id: "pdwarden-probe-3".into(),
+            },
+            done,
+        );
+        let a = judge(&e, &p, done);
+        assert_ne!(a.state, PairState::Wedged, "{:?}", a.reasons);
     }
 
     /// A probe that timed out sooner than one legitimate silence of the

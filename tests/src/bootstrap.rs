@@ -20,6 +20,22 @@
 //!   never complete, so its generations hang (INCIDENTS row 1). Decodes at other
 //!   addresses (1P:2D) are unaffected. Restarting the prefill, then the decode,
 //!   clears both faults: a fresh prefill has no history and a fresh decode no cache.
+//!
+//! Each room's KV goes through SGLang's queues (`python/sglang/srt/disaggregation/`):
+//! once the prefill has computed it, the room is in the prefill's *inflight queue*
+//! (`prefill.py`, `disagg_prefill_inflight_queue`, counted in the [`Counters`] gauge
+//! `prefill_inflight` and `sglang:num_prefill_inflight_queue_reqs`) until the decode
+//! takes it (`KVPoll.Success`) or the transfer fails (`KVPoll.Failed`: the decode
+//! reports a failure, meets a stale identity, or goes away mid-transfer). A room whose
+//! decode never comes (a degraded bootstrap, `--kv-stall`, a hung decode) stays there.
+//! A decode may ask the prefill to hold the KV for a while after it is ready
+//! (`--kv-transfer-ms`, a slow link): the room stays inflight meanwhile.
+//!
+//! One simplification: SGLang's prefill answers its HTTP request only when the
+//! transfer ends (`process_disagg_prefill_inflight_queue` streams the finished
+//! request on `KVPoll.Success`, or aborts it with a 500 "Prefill transfer failed" on
+//! `KVPoll.Failed`, which sglang-router returns in place of the decode's error); pd-sim's
+//! prefill answers as soon as its KV is ready, whatever becomes of the transfer.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -34,7 +50,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::stats::Stats;
+use crate::stats::{Counters, Stats};
 
 /// SGLang's `FAKE_BOOTSTRAP_HOST`, used by its health check: never a real transfer.
 pub const FAKE_BOOTSTRAP_HOST: &str = "2.2.2.2";
@@ -76,6 +92,10 @@ pub struct HandshakeResponse {
 pub struct KvQuery {
     pub decode_instance_id: String,
     pub prefill_instance_id: String,
+    /// Real µs the prefill holds the KV after it is ready before handing it over
+    /// (the decode's `--kv-transfer-ms`, scaled by the decode).
+    #[serde(default)]
+    pub hold_us: u64,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -118,9 +138,41 @@ impl DecodeRegistry {
     }
 }
 
+/// Where a room's KV is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RoomState {
+    /// Not computed yet.
+    Waiting,
+    /// Computed; in the prefill's inflight queue until its decode takes it.
+    Ready,
+    /// Handed to the decode (`KVPoll.Success`).
+    Taken,
+    /// The transfer failed (`KVPoll.Failed`).
+    Failed,
+}
+
 struct Room {
-    ready: watch::Sender<bool>,
+    state: watch::Sender<RoomState>,
     created: Instant,
+}
+
+/// Sets a room's state, keeping the `prefill_inflight` gauge equal to the number of
+/// rooms in `Ready`.
+fn set_state(c: &mut Counters, room: &Room, to: RoomState) {
+    let from = *room.state.borrow();
+    if from == to {
+        return;
+    }
+    if from == RoomState::Ready {
+        c.prefill_inflight = c.prefill_inflight.saturating_sub(1);
+    }
+    if to == RoomState::Ready {
+        c.prefill_inflight += 1;
+    }
+    if to == RoomState::Failed {
+        c.kv_rooms_failed += 1;
+    }
+    room.state.send_replace(to);
 }
 
 /// A prefill's bootstrap server state.
@@ -141,27 +193,55 @@ impl BootstrapServer {
         })
     }
 
-    fn room(&self, room: u64) -> watch::Receiver<bool> {
+    /// Runs `f` on `room` (created `Waiting` if new) with the counters, after forgetting
+    /// rooms older than [`ROOM_TTL`].
+    fn with_room<R>(&self, room: u64, f: impl FnOnce(&mut Counters, &Room) -> R) -> R {
         let mut rooms = self.rooms.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
-        rooms.retain(|_, r| now.duration_since(r.created) < ROOM_TTL);
-        rooms
-            .entry(room)
-            .or_insert_with(|| Room {
-                ready: watch::channel(false).0,
+        self.stats.update(|c| {
+            rooms.retain(|_, r| {
+                let keep = now.duration_since(r.created) < ROOM_TTL;
+                if !keep && *r.state.borrow() == RoomState::Ready {
+                    c.prefill_inflight = c.prefill_inflight.saturating_sub(1);
+                }
+                keep
+            });
+            let r = rooms.entry(room).or_insert_with(|| Room {
+                state: watch::channel(RoomState::Waiting).0,
                 created: now,
-            })
-            .ready
-            .subscribe()
+            });
+            f(c, r)
+        })
     }
 
-    /// Called by the prefill when it has computed `room`'s KV.
+    fn forget(&self, room: u64) {
+        self.rooms.lock().unwrap_or_else(|e| e.into_inner()).remove(&room);
+    }
+
+    /// Called by the prefill when it has computed `room`'s KV: the room enters the
+    /// inflight queue, unless its transfer already failed.
     pub fn kv_ready(&self, room: u64) {
-        let _rx = self.room(room);
+        self.with_room(room, |c, r| {
+            if *r.state.borrow() == RoomState::Waiting {
+                set_state(c, r, RoomState::Ready);
+            }
+        });
+    }
+
+    /// Releases `room` from the inflight queue as failed (`KVPoll.Failed`). A room not
+    /// computed yet is marked so that it never enters the queue.
+    pub fn kv_failed(&self, room: u64) {
+        self.with_room(room, |c, r| {
+            if matches!(*r.state.borrow(), RoomState::Waiting | RoomState::Ready) {
+                set_state(c, r, RoomState::Failed);
+            }
+        });
+    }
+
+    /// The state of `room`, if the prefill knows it.
+    pub fn room_state(&self, room: u64) -> Option<RoomState> {
         let rooms = self.rooms.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(r) = rooms.get(&room) {
-            r.ready.send_replace(true);
-        }
+        rooms.get(&room).map(|r| *r.state.borrow())
     }
 
     pub fn router(self: Arc<Self>) -> Router {
@@ -169,6 +249,7 @@ impl BootstrapServer {
             .route("/health", get(|| async { "OK" }))
             .route("/pd-sim/handshake", post(handshake))
             .route("/pd-sim/kv/{room}", get(kv))
+            .route("/pd-sim/kv/{room}/failed", post(kv_failed))
             .with_state(self)
     }
 }
@@ -198,8 +279,32 @@ async fn handshake(
     })
 }
 
+/// The decode reports that `room`'s transfer failed (e.g. `--kv-fail-every`).
+async fn kv_failed(State(s): State<Arc<BootstrapServer>>, Path(room): Path<u64>) -> StatusCode {
+    s.kv_failed(room);
+    StatusCode::OK
+}
+
+/// Releases a claimed room as failed if the decode's pull is dropped before it took
+/// the KV (the decode went away mid-transfer).
+struct Claim<'a> {
+    server: &'a BootstrapServer,
+    room: u64,
+    armed: bool,
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        if self.armed && self.server.room_state(self.room) == Some(RoomState::Ready) {
+            self.server.kv_failed(self.room);
+        }
+    }
+}
+
 async fn kv(State(s): State<Arc<BootstrapServer>>, Path(room): Path<u64>, Query(q): Query<KvQuery>) -> Response {
     if q.prefill_instance_id != s.instance_id {
+        // A decode with a stale identity: this room's transfer cannot happen.
+        s.kv_failed(room);
         return (
             StatusCode::CONFLICT,
             Json(KvStale {
@@ -218,12 +323,36 @@ async fn kv(State(s): State<Arc<BootstrapServer>>, Path(room): Path<u64>, Query(
         // The transfer never completes: the decode's generation hangs.
         std::future::pending::<()>().await;
     }
-    let mut rx = s.room(room);
-    if rx.wait_for(|ready| *ready).await.is_err() {
+    let mut rx = s.with_room(room, |_, r| r.state.subscribe());
+    let state = match rx.wait_for(|st| *st != RoomState::Waiting).await {
+        Ok(st) => *st,
+        Err(_) => return StatusCode::GONE.into_response(),
+    };
+    if state != RoomState::Ready {
         return StatusCode::GONE.into_response();
     }
-    s.rooms.lock().unwrap_or_else(|e| e.into_inner()).remove(&room);
-    s.stats.update(|c| c.kv_served += 1);
+    let mut claim = Claim {
+        server: &s,
+        room,
+        armed: true,
+    };
+    if q.hold_us > 0 {
+        // A slow link: the KV is on its way for this long; the room stays inflight.
+        tokio::time::sleep(Duration::from_micros(q.hold_us)).await;
+    }
+    claim.armed = false;
+    let taken = s.with_room(room, |c, r| {
+        let ready = *r.state.borrow() == RoomState::Ready;
+        if ready {
+            set_state(c, r, RoomState::Taken);
+            c.kv_served += 1;
+        }
+        ready
+    });
+    if !taken {
+        return StatusCode::GONE.into_response();
+    }
+    s.forget(room);
     Json(serde_json::json!({ "room": room, "prefill_instance_id": s.instance_id })).into_response()
 }
 
@@ -249,6 +378,12 @@ impl BootstrapClient {
             addr: OnceLock::new(),
             identities: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Handshakes with the prefill bootstrap at `host:port` unless its identity is
+    /// cached (SGLang's decode bootstraps in its prealloc queue).
+    pub async fn handshake(&self, host: &str, port: u16) -> Result<HandshakeResponse, TransferError> {
+        self.identity(&format!("{host}:{port}")).await
     }
 
     async fn identity(&self, addr: &str) -> Result<HandshakeResponse, TransferError> {
@@ -286,9 +421,22 @@ impl BootstrapClient {
         Ok(ids.entry(addr.to_string()).or_insert(id).clone())
     }
 
+    /// Tells the prefill bootstrap at `host:port` that `room`'s transfer failed, so that
+    /// the prefill releases it (both ends see `KVPoll.Failed`). Best effort.
+    pub async fn report_failed(&self, host: &str, port: u16, room: u64) -> Result<(), TransferError> {
+        let addr = format!("{host}:{port}");
+        self.http
+            .post(format!("http://{addr}/pd-sim/kv/{room}/failed"))
+            .send()
+            .await
+            .map_err(|source| TransferError::Unreachable { addr, source })?;
+        Ok(())
+    }
+
     /// Pulls `room`'s KV from the prefill bootstrap at `host:port`. Waits as long as
-    /// the prefill takes (forever on a degraded bootstrap).
-    pub async fn fetch_kv(&self, host: &str, port: u16, room: u64) -> Result<(), TransferError> {
+    /// the prefill takes (forever on a degraded bootstrap), then `hold` more (a slow
+    /// link, held by the prefill).
+    pub async fn fetch_kv(&self, host: &str, port: u16, room: u64, hold: Duration) -> Result<(), TransferError> {
         let addr = format!("{host}:{port}");
         let id = self.identity(&addr).await?;
         let resp = self
@@ -297,6 +445,7 @@ impl BootstrapClient {
             .query(&KvQuery {
                 decode_instance_id: self.instance_id.clone(),
                 prefill_instance_id: id.prefill_instance_id.clone(),
+                hold_us: u64::try_from(hold.as_micros()).unwrap_or(u64::MAX),
             })
             .send()
             .await

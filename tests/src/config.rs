@@ -6,8 +6,9 @@
 //! time scale) and [`Settings`], the timing and fault knobs that `POST /sim/fault` may
 //! change while the engine runs ([`FaultPatch`] is that request's body, using the
 //! flags' own names). A few flags are start-only on purpose: `--max-running` sizes a
-//! semaphore at start, and `--cold-first-ms-by-start`/`--start-count-file` describe
-//! *which start* this process is, which no live patch can change.
+//! semaphore at start, `--cold-first-ms-by-start`/`--start-count-file` describe
+//! *which start* this process is, which no live patch can change, and
+//! `--chunked-prefill-size` is a server argument in SGLang too.
 //!
 //! Every duration here is in *simulated* milliseconds; [`crate::clock::Scale`] turns
 //! them into real time (`--time-scale 0.01` runs a 56 s start-up in 0.56 s).
@@ -92,6 +93,8 @@ pub fn parse_latency_script(list: &str) -> Result<VecDeque<LatencyStep>, ConfigE
 pub enum ConfigError {
     #[error("--latency-script entry {0:?} is neither a non-negative number of ms nor `hang`")]
     LatencyScript(String),
+    #[error("--sglang-version {0:?} is not a release number such as 0.5.9 or 0.4.6.post4")]
+    SglangVersion(String),
     #[error("--{flag} must be a finite number >= {min}, got {value}")]
     OutOfRange { flag: &'static str, min: f64, value: f64 },
     #[error("--knob-env, --knob-value and --knob-slowdown go together (missing {0})")]
@@ -188,21 +191,34 @@ pub struct Args {
     /// SGLang's SGLANG_HEALTH_CHECK_TIMEOUT, in ms.
     #[arg(long, default_value_t = DEFAULT_HEALTH_TIMEOUT_MS)]
     pub health_timeout_ms: f64,
+    /// The SGLang release imitated: `/metrics` exposes only what that release
+    /// exposes (each metric's `since` in `pdwarden_engines::SGLANG`: no
+    /// `realtime_tokens_total` before 0.5.7, no PD inflight gauge before
+    /// 0.5.1.post2), and before 0.4.10.post2 `/health` answers 200 without
+    /// generating. Reported by `/server_info`.
+    #[arg(long, default_value = "0.5.9")]
+    pub sglang_version: String,
 
     /// Total latencies (ms, or `hang`) of successive client generations, e.g. `17900,106400,hang`;
     /// after the script, the model. `hang,` is a generation that hangs once after start and
     /// then works: the first client generation never answers, later ones follow the model
-    /// (INCIDENTS row 2, seed 003: a probe that never finished among ones that did).
+    /// (INCIDENTS row 2, seed 003: a probe that never finished among ones that did). A
+    /// routed decode part spends its scripted time, or its hang, waiting for its KV (not in
+    /// the running batch: health stays 200); a request served whole spends it in the
+    /// running batch (a hang there makes health 503).
     #[arg(long)]
     pub latency_script: Option<String>,
     /// Run one client generation at a time: a scheduler that stops batching. Throughput
     /// collapses to one request's worth (each waits for the ones before it) while health,
-    /// whose one-token pass does not queue for the slot, stays 200. The real-engine analogue
-    /// is SGLang's `--max-running-requests 1` (`python/sglang/srt/server_args.py`), which
-    /// caps the running batch the scheduler builds.
+    /// which does not queue for the slot, stays 200 as long as the running request
+    /// produces batch results (a prefill chunk over 20 s makes it 503). The real-engine
+    /// analogue is SGLang's `--max-running-requests 1` (`python/sglang/srt/server_args.py`),
+    /// which caps the running batch the scheduler builds.
     #[arg(long)]
     pub serial: bool,
     /// With --serial: a client that disconnects before its first token leaks the slot forever.
+    /// The leaked request stays in the running batch and produces nothing, so health (which
+    /// then waits for a batch result) answers 503 after its timeout.
     #[arg(long)]
     pub leak_slot_on_disconnect: bool,
     /// A prompt not sharing this many leading tokens with a live session mints a session (0 = off).
@@ -226,7 +242,8 @@ pub struct Args {
     #[arg(long)]
     pub fault_health_hang: bool,
     /// A client generation freezes (no more tokens, never finishes) after this many
-    /// output tokens; 0 = off. Health's own one-token pass is unaffected.
+    /// output tokens; 0 = off. The frozen request stays in the running batch, so health
+    /// answers 503 unless other requests produce output.
     #[arg(long, default_value_t = 0)]
     pub freeze_after_tokens: u64,
     /// At most this many client generations run at once; the rest queue (0 = no limit;
@@ -240,7 +257,8 @@ pub struct Args {
     /// recomputes them (SGLang `Scheduler.update_running_batch` in
     /// `python/sglang/srt/managers/scheduler.py`: `check_decode_mem()` fails,
     /// `retract_decode()` puts requests back in the waiting queue, log "KV cache pool is
-    /// full. Retract requests."). Health's one-token pass is unaffected, so health stays 200.
+    /// full. Retract requests."). Health's own pass is unaffected, and running requests
+    /// still produce a batch result every (slowed) step, so health stays 200.
     #[arg(long)]
     pub relapse_after: Option<u64>,
     /// Factor (>= 1) on every modelled duration of a relapsed generation, on top of the knob's.
@@ -253,6 +271,28 @@ pub struct Args {
     /// sees `KVPoll.Failed` and calls `prepare_abort(..., status_code=500)`.
     #[arg(long, default_value_t = 0)]
     pub kv_fail_every: u64,
+    /// Decode only: every KV pull of a routed request takes this many extra ms after the
+    /// prefill has computed the KV: a slow but working link. The prefill holds the room
+    /// (in its inflight queue) for that long before handing the KV over, and the decode's
+    /// request waits in its transfer queue meanwhile (SGLang's `DecodeTransferQueue`,
+    /// `python/sglang/srt/disaggregation/decode.py`, polls `KVPoll` until `Success`).
+    #[arg(long, default_value_t = 0.0)]
+    pub kv_transfer_ms: f64,
+    /// Decode only: a degraded KV link (INCIDENTS row 1, seed 004). A routed request's KV
+    /// never arrives: the decode's request waits in its transfer queue forever (counted in
+    /// `sglang:num_decode_transfer_queue_reqs`, not running), the prefill's room stays in
+    /// its inflight queue, and health stays 200 on both (health uses a fake bootstrap and
+    /// never crosses the link). Turning it off live lets later requests through; requests
+    /// already stuck stay stuck.
+    #[arg(long)]
+    pub kv_stall: bool,
+    /// SGLang's `--chunked-prefill-size` (`python/sglang/srt/server_args.py`): a prompt is
+    /// prefilled in forward passes of at most this many new tokens, and each chunk is a
+    /// batch result of its own (it answers a waiting health check and advances
+    /// `sglang:realtime_tokens_total`). 0 or -1 turns chunking off (SGLang's -1). SGLang's
+    /// default depends on GPU memory (8192 on an H100/H200); start-only.
+    #[arg(long, default_value_t = 8192, allow_negative_numbers = true)]
+    pub chunked_prefill_size: i64,
     /// Cold penalty per start, comma-separated ms: entry k on this process's k-th start as
     /// counted in --start-count-file (the last entry repeats; overrides --cold-first-ms).
     /// Models a first-generation penalty that differs between restarts of the same unit:
@@ -292,6 +332,10 @@ pub struct Settings {
     pub relapse_slowdown: f64,
     /// See `--kv-fail-every` (0 = off).
     pub kv_fail_every: u64,
+    /// See `--kv-transfer-ms` (0 = off).
+    pub kv_transfer_ms: f64,
+    /// See `--kv-stall`.
+    pub kv_stall: bool,
 }
 
 impl Settings {
@@ -320,6 +364,8 @@ pub struct Config {
     pub ready_after_ms: f64,
     pub time_scale: f64,
     pub health_timeout_ms: f64,
+    /// `--sglang-version`.
+    pub sglang_version: String,
     pub latency_script: VecDeque<LatencyStep>,
     pub settings: Settings,
     /// The process environment's value of the knob variable at start (for live knob changes).
@@ -328,6 +374,8 @@ pub struct Config {
     pub max_running: usize,
     /// `--cold-first-ms-by-start` with `--start-count-file`; applied when the engine starts.
     pub cold_by_start: Option<ColdByStart>,
+    /// `--chunked-prefill-size` (None = chunking off).
+    pub chunked_prefill_size: Option<u64>,
 }
 
 fn check(flag: &'static str, value: f64, min: f64) -> Result<f64, ConfigError> {
@@ -354,8 +402,16 @@ impl Config {
             (None, Some(_)) => return Err(ConfigError::RelapseIncomplete("--relapse-after")),
             (Some(_), None) => return Err(ConfigError::RelapseIncomplete("--relapse-slowdown")),
         };
-        if args.role == Role::Prefill && args.kv_fail_every > 0 {
-            return Err(ConfigError::DecodeOnly("--kv-fail-every"));
+        if args.role == Role::Prefill {
+            if args.kv_fail_every > 0 {
+                return Err(ConfigError::DecodeOnly("--kv-fail-every"));
+            }
+            if args.kv_transfer_ms != 0.0 {
+                return Err(ConfigError::DecodeOnly("--kv-transfer-ms"));
+            }
+            if args.kv_stall {
+                return Err(ConfigError::DecodeOnly("--kv-stall"));
+            }
         }
         let cold_by_start = match (args.cold_first_ms_by_start, args.start_count_file) {
             (None, None) => None,
@@ -387,6 +443,8 @@ impl Config {
             relapse_after,
             relapse_slowdown,
             kv_fail_every: args.kv_fail_every,
+            kv_transfer_ms: check("kv-transfer-ms", args.kv_transfer_ms, 0.0)?,
+            kv_stall: args.kv_stall,
         };
         let bootstrap_port = match args.role {
             Role::Prefill => Some(args.bootstrap_port.unwrap_or(DEFAULT_BOOTSTRAP_PORT)),
@@ -402,11 +460,19 @@ impl Config {
             ready_after_ms: check("ready-after-ms", args.ready_after_ms, 0.0)?,
             time_scale: check("time-scale", args.time_scale, f64::MIN_POSITIVE)?,
             health_timeout_ms: check("health-timeout-ms", args.health_timeout_ms, 0.0)?,
+            sglang_version: {
+                let v = args.sglang_version.trim();
+                if v.is_empty() || !v.split('.').all(|p| p.strip_prefix("post").unwrap_or(p).parse::<u64>().is_ok()) {
+                    return Err(ConfigError::SglangVersion(args.sglang_version.clone()));
+                }
+                v.to_string()
+            },
             latency_script: parse_latency_script(args.latency_script.as_deref().unwrap_or(""))?,
             settings,
             knob_env_value,
             max_running: args.max_running,
             cold_by_start,
+            chunked_prefill_size: u64::try_from(args.chunked_prefill_size).ok().filter(|n| *n > 0),
         })
     }
 
@@ -501,6 +567,12 @@ pub struct FaultPatch {
     /// fails).
     #[serde(alias = "kv-fail-every")]
     pub kv_fail_every: Option<u64>,
+    /// Decode only (see `--kv-transfer-ms`); applies to requests admitted after the patch.
+    #[serde(alias = "kv-transfer-ms")]
+    pub kv_transfer_ms: Option<f64>,
+    /// Decode only (see `--kv-stall`); applies to requests admitted after the patch.
+    #[serde(alias = "kv-stall")]
+    pub kv_stall: Option<bool>,
 }
 
 impl FaultPatch {
@@ -556,6 +628,12 @@ impl FaultPatch {
         }
         if let Some(v) = self.kv_fail_every {
             n.kv_fail_every = v;
+        }
+        if let Some(v) = self.kv_transfer_ms {
+            n.kv_transfer_ms = check("kv-transfer-ms", v, 0.0)?;
+        }
+        if let Some(v) = self.kv_stall {
+            n.kv_stall = v;
         }
         if let Some(v) = &self.knob_env {
             n.knob_env = Some(v.clone());
@@ -694,6 +772,45 @@ mod tests {
             .apply(&mut s, |_| None)
             .unwrap();
         assert_eq!(s.kv_fail_every, 0);
+    }
+
+    // The two link faults are a decode's, like --kv-fail-every: a prefill refuses them
+    // (off is fine anywhere), a decode takes them as flags and as live patches.
+    #[test]
+    fn kv_link_faults_are_decode_only() {
+        let prefill = |extra: &[&str]| {
+            let mut v = vec!["pd-sim", "--role", "prefill", "--port", "1"];
+            v.extend_from_slice(extra);
+            Config::from_args(Args::parse_from(v), |_| None)
+        };
+        assert_eq!(
+            prefill(&["--kv-transfer-ms", "500"]).unwrap_err().to_string(),
+            "--kv-transfer-ms applies to a decode only (this engine is --role prefill)"
+        );
+        assert_eq!(
+            prefill(&["--kv-stall"]).unwrap_err().to_string(),
+            "--kv-stall applies to a decode only (this engine is --role prefill)"
+        );
+        assert!(prefill(&["--kv-transfer-ms", "0"]).is_ok());
+        assert!(error(&["--kv-transfer-ms=-1"]).contains("--kv-transfer-ms"));
+        let d = Config::from_args(args(&["--kv-transfer-ms", "2500", "--kv-stall"]), |_| None).unwrap();
+        assert_eq!((d.settings.kv_transfer_ms, d.settings.kv_stall), (2500.0, true));
+        let mut s = d.settings;
+        serde_json::from_str::<FaultPatch>(r#"{"kv-stall": false, "kv_transfer_ms": 0}"#)
+            .unwrap()
+            .apply(&mut s, |_| None)
+            .unwrap();
+        assert_eq!((s.kv_transfer_ms, s.kv_stall), (0.0, false));
+    }
+
+    // --chunked-prefill-size defaults to SGLang's 8192 (H100/H200); 0 or SGLang's -1 is off.
+    #[test]
+    fn chunked_prefill_size_flag() {
+        let c = |extra: &[&str]| Config::from_args(args(extra), |_| None).unwrap().chunked_prefill_size;
+        assert_eq!(c(&[]), Some(8192));
+        assert_eq!(c(&["--chunked-prefill-size", "2048"]), Some(2048));
+        assert_eq!(c(&["--chunked-prefill-size", "-1"]), None);
+        assert_eq!(c(&["--chunked-prefill-size", "0"]), None);
     }
 
     // The k-th start gets entry k of the list; the last entry repeats for later starts.

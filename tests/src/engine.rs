@@ -27,7 +27,17 @@
 //! `--latency-script` entries replace the model for successive client generations
 //! (the total latency, exactly, no slowdown); `hang` never answers. The health
 //! check's own one-token pass costs `ttft` and never consumes the script or the cold
-//! penalty: that is why health can stay 200 while generation is slow or absent.
+//! penalty. Where a slow or absent generation waits decides what health says (see
+//! [`crate::http`]): a request waiting for its KV is outside the running batch and
+//! health stays 200; one in the running batch that produces nothing makes it 503.
+//!
+//! A prefill runs in chunks (`--chunked-prefill-size`, SGLang's chunked prefill):
+//! [`Admission::prefill_chunks`] splits the prompt's compute time into forward passes
+//! of at most that many new tokens, the first also paying the fixed cost, so the last
+//! chunk ends exactly where the single-pass model would. Each chunk is a batch result:
+//! it advances `sglang:realtime_tokens_total` and answers a health check waiting on
+//! the scheduler. A scripted total has no split, so its whole time is spread over the
+//! chunks.
 //!
 //! Faults for restart verdicts, each the pure rule of a real mechanism:
 //! - *Relapse* (`--relapse-after N --relapse-slowdown F`): client generation k since
@@ -37,7 +47,11 @@
 //!   `Scheduler.update_running_batch` (`python/sglang/srt/managers/scheduler.py`) calls
 //!   `batch.retract_decode()` when `check_decode_mem()` fails, logs "KV cache pool is
 //!   full. Retract requests." and re-queues the retracted requests. Health's pass is
-//!   not slowed, so health stays 200 through the relapse.
+//!   not slowed and running requests still produce a result every (slowed) step, so
+//!   health stays 200 through the relapse.
+//! - *Slow and stalled KV links* (`--kv-transfer-ms`, `--kv-stall`, decode) are not
+//!   costs of the plan: they are where the HTTP layer's decode part waits for its KV
+//!   (see [`crate::http`]).
 //! - *Failed KV transfer* (`--kv-fail-every N`, decode): routed request k (the decode
 //!   part of a routed request, counted since start or since the patch that set N) fails
 //!   its transfer when k is a multiple of N: requests 1..N-1 succeed, N fails, and so on.
@@ -49,7 +63,8 @@
 //!   JIT/compile caches, CUDA graph capture after an upgrade); the server picks the
 //!   start's `cold_first_ms` and this model charges it as usual.
 //! - *Hang once* (`--latency-script hang,`): the first generation never answers, later
-//!   ones follow the model (INCIDENTS row 2). *Throughput collapse* (`--serial`,
+//!   ones follow the model (INCIDENTS row 2); a routed decode part hangs waiting for its
+//!   KV, a request served whole hangs in the running batch. *Throughput collapse* (`--serial`,
 //!   `--max-running 1`): a scheduler that stops batching; enforced by the HTTP layer's
 //!   slot, not here, because it is about waiting, not cost.
 //!
@@ -151,6 +166,77 @@ pub struct Admission {
     pub routed_seq: Option<u64>,
     /// A decode part whose KV transfer fails (see `--kv-fail-every`).
     pub kv_fail: bool,
+    /// Which share of the request this engine computes.
+    pub part: Part,
+    /// Prompt tokens this engine computes (not served from the prefix cache); 0 for a
+    /// decode part, which receives the KV instead.
+    pub compute_tokens: u64,
+    /// Of the plan's `ready_ms`, the time spent computing `compute_tokens` (the end of
+    /// `ready_ms`; the rest is the fixed cost of the first forward pass). A scripted
+    /// plan's whole `ready_ms` is prefill: the script gives only the total.
+    pub prefill_ms: f64,
+}
+
+/// One chunk of a chunked prefill: a forward pass and its batch result.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Chunk {
+    /// When the chunk's forward pass completes, simulated ms after the request started
+    /// computing (the last chunk completes exactly at the plan's `ready_ms`).
+    pub done_ms: f64,
+    /// New prompt tokens computed by the chunk (`mode="prefill_compute"`).
+    pub compute_tokens: u64,
+    /// Prompt tokens the chunk took from the prefix cache (`mode="prefill_cache"`).
+    pub cache_tokens: u64,
+}
+
+impl Admission {
+    /// The prefill's chunks, as SGLang's chunked prefill runs them: at most
+    /// `chunk_size` new tokens per forward pass (`None`: one pass), each a batch result
+    /// of its own. SGLang's `Scheduler.get_new_batch_prefill`
+    /// (`python/sglang/srt/managers/scheduler.py`) builds each extend batch with a
+    /// `PrefillAdder` capped at `chunked_prefill_size` and keeps the rest as
+    /// `chunked_req` for the next round; `process_batch_result_prefill` then reports the
+    /// chunk (`report_prefill_stats` in
+    /// `python/sglang/srt/managers/scheduler_components/metrics_reporter.py`:
+    /// `increment_realtime_tokens(prefill_compute_tokens=log_input_tokens,
+    /// prefill_cache_tokens=log_hit_tokens)`). The prefix hit is reported with the first
+    /// chunk, which is where the cached prefix is matched; it does not count against the
+    /// chunk budget.
+    ///
+    /// The chunks split the prompt's compute time in proportion to their tokens, after
+    /// the fixed cost (which the first chunk pays), so the last one ends exactly at
+    /// `ready_ms` and the total is the timing model's. A decode part and a hang have no
+    /// chunks; a prompt served entirely from the cache has one chunk of no new tokens.
+    pub fn prefill_chunks(&self, chunk_size: Option<u64>) -> Vec<Chunk> {
+        let Plan::Timed { ready_ms, .. } = self.plan else {
+            return Vec::new();
+        };
+        if self.part == Part::Decode {
+            return Vec::new();
+        }
+        let total = self.compute_tokens;
+        let fixed_ms = (ready_ms - self.prefill_ms).max(0.0);
+        let size = chunk_size.filter(|c| *c > 0).unwrap_or(u64::MAX).max(1);
+        let mut chunks = Vec::new();
+        let mut done = 0u64;
+        loop {
+            let n = (total - done).min(size);
+            done += n;
+            let done_ms = if done >= total {
+                ready_ms
+            } else {
+                fixed_ms + self.prefill_ms * done as f64 / total as f64
+            };
+            chunks.push(Chunk {
+                done_ms,
+                compute_tokens: n,
+                cache_tokens: if chunks.is_empty() { self.cached_tokens } else { 0 },
+            });
+            if done >= total {
+                return chunks;
+            }
+        }
+    }
 }
 
 /// `--kv-fail-every`: whether routed request `k` (1-based) fails its KV transfer.
@@ -248,6 +334,10 @@ impl EngineState {
             (false, 0, 0)
         };
         let stall_ms = others as f64 * s.stall_per_session_ms;
+        let compute_tokens = |req: &Shape<'_>| match req.part {
+            Part::Decode => 0,
+            Part::Whole | Part::Prefill => req.prompt_tokens - cached_tokens,
+        };
         self.generations += 1;
         let routed_seq = (req.part == Part::Decode).then(|| {
             self.routed += 1;
@@ -269,6 +359,10 @@ impl EngineState {
                 },
                 LatencyStep::Hang => Plan::Hang,
             };
+            let prefill_ms = match (req.part, plan) {
+                (Part::Decode, _) | (_, Plan::Hang) => 0.0,
+                (_, Plan::Timed { ready_ms, .. }) => ready_ms,
+            };
             return Admission {
                 plan,
                 scripted: true,
@@ -279,6 +373,9 @@ impl EngineState {
                 relapsed: false,
                 routed_seq,
                 kv_fail,
+                part: req.part,
+                compute_tokens: compute_tokens(req),
+                prefill_ms,
             };
         }
         let relapsed = s.relapsed(self.generations);
@@ -316,6 +413,13 @@ impl EngineState {
             relapsed,
             routed_seq,
             kv_fail,
+            part: req.part,
+            compute_tokens: compute_tokens(req),
+            prefill_ms: if req.part == Part::Decode {
+                0.0
+            } else {
+                prompt_ms * slow
+            },
         }
     }
 
@@ -535,6 +639,60 @@ mod tests {
         assert!(!kv_transfer_fails(0, 3), "0 is off");
         s.kv_fail_every = 1;
         assert!(e.admit(&s, &shape("routed", 1, Part::Decode), 0.0).kv_fail);
+    }
+
+    // A chunked prefill: 20,000 new tokens at 1,000 tok/s in chunks of 8,192 complete
+    // after the fixed 50 ms plus each chunk's share, the last exactly at ready_ms (the
+    // timing model's total); chunking off is one pass; a decode part has no chunks.
+    #[test]
+    fn prefill_chunks_split_the_prompt_time() {
+        let s = settings();
+        let prompt = "w ".repeat(20_000);
+        let a = EngineState::new(VecDeque::new()).admit(&s, &shape(&prompt, 8, Part::Whole), 0.0);
+        let chunks = a.prefill_chunks(Some(8192));
+        let at: Vec<f64> = chunks.iter().map(|c| c.done_ms).collect();
+        let tokens: Vec<u64> = chunks.iter().map(|c| c.compute_tokens).collect();
+        assert_eq!(at, [50.0 + 8192.0, 50.0 + 16384.0, 50.0 + 20_000.0]);
+        assert_eq!(tokens, [8192, 8192, 3616]);
+        let Plan::Timed { ready_ms, .. } = a.plan else { panic!() };
+        assert_eq!(chunks.last().unwrap().done_ms, ready_ms);
+        assert_eq!(a.prefill_chunks(None).len(), 1);
+        assert_eq!(a.prefill_chunks(None)[0].done_ms, ready_ms);
+        let p = EngineState::new(VecDeque::new()).admit(&s, &shape(&prompt, 8, Part::Prefill), 0.0);
+        assert_eq!(p.prefill_chunks(Some(8192)).len(), 3);
+        let d = EngineState::new(VecDeque::new()).admit(&s, &shape(&prompt, 8, Part::Decode), 0.0);
+        assert!(d.prefill_chunks(Some(8192)).is_empty());
+    }
+
+    // The prefix hit is reported with the first chunk and does not use the chunk budget;
+    // a scripted total is spread over the chunks; a hang has none.
+    #[test]
+    fn prefill_chunks_cache_script_and_hang() {
+        let mut s = settings();
+        s.session_prefix_tokens = 100;
+        let prompt = "a ".repeat(300);
+        let mut e = EngineState::new(VecDeque::new());
+        e.admit(&s, &shape(&prompt, 1, Part::Whole), 0.0);
+        let warm = e.admit(&s, &shape(&prompt, 1, Part::Whole), 0.0);
+        let chunks = warm.prefill_chunks(Some(100));
+        assert_eq!(
+            chunks
+                .iter()
+                .map(|c| (c.compute_tokens, c.cache_tokens))
+                .collect::<Vec<_>>(),
+            [(100, 100), (100, 0)]
+        );
+        assert_eq!(chunks.iter().map(|c| c.done_ms).collect::<Vec<_>>(), [150.0, 250.0]);
+        let s = settings();
+        let mut e = EngineState::new(crate::config::parse_latency_script("9000,hang").unwrap());
+        let scripted = e.admit(&s, &shape(&"w ".repeat(300), 8, Part::Whole), 0.0);
+        let at: Vec<f64> = scripted.prefill_chunks(Some(100)).iter().map(|c| c.done_ms).collect();
+        assert_eq!(at, [3000.0, 6000.0, 9000.0]);
+        assert!(
+            e.admit(&s, &shape("p", 8, Part::Whole), 0.0)
+                .prefill_chunks(Some(100))
+                .is_empty()
+        );
     }
 
     // `hang,`: the one hung generation is followed by the model, cold penalty and all

@@ -1,9 +1,10 @@
 //! SGLang's HTTP surface, as much of it as the router and pdwarden touch.
 //!
 //! Shapes follow SGLang's `python/sglang/srt/entrypoints/http_server.py` and its
-//! OpenAI adapter: `/health` and `/health_generate` share one handler that runs a
-//! one-token forward pass and answers 200 as soon as *any* scheduler output newer than
-//! the request's start is seen (checked once a second, for up to 20 s); `/v1/models`
+//! OpenAI adapter: `/health` and `/health_generate` share one handler that answers 200
+//! as soon as *any* scheduler output newer than the request's start is seen (checked
+//! once a second, for up to 20 s) — a one-token pass of its own when the scheduler is
+//! idle, the scheduler's next batch result when it is busy ([`health`]); `/v1/models`
 //! never touches the scheduler; `/generate` answers `{text, output_ids, meta_info}`.
 //! sglang-router 0.3.2 registers a worker with `GET /health`, `/server_info` and
 //! `/model_info`, then sends every request to a prefill and a decode at once with
@@ -12,10 +13,36 @@
 //! pd-sim's own endpoints live under `/sim/`: `GET /sim/stats` (ground truth) and
 //! `POST /sim/fault` (change faults live, same names as the flags).
 //!
-//! Two modelling decisions worth knowing: a generation that arrives before the
-//! engine is ready waits for readiness (as a request queued during warm-up would);
-//! and the health check's pass does not queue for the `--serial` slot, so a leaked
-//! slot leaves health at 200 while every generation hangs (INCIDENTS row 4).
+//! Modelling decisions worth knowing, each SGLang's (`python/sglang/srt/managers/scheduler.py`
+//! unless named otherwise):
+//! - A generation that arrives before the engine is ready waits for readiness (as a
+//!   request queued during warm-up would).
+//! - *The running batch.* A generation is in it (the `running` gauge,
+//!   `sglang:num_running_reqs`) from the moment it starts computing until it ends,
+//!   including while it hangs (`--latency-script hang` on a request served whole),
+//!   is frozen (`--freeze-after-tokens`) or has leaked its slot: such a request stays
+//!   "running" and produces nothing. A routed *decode* part joins it only once its KV
+//!   has arrived; before, it waits in the decode's prealloc and transfer queues
+//!   (`python/sglang/srt/disaggregation/decode.py`), and a scripted `hang` of a decode
+//!   part, or `--kv-stall`, waits there forever ([`receive_kv`]). A prefill part leaves
+//!   it when its KV is ready; the room then waits in the prefill's inflight queue until
+//!   its decode takes it ([`crate::bootstrap`]). `--serial` and `--max-running` cap the
+//!   running batch (`--max-running-requests`): a decode part queues for them after its
+//!   KV has arrived.
+//! - *Batch results.* Every prefill chunk and every decode step is one: it counts
+//!   towards `sglang:realtime_tokens_total` and answers a health check waiting on the
+//!   scheduler ([`Sim::mark_output`]). pd-sim marks decode steps at least once per
+//!   simulated second of generation, streamed or not, and at each token when a token
+//!   takes longer; a request finishing or aborted by its client is one too.
+//! - *Health* ([`health`]) does not queue for the `--serial` slot, but when the running
+//!   batch is not empty it runs no pass of its own and waits for the next batch result.
+//!   A leaked slot (the leaked request runs and produces nothing) therefore makes health
+//!   503 after 20 s, as does a frozen or hung request in the running batch with nothing
+//!   else producing, or a single prefill chunk longer than 20 s during an honest prefill
+//!   (sgl-project/sglang#22511); a decode whose routed requests wait for their KV answers
+//!   200. `/v1/models` stays 200 throughout (INCIDENTS row 4).
+//! - *Counters* ([`metrics`]): SGLang's token and request counters rise only when a
+//!   request finishes; `realtime_tokens_total` rises during work.
 //!
 //! A failed KV transfer — a stale bootstrap after a prefill restarted alone, or one
 //! injected by `--kv-fail-every` — is answered one way ([`kv_transfer_failed`]), as
@@ -49,23 +76,28 @@ use serde_json::{Value, json};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{Instant, sleep_until, timeout_at};
 
+use pdwarden_engines::{SGLANG, Signal};
+
 use crate::bootstrap::FAKE_BOOTSTRAP_HOST;
 use crate::clock::far_after;
-use crate::config::{FaultPatch, Role};
-use crate::engine::{EngineState, Part, Plan, Shape, count_tokens};
+use crate::config::{FaultPatch, Role, Settings};
+use crate::engine::{Admission, EngineState, Part, Plan, Shape, count_tokens};
 use crate::server::Sim;
 use crate::stats::{Counters, Phase};
 
 /// The request-id prefix that marks a pdwarden probe.
 pub const PROBE_ID_PREFIX: &str = "pdwarden-probe-";
-/// SGLang's version we imitate, reported by `/server_info`.
-const SGLANG_VERSION: &str = "0.5.3";
+// The SGLang release imitated is `--sglang-version`; its default, 0.5.9, is the first
+// release with all of what pd-sim models — `sglang:realtime_tokens_total` (v0.5.7),
+// counted per prefill chunk after its forward pass (#17836, v0.5.9) and per decode
+// iteration, and health generation on `/health` by default (v0.5.5.post3); the PD
+// gauges are older. An older release exposes less (`exposed`).
 /// SGLang's health handler checks for scheduler output once a second.
 const HEALTH_TICK_MS: f64 = 1000.0;
 
 pub fn router(sim: Arc<Sim>) -> Router {
     Router::new()
-        .route("/health", get(health))
+        .route("/health", get(health_shallow_before_0_4_10))
         .route("/health_generate", get(health))
         .route("/v1/models", get(models))
         .route("/server_info", get(server_info))
@@ -140,23 +172,70 @@ async fn unknown(method: axum::http::Method, uri: axum::http::Uri) -> StatusCode
 
 // ---------------------------------------------------------------- health
 
-/// SGLang's shared `/health` + `/health_generate` handler.
+/// SGLang's shared `/health` + `/health_generate` handler (`health_generate` in
+/// `python/sglang/srt/entrypoints/http_server.py`): 503 while starting; then a one-token
+/// request to the scheduler, and every second `tokenizer_manager.last_receive_tstamp >
+/// tic` → 200, 503 after `SGLANG_HEALTH_CHECK_TIMEOUT` (20 s). Any output of any request
+/// counts ([`Sim::mark_output`]).
+///
+/// The scheduler runs the health request as a generation of its own only when it is
+/// idle. Busy, it drops it and answers with its next batch result instead
+/// (`Scheduler.process_input_requests` in `python/sglang/srt/managers/scheduler.py`:
+/// `is_health_check_generate_req(recv_req) and not self.is_fully_idle(...)` → queue the
+/// reply; `maybe_send_health_check_signal` sends a `HealthCheckOutput` after every
+/// `process_batch_result`; `return_health_check_ct` in older releases). pd-sim's "busy"
+/// is requests in the running batch or the waiting queue (the `running` and `queued`
+/// gauges) when the check starts — `is_fully_idle(for_health_check=True)`; up to v0.5.9
+/// the rule looked at the running batch and the chunked request only, which in pd-sim
+/// is the same since nothing queues while nothing runs. The PD queues (a decode's
+/// requests waiting for their KV, a prefill's rooms waiting to be taken) do not count,
+/// as SGLang ignores them. Busy, no pass of its own runs: health is
+/// 200 only if some batch result — a prefill chunk, a decode step, a request finishing
+/// or aborted — comes within the timeout. So a single forward pass (a prefill chunk)
+/// longer than 20 s, a leaked slot or a frozen request in the running batch, with
+/// nothing else producing output, make health 503 (sgl-project/sglang#22511).
+/// `/health`: before v0.4.10.post2 SGLang answered 200 unconditionally here
+/// (`async def health(): return Response(status_code=200)`); since, it is
+/// `health_generate` (sgl-project/sglang#8444).
+async fn health_shallow_before_0_4_10(state: State<Arc<Sim>>) -> StatusCode {
+    if !pdwarden_engines::sglang_health_generates(&state.0.config.sglang_version) {
+        return StatusCode::OK;
+    }
+    health(state).await
+}
+
 async fn health(State(sim): State<Arc<Sim>>) -> StatusCode {
     if sim.phase() != Phase::Ready {
-        return StatusCode::SERVICE_UNAVAILABLE;
+        // Before v0.5.1 there was no Starting status: a health generation
+        // that arrives early queues like any other request.
+        if pdwarden_engines::release_at_least(
+            &sim.config.sglang_version,
+            pdwarden_engines::SGLANG_HEALTH_STARTING_503_SINCE,
+        ) {
+            return StatusCode::SERVICE_UNAVAILABLE;
+        }
+        sim.wait_ready().await;
     }
-    sim.stats.update(|c| c.health_requests += 1);
+    let busy = sim.stats.update(|c| {
+        c.health_requests += 1;
+        let busy = c.running > 0 || c.queued > 0;
+        if busy {
+            c.health_waited_on_batch += 1;
+        }
+        busy
+    });
     let scale = sim.scale();
     let tic = Instant::now();
     let tic_ns = sim.clock.origin.elapsed().as_nanos() as u64;
     let deadline = far_after(tic, scale.real(sim.config.health_timeout_ms));
-    // The one-token pass, with a fake bootstrap: it never crosses the PD link.
-    let plan = EngineState::health_plan(&sim.settings());
+    // Idle: the one-token pass, with a fake bootstrap (it never crosses the PD link).
+    // Busy: no pass; only the scheduler's next batch result answers.
+    let plan = (!busy).then(|| EngineState::health_plan(&sim.settings()));
     let pass_sim = sim.clone();
     let mut pass = pin!(async move {
         match plan {
-            Plan::Hang => std::future::pending::<()>().await,
-            Plan::Timed { ready_ms, .. } => {
+            None | Some(Plan::Hang) => std::future::pending::<()>().await,
+            Some(Plan::Timed { ready_ms, .. }) => {
                 tokio::time::sleep(scale.real(ready_ms)).await;
                 pass_sim.mark_output();
             }
@@ -177,6 +256,7 @@ async fn health(State(sim): State<Arc<Sim>>) -> StatusCode {
     }
     sim.stats.update(|c| c.health_failed += 1);
     tracing::warn!(
+        busy,
         "health check failed: no scheduler output for {} ms",
         sim.config.health_timeout_ms
     );
@@ -237,13 +317,13 @@ async fn server_info(State(sim): State<Arc<Sim>>) -> Json<Value> {
         "max_running_requests": if s.serial { 1 } else { 256 },
         "max_total_num_tokens": 65536,
         "max_req_input_len": 32768,
-        "chunked_prefill_size": 8192,
+        "chunked_prefill_size": sim.config.chunked_prefill_size.map_or(-1, |n| i64::try_from(n).unwrap_or(i64::MAX)),
         "page_size": 1,
         "internal_states": [{
             "last_gen_throughput": gen_throughput(&c, s.tpot_ms),
             "memory_usage": {"weight": 0.0, "kvcache": 0.0, "token_capacity": 65536},
         }],
-        "version": SGLANG_VERSION,
+        "version": sim.config.sglang_version,
         "pd_sim": {"instance_id": sim.instance_id, "phase": sim.phase()},
     }))
 }
@@ -256,81 +336,195 @@ fn gen_throughput(c: &Counters, tpot_ms: f64) -> f64 {
     }
 }
 
-/// Prometheus text with SGLang's metric names (simulated seconds for latencies).
+/// The Prometheus name SGLang gives `signal`, from [`SGLANG`] — the table pdwarden's
+/// agent reads too, so the two cannot disagree on a name.
+fn sglang_name(signal: Signal) -> &'static str {
+    match SGLANG.metric(signal) {
+        Some(m) => m.name,
+        None => panic!("the SGLang profile names no metric for {signal:?}"),
+    }
+}
+
+/// Prometheus text with SGLang's metric names (`python/sglang/srt/metrics/collector.py`,
+/// served with `--enable-metrics`), each labelled `model_name`.
+///
+/// - `sglang:num_requests_total`, `sglang:prompt_tokens_total` and
+///   `sglang:generation_tokens_total` rise only when a request finishes — answered,
+///   failed or aborted — as `TokenizerMetricsCollector.observe_one_finished_request`
+///   increments them: a long request moves none of them until its end. (`/sim/stats`'
+///   `requests_total` and `prompt_tokens_total` keep pd-sim's meanings: arrivals and
+///   admissions.)
+/// - `sglang:realtime_tokens_total{mode="prefill_compute"|"prefill_cache"|"decode"}`
+///   rises during work (`SchedulerMetricsCollector.increment_realtime_tokens`): by each
+///   prefill chunk's tokens when the chunk's forward pass completes, and by the tokens of
+///   each decode step (pd-sim reports them at least once a simulated second). A hung or
+///   frozen request adds nothing.
+/// - The PD gauges and counters (`python/sglang/srt/disaggregation/prefill.py`,
+///   `decode.py`): a prefill's inflight queue (rooms computed, not yet taken by their
+///   decode) and its bootstrap (prealloc) queue, always 0 here because pd-sim's prefill
+///   does not wait for its decode's bootstrap before computing; a decode's prealloc
+///   queue (requests in their bootstrap handshake) and transfer queue (waiting for their
+///   KV); bootstrap and transfer failures on both.
+/// - Gauges are current at every scrape; SGLang refreshes them only when it logs stats
+///   (each prefill batch, every `--decode-log-interval` decode steps, every 30 s idle),
+///   which pd-sim does not model.
 async fn metrics(State(sim): State<Arc<Sim>>) -> Response {
     let c = sim.stats.snapshot();
     let s = sim.settings();
-    let labels = format!("model_name=\"{}\"", sim.config.model.replace('"', "'"));
+    let model = format!("model_name=\"{}\"", sim.config.model.replace('"', "'"));
     let mut out = String::new();
-    let mut metric = |name: &str, kind: &str, help: &str, value: f64| {
-        out.push_str(&format!(
-            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{labels}}} {value}\n"
-        ));
+    let mut family = |name: &str, kind: &str, help: &str, samples: &[(&str, f64)]| {
+        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
+        for (extra, value) in samples {
+            let labels = if extra.is_empty() {
+                model.clone()
+            } else {
+                format!("{model},{extra}")
+            };
+            out.push_str(&format!("{name}{{{labels}}} {value}\n"));
+        }
     };
-    metric(
-        "sglang:num_running_reqs",
+    let n = |v: u64| v as f64;
+    family(
+        sglang_name(Signal::RunningReqs),
         "gauge",
         "The number of running requests.",
-        c.running as f64,
+        &[("", n(c.running))],
     );
-    metric(
-        "sglang:num_queue_reqs",
+    family(
+        sglang_name(Signal::QueuedReqs),
         "gauge",
         "The number of requests in the waiting queue.",
-        c.queued as f64,
+        &[("", n(c.queued))],
     );
-    if sim.config.role == Role::Decode {
-        metric(
-            "sglang:num_decode_transfer_queue_reqs",
-            "gauge",
-            "The number of requests in the decode transfer queue.",
-            c.transfer_waiting as f64,
-        );
-        metric(
-            "sglang:num_transfer_failed_reqs_total",
-            "counter",
-            "The number of transfer failed requests.",
-            c.kv_transfers_failed as f64,
-        );
-    }
-    metric(
-        "sglang:gen_throughput",
+    let (bootstrap_failed, transfer_failed) = match sim.config.role {
+        Role::Prefill => {
+            family(
+                sglang_name(Signal::PrefillPreallocQueue),
+                "gauge",
+                "The number of requests in the prefill prealloc queue.",
+                &[("", 0.0)],
+            );
+            family(
+                sglang_name(Signal::PrefillInflightQueue),
+                "gauge",
+                "The number of requests in the prefill inflight queue.",
+                &[("", n(c.prefill_inflight))],
+            );
+            (0, c.kv_rooms_failed)
+        }
+        Role::Decode => {
+            family(
+                sglang_name(Signal::DecodePreallocQueue),
+                "gauge",
+                "The number of requests in the decode prealloc queue.",
+                &[("", n(c.decode_prealloc))],
+            );
+            family(
+                sglang_name(Signal::DecodeTransferQueue),
+                "gauge",
+                "The number of requests in the decode transfer queue.",
+                &[("", n(c.transfer_waiting))],
+            );
+            (
+                c.bootstrap_failed,
+                c.kv_transfers_failed.saturating_sub(c.bootstrap_failed),
+            )
+        }
+    };
+    family(
+        sglang_name(Signal::BootstrapFailed),
+        "counter",
+        "The number of bootstrap failed requests.",
+        &[("", n(bootstrap_failed))],
+    );
+    family(
+        sglang_name(Signal::TransferFailed),
+        "counter",
+        "The number of transfer failed requests.",
+        &[("", n(transfer_failed))],
+    );
+    family(
+        sglang_name(Signal::GenThroughput),
         "gauge",
         "The generation throughput (token/s).",
-        gen_throughput(&c, s.tpot_ms),
+        &[("", gen_throughput(&c, s.tpot_ms))],
     );
-    metric("sglang:num_used_tokens", "gauge", "The number of used tokens.", 0.0);
-    metric("sglang:token_usage", "gauge", "The token usage.", 0.0);
-    metric("sglang:cache_hit_rate", "gauge", "The prefix cache hit rate.", 0.0);
-    metric(
-        "sglang:prompt_tokens_total",
+    family(
+        "sglang:num_used_tokens",
+        "gauge",
+        "The number of used tokens.",
+        &[("", 0.0)],
+    );
+    family("sglang:token_usage", "gauge", "The token usage.", &[("", 0.0)]);
+    family(
+        "sglang:cache_hit_rate",
+        "gauge",
+        "The prefix cache hit rate.",
+        &[("", 0.0)],
+    );
+    family(
+        sglang_name(Signal::PromptTokens),
         "counter",
         "Number of prefill tokens processed.",
-        c.prompt_tokens_total as f64,
+        &[("", n(c.finished_prompt_tokens_total))],
     );
-    metric(
-        "sglang:generation_tokens_total",
+    family(
+        sglang_name(Signal::GenerationTokens),
         "counter",
         "Number of generation tokens processed.",
-        c.generation_tokens_total as f64,
+        &[("", n(c.finished_generation_tokens_total))],
     );
-    metric(
-        "sglang:num_requests_total",
+    family(
+        sglang_name(Signal::Requests),
         "counter",
         "Number of requests processed.",
-        c.requests_total as f64,
+        &[("", n(c.finished_requests_total))],
     );
-    metric(
-        "sglang:num_aborted_requests_total",
+    family(
+        sglang_name(Signal::AbortedRequests),
         "counter",
         "Number of requests aborted.",
-        c.disconnected as f64,
+        &[("", n(c.disconnected))],
     );
+    family(
+        sglang_name(Signal::RealtimeTokens),
+        "counter",
+        "Total number of tokens processed (updated on each log interval).",
+        &[
+            ("mode=\"prefill_compute\"", n(c.realtime_prefill_compute_tokens)),
+            ("mode=\"prefill_cache\"", n(c.realtime_prefill_cache_tokens)),
+            ("mode=\"decode\"", n(c.realtime_decode_tokens)),
+        ],
+    );
+    let out = exposed(&out, &sim.config.sglang_version);
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
         out,
     )
         .into_response()
+}
+
+/// Drops the families the imitated release does not expose yet (the
+/// profile's `since` of each name); names the profile does not list stay.
+fn exposed(text: &str, version: &str) -> String {
+    text.lines()
+        .filter(|line| {
+            let name = line
+                .strip_prefix("# HELP ")
+                .or_else(|| line.strip_prefix("# TYPE "))
+                .unwrap_or(line)
+                .split(['{', ' '])
+                .next()
+                .unwrap_or("");
+            SGLANG
+                .metrics
+                .iter()
+                .find(|m| m.name == name)
+                .is_none_or(|m| m.exposed_by(version))
+        })
+        .map(|l| format!("{l}\n"))
+        .collect()
 }
 
 // ---------------------------------------------------------------- sim API
@@ -536,10 +730,28 @@ impl Drop for GaugeGuard {
 struct Inflight {
     sim: Arc<Sim>,
     rid: String,
+    prompt_tokens: u64,
     permit: Option<OwnedSemaphorePermit>,
     running: Option<GaugeGuard>,
-    first_token: bool,
+    /// Output tokens produced so far.
+    tokens_done: u64,
     done: bool,
+}
+
+impl Inflight {
+    /// The request finished — answered in full or with an error — and counts where
+    /// SGLang's `TokenizerMetricsCollector.observe_one_finished_request`
+    /// (`python/sglang/srt/metrics/collector.py`) counts it: `num_requests_total` and its
+    /// prompt and output tokens, only now.
+    fn finish(&mut self) {
+        self.done = true;
+        let (prompt, generated) = (self.prompt_tokens, self.tokens_done);
+        self.sim.stats.update(|c| {
+            c.finished_requests_total += 1;
+            c.finished_prompt_tokens_total += prompt;
+            c.finished_generation_tokens_total += generated;
+        });
+    }
 }
 
 impl Drop for Inflight {
@@ -547,26 +759,199 @@ impl Drop for Inflight {
         if self.done {
             return;
         }
-        let leak = !self.first_token && self.permit.is_some() && self.sim.settings().leak_slot_on_disconnect;
+        let leak = self.tokens_done == 0 && self.permit.is_some() && self.sim.settings().leak_slot_on_disconnect;
+        let (prompt, generated) = (self.prompt_tokens, self.tokens_done);
         self.sim.stats.update(|c| {
             c.disconnected += 1;
             if leak {
                 c.leaked_slots += 1;
+            } else {
+                // SGLang aborts the request (`TokenizerManager.abort_request` →
+                // `Scheduler.abort_request`) and it finishes as aborted: counted by
+                // `observe_one_finished_request` with the tokens it had.
+                c.finished_requests_total += 1;
+                c.finished_prompt_tokens_total += prompt;
+                c.finished_generation_tokens_total += generated;
             }
         });
         if leak {
             if let Some(p) = self.permit.take() {
                 p.forget();
             }
-            // The scheduler still thinks the request runs: num_running_reqs stays up.
+            // The scheduler still thinks the request runs: num_running_reqs stays up,
+            // and it never produces a batch result again.
             if let Some(g) = self.running.take() {
                 std::mem::forget(g);
             }
             tracing::warn!(rid = %self.rid, "client disconnected before its first token: the serial slot is leaked");
         } else {
+            // The abort reaches the tokenizer manager as an output.
+            self.sim.mark_output();
             tracing::info!(rid = %self.rid, "client disconnected");
         }
     }
+}
+
+/// Queues for the `--serial` slot and a `--max-running` slot: SGLang's cap on the
+/// running batch (`--max-running-requests`). The serial permit goes in `inflight` (it
+/// can leak); the `--max-running` one is returned, held until the generation ends.
+async fn take_slots(sim: &Arc<Sim>, settings: &Settings, inflight: &mut Inflight) -> Option<OwnedSemaphorePermit> {
+    if settings.serial {
+        let _queued = GaugeGuard::new(sim, |c| &mut c.queued);
+        inflight.permit = sim.slot.clone().acquire_owned().await.ok();
+    }
+    match &sim.running_slots {
+        Some(slots) => {
+            let _queued = GaugeGuard::new(sim, |c| &mut c.queued);
+            slots.clone().acquire_owned().await.ok()
+        }
+        None => None,
+    }
+}
+
+/// Runs the prefill's chunks on schedule ([`Admission::prefill_chunks`]). Each chunk's
+/// forward pass is a batch result: it adds its tokens to `sglang:realtime_tokens_total`
+/// (`report_prefill_stats` in `python/sglang/srt/managers/scheduler_components/metrics_reporter.py`,
+/// after every prefill batch) and answers a waiting health check
+/// (`maybe_send_health_check_signal` after `process_batch_result`). The last chunk ends
+/// exactly at the plan's `ready_ms`.
+async fn run_prefill(sim: &Sim, admission: &Admission, start: Instant) {
+    let scale = sim.scale();
+    for chunk in admission.prefill_chunks(sim.config.chunked_prefill_size) {
+        sleep_until(far_after(start, scale.real(chunk.done_ms))).await;
+        sim.stats.update(|c| {
+            c.realtime_prefill_compute_tokens += chunk.compute_tokens;
+            c.realtime_prefill_cache_tokens += chunk.cache_tokens;
+        });
+        sim.mark_output();
+    }
+}
+
+/// When token `k` (1-based) is due: `t0 + k × per`, in whole nanoseconds so that
+/// [`tokens_by`] agrees with it exactly.
+fn token_at(t0: Instant, per: Duration, k: u64) -> Instant {
+    let ns = per.as_nanos().saturating_mul(u128::from(k));
+    far_after(t0, Duration::from_nanos(u64::try_from(ns).unwrap_or(u64::MAX)))
+}
+
+/// How many tokens are due by `now` (all of them when tokens cost nothing).
+fn tokens_by(t0: Instant, per: Duration, now: Instant) -> u64 {
+    if per.is_zero() {
+        return u64::MAX;
+    }
+    u64::try_from(now.saturating_duration_since(t0).as_nanos() / per.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Produces tokens `inflight.tokens_done + 1 ..= upto` of a non-streamed generation on
+/// schedule. Every decode step is a batch result in SGLang: it adds the batch's tokens
+/// to `realtime_tokens_total{mode="decode"}` (`report_decode_stats` in
+/// `metrics_reporter.py`, every iteration) and answers a waiting health check. pd-sim
+/// does both whenever tokens were produced, at least once per simulated second (at
+/// every token when a token takes longer), not at every token: scaled time can make
+/// tokens sub-millisecond. `decode_steps` is false for a prefill part, whose one token
+/// comes from its prefill pass.
+async fn produce(sim: &Sim, inflight: &mut Inflight, t0: Instant, per: Duration, upto: u64, decode_steps: bool) {
+    let second = sim.scale().real(1000.0);
+    while inflight.tokens_done < upto {
+        let done = inflight.tokens_done;
+        let wake = far_after(Instant::now(), second)
+            .max(token_at(t0, per, done + 1))
+            .min(token_at(t0, per, upto));
+        sleep_until(wake).await;
+        let k = tokens_by(t0, per, Instant::now()).min(upto);
+        if k > done {
+            inflight.tokens_done = k;
+            if decode_steps {
+                sim.stats.update(|c| c.realtime_decode_tokens += k - done);
+            }
+            sim.mark_output();
+        }
+    }
+}
+
+/// The decode part of a routed request, up to the moment its KV has arrived. It waits
+/// in SGLang's decode queues, not in the running batch (`python/sglang/srt/disaggregation/decode.py`):
+/// `DecodePreallocQueue` while it bootstraps with the prefill (the handshake), then
+/// `DecodeTransferQueue` until `KVPoll.Success`; the decode's own fixed costs overlap the
+/// wait. So a decode whose requests wait on their KV has nothing running, runs health's
+/// own pass and answers 200 (the pass uses a fake bootstrap and never crosses the link):
+/// "health 200 while generation hangs" (seeds 002, 003). Here:
+/// - a scripted `hang` waits in the transfer queue forever, and never pulls its KV (the
+///   prefill's room stays inflight);
+/// - `--kv-stall`: the same, for every routed request admitted while it is on;
+/// - `--kv-fail-every`: the transfer fails when the decode would have started on the
+///   request; both ends see `KVPoll.Failed` (`DecodeTransferQueue.pop_transferred`
+///   aborts the request with a 500);
+/// - a handshake that fails is a bootstrap failure, a pull that fails a transfer
+///   failure, both answered with that 500;
+/// - `--kv-transfer-ms`: the prefill holds the KV that long after it is ready.
+///
+/// `Err` is the answer to send.
+#[allow(clippy::too_many_arguments)]
+async fn receive_kv(
+    sim: &Arc<Sim>,
+    settings: &Settings,
+    req: &GenRequest,
+    admission: &Admission,
+    start: Instant,
+    (host, port, room): (&str, u16, u64),
+    inflight: &mut Inflight,
+) -> Result<(), Response> {
+    let Some(client) = &sim.bootstrap_client else {
+        unreachable!("a decode always has a bootstrap client");
+    };
+    let scale = sim.scale();
+    let waiting = GaugeGuard::new(sim, |c| &mut c.transfer_waiting);
+    let Plan::Timed { ready_ms, .. } = admission.plan else {
+        tracing::info!(rid = %req.rid, room, "scripted hang: this request waits for its KV forever");
+        let never = std::future::pending::<std::convert::Infallible>().await;
+        match never {}
+    };
+    if settings.kv_stall {
+        sim.stats.update(|c| c.kv_stalled_requests += 1);
+        tracing::warn!(rid = %req.rid, room, "--kv-stall: this request's KV never arrives");
+        let never = std::future::pending::<std::convert::Infallible>().await;
+        match never {}
+    }
+    let ready_at = far_after(start, scale.real(ready_ms));
+    if admission.kv_fail {
+        // `--kv-fail-every`: the transfer is lost; the decode notices when it would have
+        // started on the request, and never pulls the room's KV.
+        sleep_until(ready_at).await;
+        drop(waiting);
+        sim.stats.update(|c| c.kv_failures_injected += 1);
+        let report = client.report_failed(host, port, room);
+        let _ = tokio::time::timeout(Duration::from_secs(1), report).await;
+        inflight.finish();
+        let reason = format!(
+            "KV transfer failed: injected by --kv-fail-every {} (routed request {})",
+            settings.kv_fail_every,
+            admission.routed_seq.unwrap_or_default()
+        );
+        return Err(kv_transfer_failed(sim, req, room, &reason));
+    }
+    drop(waiting);
+    let prealloc = GaugeGuard::new(sim, |c| &mut c.decode_prealloc);
+    let handshake = client.handshake(host, port).await;
+    drop(prealloc);
+    if let Err(e) = handshake {
+        sim.stats.update(|c| c.bootstrap_failed += 1);
+        inflight.finish();
+        return Err(kv_transfer_failed(sim, req, room, &format!("KV transfer failed: {e}")));
+    }
+    let waiting = GaugeGuard::new(sim, |c| &mut c.transfer_waiting);
+    if settings.kv_transfer_ms > 0.0 {
+        sim.stats.update(|c| c.kv_transfers_delayed += 1);
+    }
+    let hold = scale.real(settings.kv_transfer_ms);
+    let (kv, ()) = tokio::join!(client.fetch_kv(host, port, room, hold), sleep_until(ready_at));
+    drop(waiting);
+    if let Err(e) = kv {
+        inflight.finish();
+        return Err(kv_transfer_failed(sim, req, room, &format!("KV transfer failed: {e}")));
+    }
+    sim.stats.update(|c| c.kv_transfers_ok += 1);
+    Ok(())
 }
 
 async fn serve_generation(sim: Arc<Sim>, req: GenRequest) -> Response {
@@ -584,30 +969,23 @@ async fn serve_generation(sim: Arc<Sim>, req: GenRequest) -> Response {
     let mut inflight = Inflight {
         sim: sim.clone(),
         rid: req.rid.clone(),
+        prompt_tokens,
         permit: None,
         running: None,
-        first_token: false,
+        tokens_done: 0,
         done: false,
     };
     sim.wait_ready().await;
     let settings = sim.settings();
-    if settings.serial {
-        let _queued = GaugeGuard::new(&sim, |c| &mut c.queued);
-        let permit = sim.slot.clone().acquire_owned().await;
-        inflight.permit = permit.ok();
-    }
-    // `--max-running`: held for the whole generation, released however it ends.
-    let _running_slot = match &sim.running_slots {
-        Some(slots) => {
-            let _queued = GaugeGuard::new(&sim, |c| &mut c.queued);
-            slots.clone().acquire_owned().await.ok()
-        }
-        None => None,
-    };
     let part = match req.transfer {
         Transfer::None => Part::Whole,
         Transfer::Publish { .. } => Part::Prefill,
         Transfer::Pull { .. } => Part::Decode,
+    };
+    // A decode part queues for the running batch only once its KV has arrived.
+    let mut running_slot = match part {
+        Part::Decode => None,
+        Part::Whole | Part::Prefill => take_slots(&sim, &settings, &mut inflight).await,
     };
     let admission = {
         let shape = Shape {
@@ -628,7 +1006,6 @@ async fn serve_generation(sim: Arc<Sim>, req: GenRequest) -> Response {
         }
         c.prompt_tokens_total += prompt_tokens;
     });
-    inflight.running = Some(GaugeGuard::new(&sim, |c| &mut c.running));
     if admission.relapsed {
         sim.stats.update(|c| c.relapsed_requests += 1);
     }
@@ -637,57 +1014,52 @@ async fn serve_generation(sim: Arc<Sim>, req: GenRequest) -> Response {
     }
     let start = Instant::now();
     let scale = sim.scale();
-    let Plan::Timed {
-        ready_ms,
-        per_token_ms,
-        tokens,
-    } = admission.plan
-    else {
-        tracing::info!(rid = %req.rid, "scripted hang: this request never answers");
-        let never = std::future::pending::<std::convert::Infallible>().await;
-        match never {}
-    };
-    let ready_at = far_after(start, scale.real(ready_ms));
     match &req.transfer {
-        Transfer::None => sleep_until(ready_at).await,
-        Transfer::Publish { room } => {
-            sleep_until(ready_at).await;
-            if let Some(b) = &sim.bootstrap_server {
+        Transfer::Pull { host, port, room } => {
+            if let Err(answer) = receive_kv(
+                &sim,
+                &settings,
+                &req,
+                &admission,
+                start,
+                (host, *port, *room),
+                &mut inflight,
+            )
+            .await
+            {
+                return answer;
+            }
+            running_slot = take_slots(&sim, &settings, &mut inflight).await;
+            inflight.running = Some(GaugeGuard::new(&sim, |c| &mut c.running));
+        }
+        Transfer::None | Transfer::Publish { .. } => {
+            inflight.running = Some(GaugeGuard::new(&sim, |c| &mut c.running));
+            if admission.plan == Plan::Hang {
+                // In the running batch, producing nothing, ever.
+                tracing::info!(rid = %req.rid, "scripted hang: this request never answers");
+                let never = std::future::pending::<std::convert::Infallible>().await;
+                match never {}
+            }
+            run_prefill(&sim, &admission, start).await;
+            if let (Transfer::Publish { room }, Some(b)) = (&req.transfer, &sim.bootstrap_server) {
                 b.kv_ready(*room);
             }
         }
-        Transfer::Pull { host, port, room } => {
-            let Some(client) = &sim.bootstrap_client else {
-                unreachable!("a decode always has a bootstrap client");
-            };
-            let waiting = GaugeGuard::new(&sim, |c| &mut c.transfer_waiting);
-            if admission.kv_fail {
-                // `--kv-fail-every`: the transfer is lost; the decode notices when it
-                // would have started on the request, and never pulls the room's KV.
-                sleep_until(ready_at).await;
-                drop(waiting);
-                sim.stats.update(|c| c.kv_failures_injected += 1);
-                inflight.done = true;
-                let reason = format!(
-                    "KV transfer failed: injected by --kv-fail-every {} (routed request {})",
-                    settings.kv_fail_every,
-                    admission.routed_seq.unwrap_or_default()
-                );
-                return kv_transfer_failed(&sim, &req, *room, &reason);
-            }
-            let (kv, ()) = tokio::join!(client.fetch_kv(host, *port, *room), sleep_until(ready_at));
-            drop(waiting);
-            if let Err(e) = kv {
-                inflight.done = true;
-                return kv_transfer_failed(&sim, &req, *room, &format!("KV transfer failed: {e}"));
-            }
-            sim.stats.update(|c| c.kv_transfers_ok += 1);
-        }
     }
+    let Plan::Timed {
+        per_token_ms, tokens, ..
+    } = admission.plan
+    else {
+        unreachable!("a hang never gets this far");
+    };
+    let decode_steps = part != Part::Prefill;
     let t0 = Instant::now();
     let per = scale.real(per_token_ms);
-    sleep_until(t0 + per).await;
-    inflight.first_token = true;
+    sleep_until(token_at(t0, per, 1)).await;
+    inflight.tokens_done = 1;
+    if decode_steps {
+        sim.stats.update(|c| c.realtime_decode_tokens += 1);
+    }
     sim.mark_output();
     let out = Output {
         req,
@@ -701,20 +1073,30 @@ async fn serve_generation(sim: Arc<Sim>, req: GenRequest) -> Response {
     };
     let freeze_after = settings.freeze_after_tokens;
     if out.req.stream {
-        return stream_response(sim, out, inflight, t0, per, freeze_after, _running_slot);
+        let timing = StreamTiming {
+            t0,
+            per,
+            freeze_after,
+            decode_steps,
+        };
+        return stream_response(sim, out, inflight, timing, running_slot);
     }
-    if freeze_after > 0 && tokens > freeze_after {
-        // Frozen mid-generation: the first `freeze_after` tokens are produced,
-        // then nothing, ever (the answer never arrives).
-        sleep_until(t0 + per * (freeze_after as u32)).await;
-        sim.mark_output();
+    let upto = if freeze_after > 0 && tokens > freeze_after {
+        freeze_after
+    } else {
+        tokens
+    };
+    produce(&sim, &mut inflight, t0, per, upto, decode_steps).await;
+    if upto < tokens {
+        // Frozen mid-generation: the first `freeze_after` tokens are produced, then
+        // nothing, ever (the answer never arrives); the request stays in the running
+        // batch.
         tracing::info!(rid = %out.req.rid, freeze_after, "generation frozen mid-stream");
         let never = std::future::pending::<std::convert::Infallible>().await;
         match never {}
     }
-    sleep_until(t0 + per * (tokens as u32)).await;
-    sim.mark_output();
-    inflight.done = true;
+    inflight.finish();
+    drop(running_slot);
     sim.stats.update(|c| {
         c.completed += 1;
         c.generation_tokens_total += tokens;
@@ -888,16 +1270,26 @@ impl Output {
     }
 }
 
-/// Streams tokens 1..=n on schedule (token 1 is due now), then the tail.
-/// With `freeze_after` > 0 the stream stops after that many tokens and stays open
-/// forever (a decode frozen mid-stream).
+/// When a stream's tokens are due, and what each one counts as.
+struct StreamTiming {
+    t0: Instant,
+    per: Duration,
+    /// `--freeze-after-tokens` (0 = off).
+    freeze_after: u64,
+    /// Tokens after the first are decode steps (false for a prefill part).
+    decode_steps: bool,
+}
+
+/// Streams tokens 1..=n on schedule (token 1 is due now), then the tail. Each token
+/// after the first is a decode step: a batch result that adds to
+/// `realtime_tokens_total{mode="decode"}` and answers a waiting health check (see
+/// [`produce`]). With `freeze_after` > 0 the stream stops after that many tokens and
+/// stays open forever (a decode frozen mid-stream, still in the running batch).
 fn stream_response(
     sim: Arc<Sim>,
     out: Output,
     inflight: Inflight,
-    t0: Instant,
-    per: Duration,
-    freeze_after: u64,
+    timing: StreamTiming,
     running_slot: Option<tokio::sync::OwnedSemaphorePermit>,
 ) -> Response {
     struct St {
@@ -905,9 +1297,7 @@ fn stream_response(
         out: Output,
         inflight: Inflight,
         next: u64,
-        t0: Instant,
-        per: Duration,
-        freeze_after: u64,
+        timing: StreamTiming,
         _running_slot: Option<tokio::sync::OwnedSemaphorePermit>,
     }
     let st = St {
@@ -915,29 +1305,32 @@ fn stream_response(
         out,
         inflight,
         next: 1,
-        t0,
-        per,
-        freeze_after,
+        timing,
         _running_slot: running_slot,
     };
     let stream = futures::stream::unfold(Some(st), |st| async move {
         let mut st = st?;
-        if st.freeze_after > 0 && st.next > st.freeze_after && st.next <= st.out.tokens {
-            tracing::info!(rid = %st.out.req.rid, freeze_after = st.freeze_after, "stream frozen");
+        let freeze_after = st.timing.freeze_after;
+        if freeze_after > 0 && st.next > freeze_after && st.next <= st.out.tokens {
+            tracing::info!(rid = %st.out.req.rid, freeze_after, "stream frozen");
             let never = std::future::pending::<std::convert::Infallible>().await;
             match never {}
         }
         if st.next <= st.out.tokens {
             let i = st.next;
             if i > 1 {
-                sleep_until(st.t0 + st.per * (i as u32)).await;
+                sleep_until(token_at(st.timing.t0, st.timing.per, i)).await;
+                st.inflight.tokens_done = i;
+                if st.timing.decode_steps {
+                    st.sim.stats.update(|c| c.realtime_decode_tokens += 1);
+                }
                 st.sim.mark_output();
             }
             st.next += 1;
             let chunk = st.out.token_event(i);
             return Some((Ok::<Bytes, std::convert::Infallible>(Bytes::from(chunk)), Some(st)));
         }
-        st.inflight.done = true;
+        st.inflight.finish();
         let tokens = st.out.tokens;
         st.sim.stats.update(|c| {
             c.completed += 1;

@@ -5,13 +5,16 @@
 //! (`../shared/INCIDENTS.md`). pd-sim reproduces those ways on a laptop, on loopback,
 //! scaled in time: start-up phases (refused → 503 → 200), SGLang's health handler,
 //! a real prefill→decode KV transfer path, and the incidents' faults (latency
-//! scripts, a leaking serial slot, minted sessions, stale and degraded bootstraps,
-//! an environment knob). The real `sglang-router` routes through it as it would
+//! scripts, a leaking serial slot, minted sessions, stale, degraded, slow and stalled
+//! KV links, an environment knob). It follows the SGLang engine profile of
+//! `pdwarden-engines` (`SGLANG`): its metric names, which counters move during work
+//! and which only when a request finishes, and health through the scheduler. The real `sglang-router` routes through it as it would
 //! through SGLang. It knows nothing about pdwarden's verdicts (DESIGN.md §7).
 //!
 //! Surface (details in [`http`]):
 //! - SGLang: `GET /health`, `/health_generate` (503 until ready, then a one-token
-//!   pass; 503 if no scheduler output within the scaled 20 s), `/v1/models`,
+//!   pass when the running batch is empty, the next batch result when it is not; 503 if
+//!   no scheduler output within the scaled 20 s), `/v1/models`,
 //!   `/server_info`, `/get_server_info`, `/model_info`, `/get_model_info`, `/metrics`;
 //!   `POST /v1/chat/completions` (JSON or SSE), `POST /generate`.
 //! - pd-sim: `GET /sim/stats` ([`stats::StatsSnapshot`]: counts, `busy_ms_*` in
@@ -37,6 +40,7 @@ pub mod engine;
 pub mod http;
 pub mod server;
 pub mod stats;
+pub mod watch_cases;
 
 #[cfg(test)]
 mod sim_tests;

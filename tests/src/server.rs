@@ -116,8 +116,9 @@ pub struct Sim {
     pub(crate) phase: watch::Sender<Phase>,
     pub(crate) bound: watch::Sender<Option<Bound>>,
     pub stats: Arc<Stats>,
-    /// Real ns since `clock.origin` of the scheduler's latest output (a token or the
-    /// health pass finishing): what SGLang's health handler checks.
+    /// Real ns since `clock.origin` of the scheduler's latest output — a batch result
+    /// (a prefill chunk, decode steps, the health pass) or a request finishing or
+    /// aborted: what SGLang's health handler checks (`last_receive_tstamp`).
     last_output_ns: AtomicU64,
     pub(crate) bootstrap_server: Option<Arc<BootstrapServer>>,
     pub(crate) bootstrap_client: Option<BootstrapClient>,
@@ -189,8 +190,16 @@ impl Sim {
 
     /// Applies a `/sim/fault` patch.
     pub(crate) fn apply_fault(&self, patch: &FaultPatch) -> Result<(), crate::config::ConfigError> {
-        if self.config.role == Role::Prefill && patch.kv_fail_every.is_some_and(|n| n > 0) {
-            return Err(crate::config::ConfigError::DecodeOnly("--kv-fail-every"));
+        if self.config.role == Role::Prefill {
+            if patch.kv_fail_every.is_some_and(|n| n > 0) {
+                return Err(crate::config::ConfigError::DecodeOnly("--kv-fail-every"));
+            }
+            if patch.kv_transfer_ms.is_some_and(|ms| ms != 0.0) {
+                return Err(crate::config::ConfigError::DecodeOnly("--kv-transfer-ms"));
+            }
+            if patch.kv_stall == Some(true) {
+                return Err(crate::config::ConfigError::DecodeOnly("--kv-stall"));
+            }
         }
         let knob_name = self.config.settings.knob_env.clone();
         let knob_start_value = self.config.knob_env_value.clone();

@@ -264,29 +264,42 @@ async fn huge_ttft_never_healthy() {
     h.shutdown().await.unwrap();
 }
 
-// INCIDENTS row 2: the script replays its latencies, then hangs, while health stays
-// 200 (its own pass is not scripted); after the script, normal behaviour.
+// INCIDENTS row 2 (seed 003), through a pair: the decode's script replays its latencies,
+// then hangs, while the decode's health stays 200 — a routed decode part spends its
+// scripted time, and its hang, waiting for its KV, outside the running batch; after the
+// script, normal behaviour. The same hang in a request served whole stays in the
+// running batch and produces nothing: health waits for a batch result and answers 503.
 #[tokio::test]
 async fn latency_script_then_hang_with_health_200() {
+    let (p, pb) = start(Config::for_test(Role::Prefill)).await;
     let mut cfg = Config::for_test(Role::Decode);
     cfg.latency_script = parse_latency_script("3000,hang").unwrap();
     let (h, b) = start(cfg).await;
     let c = client();
     let t = Instant::now();
-    post(&c, b, "/v1/chat/completions", &chat("p", 8), Duration::from_secs(5))
-        .await
-        .unwrap();
+    let r = routed(&c, pb, b, 1, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(r.status(), 200);
     assert!(t.elapsed() >= Duration::from_millis(30));
-    let body = chat("p", 8);
-    let hung = post(&c, b, "/v1/chat/completions", &body, Duration::from_millis(300));
+    let hung = routed(&c, pb, b, 2, Duration::from_millis(300));
     let health = status(&c, format!("http://{}/health", b.http));
     let (hung, health) = tokio::join!(hung, health);
     assert!(hung.unwrap_err().is_timeout());
     assert_eq!(health, Some(200));
-    let r = post(&c, b, "/v1/chat/completions", &chat("p", 8), Duration::from_secs(5)).await;
+    let r = routed(&c, pb, b, 3, Duration::from_secs(5)).await;
     assert_eq!(r.unwrap().status(), 200);
     assert_eq!(stats(&c, b).await["latency_script_remaining"], json!([]));
+    let patch = json!({"latency_script": "hang"});
+    let r = c
+        .post(format!("http://{}/sim/fault", b.http))
+        .json(&patch)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let _whole = spawn_hung_generation(&c, b).await;
+    assert_eq!(status(&c, format!("http://{}/health", b.http)).await, Some(503));
     h.shutdown().await.unwrap();
+    p.shutdown().await.unwrap();
 }
 
 /// A serial engine with a slow prefill; `leak` sets --leak-slot-on-disconnect.
@@ -320,20 +333,24 @@ async fn abandoned_prefill(leak: bool) -> (SimHandle, Bound, Result<reqwest::Res
 }
 
 // INCIDENTS row 4: a client that disconnects mid-prefill leaks the serial slot; the
-// next (tiny) request hangs while /health, /v1/models and /metrics keep answering.
+// next (tiny) request hangs while /v1/models and /metrics keep answering. The leaked
+// request stays in the running batch and produces nothing, so SGLang's health, which
+// then waits for a batch result, answers 503 after its timeout.
 #[tokio::test]
 async fn leaked_slot_blocks_next_request() {
     let (h, b, next) = abandoned_prefill(true).await;
     assert!(next.unwrap_err().is_timeout(), "the next request must hang");
     let c = client();
-    for path in ["/health", "/v1/models", "/metrics"] {
+    for path in ["/v1/models", "/metrics"] {
         assert_eq!(
             status(&c, format!("http://{}{path}", b.http)).await,
             Some(200),
             "{path}"
         );
     }
+    assert_eq!(status(&c, format!("http://{}/health", b.http)).await, Some(503));
     let s = stats(&c, b).await;
+    assert_eq!(s["health_waited_on_batch"], 1);
     assert_eq!(s["leaked_slots"], 1);
     assert_eq!(s["completed"], 0);
     assert_eq!(s["running"], 1, "the leaked request still looks like it runs");
@@ -412,11 +429,19 @@ async fn bootstrap_stale_degraded_and_cleared_by_ordered_co_restart() {
     let (d, db) = restart(d, db, dcfg.clone()).await;
     assert_eq!(routed(&c, pb, db, 3, ok).await.unwrap().status(), 200);
 
+    assert_eq!(
+        stats(&c, pb).await["kv_rooms_failed"],
+        1,
+        "the stale transfer failed on the prefill too"
+    );
+
     let (d, db) = restart(d, db, dcfg.clone()).await;
     let hung = routed(&c, pb, db, 4, Duration::from_millis(400)).await;
     assert!(hung.unwrap_err().is_timeout(), "degraded bootstrap: generation hangs");
     assert_eq!(status(&c, format!("http://{}/health", db.http)).await, Some(200));
-    assert_eq!(stats(&c, pb).await["degraded_bootstraps"], 1);
+    let ps = stats(&c, pb).await;
+    assert_eq!(ps["degraded_bootstraps"], 1);
+    assert_eq!(ps["prefill_inflight"], 1, "the degraded decode never takes room 4");
 
     let (p, pb) = restart(p, pb, pcfg).await;
     let (d, db) = restart(d, db, dcfg).await;
@@ -605,10 +630,28 @@ async fn freeze_after_tokens_stops_the_stream_mid_way() {
     )
     .await;
     assert!(plain.unwrap_err().is_timeout());
-    assert_eq!(status(&c, format!("http://{}/health", b.http)).await, Some(200));
-    // Under the freeze, short generations still answer.
+    // The frozen stream stays in the running batch and produces nothing: health waits
+    // for a batch result that never comes.
+    assert_eq!(status(&c, format!("http://{}/health", b.http)).await, Some(503));
+    // Under the freeze, short generations still answer; one producing tokens while
+    // health waits answers it.
     let short = post(&c, b, "/v1/chat/completions", &chat("hi", 2), Duration::from_secs(5)).await;
     assert!(short.unwrap().status().is_success());
+    let patch = json!({"tpot_ms": 5_000.0});
+    let r = c
+        .post(format!("http://{}/sim/fault", b.http))
+        .json(&patch)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let three = chat("hi", 3);
+    let slow = post(&c, b, "/v1/chat/completions", &three, Duration::from_secs(5));
+    let health = status(&c, format!("http://{}/health", b.http));
+    let (slow, health) = tokio::join!(slow, health);
+    assert!(slow.unwrap().status().is_success());
+    assert_eq!(health, Some(200));
+    drop(resp);
     h.shutdown().await.unwrap();
 }
 
@@ -618,19 +661,20 @@ async fn freeze_after_tokens_stops_the_stream_mid_way() {
 async fn excess_generation_queues(max_running: usize) {
     let mut cfg = Config::for_test(Role::Decode);
     cfg.max_running = max_running;
-    // ~1.2 s real each (tpot, which health's own pass does not pay): the
-    // window in which all but one run and one queues is as long as one
-    // generation, and must outlast the third request's connection on a
-    // loaded 2-core machine (a 200 ms window was missed once).
-    cfg.settings.ttft_ms = 20_000.0;
-    cfg.settings.tpot_ms = 100_000.0;
+    // ~1.2 s real each: the window in which all but one run and one queues is
+    // as long as one generation, and must outlast the third request's
+    // connection on a loaded 2-core machine (a 200 ms window was missed once).
+    // 120 tokens of 1 s each: the running requests produce a batch result every
+    // simulated second, which is what answers health while they run.
+    cfg.settings.ttft_ms = 1_000.0;
+    cfg.settings.tpot_ms = 1_000.0;
     let (h, b) = start(cfg).await;
     let c = client();
     let sends: Vec<_> = (0..=max_running)
         .map(|_| {
             let c = c.clone();
             tokio::spawn(
-                async move { post(&c, b, "/v1/chat/completions", &chat("hi", 1), Duration::from_secs(10)).await },
+                async move { post(&c, b, "/v1/chat/completions", &chat("hi", 120), Duration::from_secs(10)).await },
             )
         })
         .collect();
@@ -744,6 +788,15 @@ async fn kv_fail_every_fails_the_nth_routed_request() {
         v
     };
     assert_eq!(after, [200, 200, 500]);
+    // Both ends see each failure: the prefill released the three failed rooms from its
+    // inflight queue, as it released the taken ones.
+    let ps = stats(&c, pb).await;
+    assert_eq!(
+        (&ps["kv_rooms_failed"], &ps["prefill_inflight"]),
+        (&json!(3), &json!(0))
+    );
+    let pm = metrics_text(&c, pb).await;
+    assert_eq!(metric(&pm, name(Signal::TransferFailed), ""), 3.0, "{pm}");
     // A prefill refuses the fault.
     let r = c
         .post(format!("http://{}/sim/fault", pb.http))
@@ -854,28 +907,41 @@ async fn bad_start_count_file_fails_the_start() {
     );
 }
 
-// `--latency-script hang,`: the first generation after start hangs for good; the next
-// ones, sent while it still hangs, follow the model; health stays 200.
+// `--latency-script hang,` on a pair's decode: the first routed generation after start
+// hangs for good, waiting for its KV (in the transfer queue, not the running batch);
+// the next ones, sent while it still hangs, follow the model; the decode's health stays
+// 200.
 #[tokio::test]
 async fn hang_once_then_normal_generations() {
+    let (p, pb) = start(Config::for_test(Role::Prefill)).await;
     let mut cfg = Config::for_test(Role::Decode);
     cfg.latency_script = parse_latency_script("hang,").unwrap();
     let (h, b) = start(cfg).await;
     let c = client();
-    let hung = spawn_hung_generation(&c, b).await;
-    for _ in 0..2 {
-        let r = post(&c, b, "/v1/chat/completions", &chat("p", 2), Duration::from_secs(5)).await;
+    let hung = tokio::spawn({
+        let c = c.clone();
+        async move { routed(&c, pb, b, 1, Duration::from_secs(30)).await }
+    });
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            stats(&c, b).await["transfer_waiting"] == 1
+        })
+        .await
+    );
+    for room in 2..4 {
+        let r = routed(&c, pb, b, room, Duration::from_secs(5)).await;
         assert_eq!(r.unwrap().status(), 200);
     }
     assert_eq!(status(&c, format!("http://{}/health", b.http)).await, Some(200));
     let s = stats(&c, b).await;
     assert_eq!(
-        (&s["completed"], &s["running"]),
-        (&json!(2), &json!(1)),
-        "the first still hangs"
+        (&s["completed"], &s["running"], &s["transfer_waiting"]),
+        (&json!(2), &json!(0), &json!(1)),
+        "the first still hangs, waiting for its KV"
     );
     assert!(!hung.is_finished());
     h.shutdown().await.unwrap();
+    p.shutdown().await.unwrap();
 }
 
 // `--max-running 1`, a scheduler that stops batching: of two concurrent generations one
@@ -883,4 +949,396 @@ async fn hang_once_then_normal_generations() {
 #[tokio::test]
 async fn max_running_one_stops_batching() {
     excess_generation_queues(1).await;
+}
+
+async fn metrics_text(c: &reqwest::Client, b: Bound) -> String {
+    c.get(format!("http://{}/metrics", b.http))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// The value of `name` in Prometheus `text`, summed over its samples whose labels
+/// contain `label` ("" = all of them).
+fn metric(text: &str, name: &str, label: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let (n, labels) = series.split_once('{')?;
+            (n == name && labels.contains(label)).then(|| value.parse::<f64>().ok())?
+        })
+        .sum()
+}
+
+fn name(signal: pdwarden_engines::Signal) -> &'static str {
+    pdwarden_engines::SGLANG.metric(signal).unwrap().name
+}
+
+use pdwarden_engines::Signal;
+
+// pd-sim exposes every signal of the SGLang profile under one of the profile's names
+// for it (the first: a renamed gauge keeps its older name, as in the release pd-sim
+// imitates), each PD queue gauge on the role that has it.
+#[tokio::test]
+async fn metrics_carry_every_name_of_the_sglang_profile() {
+    let c = client();
+    for role in [Role::Prefill, Role::Decode] {
+        let (h, b) = start(Config::for_test(role)).await;
+        let text = metrics_text(&c, b).await;
+        for m in pdwarden_engines::SGLANG.metrics {
+            let other_role = match role {
+                Role::Prefill => matches!(m.signal, Signal::DecodePreallocQueue | Signal::DecodeTransferQueue),
+                Role::Decode => matches!(m.signal, Signal::PrefillPreallocQueue | Signal::PrefillInflightQueue),
+            };
+            let emitted: Vec<&str> = pdwarden_engines::SGLANG
+                .metrics
+                .iter()
+                .filter(|o| o.signal == m.signal && text.contains(&format!("# TYPE {} ", o.name)))
+                .map(|o| o.name)
+                .collect();
+            let expected = if other_role { vec![] } else { vec![name(m.signal)] };
+            assert_eq!(emitted, expected, "{role}: {:?}\n{text}", m.signal);
+        }
+        for mode in ["prefill_compute", "prefill_cache", "decode"] {
+            assert!(
+                text.contains(&format!(
+                    "sglang:realtime_tokens_total{{model_name=\"pd-sim/sim-model\",mode=\"{mode}\"}} 0"
+                )),
+                "{text}"
+            );
+        }
+        h.shutdown().await.unwrap();
+    }
+}
+
+// SGLang's `observe_one_finished_request`: `num_requests_total`, `prompt_tokens_total`
+// and `generation_tokens_total` on /metrics stay flat while a long request runs and
+// rise when it finishes — answered, or aborted by its client. /sim/stats keeps
+// pd-sim's own counts (requests at arrival, prompt tokens at admission).
+#[tokio::test]
+async fn sglang_counters_rise_only_when_a_request_finishes() {
+    let mut cfg = Config::for_test(Role::Decode);
+    cfg.settings.ttft_ms = 1_000.0;
+    cfg.settings.tpot_ms = 1_000.0;
+    cfg.settings.prefill_tok_per_s = 1_000.0;
+    let (h, b) = start(cfg).await;
+    let c = client();
+    let prompt = "word ".repeat(2000);
+    // 1 s + 2 s of prefill + 40 tokens of 1 s: 43 s simulated, 430 ms real.
+    let body = chat(&prompt, 40);
+    let send = tokio::spawn({
+        let (c, body) = (c.clone(), body.clone());
+        async move { post(&c, b, "/v1/chat/completions", &body, Duration::from_secs(10)).await }
+    });
+    let generating = wait_until(Duration::from_secs(5), || async {
+        metric(
+            &metrics_text(&c, b).await,
+            name(Signal::RealtimeTokens),
+            "mode=\"decode\"",
+        ) >= 1.0
+    })
+    .await;
+    assert!(generating);
+    let during = metrics_text(&c, b).await;
+    for s in [Signal::Requests, Signal::PromptTokens, Signal::GenerationTokens] {
+        assert_eq!(metric(&during, name(s), ""), 0.0, "{}: {during}", name(s));
+    }
+    let s = stats(&c, b).await;
+    assert_eq!(
+        (&s["requests_total"], &s["prompt_tokens_total"]),
+        (&json!(1), &json!(2000))
+    );
+    assert_eq!(send.await.unwrap().unwrap().status(), 200);
+    let after = metrics_text(&c, b).await;
+    assert_eq!(metric(&after, name(Signal::Requests), ""), 1.0);
+    assert_eq!(metric(&after, name(Signal::PromptTokens), ""), 2000.0);
+    assert_eq!(metric(&after, name(Signal::GenerationTokens), ""), 40.0);
+    // A client that gives up mid-generation: the request is aborted, and counted then.
+    let gone = post(&c, b, "/v1/chat/completions", &body, Duration::from_millis(150)).await;
+    assert!(gone.unwrap_err().is_timeout());
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            stats(&c, b).await["disconnected"] == 1
+        })
+        .await
+    );
+    let aborted = metrics_text(&c, b).await;
+    assert_eq!(metric(&aborted, name(Signal::Requests), ""), 2.0);
+    assert_eq!(metric(&aborted, name(Signal::PromptTokens), ""), 4000.0);
+    assert_eq!(metric(&aborted, name(Signal::AbortedRequests), ""), 1.0);
+    h.shutdown().await.unwrap();
+}
+
+// `sglang:realtime_tokens_total` rises during work: by each chunk's tokens when the
+// chunk's forward pass completes (20,000 tokens in chunks of 8,192: 8,192, 16,384,
+// 20,000 and nothing in between), then by the decode steps while the generation runs,
+// long before `generation_tokens_total` moves.
+#[tokio::test]
+async fn realtime_tokens_rise_per_prefill_chunk_and_during_decode() {
+    let mut cfg = Config::for_test(Role::Decode);
+    cfg.settings.prefill_tok_per_s = 200.0;
+    cfg.settings.tpot_ms = 1_000.0;
+    assert_eq!(cfg.chunked_prefill_size, Some(8192));
+    let (h, b) = start(cfg).await;
+    let c = client();
+    // Chunks complete at ~41 s, ~82 s and 100 s simulated (410, 820, 1,000 ms real),
+    // then 60 tokens of 1 s (600 ms real).
+    let send = tokio::spawn({
+        let c = c.clone();
+        async move {
+            let body = chat(&"tok ".repeat(20_000), 60);
+            post(&c, b, "/v1/chat/completions", &body, Duration::from_secs(20)).await
+        }
+    });
+    let rt = name(Signal::RealtimeTokens);
+    let mut prefill_seen = std::collections::BTreeSet::new();
+    let mut decode_mid_generation = false;
+    while !send.is_finished() {
+        let text = metrics_text(&c, b).await;
+        prefill_seen.insert(metric(&text, rt, "mode=\"prefill_compute\"") as u64);
+        let decode = metric(&text, rt, "mode=\"decode\"");
+        if decode > 0.0 && decode < 60.0 && metric(&text, name(Signal::GenerationTokens), "") == 0.0 {
+            decode_mid_generation = true;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(send.await.unwrap().unwrap().status(), 200);
+    assert!(
+        prefill_seen.is_subset(&[0, 8192, 16_384, 20_000].into()),
+        "only whole chunks: {prefill_seen:?}"
+    );
+    assert!(
+        prefill_seen.contains(&8192) && prefill_seen.contains(&16_384),
+        "{prefill_seen:?}"
+    );
+    assert!(decode_mid_generation, "decode tokens rose while the generation ran");
+    let text = metrics_text(&c, b).await;
+    assert_eq!(metric(&text, rt, "mode=\"prefill_compute\""), 20_000.0);
+    assert_eq!(metric(&text, rt, "mode=\"decode\""), 60.0);
+    let s = stats(&c, b).await;
+    assert_eq!(s["realtime_decode_tokens"], 60);
+    h.shutdown().await.unwrap();
+}
+
+// Tokens served from the prefix cache count as `mode="prefill_cache"`, the rest as
+// `prefill_compute`.
+#[tokio::test]
+async fn realtime_tokens_split_prefix_cache_hits() {
+    let mut cfg = Config::for_test(Role::Decode);
+    cfg.settings.session_prefix_tokens = 100;
+    let (h, b) = start(cfg).await;
+    let c = client();
+    let prompt = "same ".repeat(300);
+    for _ in 0..2 {
+        let r = post(&c, b, "/v1/chat/completions", &chat(&prompt, 1), Duration::from_secs(5)).await;
+        assert_eq!(r.unwrap().status(), 200);
+    }
+    let text = metrics_text(&c, b).await;
+    let rt = name(Signal::RealtimeTokens);
+    assert_eq!(metric(&text, rt, "mode=\"prefill_compute\""), 500.0);
+    assert_eq!(metric(&text, rt, "mode=\"prefill_cache\""), 100.0);
+    h.shutdown().await.unwrap();
+}
+
+// sgl-project/sglang#22511: on a serial engine, a 50 s prefill in one forward pass
+// (5,000 tokens at 100 tok/s, under the 8,192-token chunk) gives no batch result for
+// longer than the health timeout: health, waiting on the busy scheduler, answers 503
+// during an honest prefill, and 200 again once the engine is idle. With 1,000-token
+// chunks (10 s each) every chunk answers it: 200 throughout.
+#[tokio::test]
+async fn health_503_during_a_prefill_pass_longer_than_its_timeout() {
+    let c = client();
+    for (chunk, during) in [(None, 503), (Some(1000), 200)] {
+        let mut cfg = Config::for_test(Role::Decode);
+        cfg.settings.serial = true;
+        cfg.settings.prefill_tok_per_s = 100.0;
+        if chunk.is_some() {
+            cfg.chunked_prefill_size = chunk;
+        }
+        let (h, b) = start(cfg).await;
+        let send = tokio::spawn({
+            let c = c.clone();
+            async move {
+                let body = chat(&"token ".repeat(5000), 4);
+                post(&c, b, "/v1/chat/completions", &body, Duration::from_secs(10)).await
+            }
+        });
+        assert!(wait_until(Duration::from_secs(5), || async { stats(&c, b).await["running"] == 1 }).await);
+        assert_eq!(
+            status(&c, format!("http://{}/health", b.http)).await,
+            Some(during),
+            "chunk {chunk:?}"
+        );
+        assert!(!send.is_finished(), "the prefill still runs");
+        assert_eq!(send.await.unwrap().unwrap().status(), 200);
+        assert_eq!(status(&c, format!("http://{}/health", b.http)).await, Some(200));
+        let s = stats(&c, b).await;
+        assert_eq!(s["health_waited_on_batch"], 1);
+        assert_eq!(s["health_failed"], u64::from(during == 503));
+        h.shutdown().await.unwrap();
+    }
+}
+
+// `--kv-transfer-ms`: a slow but working link. A routed request's KV arrives 30 s
+// (simulated) after the prefill computed it: meanwhile the prefill holds the room in its
+// inflight queue and the decode's request waits in its transfer queue, not running (its
+// health stays 200); then it completes. A live patch back to 0 makes the next one fast.
+#[tokio::test]
+async fn kv_transfer_ms_delays_the_transfer_but_completes() {
+    let c = client();
+    let (p, pb) = start(Config::for_test(Role::Prefill)).await;
+    let mut dcfg = Config::for_test(Role::Decode);
+    dcfg.settings.kv_transfer_ms = 30_000.0;
+    let (d, db) = start(dcfg).await;
+    let t = Instant::now();
+    let send = tokio::spawn({
+        let c = c.clone();
+        async move { routed(&c, pb, db, 1, Duration::from_secs(10)).await }
+    });
+    let in_transfer = wait_until(Duration::from_secs(5), || async {
+        stats(&c, db).await["transfer_waiting"] == 1 && stats(&c, pb).await["prefill_inflight"] == 1
+    })
+    .await;
+    assert!(in_transfer);
+    let dm = metrics_text(&c, db).await;
+    assert_eq!(metric(&dm, name(Signal::DecodeTransferQueue), ""), 1.0);
+    assert_eq!(metric(&dm, name(Signal::RunningReqs), ""), 0.0);
+    let pm = metrics_text(&c, pb).await;
+    assert_eq!(metric(&pm, name(Signal::PrefillInflightQueue), ""), 1.0);
+    assert_eq!(status(&c, format!("http://{}/health", db.http)).await, Some(200));
+    let r = send.await.unwrap().unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(t.elapsed() >= Duration::from_millis(300), "{:?}", t.elapsed());
+    let (ds, ps) = (stats(&c, db).await, stats(&c, pb).await);
+    assert_eq!(
+        (&ds["kv_transfers_delayed"], &ds["kv_transfers_ok"]),
+        (&json!(1), &json!(1))
+    );
+    assert_eq!((&ps["kv_served"], &ps["prefill_inflight"]), (&json!(1), &json!(0)));
+    let patch = json!({"kv_transfer_ms": 0});
+    let r = c
+        .post(format!("http://{}/sim/fault", db.http))
+        .json(&patch)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let t = Instant::now();
+    assert_eq!(
+        routed(&c, pb, db, 2, Duration::from_secs(5)).await.unwrap().status(),
+        200
+    );
+    assert!(t.elapsed() < Duration::from_millis(300), "{:?}", t.elapsed());
+    p.shutdown().await.unwrap();
+    d.shutdown().await.unwrap();
+}
+
+// `--kv-stall` (set live): a routed request's KV never arrives. The decode's request
+// waits in its transfer queue forever (not running) and the prefill's room stays in its
+// inflight queue, both gauges up; the prefill still computes (its realtime prefill
+// tokens advance); health stays 200 on both. Turning it off lets the next request
+// through, while the stuck one stays stuck.
+#[tokio::test]
+async fn kv_stall_never_completes_and_keeps_both_queue_gauges_up() {
+    let c = client();
+    let (p, pb) = start(Config::for_test(Role::Prefill)).await;
+    let (d, db) = start(Config::for_test(Role::Decode)).await;
+    let fault = |body: Value| {
+        let c = c.clone();
+        async move {
+            let r = c
+                .post(format!("http://{}/sim/fault", db.http))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+        }
+    };
+    fault(json!({"kv_stall": true})).await;
+    let stuck = tokio::spawn({
+        let c = c.clone();
+        async move { routed(&c, pb, db, 1, Duration::from_secs(30)).await }
+    });
+    let stalled = wait_until(Duration::from_secs(5), || async {
+        stats(&c, db).await["kv_stalled_requests"] == 1 && stats(&c, pb).await["prefill_inflight"] == 1
+    })
+    .await;
+    assert!(stalled);
+    // 300 ms real = 30 s simulated later, nothing has moved.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!stuck.is_finished());
+    let dm = metrics_text(&c, db).await;
+    assert_eq!(metric(&dm, name(Signal::DecodeTransferQueue), ""), 1.0, "{dm}");
+    assert_eq!(metric(&dm, name(Signal::RunningReqs), ""), 0.0, "{dm}");
+    assert_eq!(
+        metric(&dm, name(Signal::RealtimeTokens), "mode=\"decode\""),
+        0.0,
+        "{dm}"
+    );
+    let pm = metrics_text(&c, pb).await;
+    assert_eq!(metric(&pm, name(Signal::PrefillInflightQueue), ""), 1.0, "{pm}");
+    assert!(
+        metric(&pm, name(Signal::RealtimeTokens), "mode=\"prefill_compute\"") >= 4.0,
+        "{pm}"
+    );
+    for e in [db, pb] {
+        assert_eq!(status(&c, format!("http://{}/health", e.http)).await, Some(200));
+    }
+    fault(json!({"kv_stall": false})).await;
+    assert_eq!(
+        routed(&c, pb, db, 2, Duration::from_secs(5)).await.unwrap().status(),
+        200
+    );
+    assert!(!stuck.is_finished(), "an already stuck request stays stuck");
+    let (ds, ps) = (stats(&c, db).await, stats(&c, pb).await);
+    assert_eq!(
+        (&ds["transfer_waiting"], &ds["kv_stalled_requests"], &ds["completed"]),
+        (&json!(1), &json!(1), &json!(1))
+    );
+    assert_eq!(ps["prefill_inflight"], 1, "room 1 is never taken");
+    stuck.abort();
+    // A prefill refuses the fault.
+    let r = c
+        .post(format!("http://{}/sim/fault", pb.http))
+        .json(&json!({"kv_stall": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    p.shutdown().await.unwrap();
+    d.shutdown().await.unwrap();
+}
+
+// `--sglang-version`: an older release exposes only what it had (each metric's `since`
+// in the profile): 0.4.9 has the decode's transfer-queue gauge (0.4.6.post4) but neither
+// `realtime_tokens_total` (0.5.7) nor the prefill's inflight gauge (0.5.1.post2), and its
+// `/health` answers 200 without generating (before 0.4.10.post2) even with the health
+// pass hung, while `/health_generate` still generates and fails.
+#[tokio::test]
+async fn an_older_release_exposes_only_what_it_had() {
+    let c = client();
+    for role in [Role::Prefill, Role::Decode] {
+        let mut cfg = Config::for_test(role);
+        cfg.sglang_version = "0.4.9".into();
+        cfg.settings.fault_health_hang = true;
+        let (h, b) = start(cfg).await;
+        let text = metrics_text(&c, b).await;
+        assert!(!text.contains(name(Signal::RealtimeTokens)), "{text}");
+        assert!(!text.contains(name(Signal::PrefillInflightQueue)), "{text}");
+        assert!(text.contains(name(Signal::RunningReqs)), "{text}");
+        assert_eq!(
+            text.contains(name(Signal::DecodeTransferQueue)),
+            role == Role::Decode,
+            "{text}"
+        );
+        let base = format!("http://{}", b.http);
+        assert_eq!(status(&c, format!("{base}/health")).await, Some(200));
+        assert_eq!(status(&c, format!("{base}/health_generate")).await, Some(503));
+        h.shutdown().await.unwrap();
+    }
 }

@@ -16,9 +16,15 @@ use serde::Serialize;
 use crate::config::{Role, Settings};
 
 /// Monotonic counters and gauges, updated by the HTTP layer.
+///
+/// The `/sim/stats` fields keep pd-sim's own, ground-truth meanings (`requests_total`
+/// counts arrivals, `prompt_tokens_total` admissions). What `/metrics` exposes follows
+/// SGLang instead, from the `finished_*` and `realtime_*` fields (see
+/// [`crate::http`]'s `metrics`).
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Counters {
-    /// Client generation requests (chat completions and /generate), probes included.
+    /// Client generation requests (chat completions and /generate), probes included,
+    /// counted when they arrive.
     pub requests_total: u64,
     /// Of those, probes (`X-Request-Id: pdwarden-probe-…` or `X-Pdwarden-Probe: 1`).
     pub probe_requests: u64,
@@ -37,29 +43,69 @@ pub struct Counters {
     pub busy_ms_total: f64,
     /// Engine time charged to probes, simulated ms.
     pub busy_ms_probe: f64,
+    /// Prompt tokens of the client generations admitted (counted at admission).
     pub prompt_tokens_total: u64,
+    /// Output tokens of the generations answered in full (counted when they complete).
     pub generation_tokens_total: u64,
+    /// Requests that finished in SGLang's sense — answered in full, failed, or aborted
+    /// because the client went away (not a leaked one, which the scheduler still runs) —
+    /// and their prompt and output tokens: what SGLang's
+    /// `TokenizerMetricsCollector.observe_one_finished_request`
+    /// (`python/sglang/srt/metrics/collector.py`) adds to `sglang:num_requests_total`,
+    /// `sglang:prompt_tokens_total` and `sglang:generation_tokens_total`, and only then.
+    pub finished_requests_total: u64,
+    pub finished_prompt_tokens_total: u64,
+    pub finished_generation_tokens_total: u64,
+    /// `sglang:realtime_tokens_total` by mode: prompt tokens computed, prompt tokens
+    /// taken from the prefix cache (both per prefill chunk) and output tokens (per
+    /// decode step, reported at least once a simulated second), counted while the work
+    /// runs.
+    pub realtime_prefill_compute_tokens: u64,
+    pub realtime_prefill_cache_tokens: u64,
+    pub realtime_decode_tokens: u64,
     /// `/health` + `/health_generate` calls answered after start-up, and their outcomes.
     pub health_requests: u64,
     pub health_ok: u64,
     pub health_failed: u64,
+    /// Of the health checks, those that found requests in the running batch and so ran
+    /// no pass of their own: they waited for the scheduler's next batch result.
+    pub health_waited_on_batch: u64,
     /// Decode: KV transfers completed / failed (stale identity, unreachable prefill,
     /// `--kv-fail-every`).
     pub kv_transfers_ok: u64,
     pub kv_transfers_failed: u64,
     /// Decode: of the failed transfers, those injected by `--kv-fail-every`.
     pub kv_failures_injected: u64,
+    /// Decode: of the failed transfers, those that failed at the bootstrap handshake
+    /// (the prefill's bootstrap unreachable or refusing): `sglang:num_bootstrap_failed_reqs_total`
+    /// rather than `num_transfer_failed_reqs_total`.
+    pub bootstrap_failed: u64,
+    /// Decode: routed requests whose KV pull took `--kv-transfer-ms` extra.
+    pub kv_transfers_delayed: u64,
+    /// Decode: routed requests admitted under `--kv-stall`, whose KV never arrives.
+    pub kv_stalled_requests: u64,
     /// Generations whose modelled durations carried the `--relapse-slowdown`.
     pub relapsed_requests: u64,
     /// Prefill: KV handed to decodes, and degraded bootstraps handed out.
     pub kv_served: u64,
     pub degraded_bootstraps: u64,
-    /// Gauge: generations computing now.
+    /// Prefill: rooms released because their transfer failed (the decode reported a
+    /// failure, met a stale identity, or went away mid-transfer).
+    pub kv_rooms_failed: u64,
+    /// Gauge, prefill: rooms whose KV is computed and not yet taken by their decode
+    /// (SGLang's `disagg_prefill_inflight_queue`).
+    pub prefill_inflight: u64,
+    /// Gauge: generations in the running batch (computing, or leaked/frozen/hung there).
+    /// A decode part joins it only once its KV has arrived.
     pub running: u64,
-    /// Gauge: generations waiting for the serial slot.
+    /// Gauge: generations waiting for the serial slot or a `--max-running` slot.
     pub queued: u64,
-    /// Gauge: decode generations waiting for their KV.
+    /// Gauge, decode: routed generations waiting for their KV (SGLang's
+    /// `DecodeTransferQueue`), not in the running batch.
     pub transfer_waiting: u64,
+    /// Gauge, decode: routed generations in their bootstrap handshake (SGLang's
+    /// `DecodePreallocQueue`).
+    pub decode_prealloc: u64,
 }
 
 /// Thread-safe holder of [`Counters`].

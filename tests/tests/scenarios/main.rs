@@ -11,3 +11,4 @@ mod partition;
 mod suite;
 mod verdicts;
 mod watch;
+mod wedges;

@@ -90,6 +90,11 @@ pub struct DemoArgs {
     /// (`suite.concurrency.engines_batch = false`). The slot-leak drill sets it.
     #[arg(long)]
     engines_serial: bool,
+    /// The slowest decode the watch plans for, in simulated tokens/s per
+    /// request (default: the decode's `--tpot-ms`). Tell the watch the
+    /// truth when a fault slows the decode live.
+    #[arg(long)]
+    watch_decode_tok_per_s: Option<f64>,
 }
 
 const DEFAULT_TIME_SCALE: f64 = 0.05;
@@ -368,13 +373,32 @@ fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<(String, PathBuf
     };
     // The watch plans for the prefill's real speed (its pd-sim flag, else
     // pd-sim's default) and seed 001's longest prompt.
-    let prefill_tok_per_s: f64 = prefill_argv
+    let flag = |argv: &[String], name: &str| -> Option<f64> {
+        argv.iter()
+            .position(|a| a == name)
+            .and_then(|i| argv.get(i + 1))
+            .and_then(|v| v.parse().ok())
+            .filter(|v: &f64| *v > 0.0)
+    };
+    let prefill_tok_per_s = flag(&prefill_argv, "--prefill-tok-per-s").unwrap_or(20_000.0);
+    // ...and the decode's real speed (its --tpot-ms), and pd-sim's
+    // --chunked-prefill-size (SGLang's 8192 on an 80 GB GPU).
+    let decode_tok_per_s = match args.watch_decode_tok_per_s {
+        Some(v) if v > 0.0 && v.is_finite() => v,
+        Some(v) => bail!("--watch-decode-tok-per-s must be a finite number > 0, got {v}"),
+        None => 1000.0 / flag(&decode_argv, "--tpot-ms").unwrap_or(12.0),
+    };
+    // pd-sim's --chunked-prefill-size 0 is chunking off: the whole prompt in one forward.
+    let chunk_flag = prefill_argv
         .iter()
-        .position(|a| a == "--prefill-tok-per-s")
+        .position(|a| a == "--chunked-prefill-size")
         .and_then(|i| prefill_argv.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .filter(|v: &f64| *v > 0.0)
-        .unwrap_or(20_000.0);
+        .and_then(|v| v.parse::<i64>().ok());
+    let prefill_chunk = match chunk_flag {
+        Some(c) if c <= 0 => "# chunked prefill off: a chunk is the whole prompt".to_string(),
+        Some(c) => format!("prefill_chunk_tokens = {c}"),
+        None => "prefill_chunk_tokens = 8192".to_string(),
+    };
     let (scheme, agent_security, orchestrator_security) = security(args, dir)?;
     let agent_toml = format!(
         r#"host = "local"
@@ -480,6 +504,12 @@ scrape_interval_ms = {scrape}
 stall_budget_ms = {stall}
 max_prompt_tokens = 50000
 prefill_tok_per_s = {watch_tok_per_s}
+max_output_tokens = 4096
+decode_tok_per_s = {watch_decode_tok_per_s}
+{prefill_chunk}
+max_kv_transfer_ms = {max_kv_transfer}
+# SGLang refreshes an idle engine's gauges every 30 s; pd-sim, scaled.
+idle_gauge_refresh_ms = {idle_gauge_refresh}
 idle_probe_interval_ms = {idle_probe}
 min_probe_interval_ms = {min_probe}
 max_probe_timeout_ms = {max_probe_timeout}
@@ -525,6 +555,9 @@ check_timeout_ms = {check}
         scrape = scaled(1_000).max(250),
         stall = scaled(8_000).max(2_000),
         watch_tok_per_s = prefill_tok_per_s / scale,
+        watch_decode_tok_per_s = decode_tok_per_s / scale,
+        max_kv_transfer = scaled(10_000),
+        idle_gauge_refresh = scaled(30_000),
         idle_probe = scaled(60_000),
         min_probe = scaled(5_000),
         max_probe_timeout = scaled(600_000),
