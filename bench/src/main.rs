@@ -271,13 +271,18 @@ async fn table(cli: &Cli) -> anyhow::Result<()> {
             }
             Err(e) => println!("skipped: {e:#}"),
         }
-        eprintln!("watch: {} cases of legitimate long work and of each wedge kind, one demo stack each…", pd_sim::watch_cases::CASES.len());
+        eprintln!(
+            "watch: {} cases of legitimate long work and of each wedge kind, one demo stack each…",
+            pd_sim::watch_cases::CASES.len()
+        );
         println!();
         println!(
             "## 4b. Watch: time to detect each wedge kind, and false positives on legitimate long work (`pd_sim::watch_cases`, pd-sim in the SGLang profile, time scale 0.05, the demo's scaled `[pair.watch]`: stall budget 2 s, worst prefill = 50,000 tokens at the prefill's speed)"
         );
         println!();
-        println!("| case | expected | automatic co-restarts | confirmed as | from case start | from silence onset | recovery | client requests completed |");
+        println!(
+            "| case | expected | automatic co-restarts | confirmed as | from case start | from silence onset | recovery | client requests completed |"
+        );
         println!("|---|---|---|---|---|---|---|---|");
         let mut false_positives = 0;
         let mut legit_cases = 0;
@@ -291,7 +296,7 @@ async fn table(cli: &Cli) -> anyhow::Result<()> {
                             false_positives += r.recoveries;
                             "legitimate".to_owned()
                         }
-                        pd_sim::watch_cases::Expect::Wedge(k) => format!("wedge: {k}"),
+                        pd_sim::watch_cases::Expect::Wedge(k) => format!("wedge: {}", k.join(" or ")),
                     };
                     println!(
                         "| {} | {expected} | {} | {} | {} | {} | {} | {} of {} |",

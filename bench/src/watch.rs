@@ -302,7 +302,12 @@ async fn run_case(case: &'static pd_sim::watch_cases::WatchCase) -> anyhow::Resu
     let history = cli.json(&["history", "demo", "--limit", "20", "--json"]).await?;
     let auto: Vec<Value> = history
         .as_array()
-        .map(|h| h.iter().filter(|op| op["trigger"]["automatic"] == true).cloned().collect())
+        .map(|h| {
+            h.iter()
+                .filter(|op| op["trigger"]["automatic"] == true)
+                .cloned()
+                .collect()
+        })
         .unwrap_or_default();
     let first = auto.last();
     let row = CaseRow {

@@ -259,7 +259,13 @@ pub const SGLANG: Profile = Profile {
             "",
             "python/sglang/srt/metrics/collector.py, TokenizerMetricsCollector.observe_one_finished_request"
         ),
-        metric!(AbortedRequests, "sglang:num_aborted_requests_total", AtFinish, "", COLLECTOR),
+        metric!(
+            AbortedRequests,
+            "sglang:num_aborted_requests_total",
+            AtFinish,
+            "",
+            COLLECTOR
+        ),
         metric!(
             RealtimeTokens,
             "sglang:realtime_tokens_total",

@@ -138,28 +138,31 @@ struct PairLabel {
     pair: String,
 }
 
+/// One figure of a pair's watch view, as a gauge value.
+type PairFigure = fn(&crate::watcher::PairWatchView) -> f64;
+
 /// The board in Prometheus text format (`prometheus-client`): per-pair
 /// gauges from the latest views, and the wedge detection-time histogram.
 fn metrics(board: &WatchBoard) -> String {
     let pairs = board.all();
     let mut registry = Registry::default();
-    let gauges: [(&str, &str, fn(&crate::watcher::PairWatchView) -> f64); 4] = [
+    let gauges: [(&str, &str, PairFigure); 4] = [
         (
             "pdwarden_pair_ready",
-            "1 when the pair's latest watch verdict is healthy.",
+            "1 when the pair's latest watch verdict is healthy",
             |p| f64::from(u8::from(p.ready)),
         ),
         (
             "pdwarden_pair_held",
-            "1 when the circuit breaker holds the pair for a human.",
+            "1 when the circuit breaker holds the pair for a human",
             |p| f64::from(u8::from(p.held.is_some())),
         ),
         (
             "pdwarden_pair_recoveries_in_window",
-            "Automatic recoveries within the breaker's window.",
+            "Automatic recoveries within the breaker's window",
             |p| f64::from(p.recoveries_in_window),
         ),
-        ("pdwarden_pair_probes_sent", "Active probes the watch sent.", |p| {
+        ("pdwarden_pair_probes_sent", "Active probes the watch sent", |p| {
             p.probes_sent as f64
         }),
     ];
@@ -172,7 +175,7 @@ fn metrics(board: &WatchBoard) -> String {
     }
     registry.register(
         "pdwarden_wedge_detection_seconds",
-        "Time from a wedge's onset (the moment its silence began) to its confirmation, per pair and kind.",
+        "Time from a wedge's onset (the moment its silence began) to its confirmation, per pair and kind",
         board.detection.clone(),
     );
     let mut out = String::new();
@@ -180,4 +183,37 @@ fn metrics(board: &WatchBoard) -> String {
         out.clear();
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::watcher::WedgeLabels;
+
+    /// The exposition carries the detection-time histogram per pair and
+    /// kind, in Prometheus text format (buckets, sum, count).
+    #[test]
+    fn metrics_expose_the_wedge_detection_histogram() {
+        let board = WatchBoard::default();
+        let labels = WedgeLabels {
+            pair: "demo".into(),
+            kind: "kv_transfer".into(),
+        };
+        board.detection.get_or_create(&labels).observe(2.7);
+        board.detection.get_or_create(&labels).observe(40.0);
+        let text = metrics(&board);
+        assert!(
+            text.contains("# TYPE pdwarden_wedge_detection_seconds histogram"),
+            "{text}"
+        );
+        assert!(!text.contains(".."), "one full stop per help text: {text}");
+        assert!(
+            text.contains(r#"pdwarden_wedge_detection_seconds_count{pair="demo",kind="kv_transfer"} 2"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"pdwarden_wedge_detection_seconds_bucket{le="4.0",pair="demo",kind="kv_transfer"} 1"#),
+            "{text}"
+        );
+    }
 }

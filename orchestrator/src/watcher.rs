@@ -203,7 +203,8 @@ pub fn policy(pair: &PairConfig) -> WatchPolicy {
         probe_tokens: 2.0 * prompt_words + f64::from(pair.probe.max_tokens) + 64.0,
         idle_probe_interval: ms(w.idle_probe_interval_ms),
         min_probe_interval: ms(w.min_probe_interval_ms),
-        probe_timeout: ms(pair.probe.warm_budget_ms.min(pair.probe.probe_timeout_ms)),
+        probe_timeout: ms(pair.probe.cold_allowance_ms.min(pair.probe.probe_timeout_ms)),
+        scrape_interval: ms(w.scrape_interval_ms),
         max_probe_timeout: ms(w.max_probe_timeout_ms),
         stale_after: ms(w.scrape_interval_ms * 3 + 2_000),
         gpu_idle_below: w.gpu_idle_below,
@@ -274,13 +275,13 @@ pub async fn run(
         .collect();
     let cfg = pair.watch.clone();
     let mut w = PairWatcher {
+        evidence: PairEvidence::new(units, Duration::from_millis(cfg.scrape_interval_ms)),
         policy: policy(&pair),
         breaker: Breaker::new(cfg.max_recoveries, Duration::from_millis(cfg.recovery_window_ms)),
         cfg,
         ctx,
         pair,
         board,
-        evidence: PairEvidence::new(units),
         hosts: BTreeMap::new(),
         samples_tx,
         probes_tx,
@@ -553,8 +554,12 @@ impl PairWatcher {
             self.publish_assessment(&a, now);
             return false;
         }
+        let newly_wedged = self.last_log.as_ref().is_none_or(|(st, _)| *st != PairState::Wedged);
         self.log_change(&a);
         if !self.cfg.auto_recover {
+            if newly_wedged {
+                self.observe_detection(&a, now);
+            }
             self.publish_assessment(&a, now);
             return false;
         }
@@ -636,10 +641,7 @@ impl PairWatcher {
                 return false;
             }
         }
-        let detection_ms = a
-            .wedge
-            .as_ref()
-            .map(|w| u64::try_from(Instant::now().saturating_duration_since(w.onset).as_millis()).unwrap_or(u64::MAX));
+        let detection_ms = self.observe_detection(a, Instant::now());
         let trigger = json!({
             "automatic": true,
             "state": a.state,
@@ -665,15 +667,6 @@ impl PairWatcher {
                 &json!({"verdict": "failed", "reasons": ["the trigger could not be journaled"]}),
             );
             return false;
-        }
-        if let (Some(w), Some(d)) = (&a.wedge, detection_ms) {
-            self.board
-                .detection
-                .get_or_create(&WedgeLabels {
-                    pair: self.pair.name.clone(),
-                    kind: w.kind.as_str().to_string(),
-                })
-                .observe(d as f64 / 1000.0);
         }
         tracing::error!(pair = %self.pair.name, operation = %operation_id, nth, reasons = ?a.reasons, kind = a.wedge.as_ref().map(|w| w.kind.as_str()), detection_ms, "pair wedged: automatic co-restart");
         self.own_ops.insert(operation_id.clone());
@@ -715,6 +708,21 @@ impl PairWatcher {
         // Samples from before and during the restart describe other processes.
         while samples_rx.try_recv().is_ok() {}
         false
+    }
+
+    /// Records a confirmed wedge's time to detect (onset → `now`) in the
+    /// `pdwarden_wedge_detection_seconds` histogram; returns it in ms.
+    fn observe_detection(&self, a: &Assessment, now: Instant) -> Option<u64> {
+        let w = a.wedge.as_ref()?;
+        let d = now.saturating_duration_since(w.onset);
+        self.board
+            .detection
+            .get_or_create(&WedgeLabels {
+                pair: self.pair.name.clone(),
+                kind: w.kind.as_str().to_string(),
+            })
+            .observe(d.as_secs_f64());
+        Some(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
     }
 
     fn log_change(&mut self, a: &Assessment) {

@@ -60,9 +60,12 @@ use pdwarden_engines::{EngineKind, Health, Moves, PrefillProgress, Signal};
 use serde::Serialize;
 use tokio::time::Instant;
 
-/// A finished probe's tokens show in an engine's counters within this (the
-/// next scrape, or SGLang's next prefill/decode log).
-const CREDIT_GRACE: Duration = Duration::from_secs(2);
+/// A finished probe's tokens show in an engine's counters by the next
+/// scrape (SGLang counts them per prefill batch and decode step, and at
+/// finish); its credit lapses after this many scrapes. Longer would let the
+/// credit swallow real traffic's progress — and then the watch probes a pair
+/// that traffic proves alive (found on the real stack: 12 % probe share).
+const CREDIT_GRACE_SCRAPES: u32 = 2;
 
 /// Budgets and rates of a pair's watch (from `[pair.watch]`).
 #[derive(Debug, Clone, PartialEq)]
@@ -92,10 +95,13 @@ pub struct WatchPolicy {
     pub idle_probe_interval: Duration,
     /// The minimum gap between two probes, whatever the reason.
     pub min_probe_interval: Duration,
-    /// A probe's own budget (the pair's warm budget: the watch asks whether
-    /// the pair generates, not whether it is fast), before the work ahead of
-    /// it and one legitimate silence are added.
+    /// A probe's own budget: the most a legitimate first answer may take
+    /// (the pair's cold allowance, capped by its probe timeout) — the watch
+    /// asks whether the pair generates, not whether it is warm — before the
+    /// work ahead of it and one legitimate silence are added.
     pub probe_timeout: Duration,
+    /// The agent's scrape period: "nothing moved" needs a few scrapes to see.
+    pub scrape_interval: Duration,
     /// A probe that would need longer is deferred instead of sent.
     pub max_probe_timeout: Duration,
     /// A sample older than this is missing evidence.
@@ -118,14 +124,19 @@ impl WatchPolicy {
     /// they rise per chunk (SGLang), the whole prefill where they rise only at
     /// its end (vLLM), and never less than the gauges' idle refresh (SGLang's
     /// gauges may still show a finished request for up to 30 s).
-    pub fn work_gap(&self, profile: &pdwarden_engines::Profile) -> Duration {
+    ///
+    /// The idle refresh counts only `after_finish`: when the engine's last
+    /// progress was a request finishing, its gauges may still show that
+    /// request for up to the refresh (SGLang logs an idle engine's stats every
+    /// 30 s); a prefill chunk or a decode log refreshes them as it counts.
+    pub fn work_gap(&self, profile: &pdwarden_engines::Profile, after_finish: bool) -> Duration {
         let prefill = match profile.prefill_progress {
             PrefillProgress::PerChunk => self.max_prefill_chunk,
             PrefillProgress::AtPrefillEnd => self.max_prefill,
         };
         let idle = match profile.idle_gauge_refresh_ms {
-            Some(ms) => self.idle_gauge_refresh.unwrap_or(Duration::from_millis(ms)),
-            None => Duration::ZERO,
+            Some(ms) if after_finish => self.idle_gauge_refresh.unwrap_or(Duration::from_millis(ms)),
+            _ => Duration::ZERO,
         };
         prefill.max(idle).max(self.decode_step)
     }
@@ -133,12 +144,15 @@ impl WatchPolicy {
     /// The longest an engine may legitimately make no progress at all with
     /// work present: its during-work gap, or, without a during-work counter,
     /// the longest legitimate request.
+    ///
+    /// Never less than three scrapes: counters are only seen once per scrape.
     pub fn silence_allowance(&self, profile: &pdwarden_engines::Profile, has_work_signal: bool) -> Duration {
-        if has_work_signal {
-            self.work_gap(profile)
+        let legit = if has_work_signal {
+            self.work_gap(profile, false)
         } else {
             self.max_request()
-        }
+        };
+        legit.max(self.scrape_interval * 3)
     }
 }
 
@@ -186,9 +200,15 @@ impl Metrics {
             .sum::<f64>()
     }
 
-    /// Requests whose only work is waiting for KV from the prefill.
+    /// The engine's only work is KV in transit: a decode's requests waiting
+    /// for KV, or a prefill's prefilled requests waiting for their decode to
+    /// take it.
     fn only_waiting_for_kv(&self) -> bool {
-        self.running + self.queued <= 0.0 && self.decode_transfer.unwrap_or(0.0) + self.decode_prealloc.unwrap_or(0.0) > 0.0
+        self.running + self.queued <= 0.0
+            && self.decode_transfer.unwrap_or(0.0)
+                + self.decode_prealloc.unwrap_or(0.0)
+                + self.prefill_inflight.unwrap_or(0.0)
+                > 0.0
     }
 }
 
@@ -228,6 +248,9 @@ pub struct UnitTrack {
     pub last_progress: Option<Instant>,
     /// When a during-work counter last rose beyond the probes' credit.
     pub last_work_progress: Option<Instant>,
+    /// When an at-finish counter last rose beyond the probes' credit (a
+    /// request finished).
+    pub last_finish_progress: Option<Instant>,
     /// When any counter last rose at all, the probes' own tokens included
     /// (an engine that computed its part of a probe is not silent).
     pub last_moved: Option<Instant>,
@@ -264,6 +287,7 @@ impl UnitTrack {
             last_progress: None,
             last_work_progress: None,
             last_moved: None,
+            last_finish_progress: None,
             work_since: None,
             inflight_since: None,
             kv_wait_since: None,
@@ -314,7 +338,10 @@ impl UnitTrack {
                     self.credit_expires = None;
                 }
                 let profile = m.engine.unwrap_or(engine).profile();
-                let now = (family(m, profile, Moves::DuringWork), family(m, profile, Moves::AtFinish));
+                let now = (
+                    family(m, profile, Moves::DuringWork),
+                    family(m, profile, Moves::AtFinish),
+                );
                 self.has_work_signal = now.0.is_some();
                 if let Some(prev) = self.counters {
                     let back = |a: Option<f64>, b: Option<f64>| matches!((a, b), (Some(a), Some(b)) if a < b);
@@ -324,6 +351,7 @@ impl UnitTrack {
                         self.last_progress = None;
                         self.last_work_progress = None;
                         self.last_moved = None;
+                        self.last_finish_progress = None;
                         self.inflight_since = None;
                         self.kv_wait_since = None;
                         self.credit = (0.0, 0.0);
@@ -352,6 +380,9 @@ impl UnitTrack {
                         let finish = beyond(df, &mut self.credit.1);
                         if work {
                             self.last_work_progress = Some(s.at);
+                        }
+                        if finish {
+                            self.last_finish_progress = Some(s.at);
                         }
                         if work || finish {
                             self.last_progress = Some(s.at);
@@ -428,11 +459,14 @@ pub struct PairEvidence {
     pub last_proof: Option<(Instant, String)>,
     /// When a probe last succeeded (a stall it survived is a partial wedge).
     pub last_probe_ok: Option<Instant>,
+    /// The agent's scrape period (how soon a probe's tokens show).
+    pub scrape_interval: Duration,
 }
 
 impl PairEvidence {
-    pub fn new(units: Vec<UnitTrack>) -> Self {
+    pub fn new(units: Vec<UnitTrack>, scrape_interval: Duration) -> Self {
         PairEvidence {
+            scrape_interval,
             units,
             probe_in_flight: false,
             last_probe_sent: None,
@@ -462,7 +496,7 @@ impl PairEvidence {
         self.probe_in_flight = false;
         for u in &mut self.units {
             if u.credit != (0.0, 0.0) {
-                u.credit_expires = Some(done_at + CREDIT_GRACE);
+                u.credit_expires = Some(done_at + self.scrape_interval * CREDIT_GRACE_SCRAPES);
             }
         }
         if matches!(record.outcome, ProbeOutcome::Ok { .. }) {
@@ -701,22 +735,25 @@ fn assess_unit(u: &UnitTrack, p: &WatchPolicy, now: Instant, last_probe_ok: Opti
                 format!("{gpu} < {:.0} %: nothing is computing", p.gpu_idle_below * 100.0),
             )
         } else if u.has_work_signal {
-            let gap = p.work_gap(profile);
+            let after_finish = u.last_finish_progress.is_some() && u.last_finish_progress == u.last_progress;
+            let gap = p.work_gap(profile, after_finish);
             let mut allow = gap;
             let mut why = format!(
                 "stall budget {} + {} that {} may legitimately stay flat ({})",
                 s(p.stall_budget),
                 s(gap),
                 during_work_names(profile),
-                match profile.prefill_progress {
-                    PrefillProgress::PerChunk => "one prefill chunk at the slowest speed, or the gauges' idle refresh",
-                    PrefillProgress::AtPrefillEnd => "the worst prefill: it counts nothing until the prefill ends",
+                match (profile.prefill_progress, after_finish) {
+                    (PrefillProgress::PerChunk, false) => "one prefill chunk at the slowest speed",
+                    (PrefillProgress::PerChunk, true) =>
+                        "one prefill chunk at the slowest speed, or the gauges' idle refresh after a request finished",
+                    (PrefillProgress::AtPrefillEnd, _) => "the worst prefill: it counts nothing until the prefill ends",
                 }
             );
             if kv_only {
                 allow = allow.max(p.max_prefill + p.max_kv_transfer);
                 why = format!(
-                    "stall budget {} + worst prefill {} + KV transfer {} (requests waiting for KV wait for the prefill's compute)",
+                    "stall budget {} + worst prefill {} + KV transfer {} (its only work is KV in transit, which may wait for the prefill's compute and the transfer)",
                     s(p.stall_budget),
                     s(p.max_prefill),
                     s(p.max_kv_transfer)
@@ -765,26 +802,44 @@ fn assess_unit(u: &UnitTrack, p: &WatchPolicy, now: Instant, last_probe_ok: Opti
             let partial = last_probe_ok.is_some_and(|t| t > silent_since);
             a.state = UnitState::Wedged;
             let mut ruled = vec![ruled_out];
+            if kv_only {
+                ruled.push(format!(
+                    "its only work is KV in transit ({queues}) for longer than the worst prefill {} plus the longest transfer {}",
+                    s(p.max_prefill),
+                    s(p.max_kv_transfer)
+                ));
+            }
             if partial {
                 ruled.push(format!(
                     "the watch's own short probe was answered during the stall: the engine serves a probe but not its {queues}"
                 ));
             }
             a.wedge = Some(WedgeEvidence {
-                kind: if partial { WedgeKind::PartialStall } else { WedgeKind::Stall },
+                kind: if kv_only {
+                    WedgeKind::KvTransfer
+                } else if partial {
+                    WedgeKind::PartialStall
+                } else {
+                    WedgeKind::Stall
+                },
                 onset: silent_since,
                 silent_ms: ms(stalled),
                 ruled_out: ruled,
             });
             a.reasons.push(format!(
                 "{line}: {}",
-                if partial { "wedged (partial: probes pass, real requests stall)" } else { "wedged" }
+                if partial {
+                    "wedged (partial: probes pass, real requests stall)"
+                } else {
+                    "wedged"
+                }
             ));
             return a;
         }
         if stalled >= p.stall_budget {
             stall_state = Some(UnitState::Stalled);
-            a.reasons.push(format!("{line}: past the stall budget, within the allowance"));
+            a.reasons
+                .push(format!("{line}: past the stall budget, within the allowance"));
         } else {
             stall_state = Some(UnitState::Serving);
         }
@@ -836,7 +891,11 @@ fn assess_unit(u: &UnitTrack, p: &WatchPolicy, now: Instant, last_probe_ok: Opti
                 ));
             }
             a.wedge = Some(WedgeEvidence {
-                kind: if partial { WedgeKind::PartialStall } else { WedgeKind::HealthGoneBad },
+                kind: if partial {
+                    WedgeKind::PartialStall
+                } else {
+                    WedgeKind::HealthGoneBad
+                },
                 onset: bad,
                 silent_ms: ms(bad_for),
                 ruled_out: ruled,
@@ -899,7 +958,11 @@ fn during_work_names(profile: &pdwarden_engines::Profile) -> String {
 /// requests without a break past the budget plus the longest transfer, and
 /// the decode progressed with nothing meanwhile.
 fn kv_transfer_stuck(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Option<(String, WedgeEvidence)> {
-    let stale = |u: &UnitTrack| u.last.as_ref().is_none_or(|s| now.saturating_duration_since(s.at) > p.stale_after);
+    let stale = |u: &UnitTrack| {
+        u.last
+            .as_ref()
+            .is_none_or(|s| now.saturating_duration_since(s.at) > p.stale_after)
+    };
     let limit = p.stall_budget + p.max_kv_transfer;
     let prefill = e
         .units
@@ -989,7 +1052,8 @@ pub fn judge(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Assessment {
         !matches!(r.outcome, ProbeOutcome::Ok { .. })
             && !e.units.is_empty()
             && e.units.iter().all(|u| u.progressed_after(r.sent_at))
-            && e.last_probe_done.is_some_and(|d| now.saturating_duration_since(d) < p.idle_probe_interval)
+            && e.last_probe_done
+                .is_some_and(|d| now.saturating_duration_since(d) < p.idle_probe_interval)
     });
     let health_line = || {
         units
@@ -1001,10 +1065,7 @@ pub fn judge(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Assessment {
 
     let mut wedge = None;
     let (state, reasons) = if any(UnitState::Wedged) {
-        wedge = units
-            .iter()
-            .filter_map(|u| u.wedge.clone())
-            .min_by_key(|w| w.onset);
+        wedge = units.iter().filter_map(|u| u.wedge.clone()).min_by_key(|w| w.onset);
         (PairState::Wedged, unit_reasons(&[UnitState::Wedged]))
     } else if let Some((reason, evidence)) = kv_transfer_stuck(e, p, now) {
         wedge = Some(evidence);
@@ -1148,7 +1209,11 @@ fn work_ahead(m: &Metrics, p: &WatchPolicy) -> (u32, Duration) {
         // (`--max-running-requests`, or KV memory): the probe then waits for
         // ceil((queued + 1) / running) waves of generations to end as well.
         let prefills = queued + u32::from(running > 0);
-        let waves = if queued > 0 { (queued + 1).div_ceil(running.max(1)) } else { 0 };
+        let waves = if queued > 0 {
+            (queued + 1).div_ceil(running.max(1))
+        } else {
+            0
+        };
         (running + queued, p.max_prefill * prefills + p.max_generation * waves)
     }
 }
@@ -1394,6 +1459,7 @@ mod tests {
             probe_timeout: Duration::from_secs(120),
             max_probe_timeout: Duration::from_secs(1_200),
             stale_after: Duration::from_secs(5),
+            scrape_interval: Duration::from_secs(1),
             gpu_idle_below: 0.05,
             probe_tokens: 100.0,
         }
@@ -1419,10 +1485,13 @@ mod tests {
     }
 
     fn pair() -> PairEvidence {
-        PairEvidence::new(vec![
-            UnitTrack::new("prefill-0", "prefill"),
-            UnitTrack::new("decode-0", "decode"),
-        ])
+        PairEvidence::new(
+            vec![
+                UnitTrack::new("prefill-0", "prefill"),
+                UnitTrack::new("decode-0", "decode"),
+            ],
+            Duration::from_secs(1),
+        )
     }
 
     fn observe(e: &mut PairEvidence, unit: &str, s: Sample) {
@@ -1495,7 +1564,10 @@ mod tests {
         assert!(r.contains("prefill-0: 1 running, 1 queued"), "{r}");
         assert!(r.contains("realtime_tokens_total 8292"), "{r}");
         assert!(r.contains("no progress for 208.0 s"), "{r}");
-        assert!(r.contains("+ 200.0 s that sglang:realtime_tokens_total may legitimately stay flat"), "{r}");
+        assert!(
+            r.contains("+ 200.0 s that sglang:realtime_tokens_total may legitimately stay flat"),
+            "{r}"
+        );
         assert!(r.contains("health answers 200"), "{r}");
         let w = a.wedge.as_ref().unwrap();
         assert_eq!((w.kind, w.silent_ms), (WedgeKind::Stall, 208_000));
@@ -1509,15 +1581,25 @@ mod tests {
         let t0 = Instant::now();
         let mut e = pair();
         let out = run(&mut e, t0, 30, |_| {
-            [(1.0, 1.0, 50.0, 41_918.0, Some(0.0)), (0.0, 0.0, 400.0, 18.0, Some(0.0))]
+            [
+                (1.0, 1.0, 50.0, 41_918.0, Some(0.0)),
+                (0.0, 0.0, 400.0, 18.0, Some(0.0)),
+            ]
         });
         let first = first_wedged(&out).unwrap();
         assert_eq!(first, 8);
-        assert!(out[first].reasons[0].contains("GPU utilisation 0 %"), "{:?}", out[first].reasons);
+        assert!(
+            out[first].reasons[0].contains("GPU utilisation 0 %"),
+            "{:?}",
+            out[first].reasons
+        );
         // A busy GPU is a long prefill, not a wedge (yet).
         let mut e = pair();
         let busy = run(&mut e, t0, 30, |_| {
-            [(1.0, 1.0, 50.0, 41_918.0, Some(0.97)), (0.0, 0.0, 400.0, 18.0, Some(0.0))]
+            [
+                (1.0, 1.0, 50.0, 41_918.0, Some(0.97)),
+                (0.0, 0.0, 400.0, 18.0, Some(0.0)),
+            ]
         });
         assert!(busy.iter().all(|a| a.state != PairState::Wedged));
     }
@@ -1539,7 +1621,13 @@ mod tests {
                     if done { 39_724.0 } else { 100.0 },
                     None,
                 ),
-                (0.0, 0.0, if done { 420.0 } else { 400.0 }, if done { 420.0 } else { 400.0 }, None),
+                (
+                    0.0,
+                    0.0,
+                    if done { 420.0 } else { 400.0 },
+                    if done { 420.0 } else { 400.0 },
+                    None,
+                ),
             ]
         });
         assert!(out.iter().all(|a| a.state != PairState::Wedged));
@@ -1560,9 +1648,11 @@ mod tests {
             [(0.0, 0.0, 500.0, 500.0, None), (1.0, 0.0, 500.0 + 5.0 * t, 18.0, None)]
         });
         assert!(
-            out.iter().all(|a| !matches!(a.state, PairState::Wedged | PairState::Suspect)),
+            out.iter()
+                .all(|a| !matches!(a.state, PairState::Wedged | PairState::Suspect)),
             "{:?}",
-            out.iter().find(|a| a.state != PairState::Healthy && a.state != PairState::Unproven)
+            out.iter()
+                .find(|a| a.state != PairState::Healthy && a.state != PairState::Unproven)
         );
     }
 
@@ -1599,15 +1689,36 @@ mod tests {
             // Finished at 1 s; the gauge says 1 running until the idle log at 31 s.
             let running = if t < 31 { 1.0 } else { 0.0 };
             let done = if t >= 1 { 60.0 } else { 10.0 };
-            [sample(now, 0.0, 0.0, done, done, None), sample(now, running, 0.0, done, done, None)]
+            [
+                sample(now, 0.0, 0.0, done, done, None),
+                sample(now, running, 0.0, done, done, None),
+            ]
         });
-        assert!(first_wedged(&out).is_none(), "{:?}", out.iter().find(|a| a.state == PairState::Wedged));
-        // A real stall with chunking known is caught after budget + 30 s.
+        assert!(
+            first_wedged(&out).is_none(),
+            "{:?}",
+            out.iter().find(|a| a.state == PairState::Wedged)
+        );
+        // A real stall with chunking known, where nothing finished last, is
+        // caught after budget + one chunk (2 s): the idle refresh is no excuse.
         let mut e = pair();
         let out = run_with(&mut e, &p, t0, 60, |_, now| {
-            [sample(now, 1.0, 1.0, 10.0, 10.0, None), sample(now, 0.0, 0.0, 10.0, 10.0, None)]
+            [
+                sample(now, 1.0, 1.0, 10.0, 10.0, None),
+                sample(now, 0.0, 0.0, 10.0, 10.0, None),
+            ]
         });
-        assert_eq!(first_wedged(&out), Some(38));
+        assert_eq!(first_wedged(&out), Some(10));
+        // After a finish, a stall that outlasts the refresh is still caught.
+        let mut e = pair();
+        let out = run_with(&mut e, &p, t0, 60, |t, now| {
+            let done = if t >= 1 { 60.0 } else { 10.0 };
+            [
+                sample(now, 0.0, 0.0, done, done, None),
+                sample(now, 1.0, 0.0, done, done, None),
+            ]
+        });
+        assert_eq!(first_wedged(&out), Some(39), "1 s + 8 s + 30 s");
     }
 
     /// Row 5: under steady real traffic (every engine's counters advance
@@ -1619,7 +1730,10 @@ mod tests {
         let mut e = pair();
         let out = run(&mut e, t0, 3_600, |t| {
             let t = t as f64;
-            [(3.0, 5.0, 4_000.0 * t, 100.0 * t, None), (8.0, 2.0, 30.0 * t, 30.0 * t, None)]
+            [
+                (3.0, 5.0, 4_000.0 * t, 100.0 * t, None),
+                (8.0, 2.0, 30.0 * t, 30.0 * t, None),
+            ]
         });
         let probes = out
             .iter()
@@ -1657,7 +1771,10 @@ mod tests {
             observe(&mut e, "decode-0", sample(now, 0.0, 0.0, tokens, tokens, None));
             let a = judge(&e, &p, now);
             assert!(a.reasons.iter().all(|r| !r.contains("real traffic")), "{:?}", a.reasons);
-            if let ProbeDecision::Send { timeout, work_ahead, .. } = a.probe {
+            if let ProbeDecision::Send {
+                timeout, work_ahead, ..
+            } = a.probe
+            {
                 // Idle engines: the floor of one legitimate silence (200 s chunk).
                 assert_eq!((timeout, work_ahead), (p.probe_timeout + p.max_prefill_chunk, 0));
                 sent += 1;
@@ -1668,7 +1785,39 @@ mod tests {
             }
         }
         assert!((59..=60).contains(&sent), "{sent}");
-        assert!(e.units.iter().all(|u| u.last_progress.is_none()), "probe tokens are not progress");
+        assert!(
+            e.units.iter().all(|u| u.last_progress.is_none()),
+            "probe tokens are not progress"
+        );
+    }
+
+    /// Found on the real stack: a probe's credit outlived its tokens and
+    /// swallowed real traffic's progress, so traffic no longer proved the pair
+    /// alive and the watch kept probing it. The credit lapses two scrapes
+    /// after the probe's answer: traffic after that is progress again.
+    #[test]
+    fn a_probe_credit_lapses_and_traffic_proves_liveness_again() {
+        let p = policy();
+        let t0 = Instant::now();
+        let mut e = pair();
+        observe(&mut e, "prefill-0", sample(t0, 0.0, 0.0, 100.0, 100.0, None));
+        observe(&mut e, "decode-0", sample(t0, 0.0, 0.0, 100.0, 100.0, None));
+        e.probe_sent(t0, p.probe_tokens);
+        e.probe_done(ok_probe(t0, p.probe_timeout, 0), t0 + Duration::from_millis(100));
+        for t in 1..=4u64 {
+            let now = t0 + Duration::from_secs(t);
+            // Real traffic: 20 tokens a second on both engines.
+            let v = 100.0 + 20.0 * t as f64;
+            observe(&mut e, "prefill-0", sample(now, 0.0, 0.0, v, v, None));
+            observe(&mut e, "decode-0", sample(now, 0.0, 0.0, v, v, None));
+        }
+        assert!(
+            e.units
+                .iter()
+                .all(|u| u.last_progress == Some(t0 + Duration::from_secs(4)))
+        );
+        let a = judge(&e, &p, t0 + Duration::from_secs(4));
+        assert_eq!(a.state, PairState::Healthy, "{:?}", a.reasons);
     }
 
     /// Row 4 and issue 13: a probe's timeout covers the work ahead of it. On
@@ -1713,7 +1862,9 @@ mod tests {
         b.max_probe_timeout = Duration::from_secs(2_000);
         let a = judge(&e, &b, now);
         match a.probe {
-            ProbeDecision::Send { timeout, work_ahead, .. } => {
+            ProbeDecision::Send {
+                timeout, work_ahead, ..
+            } => {
                 assert_eq!((timeout, work_ahead), (Duration::from_secs(120 + 4 * 200 + 4 * 100), 4))
             }
             other => panic!("{other:?}"),
@@ -1764,14 +1915,24 @@ mod tests {
             if prefilling && t >= 20 {
                 pf.health_status = 503;
             }
-            let mut dc = sample(now, if prefilling { 0.0 } else { 1.0 }, 0.0, 100.0 + 20.0 * t.saturating_sub(40) as f64, 100.0, None);
+            let mut dc = sample(
+                now,
+                if prefilling { 0.0 } else { 1.0 },
+                0.0,
+                100.0 + 20.0 * t.saturating_sub(40) as f64,
+                100.0,
+                None,
+            );
             dc.metrics.as_mut().unwrap().decode_transfer = Some(if prefilling { 1.0 } else { 0.0 });
             observe(&mut e, "prefill-0", pf);
             observe(&mut e, "decode-0", dc);
             let a = judge(&e, &p, now);
             assert_ne!(a.state, PairState::Wedged, "t = {t}: {:?}", a.reasons);
             states.push(a.state);
-            if let ProbeDecision::Send { timeout, work_ahead, .. } = a.probe {
+            if let ProbeDecision::Send {
+                timeout, work_ahead, ..
+            } = a.probe
+            {
                 assert!(!e.probe_in_flight, "one probe at a time");
                 if prefilling {
                     assert!(work_ahead >= 1, "covers the running request");
@@ -1815,15 +1976,27 @@ mod tests {
                 extra += 40.0;
                 e.probe_done(ok_probe(now, p.probe_timeout, 3), now + Duration::from_millis(300));
             }
-            observe(&mut e, "prefill-0", sample(now, 0.0, 0.0, 900.0 + extra, 900.0 + extra, None));
-            observe(&mut e, "decode-0", sample(now, 3.0, 0.0, 700.0 + extra, 700.0 + extra, None));
+            observe(
+                &mut e,
+                "prefill-0",
+                sample(now, 0.0, 0.0, 900.0 + extra, 900.0 + extra, None),
+            );
+            observe(
+                &mut e,
+                "decode-0",
+                sample(now, 3.0, 0.0, 700.0 + extra, 700.0 + extra, None),
+            );
             out.push(judge(&e, &p, now));
         }
         let first = first_wedged(&out).expect("confirmed");
         assert_eq!(first, 28, "8 s budget + 20 s chunk");
         let w = out[first].wedge.as_ref().unwrap();
         assert_eq!(w.kind, WedgeKind::PartialStall);
-        assert!(w.ruled_out.iter().any(|r| r.contains("own short probe was answered")), "{:?}", w.ruled_out);
+        assert!(
+            w.ruled_out.iter().any(|r| r.contains("own short probe was answered")),
+            "{:?}",
+            w.ruled_out
+        );
     }
 
     /// Issue 13, found: a timed-out probe was discarded as soon as any unit
@@ -1856,7 +2029,10 @@ mod tests {
         let a = judge(&e, &p, done);
         assert_eq!(a.state, PairState::Wedged, "{:?}", a.reasons);
         let r = &a.reasons[0];
-        assert!(r.contains("timed out after 320.0 s") && r.contains("decode-0 produced nothing"), "{r}");
+        assert!(
+            r.contains("timed out after 320.0 s") && r.contains("decode-0 produced nothing"),
+            "{r}"
+        );
         assert!(!r.contains("prefill-0 produced"), "{r}");
         assert_eq!(a.wedge.as_ref().unwrap().kind, WedgeKind::SilentGeneration);
         // Every engine progressed since: the pair serves others — suspect only.
@@ -1876,7 +2052,9 @@ mod tests {
                 sent_at: t0,
                 timeout,
                 work_ahead: 0,
-                outcome: ProbeOutcome::Error { message: "http 503".into() },
+                outcome: ProbeOutcome::Error {
+                    message: "http 503".into(),
+                },
                 request_id: "pdwarden-probe-2".into(),
             },
             done,
@@ -1906,7 +2084,11 @@ mod tests {
             // generates 24 tokens a second for the burst.
             let prefill = if t >= 1 { 530.0 } else { 500.0 };
             observe(&mut e, "prefill-0", sample(now, 0.0, 0.0, prefill, 500.0, None));
-            observe(&mut e, "decode-0", sample(now, 2.0, 14.0, 500.0 + 24.0 * t as f64, 500.0, None));
+            observe(
+                &mut e,
+                "decode-0",
+                sample(now, 2.0, 14.0, 500.0 + 24.0 * t as f64, 500.0, None),
+            );
         }
         let done = t0 + timeout;
         e.probe_done(
@@ -1950,6 +2132,51 @@ mod tests {
         assert_eq!(judge(&e, &p, done).state, PairState::Suspect);
     }
 
+    /// Found on the real stack: with fast engines (a 20 ms prefill chunk) a
+    /// probe got a 70 ms timeout and, timing out between two scrapes, "nothing
+    /// moved since it was sent" — a healthy pair under a long generation was
+    /// recovered. Counters are seen once per scrape: a probe's timeout and a
+    /// silence both span at least three scrapes.
+    #[test]
+    fn a_silence_shorter_than_three_scrapes_proves_nothing() {
+        let mut p = policy();
+        p.max_prefill_chunk = Duration::from_millis(20);
+        p.probe_timeout = Duration::from_millis(50);
+        p.scrape_interval = Duration::from_millis(250);
+        p.stale_after = Duration::from_secs(3);
+        let t0 = Instant::now();
+        let mut e = pair();
+        observe(&mut e, "prefill-0", sample(t0, 0.0, 0.0, 5.0, 5.0, None));
+        observe(&mut e, "decode-0", sample(t0, 1.0, 0.0, 5.0, 5.0, None));
+        for t in 1..=300u64 {
+            let now = t0 + Duration::from_millis(t * 10);
+            observe(&mut e, "prefill-0", sample(now, 0.0, 0.0, 5.0, 5.0, None));
+            observe(&mut e, "decode-0", sample(now, 1.0, 0.0, 5.0 + t as f64, 5.0, None));
+        }
+        let now = t0 + Duration::from_secs(3);
+        match judge(&e, &p, now).probe {
+            ProbeDecision::None => {}
+            ProbeDecision::Send { timeout, .. } => assert!(timeout >= Duration::from_millis(800), "{timeout:?}"),
+            other => panic!("{other:?}"),
+        }
+        let sent = now;
+        let done = now + Duration::from_millis(70);
+        observe(&mut e, "prefill-0", sample(done, 0.0, 0.0, 5.0, 5.0, None));
+        observe(&mut e, "decode-0", sample(done, 1.0, 0.0, 305.0, 5.0, None));
+        e.probe_done(
+            ProbeRecord {
+                target: "router-0".into(),
+                sent_at: sent,
+                timeout: Duration::from_millis(70),
+                work_ahead: 1,
+                outcome: ProbeOutcome::Timeout { after_ms: 70 },
+                request_id: "pdwarden-probe-4".into(),
+            },
+            done,
+        );
+        assert_ne!(judge(&e, &p, done).state, PairState::Wedged);
+    }
+
     fn pd_sample(at: Instant, realtime: f64, finished: f64, inflight: f64, kv_wait: f64) -> Sample {
         let mut s = sample(at, 0.0, 0.0, realtime, finished, None);
         let m = s.metrics.as_mut().unwrap();
@@ -1980,14 +2207,24 @@ mod tests {
         assert_eq!(first, 19, "from the first request in both queues at 1 s: 1 + 8 + 10");
         let w = out[first].wedge.as_ref().unwrap();
         assert_eq!(w.kind, WedgeKind::KvTransfer);
-        assert!(out[first].reasons[0].contains("sending KV for 18.0 s"), "{:?}", out[first].reasons);
+        assert!(
+            out[first].reasons[0].contains("sending KV for 18.0 s"),
+            "{:?}",
+            out[first].reasons
+        );
         // A slow link: each request's KV takes 6 s, requests every 10 s.
         let mut e = pair();
         let out = run_with(&mut e, &p, t0, 200, |t, now| {
             let in_transfer = t % 10 < 6;
             let done = (t / 10) as f64;
             [
-                pd_sample(now, 100.0 + 1_000.0 * done, 10.0 * done, f64::from(u8::from(in_transfer)), 0.0),
+                pd_sample(
+                    now,
+                    100.0 + 1_000.0 * done,
+                    10.0 * done,
+                    f64::from(u8::from(in_transfer)),
+                    0.0,
+                ),
                 pd_sample(
                     now,
                     50.0 + 30.0 * done,
@@ -2030,7 +2267,11 @@ mod tests {
         assert_ne!(assess_unit(&working, &p, now, None).state, UnitState::Wedged);
         let a = assess_unit(&gone, &p, now, None);
         assert_eq!(a.state, UnitState::Wedged);
-        assert!(a.reasons[0].contains("has not for 19.0 s (last: 503)"), "{:?}", a.reasons);
+        assert!(
+            a.reasons[0].contains("has not for 19.0 s (last: 503)"),
+            "{:?}",
+            a.reasons
+        );
         assert_eq!(a.wedge.unwrap().kind, WedgeKind::HealthGoneBad);
     }
 
@@ -2055,7 +2296,9 @@ mod tests {
         let a = assess_unit(&busy, &p, t0 + Duration::from_secs(40), None);
         assert_ne!(a.state, UnitState::Wedged, "{:?}", a.reasons);
         assert!(
-            a.reasons.iter().any(|r| r.contains("health has not answered 200 for 20.0 s")),
+            a.reasons
+                .iter()
+                .any(|r| r.contains("health has not answered 200 for 20.0 s")),
             "{:?}",
             a.reasons
         );
@@ -2103,11 +2346,25 @@ mod tests {
         let out = run_with(&mut e, &p, t0, 200, |t, now| {
             let done = t >= 150;
             [
-                vllm(now, if done { 0.0 } else { 1.0 }, 5.0, if done { 45_000.0 } else { 5.0 }),
-                vllm(now, if done { 1.0 } else { 0.0 }, 5.0 + t.saturating_sub(150) as f64, 5.0),
+                vllm(
+                    now,
+                    if done { 0.0 } else { 1.0 },
+                    5.0,
+                    if done { 45_000.0 } else { 5.0 },
+                ),
+                vllm(
+                    now,
+                    if done { 1.0 } else { 0.0 },
+                    5.0 + t.saturating_sub(150) as f64,
+                    5.0,
+                ),
             ]
         });
-        assert!(first_wedged(&out).is_none(), "{:?}", out.iter().find(|a| a.state == PairState::Wedged));
+        assert!(
+            first_wedged(&out).is_none(),
+            "{:?}",
+            out.iter().find(|a| a.state == PairState::Wedged)
+        );
         let mut dead = UnitTrack::new("decode-0", "decode");
         for t in 0..=10u64 {
             let mut s = vllm(t0 + Duration::from_secs(t), 1.0, 5.0, 5.0);

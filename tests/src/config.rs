@@ -198,6 +198,11 @@ pub struct Args {
     /// generating. Reported by `/server_info`.
     #[arg(long, default_value = "0.5.9")]
     pub sglang_version: String,
+    /// SGLang's `SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=0` (since v0.5.5.post3,
+    /// sgl-project/sglang#13320): `/health` answers 200 at once without generating;
+    /// `/health_generate` still generates. The environment variable itself is read too.
+    #[arg(long)]
+    pub no_health_endpoint_generation: bool,
 
     /// Total latencies (ms, or `hang`) of successive client generations, e.g. `17900,106400,hang`;
     /// after the script, the model. `hang,` is a generation that hangs once after start and
@@ -366,6 +371,9 @@ pub struct Config {
     pub health_timeout_ms: f64,
     /// `--sglang-version`.
     pub sglang_version: String,
+    /// `/health` generates (false: `--no-health-endpoint-generation` or
+    /// `SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION` false, or a release before 0.4.10.post2).
+    pub health_endpoint_generates: bool,
     pub latency_script: VecDeque<LatencyStep>,
     pub settings: Settings,
     /// The process environment's value of the knob variable at start (for live knob changes).
@@ -423,6 +431,12 @@ impl Config {
             (Some(_), None) => return Err(ConfigError::ColdByStartIncomplete("--start-count-file")),
         };
         let knob_env_value = args.knob_env.as_deref().and_then(&env);
+        // SGLang's EnvBool: "0", "false", "no", "off" (any case) are false.
+        let env_says_no = env("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION")
+            .is_some_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "0" | "false" | "no" | "off"));
+        let health_endpoint_generates = pdwarden_engines::sglang_health_generates(args.sglang_version.trim())
+            && !(pdwarden_engines::release_at_least(args.sglang_version.trim(), "0.5.5.post3")
+                && (args.no_health_endpoint_generation || env_says_no));
         let knob_live = args.knob_value.is_some() && knob_env_value == args.knob_value;
         let settings = Settings {
             ttft_ms: check("ttft-ms", args.ttft_ms, 0.0)?,
@@ -462,11 +476,16 @@ impl Config {
             health_timeout_ms: check("health-timeout-ms", args.health_timeout_ms, 0.0)?,
             sglang_version: {
                 let v = args.sglang_version.trim();
-                if v.is_empty() || !v.split('.').all(|p| p.strip_prefix("post").unwrap_or(p).parse::<u64>().is_ok()) {
+                if v.is_empty()
+                    || !v
+                        .split('.')
+                        .all(|p| p.strip_prefix("post").unwrap_or(p).parse::<u64>().is_ok())
+                {
                     return Err(ConfigError::SglangVersion(args.sglang_version.clone()));
                 }
                 v.to_string()
             },
+            health_endpoint_generates,
             latency_script: parse_latency_script(args.latency_script.as_deref().unwrap_or(""))?,
             settings,
             knob_env_value,
@@ -673,6 +692,41 @@ mod tests {
         );
         assert!(parse_latency_script("10,soon").is_err());
         assert!(parse_latency_script("").unwrap().is_empty());
+    }
+
+    // /health generates by default; the flag or SGLang's own environment variable
+    // turns that off (a release that has the switch); an old release never generates.
+    #[test]
+    fn health_endpoint_generation_follows_release_flag_and_env() {
+        let cfg = |extra: &[&str], env: Option<&str>| {
+            let mut argv = vec!["pd-sim", "--role", "decode", "--port", "0"];
+            argv.extend_from_slice(extra);
+            let env = env.map(str::to_string);
+            Config::from_args(Args::parse_from(argv), |k| {
+                (k == "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION")
+                    .then(|| env.clone())
+                    .flatten()
+            })
+            .unwrap()
+            .health_endpoint_generates
+        };
+        assert!(cfg(&[], None));
+        assert!(!cfg(&["--no-health-endpoint-generation"], None));
+        assert!(!cfg(&[], Some("False")));
+        assert!(cfg(&[], Some("1")));
+        // Before 0.4.10.post2 /health never generated; the switch exists since 0.5.5.post3.
+        assert!(!cfg(&["--sglang-version", "0.4.9"], None));
+        assert!(cfg(
+            &["--sglang-version", "0.5.4", "--no-health-endpoint-generation"],
+            None
+        ));
+        assert!(
+            Config::from_args(
+                Args::parse_from(["pd-sim", "--role", "decode", "--port", "0", "--sglang-version", "v0.5"]),
+                |_| None
+            )
+            .is_err()
+        );
     }
 
     // The knob is live only when the environment at start holds exactly the knob's value.

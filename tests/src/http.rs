@@ -97,7 +97,7 @@ const HEALTH_TICK_MS: f64 = 1000.0;
 
 pub fn router(sim: Arc<Sim>) -> Router {
     Router::new()
-        .route("/health", get(health_shallow_before_0_4_10))
+        .route("/health", get(health_endpoint))
         .route("/health_generate", get(health))
         .route("/v1/models", get(models))
         .route("/server_info", get(server_info))
@@ -196,9 +196,19 @@ async fn unknown(method: axum::http::Method, uri: axum::http::Uri) -> StatusCode
 /// nothing else producing output, make health 503 (sgl-project/sglang#22511).
 /// `/health`: before v0.4.10.post2 SGLang answered 200 unconditionally here
 /// (`async def health(): return Response(status_code=200)`); since, it is
-/// `health_generate` (sgl-project/sglang#8444).
-async fn health_shallow_before_0_4_10(state: State<Arc<Sim>>) -> StatusCode {
-    if !pdwarden_engines::sglang_health_generates(&state.0.config.sglang_version) {
+/// `health_generate` (sgl-project/sglang#8444), unless
+/// `SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION` is false (v0.5.5.post3, #13320):
+/// then 200 at once once the server is up.
+async fn health_endpoint(state: State<Arc<Sim>>) -> StatusCode {
+    if !state.0.config.health_endpoint_generates {
+        if state.0.phase() != Phase::Ready
+            && pdwarden_engines::release_at_least(
+                &state.0.config.sglang_version,
+                pdwarden_engines::SGLANG_HEALTH_STARTING_503_SINCE,
+            )
+        {
+            return StatusCode::SERVICE_UNAVAILABLE;
+        }
         return StatusCode::OK;
     }
     health(state).await

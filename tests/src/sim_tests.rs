@@ -1325,6 +1325,8 @@ async fn an_older_release_exposes_only_what_it_had() {
     for role in [Role::Prefill, Role::Decode] {
         let mut cfg = Config::for_test(role);
         cfg.sglang_version = "0.4.9".into();
+        // As `Config::from_args` derives it for 0.4.9 (see its test).
+        cfg.health_endpoint_generates = false;
         cfg.settings.fault_health_hang = true;
         let (h, b) = start(cfg).await;
         let text = metrics_text(&c, b).await;

@@ -21,9 +21,10 @@ use crate::clock::mono_ms;
 pub enum Expect {
     /// Honest work: zero automatic co-restarts, every client request completes.
     Legitimate,
-    /// A wedge of this kind (`pdwarden_wedge_detection_seconds{kind}`),
-    /// confirmed and recovered.
-    Wedge(&'static str),
+    /// A wedge, confirmed and recovered, as one of these kinds
+    /// (`pdwarden_wedge_detection_seconds{kind}`): where the evidence supports
+    /// two rules, whichever completes first names it.
+    Wedge(&'static [&'static str]),
 }
 
 /// Client requests of one shape, sent at once.
@@ -121,7 +122,7 @@ pub const CASES: &[WatchCase] = &[
         name: "slot_leak",
         what: "seed 001: a client gives up on a 41,818-token prompt mid-prefill on a serial prefill (300 tok/s, \
                SGLang's default 8,192-token chunks) that leaks its slot; the next request queues for ever",
-        expect: Expect::Wedge("stall"),
+        expect: Expect::Wedge(&["stall"]),
         demo_args: &["--engines-serial", "--prefill-sim", SERIAL_LEAKING_300_CHUNKED],
         faults: &[],
         requests: &[
@@ -142,8 +143,8 @@ pub const CASES: &[WatchCase] = &[
     WatchCase {
         name: "generation_hangs_health_200",
         what: "seeds 002/003 on a current SGLang (0.5.9): every generation on the decode hangs waiting for its KV, \
-               health 200 on both, no client traffic: the watch's idle probe hangs (it also shows in both PD queues)",
-        expect: Expect::Wedge("silent_generation"),
+               health 200 on both, no client traffic: the watch's idle probe hangs, and waits in both PD queues",
+        expect: Expect::Wedge(&["silent_generation", "kv_transfer"]),
         demo_args: &[],
         faults: &[("decode", HANG_EVERY_GENERATION)],
         requests: &[],
@@ -152,7 +153,7 @@ pub const CASES: &[WatchCase] = &[
         name: "generation_hangs_old_engine",
         what: "seeds 002/003 on SGLang 0.4.9 (no realtime tokens, no prefill inflight gauge, /health 200 without \
                generating): every generation on the decode hangs, no client traffic; only a probe can tell",
-        expect: Expect::Wedge("silent_generation"),
+        expect: Expect::Wedge(&["silent_generation"]),
         demo_args: &[
             "--prefill-sim",
             "--sglang-version 0.4.9",
@@ -166,7 +167,7 @@ pub const CASES: &[WatchCase] = &[
         name: "degraded_kv_bootstrap",
         what: "seed 004: KV never reaches the decode; the prefill keeps computing, both PD queues grow, nothing \
                finishes, health 200 on both",
-        expect: Expect::Wedge("kv_transfer"),
+        expect: Expect::Wedge(&["kv_transfer"]),
         demo_args: &[],
         faults: &[("decode", r#"{"kv_stall": true}"#)],
         requests: &[Requests {
@@ -178,9 +179,10 @@ pub const CASES: &[WatchCase] = &[
     },
     WatchCase {
         name: "partial_wedge",
-        what: "real requests freeze after 32 tokens while the watch's own 8-token probe is still answered",
-        expect: Expect::Wedge("partial_stall"),
-        demo_args: &[],
+        what: "real requests freeze after 32 tokens while the watch's own 8-token probe is still answered \
+               (prefill at 2,000 tok/s without chunking: the watch allows a 1.25 s flat spell, time for a probe)",
+        expect: Expect::Wedge(&["partial_stall"]),
+        demo_args: &["--prefill-sim", "--prefill-tok-per-s 2000 --chunked-prefill-size 0"],
         faults: &[("decode", r#"{"freeze_after_tokens": 32}"#)],
         requests: &[Requests {
             count: 3,

@@ -111,11 +111,23 @@ fn a_slow_decode_fails_on_time_per_output_token() {
 
 /// A scheduler that stopped batching: 8 simultaneous requests take about 8×
 /// one. Each answers, none is lost; the concurrency step calls it lost
-/// batching, and the pair is over budget.
+/// batching, and the pair is over budget. (On the prefill: a routed decode
+/// part joins the running batch only once its KV arrives, so a decode's fixed
+/// cost overlaps the prefill's and only its decode steps queue.)
 #[test]
 fn lost_batching_is_over_budget() {
     let _one = exclusive();
-    let (code, r) = demo("--max-running 1 --ttft-ms 400");
+    let out = pdwarden(
+        &[
+            "demo",
+            "--json",
+            "--no-auto-recover",
+            "--prefill-sim",
+            "--max-running 1 --ttft-ms 400",
+        ],
+        LIMIT,
+    );
+    let (code, r) = (out.code, out.json());
     assert_eq!(code, 2, "{r:#}");
     assert_eq!(r["verdict"], "over_budget", "{}", reasons(&r));
     let c = step(&r, "concurrency");
