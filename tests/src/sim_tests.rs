@@ -67,6 +67,17 @@ async fn status(c: &reqwest::Client, url: String) -> Option<u16> {
     c.get(url).send().await.ok().map(|r| r.status().as_u16())
 }
 
+/// The HTTP status of `POST /sim/fault` with `body` on the engine at `b`.
+async fn fault_status(c: &reqwest::Client, b: Bound, body: Value) -> u16 {
+    c.post(format!("http://{}/sim/fault", b.http))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
 async fn stats(c: &reqwest::Client, b: Bound) -> Value {
     c.get(format!("http://{}/sim/stats", b.http))
         .send()
@@ -798,13 +809,7 @@ async fn kv_fail_every_fails_the_nth_routed_request() {
     let pm = metrics_text(&c, pb).await;
     assert_eq!(metric(&pm, name(Signal::TransferFailed), ""), 3.0, "{pm}");
     // A prefill refuses the fault.
-    let r = c
-        .post(format!("http://{}/sim/fault", pb.http))
-        .json(&json!({"kv_fail_every": 1}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 400);
+    assert_eq!(fault_status(&c, pb, json!({"kv_fail_every": 1})).await, 400);
     p.shutdown().await.unwrap();
     d.shutdown().await.unwrap();
 }
@@ -1303,13 +1308,7 @@ async fn kv_stall_never_completes_and_keeps_both_queue_gauges_up() {
     assert_eq!(ps["prefill_inflight"], 1, "room 1 is never taken");
     stuck.abort();
     // A prefill refuses the fault.
-    let r = c
-        .post(format!("http://{}/sim/fault", pb.http))
-        .json(&json!({"kv_stall": true}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 400);
+    assert_eq!(fault_status(&c, pb, json!({"kv_stall": true})).await, 400);
     p.shutdown().await.unwrap();
     d.shutdown().await.unwrap();
 }

@@ -258,3 +258,15 @@ pub fn step<'a>(report: &'a Value, name: &str) -> &'a Value {
         .and_then(|s| s.iter().find(|s| s["step"] == name))
         .unwrap_or_else(|| panic!("no suite step {name}: {:#}", report["suite"]))
 }
+
+/// Polls `f` every 100 ms until it returns `Some`, or panics at `limit`.
+pub fn poll<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

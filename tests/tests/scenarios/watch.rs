@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::harness::{HeldDemo, exclusive};
+use crate::harness::{HeldDemo, exclusive, poll};
 
 /// ms on CLOCK_MONOTONIC, the clock pd-sim and the orchestrator also record on.
 fn mono_ms() -> f64 {
@@ -46,18 +46,6 @@ fn unit_url(status: &Value, unit: &str) -> String {
         .and_then(|u| u["base_url"].as_str())
         .unwrap_or_else(|| panic!("no base_url for {unit}: {status:#}"))
         .to_string()
-}
-
-/// Polls `f` every 100 ms until it returns `Some`, or panics at `limit`.
-fn poll<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "{what}: not within {limit:?}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 async fn sim_stats(http: &reqwest::Client, base: &str) -> Value {

@@ -5,12 +5,12 @@
 //! benchmark runs the same ones and tabulates them); this module only runs
 //! them and checks the outcome. Figures are printed (`--nocapture`).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pd_sim::watch_cases::{self, Expect, Urls};
 use serde_json::Value;
 
-use crate::harness::{HeldDemo, exclusive};
+use crate::harness::{HeldDemo, exclusive, poll};
 
 const TIME_SCALE: f64 = 0.05;
 
@@ -21,18 +21,6 @@ fn watch_of(demo: &HeldDemo) -> Value {
         .and_then(|w| w.iter().find(|p| p["pair"] == "demo"))
         .cloned()
         .unwrap_or(Value::Null)
-}
-
-/// Polls every 200 ms until `f` is `Some`, or panics at `limit`.
-fn poll<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "{what}: not within {limit:?}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
 }
 
 /// The automatic operations (started by the watch) in the pair's history.
