@@ -52,6 +52,13 @@ impl EngineKind {
         }
     }
 
+    /// The kind named `name` (as [`EngineKind::as_str`] writes it).
+    pub fn from_name(name: &str) -> Option<Self> {
+        [Self::Sglang, Self::Vllm, Self::SglangRouter, Self::VllmRouter]
+            .into_iter()
+            .find(|k| k.as_str() == name)
+    }
+
     pub fn profile(self) -> &'static Profile {
         match self {
             Self::Sglang => &SGLANG,

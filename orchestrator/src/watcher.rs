@@ -369,11 +369,7 @@ impl PairWatcher {
                 GPU_REPORT_MAX_AGE_MS,
             )
         });
-        let engine = match s.engine_kind.as_str() {
-            "sglang" => Some(EngineKind::Sglang),
-            "vllm" => Some(EngineKind::Vllm),
-            _ => None,
-        };
+        let engine = EngineKind::from_name(&s.engine_kind);
         let metrics = s.metrics_ok.then(|| Metrics {
             running: s.running_reqs.unwrap_or(0.0),
             queued: s.queued_reqs.unwrap_or(0.0),

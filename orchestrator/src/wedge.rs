@@ -246,8 +246,6 @@ pub struct UnitTrack {
     pub first_at: Option<Instant>,
     /// When a counter last rose beyond the probes' credit (never the first sample).
     pub last_progress: Option<Instant>,
-    /// When a during-work counter last rose beyond the probes' credit.
-    pub last_work_progress: Option<Instant>,
     /// When an at-finish counter last rose beyond the probes' credit (a
     /// request finished).
     pub last_finish_progress: Option<Instant>,
@@ -285,7 +283,6 @@ impl UnitTrack {
             last: None,
             first_at: None,
             last_progress: None,
-            last_work_progress: None,
             last_moved: None,
             last_finish_progress: None,
             work_since: None,
@@ -349,7 +346,6 @@ impl UnitTrack {
                         // Counters went backwards: a new process. Start over.
                         self.work_since = None;
                         self.last_progress = None;
-                        self.last_work_progress = None;
                         self.last_moved = None;
                         self.last_finish_progress = None;
                         self.inflight_since = None;
@@ -378,9 +374,6 @@ impl UnitTrack {
                         };
                         let work = beyond(dw, &mut self.credit.0);
                         let finish = beyond(df, &mut self.credit.1);
-                        if work {
-                            self.last_work_progress = Some(s.at);
-                        }
                         if finish {
                             self.last_finish_progress = Some(s.at);
                         }
@@ -1002,9 +995,8 @@ fn kv_transfer_stuck(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Option<
         onset,
         silent_ms: ms(silent),
         ruled_out: vec![
-            format!(
-                "the prefill finished computing those requests (they are in its inflight queue): no prefill is still running for them"
-            ),
+            "the prefill finished computing those requests (they are in its inflight queue): no prefill is still running for them"
+                .to_string(),
             format!(
                 "a legitimate transfer ends within {}; both queues stayed non-empty for {}",
                 s(p.max_kv_transfer),
@@ -1055,6 +1047,13 @@ pub fn judge(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Assessment {
             && e.last_probe_done
                 .is_some_and(|d| now.saturating_duration_since(d) < p.idle_probe_interval)
     });
+    // An engine that computed nothing at all since a probe was sent, for
+    // longer than a legitimate prefill chunk (or request) that its stale
+    // gauges may not show yet.
+    let silent_since_sent = |u: &UnitTrack, r: &ProbeRecord| {
+        !u.moved_after(r.sent_at)
+            && now.saturating_duration_since(r.sent_at) >= p.silence_allowance(u.engine(p).profile(), u.has_work_signal)
+    };
     let health_line = || {
         units
             .iter()
@@ -1077,22 +1076,12 @@ pub fn judge(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Assessment {
         },
     ) = failed_probe
         && units.iter().all(|u| (200..300).contains(&u.health_status))
-        && e.units.iter().any(|u| {
-            !u.moved_after(r.sent_at)
-                && now.saturating_duration_since(r.sent_at)
-                    >= p.silence_allowance(u.engine(p).profile(), u.has_work_signal)
-        })
+        && e.units.iter().any(|u| silent_since_sent(u, r))
     {
         let silent: Vec<&str> = e
             .units
             .iter()
-            .filter(|u| !u.moved_after(r.sent_at))
-            .filter(|u| {
-                // Silent for longer than a legitimate prefill chunk (or request)
-                // that the engine's stale gauges may not show yet.
-                let allow = p.silence_allowance(u.engine(p).profile(), u.has_work_signal);
-                now.saturating_duration_since(r.sent_at) >= allow
-            })
+            .filter(|u| silent_since_sent(u, r))
             .map(|u| u.unit.as_str())
             .collect();
         let covered = format!(
