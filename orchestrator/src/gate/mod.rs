@@ -16,12 +16,17 @@
 //!    (`run_operation(CoRestart)`).
 //! 4. **Verify live** from `/proc/PID/environ` and `/proc/PID/cmdline`
 //!    ([`live`]): a knob the process did not receive fails the gate here.
-//! 5. **Measure** the same benchmark again.
-//! 6. **Judge** ([`judge`]): per metric, a bootstrap interval and a
-//!    Mann–Whitney test, bimodality checked first.
+//! 5. **Measure** the same benchmark again, after the same warm-up.
+//! 6. **Judge** ([`judge`]): per cell, metric and statistic, a cluster
+//!    bootstrap interval against the margin: kept only when every interval
+//!    shows "not worse"; rejected when one shows "worse"; otherwise
+//!    inconclusive, and steps 5–6 repeat (another look) up to the budget.
 //! 7. Keep it, or **roll back**: restore the previous versions, co-restart,
-//!    verify the old values are live again, and measure that the pair is
-//!    back at baseline.
+//!    verify the old values are live again, and measure the baseline again:
+//!    the pair must be shown *equivalent* to its first baseline. If it is
+//!    shown to have moved, the pair drifted (or something the rollback
+//!    cannot restore changed): the knob is not blamed, the gate ends
+//!    `baseline_moved_rolled_back`.
 //!
 //! The co-restarts and verifications run as operations of their own, with
 //! their full evidence, journaled under the pair name `NAME#gate` (the
@@ -150,14 +155,24 @@ impl GateStep {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum GateVerdict {
-    /// Kept: something measurably better, nothing regressed.
+    /// Kept: every metric shown not worse beyond its margin, something
+    /// shown better beyond it.
     Accepted,
-    /// Kept: nothing regressed, but nothing measurably changed either.
-    NoSignificantDifference,
-    /// Kept: measurably worse, but within the tolerance.
-    AcceptedWithinTolerance,
-    /// Regressed beyond the tolerance: rolled back, rollback verified.
+    /// Kept: every metric shown not worse beyond its margin; not a win.
+    KeptNotWorse,
+    /// Shown worse beyond the margin: rolled back.
     RejectedRolledBack,
+    /// Neither shown within the budget: rolled back (`on_inconclusive =
+    /// "rollback"`, the default).
+    InconclusiveRolledBack,
+    /// Neither shown within the budget: the change is still live, for a
+    /// person to decide (`on_inconclusive = "hold"`).
+    InconclusiveHeld,
+    /// Rolled back, previous values live, but the pair measures differently
+    /// than at its first baseline: it drifted (or something the rollback
+    /// does not restore changed), so the knob is not blamed. Look at the
+    /// host.
+    BaselineMovedRolledBack,
     /// The restarted processes did not have the change: rolled back.
     NotLiveRolledBack,
     /// The co-restart onto the change failed: rolled back.
@@ -176,9 +191,11 @@ impl GateVerdict {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Accepted => "accepted",
-            Self::NoSignificantDifference => "no_significant_difference",
-            Self::AcceptedWithinTolerance => "accepted_within_tolerance",
+            Self::KeptNotWorse => "kept_not_worse",
             Self::RejectedRolledBack => "rejected_rolled_back",
+            Self::InconclusiveRolledBack => "inconclusive_rolled_back",
+            Self::InconclusiveHeld => "inconclusive_held",
+            Self::BaselineMovedRolledBack => "baseline_moved_rolled_back",
             Self::NotLiveRolledBack => "not_live_rolled_back",
             Self::RestartFailedRolledBack => "restart_failed_rolled_back",
             Self::RollbackFailed => "rollback_failed",
@@ -187,12 +204,9 @@ impl GateVerdict {
         }
     }
 
-    /// The change is in place and the pair is healthy.
+    /// The change is in place, shown not to regress.
     pub fn kept(self) -> bool {
-        matches!(
-            self,
-            Self::Accepted | Self::NoSignificantDifference | Self::AcceptedWithinTolerance
-        )
+        matches!(self, Self::Accepted | Self::KeptNotWorse)
     }
 }
 
@@ -257,8 +271,35 @@ impl Measurement {
         self.cells.iter().flat_map(|c| &c.requests).filter(|r| !r.ok).count()
     }
 
-    fn ok_values(c: &CellMeasurement, f: impl Fn(&RequestFigures) -> Option<f64>) -> Vec<f64> {
-        c.requests.iter().filter(|r| r.ok).filter_map(f).collect()
+    /// The completed requests' values, grouped by round (rounds with none
+    /// left out).
+    fn ok_values(c: &CellMeasurement, f: impl Fn(&RequestFigures) -> Option<f64>) -> Vec<Vec<f64>> {
+        let mut by_round: BTreeMap<u32, Vec<f64>> = BTreeMap::new();
+        for r in c.requests.iter().filter(|r| r.ok) {
+            if let Some(v) = f(r) {
+                by_round.entry(r.round).or_default().push(v);
+            }
+        }
+        by_round.into_values().collect()
+    }
+
+    /// Adds another look's requests: rounds are renumbered after this
+    /// measurement's, so each stays its own sampling unit.
+    fn extend(&mut self, more: Measurement) {
+        for m in more.cells {
+            match self.cells.iter_mut().find(|c| c.cell == m.cell) {
+                Some(c) => {
+                    let offset = c.requests.iter().map(|r| r.round + 1).max().unwrap_or(0);
+                    c.requests.extend(m.requests.into_iter().map(|mut r| {
+                        r.round += offset;
+                        r
+                    }));
+                    c.throughput.extend(m.throughput);
+                }
+                None => self.cells.push(m),
+            }
+        }
+        self.total_ms += more.total_ms;
     }
 }
 
@@ -301,15 +342,15 @@ pub fn metrics(before: &Measurement, after: &Measurement) -> Vec<MetricSamples> 
             Measurement::ok_values(b, |r| Some(r.e2e_ms)),
             Measurement::ok_values(a, |r| Some(r.e2e_ms)),
         ));
-        if b.cell.rounds >= 4 {
-            out.push(m(
-                "throughput",
-                "tok/s",
-                Better::Higher,
-                b.throughput.clone(),
-                a.throughput.clone(),
-            ));
-        }
+        // One value per round: the round is the sample.
+        let rounds = |t: &[f64]| t.iter().map(|&x| vec![x]).collect::<Vec<_>>();
+        out.push(m(
+            "throughput",
+            "tok/s",
+            Better::Higher,
+            rounds(&b.throughput),
+            rounds(&a.throughput),
+        ));
     }
     out
 }
@@ -355,12 +396,20 @@ impl GateReport {
         use std::fmt::Write as _;
         let mut s = String::new();
         let headline = match self.verdict {
-            GateVerdict::Accepted => "ACCEPTED: the change is kept; it measurably helps",
-            GateVerdict::NoSignificantDifference => {
-                "NO SIGNIFICANT DIFFERENCE: the change is kept (nothing regressed), but it is not a measured win"
+            GateVerdict::Accepted => "ACCEPTED: the change is kept; shown not worse anywhere, and better",
+            GateVerdict::KeptNotWorse => {
+                "KEPT: every metric shown not worse beyond its margin; not a measured win"
             }
-            GateVerdict::AcceptedWithinTolerance => "ACCEPTED: kept; measurably worse, but within the tolerance",
-            GateVerdict::RejectedRolledBack => "REJECTED: it regressed; rolled back, rollback verified",
+            GateVerdict::RejectedRolledBack => "REJECTED: shown worse beyond the margin; rolled back",
+            GateVerdict::InconclusiveRolledBack => {
+                "INCONCLUSIVE: not shown to be within the margin after the whole budget; rolled back"
+            }
+            GateVerdict::InconclusiveHeld => {
+                "INCONCLUSIVE, HELD: not shown either way after the whole budget; the change is STILL LIVE for you to decide"
+            }
+            GateVerdict::BaselineMovedRolledBack => {
+                "BASELINE MOVED: rolled back, but the pair measures differently than before the gate; the knob is not blamed — look at the host"
+            }
             GateVerdict::NotLiveRolledBack => {
                 "FAILED: the restarted processes did not get the change; rolled back, rollback verified"
             }
@@ -422,7 +471,7 @@ pub fn history_lines(report: &serde_json::Value) -> Vec<String> {
         if let Some(j) = j {
             out.push(format!("{label} vs baseline: {:?}", j.judgement));
             for c in &j.comparisons {
-                out.push(format!("  {}", judge::describe(c, r.tolerance_pct)));
+                out.push(format!("  {}", judge::describe(c)));
             }
         }
     }
@@ -564,6 +613,8 @@ impl Gate {
                 bootstrap_resamples: pair.gate.bootstrap_resamples,
                 seed: BOOTSTRAP_SEED,
                 min_effect_ms: pair.gate.min_effect_ms,
+                min_effect_max_pct: pair.gate.min_effect_max_pct,
+                max_looks: pair.gate.max_looks(),
             },
             ctx,
             targets: targets(&pair, &change),
@@ -881,26 +932,45 @@ impl Gate {
         let pids: Vec<String> = out.live.iter().map(|c| format!("{} pid {}", c.unit, c.pid)).collect();
         self.end(idx, format!("live in {}", pids.join(", ")));
 
-        // 5. Measure.
-        let idx = self.enter(GateStep::Measuring)?;
-        let after = self.measure("after").await;
-        self.end(idx, format!("{} failed", after.failures()));
-
-        // 6. Judge.
-        let idx = self.enter(GateStep::Judging)?;
-        let report = judge::judge(
-            &metrics(&baseline, &after),
-            baseline.failures(),
-            after.failures(),
-            self.policy,
-        );
-        self.journal("judgement", &report);
-        self.end(idx, format!("{:?}", report.judgement));
+        // 5–6. Measure and judge, one look at a time, until a decision or
+        // the budget (the judge spends its error over the planned looks, so
+        // stopping early is free).
+        let mut after: Option<Measurement> = None;
+        let mut look = 0;
+        let report = loop {
+            look += 1;
+            let idx = self.enter(GateStep::Measuring)?;
+            let more = self.measure(&format!("after#{look}")).await;
+            self.end(idx, format!("look {look}: {} failed", more.failures()));
+            let after = match after.as_mut() {
+                Some(a) => {
+                    a.extend(more);
+                    a
+                }
+                None => after.insert(more),
+            };
+            let idx = self.enter(GateStep::Judging)?;
+            let report = judge::judge(
+                &metrics(&baseline, after),
+                baseline.failures(),
+                after.failures(),
+                self.policy,
+                look,
+            );
+            self.journal("judgement", &report);
+            self.end(idx, format!("look {look}: {:?}", report.judgement));
+            if report.judgement != Judgement::Inconclusive || look >= self.policy.max_looks {
+                break report;
+            }
+        };
         let verdict = match report.judgement {
             Judgement::Improved => GateVerdict::Accepted,
-            Judgement::NoSignificantDifference => GateVerdict::NoSignificantDifference,
-            Judgement::WorseWithinTolerance => GateVerdict::AcceptedWithinTolerance,
+            Judgement::NotWorse => GateVerdict::KeptNotWorse,
             Judgement::Regressed => GateVerdict::RejectedRolledBack,
+            Judgement::Inconclusive => match self.pair.gate.on_inconclusive {
+                config::OnInconclusive::Rollback => GateVerdict::InconclusiveRolledBack,
+                config::OnInconclusive::Hold => GateVerdict::InconclusiveHeld,
+            },
         };
         // A short report: the largest findings; the rest are in `judgement`.
         const SHOWN: usize = 3;
@@ -911,9 +981,16 @@ impl Gate {
                 report.reasons.len() - SHOWN
             ));
         }
-        let kept = verdict.kept();
+        let stays = verdict.kept() || verdict == GateVerdict::InconclusiveHeld;
         out.judgement = Some(report);
-        if kept {
+        if verdict == GateVerdict::InconclusiveHeld {
+            self.reasons.push(format!(
+                "the change is still live (on_inconclusive = \"hold\"): keep it as it is, or gate it back to the previous values ({}) with `pdwarden gate {}`",
+                self.before_summary(),
+                self.pair.name,
+            ));
+        }
+        if stays {
             return Ok((verdict, out));
         }
         self.rollback(verdict, &baseline, out).await
@@ -979,30 +1056,48 @@ impl Gate {
         Ok(true)
     }
 
-    /// The benchmark a third time: is the pair back at its baseline?
+    /// The baseline measured again, after the rollback: is the pair shown
+    /// equivalent to its first baseline (every interval within
+    /// ±`rollback_tolerance_pct`), one look at a time up to the budget? If
+    /// it is shown to have moved, neither the knob nor the rollback can be
+    /// judged from these numbers.
     async fn measure_rollback(
         &mut self,
         verdict: GateVerdict,
         baseline: &Measurement,
         mut out: Partial,
     ) -> Result<(GateVerdict, Partial), JournalError> {
-        let idx = self.enter(GateStep::RollbackMeasuring)?;
-        let m = self.measure("rollback").await;
         let policy = JudgePolicy {
             tolerance_pct: self.pair.gate.rollback_tolerance_pct,
             ..self.policy
         };
-        let report = judge::judge(&metrics(baseline, &m), baseline.failures(), m.failures(), policy);
-        self.journal("rollback_judgement", &report);
-        let back = report.judgement != Judgement::Regressed;
-        self.end(
-            idx,
-            if back {
-                "back at baseline".to_string()
-            } else {
-                "not back at baseline".to_string()
-            },
-        );
+        let mut again: Option<Measurement> = None;
+        let mut look = 0;
+        let (report, state) = loop {
+            look += 1;
+            let idx = self.enter(GateStep::RollbackMeasuring)?;
+            let more = self.measure(&format!("rollback#{look}")).await;
+            let again = match again.as_mut() {
+                Some(a) => {
+                    a.extend(more);
+                    a
+                }
+                None => again.insert(more),
+            };
+            let report = judge::judge(
+                &metrics(baseline, again),
+                baseline.failures(),
+                again.failures(),
+                policy,
+                look,
+            );
+            self.journal("rollback_judgement", &report);
+            let state = Baseline::of(&report);
+            self.end(idx, format!("look {look}: {}", state.as_str()));
+            if state != Baseline::NotShown || look >= policy.max_looks {
+                break (report, state);
+            }
+        };
         let units: Vec<String> = out
             .rollback_live
             .iter()
@@ -1015,21 +1110,43 @@ impl Gate {
                 )
             })
             .collect();
-        let verdict = if back {
-            self.reasons.push(format!(
-                "rollback verified: {} run the previous config again ({}), and no metric is worse than the baseline beyond {} %",
-                units.join(", "),
-                self.before_summary(),
-                self.pair.gate.rollback_tolerance_pct
-            ));
-            verdict
-        } else {
-            self.reasons.push(format!(
-                "ROLLBACK INCOMPLETE: the previous config is live again ({}), but the pair is not back at baseline: {}",
-                units.join(", "),
-                report.reasons.first().cloned().unwrap_or_default()
-            ));
-            GateVerdict::RollbackFailed
+        let tol = self.pair.gate.rollback_tolerance_pct;
+        let verdict = match state {
+            Baseline::Back => {
+                self.reasons.push(format!(
+                    "rollback verified: {} run the previous config again ({}), and every metric is shown within ±{tol} % of the first baseline",
+                    units.join(", "),
+                    self.before_summary(),
+                ));
+                verdict
+            }
+            Baseline::NotShown => {
+                self.reasons.push(format!(
+                    "rolled back: {} run the previous config again ({}), but the pair is not shown back within ±{tol} % of its first baseline after {look} look(s): {}",
+                    units.join(", "),
+                    self.before_summary(),
+                    report.reasons.first().cloned().unwrap_or_default()
+                ));
+                verdict
+            }
+            Baseline::Moved => {
+                let moved = report
+                    .comparisons
+                    .iter()
+                    .filter(|c| matches!(c.finding, judge::Finding::Regression | judge::Finding::Better))
+                    .max_by(|a, b| a.change_pct.abs().total_cmp(&b.change_pct.abs()))
+                    .map(judge::describe)
+                    .unwrap_or_else(|| report.reasons.first().cloned().unwrap_or_default());
+                self.reasons.insert(
+                    0,
+                    format!(
+                        "BASELINE MOVED: after the rollback ({} run the previous config again, {}), the pair measures beyond ±{tol} % of its first baseline: {moved}. The measurements after the change cannot be charged to the knob; look at the host (load, thermal, neighbours) before trying again",
+                        units.join(", "),
+                        self.before_summary(),
+                    ),
+                );
+                GateVerdict::BaselineMovedRolledBack
+            }
         };
         out.rollback_judgement = Some(report);
         Ok((verdict, out))
@@ -1288,19 +1405,18 @@ impl Gate {
         out
     }
 
-    /// Runs the benchmark through the pair's first router: one discarded
-    /// warm-up cell, then every configured cell.
+    /// Runs the benchmark through the pair's first router: a discarded
+    /// warm-up (two rounds of every cell: the pair in service is warm, the
+    /// one just restarted is not, and the same warm-up before every look
+    /// puts both in the same state), then every configured cell.
     async fn measure(&mut self, label: &str) -> Measurement {
         let started = Instant::now();
         let router = self.pair.router[0].clone();
         let cfg = self.pair.gate.clone();
-        let warmup = Cell {
-            prompt_tokens: cfg.prompt_tokens[0],
-            output_tokens: cfg.output_tokens[0],
-            concurrency: 1,
-            rounds: 2,
-        };
-        let _ = self.bench_cell(&router, warmup).await;
+        for cell in cfg.cells() {
+            let warmup = Cell { rounds: 2, ..cell };
+            let _ = self.bench_cell(&router, warmup).await;
+        }
         let mut cells = Vec::new();
         for cell in cfg.cells() {
             cells.push(self.bench_cell(&router, cell).await);
@@ -1383,6 +1499,43 @@ impl Gate {
             cell,
             requests,
             throughput,
+        }
+    }
+}
+
+/// Where a rollback's measurement leaves the pair against its first baseline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Baseline {
+    /// Every interval within ±the rollback tolerance.
+    Back,
+    /// Some comparison shown beyond it, either way (or more failures).
+    Moved,
+    /// Neither shown.
+    NotShown,
+}
+
+impl Baseline {
+    fn of(r: &JudgeReport) -> Baseline {
+        let beyond = r.failures_after > r.failures_before
+            || r
+                .comparisons
+                .iter()
+                .any(|c| matches!(c.finding, judge::Finding::Regression | judge::Finding::Better));
+        let within = |c: &judge::Comparison| c.ci_low_pct >= -c.margin_pct && c.ci_high_pct <= c.margin_pct;
+        if beyond {
+            Baseline::Moved
+        } else if !r.comparisons.is_empty() && r.comparisons.iter().all(within) {
+            Baseline::Back
+        } else {
+            Baseline::NotShown
+        }
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Baseline::Back => "back at baseline",
+            Baseline::Moved => "baseline moved",
+            Baseline::NotShown => "not shown back at baseline",
         }
     }
 }
@@ -1494,10 +1647,39 @@ mod tests {
         after.cells[0].requests[0].ok = false;
         let m = metrics(&before, &after);
         let names: Vec<&str> = m.iter().map(|x| x.metric.as_str()).collect();
-        assert_eq!(names, ["ttft", "itl", "e2e", "throughput", "ttft", "itl", "e2e"]);
-        assert_eq!(m[2].after.len(), 7);
+        assert_eq!(
+            names,
+            ["ttft", "itl", "e2e", "throughput", "ttft", "itl", "e2e", "throughput"]
+        );
+        assert_eq!(m[2].after.len(), 7, "the round whose only request failed is left out");
         assert_eq!(after.failures(), 1);
         assert_eq!(m[3].better, Better::Higher);
+        // At concurrency 4 a round is one sample of four requests.
+        assert_eq!(m[6].after.len(), 2);
+        assert!(m[6].after.iter().all(|r| r.len() == 4));
+        assert_eq!(m[7].after, vec![vec![1800.0], vec![1800.0]], "throughput: one value per round");
+    }
+
+    /// Another look's requests join the measurement as new rounds.
+    #[test]
+    fn a_second_look_adds_rounds() {
+        let mk = || Measurement {
+            label: "x".into(),
+            cells: vec![CellMeasurement {
+                cell: cell(4, 2),
+                requests: (0..8).map(|i| req(i / 4, 50.0)).collect(),
+                throughput: vec![1800.0; 2],
+            }],
+            total_ms: 5,
+        };
+        let mut a = mk();
+        a.extend(mk());
+        let rounds: Vec<u32> = a.cells[0].requests.iter().map(|r| r.round).collect();
+        assert_eq!(rounds, [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3]);
+        assert_eq!(a.cells[0].throughput.len(), 4);
+        assert_eq!(a.total_ms, 10);
+        let m = metrics(&mk(), &a);
+        assert_eq!(m[0].after.len(), 4);
     }
 
     /// Default targets are the engines; named units must be in the pair.
