@@ -243,6 +243,16 @@ pub struct Args {
     /// Factor applied to every generation's duration when the knob is live (<1 is a speed-up).
     #[arg(long)]
     pub knob_slowdown: Option<f64>,
+    /// With the knob live, only every Nth client generation gets --knob-slowdown (a
+    /// tail-only regression: `--knob-tail-every 5 --knob-slowdown 3` makes one request in
+    /// five three times slower); 0 = every generation.
+    #[arg(long, default_value_t = 0)]
+    pub knob_tail_every: u64,
+    /// A file holding one factor (e.g. `1.4`) by which every modelled duration is
+    /// multiplied, read at each admission (missing or unreadable = 1). Models the host
+    /// drifting (load, heat, a noisy neighbour) under every process on it, across restarts.
+    #[arg(long)]
+    pub host_load_file: Option<PathBuf>,
     /// Make the health check's own forward pass never finish (health then fails after its timeout).
     #[arg(long)]
     pub fault_health_hang: bool,
@@ -326,8 +336,12 @@ pub struct Settings {
     pub knob_env: Option<String>,
     pub knob_value: Option<String>,
     pub knob_slowdown: f64,
+    /// See `--knob-tail-every` (0 = every generation).
+    pub knob_tail_every: u64,
     /// Whether the knob's variable had the knob's value in this process's environment at start.
     pub knob_live: bool,
+    /// See `--host-load-file`.
+    pub host_load_file: Option<PathBuf>,
     pub fault_health_hang: bool,
     /// See `--freeze-after-tokens`.
     pub freeze_after_tokens: u64,
@@ -347,6 +361,26 @@ impl Settings {
     /// The factor every modelled duration is multiplied by (1 unless the knob is live).
     pub fn slowdown(&self) -> f64 {
         if self.knob_live { self.knob_slowdown } else { 1.0 }
+    }
+
+    /// The knob's factor for the `generation`-th client generation (1-based): with
+    /// `--knob-tail-every N`, only every Nth one is slowed.
+    pub fn slowdown_of(&self, generation: u64) -> f64 {
+        if self.knob_tail_every > 1 && generation % self.knob_tail_every != 0 {
+            1.0
+        } else {
+            self.slowdown()
+        }
+    }
+
+    /// The host's factor now (`--host-load-file`; 1 without one).
+    pub fn host_load(&self) -> f64 {
+        self.host_load_file
+            .as_ref()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .and_then(|t| t.trim().parse::<f64>().ok())
+            .filter(|f| f.is_finite() && *f > 0.0)
+            .unwrap_or(1.0)
     }
 
     /// Whether the `generation`-th client generation since start (1-based) has relapsed:
@@ -451,7 +485,9 @@ impl Config {
             knob_env: args.knob_env,
             knob_value: args.knob_value,
             knob_slowdown,
+            knob_tail_every: args.knob_tail_every,
             knob_live,
+            host_load_file: args.host_load_file,
             fault_health_hang: args.fault_health_hang,
             freeze_after_tokens: args.freeze_after_tokens,
             relapse_after,

@@ -379,7 +379,7 @@ impl EngineState {
             };
         }
         let relapsed = s.relapsed(self.generations);
-        let slow = s.slowdown() * if relapsed { s.relapse_slowdown } else { 1.0 };
+        let slow = s.slowdown_of(self.generations) * s.host_load() * if relapsed { s.relapse_slowdown } else { 1.0 };
         let prompt_ms = if s.prefill_tok_per_s > 0.0 {
             (req.prompt_tokens - cached_tokens) as f64 * 1000.0 / s.prefill_tok_per_s
         } else {
@@ -588,6 +588,31 @@ mod tests {
             2.0 * (50.0 + 1.0 + 80.0)
         );
     }
+    // --knob-tail-every: only every Nth generation pays the knob (a tail-only regression);
+    // --host-load-file: the host's factor, read at each admission, on every generation.
+    #[test]
+    fn tail_knob_and_host_load() {
+        let mut s = settings();
+        s.knob_live = true;
+        s.knob_slowdown = 3.0;
+        s.knob_tail_every = 3;
+        let warm = 50.0 + 1.0 + 80.0;
+        let mut e = EngineState::new(VecDeque::new());
+        let costs: Vec<f64> = (0..6)
+            .map(|_| e.admit(&s, &shape("p", 8, Part::Whole), 0.0).plan.cost_ms())
+            .collect();
+        assert_eq!(costs, [warm, warm, 3.0 * warm, warm, warm, 3.0 * warm]);
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("load");
+        s.knob_live = false;
+        s.host_load_file = Some(file.clone());
+        assert_eq!(e.admit(&s, &shape("p", 8, Part::Whole), 0.0).plan.cost_ms(), warm, "no file: 1");
+        std::fs::write(&file, "1.5\n").unwrap();
+        assert_eq!(e.admit(&s, &shape("p", 8, Part::Whole), 0.0).plan.cost_ms(), 1.5 * warm);
+        std::fs::write(&file, "nonsense").unwrap();
+        assert_eq!(e.admit(&s, &shape("p", 8, Part::Whole), 0.0).plan.cost_ms(), warm);
+    }
+
     // A relapse: the first N generations cost the model, every later one F× that
     // (on top of the knob), while the health pass keeps its warm cost.
     #[test]

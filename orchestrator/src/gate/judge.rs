@@ -321,6 +321,89 @@ pub fn margin_pct(policy: &JudgePolicy, unit: &str, baseline: f64) -> f64 {
 
 // --------------------------------------------------------------------- judge
 
+/// The statistics compared for each metric: (metric index, name, stat).
+/// Decided before any interval, so that the correction's denominator is
+/// known.
+fn plan(metrics: &[MetricSamples]) -> (Vec<(usize, &'static str, Stat)>, Vec<(Shape, Shape)>) {
+    let mut planned = Vec::new();
+    let mut shapes = Vec::new();
+    for (k, m) in metrics.iter().enumerate() {
+        let flat = |s: &[Vec<f64>]| s.iter().flatten().copied().collect::<Vec<f64>>();
+        let (b, a) = (flat(&m.before), flat(&m.after));
+        let (bs, as_) = (shape(&b), shape(&a));
+        shapes.push((bs.clone(), as_.clone()));
+        if b.is_empty() || a.is_empty() {
+            continue;
+        }
+        let bimodal = matches!(bs, Shape::Bimodal { .. }) || matches!(as_, Shape::Bimodal { .. });
+        planned.push(if bimodal {
+            (k, "mean", Stat::Mean)
+        } else {
+            (k, "p50", Stat::Quantile(0.5))
+        });
+        // A throughput is one value per round and its tail is its low end:
+        // only its centre is compared.
+        if m.metric != "throughput" {
+            planned.push((k, "p90", Stat::Quantile(0.9)));
+            if b.len().min(a.len()) >= P99_MIN_SAMPLES {
+                planned.push((k, "p99", Stat::Quantile(0.99)));
+            }
+        }
+    }
+    (planned, shapes)
+}
+
+/// Is the baseline measured precisely enough to decide anything? The
+/// baseline can only be measured before the change, so its precision bounds
+/// every later interval: the gate measures more of it (up to the budget)
+/// while any statistic's own interval, at the keep level, is wider than half
+/// its margin (then a no-op's interval of the change, about √2 × that, still
+/// fits inside the margin). `metrics` carry the baseline in `before`; the
+/// answer lists the statistics still too loose.
+pub fn imprecise_baseline(metrics: &[MetricSamples], policy: JudgePolicy) -> Vec<String> {
+    let alpha = policy.alpha_look();
+    let same: Vec<MetricSamples> = metrics
+        .iter()
+        .map(|m| MetricSamples {
+            after: m.before.clone(),
+            ..m.clone()
+        })
+        .collect();
+    let (planned, _) = plan(&same);
+    let mut out = Vec::new();
+    for (i, &(k, statistic, stat)) in planned.iter().enumerate() {
+        let m = &same[k];
+        let value = stat.of(&sorted(&m.before.iter().flatten().copied().collect::<Vec<_>>()));
+        if value.abs() <= f64::EPSILON {
+            continue;
+        }
+        let mut rng = SplitMix(policy.seed ^ 0xba5e ^ ((k as u64) << 8 | i as u64));
+        let mut draws = Vec::with_capacity(policy.bootstrap_resamples as usize);
+        let mut r = Vec::new();
+        for _ in 0..policy.bootstrap_resamples.max(1) {
+            r.clear();
+            for _ in 0..m.before.len() {
+                r.extend_from_slice(&m.before[rng.below(m.before.len())]);
+            }
+            r.sort_by(f64::total_cmp);
+            draws.push((stat.of(&r) - value) / value * 100.0);
+        }
+        draws.sort_by(f64::total_cmp);
+        let half = (quantile(&draws, 1.0 - alpha) - quantile(&draws, alpha)) / 2.0;
+        let margin = margin_pct(&policy, &m.unit, value);
+        if half > margin / 2.0 {
+            out.push(format!(
+                "{} {} ({}): ±{half:.1} % over {} rounds, margin {margin:.1} %",
+                m.metric,
+                statistic,
+                m.cell,
+                m.before.len()
+            ));
+        }
+    }
+    out
+}
+
 /// Compares every metric at look `look` (1-based) and concludes.
 /// `failures_*` are the benchmark requests that did not complete.
 pub fn judge(
@@ -331,33 +414,7 @@ pub fn judge(
     look: u32,
 ) -> JudgeReport {
     let alpha_keep = policy.alpha_look();
-    // The statistics compared, per metric, decided before any interval so
-    // that the Bonferroni denominator is known.
-    let mut planned: Vec<(usize, &'static str, Stat)> = Vec::new();
-    let mut shapes = Vec::new();
-    for (k, m) in metrics.iter().enumerate() {
-        let flat = |s: &[Vec<f64>]| s.iter().flatten().copied().collect::<Vec<f64>>();
-        let (b, a) = (flat(&m.before), flat(&m.after));
-        let (bs, as_) = (shape(&b), shape(&a));
-        shapes.push((bs.clone(), as_.clone(), b.len().min(a.len())));
-        if b.is_empty() || a.is_empty() {
-            continue;
-        }
-        let bimodal = matches!(bs, Shape::Bimodal { .. }) || matches!(as_, Shape::Bimodal { .. });
-        planned.push(if bimodal {
-            (k, "mean", Stat::Mean)
-        } else {
-            (k, "p50", Stat::Quantile(0.5))
-        });
-        // A throughput's tail is its low end, and one value per round: only
-        // its centre is compared.
-        if m.metric != "throughput" {
-            planned.push((k, "p90", Stat::Quantile(0.9)));
-            if b.len().min(a.len()) >= P99_MIN_SAMPLES {
-                planned.push((k, "p99", Stat::Quantile(0.99)));
-            }
-        }
-    }
+    let (planned, shapes) = plan(metrics);
     let alpha_strict = alpha_keep / planned.len().max(1) as f64;
     let mut comparisons = Vec::new();
     for (i, &(k, statistic, stat)) in planned.iter().enumerate() {
@@ -390,7 +447,7 @@ pub fn judge(
         } else {
             Finding::Inconclusive
         };
-        let (bs, as_, _) = shapes[k].clone();
+        let (bs, as_) = shapes[k].clone();
         comparisons.push(Comparison {
             metric: m.metric.clone(),
             cell: m.cell.clone(),
@@ -779,6 +836,19 @@ mod tests {
         let r = judge(&[metric("e2e", Better::Lower, s.clone(), s)], 0, 2, POLICY, 1);
         assert_eq!(r.judgement, Judgement::Regressed);
         assert!(r.reasons[0].contains("2 benchmark requests failed"));
+    }
+
+    /// A loose baseline is measured again before anything is changed: a
+    /// ±20 % spread over 8 rounds is too wide for a 5 % margin, a tight one
+    /// is not.
+    #[test]
+    fn a_loose_baseline_is_measured_more() {
+        let wide: Vec<Vec<f64>> = (0..8).map(|i| vec![40.0 * (0.8 + 0.4 * f64::from(i % 4) / 3.0)]).collect();
+        let m = [metric("e2e", Better::Lower, wide.clone(), wide)];
+        let loose = imprecise_baseline(&m, POLICY);
+        assert!(!loose.is_empty() && loose[0].starts_with("e2e p50"), "{loose:?}");
+        let tight = [metric("e2e", Better::Lower, noisy(40.0, 32, 0), Vec::new())];
+        assert!(imprecise_baseline(&tight, POLICY).is_empty(), "{:?}", imprecise_baseline(&tight, POLICY));
     }
 
     /// p99 is compared only once both sides have enough requests.

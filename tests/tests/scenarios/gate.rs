@@ -3,7 +3,9 @@
 //! PDW_KNOB=on in its environment at start, every generation is F× slower)
 //! on both engines, flipped by `pdwarden gate demo --set-env PDW_KNOB=on`.
 //! pd-sim's own `/sim/stats` (`settings.knob_live`) is the ground truth the
-//! gate's `/proc` reading is checked against.
+//! gate's `/proc` reading is checked against. The judge (issue 17) keeps a
+//! change only when every metric is shown not worse beyond its margin; these
+//! scenarios cover each of its decisions on the real stack.
 
 use std::time::Duration;
 
@@ -23,8 +25,11 @@ fn knob(slowdown: &str) -> String {
 
 /// A held demo whose engines both carry the knob (inactive at first).
 fn stack(slowdown: &str, extra: &[&str]) -> HeldDemo {
-    let k = knob(slowdown);
-    let mut args = vec!["--prefill-sim", k.as_str(), "--decode-sim", k.as_str()];
+    stack_with(&knob(slowdown), &knob(slowdown), extra)
+}
+
+fn stack_with(prefill_sim: &str, decode_sim: &str, extra: &[&str]) -> HeldDemo {
+    let mut args = vec!["--prefill-sim", prefill_sim, "--decode-sim", decode_sim];
     args.extend_from_slice(extra);
     let demo = HeldDemo::start(&args, LIMIT);
     assert!(
@@ -82,7 +87,7 @@ fn slowing_knob_is_rejected_and_rolled_back() {
     assert_eq!(v["verdict"], "rejected_rolled_back", "{v:#}");
     assert_eq!(v["judgement"]["judgement"], "regressed", "{v:#}");
     let r = reasons(&v);
-    assert!(r.contains("regression beyond the 5 % tolerance"), "{r}");
+    assert!(r.contains("regression beyond the margin"), "{r}");
     assert!(r.contains("rollback verified"), "{r}");
     assert!(r.contains("PDW_KNOB absent"), "{r}");
     assert!(v["live"].as_array().unwrap().iter().all(|c| c["ok"] == true), "{v:#}");
@@ -141,15 +146,107 @@ fn knob_the_process_never_received_fails_verification() {
     assert_eq!(knob_live(&demo), [false, false]);
 }
 
-/// A knob with no effect: the measurements differ only by noise, and the
-/// gate says "no significant difference", not a win.
+/// A knob with no effect: every metric is shown within its margin, and the
+/// gate keeps it, "not a win". (CI once rejected this no-op: one slow
+/// concurrency round counted as four independent samples and made a +26 %
+/// ttft p90 look certain; rounds are now the sampling unit.)
 #[test]
-fn change_inside_the_noise_is_no_significant_difference() {
+fn change_inside_the_noise_is_kept_not_worse() {
     let _one = exclusive();
     let demo = stack("1.0", &[]);
     let (out, v) = gate(&demo);
-    assert_eq!(v["verdict"], "no_significant_difference", "{v:#}");
+    assert_eq!(v["verdict"], "kept_not_worse", "{v:#}");
     assert_eq!(out.code, 0);
-    assert!(reasons(&v).contains("not a win"), "{v:#}");
+    assert!(reasons(&v).contains("kept, not a win"), "{v:#}");
+    assert!(
+        v["judgement"]["comparisons"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["finding"] == "not_worse"),
+        "{v:#}"
+    );
     assert_eq!(knob_live(&demo), [true, true]);
+}
+
+/// A tail-only regression: with the knob, one decode in five is twice as
+/// slow, the median untouched (mild enough for the co-restart's own verdict
+/// to pass: a 3× tail on both engines already failed it). The old judge's
+/// Mann–Whitney test hardly saw it; p90 has its own interval here, so the
+/// change is never kept (shown worse, or still not shown within the margin
+/// when the budget runs out: rolled back either way).
+#[test]
+fn tail_only_regression_is_never_kept() {
+    let _one = exclusive();
+    let tail = format!("{} --knob-tail-every 5", knob("2.0"));
+    let demo = stack_with(&knob("1.0"), &tail, &[]);
+    let (out, v) = gate(&demo);
+    let verdict = v["verdict"].as_str().unwrap();
+    assert!(
+        ["rejected_rolled_back", "inconclusive_rolled_back"].contains(&verdict),
+        "{v:#}"
+    );
+    assert_eq!(out.code, 2, "{v:#}");
+    let comparisons = v["judgement"]["comparisons"].as_array().unwrap();
+    assert!(
+        comparisons
+            .iter()
+            .filter(|c| c["statistic"] == "p90" && c["metric"] == "e2e")
+            .all(|c| c["finding"] != "not_worse"),
+        "{v:#}"
+    );
+    assert!(reasons(&v).contains("rollback verified"), "{v:#}");
+    assert_eq!(knob_live(&demo), [false, false]);
+}
+
+/// The host drifts, not the knob: a no-op knob, but from the gate's
+/// co-restart on every modelled duration is 1.4× (pd-sim's
+/// `--host-load-file`, which the test writes once the decode engine has
+/// started again). The change looks like a regression; the
+/// baseline measured again after the rollback shows the same slowdown
+/// without the knob, so the gate does not blame it:
+/// `baseline_moved_rolled_back`, saying to look at the host.
+#[test]
+fn drift_between_baselines_is_not_blamed_on_the_knob() {
+    let _one = exclusive();
+    let dir = tempfile::tempdir().unwrap();
+    let load = dir.path().join("host-load");
+    let starts = dir.path().join("decode-starts");
+    let base = format!("{} --host-load-file {}", knob("1.0"), load.display());
+    let decode = format!(
+        "{base} --cold-first-ms-by-start 0 --start-count-file {}",
+        starts.display()
+    );
+    let demo = stack_with(&base, &decode, &[]);
+    // The gate's own co-restart starts the decode once more.
+    let count = |p: &std::path::Path| -> u64 {
+        std::fs::read_to_string(p)
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let before_gate = count(&starts);
+    assert!(before_gate >= 1, "pd-sim counts its starts");
+    let watcher = {
+        let (starts, load) = (starts.clone(), load.clone());
+        std::thread::spawn(move || {
+            for _ in 0..6000 {
+                if count(&starts) > before_gate {
+                    std::fs::write(&load, "1.4").unwrap();
+                    return true;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            false
+        })
+    };
+    let (out, v) = gate(&demo);
+    assert!(watcher.join().unwrap(), "the decode was never restarted: {v:#}");
+    assert_eq!(v["verdict"], "baseline_moved_rolled_back", "{v:#}");
+    assert_eq!(out.code, 2, "{v:#}");
+    let r = reasons(&v);
+    assert!(r.starts_with("BASELINE MOVED"), "{r}");
+    assert!(r.contains("look at the host"), "{r}");
+    assert_ne!(v["judgement"]["judgement"], "not_worse", "{v:#}");
+    assert_eq!(knob_live(&demo), [false, false], "rolled back all the same");
 }
