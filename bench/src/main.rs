@@ -13,6 +13,7 @@
 //! - [`corestart`]: `restart pd-pair` wall time against the engines' critical path.
 //! - [`watch`]: the continuous watch's probe cost and a wedge's time to detect and recover.
 //! - [`footprint`]: an idle agent's CPU and RSS.
+//! - [`judge`]: the change gate's error rates, a Monte Carlo harness over the pure judge.
 //! - [`stats`], [`procstat`], [`children`]: distributions, `/proc`, child processes.
 //!
 //! The binary also re-executes itself as a pd-sim (`pd-sim-jitter`) and as
@@ -21,6 +22,7 @@
 mod children;
 mod corestart;
 mod footprint;
+mod judge;
 mod lag;
 mod procstat;
 mod scale;
@@ -39,8 +41,8 @@ struct Cli {
     /// Small numbers (a smoke test): 12 starts, 100 and 500 agents.
     #[arg(long)]
     quick: bool,
-    /// Sections to run, comma-separated: lag, scale, corestart, watch, agent.
-    #[arg(long, default_value = "lag,scale,corestart,watch,agent", value_delimiter = ',')]
+    /// Sections to run, comma-separated: lag, scale, corestart, watch, agent, judge.
+    #[arg(long, default_value = "lag,scale,corestart,watch,agent,judge", value_delimiter = ',')]
     only: Vec<String>,
     /// The agent footprint's GPU source: `fake` (four fake GPUs, the default),
     /// or `nvml` on a machine with NVIDIA GPUs (the driver's own cost included).
@@ -222,6 +224,20 @@ async fn table(cli: &Cli) -> anyhow::Result<()> {
                 p.generator_cores,
             );
         }
+    }
+
+    if want("judge") {
+        let trials = if cli.quick { 40 } else { 400 };
+        eprintln!("judge: {trials} simulated gates per scenario…");
+        let t = std::time::Instant::now();
+        let rows = judge::run(trials, cli.seed);
+        println!();
+        println!(
+            "## 6. Change gate: the judge's error rates ({trials} simulated gates per scenario at `[pair.gate]` defaults: 4 cells, 16 requests a look, up to 48, tolerance 10 %, alpha 0.05; per-request CV 25 % unless the row says otherwise, per-round 10 % at concurrency 4; {:.0} s)",
+            t.elapsed().as_secs_f64()
+        );
+        println!();
+        judge::print(&rows);
     }
 
     if want("corestart") {

@@ -366,7 +366,7 @@ impl Settings {
     /// The knob's factor for the `generation`-th client generation (1-based): with
     /// `--knob-tail-every N`, only every Nth one is slowed.
     pub fn slowdown_of(&self, generation: u64) -> f64 {
-        if self.knob_tail_every > 1 && generation % self.knob_tail_every != 0 {
+        if self.knob_tail_every > 1 && !generation.is_multiple_of(self.knob_tail_every) {
             1.0
         } else {
             self.slowdown()

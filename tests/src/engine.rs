@@ -606,7 +606,11 @@ mod tests {
         let file = dir.path().join("load");
         s.knob_live = false;
         s.host_load_file = Some(file.clone());
-        assert_eq!(e.admit(&s, &shape("p", 8, Part::Whole), 0.0).plan.cost_ms(), warm, "no file: 1");
+        assert_eq!(
+            e.admit(&s, &shape("p", 8, Part::Whole), 0.0).plan.cost_ms(),
+            warm,
+            "no file: 1"
+        );
         std::fs::write(&file, "1.5\n").unwrap();
         assert_eq!(e.admit(&s, &shape("p", 8, Part::Whole), 0.0).plan.cost_ms(), 1.5 * warm);
         std::fs::write(&file, "nonsense").unwrap();

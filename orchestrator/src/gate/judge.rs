@@ -250,32 +250,114 @@ impl Stat {
     }
 }
 
-/// Cluster-bootstrap distribution of the relative change (percent) of `stat`
-/// from `a` to `b`: each side's rounds are resampled with replacement, as
-/// many as it has, and their requests pooled. Sorted.
-fn bootstrap_changes(a: &[Vec<f64>], b: &[Vec<f64>], stat: Stat, resamples: u32, seed: u64) -> Vec<f64> {
-    let mut rng = SplitMix(seed);
-    let mut changes = Vec::with_capacity(resamples as usize);
-    let (mut ra, mut rb) = (Vec::new(), Vec::new());
-    let draw = |rng: &mut SplitMix, side: &[Vec<f64>], into: &mut Vec<f64>| {
-        into.clear();
-        for _ in 0..side.len() {
-            into.extend_from_slice(&side[rng.below(side.len())]);
-        }
-        into.sort_by(f64::total_cmp);
-    };
-    for _ in 0..resamples.max(1) {
-        draw(&mut rng, a, &mut ra);
-        draw(&mut rng, b, &mut rb);
-        if ra.is_empty() || rb.is_empty() {
-            continue;
-        }
-        let (sa, sb) = (stat.of(&ra), stat.of(&rb));
-        if sa.abs() > f64::EPSILON {
-            changes.push((sb - sa) / sa * 100.0);
+/// One side's requests for the bootstrap: all values sorted once, each
+/// with its round, so that a resample (how many times each round was drawn)
+/// is read without sorting: one weighted scan gives every statistic.
+struct Pool {
+    /// (value, round), sorted by value.
+    values: Vec<(f64, usize)>,
+    /// Requests per round.
+    sizes: Vec<u64>,
+}
+
+impl Pool {
+    fn new(rounds: &[Vec<f64>]) -> Pool {
+        let mut values: Vec<(f64, usize)> = rounds
+            .iter()
+            .enumerate()
+            .flat_map(|(r, v)| v.iter().map(move |&x| (x, r)))
+            .collect();
+        values.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
+        Pool {
+            values,
+            sizes: rounds.iter().map(|v| v.len() as u64).collect(),
         }
     }
-    changes.sort_by(f64::total_cmp);
+
+    /// Draws as many rounds as there are, with replacement, into `counts`.
+    fn draw(&self, rng: &mut SplitMix, counts: &mut Vec<u64>) {
+        counts.clear();
+        counts.resize(self.sizes.len(), 0);
+        for _ in 0..self.sizes.len() {
+            counts[rng.below(self.sizes.len())] += 1;
+        }
+    }
+
+    /// Each of `stats` of the resample `counts` (the same values as pooling
+    /// the drawn rounds, sorting and reading [`quantile`] or the mean).
+    fn stats(&self, counts: &[u64], stats: &[Stat], out: &mut Vec<f64>) {
+        out.clear();
+        let total: u64 = counts.iter().zip(&self.sizes).map(|(c, s)| c * s).sum();
+        if total == 0 {
+            out.extend(stats.iter().map(|_| f64::NAN));
+            return;
+        }
+        // The expanded indices each quantile needs (floor and ceil of its
+        // position), ascending.
+        let mut wanted: Vec<u64> = Vec::with_capacity(2 * stats.len());
+        for st in stats {
+            if let Stat::Quantile(q) = st {
+                let pos = q.clamp(0.0, 1.0) * (total - 1) as f64;
+                wanted.push(pos.floor() as u64);
+                wanted.push(pos.ceil() as u64);
+            }
+        }
+        wanted.sort_unstable();
+        wanted.dedup();
+        let mut found = vec![f64::NAN; wanted.len()];
+        let (mut next, mut seen, mut sum) = (0, 0u64, 0.0);
+        for &(v, r) in &self.values {
+            let w = counts[r];
+            if w == 0 {
+                continue;
+            }
+            sum += v * w as f64;
+            seen += w;
+            while next < wanted.len() && wanted[next] < seen {
+                found[next] = v;
+                next += 1;
+            }
+        }
+        let at = |i: u64| found[wanted.binary_search(&i).unwrap_or(0)];
+        for st in stats {
+            out.push(match st {
+                Stat::Mean => sum / total as f64,
+                Stat::Quantile(q) => {
+                    let pos = q.clamp(0.0, 1.0) * (total - 1) as f64;
+                    let (lo, hi) = (at(pos.floor() as u64), at(pos.ceil() as u64));
+                    lo + (hi - lo) * (pos - pos.floor())
+                }
+            });
+        }
+    }
+}
+
+/// Cluster-bootstrap distributions of the relative change (percent) of
+/// each of `stats` from `a` to `b`: each side's rounds are resampled with
+/// replacement, as many as it has, and their requests pooled; every
+/// statistic is read off the same resample. Each distribution sorted.
+fn bootstrap_changes(a: &[Vec<f64>], b: &[Vec<f64>], stats: &[Stat], resamples: u32, seed: u64) -> Vec<Vec<f64>> {
+    let mut rng = SplitMix(seed);
+    let mut changes = vec![Vec::with_capacity(resamples as usize); stats.len()];
+    if a.is_empty() || b.is_empty() {
+        return changes;
+    }
+    let (pa, pb) = (Pool::new(a), Pool::new(b));
+    let (mut ca, mut cb, mut sa, mut sb) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..resamples.max(1) {
+        pa.draw(&mut rng, &mut ca);
+        pb.draw(&mut rng, &mut cb);
+        pa.stats(&ca, stats, &mut sa);
+        pb.stats(&cb, stats, &mut sb);
+        for ((&x, &y), out) in sa.iter().zip(&sb).zip(changes.iter_mut()) {
+            if x.is_finite() && y.is_finite() && x.abs() > f64::EPSILON {
+                out.push((y - x) / x * 100.0);
+            }
+        }
+    }
+    for c in &mut changes {
+        c.sort_unstable_by(f64::total_cmp);
+    }
     changes
 }
 
@@ -283,8 +365,8 @@ fn bootstrap_changes(a: &[Vec<f64>], b: &[Vec<f64>], stat: Stat, resamples: u32,
 /// relative change, in percent, of the median from `a` to `b`, resampling
 /// whole rounds.
 pub fn bootstrap_change_ci(a: &[Vec<f64>], b: &[Vec<f64>], resamples: u32, alpha: f64, seed: u64) -> (f64, f64) {
-    let s = bootstrap_changes(a, b, Stat::Quantile(0.5), resamples, seed);
-    (quantile(&s, alpha), quantile(&s, 1.0 - alpha))
+    let s = &bootstrap_changes(a, b, &[Stat::Quantile(0.5)], resamples, seed)[0];
+    (quantile(s, alpha), quantile(s, 1.0 - alpha))
 }
 
 /// The shape of a set (bimodality test of [`crate::stats`], on values
@@ -324,7 +406,10 @@ pub fn margin_pct(policy: &JudgePolicy, unit: &str, baseline: f64) -> f64 {
 /// The statistics compared for each metric: (metric index, name, stat).
 /// Decided before any interval, so that the correction's denominator is
 /// known.
-fn plan(metrics: &[MetricSamples]) -> (Vec<(usize, &'static str, Stat)>, Vec<(Shape, Shape)>) {
+/// One planned comparison: (metric index, statistic's name, statistic).
+type Planned = (usize, &'static str, Stat);
+
+fn plan(metrics: &[MetricSamples]) -> (Vec<Planned>, Vec<(Shape, Shape)>) {
     let mut planned = Vec::new();
     let mut shapes = Vec::new();
     for (k, m) in metrics.iter().enumerate() {
@@ -371,34 +456,43 @@ pub fn imprecise_baseline(metrics: &[MetricSamples], policy: JudgePolicy) -> Vec
         .collect();
     let (planned, _) = plan(&same);
     let mut out = Vec::new();
-    for (i, &(k, statistic, stat)) in planned.iter().enumerate() {
-        let m = &same[k];
-        let value = stat.of(&sorted(&m.before.iter().flatten().copied().collect::<Vec<_>>()));
-        if value.abs() <= f64::EPSILON {
+    for (k, m) in same.iter().enumerate() {
+        let mine: Vec<(&str, Stat)> = planned.iter().filter(|p| p.0 == k).map(|p| (p.1, p.2)).collect();
+        if mine.is_empty() {
             continue;
         }
-        let mut rng = SplitMix(policy.seed ^ 0xba5e ^ ((k as u64) << 8 | i as u64));
-        let mut draws = Vec::with_capacity(policy.bootstrap_resamples as usize);
-        let mut r = Vec::new();
+        let all = sorted(&m.before.iter().flatten().copied().collect::<Vec<_>>());
+        let values: Vec<f64> = mine.iter().map(|(_, st)| st.of(&all)).collect();
+        let stats: Vec<Stat> = mine.iter().map(|(_, st)| *st).collect();
+        let mut rng = SplitMix(policy.seed ^ 0xba5e ^ ((k as u64) << 8));
+        let mut draws = vec![Vec::with_capacity(policy.bootstrap_resamples as usize); mine.len()];
+        let pool = Pool::new(&m.before);
+        let (mut counts, mut got) = (Vec::new(), Vec::new());
         for _ in 0..policy.bootstrap_resamples.max(1) {
-            r.clear();
-            for _ in 0..m.before.len() {
-                r.extend_from_slice(&m.before[rng.below(m.before.len())]);
+            pool.draw(&mut rng, &mut counts);
+            pool.stats(&counts, &stats, &mut got);
+            for ((d, &v), &x) in draws.iter_mut().zip(&values).zip(&got) {
+                if v.abs() > f64::EPSILON && x.is_finite() {
+                    d.push((x - v) / v * 100.0);
+                }
             }
-            r.sort_by(f64::total_cmp);
-            draws.push((stat.of(&r) - value) / value * 100.0);
         }
-        draws.sort_by(f64::total_cmp);
-        let half = (quantile(&draws, 1.0 - alpha) - quantile(&draws, alpha)) / 2.0;
-        let margin = margin_pct(&policy, &m.unit, value);
-        if half > margin / 2.0 {
-            out.push(format!(
-                "{} {} ({}): ±{half:.1} % over {} rounds, margin {margin:.1} %",
-                m.metric,
-                statistic,
-                m.cell,
-                m.before.len()
-            ));
+        for ((statistic, _), (mut d, &value)) in mine.iter().zip(draws.into_iter().zip(&values)) {
+            if d.is_empty() {
+                continue;
+            }
+            d.sort_unstable_by(f64::total_cmp);
+            let half = (quantile(&d, 1.0 - alpha) - quantile(&d, alpha)) / 2.0;
+            let margin = margin_pct(&policy, &m.unit, value);
+            if half > margin / 2.0 {
+                out.push(format!(
+                    "{} {} ({}): ±{half:.1} % over {} rounds, margin {margin:.1} %",
+                    m.metric,
+                    statistic,
+                    m.cell,
+                    m.before.len()
+                ));
+            }
         }
     }
     out
@@ -416,9 +510,29 @@ pub fn judge(
     let alpha_keep = policy.alpha_look();
     let (planned, shapes) = plan(metrics);
     let alpha_strict = alpha_keep / planned.len().max(1) as f64;
+    // One bootstrap per metric, serving all of its statistics.
+    let mut dists: Vec<Vec<Vec<f64>>> = vec![Vec::new(); metrics.len()];
+    for (k, m) in metrics.iter().enumerate() {
+        let stats: Vec<Stat> = planned.iter().filter(|p| p.0 == k).map(|p| p.2).collect();
+        if !stats.is_empty() {
+            dists[k] = bootstrap_changes(
+                &m.before,
+                &m.after,
+                &stats,
+                policy.bootstrap_resamples,
+                policy.seed ^ ((k as u64) << 8),
+            );
+        }
+    }
     let mut comparisons = Vec::new();
-    for (i, &(k, statistic, stat)) in planned.iter().enumerate() {
+    for &(k, statistic, stat) in &planned {
         let m = &metrics[k];
+        let j = planned
+            .iter()
+            .filter(|p| p.0 == k)
+            .position(|p| p.1 == statistic)
+            .unwrap_or(0);
+        let dist = &dists[k][j];
         let flat = |s: &[Vec<f64>]| sorted(&s.iter().flatten().copied().collect::<Vec<f64>>());
         let (before, after) = (stat.of(&flat(&m.before)), stat.of(&flat(&m.after)));
         let change_pct = if before.abs() > f64::EPSILON {
@@ -426,9 +540,7 @@ pub fn judge(
         } else {
             0.0
         };
-        let seed = policy.seed ^ ((k as u64) << 8 | i as u64);
-        let dist = bootstrap_changes(&m.before, &m.after, stat, policy.bootstrap_resamples, seed);
-        let q = |p: f64| quantile(&dist, p);
+        let q = |p: f64| quantile(dist, p);
         let margin = margin_pct(&policy, &m.unit, before);
         // "How much worse", positive is worse: its keep-level interval and
         // its strict (corrected) interval.
@@ -533,6 +645,46 @@ pub fn judge(
     }
 }
 
+/// Where a measurement of the baseline taken again (after a rollback)
+/// leaves the pair against its first baseline, from a judge report of the
+/// first against the second.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BaselineCheck {
+    /// Every interval within ±its margin: equivalent.
+    Back,
+    /// Some comparison shown beyond its margin, either way (or more
+    /// requests failed).
+    Moved,
+    /// Neither shown.
+    NotShown,
+}
+
+impl BaselineCheck {
+    pub fn of(r: &JudgeReport) -> BaselineCheck {
+        let beyond = r.failures_after > r.failures_before
+            || r.comparisons
+                .iter()
+                .any(|c| matches!(c.finding, Finding::Regression | Finding::Better));
+        let within = |c: &Comparison| c.ci_low_pct >= -c.margin_pct && c.ci_high_pct <= c.margin_pct;
+        if beyond {
+            BaselineCheck::Moved
+        } else if !r.comparisons.is_empty() && r.comparisons.iter().all(within) {
+            BaselineCheck::Back
+        } else {
+            BaselineCheck::NotShown
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BaselineCheck::Back => "back at baseline",
+            BaselineCheck::Moved => "baseline moved",
+            BaselineCheck::NotShown => "not shown back at baseline",
+        }
+    }
+}
+
 fn fmt_value(v: f64, unit: &str) -> String {
     if v.abs() >= 100.0 {
         format!("{v:.0} {unit}")
@@ -621,6 +773,37 @@ mod tests {
         assert!((quantile(&s, 0.9) - 3.7).abs() < 1e-12);
     }
 
+    /// A resample read off the pool is the resample pooled and sorted.
+    #[test]
+    fn pool_statistics_equal_sorting_the_resample() {
+        let rounds: Vec<Vec<f64>> = (0..7)
+            .map(|r| (0..3).map(|i| f64::from((r * 37 + i * 11) % 23)).collect())
+            .collect();
+        let pool = Pool::new(&rounds);
+        let stats = [
+            Stat::Quantile(0.5),
+            Stat::Quantile(0.9),
+            Stat::Quantile(0.99),
+            Stat::Mean,
+        ];
+        let mut rng = SplitMix(5);
+        let (mut counts, mut got) = (Vec::new(), Vec::new());
+        for _ in 0..200 {
+            pool.draw(&mut rng, &mut counts);
+            pool.stats(&counts, &stats, &mut got);
+            let mut pooled: Vec<f64> = Vec::new();
+            for (r, &c) in counts.iter().enumerate() {
+                for _ in 0..c {
+                    pooled.extend_from_slice(&rounds[r]);
+                }
+            }
+            pooled.sort_by(f64::total_cmp);
+            for (st, g) in stats.iter().zip(&got) {
+                assert!((st.of(&pooled) - g).abs() < 1e-9, "{st:?}: {} vs {g}", st.of(&pooled));
+            }
+        }
+    }
+
     /// The interval covers the true change and is reproducible.
     #[test]
     fn bootstrap_interval_covers_the_shift() {
@@ -653,10 +836,19 @@ mod tests {
         let tp_after = scaled(&noisy(500.0, 12, 1), 1.0 / 0.85);
         let mut tp = metric("throughput", Better::Higher, tp_before, tp_after);
         tp.unit = "tok/s".into();
-        let r = judge(&[metric("e2e", Better::Lower, lat_before, lat_after), tp], 0, 0, POLICY, 1);
+        let r = judge(
+            &[metric("e2e", Better::Lower, lat_before, lat_after), tp],
+            0,
+            0,
+            POLICY,
+            1,
+        );
         assert_eq!(r.judgement, Judgement::Improved, "{r:#?}");
         assert!(
-            r.comparisons.iter().filter(|c| c.statistic == "p50").all(|c| c.finding == Finding::Better),
+            r.comparisons
+                .iter()
+                .filter(|c| c.statistic == "p50")
+                .all(|c| c.finding == Finding::Better),
             "{r:#?}"
         );
     }
@@ -693,7 +885,10 @@ mod tests {
         );
         assert_ne!(r.judgement, Judgement::NotWorse, "{r:#?}");
         assert_ne!(r.judgement, Judgement::Improved, "{r:#?}");
-        assert!(r.comparisons.iter().any(|c| c.finding == Finding::Inconclusive), "{r:#?}");
+        assert!(
+            r.comparisons.iter().any(|c| c.finding == Finding::Inconclusive),
+            "{r:#?}"
+        );
         assert!(r.reasons[0].contains("inconclusive"), "{:?}", r.reasons);
     }
 
@@ -727,7 +922,10 @@ mod tests {
             after[r][0] *= 3.0;
         }
         let r = judge(&[metric("e2e", Better::Lower, before, after)], 0, 0, POLICY, 1);
-        assert!(matches!(r.judgement, Judgement::Regressed | Judgement::Inconclusive), "{r:#?}");
+        assert!(
+            matches!(r.judgement, Judgement::Regressed | Judgement::Inconclusive),
+            "{r:#?}"
+        );
         let p90 = r.comparisons.iter().find(|c| c.statistic == "p90").unwrap();
         assert_ne!(p90.finding, Finding::NotWorse, "{p90:?}");
     }
@@ -843,12 +1041,18 @@ mod tests {
     /// is not.
     #[test]
     fn a_loose_baseline_is_measured_more() {
-        let wide: Vec<Vec<f64>> = (0..8).map(|i| vec![40.0 * (0.8 + 0.4 * f64::from(i % 4) / 3.0)]).collect();
+        let wide: Vec<Vec<f64>> = (0..8)
+            .map(|i| vec![40.0 * (0.8 + 0.4 * f64::from(i % 4) / 3.0)])
+            .collect();
         let m = [metric("e2e", Better::Lower, wide.clone(), wide)];
         let loose = imprecise_baseline(&m, POLICY);
         assert!(!loose.is_empty() && loose[0].starts_with("e2e p50"), "{loose:?}");
         let tight = [metric("e2e", Better::Lower, noisy(40.0, 32, 0), Vec::new())];
-        assert!(imprecise_baseline(&tight, POLICY).is_empty(), "{:?}", imprecise_baseline(&tight, POLICY));
+        assert!(
+            imprecise_baseline(&tight, POLICY).is_empty(),
+            "{:?}",
+            imprecise_baseline(&tight, POLICY)
+        );
     }
 
     /// p99 is compared only once both sides have enough requests.

@@ -55,7 +55,7 @@ use crate::fleet::AgentReport;
 use crate::journal::JournalError;
 use crate::report::{OperationReport, StepRecord};
 use config::Cell;
-use judge::{Better, JudgePolicy, JudgeReport, Judgement, MetricSamples};
+use judge::{BaselineCheck, Better, JudgePolicy, JudgeReport, Judgement, MetricSamples};
 use live::{Expected, LiveCheck, ProcessView, UnitView};
 
 /// Slack added to an agent-side deadline before giving up on the agent.
@@ -285,7 +285,7 @@ impl Measurement {
 
     /// Adds another look's requests: rounds are renumbered after this
     /// measurement's, so each stays its own sampling unit.
-    fn extend(&mut self, more: Measurement) {
+    pub fn extend(&mut self, more: Measurement) {
         for m in more.cells {
             match self.cells.iter_mut().find(|c| c.cell == m.cell) {
                 Some(c) => {
@@ -397,9 +397,7 @@ impl GateReport {
         let mut s = String::new();
         let headline = match self.verdict {
             GateVerdict::Accepted => "ACCEPTED: the change is kept; shown not worse anywhere, and better",
-            GateVerdict::KeptNotWorse => {
-                "KEPT: every metric shown not worse beyond its margin; not a measured win"
-            }
+            GateVerdict::KeptNotWorse => "KEPT: every metric shown not worse beyond its margin; not a measured win",
             GateVerdict::RejectedRolledBack => "REJECTED: shown worse beyond the margin; rolled back",
             GateVerdict::InconclusiveRolledBack => {
                 "INCONCLUSIVE: not shown to be within the margin after the whole budget; rolled back"
@@ -1111,9 +1109,9 @@ impl Gate {
                 look,
             );
             self.journal("rollback_judgement", &report);
-            let state = Baseline::of(&report);
+            let state = BaselineCheck::of(&report);
             self.end(idx, format!("look {look}: {}", state.as_str()));
-            if state != Baseline::NotShown || look >= policy.max_looks {
+            if state != BaselineCheck::NotShown || look >= policy.max_looks {
                 break (report, state);
             }
         };
@@ -1131,7 +1129,7 @@ impl Gate {
             .collect();
         let tol = self.pair.gate.rollback_tolerance_pct;
         let verdict = match state {
-            Baseline::Back => {
+            BaselineCheck::Back => {
                 self.reasons.push(format!(
                     "rollback verified: {} run the previous config again ({}), and every metric is shown within ±{tol} % of the first baseline",
                     units.join(", "),
@@ -1139,7 +1137,7 @@ impl Gate {
                 ));
                 verdict
             }
-            Baseline::NotShown => {
+            BaselineCheck::NotShown => {
                 self.reasons.push(format!(
                     "rolled back: {} run the previous config again ({}), but the pair is not shown back within ±{tol} % of its first baseline after {look} look(s): {}",
                     units.join(", "),
@@ -1148,7 +1146,7 @@ impl Gate {
                 ));
                 verdict
             }
-            Baseline::Moved => {
+            BaselineCheck::Moved => {
                 let moved = report
                     .comparisons
                     .iter()
@@ -1522,43 +1520,6 @@ impl Gate {
     }
 }
 
-/// Where a rollback's measurement leaves the pair against its first baseline.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Baseline {
-    /// Every interval within ±the rollback tolerance.
-    Back,
-    /// Some comparison shown beyond it, either way (or more failures).
-    Moved,
-    /// Neither shown.
-    NotShown,
-}
-
-impl Baseline {
-    fn of(r: &JudgeReport) -> Baseline {
-        let beyond = r.failures_after > r.failures_before
-            || r
-                .comparisons
-                .iter()
-                .any(|c| matches!(c.finding, judge::Finding::Regression | judge::Finding::Better));
-        let within = |c: &judge::Comparison| c.ci_low_pct >= -c.margin_pct && c.ci_high_pct <= c.margin_pct;
-        if beyond {
-            Baseline::Moved
-        } else if !r.comparisons.is_empty() && r.comparisons.iter().all(within) {
-            Baseline::Back
-        } else {
-            Baseline::NotShown
-        }
-    }
-
-    fn as_str(self) -> &'static str {
-        match self {
-            Baseline::Back => "back at baseline",
-            Baseline::Moved => "baseline moved",
-            Baseline::NotShown => "not shown back at baseline",
-        }
-    }
-}
-
 fn first_error(m: &Measurement) -> String {
     m.cells
         .iter()
@@ -1676,7 +1637,11 @@ mod tests {
         // At concurrency 4 a round is one sample of four requests.
         assert_eq!(m[6].after.len(), 2);
         assert!(m[6].after.iter().all(|r| r.len() == 4));
-        assert_eq!(m[7].after, vec![vec![1800.0], vec![1800.0]], "throughput: one value per round");
+        assert_eq!(
+            m[7].after,
+            vec![vec![1800.0], vec![1800.0]],
+            "throughput: one value per round"
+        );
     }
 
     /// Another look's requests join the measurement as new rounds.
