@@ -227,7 +227,7 @@ async fn table(cli: &Cli) -> anyhow::Result<()> {
     }
 
     if want("judge") {
-        let trials = if cli.quick { 40 } else { 400 };
+        let trials = if cli.quick { 10 } else { 400 };
         eprintln!("judge: {trials} simulated gates per scenario…");
         let t = std::time::Instant::now();
         let rows = judge::run(trials, cli.seed);

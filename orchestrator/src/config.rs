@@ -795,7 +795,15 @@ probe_timeout_ms = 120000
     #[test]
     fn gate_errors_name_the_field() {
         let c = OrchestratorConfig::from_toml_str(EXAMPLE).unwrap();
-        assert_eq!(c.pairs[0].gate.tolerance_pct, 5.0);
+        assert_eq!(c.pairs[0].gate.tolerance_pct, 10.0);
+        let e = OrchestratorConfig::from_toml_str(&format!("{EXAMPLE}[pair.gate]\non_inconclusive = \"ask\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("on_inconclusive") && e.contains("rollback"), "{e}");
+        let e = OrchestratorConfig::from_toml_str(&format!("{EXAMPLE}[pair.gate]\nmax_requests_per_cell = 8\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("pair[0].gate.max_requests_per_cell"), "{e}");
         let e = OrchestratorConfig::from_toml_str(&format!("{EXAMPLE}[pair.gate]\nconcurrency = [0]\n"))
             .unwrap_err()
             .to_string();

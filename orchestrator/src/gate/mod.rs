@@ -1138,11 +1138,21 @@ impl Gate {
                 verdict
             }
             BaselineCheck::NotShown => {
+                // The comparison whose interval strays furthest past ±margin.
+                let loosest = report
+                    .comparisons
+                    .iter()
+                    .max_by(|a, b| {
+                        let out =
+                            |c: &judge::Comparison| (c.ci_high_pct - c.margin_pct).max(-c.margin_pct - c.ci_low_pct);
+                        out(a).total_cmp(&out(b))
+                    })
+                    .map(judge::describe)
+                    .unwrap_or_default();
                 self.reasons.push(format!(
-                    "rolled back: {} run the previous config again ({}), but the pair is not shown back within ±{tol} % of its first baseline after {look} look(s): {}",
+                    "rolled back: {} run the previous config again ({}), but the pair is not shown back within ±{tol} % of its first baseline after {look} look(s): {loosest}",
                     units.join(", "),
                     self.before_summary(),
-                    report.reasons.first().cloned().unwrap_or_default()
                 ));
                 verdict
             }
