@@ -179,6 +179,9 @@ struct UnitState {
     /// The config version the running process was spawned from (None when
     /// adopted from a previous agent, or not running).
     spawned_version: Option<u32>,
+    /// The start command that spawned the current (or last) instance; ""
+    /// after a plain stop.
+    start_command: String,
 }
 
 /// One configured unit and its live state.
@@ -223,6 +226,7 @@ impl Unit {
                 attribution: Attribution::Spontaneous,
                 watch: None,
                 spawned_version: None,
+                start_command: String::new(),
             }),
         }
     }
@@ -241,6 +245,11 @@ impl Unit {
             phase: st.phase as i32,
             pid: st.running.as_ref().map_or(0, |r| r.pid),
             bootstrap_port: self.config.bootstrap_port.map_or(0, u32::from),
+            command_id: match &st.attribution {
+                Attribution::Starting(c) | Attribution::Stopping(c) => c.id.clone(),
+                Attribution::Spontaneous => st.start_command.clone(),
+            },
+            command_in_progress: !matches!(st.attribution, Attribution::Spontaneous),
         }
     }
 
@@ -385,6 +394,7 @@ impl Unit {
         st.spawned_version = None;
         st.phase = Phase::Spawned;
         st.attribution = Attribution::Starting(ctx.clone());
+        st.start_command = ctx.id.clone();
         let mut event = self.event(Some(&ctx), now, pid, Phase::Spawned);
         event.detail = detail;
         event.config_fingerprint = fingerprint;
@@ -575,6 +585,7 @@ impl Unit {
             };
             let (pid, exited) = (running.pid, running.exited.clone());
             st.attribution = Attribution::Stopping(ctx.clone());
+            st.start_command.clear();
             if let Some(w) = st.watch.take() {
                 w.abort();
             }
@@ -1114,7 +1125,11 @@ mod tests {
         );
         assert_eq!(run_event.detail, "connection refused");
         assert_eq!(not_ready.command_id, "c1");
-        assert_eq!(f.sup.unit_infos()[0].phase, Phase::NotReady as i32);
+        let info = &f.sup.unit_infos()[0];
+        assert_eq!(info.phase, Phase::NotReady as i32);
+        // The unit's facts still name the start that spawned it, ended
+        // (issue 14: a resumed operation adopts its own start by this id).
+        assert_eq!((info.command_id.as_str(), info.command_in_progress), ("c1", false));
     }
 
     // Property: a crash after the watch ended (here: unit runs, then is
@@ -1124,6 +1139,12 @@ mod tests {
         let mut f = Fixture::new(&[("s", &["sleep", "30"])]);
         let pid = f.start("s", "c1").await;
         f.wait_phase("s", Phase::Refused).await;
+        let info = &f.sup.unit_infos()[0];
+        assert_eq!(
+            (info.command_id.as_str(), info.command_in_progress),
+            ("c1", true),
+            "under way"
+        );
         // End the watch the way a finished start-up would.
         f.sup.units["s"].unit.lock().attribution = Attribution::Spontaneous;
         killpg(Pid::from_raw(pid as i32), Signal::SIGKILL).unwrap();

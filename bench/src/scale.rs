@@ -163,6 +163,8 @@ async fn agent(
                     phase: Phase::Generating as i32,
                     pid: pids[u as usize],
                     bootstrap_port: 0,
+                    command_id: String::new(),
+                    command_in_progress: false,
                 })
                 .collect(),
         })),

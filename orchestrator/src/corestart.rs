@@ -323,8 +323,57 @@ pub struct Resume {
     pub from: CoRestartStep,
     /// Units of the steps before `from`: generating, by the agents' facts.
     pub kept: Vec<UnitStartup>,
+    /// Starts this operation had already sent that the agents are still on
+    /// (their facts name the same command id), by unit ("host/unit"): the
+    /// resumed steps adopt them instead of starting the unit again.
+    pub adopt: BTreeMap<String, Adopted>,
     /// Said in the report's reasons.
     pub note: String,
+}
+
+/// A start of this operation, sent before the orchestrator restarted, that
+/// the unit's agent is still on.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Adopted {
+    pub command_id: String,
+    /// The unit's phase by its agent's facts when the operation resumed.
+    pub phase: String,
+    /// Whether the start was still under way then (else it had ended, in
+    /// `phase`).
+    pub in_progress: bool,
+}
+
+/// The starts an interrupted operation had sent (its journaled `command`
+/// entries, the last per unit) that each unit's agent is still on:
+/// `facts` answers with the unit's (command id, phase, start in progress) by
+/// its agent. A start whose command id the agent does not name was
+/// superseded (or never arrived) and is not adopted. Pure.
+pub fn adoptable_starts(
+    entries: &[(u64, String, serde_json::Value)],
+    facts: impl Fn(&str) -> Option<(String, Phase, bool)>,
+) -> BTreeMap<String, Adopted> {
+    let mut last: BTreeMap<String, String> = BTreeMap::new();
+    for (_, kind, v) in entries {
+        if kind == "command"
+            && v["action"] == "start"
+            && let (Some(unit), Some(id)) = (v["unit"].as_str(), v["command_id"].as_str())
+        {
+            last.insert(unit.to_string(), id.to_string());
+        }
+    }
+    last.into_iter()
+        .filter_map(|(unit, id)| match facts(&unit) {
+            Some((current, phase, in_progress)) if current == id => Some((
+                unit,
+                Adopted {
+                    command_id: id,
+                    phase: phase_name(phase as i32).to_string(),
+                    in_progress,
+                },
+            )),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Decides where an interrupted co-restart resumes: at the step that was in
@@ -395,16 +444,16 @@ pub async fn run_operation_from(
         pair: pair.name.clone(),
         decode_start_policy: pair.decode_start_policy.as_str().into(),
     }));
-    let (from, kept, resume_note) = match resume {
+    let (from, kept, adopt, resume_note) = match resume {
         Some(r) => {
             rec.journal_entry(
                 0,
                 "resumed",
-                &serde_json::json!({ "from": r.from.as_str(), "note": r.note }),
+                &serde_json::json!({ "from": r.from.as_str(), "note": r.note, "adopt": r.adopt }),
             );
-            (r.from, r.kept, Some(r.note))
+            (r.from, r.kept, r.adopt, Some(r.note))
         }
-        None => (CoRestartStep::RestartingPrefill, Vec::new(), None),
+        None => (CoRestartStep::RestartingPrefill, Vec::new(), BTreeMap::new(), None),
     };
     let mut run = CoRestart {
         ctx,
@@ -413,6 +462,7 @@ pub async fn run_operation_from(
         starts: Vec::new(),
         probes: Vec::new(),
         budgets: None,
+        adopt: Mutex::new(adopt),
     };
     // The engines' PD failure counters before the requests: a unit this
     // operation starts counts from 0; a pair in service is scraped first.
@@ -619,6 +669,9 @@ struct CoRestart<'a> {
     probes: Vec<ProbeObservation>,
     /// The suite's budgets, once derived.
     budgets: Option<SuiteBudgets>,
+    /// Starts sent before an orchestrator restart, to re-attach to (taken
+    /// by the unit's step).
+    adopt: Mutex<BTreeMap<String, Adopted>>,
 }
 
 impl CoRestart<'_> {
@@ -761,7 +814,14 @@ impl CoRestart<'_> {
 
     async fn start_unit(&self, unit: &UnitRef, role: &'static str, readiness: ReadinessSpec) -> UnitStart {
         let step_idx = self.rec.step_started(&format!("restart-{role}"), &unit.unit);
-        let command_id = uuid::Uuid::new_v4().to_string();
+        let adopted = self
+            .adopt
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&unit.to_string());
+        let command_id = adopted
+            .as_ref()
+            .map_or_else(|| uuid::Uuid::new_v4().to_string(), |a| a.command_id.clone());
         let deadline = Instant::now()
             + Duration::from_millis(readiness.deadline_ms + self.pair.timeouts.stop_grace_ms)
             + AGENT_SILENCE_SLACK;
@@ -774,11 +834,13 @@ impl CoRestart<'_> {
                 readiness: Some(readiness),
             })),
         };
-        self.rec.journal_entry(
-            self.rec.now_ms(),
-            "command",
-            &serde_json::json!({ "command_id": command_id, "action": "start", "unit": unit.to_string(), "restart": true }),
-        );
+        if adopted.is_none() {
+            self.rec.journal_entry(
+                self.rec.now_ms(),
+                "command",
+                &serde_json::json!({ "command_id": command_id, "action": "start", "unit": unit.to_string(), "restart": true }),
+            );
+        }
         let sent_at_ms = self.rec.now_ms();
         let mut s = UnitStart {
             unit: unit.clone(),
@@ -802,6 +864,43 @@ impl CoRestart<'_> {
             config_fingerprint: String::new(),
             engine_version: String::new(),
         };
+        if let Some(a) = &adopted {
+            self.rec.journal_entry(
+                sent_at_ms,
+                "adopted",
+                &serde_json::json!({ "command_id": command_id, "unit": unit.to_string(), "phase": a.phase }),
+            );
+            // Already sent (and executed) by the orchestrator that was
+            // killed: never started again. Where it ended is known from the
+            // agent's facts; one still under way is re-attached by sending
+            // the same command id, which the agent answers without executing
+            // it twice, and whose later events come back to this operation.
+            s.acked = true;
+            s.last_detail = format!(
+                "{}: this operation's start (command {command_id}), sent before the orchestrator restarted, adopted — not started again",
+                a.phase
+            );
+            match (a.in_progress, a.phase.as_str()) {
+                (false, "generating") => {
+                    s.spawned = true;
+                    s.generating = true;
+                    s.done = true;
+                    s.furthest = Some(ReadinessPhase::Generating);
+                }
+                (false, phase) => {
+                    s.spawned = true;
+                    s.exited = phase == "exited";
+                    s.done = true;
+                }
+                (true, phase) => {
+                    s.spawned = matches!(phase, "spawned" | "refused" | "http_503" | "healthy");
+                }
+            }
+            if s.done {
+                self.rec.step_ended(step_idx, s.outcome());
+                return s;
+            }
+        }
         match self.ctx.fleet.send(&unit.host, &unit.unit, cmd).await {
             Ok(rx) => s.rx = Some(rx),
             Err(e) => {
@@ -1455,6 +1554,45 @@ probe_timeout_ms = 120000
 "#
         );
         OrchestratorConfig::from_toml_str(&text).unwrap().pairs.remove(0)
+    }
+
+    /// Issue 14: a resumed operation adopts the starts it had sent that the
+    /// agent is still on (same command id), and only those: a start the
+    /// agent has since replaced, or never received, is not adopted.
+    #[test]
+    fn adopts_only_the_starts_the_agent_is_still_on() {
+        let cmd = |unit: &str, id: &str| {
+            (
+                5,
+                "command".to_string(),
+                serde_json::json!({ "command_id": id, "action": "start", "unit": unit, "restart": true }),
+            )
+        };
+        let entries = vec![
+            cmd("h/prefill-0", "p1"),
+            cmd("h/decode-0", "d0"),
+            cmd("h/decode-0", "d1"),
+            cmd("h/router-0", "r1"),
+            (6, "probe".to_string(), serde_json::json!({ "unit": "h/router-0" })),
+        ];
+        let a = adoptable_starts(&entries, |unit| match unit {
+            "h/prefill-0" => Some(("p1".into(), Phase::Generating, false)),
+            "h/decode-0" => Some(("d1".into(), Phase::Http503, true)),
+            "h/router-0" => Some(("someone-else".into(), Phase::Generating, false)),
+            _ => None,
+        });
+        assert_eq!(a.len(), 2, "{a:?}");
+        assert_eq!(
+            a["h/prefill-0"],
+            Adopted {
+                command_id: "p1".into(),
+                phase: "generating".into(),
+                in_progress: false
+            }
+        );
+        assert_eq!(a["h/decode-0"].command_id, "d1", "the last start sent for the unit");
+        assert!(a["h/decode-0"].in_progress);
+        assert!(!a.contains_key("h/router-0"), "superseded by another command");
     }
 
     /// An orchestrator killed during decode's step resumes at decode when the

@@ -304,6 +304,13 @@ impl Fleet {
                     let mut st = self.lock();
                     if let Some(u) = st.agents.get_mut(host).and_then(|a| a.units.get_mut(&ev.unit)) {
                         u.phase = ev.phase;
+                        // A crash is nobody's event: the instance still
+                        // belongs to the start that spawned it.
+                        if !ev.command_id.is_empty() {
+                            u.command_id = ev.command_id.clone();
+                            u.command_in_progress =
+                                !matches!(Phase::try_from(ev.phase), Ok(Phase::Generating | Phase::NotReady));
+                        }
                         u.pid = if matches!(Phase::try_from(ev.phase), Ok(Phase::Exited | Phase::Stopped)) {
                             0
                         } else if ev.pid != 0 {

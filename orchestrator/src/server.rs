@@ -494,9 +494,45 @@ async fn resume_one(ctx: OperationContext, pair: PairConfig, op: OperationRecord
             )
         }
     );
+    // Starts this operation had sent that the agents are still on: adopted
+    // by their command ids, never sent as new starts (a second model load).
+    let adopt = match (&kind, ctx.journal.entries(&op.operation_id)) {
+        (OperationKind::CoRestart, Ok(entries)) => crate::corestart::adoptable_starts(&entries, |unit| {
+            let (host, name) = unit.split_once('/')?;
+            let info = ctx.fleet.unit(host, name)?;
+            Some((
+                info.command_id,
+                Phase::try_from(info.phase).unwrap_or(Phase::Unspecified),
+                info.command_in_progress,
+            ))
+        }),
+        _ => Default::default(),
+    };
+    let note = if adopt.is_empty() {
+        note
+    } else {
+        format!(
+            "{note}; adopted its own start of {} (the same command, not started again)",
+            adopt
+                .iter()
+                .map(|(u, a)| format!(
+                    "{} ({}{})",
+                    u.split_once('/').map_or(u.as_str(), |x| x.1),
+                    a.phase,
+                    if a.in_progress { ", under way" } else { "" }
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    };
     // Nobody is following this operation live; its report is journaled.
     let (tx, _rx) = mpsc::unbounded_channel();
-    let resume = Resume { from, kept, note };
+    let resume = Resume {
+        from,
+        kept,
+        adopt,
+        note,
+    };
     run_operation_from(ctx, pair, op.operation_id, kind, Some(resume), tx).await;
 }
 

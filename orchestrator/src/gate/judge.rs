@@ -1059,6 +1059,54 @@ mod tests {
         );
     }
 
+    /// Issue 17: "back at baseline" meant "not significantly worse", so a
+    /// rollback that left the pair 15 % slower, measured with a wide spread,
+    /// was certified. Now it must be shown equivalent (every interval within
+    /// ±the margin); shown beyond it either way, the baseline moved.
+    #[test]
+    fn a_rollback_is_verified_by_equivalence() {
+        let rollback = JudgePolicy {
+            tolerance_pct: 10.0,
+            ..POLICY
+        };
+        let check = |before: Vec<Vec<f64>>, again: Vec<Vec<f64>>| {
+            BaselineCheck::of(&judge(
+                &[metric("e2e", Better::Lower, before, again)],
+                0,
+                0,
+                rollback,
+                1,
+            ))
+        };
+        assert_eq!(check(noisy(40.0, 24, 0), noisy(40.0, 24, 3)), BaselineCheck::Back);
+        assert_eq!(
+            check(noisy(40.0, 24, 0), scaled(&noisy(40.0, 24, 3), 1.3)),
+            BaselineCheck::Moved
+        );
+        assert_eq!(
+            check(noisy(40.0, 24, 0), scaled(&noisy(40.0, 24, 3), 0.7)),
+            BaselineCheck::Moved,
+            "faster is not 'as it was' either"
+        );
+        let wide = |centre: f64, phase: usize| -> Vec<Vec<f64>> {
+            (0..8)
+                .map(|i| vec![centre * (1.0 + 0.5 * (((i * 5 + phase) % 8) as f64 / 3.5 - 1.0))])
+                .collect()
+        };
+        assert_eq!(check(wide(40.0, 0), wide(46.0, 3)), BaselineCheck::NotShown);
+        assert_eq!(
+            BaselineCheck::of(&judge(
+                &[metric("e2e", Better::Lower, noisy(40.0, 8, 0), noisy(40.0, 8, 0))],
+                0,
+                3,
+                rollback,
+                1
+            )),
+            BaselineCheck::Moved,
+            "requests failing after the rollback"
+        );
+    }
+
     /// p99 is compared only once both sides have enough requests.
     #[test]
     fn p99_needs_enough_samples() {

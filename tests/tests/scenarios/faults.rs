@@ -28,6 +28,26 @@ fn orchestrator_killed_mid_co_restart_resumes_from_the_journal() {
     // The resumed run restarted decode and router, not prefill (kept).
     let steps = step_names(&v["report"]);
     assert_eq!(steps[..3], ["restart-decode", "restart-router", "probe"], "{steps:?}");
+    // Issue 14: the decode start the killed orchestrator had sent is
+    // adopted, never sent again — one process per unit, by the agent's log.
+    assert!(reasons.contains("adopted its own start of decode-0"), "{reasons}");
+    one_start_per_unit(&v, "restarting-decode");
+}
+
+/// Each unit's process was spawned exactly once during the operation, by
+/// the agent's own log (a second spawn is a second model load on a GPU).
+fn one_start_per_unit(v: &serde_json::Value, at: &str) {
+    let spawned = v["spawned"]
+        .as_object()
+        .unwrap_or_else(|| panic!("{at}: no spawn counts: {v:#}"));
+    for unit in ["prefill-0", "decode-0", "router-0"] {
+        assert_eq!(
+            spawned.get(unit).and_then(|n| n.as_u64()),
+            Some(1),
+            "{at}: {unit}: {spawned:?}"
+        );
+    }
+    assert_eq!(v["started_twice"].as_array().map(Vec::len), Some(0), "{at}: {v:#}");
 }
 
 /// The orchestrator SIGKILLed in each of the other steps of a co-restart
@@ -66,6 +86,7 @@ fn orchestrator_killed_at_every_step_concludes_the_same_operation() {
             steps.first().is_some_and(|s| s.starts_with(first_step)),
             "{at}: resumed at {first_step}: {steps:?}"
         );
+        one_start_per_unit(&v, at);
     }
 }
 

@@ -554,6 +554,10 @@ impl CrashAt {
 /// what was done.
 pub async fn orchestrator_crash(stack: &mut Stack, json: bool, at: CrashAt) -> anyhow::Result<Value> {
     let url = stack.orchestrator_url.clone();
+    // The agent's own log is the ground truth of what it spawned: where it
+    // stands before the operation begins.
+    let agent_log = stack.dir.path().join("agent.log");
+    let log_before = std::fs::metadata(&agent_log).map_or(0, |m| m.len());
     // Follow the restart in the background; its stream breaks with the kill.
     let follower = {
         let url = url.clone();
@@ -621,9 +625,29 @@ pub async fn orchestrator_crash(stack: &mut Stack, json: bool, at: CrashAt) -> a
     )
     .await?;
     let report = record["report"].clone();
+    let spawned = spawns_since(&agent_log, log_before);
+    let twice: Vec<String> = spawned
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(u, n)| format!("{u} spawned {n} times"))
+        .collect();
     if !json {
         for r in report["reasons"].as_array().into_iter().flatten() {
             println!("drill: {}", r.as_str().unwrap_or(""));
+        }
+        println!(
+            "drill: processes spawned during the operation (agent log): {}",
+            spawned
+                .iter()
+                .map(|(u, n)| format!("{u} {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        if !twice.is_empty() {
+            println!(
+                "drill: WARNING: a unit was started twice in one operation ({}): a second model load",
+                twice.join(", ")
+            );
         }
         println!("drill: operation {operation_id} concluded {}", report["verdict"]);
     }
@@ -632,12 +656,31 @@ pub async fn orchestrator_crash(stack: &mut Stack, json: bool, at: CrashAt) -> a
         "operation_id": operation_id,
         "verdict": report["verdict"],
         "reasons": report["reasons"],
+        "spawned": spawned,
+        "started_twice": twice,
         "actions": [
             { "action": "SIGKILL orchestrator", "pid": old_pid, "state": at.state(), "decode_phase": decode_phase },
             { "action": "started orchestrator", "pid": new_pid },
         ],
         "report": report,
     }))
+}
+
+/// Per unit, how many processes the agent spawned after byte `from` of its
+/// log (its `unit event` lines with `phase=Spawned`).
+fn spawns_since(log: &std::path::Path, from: u64) -> std::collections::BTreeMap<String, u64> {
+    let text = std::fs::read(log).unwrap_or_default();
+    let tail = String::from_utf8_lossy(text.get(from as usize..).unwrap_or_default());
+    let mut out = std::collections::BTreeMap::new();
+    for line in tail
+        .lines()
+        .filter(|l| l.contains("unit event") && l.contains("phase=Spawned"))
+    {
+        if let Some(unit) = line.split_whitespace().find_map(|w| w.strip_prefix("unit=")) {
+            *out.entry(unit.to_string()).or_insert(0) += 1;
+        }
+    }
+    out
 }
 
 /// Waits until operation `operation_id` of pair `demo` has ended; its record.
