@@ -114,11 +114,25 @@ fn orchestrator_killed_mid_gate_rolls_the_change_back() {
     assert_eq!(knob("knob_after"), [false, false], "{v:#}");
     let reasons = v["reasons"].to_string();
     assert!(reasons.contains("in state gate_measuring"), "{reasons}");
-    // The rollback is held to the baseline the gate measured before its change.
+    // The rollback is held to the baseline the gate measured before its
+    // change (journaled by the killed orchestrator): shown equivalent to it,
+    // or — on this busy 2-core host the ttft p90 at concurrency 4 of a
+    // freshly restarted pair has measured +12 % [+1.5, +27] against a 15.6 %
+    // margin — honestly "not shown back"; never "moved", never "verified"
+    // without the numbers.
     assert!(
         reasons.contains("run the previous config again (PDW_KNOB absent)")
-            && reasons.contains("every metric is shown within ±10 % of the first baseline"),
+            && (reasons.contains("every metric is shown within ±10 % of the first baseline")
+                || reasons.contains("not shown back within ±10 % of its first baseline")),
         "{reasons}"
+    );
+    assert!(!reasons.contains("BASELINE MOVED"), "{reasons}");
+    let rollback = &v["report"]["rollback_judgement"];
+    assert!(
+        rollback["comparisons"]
+            .as_array()
+            .is_some_and(|c| !c.is_empty() && c.iter().all(|c| c["rounds_before"].as_u64() >= Some(8))),
+        "measured against the journaled baseline: {rollback:#}"
     );
     let report = &v["report"];
     assert_eq!(report["operation_id"], v["operation_id"], "the same gate was concluded");
