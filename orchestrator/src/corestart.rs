@@ -29,7 +29,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::config::{DecodeStartPolicy, PairConfig, UnitRef};
-use crate::fleet::{AgentReport, Fleet, phase_name};
+use crate::fleet::{AGENT_SLACK, AgentReport, Fleet, phase_name};
 use crate::journal::Journal;
 use crate::report::{AttemptRecord, EngineCounterRecord, OperationReport, ProbeRecord, StepRecord, TimelineRecord};
 use crate::stats::summarize;
@@ -38,10 +38,6 @@ use crate::verdict::{
     ColdSample, EngineFailures, FailedCheck, ProbeObservation, ProbePolicy, ReadinessPhase, UnitStartup,
     cold_allowance, judge, judge_engine_failures,
 };
-
-/// Slack the orchestrator adds to an agent-side deadline before it gives up on
-/// hearing from the agent at all.
-const AGENT_SILENCE_SLACK: Duration = Duration::from_secs(10);
 
 /// What an operation does to a pair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -824,7 +820,7 @@ impl CoRestart<'_> {
             .map_or_else(|| uuid::Uuid::new_v4().to_string(), |a| a.command_id.clone());
         let deadline = Instant::now()
             + Duration::from_millis(readiness.deadline_ms + self.pair.timeouts.stop_grace_ms)
-            + AGENT_SILENCE_SLACK;
+            + AGENT_SLACK;
         let cmd = Command {
             command_id: command_id.clone(),
             action: Some(command::Action::Start(StartUnit {
@@ -1059,23 +1055,18 @@ impl CoRestart<'_> {
                     scrape_timeout_ms: timeout_ms,
                 })),
             };
-            let deadline = Instant::now() + Duration::from_millis(timeout_ms) + AGENT_SILENCE_SLACK;
             let first = units.first().map(|(_, u)| u.clone()).unwrap_or_default();
-            let mut got = Vec::new();
-            if let Ok(mut rx) = self.ctx.fleet.send(&host, &first, cmd).await {
-                loop {
-                    match tokio::time::timeout_at(deadline, rx.recv()).await {
-                        Ok(Some(AgentReport::Scrape(r))) => {
-                            got = r.samples;
-                            break;
-                        }
-                        // A refusal (an agent that does not know the command) ends it too.
-                        Ok(Some(AgentReport::Disconnected | AgentReport::Result(_)) | None) | Err(_) => break,
-                        Ok(Some(_)) => continue,
-                    }
-                }
-                self.ctx.fleet.forget(&command_id);
-            }
+            let got = self
+                .ctx
+                .fleet
+                .ask(&host, &first, cmd, Duration::from_millis(timeout_ms), |r| match r {
+                    AgentReport::Scrape(r) => Some(r.samples),
+                    // A refusal (an agent that does not know the command) ends it too.
+                    AgentReport::Result(_) => Some(Vec::new()),
+                    _ => None,
+                })
+                .await
+                .unwrap_or_default();
             units
                 .into_iter()
                 .map(|(role, unit)| {
@@ -1301,24 +1292,23 @@ impl CoRestart<'_> {
                 request_id: String::new(),
             }]
         };
-        let deadline = Instant::now() + Duration::from_millis(timeout_ms) + AGENT_SILENCE_SLACK;
-        let mut rx = match self.ctx.fleet.send(&router.host, &router.unit, cmd).await {
-            Ok(rx) => rx,
-            Err(e) => return failed(e.to_string()),
-        };
-        loop {
-            match tokio::time::timeout_at(deadline, rx.recv()).await {
-                Ok(Some(AgentReport::Suite(r))) => {
-                    self.ctx.fleet.forget(&command_id);
-                    return r.samples.into_iter().map(sample_from_wire).collect();
-                }
-                Ok(Some(AgentReport::Disconnected)) | Ok(None) => return failed("agent disconnected".into()),
-                Ok(Some(_)) => continue,
-                Err(_) => {
-                    self.ctx.fleet.forget(&command_id);
-                    return failed(format!("no result from the agent within {timeout_ms} ms"));
-                }
-            }
+        let answer = self
+            .ctx
+            .fleet
+            .ask(
+                &router.host,
+                &router.unit,
+                cmd,
+                Duration::from_millis(timeout_ms),
+                |r| match r {
+                    AgentReport::Suite(r) => Some(r),
+                    _ => None,
+                },
+            )
+            .await;
+        match answer {
+            Ok(r) => r.samples.into_iter().map(sample_from_wire).collect(),
+            Err(e) => failed(e.to_string()),
         }
     }
 
@@ -1343,24 +1333,15 @@ impl CoRestart<'_> {
             error: String::new(),
             request_id: String::new(),
         };
-        let started = Instant::now();
-        let deadline = started + Duration::from_millis(timeout_ms) + AGENT_SILENCE_SLACK;
-        let result = match self.ctx.fleet.send(host, unit, cmd).await {
-            Err(e) => Err(e.to_string()),
-            Ok(mut rx) => loop {
-                match tokio::time::timeout_at(deadline, rx.recv()).await {
-                    Ok(Some(AgentReport::Probe(r))) => break Ok(r),
-                    Ok(Some(AgentReport::Disconnected)) | Ok(None) => {
-                        break Err("agent disconnected".to_string());
-                    }
-                    Ok(Some(_)) => continue,
-                    Err(_) => {
-                        self.ctx.fleet.forget(&command_id);
-                        break Err(format!("no probe result from the agent within {} ms", timeout_ms));
-                    }
-                }
-            },
-        };
+        let result = self
+            .ctx
+            .fleet
+            .ask(host, unit, cmd, Duration::from_millis(timeout_ms), |r| match r {
+                AgentReport::Probe(r) => Some(r),
+                _ => None,
+            })
+            .await
+            .map_err(|e| e.to_string());
         let obs = match result {
             Err(message) => {
                 record.error = message.clone();

@@ -88,6 +88,22 @@ struct AgentSession {
 /// may be stale. It is never a reason to restart anything on its own.
 pub const AGENT_UNKNOWN_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// How long past an agent-side timeout the orchestrator waits for the
+/// agent's answer before giving up on it (the link, the agent's own
+/// scheduling). One value for every command: it was written five times.
+pub const AGENT_SLACK: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Why a command sent with [`Fleet::ask`] got no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum AskError {
+    #[error(transparent)]
+    Send(#[from] FleetError),
+    #[error("agent {host} disconnected")]
+    Disconnected { host: String },
+    #[error("no answer from agent {host} within {waited_ms} ms")]
+    NoAnswer { host: String, waited_ms: u64 },
+}
+
 #[derive(Default)]
 struct FleetState {
     agents: BTreeMap<String, AgentSession>,
@@ -179,6 +195,43 @@ impl Fleet {
             return Err(FleetError::AgentNotConnected { host: host.into() });
         }
         Ok(rx)
+    }
+
+    /// Sends `command` to `unit`'s agent and awaits the first report `pick`
+    /// accepts (`Some`), skipping the others (progress events), until the
+    /// agent-side `timeout` plus [`AGENT_SLACK`]. The one "send and await"
+    /// of every workflow: one deadline policy, the command's route always
+    /// forgotten at the end.
+    pub async fn ask<T>(
+        &self,
+        host: &str,
+        unit: &str,
+        command: Command,
+        timeout: std::time::Duration,
+        mut pick: impl FnMut(AgentReport) -> Option<T>,
+    ) -> Result<T, AskError> {
+        let started = tokio::time::Instant::now();
+        let deadline = started + timeout + AGENT_SLACK;
+        let id = command.command_id.clone();
+        let mut rx = self.send(host, unit, command).await?;
+        let answer = loop {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some(AgentReport::Disconnected) | None) => break Err(AskError::Disconnected { host: host.into() }),
+                Ok(Some(report)) => {
+                    if let Some(t) = pick(report) {
+                        break Ok(t);
+                    }
+                }
+                Err(_) => {
+                    break Err(AskError::NoAnswer {
+                        host: host.into(),
+                        waited_ms: started.elapsed().as_millis() as u64,
+                    });
+                }
+            }
+        };
+        self.forget(&id);
+        answer
     }
 
     /// Stops routing reports for a command (its operation no longer listens).

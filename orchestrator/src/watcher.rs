@@ -43,10 +43,6 @@ use crate::wedge::{
     ProbeRecord, Sample, UnitAssessment, UnitTrack, WatchPolicy, judge, recoveries_still_counting,
 };
 
-/// Slack on top of a probe's own timeout before the orchestrator stops
-/// waiting for the agent's answer.
-const AGENT_SILENCE_SLACK: Duration = Duration::from_secs(10);
-
 /// A host report older than this says nothing about a unit's GPU now (the
 /// agent sends a full snapshot at least every 15 s by default, and every
 /// change at once).
@@ -794,9 +790,8 @@ async fn probe(
     done: mpsc::UnboundedSender<(ProbeRecord, Instant)>,
 ) {
     let sent_at = Instant::now();
-    let command_id = uuid::Uuid::new_v4().to_string();
     let cmd = Command {
-        command_id: command_id.clone(),
+        command_id: uuid::Uuid::new_v4().to_string(),
         action: Some(command::Action::Probe(ProbeRequest {
             unit: router.unit.clone(),
             chat: Some(chat),
@@ -805,47 +800,31 @@ async fn probe(
         })),
     };
     let mut request_id = String::new();
-    let outcome = match fleet.send(&router.host, &router.unit, cmd).await {
+    let answer = fleet
+        .ask(&router.host, &router.unit, cmd, timeout, |r| match r {
+            AgentReport::Probe(r) => Some(r),
+            _ => None,
+        })
+        .await;
+    let outcome = match answer {
         Err(e) => ProbeOutcome::Error { message: e.to_string() },
-        Ok(mut rx) => {
-            let deadline = sent_at + timeout + AGENT_SILENCE_SLACK;
-            loop {
-                match tokio::time::timeout_at(deadline, rx.recv()).await {
-                    Ok(Some(AgentReport::Probe(r))) => {
-                        request_id = r.request_id.clone();
-                        break match PbOutcome::try_from(r.outcome).unwrap_or(PbOutcome::Unspecified) {
-                            PbOutcome::Ok => ProbeOutcome::Ok {
-                                latency_ms: r.latency_ms,
-                            },
-                            PbOutcome::Timeout => ProbeOutcome::Timeout { after_ms: r.latency_ms },
-                            _ => ProbeOutcome::Error {
-                                message: if r.http_status != 0 {
-                                    format!("http {}: {}", r.http_status, r.error)
-                                } else {
-                                    r.error
-                                },
-                            },
-                        };
-                    }
-                    Ok(Some(AgentReport::Disconnected)) | Ok(None) => {
-                        break ProbeOutcome::Error {
-                            message: "agent disconnected".into(),
-                        };
-                    }
-                    Ok(Some(_)) => continue,
-                    Err(_) => {
-                        break ProbeOutcome::Error {
-                            message: format!(
-                                "no probe result from the agent within {} ms",
-                                deadline.duration_since(sent_at).as_millis()
-                            ),
-                        };
-                    }
-                }
+        Ok(r) => {
+            request_id = r.request_id.clone();
+            match PbOutcome::try_from(r.outcome).unwrap_or(PbOutcome::Unspecified) {
+                PbOutcome::Ok => ProbeOutcome::Ok {
+                    latency_ms: r.latency_ms,
+                },
+                PbOutcome::Timeout => ProbeOutcome::Timeout { after_ms: r.latency_ms },
+                _ => ProbeOutcome::Error {
+                    message: if r.http_status != 0 {
+                        format!("http {}: {}", r.http_status, r.error)
+                    } else {
+                        r.error
+                    },
+                },
             }
         }
     };
-    fleet.forget(&command_id);
     let record = ProbeRecord {
         target: format!("router:{}", router.unit),
         sent_at,

@@ -58,8 +58,6 @@ use config::Cell;
 use judge::{BaselineCheck, Better, JudgePolicy, JudgeReport, Judgement, MetricSamples};
 use live::{Expected, LiveCheck, ProcessView, UnitView};
 
-/// Slack added to an agent-side deadline before giving up on the agent.
-const AGENT_SLACK: Duration = Duration::from_secs(10);
 /// The seed of the judge's bootstrap (fixed: same samples, same intervals).
 const BOOTSTRAP_SEED: u64 = 0x5eed_9a7e;
 
@@ -1257,36 +1255,17 @@ impl Gate {
             &serde_json::json!({ "command_id": command_id, "action": what, "unit": unit.to_string() }),
         );
         let cmd = Command {
-            command_id: command_id.clone(),
+            command_id,
             action: Some(action),
         };
-        let mut rx = self
-            .ctx
+        self.ctx
             .fleet
-            .send(&unit.host, &unit.unit, cmd)
+            .ask(&unit.host, &unit.unit, cmd, timeout, |r| match r {
+                r @ (AgentReport::UnitConfig(_) | AgentReport::Gate(_)) => Some(r),
+                _ => None,
+            })
             .await
-            .map_err(|e| e.to_string())?;
-        let deadline = Instant::now() + timeout + AGENT_SLACK;
-        loop {
-            match tokio::time::timeout_at(deadline, rx.recv()).await {
-                Ok(Some(r @ (AgentReport::UnitConfig(_) | AgentReport::Gate(_)))) => {
-                    self.ctx.fleet.forget(&command_id);
-                    return Ok(r);
-                }
-                Ok(Some(AgentReport::Disconnected)) | Ok(None) => {
-                    return Err(format!("agent {} disconnected", unit.host));
-                }
-                Ok(Some(_)) => continue,
-                Err(_) => {
-                    self.ctx.fleet.forget(&command_id);
-                    return Err(format!(
-                        "no answer from agent {} within {:?}",
-                        unit.host,
-                        timeout + AGENT_SLACK
-                    ));
-                }
-            }
-        }
+            .map_err(|e| e.to_string())
     }
 
     async fn apply(&mut self) -> Result<(), String> {
