@@ -524,3 +524,129 @@ impl AgentLink for AgentLinkService {
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// An attached agent with one unit, its command stream handed to the test.
+    fn attached(fleet: &Fleet, host: &str) -> (u64, mpsc::Receiver<Result<OrchestratorMessage, Status>>) {
+        let (tx, rx) = mpsc::channel(16);
+        let mut st = fleet.lock();
+        st.next_session += 1;
+        let session = st.next_session;
+        st.agents.insert(
+            host.into(),
+            AgentSession {
+                session,
+                instance_id: "test".into(),
+                version: "test".into(),
+                tx: Some(tx),
+                units: BTreeMap::from([(
+                    "router-0".to_string(),
+                    UnitInfo {
+                        name: "router-0".into(),
+                        ..Default::default()
+                    },
+                )]),
+                last_seen: tokio::time::Instant::now(),
+            },
+        );
+        (session, rx)
+    }
+
+    fn command(id: &str) -> Command {
+        Command {
+            command_id: id.into(),
+            action: None,
+        }
+    }
+
+    fn probe_of(r: AgentReport) -> Option<ProbeResult> {
+        match r {
+            AgentReport::Probe(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// The answer `pick` wants is returned; progress before it is skipped;
+    /// the route is forgotten afterwards.
+    #[tokio::test(start_paused = true)]
+    async fn ask_returns_the_picked_answer_and_forgets_the_route() {
+        let fleet = Fleet::new();
+        let (_, mut agent) = attached(&fleet, "h");
+        let f = fleet.clone();
+        let answer = tokio::spawn(async move {
+            f.ask("h", "router-0", command("c1"), Duration::from_secs(5), probe_of)
+                .await
+        });
+        let sent = agent.recv().await.unwrap().unwrap();
+        assert!(matches!(sent.kind, Some(orchestrator_message::Kind::Command(c)) if c.command_id == "c1"));
+        fleet.on_message(
+            "h",
+            AgentMessage {
+                kind: Some(agent_message::Kind::CommandResult(CommandResult {
+                    command_id: "c1".into(),
+                    ok: true,
+                    ..Default::default()
+                })),
+            },
+        );
+        fleet.on_message(
+            "h",
+            AgentMessage {
+                kind: Some(agent_message::Kind::ProbeResult(ProbeResult {
+                    command_id: "c1".into(),
+                    tokens: 7,
+                    ..Default::default()
+                })),
+            },
+        );
+        let r = answer.await.unwrap().unwrap();
+        assert_eq!(r.tokens, 7);
+        assert!(fleet.lock().waiters.is_empty(), "route forgotten");
+    }
+
+    /// No answer: given up at the agent-side timeout plus the one slack.
+    #[tokio::test(start_paused = true)]
+    async fn ask_gives_up_at_timeout_plus_slack() {
+        let fleet = Fleet::new();
+        let (_, _agent) = attached(&fleet, "h");
+        let started = tokio::time::Instant::now();
+        let e = fleet
+            .ask("h", "router-0", command("c2"), Duration::from_secs(5), probe_of)
+            .await
+            .unwrap_err();
+        assert_eq!(started.elapsed(), Duration::from_secs(5) + AGENT_SLACK);
+        assert_eq!(e.to_string(), "no answer from agent h within 15000 ms");
+        assert!(fleet.lock().waiters.is_empty());
+    }
+
+    /// The agent's link drops: disconnected, at once; an unknown unit is a
+    /// send error.
+    #[tokio::test(start_paused = true)]
+    async fn ask_reports_a_disconnect_and_an_unknown_unit() {
+        let fleet = Fleet::new();
+        let (session, _agent) = attached(&fleet, "h");
+        let f = fleet.clone();
+        let answer = tokio::spawn(async move {
+            f.ask("h", "router-0", command("c3"), Duration::from_secs(60), probe_of)
+                .await
+        });
+        tokio::task::yield_now().await;
+        while fleet.lock().waiters.is_empty() {
+            tokio::task::yield_now().await;
+        }
+        fleet.on_disconnect("h", session);
+        let e = answer.await.unwrap().unwrap_err();
+        assert!(matches!(e, AskError::Disconnected { .. }), "{e}");
+        let (_, _agent) = attached(&fleet, "h");
+        let e = fleet
+            .ask("h", "decode-9", command("c4"), Duration::from_secs(1), probe_of)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, AskError::Send(FleetError::UnknownUnit { .. })), "{e}");
+    }
+}
