@@ -233,7 +233,7 @@ async fn table(cli: &Cli) -> anyhow::Result<()> {
         let rows = judge::run(trials, cli.seed);
         println!();
         println!(
-            "## 6. Change gate: the judge's error rates ({trials} simulated gates per scenario at `[pair.gate]` defaults: 4 cells, 16 requests a look, up to 48, tolerance 10 %, alpha 0.05; per-request CV 25 % unless the row says otherwise, per-round 10 % at concurrency 4; {:.0} s)",
+            "## 7. Change gate: the judge's error rates ({trials} simulated gates per scenario at `[pair.gate]` defaults: 4 cells, 16 requests a look, up to 48, tolerance 10 %, alpha 0.05; per-request CV 25 % unless the row says otherwise, per-round 10 % at concurrency 4; {:.0} s)",
             t.elapsed().as_secs_f64()
         );
         println!();

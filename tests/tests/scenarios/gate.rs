@@ -146,27 +146,43 @@ fn knob_the_process_never_received_fails_verification() {
     assert_eq!(knob_live(&demo), [false, false]);
 }
 
-/// A knob with no effect: every metric is shown within its margin, and the
-/// gate keeps it, "not a win". (CI once rejected this no-op: one slow
-/// concurrency round counted as four independent samples and made a +26 %
-/// ttft p90 look certain; rounds are now the sampling unit.)
+/// A knob with no effect is never rejected: every metric shown within its
+/// margin and kept, "not a win" — or, where the host's noise (or a real
+/// difference of a freshly restarted pair) keeps some interval across the
+/// margin, inconclusive after the *whole* budget and rolled back, saying so.
+/// (CI once rejected this no-op: one slow concurrency round counted as four
+/// independent samples and made a +26 % ttft p90 look certain; rounds are
+/// now the sampling unit. A later CI run found the freshly restarted pair's
+/// ttft p90 at concurrency 4 +13 % [+9, +20] against a 18.7 % margin:
+/// inconclusive, not rejected.)
 #[test]
-fn change_inside_the_noise_is_kept_not_worse() {
+fn change_inside_the_noise_is_never_rejected() {
     let _one = exclusive();
     let demo = stack("1.0", &[]);
     let (out, v) = gate(&demo);
-    assert_eq!(v["verdict"], "kept_not_worse", "{v:#}");
-    assert_eq!(out.code, 0);
-    assert!(reasons(&v).contains("kept, not a win"), "{v:#}");
-    assert!(
-        v["judgement"]["comparisons"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|c| c["finding"] == "not_worse"),
-        "{v:#}"
-    );
-    assert_eq!(knob_live(&demo), [true, true]);
+    let j = &v["judgement"];
+    let comparisons = j["comparisons"].as_array().unwrap();
+    assert!(comparisons.iter().all(|c| c["finding"] != "regression"), "{v:#}");
+    match v["verdict"].as_str().unwrap() {
+        "kept_not_worse" => {
+            assert_eq!(out.code, 0);
+            assert!(reasons(&v).contains("kept, not a win"), "{v:#}");
+            assert!(comparisons.iter().all(|c| c["finding"] == "not_worse"), "{v:#}");
+            assert_eq!(knob_live(&demo), [true, true]);
+        }
+        "inconclusive_rolled_back" => {
+            assert_eq!(out.code, 2);
+            assert_eq!(
+                j["look"], j["max_looks"],
+                "gave up only at the end of the budget: {v:#}"
+            );
+            let r = reasons(&v);
+            assert!(r.contains("inconclusive"), "{r}");
+            assert!(!r.contains("BASELINE MOVED"), "{r}");
+            assert_eq!(knob_live(&demo), [false, false]);
+        }
+        other => panic!("a no-op knob ended {other}: {v:#}"),
+    }
 }
 
 /// A tail-only regression: with the knob, one decode in five is twice as
