@@ -75,6 +75,39 @@ fn knob_live(demo: &HeldDemo) -> Vec<bool> {
     })
 }
 
+/// The rollback's measurement against the first baseline (issue 17: shown
+/// equivalent, every interval within ±the rollback tolerance). On a quiet
+/// host it is "rollback verified". On a busy 2-core CI host the noisiest
+/// statistic (ttft p90 at concurrency 4: four streams, the router and both
+/// engines on two CPUs) can keep an interval wider than the margin for the
+/// whole budget — CI once measured the rollback −8.9 % [−34.1, −2.8] against
+/// a 15.6 % margin: better, but not *shown* equivalent. The gate then says
+/// so, honestly; that is accepted here only after the whole budget and with
+/// nothing shown beyond the margin (which would be a moved baseline).
+fn assert_rollback_measured(v: &Value) {
+    let r = reasons(v);
+    if r.contains("rollback verified") {
+        return;
+    }
+    assert!(
+        r.contains("not shown back within ±"),
+        "neither verified nor honestly not shown: {v:#}"
+    );
+    let rj = &v["rollback_judgement"];
+    assert_eq!(
+        rj["look"], rj["max_looks"],
+        "gave up before the end of the budget: {v:#}"
+    );
+    assert!(
+        rj["comparisons"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["finding"] != "regression" && c["finding"] != "better"),
+        "{v:#}"
+    );
+}
+
 /// A knob that slows generation by 20 % is rejected and rolled back; the
 /// rollback is verified from /proc (the knob absent again, config version 0)
 /// and by a measurement back at baseline; pd-sim agrees the knob is off.
@@ -88,7 +121,7 @@ fn slowing_knob_is_rejected_and_rolled_back() {
     assert_eq!(v["judgement"]["judgement"], "regressed", "{v:#}");
     let r = reasons(&v);
     assert!(r.contains("regression beyond the margin"), "{r}");
-    assert!(r.contains("rollback verified"), "{r}");
+    assert_rollback_measured(&v);
     assert!(r.contains("PDW_KNOB absent"), "{r}");
     assert!(v["live"].as_array().unwrap().iter().all(|c| c["ok"] == true), "{v:#}");
     assert!(
@@ -146,15 +179,18 @@ fn knob_the_process_never_received_fails_verification() {
     assert_eq!(knob_live(&demo), [false, false]);
 }
 
-/// A knob with no effect is never rejected: every metric shown within its
-/// margin and kept, "not a win" — or, where the host's noise (or a real
-/// difference of a freshly restarted pair) keeps some interval across the
-/// margin, inconclusive after the *whole* budget and rolled back, saying so.
+/// A knob with no effect is never rejected (never blamed for a slowdown):
+/// every metric shown within its margin and kept, "not a win" — or, where
+/// the host's noise keeps some interval across the margin, inconclusive
+/// after the *whole* budget and rolled back, saying so — or, where the host
+/// itself drifted during the gate, the baseline measured again after the
+/// rollback shows the drift and the gate says BASELINE MOVED instead of
+/// blaming the knob (issue 17, point 4).
 /// (CI once rejected this no-op: one slow concurrency round counted as four
 /// independent samples and made a +26 % ttft p90 look certain; rounds are
-/// now the sampling unit. A later CI run found the freshly restarted pair's
-/// ttft p90 at concurrency 4 +13 % [+9, +20] against a 18.7 % margin:
-/// inconclusive, not rejected.)
+/// now the sampling unit. A later CI run measured ttft p90 at concurrency 4
+/// 18.3 ms → 25.5 ms after the change and 31.5 ms after the rollback, the
+/// knob off: a host slowing down, which the gate named as such.)
 #[test]
 fn change_inside_the_noise_is_never_rejected() {
     let _one = exclusive();
@@ -162,7 +198,7 @@ fn change_inside_the_noise_is_never_rejected() {
     let (out, v) = gate(&demo);
     let j = &v["judgement"];
     let comparisons = j["comparisons"].as_array().unwrap();
-    assert!(comparisons.iter().all(|c| c["finding"] != "regression"), "{v:#}");
+    let no_regression = || assert!(comparisons.iter().all(|c| c["finding"] != "regression"), "{v:#}");
     match v["verdict"].as_str().unwrap() {
         "kept_not_worse" => {
             assert_eq!(out.code, 0);
@@ -171,6 +207,7 @@ fn change_inside_the_noise_is_never_rejected() {
             assert_eq!(knob_live(&demo), [true, true]);
         }
         "inconclusive_rolled_back" => {
+            no_regression();
             assert_eq!(out.code, 2);
             assert_eq!(
                 j["look"], j["max_looks"],
@@ -179,6 +216,25 @@ fn change_inside_the_noise_is_never_rejected() {
             let r = reasons(&v);
             assert!(r.contains("inconclusive"), "{r}");
             assert!(!r.contains("BASELINE MOVED"), "{r}");
+            assert_eq!(knob_live(&demo), [false, false]);
+        }
+        "baseline_moved_rolled_back" => {
+            // Only with the evidence: the pair without the knob measured
+            // beyond the margin of its first baseline.
+            assert_eq!(out.code, 2);
+            let r = reasons(&v);
+            assert!(r.starts_with("BASELINE MOVED"), "{r}");
+            let rj = &v["rollback_judgement"];
+            let failed_more = rj["failures_after"].as_u64() > rj["failures_before"].as_u64();
+            assert!(
+                failed_more
+                    || rj["comparisons"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .any(|c| c["finding"] == "regression" || c["finding"] == "better"),
+                "{v:#}"
+            );
             assert_eq!(knob_live(&demo), [false, false]);
         }
         other => panic!("a no-op knob ended {other}: {v:#}"),
@@ -211,7 +267,7 @@ fn tail_only_regression_is_never_kept() {
             .all(|c| c["finding"] != "not_worse"),
         "{v:#}"
     );
-    assert!(reasons(&v).contains("rollback verified"), "{v:#}");
+    assert_rollback_measured(&v);
     assert_eq!(knob_live(&demo), [false, false]);
 }
 
