@@ -242,6 +242,9 @@ struct UnitStart {
     check_tokens: u32,
     /// Every generation check of this start-up, in order (DESIGN.md 10).
     generation_attempts: Vec<AttemptRecord>,
+    /// Adopted after an orchestrator restart with its start already over:
+    /// its readiness check happened before, unseen by this orchestrator.
+    adopted_done: bool,
     /// What the agent said it spawned (its `spawned` event).
     config_fingerprint: String,
     /// The version the engine reported when it generated.
@@ -417,6 +420,84 @@ pub fn resume_point(
         })
         .collect();
     (wanted, kept)
+}
+
+/// Takes over an interrupted co-restart or verification (DESIGN.md 4) once
+/// its agents have re-attached: where it resumes is decided from the
+/// journaled state and the agents' current facts ([`resume_point`]), and the
+/// starts it had already sent that the agents are still on are adopted by
+/// their command ids ([`adoptable_starts`]), never sent again. Nobody follows
+/// a resumed operation live; its report is journaled and returned.
+pub async fn resume(ctx: OperationContext, pair: PairConfig, op: crate::journal::OperationRecord) -> OperationReport {
+    let (kind, from, kept) = if op.kind == "verify" {
+        (
+            OperationKind::Verify {
+                include_abort_storm: false,
+            },
+            CoRestartStep::Probing,
+            Vec::new(),
+        )
+    } else {
+        let (from, kept) = resume_point(&op.state, &pair, |u| {
+            ctx.fleet
+                .unit(&u.host, &u.unit)
+                .map(|i| Phase::try_from(i.phase).unwrap_or(Phase::Unspecified))
+        });
+        (OperationKind::CoRestart, from, kept)
+    };
+    let note = format!(
+        "resumed after an orchestrator restart: the operation was in state {}; continued from {}{}",
+        op.state,
+        from.as_str(),
+        if kept.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " (kept {}, generating by their agents' facts)",
+                kept.iter().map(|k| k.unit.as_str()).collect::<Vec<_>>().join(", ")
+            )
+        }
+    );
+    // Starts this operation had sent that the agents are still on: adopted
+    // by their command ids, never sent as new starts (a second model load).
+    let adopt = match (&kind, ctx.journal.entries(&op.operation_id)) {
+        (OperationKind::CoRestart, Ok(entries)) => adoptable_starts(&entries, |unit| {
+            let (host, name) = unit.split_once('/')?;
+            let info = ctx.fleet.unit(host, name)?;
+            Some((
+                info.command_id,
+                Phase::try_from(info.phase).unwrap_or(Phase::Unspecified),
+                info.command_in_progress,
+            ))
+        }),
+        _ => Default::default(),
+    };
+    let note = if adopt.is_empty() {
+        note
+    } else {
+        format!(
+            "{note}; adopted its own start of {} (the same command, not started again)",
+            adopt
+                .iter()
+                .map(|(u, a)| format!(
+                    "{} ({}{})",
+                    u.split_once('/').map_or(u.as_str(), |x| x.1),
+                    a.phase,
+                    if a.in_progress { ", under way" } else { "" }
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    };
+    // Nobody is following this operation live; its report is journaled.
+    let (tx, _rx) = mpsc::unbounded_channel();
+    let resume = Resume {
+        from,
+        kept,
+        adopt,
+        note,
+    };
+    run_operation_from(ctx, pair, op.operation_id, kind, Some(resume), tx).await
 }
 
 /// Runs an operation, or the rest of an interrupted one (`resume`).
@@ -859,6 +940,7 @@ impl CoRestart<'_> {
             generation_attempts: Vec::new(),
             config_fingerprint: String::new(),
             engine_version: String::new(),
+            adopted_done: false,
         };
         if let Some(a) = &adopted {
             self.rec.journal_entry(
@@ -881,6 +963,7 @@ impl CoRestart<'_> {
                     s.spawned = true;
                     s.generating = true;
                     s.done = true;
+                    s.adopted_done = true;
                     s.furthest = Some(ReadinessPhase::Generating);
                 }
                 (false, phase) => {
@@ -964,6 +1047,10 @@ impl CoRestart<'_> {
             .collect();
         match readiness.iter_mut().rev().find(|r| r.outcome == "ok") {
             Some(last_ok) => last_ok.tokens = router.check_tokens,
+            // A start adopted after an orchestrator restart, already over:
+            // its check was never seen here (no latency, no tokens), so it is
+            // not made up as probe 1; the series starts with a real probe.
+            None if router.adopted_done => {}
             // An agent that reports no attempts: the passing check alone.
             None => readiness.push(ProbeRecord {
                 target: format!("router:{}", router.unit.unit),
@@ -1617,5 +1704,238 @@ probe_timeout_ms = 120000
         assert_eq!(from, CoRestartStep::RestartingPrefill);
         let (from, _) = resume_point("started", &p, |_| Some(Phase::Generating));
         assert_eq!(from, CoRestartStep::RestartingPrefill);
+    }
+}
+
+/// The co-restart driver over the in-memory agent ([`crate::fake_agent`]),
+/// at paused time: the whole operation in milliseconds, and an orchestrator
+/// killed at every point it can be killed (each await after a journal
+/// write), then resumed by a new orchestrator from the journal and the
+/// agents' facts (issue 14).
+#[cfg(test)]
+mod driver_tests {
+    use std::time::Duration;
+
+    use pdwarden_proto::v1::Role;
+
+    use super::*;
+    use crate::config::OrchestratorConfig;
+    use crate::fake_agent::{FakeAgent, UnitModel};
+
+    fn pair(policy: &str) -> PairConfig {
+        let text = format!(
+            r#"
+listen = "127.0.0.1:7070"
+journal = "/unused"
+[[pair]]
+name = "p"
+decode_start_policy = "{policy}"
+prefill = [{{ host = "h1", unit = "prefill-0" }}]
+decode = [{{ host = "h1", unit = "decode-0" }}]
+router = [{{ host = "h1", unit = "router-0" }}]
+[pair.probe]
+model = "m"
+prompt = "Say hi"
+warm_budget_ms = 1000
+cold_allowance_ms = 3000
+probe_timeout_ms = 5000
+[pair.suite.long_generation]
+enabled = false
+[pair.suite.multi_turn]
+enabled = false
+[pair.suite.concurrency]
+enabled = false
+"#
+        );
+        OrchestratorConfig::from_toml_str(&text).unwrap().pairs.remove(0)
+    }
+
+    fn agent() -> FakeAgent {
+        FakeAgent::new(
+            "h1",
+            vec![
+                UnitModel::new("prefill-0", Role::Prefill),
+                UnitModel::new("decode-0", Role::Decode),
+                UnitModel::new("router-0", Role::Router),
+            ],
+        )
+    }
+
+    /// A new orchestrator's view: a fresh fleet the agent (re-)attaches to,
+    /// over the journal that survives.
+    fn orchestrator(journal: &Arc<Journal>, agent: &FakeAgent) -> OperationContext {
+        let fleet = Fleet::new();
+        agent.attach(&fleet);
+        OperationContext {
+            fleet,
+            journal: journal.clone(),
+        }
+    }
+
+    fn journal(dir: &tempfile::TempDir) -> Arc<Journal> {
+        Arc::new(Journal::open(&dir.path().join("journal.sqlite")).unwrap())
+    }
+
+    fn begin(journal: &Journal) -> String {
+        let id = uuid::Uuid::new_v4().to_string();
+        journal.begin(&id, "co_restart", "p", None).unwrap();
+        id
+    }
+
+    const UNITS: [&str; 3] = ["prefill-0", "decode-0", "router-0"];
+
+    /// Uninterrupted: healthy, each unit started once, in order (decode only
+    /// after prefill generates, the router only after decode does).
+    #[tokio::test(start_paused = true)]
+    async fn co_restart_over_the_fake_agent_is_healthy_and_ordered() {
+        for policy in ["after-prefill-ready", "overlap"] {
+            let dir = tempfile::tempdir().unwrap();
+            let journal = journal(&dir);
+            let agent = agent();
+            let ctx = orchestrator(&journal, &agent);
+            let id = begin(&journal);
+            let (tx, _rx) = mpsc::unbounded_channel();
+            let report = run_operation(ctx, pair(policy), id, OperationKind::CoRestart, tx).await;
+            assert!(report.verdict.is_healthy(), "{policy}: {:?}", report.reasons);
+            for u in UNITS {
+                assert_eq!(agent.starts_of(u), 1, "{policy}: {:?}", agent.executed());
+            }
+            let at = |unit: &str, phase: &str| {
+                report
+                    .timeline
+                    .iter()
+                    .find(|t| t.unit == unit && t.phase == phase)
+                    .map(|t| t.at_ms)
+                    .unwrap_or_else(|| panic!("{policy}: no {phase} of {unit}: {:?}", report.timeline))
+            };
+            assert!(at("router-0", "spawned") >= at("decode-0", "generating"), "{policy}");
+            if policy == "after-prefill-ready" {
+                assert!(at("decode-0", "spawned") >= at("prefill-0", "generating"));
+            } else {
+                assert!(at("decode-0", "spawned") < at("prefill-0", "generating"));
+            }
+        }
+    }
+
+    /// Issue 14: the orchestrator killed at every point of a co-restart (the
+    /// first await after each journal entry), a new one resuming it: the
+    /// operation concludes healthy and every unit was started exactly once
+    /// by the agent — a start under way is adopted by its command id, a done
+    /// one is not sent again, an unsent one is sent once.
+    #[tokio::test(start_paused = true)]
+    async fn killed_at_every_point_the_co_restart_starts_each_unit_once() {
+        for policy in ["after-prefill-ready", "overlap"] {
+            let entries_of_a_whole_run = {
+                let dir = tempfile::tempdir().unwrap();
+                let journal = journal(&dir);
+                let agent = agent();
+                let id = begin(&journal);
+                let (tx, _rx) = mpsc::unbounded_channel();
+                run_operation(
+                    orchestrator(&journal, &agent),
+                    pair(policy),
+                    id.clone(),
+                    OperationKind::CoRestart,
+                    tx,
+                )
+                .await;
+                journal.entries(&id).unwrap().len()
+            };
+            assert!(entries_of_a_whole_run > 10);
+            let mut states_killed_in = std::collections::BTreeSet::new();
+            for k in 1..entries_of_a_whole_run {
+                let dir = tempfile::tempdir().unwrap();
+                let journal = journal(&dir);
+                let agent = agent();
+                let id = begin(&journal);
+                let (tx, _rx) = mpsc::unbounded_channel();
+                let first = tokio::spawn(run_operation(
+                    orchestrator(&journal, &agent),
+                    pair(policy),
+                    id.clone(),
+                    OperationKind::CoRestart,
+                    tx,
+                ));
+                // Bounded: a whole run takes a few simulated seconds.
+                for _ in 0..60_000 {
+                    if first.is_finished() || journal.entries(&id).unwrap().len() >= k {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                if first.is_finished() {
+                    continue;
+                }
+                first.abort();
+                let _ = first.await;
+                let op = journal
+                    .unfinished()
+                    .unwrap()
+                    .pop()
+                    .expect("the killed operation is unfinished");
+                states_killed_in.insert(op.state.clone());
+                let state = op.state.clone();
+                let report = resume(orchestrator(&journal, &agent), pair(policy), op).await;
+                let at = format!("{policy}, killed after entry {k} in state {state}");
+                assert!(report.verdict.is_healthy(), "{at}: {:?}", report.reasons);
+                for u in UNITS {
+                    assert_eq!(agent.starts_of(u), 1, "{at}: {u} started again: {:?}", agent.executed());
+                }
+                assert!(
+                    report
+                        .reasons
+                        .iter()
+                        .any(|r| r.starts_with("resumed after an orchestrator restart")),
+                    "{at}: {:?}",
+                    report.reasons
+                );
+            }
+            for s in ["restarting_prefill", "restarting_router", "probing"] {
+                assert!(
+                    states_killed_in.contains(s),
+                    "{policy}: never killed in {s}: {states_killed_in:?}"
+                );
+            }
+        }
+    }
+
+    /// Resumed in `restarting_router` with every start (the router's too)
+    /// already over by the agents' facts: nothing is started again, and the
+    /// router's readiness check — which this orchestrator never saw — is not
+    /// made up as probe 1 (it once was: 0 ms, 0 tokens, "ok").
+    #[tokio::test(start_paused = true)]
+    async fn an_adopted_finished_router_start_is_not_made_up_as_probe_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = journal(&dir);
+        let agent = agent();
+        let id = begin(&journal);
+        for unit in UNITS {
+            let command_id = uuid::Uuid::new_v4().to_string();
+            journal
+                .append(
+                    &id,
+                    0,
+                    "command",
+                    &serde_json::json!({ "command_id": command_id, "action": "start", "unit": format!("h1/{unit}"), "restart": true }),
+                )
+                .unwrap();
+            agent.started_before(unit, &command_id);
+        }
+        journal.transition(&id, 1, "restarting_router").unwrap();
+        let op = journal.unfinished().unwrap().pop().unwrap();
+        let report = resume(orchestrator(&journal, &agent), pair("after-prefill-ready"), op).await;
+        assert!(report.verdict.is_healthy(), "{:?}", report.reasons);
+        for u in UNITS {
+            assert_eq!(agent.starts_of(u), 1, "{:?}", agent.executed());
+        }
+        assert!(!report.probes.is_empty());
+        assert!(
+            report
+                .probes
+                .iter()
+                .all(|p| p.tokens > 0 && p.error != "readiness generation"),
+            "{:?}",
+            report.probes
+        );
     }
 }

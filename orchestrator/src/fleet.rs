@@ -525,6 +525,42 @@ impl AgentLink for AgentLinkService {
     }
 }
 
+/// The in-process agent link of the unit tests' fake agent
+/// ([`crate::fake_agent`]): what the `AgentLink` stream does on register and
+/// on each message, without gRPC.
+#[cfg(test)]
+impl Fleet {
+    /// Registers `host` with `units` (a re-registration replaces the earlier
+    /// session, as a reconnect does) and returns its command stream.
+    pub(crate) fn attach_in_process(
+        &self,
+        host: &str,
+        units: Vec<UnitInfo>,
+    ) -> mpsc::Receiver<Result<OrchestratorMessage, Status>> {
+        let (tx, rx) = mpsc::channel(64);
+        let mut st = self.lock();
+        st.next_session += 1;
+        let session = st.next_session;
+        st.agents.insert(
+            host.into(),
+            AgentSession {
+                session,
+                instance_id: "in-process".into(),
+                version: "in-process".into(),
+                tx: Some(tx),
+                units: units.into_iter().map(|u| (u.name.clone(), u)).collect(),
+                last_seen: tokio::time::Instant::now(),
+            },
+        );
+        rx
+    }
+
+    /// One message from `host`'s agent, as its stream would carry it.
+    pub(crate) fn agent_says(&self, host: &str, msg: AgentMessage) {
+        self.on_message(host, msg);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;

@@ -31,6 +31,8 @@ pub mod auth;
 pub mod certs;
 pub mod config;
 pub mod corestart;
+#[cfg(test)]
+pub(crate) mod fake_agent;
 pub mod findings;
 pub mod fleet;
 pub mod gate;

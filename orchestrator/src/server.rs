@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pdwarden_proto::v1::{
-    HistoryRequest, JsonReply, OperationUpdate, Phase, RestartPairRequest, RestartUnitRequest, StatusRequest,
+    HistoryRequest, JsonReply, OperationUpdate, RestartPairRequest, RestartUnitRequest, StatusRequest,
     VerifyPairRequest,
     agent_link_server::AgentLinkServer,
     control_server::{Control, ControlServer},
@@ -24,9 +24,7 @@ use tokio_stream::wrappers::{TcpListenerStream, UnboundedReceiverStream};
 use tonic::{Request, Response, Status};
 
 use crate::config::{OrchestratorConfig, PairConfig, UnitRef};
-use crate::corestart::{
-    CoRestartStep, OperationContext, OperationKind, Resume, resume_point, run_operation, run_operation_from,
-};
+use crate::corestart::{OperationContext, OperationKind, run_operation};
 use crate::fleet::{AgentLinkService, AgentStatus, Fleet};
 use crate::journal::{Journal, JournalError, OperationRecord};
 use crate::tls::AgentAuth;
@@ -465,75 +463,7 @@ async fn resume_one(ctx: OperationContext, pair: PairConfig, op: OperationRecord
     if !agents_reattached(&ctx, &pair, &op, grace).await {
         return;
     }
-    let (kind, from, kept) = if op.kind == "verify" {
-        (
-            OperationKind::Verify {
-                include_abort_storm: false,
-            },
-            CoRestartStep::Probing,
-            Vec::new(),
-        )
-    } else {
-        let (from, kept) = resume_point(&op.state, &pair, |u| {
-            ctx.fleet
-                .unit(&u.host, &u.unit)
-                .map(|i| Phase::try_from(i.phase).unwrap_or(Phase::Unspecified))
-        });
-        (OperationKind::CoRestart, from, kept)
-    };
-    let note = format!(
-        "resumed after an orchestrator restart: the operation was in state {}; continued from {}{}",
-        op.state,
-        from.as_str(),
-        if kept.is_empty() {
-            String::new()
-        } else {
-            format!(
-                " (kept {}, generating by their agents' facts)",
-                kept.iter().map(|k| k.unit.as_str()).collect::<Vec<_>>().join(", ")
-            )
-        }
-    );
-    // Starts this operation had sent that the agents are still on: adopted
-    // by their command ids, never sent as new starts (a second model load).
-    let adopt = match (&kind, ctx.journal.entries(&op.operation_id)) {
-        (OperationKind::CoRestart, Ok(entries)) => crate::corestart::adoptable_starts(&entries, |unit| {
-            let (host, name) = unit.split_once('/')?;
-            let info = ctx.fleet.unit(host, name)?;
-            Some((
-                info.command_id,
-                Phase::try_from(info.phase).unwrap_or(Phase::Unspecified),
-                info.command_in_progress,
-            ))
-        }),
-        _ => Default::default(),
-    };
-    let note = if adopt.is_empty() {
-        note
-    } else {
-        format!(
-            "{note}; adopted its own start of {} (the same command, not started again)",
-            adopt
-                .iter()
-                .map(|(u, a)| format!(
-                    "{} ({}{})",
-                    u.split_once('/').map_or(u.as_str(), |x| x.1),
-                    a.phase,
-                    if a.in_progress { ", under way" } else { "" }
-                ))
-                .collect::<Vec<_>>()
-                .join(", ")
-        )
-    };
-    // Nobody is following this operation live; its report is journaled.
-    let (tx, _rx) = mpsc::unbounded_channel();
-    let resume = Resume {
-        from,
-        kept,
-        adopt,
-        note,
-    };
-    run_operation_from(ctx, pair, op.operation_id, kind, Some(resume), tx).await;
+    crate::corestart::resume(ctx, pair, op).await;
 }
 
 /// Runs the orchestrator on `listener` until `shutdown` resolves.

@@ -1,0 +1,357 @@
+//! An in-memory agent for the drivers' unit tests (issue 14): it attaches to
+//! a [`Fleet`] as a real agent's stream would, answers the commands a
+//! co-restart sends, and remembers every start it *executed*.
+//!
+//! It keeps the real agent's contract, each point from `agent/src/`:
+//! - a command id is executed at most once; a duplicate is answered with the
+//!   original reply once that exists, and never executed again
+//!   (`commands.rs`, `Dispatcher::handle`);
+//! - a start stops the running instance first, then spawns; its
+//!   `CommandResult` comes once spawned, readiness progress follows as
+//!   `UnitEvent`s tagged with the command id (`supervisor.rs`, `readiness.rs`);
+//! - a restart of a unit whose start is still under way supersedes that
+//!   start (the old one is abandoned: a second model load on a GPU host);
+//! - on (re-)attach it registers its units with their facts: phase, pid, the
+//!   start command the state belongs to and whether it is still under way
+//!   (`UnitInfo.command_id` / `command_in_progress`).
+//!
+//! The agent outlives the orchestrator: [`FakeAgent::attach`] to a new
+//! `Fleet` is an orchestrator restart, with the starts it had sent still
+//! running here. Timing is tokio's, so tests run at paused time.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pdwarden_proto::v1::{
+    AgentMessage, CommandResult, EngineSample, Phase, ProbeOutcome, ProbeResult, Role, ScrapeResult, UnitEvent,
+    UnitInfo, agent_message::Kind, command::Action, orchestrator_message,
+};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::fleet::Fleet;
+
+/// How one unit behaves when started.
+#[derive(Debug, Clone)]
+pub(crate) struct UnitModel {
+    pub name: String,
+    pub role: Role,
+    /// Stopping the running instance.
+    pub stop_ms: u64,
+    /// From the start (after the stop) to the process being spawned.
+    pub spawn_ms: u64,
+    /// From spawned to health 200.
+    pub healthy_ms: u64,
+    /// From health 200 to the first generation check passing.
+    pub generating_ms: u64,
+    /// The passing generation check's latency.
+    pub check_latency_ms: u64,
+}
+
+impl UnitModel {
+    pub(crate) fn new(name: &str, role: Role) -> Self {
+        UnitModel {
+            name: name.into(),
+            role,
+            stop_ms: 20,
+            spawn_ms: 30,
+            healthy_ms: 200,
+            generating_ms: 100,
+            check_latency_ms: 40,
+        }
+    }
+}
+
+/// A start the agent executed (not a duplicate it only answered).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Executed {
+    pub unit: String,
+    pub command_id: String,
+}
+
+#[derive(Default)]
+struct State {
+    fleet: Option<Fleet>,
+    units: BTreeMap<String, (UnitModel, UnitInfo)>,
+    executed: Vec<Executed>,
+    /// Replies by command id (`None` while the command still runs).
+    replies: HashMap<String, Option<AgentMessage>>,
+    /// The start task under way, by unit.
+    running: HashMap<String, JoinHandle<()>>,
+    next_pid: u32,
+}
+
+/// One host's agent. Cloning shares it.
+#[derive(Clone)]
+pub(crate) struct FakeAgent {
+    host: String,
+    state: Arc<Mutex<State>>,
+}
+
+impl FakeAgent {
+    /// An agent on `host` whose units run (generating, started by nobody in
+    /// particular) before any operation.
+    pub(crate) fn new(host: &str, units: Vec<UnitModel>) -> Self {
+        let mut st = State {
+            next_pid: 1000,
+            ..Default::default()
+        };
+        for m in units {
+            st.next_pid += 1;
+            let info = UnitInfo {
+                name: m.name.clone(),
+                role: m.role as i32,
+                base_url: format!("http://fake/{}", m.name),
+                phase: Phase::Generating as i32,
+                pid: st.next_pid,
+                ..Default::default()
+            };
+            st.units.insert(m.name.clone(), (m, info));
+        }
+        FakeAgent {
+            host: host.into(),
+            state: Arc::new(Mutex::new(st)),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Connects to `fleet` (the first orchestrator, or the one that replaced
+    /// a killed one): registers the units' current facts and serves its
+    /// commands from then on.
+    pub(crate) fn attach(&self, fleet: &Fleet) {
+        let units: Vec<UnitInfo> = {
+            let mut st = self.lock();
+            st.fleet = Some(fleet.clone());
+            st.units.values().map(|(_, i)| i.clone()).collect()
+        };
+        let mut rx = fleet.attach_in_process(&self.host, units);
+        let agent = self.clone();
+        tokio::spawn(async move {
+            while let Some(Ok(msg)) = rx.recv().await {
+                if let Some(orchestrator_message::Kind::Command(c)) = msg.kind {
+                    agent.handle(c.command_id, c.action);
+                }
+            }
+        });
+    }
+
+    /// As if an earlier orchestrator's start `command_id` of `unit` had run
+    /// here to the end (generating).
+    pub(crate) fn started_before(&self, unit: &str, command_id: &str) {
+        let mut st = self.lock();
+        st.next_pid += 1;
+        let pid = st.next_pid;
+        st.executed.push(Executed {
+            unit: unit.into(),
+            command_id: command_id.into(),
+        });
+        st.replies.insert(command_id.into(), None);
+        let (_, info) = st.units.get_mut(unit).expect("a unit of this agent");
+        info.phase = Phase::Generating as i32;
+        info.pid = pid;
+        info.command_id = command_id.into();
+        info.command_in_progress = false;
+    }
+
+    /// Every start executed, in order.
+    pub(crate) fn executed(&self) -> Vec<Executed> {
+        self.lock().executed.clone()
+    }
+
+    /// How many times `unit` was started.
+    pub(crate) fn starts_of(&self, unit: &str) -> usize {
+        self.lock().executed.iter().filter(|e| e.unit == unit).count()
+    }
+
+    /// Sends `kind` to the attached orchestrator, keeping this side's facts.
+    fn say(&self, kind: Kind) {
+        let fleet = {
+            let mut st = self.lock();
+            if let Kind::UnitEvent(ev) = &kind
+                && ev.attempt.is_none()
+                && let Some((_, info)) = st.units.get_mut(&ev.unit)
+            {
+                info.phase = ev.phase;
+                if ev.pid != 0 {
+                    info.pid = ev.pid;
+                }
+                if !ev.command_id.is_empty() {
+                    info.command_id = ev.command_id.clone();
+                    info.command_in_progress =
+                        !matches!(Phase::try_from(ev.phase), Ok(Phase::Generating | Phase::NotReady));
+                }
+            }
+            st.fleet.clone()
+        };
+        if let Some(f) = fleet {
+            f.agent_says(&self.host, AgentMessage { kind: Some(kind) });
+        }
+    }
+
+    /// The reply to `id`, remembered for duplicates, and sent.
+    fn reply(&self, id: &str, kind: Kind) {
+        self.lock().replies.insert(
+            id.to_string(),
+            Some(AgentMessage {
+                kind: Some(kind.clone()),
+            }),
+        );
+        self.say(kind);
+    }
+
+    fn handle(&self, id: String, action: Option<Action>) {
+        {
+            let mut st = self.lock();
+            match st.replies.get(&id) {
+                Some(Some(reply)) => {
+                    let kind = reply.kind.clone();
+                    drop(st);
+                    if let Some(k) = kind {
+                        self.say(k);
+                    }
+                    return;
+                }
+                // Still running: its reply (and its events) will come.
+                Some(None) => return,
+                None => {
+                    st.replies.insert(id.clone(), None);
+                }
+            }
+        }
+        match action {
+            Some(Action::Start(s)) => self.start(id, s.unit),
+            Some(Action::Probe(p)) => {
+                let agent = self.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    agent.reply(
+                        &id,
+                        Kind::ProbeResult(ProbeResult {
+                            command_id: id.clone(),
+                            unit: p.unit,
+                            seq: p.seq,
+                            outcome: ProbeOutcome::Ok as i32,
+                            latency_ms: 20,
+                            tokens: p.chat.map_or(1, |c| c.max_tokens.max(1)),
+                            request_id: format!("pdwarden-probe-{id}"),
+                            ..Default::default()
+                        }),
+                    );
+                });
+            }
+            Some(Action::Scrape(s)) => {
+                let samples = s
+                    .targets
+                    .into_iter()
+                    .map(|t| EngineSample {
+                        command_id: id.clone(),
+                        unit: t.unit,
+                        metrics_ok: true,
+                        health_status: 200,
+                        transfer_failed_total: Some(0.0),
+                        bootstrap_failed_total: Some(0.0),
+                        engine_kind: "sglang".into(),
+                        ..Default::default()
+                    })
+                    .collect();
+                self.reply(
+                    &id,
+                    Kind::ScrapeResult(ScrapeResult {
+                        command_id: id.clone(),
+                        samples,
+                        error: String::new(),
+                    }),
+                );
+            }
+            other => self.reply(
+                &id,
+                Kind::CommandResult(CommandResult {
+                    command_id: id.clone(),
+                    ok: false,
+                    error: format!("fake agent: {other:?} is not modelled"),
+                    ms_since_command: 0,
+                }),
+            ),
+        }
+    }
+
+    fn start(&self, id: String, unit: String) {
+        let mut st = self.lock();
+        let Some((model, info)) = st.units.get(&unit).cloned() else {
+            drop(st);
+            self.reply(
+                &id,
+                Kind::CommandResult(CommandResult {
+                    command_id: id.clone(),
+                    ok: false,
+                    error: format!("unknown unit {unit:?}"),
+                    ms_since_command: 0,
+                }),
+            );
+            return;
+        };
+        st.executed.push(Executed {
+            unit: unit.clone(),
+            command_id: id.clone(),
+        });
+        st.next_pid += 1;
+        let pid = st.next_pid;
+        // A start still under way is superseded: abandoned, started again.
+        if let Some(old) = st.running.remove(&unit) {
+            old.abort();
+        }
+        let agent = self.clone();
+        let task_unit = unit.clone();
+        let task = tokio::spawn(async move {
+            let received = Instant::now();
+            let unit = task_unit;
+            let event = |phase: Phase, pid: u32, detail: &str| {
+                Kind::UnitEvent(UnitEvent {
+                    unit: unit.clone(),
+                    phase: phase as i32,
+                    command_id: id.clone(),
+                    ms_since_command: received.elapsed().as_millis() as u64,
+                    pid,
+                    detail: detail.into(),
+                    ..Default::default()
+                })
+            };
+            if info.pid != 0 {
+                agent.say(event(Phase::Stopping, info.pid, "stopping the running instance"));
+                tokio::time::sleep(Duration::from_millis(model.stop_ms)).await;
+                agent.say(event(Phase::Exited, 0, "stopped on command"));
+            }
+            tokio::time::sleep(Duration::from_millis(model.spawn_ms)).await;
+            let mut spawned = event(Phase::Spawned, pid, "");
+            if let Kind::UnitEvent(ev) = &mut spawned {
+                ev.config_fingerprint = format!("{unit}-v0");
+            }
+            agent.say(spawned);
+            agent.reply(
+                &id,
+                Kind::CommandResult(CommandResult {
+                    command_id: id.clone(),
+                    ok: true,
+                    error: String::new(),
+                    ms_since_command: received.elapsed().as_millis() as u64,
+                }),
+            );
+            tokio::time::sleep(Duration::from_millis(model.healthy_ms)).await;
+            agent.say(event(Phase::Healthy, pid, "health 200"));
+            tokio::time::sleep(Duration::from_millis(model.generating_ms)).await;
+            let mut generating = event(Phase::Generating, pid, "generation check passed");
+            if let Kind::UnitEvent(ev) = &mut generating {
+                ev.check_latency_ms = model.check_latency_ms;
+                ev.check_tokens = 1;
+                ev.engine_version = "fake-1".into();
+            }
+            agent.say(generating);
+            agent.lock().running.remove(&unit);
+        });
+        st.running.insert(unit, task);
+    }
+}
