@@ -1763,9 +1763,9 @@ enabled = false
 
     /// A new orchestrator's view: a fresh fleet the agent (re-)attaches to,
     /// over the journal that survives.
-    fn orchestrator(journal: &Arc<Journal>, agent: &FakeAgent) -> OperationContext {
+    async fn orchestrator(journal: &Arc<Journal>, agent: &FakeAgent) -> OperationContext {
         let fleet = Fleet::new();
-        agent.attach(&fleet);
+        agent.attach(&fleet).await;
         OperationContext {
             fleet,
             journal: journal.clone(),
@@ -1792,7 +1792,7 @@ enabled = false
             let dir = tempfile::tempdir().unwrap();
             let journal = journal(&dir);
             let agent = agent();
-            let ctx = orchestrator(&journal, &agent);
+            let ctx = orchestrator(&journal, &agent).await;
             let id = begin(&journal);
             let (tx, _rx) = mpsc::unbounded_channel();
             let report = run_operation(ctx, pair(policy), id, OperationKind::CoRestart, tx).await;
@@ -1832,7 +1832,7 @@ enabled = false
                 let id = begin(&journal);
                 let (tx, _rx) = mpsc::unbounded_channel();
                 run_operation(
-                    orchestrator(&journal, &agent),
+                    orchestrator(&journal, &agent).await,
                     pair(policy),
                     id.clone(),
                     OperationKind::CoRestart,
@@ -1850,7 +1850,7 @@ enabled = false
                 let id = begin(&journal);
                 let (tx, _rx) = mpsc::unbounded_channel();
                 let first = tokio::spawn(run_operation(
-                    orchestrator(&journal, &agent),
+                    orchestrator(&journal, &agent).await,
                     pair(policy),
                     id.clone(),
                     OperationKind::CoRestart,
@@ -1875,7 +1875,7 @@ enabled = false
                     .expect("the killed operation is unfinished");
                 states_killed_in.insert(op.state.clone());
                 let state = op.state.clone();
-                let report = resume(orchestrator(&journal, &agent), pair(policy), op).await;
+                let report = resume(orchestrator(&journal, &agent).await, pair(policy), op).await;
                 let at = format!("{policy}, killed after entry {k} in state {state}");
                 assert!(report.verdict.is_healthy(), "{at}: {:?}", report.reasons);
                 for u in UNITS {
@@ -1923,7 +1923,7 @@ enabled = false
         }
         journal.transition(&id, 1, "restarting_router").unwrap();
         let op = journal.unfinished().unwrap().pop().unwrap();
-        let report = resume(orchestrator(&journal, &agent), pair("after-prefill-ready"), op).await;
+        let report = resume(orchestrator(&journal, &agent).await, pair("after-prefill-ready"), op).await;
         assert!(report.verdict.is_healthy(), "{:?}", report.reasons);
         for u in UNITS {
             assert_eq!(agent.starts_of(u), 1, "{:?}", agent.executed());

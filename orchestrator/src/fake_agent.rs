@@ -24,8 +24,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pdwarden_proto::v1::{
-    AgentMessage, CommandResult, EngineSample, Phase, ProbeOutcome, ProbeResult, Role, ScrapeResult, UnitEvent,
-    UnitInfo, agent_message::Kind, command::Action, orchestrator_message,
+    AgentMessage, CommandResult, EngineSample, GateAgentResult, GateBenchmarkResult, GateRequestSample, Phase,
+    ProbeOutcome, ProbeResult, ProcessEnvValue, ProcessFacts, ProcessInspection, Role, ScrapeResult, UnitConfigResult,
+    UnitEvent, UnitInfo, agent_message::Kind, command::Action, gate_agent_result, gate_agent_step,
+    orchestrator_message, unit_config_change,
 };
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -73,6 +75,8 @@ pub(crate) struct Executed {
 #[derive(Default)]
 struct State {
     fleet: Option<Fleet>,
+    /// The current link's close signal and command loop.
+    link: Option<(tokio::sync::oneshot::Sender<()>, JoinHandle<()>)>,
     units: BTreeMap<String, (UnitModel, UnitInfo)>,
     executed: Vec<Executed>,
     /// Replies by command id (`None` while the command still runs).
@@ -80,7 +84,29 @@ struct State {
     /// The start task under way, by unit.
     running: HashMap<String, JoinHandle<()>>,
     next_pid: u32,
+    /// Each unit's config versions (its environment; version 0 is the
+    /// configured one), the current one, and the one its running process
+    /// was spawned from (`config.rs` of the agent: versions are kept, a
+    /// restore makes an earlier one current again).
+    configs: HashMap<String, Configs>,
+    /// The change gate's knob: with `KNOB=on` in a decode's running
+    /// environment every generation is this many times slower.
+    knob_slowdown: f64,
+    benchmarks: u64,
 }
+
+#[derive(Clone, Default)]
+struct Configs {
+    versions: Vec<BTreeMap<String, String>>,
+    current: u32,
+    running: u32,
+}
+
+/// How long a command takes to reach the agent (tests poll every 1 ms).
+pub(crate) const LINK_LATENCY: Duration = Duration::from_millis(2);
+
+/// The knob a gate test flips (pd-sim's `--knob-env`).
+pub(crate) const KNOB: &str = "PDW_KNOB";
 
 /// One host's agent. Cloning shares it.
 #[derive(Clone)]
@@ -95,9 +121,17 @@ impl FakeAgent {
     pub(crate) fn new(host: &str, units: Vec<UnitModel>) -> Self {
         let mut st = State {
             next_pid: 1000,
+            knob_slowdown: 1.0,
             ..Default::default()
         };
         for m in units {
+            st.configs.insert(
+                m.name.clone(),
+                Configs {
+                    versions: vec![BTreeMap::new()],
+                    ..Default::default()
+                },
+            );
             st.next_pid += 1;
             let info = UnitInfo {
                 name: m.name.clone(),
@@ -121,22 +155,54 @@ impl FakeAgent {
 
     /// Connects to `fleet` (the first orchestrator, or the one that replaced
     /// a killed one): registers the units' current facts and serves its
-    /// commands from then on.
-    pub(crate) fn attach(&self, fleet: &Fleet) {
+    /// commands from then on. As a real agent's reconnect does, it first
+    /// finishes with the old link: the commands that had reached it are
+    /// taken (each at most once) before the new registration, so the facts
+    /// registered already show any start the killed orchestrator got out.
+    pub(crate) async fn attach(&self, fleet: &Fleet) {
+        let old = self.lock().link.take();
+        if let Some((close, task)) = old {
+            let _ = close.send(());
+            let _ = task.await;
+        }
         let units: Vec<UnitInfo> = {
             let mut st = self.lock();
             st.fleet = Some(fleet.clone());
             st.units.values().map(|(_, i)| i.clone()).collect()
         };
         let mut rx = fleet.attach_in_process(&self.host, units);
+        let (close_tx, mut close_rx) = tokio::sync::oneshot::channel::<()>();
         let agent = self.clone();
-        tokio::spawn(async move {
-            while let Some(Ok(msg)) = rx.recv().await {
-                if let Some(orchestrator_message::Kind::Command(c)) = msg.kind {
-                    agent.handle(c.command_id, c.action);
+        let task = tokio::spawn(async move {
+            loop {
+                let msg = tokio::select! {
+                    biased;
+                    _ = &mut close_rx => {
+                        // The link is gone: what had arrived is still taken.
+                        rx.close();
+                        while let Some(Ok(msg)) = rx.recv().await {
+                            agent.take(msg).await;
+                        }
+                        return;
+                    }
+                    msg = rx.recv() => msg,
+                };
+                match msg {
+                    Some(Ok(msg)) => agent.take(msg).await,
+                    _ => return,
                 }
             }
         });
+        self.lock().link = Some((close_tx, task));
+    }
+
+    async fn take(&self, msg: pdwarden_proto::v1::OrchestratorMessage) {
+        if let Some(orchestrator_message::Kind::Command(c)) = msg.kind {
+            // The link's latency: every command takes simulated time to
+            // arrive, so each one is a point a test can kill at.
+            tokio::time::sleep(LINK_LATENCY).await;
+            self.handle(c.command_id, c.action);
+        }
     }
 
     /// As if an earlier orchestrator's start `command_id` of `unit` had run
@@ -155,6 +221,26 @@ impl FakeAgent {
         info.pid = pid;
         info.command_id = command_id.into();
         info.command_in_progress = false;
+    }
+
+    /// With the knob on, a decode generates `factor` times slower.
+    pub(crate) fn with_knob_slowdown(self, factor: f64) -> Self {
+        self.lock().knob_slowdown = factor;
+        self
+    }
+
+    /// The environment `unit`'s running process was spawned with.
+    pub(crate) fn running_env(&self, unit: &str) -> BTreeMap<String, String> {
+        let st = self.lock();
+        let c = &st.configs[unit];
+        c.versions[c.running as usize].clone()
+    }
+
+    /// The environment `unit` would start with now (its current version).
+    pub(crate) fn current_env(&self, unit: &str) -> BTreeMap<String, String> {
+        let st = self.lock();
+        let c = &st.configs[unit];
+        c.versions[c.current as usize].clone()
     }
 
     /// Every start executed, in order.
@@ -267,6 +353,39 @@ impl FakeAgent {
                     }),
                 );
             }
+            Some(Action::UnitConfig(c)) => {
+                let result = self.unit_config(&id, c);
+                self.reply(&id, Kind::UnitConfigResult(result));
+            }
+            Some(Action::Gate(g)) => match g.step {
+                Some(gate_agent_step::Step::Inspect(i)) => {
+                    let inspection = self.inspect(&g.unit, &i.env_keys);
+                    self.reply(
+                        &id,
+                        Kind::GateResult(GateAgentResult {
+                            command_id: id.clone(),
+                            unit: g.unit,
+                            result: Some(gate_agent_result::Result::Process(inspection)),
+                        }),
+                    );
+                }
+                Some(gate_agent_step::Step::Benchmark(b)) => {
+                    let agent = self.clone();
+                    tokio::spawn(async move {
+                        let (result, took) = agent.benchmark(&b);
+                        tokio::time::sleep(took).await;
+                        agent.reply(
+                            &id,
+                            Kind::GateResult(GateAgentResult {
+                                command_id: id.clone(),
+                                unit: g.unit,
+                                result: Some(gate_agent_result::Result::Benchmark(result)),
+                            }),
+                        );
+                    });
+                }
+                None => {}
+            },
             other => self.reply(
                 &id,
                 Kind::CommandResult(CommandResult {
@@ -277,6 +396,114 @@ impl FakeAgent {
                 }),
             ),
         }
+    }
+
+    fn unit_config(&self, id: &str, c: pdwarden_proto::v1::UnitConfigChange) -> UnitConfigResult {
+        let mut st = self.lock();
+        let mut r = UnitConfigResult {
+            command_id: id.into(),
+            unit: c.unit.clone(),
+            ..Default::default()
+        };
+        let Some(cfg) = st.configs.get_mut(&c.unit) else {
+            r.error = format!("unknown unit {:?}", c.unit);
+            return r;
+        };
+        r.previous_version = cfg.current;
+        match c.change {
+            Some(unit_config_change::Change::Apply(edit)) => {
+                let mut env = cfg.versions[cfg.current as usize].clone();
+                env.extend(edit.set_env);
+                for k in edit.unset_env {
+                    env.remove(&k);
+                }
+                cfg.versions.push(env);
+                cfg.current = cfg.versions.len() as u32 - 1;
+            }
+            Some(unit_config_change::Change::RestoreVersion(v)) if (v as usize) < cfg.versions.len() => cfg.current = v,
+            other => {
+                r.error = format!("fake agent: {other:?}");
+                return r;
+            }
+        }
+        r.ok = true;
+        r.version = cfg.current;
+        r.argv = vec!["fake-engine".into()];
+        r.env = cfg.versions[cfg.current as usize].clone().into_iter().collect();
+        r
+    }
+
+    fn inspect(&self, unit: &str, keys: &[String]) -> ProcessInspection {
+        let st = self.lock();
+        let (Some(cfg), Some((_, info))) = (st.configs.get(unit), st.units.get(unit)) else {
+            return ProcessInspection {
+                error: format!("unknown unit {unit:?}"),
+                ..Default::default()
+            };
+        };
+        let env = &cfg.versions[cfg.running as usize];
+        ProcessInspection {
+            error: String::new(),
+            config_version: cfg.running,
+            processes: vec![ProcessFacts {
+                pid: info.pid,
+                cmdline: vec!["fake-engine".into()],
+                env: keys
+                    .iter()
+                    .map(|k| ProcessEnvValue {
+                        key: k.clone(),
+                        present: env.contains_key(k),
+                        value: env.get(k).cloned().unwrap_or_default(),
+                    })
+                    .collect(),
+                ..Default::default()
+            }],
+        }
+    }
+
+    /// The benchmark through the router: every request 15 ms to the first
+    /// token and 1 ms per further token, times the knob's slowdown when a
+    /// decode runs with it, with ±3 % of deterministic jitter; and how long
+    /// the rounds take.
+    fn benchmark(&self, b: &pdwarden_proto::v1::GateBenchmark) -> (GateBenchmarkResult, Duration) {
+        let mut st = self.lock();
+        st.benchmarks += 1;
+        let slow = st.units.iter().any(|(name, (m, _))| {
+            m.role == Role::Decode && {
+                let c = &st.configs[name];
+                c.versions[c.running as usize].get(KNOB).is_some_and(|v| v == "on")
+            }
+        });
+        let factor = if slow { st.knob_slowdown } else { 1.0 };
+        let mut seed = st.benchmarks.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let mut jitter = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            1.0 + ((seed % 601) as f64 - 300.0) / 10_000.0
+        };
+        let mut result = GateBenchmarkResult::default();
+        let mut total_us = 0;
+        for round in 0..b.rounds.max(1) {
+            let mut longest = 0;
+            for _ in 0..b.concurrency.max(1) {
+                let ttft_us = (15_000.0 * factor * jitter()) as u64;
+                let decode_us = (1_000.0 * f64::from(b.max_tokens.saturating_sub(1)) * factor * jitter()) as u64;
+                longest = longest.max(ttft_us + decode_us);
+                result.samples.push(GateRequestSample {
+                    round,
+                    outcome: ProbeOutcome::Ok as i32,
+                    ttft_us,
+                    latency_us: ttft_us + decode_us,
+                    tokens: b.max_tokens,
+                    decode_us,
+                    ..Default::default()
+                });
+            }
+            result.round_us.push(longest);
+            total_us += longest;
+        }
+        (result, Duration::from_micros(total_us))
     }
 
     fn start(&self, id: String, unit: String) {
@@ -326,9 +553,15 @@ impl FakeAgent {
                 agent.say(event(Phase::Exited, 0, "stopped on command"));
             }
             tokio::time::sleep(Duration::from_millis(model.spawn_ms)).await;
+            let version = {
+                let mut st = agent.lock();
+                let c = st.configs.get_mut(&unit).expect("a unit of this agent");
+                c.running = c.current;
+                c.running
+            };
             let mut spawned = event(Phase::Spawned, pid, "");
             if let Kind::UnitEvent(ev) = &mut spawned {
-                ev.config_fingerprint = format!("{unit}-v0");
+                ev.config_fingerprint = format!("{unit}-v{version}");
             }
             agent.say(spawned);
             agent.reply(

@@ -397,6 +397,16 @@ fn resume_interrupted(ctx: &OperationContext, config: &OrchestratorConfig) -> Re
                     Duration::from_millis(config.resume_grace_ms),
                 ));
             }
+            // A gate's own co-restart: the gate, taken over above, rolls
+            // its change back with a co-restart of its own.
+            _ if op.pair.ends_with("#gate") => conclude_failed(
+                &ctx.journal,
+                &op,
+                format!(
+                    "interrupted by an orchestrator restart while part of a change gate (state {}); the gate is taken over and rolls its change back",
+                    op.state
+                ),
+            )?,
             _ => conclude_failed(
                 &ctx.journal,
                 &op,

@@ -541,15 +541,72 @@ pub async fn resume_gate(
     let versions: Vec<VersionRecord> = of_kind("config_version")
         .filter_map(|v| serde_json::from_value(v).ok())
         .collect();
+    // A co-restart of this gate's that the restart interrupted is the gate's
+    // to end: concluded here, before the rollback begins its own (the pair's
+    // `#gate` slot would otherwise stay busy and the rollback be refused).
+    let unfinished: Vec<String> = ctx
+        .journal
+        .unfinished()
+        .map_err(|e| format!("cannot read the journal: {e}"))?
+        .into_iter()
+        .map(|o| o.operation_id)
+        .collect();
+    for child in of_kind("child_operation") {
+        let (Some(id), kind) = (
+            child["operation_id"].as_str(),
+            child["kind"].as_str().unwrap_or("co_restart"),
+        ) else {
+            continue;
+        };
+        if unfinished.iter().any(|u| u == id) {
+            let report = serde_json::json!({
+                "operation_id": id,
+                "pair": format!("{}#gate", pair.name),
+                "kind": kind,
+                "verdict": "failed",
+                "reasons": [format!(
+                    "interrupted by an orchestrator restart while part of gate {} (state {}); the gate took it over and rolls its change back",
+                    op.operation_id, op.state
+                )],
+            });
+            ctx.journal
+                .conclude(id, "failed", &report)
+                .map_err(|e| format!("cannot conclude the gate's interrupted co-restart {id}: {e}"))?;
+        }
+    }
+    // Commands are journaled before they are sent: no journaled start in any
+    // of the gate's co-restarts means no unit was touched.
+    let mut starts_sent = 0;
+    for child in of_kind("child_operation") {
+        if let Some(id) = child["operation_id"].as_str() {
+            starts_sent += ctx
+                .journal
+                .entries(id)
+                .map_err(|e| format!("cannot read the gate's co-restart {id}: {e}"))?
+                .iter()
+                .filter(|(_, kind, v)| kind == "command" && v["action"] == "start")
+                .count();
+        }
+    }
     let (tx, _nobody_listens) = mpsc::unbounded_channel();
     let mut g = Gate::new(ctx, pair, op.operation_id.clone(), change, tx);
+    g.nothing_restarted = starts_sent == 0;
     // The first inspection of each target is the baseline's.
     g.before_views = of_kind("inspection")
         .filter_map(|v| serde_json::from_value::<UnitView>(v).ok())
         .take(g.targets.len())
         .collect();
     g.versions = versions;
-    let plan = gate_resume_plan(&op.state, g.versions.len());
+    // A change sent whose answer the killed orchestrator never journaled:
+    // asked again under its own command id, which the agent answers with
+    // the original outcome (never applying it twice) — else the change could
+    // stay in a unit's config, unrecorded, live at its next restart.
+    let unknown = g.adopt_sent_changes(&entries).await;
+    let plan = if unknown.is_empty() {
+        gate_resume_plan(&op.state, g.versions.len())
+    } else {
+        GateResume::RollBack
+    };
     tracing::warn!(operation = %op.operation_id, state = %op.state, ?plan, "taking over an interrupted gate");
     let outcome = match plan {
         GateResume::NothingChanged => {
@@ -565,6 +622,12 @@ pub async fn resume_gate(
                 op.state
             ));
             let mut out = Partial::default();
+            if !unknown.is_empty() {
+                g.reasons.push(format!(
+                    "ROLLBACK INCOMPLETE: the outcome of the config change sent to {} is unknown (its agent did not answer); check those units' config versions before restarting them",
+                    unknown.join(", ")
+                ));
+            }
             // The baseline measured before the change, if the gate got that
             // far, is in the journal: the rollback is held to it as an
             // uninterrupted gate's would be.
@@ -594,6 +657,13 @@ pub async fn resume_gate(
                 Ok(false) => Ok((GateVerdict::RollbackFailed, out)),
                 Err(e) => Err(e),
             }
+            .map(|(verdict, out)| {
+                if unknown.is_empty() {
+                    (verdict, out)
+                } else {
+                    (GateVerdict::RollbackFailed, out)
+                }
+            })
         }
     };
     Ok(g.finish(outcome))
@@ -630,6 +700,7 @@ impl Gate {
             operations: Vec::new(),
             measurements: Vec::new(),
             reasons: Vec::new(),
+            nothing_restarted: false,
         }
     }
 
@@ -755,6 +826,10 @@ struct Gate {
     operations: Vec<ChildOperation>,
     measurements: Vec<Measurement>,
     reasons: Vec<String>,
+    /// Taken over after an orchestrator restart whose gate had sent no
+    /// start of any unit: the processes still run the previous config, and
+    /// the rollback needs no co-restart (a full reload of every engine).
+    nothing_restarted: bool,
 }
 
 impl Gate {
@@ -1044,15 +1119,27 @@ impl Gate {
         self.end(idx, restored.join(", "));
 
         let idx = self.enter(GateStep::RollbackRestarting)?;
-        let r = self.child("rollback_restart", OperationKind::CoRestart).await?;
-        self.end(idx, r.verdict.as_str());
-        if !r.verdict.is_healthy() {
-            self.reasons.push(format!(
-                "ROLLBACK FAILED: the co-restart onto the previous config ended {}: {}",
-                r.verdict.as_str(),
-                r.reasons.join("; ")
-            ));
-            return Ok(false);
+        if self.nothing_restarted {
+            // Verified from /proc next, like any rollback.
+            self.end(
+                idx,
+                "not needed: no unit was restarted with the change (none of the gate's co-restarts had sent a start)",
+            );
+            self.reasons.push(
+                "no unit had been restarted with the change, so the rollback restored the config versions without restarting the pair"
+                    .into(),
+            );
+        } else {
+            let r = self.child("rollback_restart", OperationKind::CoRestart).await?;
+            self.end(idx, r.verdict.as_str());
+            if !r.verdict.is_healthy() {
+                self.reasons.push(format!(
+                    "ROLLBACK FAILED: the co-restart onto the previous config ended {}: {}",
+                    r.verdict.as_str(),
+                    r.reasons.join("; ")
+                ));
+                return Ok(false);
+            }
         }
 
         let idx = self.enter(GateStep::RollbackVerifyingLive)?;
@@ -1268,16 +1355,77 @@ impl Gate {
             .map_err(|e| e.to_string())
     }
 
+    /// The config changes this gate journaled as sent to a unit with no
+    /// recorded version (the orchestrator was killed before the answer):
+    /// each asked again under its journaled command id — the agent answers a
+    /// known id with its original reply, and one it never got it executes
+    /// once — and recorded. Returns the units whose outcome stays unknown.
+    async fn adopt_sent_changes(&mut self, entries: &[(u64, String, serde_json::Value)]) -> Vec<String> {
+        let mut unknown = Vec::new();
+        let sent: Vec<(String, String)> = entries
+            .iter()
+            .filter(|(_, kind, v)| kind == "command" && v["action"] == "unit_config")
+            .filter_map(|(_, _, v)| Some((v["unit"].as_str()?.to_string(), v["command_id"].as_str()?.to_string())))
+            .collect();
+        for u in self.targets.clone() {
+            if self.versions.iter().any(|v| v.unit == u.unit && v.host == u.host) {
+                continue;
+            }
+            let Some((_, command_id)) = sent.iter().find(|(unit, _)| *unit == u.to_string()) else {
+                continue;
+            };
+            let cmd = Command {
+                command_id: command_id.clone(),
+                action: Some(command::Action::UnitConfig(self.apply_action(&u))),
+            };
+            let answer = self
+                .ctx
+                .fleet
+                .ask(&u.host, &u.unit, cmd, Duration::from_secs(5), |r| match r {
+                    AgentReport::UnitConfig(r) => Some(r),
+                    _ => None,
+                })
+                .await;
+            match answer {
+                Ok(r) if r.ok => {
+                    let rec = VersionRecord {
+                        unit: u.unit.clone(),
+                        host: u.host.clone(),
+                        previous: r.previous_version,
+                        applied: r.version,
+                        restored: None,
+                        argv: r.argv,
+                        env: r.env.into_iter().collect(),
+                    };
+                    self.journal("config_version", &rec);
+                    self.journal(
+                        "adopted",
+                        &serde_json::json!({ "command_id": command_id, "unit": u.to_string(), "action": "unit_config" }),
+                    );
+                    self.versions.push(rec);
+                }
+                // Refused: nothing was changed.
+                Ok(_) => {}
+                Err(e) => unknown.push(format!("{u} (command {command_id}: {e})")),
+            }
+        }
+        unknown
+    }
+
+    fn apply_action(&self, u: &UnitRef) -> UnitConfigChange {
+        UnitConfigChange {
+            unit: u.unit.clone(),
+            change: Some(unit_config_change::Change::Apply(UnitConfigEdit {
+                set_env: self.change.set_env.clone().into_iter().collect(),
+                unset_env: self.change.unset_env.clone(),
+                set_args: self.change.set_args.clone().into_iter().collect(),
+            })),
+        }
+    }
+
     async fn apply(&mut self) -> Result<(), String> {
         for u in self.targets.clone() {
-            let action = command::Action::UnitConfig(UnitConfigChange {
-                unit: u.unit.clone(),
-                change: Some(unit_config_change::Change::Apply(UnitConfigEdit {
-                    set_env: self.change.set_env.clone().into_iter().collect(),
-                    unset_env: self.change.unset_env.clone(),
-                    set_args: self.change.set_args.clone().into_iter().collect(),
-                })),
-            });
+            let action = command::Action::UnitConfig(self.apply_action(&u));
             let r = match self.ask(&u, action, Duration::from_secs(5)).await? {
                 AgentReport::UnitConfig(r) => r,
                 _ => return Err("unexpected answer".into()),
@@ -1695,5 +1843,225 @@ probe_timeout_ms = 120000
         );
         change.units = vec!["decode-0".into()];
         assert_eq!(targets(pair, &change)[0].unit, "decode-0");
+    }
+}
+
+/// The gate's driver over the in-memory agent ([`crate::fake_agent`]) at
+/// paused time: its decisions end to end, and an orchestrator killed at
+/// every point of a gate then resumed from the journal (issue 14).
+#[cfg(test)]
+mod driver_tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use pdwarden_proto::v1::Role;
+
+    use super::*;
+    use crate::config::OrchestratorConfig;
+    use crate::fake_agent::{FakeAgent, KNOB, UnitModel};
+    use crate::journal::Journal;
+
+    fn pair() -> PairConfig {
+        let text = r#"
+listen = "127.0.0.1:7070"
+journal = "/unused"
+[[pair]]
+name = "p"
+prefill = [{ host = "h1", unit = "prefill-0" }]
+decode = [{ host = "h1", unit = "decode-0" }]
+router = [{ host = "h1", unit = "router-0" }]
+[pair.probe]
+model = "m"
+prompt = "Say hi"
+warm_budget_ms = 1000
+cold_allowance_ms = 3000
+probe_timeout_ms = 5000
+[pair.suite.long_generation]
+enabled = false
+[pair.suite.multi_turn]
+enabled = false
+[pair.suite.concurrency]
+enabled = false
+[pair.gate]
+prompt_tokens = [16]
+output_tokens = [24]
+concurrency = [1]
+bootstrap_resamples = 300
+"#;
+        OrchestratorConfig::from_toml_str(text).unwrap().pairs.remove(0)
+    }
+
+    fn agent(slowdown: f64) -> FakeAgent {
+        FakeAgent::new(
+            "h1",
+            vec![
+                UnitModel::new("prefill-0", Role::Prefill),
+                UnitModel::new("decode-0", Role::Decode),
+                UnitModel::new("router-0", Role::Router),
+            ],
+        )
+        .with_knob_slowdown(slowdown)
+    }
+
+    async fn orchestrator(journal: &Arc<Journal>, agent: &FakeAgent) -> OperationContext {
+        let fleet = crate::fleet::Fleet::new();
+        agent.attach(&fleet).await;
+        OperationContext {
+            fleet,
+            journal: journal.clone(),
+        }
+    }
+
+    fn change() -> ChangeSpec {
+        ChangeSpec {
+            set_env: BTreeMap::from([(KNOB.to_string(), "on".to_string())]),
+            ..Default::default()
+        }
+    }
+
+    fn begin(journal: &Journal) -> String {
+        let id = uuid::Uuid::new_v4().to_string();
+        journal.begin(&id, "gate", "p", None).unwrap();
+        journal.append(&id, 0, "change", &change()).unwrap();
+        id
+    }
+
+    fn knob_live(agent: &FakeAgent) -> [bool; 2] {
+        ["prefill-0", "decode-0"].map(|u| agent.running_env(u).contains_key(KNOB))
+    }
+
+    /// The knob in what each engine would start with next.
+    fn knob_current(agent: &FakeAgent) -> [bool; 2] {
+        ["prefill-0", "decode-0"].map(|u| agent.current_env(u).contains_key(KNOB))
+    }
+
+    /// Within one co-restart (a child operation of the gate), no unit is
+    /// started twice: the starts each journaled, as the agent executed them.
+    fn assert_one_start_per_unit_per_co_restart(journal: &Journal, agent: &FakeAgent, at: &str) {
+        for child in journal.history("p#gate", 100).unwrap() {
+            let ids: Vec<String> = journal
+                .entries(&child.operation_id)
+                .unwrap()
+                .into_iter()
+                .filter(|(_, kind, v)| kind == "command" && v["action"] == "start")
+                .filter_map(|(_, _, v)| v["command_id"].as_str().map(String::from))
+                .collect();
+            for unit in ["prefill-0", "decode-0", "router-0"] {
+                let n = agent
+                    .executed()
+                    .iter()
+                    .filter(|e| e.unit == unit && ids.contains(&e.command_id))
+                    .count();
+                assert!(n <= 1, "{at}: {unit} started {n}× by co-restart {}", child.operation_id);
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_gate_over_the_fake_agent_keeps_a_no_op_and_rolls_back_a_slowdown() {
+        for (slowdown, verdict, live) in [
+            (1.0, GateVerdict::KeptNotWorse, [true, true]),
+            (1.3, GateVerdict::RejectedRolledBack, [false, false]),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let journal = Arc::new(Journal::open(&dir.path().join("j.sqlite")).unwrap());
+            let agent = agent(slowdown);
+            let id = begin(&journal);
+            let (tx, _rx) = mpsc::unbounded_channel();
+            let report = run_gate(orchestrator(&journal, &agent).await, pair(), id, change(), tx).await;
+            assert_eq!(report.verdict, verdict, "{slowdown}: {:?}", report.reasons);
+            assert_eq!(knob_live(&agent), live);
+            let restarts = if live[0] { 1 } else { 2 };
+            for u in ["prefill-0", "decode-0", "router-0"] {
+                assert_eq!(agent.starts_of(u), restarts, "{slowdown}: {:?}", agent.executed());
+            }
+            assert_one_start_per_unit_per_co_restart(&journal, &agent, &format!("slowdown {slowdown}"));
+        }
+    }
+
+    /// Issue 14: an orchestrator killed at every point of a gate that would
+    /// keep its change, a new one taking it over. Before any change was
+    /// recorded nothing is changed (`failed`); from then on the change is
+    /// rolled back and verified (`interrupted_rolled_back`), the knob off in
+    /// the running processes; and no co-restart ever starts a unit twice.
+    #[tokio::test(start_paused = true)]
+    async fn killed_at_every_point_the_gate_concludes_with_the_change_undone() {
+        let entries_of_a_whole_run = {
+            let dir = tempfile::tempdir().unwrap();
+            let journal = Arc::new(Journal::open(&dir.path().join("j.sqlite")).unwrap());
+            let agent = agent(1.0);
+            let id = begin(&journal);
+            let (tx, _rx) = mpsc::unbounded_channel();
+            run_gate(orchestrator(&journal, &agent).await, pair(), id.clone(), change(), tx).await;
+            journal.entries(&id).unwrap().len()
+        };
+        let mut states = std::collections::BTreeSet::new();
+        for k in 2..entries_of_a_whole_run {
+            let dir = tempfile::tempdir().unwrap();
+            let journal = Arc::new(Journal::open(&dir.path().join("j.sqlite")).unwrap());
+            let agent = agent(1.0);
+            let id = begin(&journal);
+            let (tx, _rx) = mpsc::unbounded_channel();
+            let first = tokio::spawn(run_gate(
+                orchestrator(&journal, &agent).await,
+                pair(),
+                id.clone(),
+                change(),
+                tx,
+            ));
+            for _ in 0..600_000 {
+                if first.is_finished() || journal.entries(&id).unwrap().len() >= k {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            if first.is_finished() {
+                continue;
+            }
+            first.abort();
+            let _ = first.await;
+            let op = journal
+                .unfinished()
+                .unwrap()
+                .into_iter()
+                .find(|o| o.operation_id == id)
+                .expect("the killed gate is unfinished");
+            let state = op.state.clone();
+            states.insert(state.clone());
+            let at = format!("killed after entry {k} in state {state}");
+            let report = resume_gate(orchestrator(&journal, &agent).await, pair(), op)
+                .await
+                .unwrap();
+            match report.verdict {
+                GateVerdict::Failed => {
+                    assert!(
+                        report.reasons.iter().any(|r| r.contains("nothing was changed")),
+                        "{at}: {:?}",
+                        report.reasons
+                    );
+                    assert!(
+                        matches!(state.as_str(), "started" | "gate_baseline" | "gate_applying"),
+                        "{at}"
+                    );
+                }
+                GateVerdict::InterruptedRolledBack => {}
+                other => panic!("{at}: {other:?}: {:?}", report.reasons),
+            }
+            assert_eq!(knob_live(&agent), [false, false], "{at}: {:?}", report.reasons);
+            assert_eq!(
+                knob_current(&agent),
+                [false, false],
+                "{at}: the change stays in a unit's current config, live at its next restart: {:?}",
+                report.reasons
+            );
+            assert_one_start_per_unit_per_co_restart(&journal, &agent, &at);
+            // Killed before its co-restart sent anything: nothing reloaded.
+            if matches!(state.as_str(), "started" | "gate_baseline" | "gate_applying") {
+                assert!(agent.executed().is_empty(), "{at}: {:?}", agent.executed());
+            }
+        }
+        for s in ["gate_baseline", "gate_restarting", "gate_measuring"] {
+            assert!(states.contains(s), "never killed in {s}: {states:?}");
+        }
     }
 }
