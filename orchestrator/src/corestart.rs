@@ -1782,6 +1782,25 @@ enabled = false
         id
     }
 
+    /// An automatic recovery as the watch begins one (`watcher.rs`,
+    /// `recover`): its request id and its trigger journaled before any
+    /// command. It runs, and resumes, as a co-restart.
+    fn begin_recovery(journal: &Journal) -> String {
+        let id = uuid::Uuid::new_v4().to_string();
+        journal
+            .begin(&id, "co_restart", "p", Some(&format!("auto-{id}")))
+            .unwrap();
+        journal
+            .append(
+                &id,
+                0,
+                "trigger",
+                &serde_json::json!({ "automatic": true, "state": "wedged" }),
+            )
+            .unwrap();
+        id
+    }
+
     const UNITS: [&str; 3] = ["prefill-0", "decode-0", "router-0"];
 
     /// Uninterrupted: healthy, each unit started once, in order (decode only
@@ -1824,7 +1843,14 @@ enabled = false
     /// one is not sent again, an unsent one is sent once.
     #[tokio::test(start_paused = true)]
     async fn killed_at_every_point_the_co_restart_starts_each_unit_once() {
-        for policy in ["after-prefill-ready", "overlap"] {
+        for (policy, begin) in [
+            ("after-prefill-ready", begin as fn(&Journal) -> String),
+            ("overlap", begin),
+            ("after-prefill-ready, automatic recovery", begin_recovery),
+        ] {
+            let automatic = policy.contains("recovery");
+            let policy_name = policy;
+            let policy = policy.split(',').next().unwrap();
             let entries_of_a_whole_run = {
                 let dir = tempfile::tempdir().unwrap();
                 let journal = journal(&dir);
@@ -1876,7 +1902,12 @@ enabled = false
                 states_killed_in.insert(op.state.clone());
                 let state = op.state.clone();
                 let report = resume(orchestrator(&journal, &agent).await, pair(policy), op).await;
-                let at = format!("{policy}, killed after entry {k} in state {state}");
+                let at = format!("{policy_name}, killed after entry {k} in state {state}");
+                if automatic {
+                    let op = journal.history("p", 1).unwrap().pop().unwrap();
+                    assert!(op.trigger.is_some(), "{at}: the recovery's trigger is kept");
+                    assert_eq!(op.request_id.as_deref(), Some(format!("auto-{id}").as_str()), "{at}");
+                }
                 assert!(report.verdict.is_healthy(), "{at}: {:?}", report.reasons);
                 for u in UNITS {
                     assert_eq!(agent.starts_of(u), 1, "{at}: {u} started again: {:?}", agent.executed());
