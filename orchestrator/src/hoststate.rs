@@ -276,6 +276,8 @@ pub struct HostStates {
 }
 
 /// The orchestrator's wall clock in ms since the Unix epoch (for people).
+// The edge that owns wall-clock time for host reports (agents stamp theirs).
+#[allow(clippy::disallowed_methods)]
 pub fn now_unix_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -91,6 +91,8 @@ CREATE TABLE IF NOT EXISTS entries (
 );
 "#;
 
+// The journal is an edge: it stamps records with wall-clock time.
+#[allow(clippy::disallowed_methods)]
 fn unix_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -9,7 +9,9 @@
 //! `pdwarden status` for the outcome. pd-sim never knows which outcome is
 //! expected: the cases only use its public flags and fault API.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use serde_json::json;
 use tokio::task::JoinHandle;
