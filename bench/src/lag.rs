@@ -152,7 +152,7 @@ pub fn agent_toml(url: &str, state_dir: &std::path::Path, gpu_source: &str) -> a
     let mut units = String::new();
     let mut bases = Vec::new();
     for i in 0..UNITS {
-        let port = pdwarden_orchestrator::ports::late_bind_port()?;
+        let port = pdwarden_orchestrator::edge::ports::late_bind_port()?;
         let base = format!("http://127.0.0.1:{port}");
         units.push_str(&format!(
             "[[unit]]\nname = \"u{i}\"\nrole = \"prefill\"\nargv = [{exe:?}, \"pd-sim-jitter\", \"--port\", \"{port}\"]\nbase_url = \"{base}\"\n\n",

@@ -119,7 +119,7 @@ async fn orchestrator_child(dir: std::path::PathBuf) -> anyhow::Result<()> {
     let config = pdwarden_orchestrator::config::OrchestratorConfig::from_toml_str(&toml)?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     println!("{}", listener.local_addr()?);
-    pdwarden_orchestrator::server::serve(listener, config, until_sigterm()).await?;
+    pdwarden_orchestrator::edge::server::serve(listener, config, until_sigterm()).await?;
     Ok(())
 }
 

@@ -9,7 +9,7 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(msg) = pdwarden_proto::v1::AgentMessage::decode(data) {
         let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
         rt.block_on(async {
-            let fleet = pdwarden_orchestrator::fleet::Fleet::new();
+            let fleet = pdwarden_orchestrator::edge::fleet::Fleet::new();
             fleet.ingest_for_fuzzing("fuzz-host", msg);
         });
     }

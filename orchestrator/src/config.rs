@@ -60,7 +60,7 @@ pub struct OrchestratorConfig {
     pub insecure_plaintext: bool,
     /// Who may use the operator API, by token hash and role.
     #[serde(default, rename = "operator")]
-    pub operators: Vec<crate::auth::OperatorConfig>,
+    pub operators: Vec<crate::edge::auth::OperatorConfig>,
     /// Environment variable names whose values `status`, `history` and
     /// operation reports never show (case-insensitive globs).
     #[serde(default = "pdwarden_agent::redact::default_patterns")]
@@ -122,7 +122,7 @@ pub struct PairConfig {
     pub watch: WatchConfig,
     /// The change gate's benchmark and tolerance (issue 7).
     #[serde(default)]
-    pub gate: crate::gate::config::GateConfig,
+    pub gate: crate::ops::gate::config::GateConfig,
 }
 
 /// The continuous watch of a pair: passive engine metrics first, active
@@ -503,7 +503,7 @@ impl OrchestratorConfig {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
-        crate::auth::validate(&self.operators).map_err(|(f, problem)| invalid(f, problem))?;
+        crate::edge::auth::validate(&self.operators).map_err(|(f, problem)| invalid(f, problem))?;
         let mut names = HashSet::new();
         let mut owners: HashSet<&UnitRef> = HashSet::new();
         for (i, p) in self.pairs.iter().enumerate() {

@@ -54,6 +54,6 @@ async fn orchestrator() -> anyhow::Result<()> {
         }
         tracing::info!("shutting down");
     };
-    pdwarden_orchestrator::server::serve(listener, config, shutdown).await?;
+    pdwarden_orchestrator::edge::server::serve(listener, config, shutdown).await?;
     Ok(())
 }

@@ -82,9 +82,13 @@ async fn xid_event_and_foreign_process_reach_status() {
     ))
     .unwrap();
     let (stop_orch, orch_stopped) = oneshot::channel::<()>();
-    let orch = tokio::spawn(pdwarden_orchestrator::server::serve(listener, config, async move {
-        let _ = orch_stopped.await;
-    }));
+    let orch = tokio::spawn(pdwarden_orchestrator::edge::server::serve(
+        listener,
+        config,
+        async move {
+            let _ = orch_stopped.await;
+        },
+    ));
 
     let foreign = Reaped(
         std::process::Command::new("sleep")

@@ -9,9 +9,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use pdwarden_agent::tls::TlsFiles;
-use pdwarden_orchestrator::auth::{hash_token, new_token};
-use pdwarden_orchestrator::certs::CertDir;
 use pdwarden_orchestrator::config::OrchestratorConfig;
+use pdwarden_orchestrator::edge::auth::{hash_token, new_token};
+use pdwarden_orchestrator::edge::certs::CertDir;
 use pdwarden_proto::v1::{
     AgentMessage, HistoryRequest, Register, RestartPairRequest, StatusRequest, agent_link_client::AgentLinkClient,
     agent_message, control_client::ControlClient,
@@ -46,9 +46,13 @@ async fn start(config: &str) -> Orchestrator {
     let config = OrchestratorConfig::from_toml_str(config).unwrap();
     let scheme = if config.insecure_plaintext { "http" } else { "https" };
     let (stop, stopped) = oneshot::channel::<()>();
-    tokio::spawn(pdwarden_orchestrator::server::serve(listener, config, async move {
-        let _ = stopped.await;
-    }));
+    tokio::spawn(pdwarden_orchestrator::edge::server::serve(
+        listener,
+        config,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
     Orchestrator {
         url: format!("{scheme}://127.0.0.1:{port}"),
         stop: Some(stop),
@@ -240,7 +244,7 @@ async fn operator_roles_are_distinct_and_actions_carry_their_actor() {
     let (certs, tokens, config) = secure_setup(dir.path());
     // A concluded operation whose report holds a unit environment (as a gate's does).
     {
-        let j = pdwarden_orchestrator::journal::Journal::open(&dir.path().join("journal.sqlite")).unwrap();
+        let j = pdwarden_orchestrator::ops::journal::Journal::open(&dir.path().join("journal.sqlite")).unwrap();
         j.begin("op-gate", "gate", "p", None).unwrap();
         let report = serde_json::json!({
             "verdict": "kept",
@@ -375,7 +379,7 @@ async fn plain_text_only_when_asked_for_and_it_says_so() {
     );
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let config = OrchestratorConfig::from_toml_str(&base).unwrap();
-    let e = pdwarden_orchestrator::server::serve(listener, config, std::future::pending())
+    let e = pdwarden_orchestrator::edge::server::serve(listener, config, std::future::pending())
         .await
         .unwrap_err()
         .to_string();

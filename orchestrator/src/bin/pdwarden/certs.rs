@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
-use pdwarden_orchestrator::auth::{hash_token, new_token};
-use pdwarden_orchestrator::certs::CertDir;
+use pdwarden_orchestrator::edge::auth::{hash_token, new_token};
+use pdwarden_orchestrator::edge::certs::CertDir;
 
 #[derive(Args)]
 pub struct CertsArgs {

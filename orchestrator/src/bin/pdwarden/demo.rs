@@ -25,7 +25,7 @@ use clap::Args;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-use pdwarden_orchestrator::ports::late_bind_port;
+use pdwarden_orchestrator::edge::ports::late_bind_port;
 
 use crate::drill::{self, Incident};
 use crate::{CouldNotRun, could_not_run, exit_for, print_json, restart_pair};
@@ -594,10 +594,10 @@ fn security(args: &DemoArgs, dir: &Path) -> anyhow::Result<(&'static str, String
             "insecure_plaintext = true".into(),
         ));
     }
-    let certs = pdwarden_orchestrator::certs::CertDir(dir.join("pki"));
+    let certs = pdwarden_orchestrator::edge::certs::CertDir(dir.join("pki"));
     certs.init(&["localhost".into(), "127.0.0.1".into()])?;
     let agent = certs.issue_agent("local")?;
-    let token = pdwarden_orchestrator::auth::new_token();
+    let token = pdwarden_orchestrator::edge::auth::new_token();
     let token_file = dir.join("pki/token");
     std::fs::write(&token_file, &token)?;
     let section = |f: &pdwarden_agent::tls::TlsFiles| {
@@ -611,7 +611,7 @@ fn security(args: &DemoArgs, dir: &Path) -> anyhow::Result<(&'static str, String
     let orchestrator = format!(
         "{}\n[[operator]]\nname = \"demo\"\nrole = \"operate\"\ntoken_sha256 = \"{}\"\n",
         section(&certs.orchestrator()),
-        pdwarden_orchestrator::auth::hash_token(&token)
+        pdwarden_orchestrator::edge::auth::hash_token(&token)
     );
     crate::set_credentials(crate::Credentials {
         ca: Some(certs.ca()),

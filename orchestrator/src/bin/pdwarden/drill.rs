@@ -17,7 +17,7 @@ use anyhow::{Context, bail};
 use clap::ValueEnum;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use pdwarden_orchestrator::report::OperationReport;
+use pdwarden_orchestrator::ops::report::OperationReport;
 use pdwarden_proto::v1::{RestartUnitRequest, StatusRequest};
 use serde_json::{Value, json};
 

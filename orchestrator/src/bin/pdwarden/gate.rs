@@ -6,7 +6,7 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Args;
-use pdwarden_orchestrator::gate::GateReport;
+use pdwarden_orchestrator::ops::gate::GateReport;
 use pdwarden_proto::v1::{GatePairRequest, operation_update};
 
 use crate::{CouldNotRun, connect, could_not_run, print_json, progress_line};

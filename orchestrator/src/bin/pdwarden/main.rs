@@ -17,9 +17,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use pdwarden_orchestrator::findings::Finding;
-use pdwarden_orchestrator::hoststate::{HostReport, now_unix_ms, render_findings, render_host_report};
-use pdwarden_orchestrator::report::{
+use pdwarden_orchestrator::edge::hoststate::{HostReport, now_unix_ms, render_findings, render_host_report};
+use pdwarden_orchestrator::judge::findings::Finding;
+use pdwarden_orchestrator::ops::report::{
     OperationReport, ProbeRecord, StepRecord, TimelineRecord, live_phase_line, live_probe_line, live_step_line,
     render_summary,
 };
@@ -500,7 +500,7 @@ async fn history(url: &str, pair: &str, limit: u32, json: bool) -> anyhow::Resul
             println!("    - {}", r.as_str().unwrap_or(""));
         }
         if op["kind"] == "gate" {
-            pdwarden_orchestrator::gate::history_lines(&op["report"])
+            pdwarden_orchestrator::ops::gate::history_lines(&op["report"])
                 .iter()
                 .for_each(|l| println!("    {l}"));
         }

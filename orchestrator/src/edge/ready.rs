@@ -28,7 +28,7 @@ use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::watcher::WatchBoard;
+use crate::ops::watcher::WatchBoard;
 
 const MAX_HEAD: usize = 8 * 1024;
 const CONNECTION_BUDGET: Duration = Duration::from_secs(5);
@@ -139,7 +139,7 @@ struct PairLabel {
 }
 
 /// One figure of a pair's watch view, as a gauge value.
-type PairFigure = fn(&crate::watcher::PairWatchView) -> f64;
+type PairFigure = fn(&crate::ops::watcher::PairWatchView) -> f64;
 
 /// The board in Prometheus text format (`prometheus-client`): per-pair
 /// gauges from the latest views, and the wedge detection-time histogram.
@@ -188,7 +188,7 @@ fn metrics(board: &WatchBoard) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::watcher::WedgeLabels;
+    use crate::ops::watcher::WedgeLabels;
 
     /// The exposition carries the detection-time histogram per pair and
     /// kind, in Prometheus text format (buckets, sum, count).

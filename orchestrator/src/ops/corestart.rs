@@ -12,7 +12,7 @@
 //! The workflow is an explicit state machine ([`CoRestartStep`]); each
 //! transition is journaled before the commands of that step are sent, and
 //! every phase event and probe is journaled as it arrives. The verdict comes
-//! from the pure [`crate::verdict`] module; this module only gathers evidence.
+//! from the pure [`crate::judge::verdict`] module; this module only gathers evidence.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -29,14 +29,16 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::config::{DecodeStartPolicy, PairConfig, UnitRef};
-use crate::fleet::{AGENT_SLACK, AgentReport, Fleet, phase_name};
-use crate::journal::Journal;
-use crate::report::{AttemptRecord, EngineCounterRecord, OperationReport, ProbeRecord, StepRecord, TimelineRecord};
-use crate::stats::summarize;
-use crate::suite::{self, Baseline, BudgetInputs, RequestSample, StepReport, SuiteBudgets, SuiteStep};
-use crate::verdict::{
+use crate::edge::fleet::{AGENT_SLACK, AgentReport, Fleet, phase_name};
+use crate::judge::stats::summarize;
+use crate::judge::suite::{self, Baseline, BudgetInputs, RequestSample, StepReport, SuiteBudgets, SuiteStep};
+use crate::judge::verdict::{
     ColdSample, EngineFailures, FailedCheck, ProbeObservation, ProbePolicy, ReadinessPhase, UnitStartup,
     cold_allowance, judge, judge_engine_failures,
+};
+use crate::ops::journal::Journal;
+use crate::ops::report::{
+    AttemptRecord, EngineCounterRecord, OperationReport, ProbeRecord, StepRecord, TimelineRecord,
 };
 
 /// What an operation does to a pair.
@@ -131,7 +133,7 @@ impl Recorder {
         }
     }
 
-    fn transition(&self, step: CoRestartStep) -> Result<(), crate::journal::JournalError> {
+    fn transition(&self, step: CoRestartStep) -> Result<(), crate::ops::journal::JournalError> {
         self.journal
             .transition(&self.operation_id, self.now_ms(), step.as_str())
     }
@@ -428,7 +430,11 @@ pub fn resume_point(
 /// starts it had already sent that the agents are still on are adopted by
 /// their command ids ([`adoptable_starts`]), never sent again. Nobody follows
 /// a resumed operation live; its report is journaled and returned.
-pub async fn resume(ctx: OperationContext, pair: PairConfig, op: crate::journal::OperationRecord) -> OperationReport {
+pub async fn resume(
+    ctx: OperationContext,
+    pair: PairConfig,
+    op: crate::ops::journal::OperationRecord,
+) -> OperationReport {
     let (kind, from, kept) = if op.kind == "verify" {
         (
             OperationKind::Verify {
@@ -605,7 +611,7 @@ pub async fn run_operation_from(
         match run.verification_suite(abort_storm).await {
             Ok(steps) => suite_steps = steps,
             Err(e) => {
-                verdict.kind = crate::verdict::VerdictKind::Failed;
+                verdict.kind = crate::judge::verdict::VerdictKind::Failed;
                 verdict
                     .reasons
                     .insert(0, format!("stopped: the journal could not record a step ({e})"));
@@ -626,7 +632,7 @@ pub async fn run_operation_from(
         verdict.reasons.push(note);
     }
     if let Some(e) = journal_error {
-        verdict.kind = crate::verdict::VerdictKind::Failed;
+        verdict.kind = crate::judge::verdict::VerdictKind::Failed;
         verdict
             .reasons
             .insert(0, format!("stopped: the journal could not record a step ({e})"));
@@ -781,7 +787,7 @@ impl CoRestart<'_> {
     /// The state machine. Returns early (with the evidence gathered so far)
     /// as soon as a gate fails: nothing after a unit that is not generating
     /// is started.
-    async fn drive(&mut self, from: CoRestartStep) -> Result<(), crate::journal::JournalError> {
+    async fn drive(&mut self, from: CoRestartStep) -> Result<(), crate::ops::journal::JournalError> {
         let t = self.pair.timeouts.clone();
         let engine_readiness = |deadline_ms| ReadinessSpec {
             deadline_ms,
@@ -840,7 +846,7 @@ impl CoRestart<'_> {
     }
 
     /// Decode's step (after-prefill-ready) and everything after it.
-    async fn drive_from_decode(&mut self, readiness: &ReadinessSpec) -> Result<(), crate::journal::JournalError> {
+    async fn drive_from_decode(&mut self, readiness: &ReadinessSpec) -> Result<(), crate::ops::journal::JournalError> {
         self.rec.transition(CoRestartStep::RestartingDecode)?;
         let first_decode = self.starts.len();
         for u in self.pair.decode.clone() {
@@ -854,7 +860,7 @@ impl CoRestart<'_> {
     }
 
     /// The router's step and the probes.
-    async fn drive_from_router(&mut self) -> Result<(), crate::journal::JournalError> {
+    async fn drive_from_router(&mut self) -> Result<(), crate::ops::journal::JournalError> {
         let t = self.pair.timeouts.clone();
         self.rec.transition(CoRestartStep::RestartingRouter)?;
         let probe = &self.pair.probe;
@@ -1067,7 +1073,7 @@ impl CoRestart<'_> {
     }
 
     /// A verification: the probe series through the first router, nothing restarted.
-    async fn verify(&mut self) -> Result<(), crate::journal::JournalError> {
+    async fn verify(&mut self) -> Result<(), crate::ops::journal::JournalError> {
         self.rec.transition(CoRestartStep::Probing)?;
         let router = self.pair.router[0].clone();
         self.probe_series_via(&router, Vec::new()).await;
@@ -1243,7 +1249,10 @@ impl CoRestart<'_> {
         })
     }
 
-    async fn verification_suite(&mut self, abort_storm: bool) -> Result<Vec<StepReport>, crate::journal::JournalError> {
+    async fn verification_suite(
+        &mut self,
+        abort_storm: bool,
+    ) -> Result<Vec<StepReport>, crate::ops::journal::JournalError> {
         let cfg = self.pair.suite.clone();
         let mut plan: Vec<SuiteStep> = Vec::new();
         if cfg.long_generation.enabled {
@@ -1707,7 +1716,7 @@ probe_timeout_ms = 120000
     }
 }
 
-/// The co-restart driver over the in-memory agent ([`crate::fake_agent`]),
+/// The co-restart driver over the in-memory agent ([`crate::ops::fake_agent`]),
 /// at paused time: the whole operation in milliseconds, and an orchestrator
 /// killed at every point it can be killed (each await after a journal
 /// write), then resumed by a new orchestrator from the journal and the
@@ -1720,7 +1729,7 @@ mod driver_tests {
 
     use super::*;
     use crate::config::OrchestratorConfig;
-    use crate::fake_agent::{FakeAgent, UnitModel};
+    use crate::ops::fake_agent::{FakeAgent, UnitModel};
 
     fn pair(policy: &str) -> PairConfig {
         let text = format!(

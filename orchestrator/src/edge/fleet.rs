@@ -61,7 +61,7 @@ pub struct AgentStatus {
     pub units: Vec<UnitStatus>,
     /// GPUs, their processes and the host's figures; absent until the agent
     /// has sent a snapshot.
-    pub host_report: Option<Arc<crate::hoststate::HostReport>>,
+    pub host_report: Option<Arc<crate::edge::hoststate::HostReport>>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -119,7 +119,7 @@ pub struct Fleet {
     state: Arc<Mutex<FleetState>>,
     orchestrator_instance_id: Arc<String>,
     /// The latest GPU and host report of each host.
-    pub hosts: crate::hoststate::HostStates,
+    pub hosts: crate::edge::hoststate::HostStates,
 }
 
 pub fn role_name(role: i32) -> &'static str {
@@ -151,7 +151,7 @@ impl Fleet {
         Self {
             state: Arc::default(),
             orchestrator_instance_id: Arc::new(uuid::Uuid::new_v4().to_string()),
-            hosts: crate::hoststate::HostStates::default(),
+            hosts: crate::edge::hoststate::HostStates::default(),
         }
     }
 
@@ -408,10 +408,11 @@ impl Fleet {
                 }
             }
             Some(agent_message::Kind::HostSnapshot(s)) => {
-                self.hosts.record_snapshot(host, s, crate::hoststate::now_unix_ms());
+                self.hosts
+                    .record_snapshot(host, s, crate::edge::hoststate::now_unix_ms());
             }
             Some(agent_message::Kind::GpuEvent(e)) => {
-                self.hosts.record_event(host, e, crate::hoststate::now_unix_ms());
+                self.hosts.record_event(host, e, crate::edge::hoststate::now_unix_ms());
             }
             Some(agent_message::Kind::EngineSample(sample)) => {
                 let st = self.lock();
@@ -451,7 +452,7 @@ impl Fleet {
 pub struct AgentLinkService {
     pub fleet: Fleet,
     /// Whether an agent must prove its host with a certificate (issue 8).
-    pub agent_auth: crate::tls::AgentAuth,
+    pub agent_auth: crate::edge::tls::AgentAuth,
 }
 
 #[tonic::async_trait]
@@ -459,7 +460,7 @@ impl AgentLink for AgentLinkService {
     type AttachStream = ReceiverStream<Result<OrchestratorMessage, Status>>;
 
     async fn attach(&self, request: Request<Streaming<AgentMessage>>) -> Result<Response<Self::AttachStream>, Status> {
-        let certified = crate::tls::check_agent(self.agent_auth, &request)
+        let certified = crate::edge::tls::check_agent(self.agent_auth, &request)
             .inspect_err(|e| tracing::warn!(reason = %e.message(), "agent refused"))?;
         let mut inbound = request.into_inner();
         let first = inbound
@@ -474,7 +475,7 @@ impl AgentLink for AgentLinkService {
         if reg.host.trim().is_empty() {
             return Err(Status::invalid_argument("Register.host must not be empty"));
         }
-        crate::tls::check_register(certified.as_deref(), &reg.host)
+        crate::edge::tls::check_register(certified.as_deref(), &reg.host)
             .inspect_err(|e| tracing::warn!(reason = %e.message(), "agent refused"))?;
         let (tx, rx) = mpsc::channel(1024);
         let host = reg.host.clone();
@@ -526,7 +527,7 @@ impl AgentLink for AgentLinkService {
 }
 
 /// The in-process agent link of the unit tests' fake agent
-/// ([`crate::fake_agent`]): what the `AgentLink` stream does on register and
+/// ([`crate::ops::fake_agent`]): what the `AgentLink` stream does on register and
 /// on each message, without gRPC.
 #[cfg(test)]
 impl Fleet {

@@ -32,7 +32,7 @@ use pdwarden_proto::v1::{
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::fleet::Fleet;
+use crate::edge::fleet::Fleet;
 
 /// How one unit behaves when started.
 #[derive(Debug, Clone)]

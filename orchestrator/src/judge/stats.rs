@@ -95,7 +95,7 @@ pub fn summarize(samples: &[u64]) -> LatencySummary {
 impl LatencySummary {
     /// One line for people: "median 0.31 s (n=12, 0.25–0.40 s)" or the two modes.
     pub fn describe(&self) -> String {
-        use crate::verdict::secs;
+        use crate::judge::verdict::secs;
         match self {
             Self::Empty => "no samples".into(),
             Self::Unimodal {

@@ -48,7 +48,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::stats::{LatencySummary, summarize};
+use crate::judge::stats::{LatencySummary, summarize};
 
 /// The outcome of one restart, as an operator reads it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

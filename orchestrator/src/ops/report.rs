@@ -9,9 +9,9 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
-use crate::stats::LatencySummary;
-use crate::suite::{StepReport, StepStatus};
-use crate::verdict::{ColdAllowance, VerdictKind, secs};
+use crate::judge::stats::LatencySummary;
+use crate::judge::suite::{StepReport, StepStatus};
+use crate::judge::verdict::{ColdAllowance, VerdictKind, secs};
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct StepRecord {
@@ -141,7 +141,7 @@ pub struct OperationReport {
     pub warnings: Vec<String>,
     /// What the suite's requests were held to, and where each number came from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub budgets: Option<crate::suite::SuiteBudgets>,
+    pub budgets: Option<crate::judge::suite::SuiteBudgets>,
     /// The engines' PD failure counters after the requests.
     #[serde(default)]
     pub engine_counters: Vec<EngineCounterRecord>,
@@ -292,7 +292,7 @@ pub fn render_summary(r: &OperationReport) -> String {
                 "  budgets: ttft {} ({}), tpot {} ({}), one warm request {}",
                 secs(b.ttft_ms),
                 b.ttft_source,
-                crate::suite::ms_us(b.tpot_us),
+                crate::judge::suite::ms_us(b.tpot_us),
                 b.tpot_source,
                 secs(b.single_request_ms)
             );

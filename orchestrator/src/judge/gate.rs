@@ -46,7 +46,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::stats::{LatencySummary, summarize};
+use crate::judge::stats::{LatencySummary, summarize};
 
 /// Which way is good.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -369,7 +369,7 @@ pub fn bootstrap_change_ci(a: &[Vec<f64>], b: &[Vec<f64>], resamples: u32, alpha
     (quantile(s, alpha), quantile(s, 1.0 - alpha))
 }
 
-/// The shape of a set (bimodality test of [`crate::stats`], on values
+/// The shape of a set (bimodality test of [`crate::judge::stats`], on values
 /// scaled to thousandths so that sub-millisecond differences count).
 pub fn shape(v: &[f64]) -> Shape {
     let scaled: Vec<u64> = v.iter().map(|x| (x.max(0.0) * 1000.0).round() as u64).collect();

@@ -31,8 +31,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::stats::summarize;
-use crate::verdict::{Verdict, VerdictKind, judged_ms, secs};
+use crate::judge::stats::summarize;
+use crate::judge::verdict::{Verdict, VerdictKind, judged_ms, secs};
 
 /// What every suite request is held to, and where each number came from.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -3,7 +3,7 @@
 //! The orchestrator presents its certificate and asks every client for one
 //! signed by the pdwarden CA; a certificate from any other issuer fails the
 //! handshake. Client certificates are *optional* at the TLS layer because the
-//! CLI authenticates with a bearer token instead (see [`crate::auth`]); the
+//! CLI authenticates with a bearer token instead (see [`crate::edge::auth`]); the
 //! agent link is where a certificate is mandatory: [`agent_host`] reads the
 //! `agent:HOST` identity from the verified chain, and `AgentLink.Attach`
 //! refuses a stream without one, or whose `Register.host` is another host.

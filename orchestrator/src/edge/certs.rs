@@ -171,7 +171,10 @@ mod tests {
         let agent = certs.issue_agent("gpu-1").unwrap();
         let pem = std::fs::read_to_string(&agent.cert).unwrap();
         let (_, der) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).unwrap();
-        assert_eq!(crate::tls::common_name(&der.contents).as_deref(), Some("agent:gpu-1"));
+        assert_eq!(
+            crate::edge::tls::common_name(&der.contents).as_deref(),
+            Some("agent:gpu-1")
+        );
         assert!(matches!(certs.issue_agent("gpu-1"), Err(CertsError::Exists { .. })));
         assert!(matches!(certs.init(&[]), Err(CertsError::Exists { .. })));
         assert!(matches!(certs.issue_agent("a/b"), Err(CertsError::Host(_))));

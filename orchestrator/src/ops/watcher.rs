@@ -2,7 +2,7 @@
 //!
 //! One task per pair. It asks the agents of the pair's engines for a passive
 //! watch (`WatchEngines`: metrics + health scrapes, no generation), folds the
-//! `EngineSample`s into [`PairEvidence`], and lets the pure [`crate::wedge`]
+//! `EngineSample`s into [`PairEvidence`], and lets the pure [`crate::judge::wedge`]
 //! module judge them on every tick. It only does what the judgement asks:
 //! an active probe through the pair's router when passive evidence is
 //! missing or suspicious (never while traffic proves liveness, with a timeout
@@ -33,12 +33,12 @@ use tokio::sync::mpsc;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::config::{PairConfig, UnitRef, WatchConfig};
-use crate::corestart::{OperationContext, OperationKind, run_operation};
-use crate::fleet::AgentReport;
-use crate::journal::JournalError;
+use crate::edge::fleet::AgentReport;
+use crate::ops::corestart::{OperationContext, OperationKind, run_operation};
+use crate::ops::journal::JournalError;
 use pdwarden_engines::EngineKind;
 
-use crate::wedge::{
+use crate::judge::wedge::{
     Assessment, Breaker, BreakerDecision, Metrics, PairEvidence, PairState, PastOperation, ProbeDecision, ProbeOutcome,
     ProbeRecord, Sample, UnitAssessment, UnitTrack, WatchPolicy, judge, recoveries_still_counting,
 };
@@ -92,7 +92,7 @@ impl UnitView {
     pub fn ready(&self) -> bool {
         matches!(
             self.assessment.state,
-            crate::wedge::UnitState::Serving | crate::wedge::UnitState::Idle
+            crate::judge::wedge::UnitState::Serving | crate::judge::wedge::UnitState::Idle
         )
     }
 }
@@ -337,7 +337,7 @@ impl PairWatcher {
             .collect();
         let ages = recoveries_still_counting(
             &past,
-            crate::hoststate::now_unix_ms(),
+            crate::edge::hoststate::now_unix_ms(),
             Duration::from_millis(self.cfg.recovery_window_ms),
         );
         if !ages.is_empty() {
@@ -361,7 +361,7 @@ impl PairWatcher {
             self.ctx.fleet.hosts.unit_gpu_utilization(
                 &host,
                 &s.unit,
-                crate::hoststate::now_unix_ms(),
+                crate::edge::hoststate::now_unix_ms(),
                 GPU_REPORT_MAX_AGE_MS,
             )
         });
@@ -781,7 +781,7 @@ impl PairWatcher {
 
 /// One probe through `router`, reported on `done`.
 async fn probe(
-    fleet: crate::fleet::Fleet,
+    fleet: crate::edge::fleet::Fleet,
     router: UnitRef,
     chat: ChatProbe,
     timeout: Duration,

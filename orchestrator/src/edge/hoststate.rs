@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use pdwarden_proto::v1::{GpuEvent, HostSnapshot};
 use serde::{Deserialize, Serialize};
 
-use crate::findings::{Finding, HostInput, findings};
+use crate::judge::findings::{Finding, HostInput, findings};
 
 /// Events kept per host (newest last).
 pub const EVENTS_KEPT: usize = 32;
@@ -545,8 +545,8 @@ pub fn render_findings(findings: &[Finding], color: bool) -> Vec<String> {
     let mut out = vec![format!("findings ({}):", findings.len())];
     for f in findings {
         let line = match f.severity {
-            crate::findings::Severity::Critical => alert(&format!("  CRITICAL {}", f.message), color),
-            crate::findings::Severity::Warning => format!("  warning  {}", f.message),
+            crate::judge::findings::Severity::Critical => alert(&format!("  CRITICAL {}", f.message), color),
+            crate::judge::findings::Severity::Warning => format!("  warning  {}", f.message),
         };
         out.push(line);
     }

@@ -34,8 +34,9 @@
 //! pair's); the gate's report names them.
 
 pub mod config;
-pub mod judge;
-pub mod live;
+
+use crate::judge::gate as judge;
+use crate::judge::live;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -50,10 +51,10 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::config::{PairConfig, UnitRef};
-use crate::corestart::{OperationContext, OperationKind, run_operation};
-use crate::fleet::AgentReport;
-use crate::journal::JournalError;
-use crate::report::{OperationReport, StepRecord};
+use crate::edge::fleet::AgentReport;
+use crate::ops::corestart::{OperationContext, OperationKind, run_operation};
+use crate::ops::journal::JournalError;
+use crate::ops::report::{OperationReport, StepRecord};
 use config::Cell;
 use judge::{BaselineCheck, Better, JudgePolicy, JudgeReport, Judgement, MetricSamples};
 use live::{Expected, LiveCheck, ProcessView, UnitView};
@@ -522,7 +523,7 @@ pub fn gate_resume_plan(state: &str, versions_recorded: usize) -> GateResume {
 pub async fn resume_gate(
     ctx: OperationContext,
     pair: PairConfig,
-    op: crate::journal::OperationRecord,
+    op: crate::ops::journal::OperationRecord,
 ) -> Result<GateReport, String> {
     let entries = ctx
         .journal
@@ -1846,7 +1847,7 @@ probe_timeout_ms = 120000
     }
 }
 
-/// The gate's driver over the in-memory agent ([`crate::fake_agent`]) at
+/// The gate's driver over the in-memory agent ([`crate::ops::fake_agent`]) at
 /// paused time: its decisions end to end, and an orchestrator killed at
 /// every point of a gate then resumed from the journal (issue 14).
 #[cfg(test)]
@@ -1858,8 +1859,8 @@ mod driver_tests {
 
     use super::*;
     use crate::config::OrchestratorConfig;
-    use crate::fake_agent::{FakeAgent, KNOB, UnitModel};
-    use crate::journal::Journal;
+    use crate::ops::fake_agent::{FakeAgent, KNOB, UnitModel};
+    use crate::ops::journal::Journal;
 
     fn pair() -> PairConfig {
         let text = r#"
@@ -1904,7 +1905,7 @@ bootstrap_resamples = 300
     }
 
     async fn orchestrator(journal: &Arc<Journal>, agent: &FakeAgent) -> OperationContext {
-        let fleet = crate::fleet::Fleet::new();
+        let fleet = crate::edge::fleet::Fleet::new();
         agent.attach(&fleet).await;
         OperationContext {
             fleet,

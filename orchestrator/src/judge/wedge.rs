@@ -633,7 +633,7 @@ pub struct Assessment {
 
 fn s(d: Duration) -> String {
     let ms = d.as_millis() as u64;
-    crate::verdict::secs(ms)
+    crate::judge::verdict::secs(ms)
 }
 
 fn ms(d: Duration) -> u64 {

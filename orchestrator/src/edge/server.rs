@@ -24,11 +24,11 @@ use tokio_stream::wrappers::{TcpListenerStream, UnboundedReceiverStream};
 use tonic::{Request, Response, Status};
 
 use crate::config::{OrchestratorConfig, PairConfig, UnitRef};
-use crate::corestart::{OperationContext, OperationKind, run_operation};
-use crate::fleet::{AgentLinkService, AgentStatus, Fleet};
-use crate::journal::{Journal, JournalError, OperationRecord};
-use crate::tls::AgentAuth;
-use crate::watcher::{PairWatchView, WatchBoard};
+use crate::edge::fleet::{AgentLinkService, AgentStatus, Fleet};
+use crate::edge::tls::AgentAuth;
+use crate::ops::corestart::{OperationContext, OperationKind, run_operation};
+use crate::ops::journal::{Journal, JournalError, OperationRecord};
+use crate::ops::watcher::{PairWatchView, WatchBoard};
 use pdwarden_agent::tls::Transport;
 
 #[derive(Debug, thiserror::Error)]
@@ -75,8 +75,8 @@ pub struct SecurityView {
 
 /// The caller the auth layer identified (absent only for a service built
 /// without it, in tests).
-fn actor<T>(request: &Request<T>) -> Option<crate::auth::Actor> {
-    request.extensions().get::<crate::auth::Actor>().cloned()
+fn actor<T>(request: &Request<T>) -> Option<crate::edge::auth::Actor> {
+    request.extensions().get::<crate::edge::auth::Actor>().cloned()
 }
 
 /// Forwards an operation's updates to the caller with secrets redacted, and
@@ -84,7 +84,7 @@ fn actor<T>(request: &Request<T>) -> Option<crate::auth::Actor> {
 fn forward(
     ctx: &OperationContext,
     redactor: &pdwarden_agent::redact::Redactor,
-    actor: Option<crate::auth::Actor>,
+    actor: Option<crate::edge::auth::Actor>,
     mut rx: mpsc::UnboundedReceiver<OperationUpdate>,
 ) -> UpdateStream {
     let (out_tx, out_rx) = mpsc::unbounded_channel();
@@ -122,7 +122,7 @@ pub struct StatusView {
     pub agents: Vec<AgentStatus>,
     pub pairs: Vec<PairStatus>,
     /// What in the hosts' GPU reports needs a look, critical first.
-    pub findings: Vec<crate::findings::Finding>,
+    pub findings: Vec<crate::judge::findings::Finding>,
     /// The continuous watch of each watched pair (state, readiness, breaker).
     pub watch: Vec<PairWatchView>,
     /// Transport and operator authentication (issue 8).
@@ -157,17 +157,17 @@ impl ControlService {
             });
         }
         let agents = self.ctx.fleet.status(hosts);
-        let reports: BTreeMap<String, Arc<crate::hoststate::HostReport>> = agents
+        let reports: BTreeMap<String, Arc<crate::edge::hoststate::HostReport>> = agents
             .iter()
             .filter_map(|a| a.host_report.clone().map(|r| (a.host.clone(), r)))
             .collect();
         let view = StatusView {
             // Each unit's queued requests from the engine watch, so an idle
             // GPU under a queue is a finding (`gpu_idle_with_queue`).
-            findings: crate::hoststate::findings_over(
+            findings: crate::edge::hoststate::findings_over(
                 &reports,
                 &self.watch.queued_by_host(),
-                crate::hoststate::now_unix_ms(),
+                crate::edge::hoststate::now_unix_ms(),
             ),
             agents,
             pairs,
@@ -207,7 +207,7 @@ impl ControlService {
         pair: &str,
         request_id: &str,
         kind: OperationKind,
-        actor: Option<crate::auth::Actor>,
+        actor: Option<crate::edge::auth::Actor>,
     ) -> Result<Response<UpdateStream>, Status> {
         let pair = self.config.pair(pair).cloned().ok_or_else(|| {
             let known: Vec<&str> = self.config.pairs.iter().map(|p| p.name.as_str()).collect();
@@ -253,23 +253,23 @@ impl Control for ControlService {
             .cloned()
             .ok_or_else(|| Status::not_found(format!("unknown pair {:?}", req.pair)))?;
         self.check_reachable(&pair)?;
-        let change = crate::gate::ChangeSpec {
+        let change = crate::ops::gate::ChangeSpec {
             set_env: req.set_env.into_iter().collect(),
             unset_env: req.unset_env,
             set_args: req.set_args.into_iter().collect(),
             units: req.units,
         };
         let request_id = (!req.request_id.is_empty()).then_some(req.request_id.as_str());
-        let rx = match crate::gate::start(&self.ctx, &pair, request_id, change) {
+        let rx = match crate::ops::gate::start(&self.ctx, &pair, request_id, change) {
             Ok(rx) => rx,
-            Err(crate::gate::GateStartError::Invalid(e)) => return Err(Status::invalid_argument(e)),
-            Err(crate::gate::GateStartError::Journal(e @ JournalError::PairBusy { .. })) => {
+            Err(crate::ops::gate::GateStartError::Invalid(e)) => return Err(Status::invalid_argument(e)),
+            Err(crate::ops::gate::GateStartError::Journal(e @ JournalError::PairBusy { .. })) => {
                 return Err(Status::failed_precondition(e.to_string()));
             }
-            Err(crate::gate::GateStartError::Journal(e @ JournalError::DuplicateRequest { .. })) => {
+            Err(crate::ops::gate::GateStartError::Journal(e @ JournalError::DuplicateRequest { .. })) => {
                 return Err(Status::already_exists(e.to_string()));
             }
-            Err(crate::gate::GateStartError::Journal(e)) => return Err(internal(e)),
+            Err(crate::ops::gate::GateStartError::Journal(e)) => return Err(internal(e)),
         };
         Ok(Response::new(forward(&self.ctx, &self.redactor, actor, rx)))
     }
@@ -381,7 +381,7 @@ fn resume_interrupted(ctx: &OperationContext, config: &OrchestratorConfig) -> Re
                     if !agents_reattached(&ctx, &pair, &op, grace).await {
                         return;
                     }
-                    if let Err(reason) = crate::gate::resume_gate(ctx.clone(), pair, op.clone()).await
+                    if let Err(reason) = crate::ops::gate::resume_gate(ctx.clone(), pair, op.clone()).await
                         && let Err(e) = conclude_failed(&ctx.journal, &op, reason)
                     {
                         tracing::error!(operation = %op.operation_id, error = %e, "could not conclude interrupted gate");
@@ -473,7 +473,7 @@ async fn resume_one(ctx: OperationContext, pair: PairConfig, op: OperationRecord
     if !agents_reattached(&ctx, &pair, &op, grace).await {
         return;
     }
-    crate::corestart::resume(ctx, pair, op).await;
+    crate::ops::corestart::resume(ctx, pair, op).await;
 }
 
 /// Runs the orchestrator on `listener` until `shutdown` resolves.
@@ -485,13 +485,13 @@ pub async fn serve(
     // Plain text only when the config says so (issue 8); check before anything starts.
     let transport = config.transport()?;
     let (server_tls, agent_auth) = match &transport {
-        Transport::Tls(files) => (Some(crate::tls::server_config(files)?), AgentAuth::Certificate),
+        Transport::Tls(files) => (Some(crate::edge::tls::server_config(files)?), AgentAuth::Certificate),
         Transport::InsecurePlaintext => (None, AgentAuth::Insecure),
     };
     let auth = if config.operators.is_empty() {
-        crate::auth::Authenticator::open()
+        crate::edge::auth::Authenticator::open()
     } else {
-        crate::auth::Authenticator::new(config.operators.clone())
+        crate::edge::auth::Authenticator::new(config.operators.clone())
     };
     let security = SecurityView {
         transport: if server_tls.is_some() {
@@ -529,9 +529,9 @@ pub async fn serve(
             .await
             .map_err(|source| ServeError::Readiness { addr, source })?;
         tracing::info!(%addr, "readiness endpoint listening");
-        tokio::spawn(crate::ready::serve(ready, board.clone(), stop_rx.clone()));
+        tokio::spawn(crate::edge::ready::serve(ready, board.clone(), stop_rx.clone()));
     }
-    let watchers = crate::watcher::spawn_all(&ctx, &config.pairs, &board, stop_rx);
+    let watchers = crate::ops::watcher::spawn_all(&ctx, &config.pairs, &board, stop_rx);
     let control = ControlService {
         redactor: pdwarden_agent::redact::Redactor::new(&config.redact_env),
         config: Arc::new(config),
@@ -552,7 +552,7 @@ pub async fn serve(
     }
     let served = builder
         .add_service(AgentLinkServer::new(AgentLinkService { fleet, agent_auth }))
-        .add_service(crate::auth::Authorized::new(ControlServer::new(control), auth))
+        .add_service(crate::edge::auth::Authorized::new(ControlServer::new(control), auth))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await;
     let _ = stop_tx.send(true);

@@ -1,0 +1,22 @@
+//! The edges: where the orchestrator meets the network, the clock and the
+//! operators. Nothing here decides anything; it carries facts in and
+//! commands out.
+//!
+//! - [`server`]: the gRPC `Control` service and `serve(listener, config, shutdown)`.
+//! - [`fleet`]: the connected agents, their facts, command delivery
+//!   (`AgentLink`), and the one "send and await" every workflow uses.
+//! - [`hoststate`]: each host's latest GPU and host report.
+//! - [`auth`]: operator tokens and roles; [`tls`]: server-side mutual TLS and
+//!   the agent certificate identity; [`certs`]: the CA and certificates
+//!   `pdwarden certs` issues.
+//! - [`ready`]: the plain-HTTP readiness endpoint for gateways.
+//! - [`ports`]: choosing loopback ports for a local stack.
+
+pub mod auth;
+pub mod certs;
+pub mod fleet;
+pub mod hoststate;
+pub mod ports;
+pub mod ready;
+pub mod server;
+pub mod tls;

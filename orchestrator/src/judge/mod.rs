@@ -1,0 +1,22 @@
+//! The pure judgements: evidence in, a decision out, `now` handed in and no
+//! I/O. Everything pdwarden tells an operator ("healthy", "wedged", "keep
+//! the change") is decided here, so it is unit-tested with the incidents'
+//! numbers and cannot depend on which process or clock gathered the
+//! evidence.
+//!
+//! - [`verdict`]: a restart's verdict from start-up evidence and probes.
+//! - [`suite`]: the post-restart verification suite's steps.
+//! - [`wedge`]: wedge detection from engine samples, and the recovery
+//!   circuit breaker.
+//! - [`findings`]: GPU and host findings (foreign processes, Xid/ECC, …).
+//! - [`stats`]: latency summaries that check for bimodality first.
+//! - [`gate`]: the change gate's statistics (cluster bootstrap, margins,
+//!   sequential looks); [`live`]: whether a change is live in `/proc`.
+
+pub mod findings;
+pub mod gate;
+pub mod live;
+pub mod stats;
+pub mod suite;
+pub mod verdict;
+pub mod wedge;
