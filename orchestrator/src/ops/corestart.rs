@@ -36,7 +36,7 @@ use crate::judge::verdict::{
     ColdSample, EngineFailures, FailedCheck, ProbeObservation, ProbePolicy, ReadinessPhase, UnitStartup,
     cold_allowance, judge, judge_engine_failures,
 };
-use crate::ops::journal::Journal;
+use crate::ops::journal::{self, CommandAction, CommandEntry, Journal};
 use crate::ops::report::{
     AttemptRecord, EngineCounterRecord, OperationReport, ProbeRecord, StepRecord, TimelineRecord,
 };
@@ -83,6 +83,22 @@ pub enum CoRestartStep {
 }
 
 impl CoRestartStep {
+    const ALL: [CoRestartStep; 7] = [
+        Self::Started,
+        Self::RestartingPrefill,
+        Self::RestartingDecode,
+        Self::RestartingRouter,
+        Self::Probing,
+        Self::Verifying,
+        Self::Concluded,
+    ];
+
+    /// The step a journaled state names (`None` for a state this version
+    /// does not know: a resume then starts from the beginning).
+    pub fn parse(state: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| s.as_str() == state)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Started => "started",
@@ -350,17 +366,12 @@ pub struct Adopted {
 /// its agent. A start whose command id the agent does not name was
 /// superseded (or never arrived) and is not adopted. Pure.
 pub fn adoptable_starts(
-    entries: &[(u64, String, serde_json::Value)],
+    commands: &[CommandEntry],
     facts: impl Fn(&str) -> Option<(String, Phase, bool)>,
 ) -> BTreeMap<String, Adopted> {
     let mut last: BTreeMap<String, String> = BTreeMap::new();
-    for (_, kind, v) in entries {
-        if kind == "command"
-            && v["action"] == "start"
-            && let (Some(unit), Some(id)) = (v["unit"].as_str(), v["command_id"].as_str())
-        {
-            last.insert(unit.to_string(), id.to_string());
-        }
+    for c in commands.iter().filter(|c| c.action == CommandAction::Start) {
+        last.insert(c.unit.clone(), c.command_id.clone());
     }
     last.into_iter()
         .filter_map(|(unit, id)| match facts(&unit) {
@@ -383,17 +394,18 @@ pub fn adoptable_starts(
 /// that is generating again is safe; trusting one that is not is not).
 /// Pure: `phase_of` answers with the agent-reported phase of a unit.
 pub fn resume_point(
-    state: &str,
+    state: Option<CoRestartStep>,
     pair: &PairConfig,
     phase_of: impl Fn(&UnitRef) -> Option<Phase>,
 ) -> (CoRestartStep, Vec<UnitStartup>) {
+    use CoRestartStep as S;
     let wanted = match state {
-        "restarting_decode" if pair.decode_start_policy == DecodeStartPolicy::AfterPrefillReady => {
-            CoRestartStep::RestartingDecode
+        Some(S::RestartingDecode) if pair.decode_start_policy == DecodeStartPolicy::AfterPrefillReady => {
+            S::RestartingDecode
         }
-        "restarting_router" => CoRestartStep::RestartingRouter,
-        "probing" | "verifying" => CoRestartStep::Probing,
-        _ => CoRestartStep::RestartingPrefill,
+        Some(S::RestartingRouter) => S::RestartingRouter,
+        Some(S::Probing | S::Verifying) => S::Probing,
+        _ => S::RestartingPrefill,
     };
     let mut before: Vec<(&'static str, &UnitRef)> = Vec::new();
     if wanted as u8 > CoRestartStep::RestartingPrefill as u8 {
@@ -444,7 +456,7 @@ pub async fn resume(
             Vec::new(),
         )
     } else {
-        let (from, kept) = resume_point(&op.state, &pair, |u| {
+        let (from, kept) = resume_point(CoRestartStep::parse(&op.state), &pair, |u| {
             ctx.fleet
                 .unit(&u.host, &u.unit)
                 .map(|i| Phase::try_from(i.phase).unwrap_or(Phase::Unspecified))
@@ -466,8 +478,8 @@ pub async fn resume(
     );
     // Starts this operation had sent that the agents are still on: adopted
     // by their command ids, never sent as new starts (a second model load).
-    let adopt = match (&kind, ctx.journal.entries(&op.operation_id)) {
-        (OperationKind::CoRestart, Ok(entries)) => adoptable_starts(&entries, |unit| {
+    let adopt = match (&kind, ctx.journal.commands(&op.operation_id)) {
+        (OperationKind::CoRestart, Ok(commands)) => adoptable_starts(&commands, |unit| {
             let (host, name) = unit.split_once('/')?;
             let info = ctx.fleet.unit(host, name)?;
             Some((
@@ -920,8 +932,13 @@ impl CoRestart<'_> {
         if adopted.is_none() {
             self.rec.journal_entry(
                 self.rec.now_ms(),
-                "command",
-                &serde_json::json!({ "command_id": command_id, "action": "start", "unit": unit.to_string(), "restart": true }),
+                journal::COMMAND,
+                &CommandEntry {
+                    command_id: command_id.clone(),
+                    action: CommandAction::Start,
+                    unit: unit.to_string(),
+                    restart: true,
+                },
             );
         }
         let sent_at_ms = self.rec.now_ms();
@@ -1638,19 +1655,18 @@ probe_timeout_ms = 120000
     /// agent has since replaced, or never received, is not adopted.
     #[test]
     fn adopts_only_the_starts_the_agent_is_still_on() {
-        let cmd = |unit: &str, id: &str| {
-            (
-                5,
-                "command".to_string(),
-                serde_json::json!({ "command_id": id, "action": "start", "unit": unit, "restart": true }),
-            )
+        let cmd = |unit: &str, id: &str, action| CommandEntry {
+            command_id: id.into(),
+            action,
+            unit: unit.into(),
+            restart: true,
         };
         let entries = vec![
-            cmd("h/prefill-0", "p1"),
-            cmd("h/decode-0", "d0"),
-            cmd("h/decode-0", "d1"),
-            cmd("h/router-0", "r1"),
-            (6, "probe".to_string(), serde_json::json!({ "unit": "h/router-0" })),
+            cmd("h/prefill-0", "p1", CommandAction::Start),
+            cmd("h/decode-0", "d0", CommandAction::Start),
+            cmd("h/decode-0", "d1", CommandAction::Start),
+            cmd("h/router-0", "r1", CommandAction::Start),
+            cmd("h/router-0", "r2", CommandAction::Inspect),
         ];
         let a = adoptable_starts(&entries, |unit| match unit {
             "h/prefill-0" => Some(("p1".into(), Phase::Generating, false)),
@@ -1677,10 +1693,12 @@ probe_timeout_ms = 120000
     #[test]
     fn resumes_at_the_step_in_progress_when_earlier_units_generate() {
         let p = pair("after-prefill-ready");
-        let (from, kept) = resume_point("restarting_decode", &p, |_| Some(Phase::Generating));
+        let (from, kept) = resume_point(CoRestartStep::parse("restarting_decode"), &p, |_| {
+            Some(Phase::Generating)
+        });
         assert_eq!(from, CoRestartStep::RestartingDecode);
         assert_eq!(kept.iter().map(|k| k.unit.as_str()).collect::<Vec<_>>(), ["prefill-0"]);
-        let (from, kept) = resume_point("probing", &p, |_| Some(Phase::Generating));
+        let (from, kept) = resume_point(CoRestartStep::parse("probing"), &p, |_| Some(Phase::Generating));
         assert_eq!(from, CoRestartStep::Probing);
         assert_eq!(kept.len(), 3);
     }
@@ -1691,7 +1709,7 @@ probe_timeout_ms = 120000
     fn restarts_from_prefill_when_an_earlier_unit_is_not_generating() {
         let p = pair("after-prefill-ready");
         for state in ["restarting_decode", "restarting_router", "probing", "verifying"] {
-            let (from, kept) = resume_point(state, &p, |u| {
+            let (from, kept) = resume_point(CoRestartStep::parse(state), &p, |u| {
                 (u.unit != "prefill-0")
                     .then_some(Phase::Generating)
                     .or(Some(Phase::Healthy))
@@ -1700,7 +1718,7 @@ probe_timeout_ms = 120000
             assert!(kept.is_empty());
         }
         // Unknown facts (agent lost the unit) count as not generating.
-        let (from, _) = resume_point("restarting_router", &p, |_| None);
+        let (from, _) = resume_point(CoRestartStep::parse("restarting_router"), &p, |_| None);
         assert_eq!(from, CoRestartStep::RestartingPrefill);
     }
 
@@ -1709,9 +1727,11 @@ probe_timeout_ms = 120000
     #[test]
     fn overlap_decode_step_restarts_from_prefill() {
         let p = pair("overlap");
-        let (from, _) = resume_point("restarting_decode", &p, |_| Some(Phase::Generating));
+        let (from, _) = resume_point(CoRestartStep::parse("restarting_decode"), &p, |_| {
+            Some(Phase::Generating)
+        });
         assert_eq!(from, CoRestartStep::RestartingPrefill);
-        let (from, _) = resume_point("started", &p, |_| Some(Phase::Generating));
+        let (from, _) = resume_point(CoRestartStep::parse("started"), &p, |_| Some(Phase::Generating));
         assert_eq!(from, CoRestartStep::RestartingPrefill);
     }
 }
@@ -1955,8 +1975,13 @@ enabled = false
                 .append(
                     &id,
                     0,
-                    "command",
-                    &serde_json::json!({ "command_id": command_id, "action": "start", "unit": format!("h1/{unit}"), "restart": true }),
+                    journal::COMMAND,
+                    &CommandEntry {
+                        command_id: command_id.clone(),
+                        action: CommandAction::Start,
+                        unit: format!("h1/{unit}"),
+                        restart: true,
+                    },
                 )
                 .unwrap();
             agent.started_before(unit, &command_id);

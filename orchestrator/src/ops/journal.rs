@@ -12,13 +12,45 @@ use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, OptionalExtension, params};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+
+/// A command an operation sent to an agent, journaled (kind `command`)
+/// *before* it is sent: what a resumed operation reads back to adopt the
+/// commands already under way by their ids instead of sending them again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommandEntry {
+    pub command_id: String,
+    pub action: CommandAction,
+    /// `host/unit`.
+    pub unit: String,
+    /// A start that replaces the running instance.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub restart: bool,
+}
+
+/// What a journaled command asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CommandAction {
+    Start,
+    /// A unit config change (a gate's apply or restore).
+    UnitConfig,
+    /// A gate's `/proc` inspection.
+    Inspect,
+    /// A gate's benchmark.
+    Benchmark,
+    #[serde(other)]
+    Other,
+}
+
+/// The kind a [`CommandEntry`] is journaled under.
+pub const COMMAND: &str = "command";
 
 #[derive(Debug, thiserror::Error)]
 pub enum JournalError {
     #[error("journal database error: {0}")]
     Sqlite(#[from] rusqlite::Error),
-    #[error("cannot encode journal entry: {0}")]
+    #[error("a journal entry could not be encoded or read back: {0}")]
     Encode(#[from] serde_json::Error),
     #[error("pair {pair} is busy: operation {operation_id} is running")]
     PairBusy { pair: String, operation_id: String },
@@ -242,6 +274,19 @@ impl Journal {
         for row in rows {
             let (at, kind, payload) = row?;
             out.push((at, kind, serde_json::from_str(&payload)?));
+        }
+        Ok(out)
+    }
+
+    /// The commands `operation_id` journaled, in order. An entry that does
+    /// not read as a [`CommandEntry`] is an error: a resume must not guess.
+    pub fn commands(&self, operation_id: &str) -> Result<Vec<CommandEntry>, JournalError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare("SELECT payload FROM entries WHERE op_id = ?1 AND kind = ?2 ORDER BY seq")?;
+        let rows = stmt.query_map(params![operation_id, COMMAND], |r| r.get::<_, String>(0))?;
+        let mut out = Vec::new();
+        for row in rows {
+            out.push(serde_json::from_str(&row?)?);
         }
         Ok(out)
     }

@@ -54,6 +54,7 @@ use crate::config::{PairConfig, UnitRef};
 use crate::edge::fleet::AgentReport;
 use crate::ops::corestart::{OperationContext, OperationKind, run_operation};
 use crate::ops::journal::JournalError;
+use crate::ops::journal::{CommandAction, CommandEntry};
 use crate::ops::report::{OperationReport, StepRecord};
 use config::Cell;
 use judge::{BaselineCheck, Better, JudgePolicy, JudgeReport, Judgement, MetricSamples};
@@ -109,6 +110,8 @@ impl ChangeSpec {
 /// The steps of a gate, in order. Each is journaled on entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GateStep {
+    /// Journaled, nothing done (the journal's first state of every operation).
+    Started,
     /// Probes and suite, the processes' facts, and the benchmark, unchanged.
     Baseline,
     /// New config versions recorded by the agents.
@@ -133,8 +136,29 @@ pub enum GateStep {
 }
 
 impl GateStep {
+    const ALL: [GateStep; 12] = [
+        Self::Started,
+        Self::Baseline,
+        Self::Applying,
+        Self::Restarting,
+        Self::VerifyingLive,
+        Self::Measuring,
+        Self::Judging,
+        Self::RollingBack,
+        Self::RollbackRestarting,
+        Self::RollbackVerifyingLive,
+        Self::RollbackMeasuring,
+        Self::Concluded,
+    ];
+
+    /// The step a journaled state names (`None`: unknown to this version).
+    pub fn parse(state: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| s.as_str() == state)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
+            Self::Started => "started",
             Self::Baseline => "gate_baseline",
             Self::Applying => "gate_applying",
             Self::Restarting => "gate_restarting",
@@ -505,10 +529,12 @@ pub enum GateResume {
     RollBack,
 }
 
-pub fn gate_resume_plan(state: &str, versions_recorded: usize) -> GateResume {
+pub fn gate_resume_plan(state: Option<GateStep>, versions_recorded: usize) -> GateResume {
     match state {
-        "started" | "gate_baseline" => GateResume::NothingChanged,
-        "gate_applying" if versions_recorded == 0 => GateResume::NothingChanged,
+        Some(GateStep::Started | GateStep::Baseline) => GateResume::NothingChanged,
+        Some(GateStep::Applying) if versions_recorded == 0 => GateResume::NothingChanged,
+        // Anything later — or a state this version does not know — may have
+        // left the change live.
         _ => GateResume::RollBack,
     }
 }
@@ -582,10 +608,10 @@ pub async fn resume_gate(
         if let Some(id) = child["operation_id"].as_str() {
             starts_sent += ctx
                 .journal
-                .entries(id)
+                .commands(id)
                 .map_err(|e| format!("cannot read the gate's co-restart {id}: {e}"))?
                 .iter()
-                .filter(|(_, kind, v)| kind == "command" && v["action"] == "start")
+                .filter(|c| c.action == CommandAction::Start)
                 .count();
         }
     }
@@ -602,9 +628,14 @@ pub async fn resume_gate(
     // asked again under its own command id, which the agent answers with
     // the original outcome (never applying it twice) — else the change could
     // stay in a unit's config, unrecorded, live at its next restart.
-    let unknown = g.adopt_sent_changes(&entries).await;
+    let commands = g
+        .ctx
+        .journal
+        .commands(&op.operation_id)
+        .map_err(|e| format!("cannot read the gate's commands: {e}"))?;
+    let unknown = g.adopt_sent_changes(&commands).await;
     let plan = if unknown.is_empty() {
-        gate_resume_plan(&op.state, g.versions.len())
+        gate_resume_plan(GateStep::parse(&op.state), g.versions.len())
     } else {
         GateResume::RollBack
     };
@@ -1331,16 +1362,21 @@ impl Gate {
     async fn ask(&self, unit: &UnitRef, action: command::Action, timeout: Duration) -> Result<AgentReport, String> {
         let command_id = uuid::Uuid::new_v4().to_string();
         let what = match &action {
-            command::Action::UnitConfig(_) => "unit_config",
+            command::Action::UnitConfig(_) => CommandAction::UnitConfig,
             command::Action::Gate(g) => match g.step {
-                Some(gate_agent_step::Step::Inspect(_)) => "inspect",
-                _ => "benchmark",
+                Some(gate_agent_step::Step::Inspect(_)) => CommandAction::Inspect,
+                _ => CommandAction::Benchmark,
             },
-            _ => "other",
+            _ => CommandAction::Other,
         };
         self.journal(
-            "command",
-            &serde_json::json!({ "command_id": command_id, "action": what, "unit": unit.to_string() }),
+            crate::ops::journal::COMMAND,
+            &CommandEntry {
+                command_id: command_id.clone(),
+                action: what,
+                unit: unit.to_string(),
+                restart: false,
+            },
         );
         let cmd = Command {
             command_id,
@@ -1361,12 +1397,12 @@ impl Gate {
     /// each asked again under its journaled command id — the agent answers a
     /// known id with its original reply, and one it never got it executes
     /// once — and recorded. Returns the units whose outcome stays unknown.
-    async fn adopt_sent_changes(&mut self, entries: &[(u64, String, serde_json::Value)]) -> Vec<String> {
+    async fn adopt_sent_changes(&mut self, commands: &[CommandEntry]) -> Vec<String> {
         let mut unknown = Vec::new();
-        let sent: Vec<(String, String)> = entries
+        let sent: Vec<(String, String)> = commands
             .iter()
-            .filter(|(_, kind, v)| kind == "command" && v["action"] == "unit_config")
-            .filter_map(|(_, _, v)| Some((v["unit"].as_str()?.to_string(), v["command_id"].as_str()?.to_string())))
+            .filter(|c| c.action == CommandAction::UnitConfig)
+            .map(|c| (c.unit.clone(), c.command_id.clone()))
             .collect();
         for u in self.targets.clone() {
             if self.versions.iter().any(|v| v.unit == u.unit && v.host == u.host) {
@@ -1721,10 +1757,22 @@ mod tests {
     /// step (the rollback's own included) was in progress.
     #[test]
     fn interrupted_gate_is_rolled_back_once_anything_was_applied() {
-        assert_eq!(gate_resume_plan("started", 0), GateResume::NothingChanged);
-        assert_eq!(gate_resume_plan("gate_baseline", 0), GateResume::NothingChanged);
-        assert_eq!(gate_resume_plan("gate_applying", 0), GateResume::NothingChanged);
-        assert_eq!(gate_resume_plan("gate_applying", 1), GateResume::RollBack);
+        assert_eq!(
+            gate_resume_plan(GateStep::parse("started"), 0),
+            GateResume::NothingChanged
+        );
+        assert_eq!(
+            gate_resume_plan(GateStep::parse("gate_baseline"), 0),
+            GateResume::NothingChanged
+        );
+        assert_eq!(
+            gate_resume_plan(GateStep::parse("gate_applying"), 0),
+            GateResume::NothingChanged
+        );
+        assert_eq!(
+            gate_resume_plan(GateStep::parse("gate_applying"), 1),
+            GateResume::RollBack
+        );
         for state in [
             "gate_restarting",
             "gate_verifying_live",
@@ -1735,7 +1783,12 @@ mod tests {
             "gate_rollback_verifying_live",
             "gate_rollback_measuring",
         ] {
-            assert_eq!(gate_resume_plan(state, 2), GateResume::RollBack, "{state}");
+            assert_eq!(
+                gate_resume_plan(GateStep::parse(state), 2),
+                GateResume::RollBack,
+                "{state}"
+            );
+            assert!(GateStep::parse(state).is_some(), "{state}");
         }
     }
 
@@ -1941,11 +1994,11 @@ bootstrap_resamples = 300
     fn assert_one_start_per_unit_per_co_restart(journal: &Journal, agent: &FakeAgent, at: &str) {
         for child in journal.history("p#gate", 100).unwrap() {
             let ids: Vec<String> = journal
-                .entries(&child.operation_id)
+                .commands(&child.operation_id)
                 .unwrap()
                 .into_iter()
-                .filter(|(_, kind, v)| kind == "command" && v["action"] == "start")
-                .filter_map(|(_, _, v)| v["command_id"].as_str().map(String::from))
+                .filter(|c| c.action == CommandAction::Start)
+                .map(|c| c.command_id)
                 .collect();
             for unit in ["prefill-0", "decode-0", "router-0"] {
                 let n = agent
