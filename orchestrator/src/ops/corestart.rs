@@ -246,27 +246,69 @@ struct UnitStart {
     step_idx: usize,
     rx: Option<mpsc::UnboundedReceiver<AgentReport>>,
     deadline: Instant,
-    /// The agent has spawned the new process (events before it belong to
-    /// stopping the old one).
-    spawned: bool,
+    state: StartState,
+    /// The agent acknowledged the command (its `CommandResult`).
     acked: bool,
     furthest: Option<ReadinessPhase>,
-    exited: bool,
-    lost_contact: bool,
-    generating: bool,
-    done: bool,
     last_detail: String,
-    check_latency_ms: u64,
-    check_tokens: u32,
     /// Every generation check of this start-up, in order (DESIGN.md 10).
     generation_attempts: Vec<AttemptRecord>,
-    /// Adopted after an orchestrator restart with its start already over:
-    /// its readiness check happened before, unseen by this orchestrator.
-    adopted_done: bool,
     /// What the agent said it spawned (its `spawned` event).
     config_fingerprint: String,
-    /// The version the engine reported when it generated.
+}
+
+/// Where one unit's start stands, by its agent's reports: `Sent` and
+/// `Spawned` are under way, every other state is over. (It replaced seven
+/// booleans whose combinations nobody could name.)
+#[derive(Debug, Clone, PartialEq)]
+enum StartState {
+    /// Sent: the agent is stopping the old instance, or spawning (events
+    /// before `spawned` belong to the old instance).
+    Sent,
+    /// The new process exists; its readiness is being watched.
+    Spawned,
+    /// A generation check passed.
+    Generating(PassedCheck),
+    /// Adopted after an orchestrator restart, already generating: its check
+    /// happened before, unseen by this orchestrator.
+    GeneratingBefore,
+    /// The new process exited.
+    Exited,
+    /// The agent gave up on readiness at its deadline.
+    NotReady,
+    /// The agent's stream ended before the start was over.
+    LostContact { after_spawn: bool },
+    /// Not sent (agent unreachable), refused by the agent, or no word by
+    /// the deadline.
+    Failed { after_spawn: bool },
+}
+
+/// The generation check that made a unit `generating`.
+#[derive(Debug, Clone, PartialEq)]
+struct PassedCheck {
+    latency_ms: u64,
+    tokens: u32,
+    /// The version the engine reported ("" if none).
     engine_version: String,
+}
+
+impl StartState {
+    fn is_over(&self) -> bool {
+        !matches!(self, Self::Sent | Self::Spawned)
+    }
+
+    fn generating(&self) -> bool {
+        matches!(self, Self::Generating(_) | Self::GeneratingBefore)
+    }
+
+    /// The new process was spawned (whatever happened since).
+    fn spawned(&self) -> bool {
+        match self {
+            Self::Sent => false,
+            Self::LostContact { after_spawn } | Self::Failed { after_spawn } => *after_spawn,
+            _ => true,
+        }
+    }
 }
 
 impl UnitStart {
@@ -275,8 +317,8 @@ impl UnitStart {
             unit: self.unit.unit.clone(),
             role: self.role.into(),
             furthest: self.furthest,
-            exited: self.exited,
-            lost_contact: self.lost_contact,
+            exited: self.state == StartState::Exited,
+            lost_contact: matches!(self.state, StartState::LostContact { .. }),
             last_detail: self.last_detail.clone(),
             waited_ms: now_ms.saturating_sub(self.sent_at_ms),
             // The router's failed generations are probes of the series instead.
@@ -303,9 +345,9 @@ impl UnitStart {
     }
 
     fn outcome(&self) -> String {
-        if self.generating {
+        if self.state.generating() {
             "generating".into()
-        } else if self.exited {
+        } else if self.state == StartState::Exited {
             format!("exited: {}", self.last_detail)
         } else {
             format!("not ready: {}", self.last_detail)
@@ -778,7 +820,13 @@ impl CoRestart<'_> {
         let mut parts: Vec<String> = self
             .starts
             .iter()
-            .map(|s| format!("{}={}@{}", s.unit, s.config_fingerprint, s.engine_version))
+            .map(|s| {
+                let version = match &s.state {
+                    StartState::Generating(c) => c.engine_version.as_str(),
+                    _ => "",
+                };
+                format!("{}={}@{}", s.unit, s.config_fingerprint, version)
+            })
             .collect();
         if parts.is_empty() || self.starts.iter().any(|s| s.config_fingerprint.is_empty()) {
             return String::new();
@@ -796,107 +844,117 @@ impl CoRestart<'_> {
         ]
     }
 
-    /// The state machine. Returns early (with the evidence gathered so far)
-    /// as soon as a gate fails: nothing after a unit that is not generating
+    /// The state machine: one step at a time, each journaled on entry (here,
+    /// and only here), each returning the step that follows from what its
+    /// units did. A gate that fails goes straight to `Concluded` with the
+    /// evidence gathered so far: nothing after a unit that is not generating
     /// is started.
     async fn drive(&mut self, from: CoRestartStep) -> Result<(), crate::ops::journal::JournalError> {
-        let t = self.pair.timeouts.clone();
-        let engine_readiness = |deadline_ms| ReadinessSpec {
+        use CoRestartStep as S;
+        let mut step = match from {
+            S::Started | S::RestartingPrefill => S::RestartingPrefill,
+            // Under `overlap` a decode step began before prefill generated:
+            // resume_point sends it back to prefill; here it is decode's.
+            S::RestartingDecode => S::RestartingDecode,
+            S::RestartingRouter => S::RestartingRouter,
+            S::Probing | S::Verifying => S::Probing,
+            S::Concluded => return Ok(()),
+        };
+        while step != S::Concluded {
+            self.rec.transition(step)?;
+            step = match step {
+                S::RestartingPrefill => self.restart_prefill().await,
+                S::RestartingDecode => self.restart_decode().await,
+                S::RestartingRouter => self.restart_router().await,
+                S::Probing => {
+                    self.probe().await;
+                    S::Concluded
+                }
+                S::Started | S::Verifying | S::Concluded => S::Concluded,
+            };
+        }
+        Ok(())
+    }
+
+    fn engine_readiness(&self, deadline_ms: u64) -> ReadinessSpec {
+        let t = &self.pair.timeouts;
+        ReadinessSpec {
             deadline_ms,
             poll_interval_ms: t.poll_interval_ms,
             check_timeout_ms: t.check_timeout_ms,
             chat: None,
-        };
-        match from {
-            CoRestartStep::RestartingDecode => {
-                return self.drive_from_decode(&engine_readiness(t.decode_ready_ms)).await;
-            }
-            CoRestartStep::RestartingRouter => return self.drive_from_router().await,
-            CoRestartStep::Probing | CoRestartStep::Verifying => {
-                self.rec.transition(CoRestartStep::Probing)?;
-                let router = self.pair.router[0].clone();
-                self.probe_series_via(&router, Vec::new()).await;
-                return Ok(());
-            }
-            _ => {}
         }
-
-        self.rec.transition(CoRestartStep::RestartingPrefill)?;
-        let prefills = self.pair.prefill.clone();
-        let decodes = self.pair.decode.clone();
-        let first_prefill = self.starts.len();
-        for u in &prefills {
-            let s = self
-                .start_unit(u, "prefill", engine_readiness(t.prefill_ready_ms))
-                .await;
-            self.starts.push(s);
-        }
-        match self.pair.decode_start_policy {
-            DecodeStartPolicy::AfterPrefillReady => {
-                if !self.await_generating(first_prefill).await {
-                    return Ok(());
-                }
-                return self.drive_from_decode(&engine_readiness(t.decode_ready_ms)).await;
-            }
-            DecodeStartPolicy::Overlap => {
-                // Decode loads its weights while prefill does; it is started
-                // as soon as every prefill has been spawned.
-                if !self.await_spawned(first_prefill).await {
-                    return Ok(());
-                }
-                self.rec.transition(CoRestartStep::RestartingDecode)?;
-                for u in &decodes {
-                    let s = self.start_unit(u, "decode", engine_readiness(t.decode_ready_ms)).await;
-                    self.starts.push(s);
-                }
-                if !self.await_generating(first_prefill).await {
-                    return Ok(());
-                }
-            }
-        }
-        self.drive_from_router().await
     }
 
-    /// Decode's step (after-prefill-ready) and everything after it.
-    async fn drive_from_decode(&mut self, readiness: &ReadinessSpec) -> Result<(), crate::ops::journal::JournalError> {
-        self.rec.transition(CoRestartStep::RestartingDecode)?;
-        let first_decode = self.starts.len();
+    /// Starts every prefill. `after-prefill-ready`: decode follows once they
+    /// all generate; `overlap`: once they have all spawned (decode loads its
+    /// weights while prefill does).
+    async fn restart_prefill(&mut self) -> CoRestartStep {
+        let readiness = self.engine_readiness(self.pair.timeouts.prefill_ready_ms);
+        let first = self.starts.len();
+        for u in self.pair.prefill.clone() {
+            let s = self.start_unit(&u, "prefill", readiness.clone()).await;
+            self.starts.push(s);
+        }
+        let ready = match self.pair.decode_start_policy {
+            DecodeStartPolicy::AfterPrefillReady => self.await_generating(first).await,
+            DecodeStartPolicy::Overlap => self.await_spawned(first).await,
+        };
+        if ready {
+            CoRestartStep::RestartingDecode
+        } else {
+            CoRestartStep::Concluded
+        }
+    }
+
+    /// Starts every decode; the router follows once every engine this
+    /// operation started generates (under `overlap`, prefill too).
+    async fn restart_decode(&mut self) -> CoRestartStep {
+        let readiness = self.engine_readiness(self.pair.timeouts.decode_ready_ms);
         for u in self.pair.decode.clone() {
             let s = self.start_unit(&u, "decode", readiness.clone()).await;
             self.starts.push(s);
         }
-        if !self.await_generating(first_decode).await {
-            return Ok(());
+        if self.await_generating(0).await {
+            CoRestartStep::RestartingRouter
+        } else {
+            CoRestartStep::Concluded
         }
-        self.drive_from_router().await
     }
 
-    /// The router's step and the probes.
-    async fn drive_from_router(&mut self) -> Result<(), crate::ops::journal::JournalError> {
-        let t = self.pair.timeouts.clone();
-        self.rec.transition(CoRestartStep::RestartingRouter)?;
+    /// Starts the router; its readiness is a probe-tagged generation through
+    /// it — also probe 1 of the series (the first generation after the
+    /// start, the one a cold start slows), so its timeout is the probe
+    /// timeout.
+    async fn restart_router(&mut self) -> CoRestartStep {
+        let t = &self.pair.timeouts;
         let probe = &self.pair.probe;
-        // The router's readiness is a probe-tagged generation through it; it
-        // is also probe 1 of the series (the first generation after the start,
-        // the one a cold start slows), so its timeout is the probe timeout.
-        let router_readiness = ReadinessSpec {
+        let readiness = ReadinessSpec {
             deadline_ms: t.router_ready_ms + probe.probe_timeout_ms,
             poll_interval_ms: t.poll_interval_ms,
             check_timeout_ms: probe.probe_timeout_ms,
             chat: Some(self.chat_probe()),
         };
-        let first_router = self.starts.len();
+        let first = self.starts.len();
         for u in self.pair.router.clone() {
-            let s = self.start_unit(&u, "router", router_readiness.clone()).await;
+            let s = self.start_unit(&u, "router", readiness.clone()).await;
             self.starts.push(s);
         }
-        if !self.await_generating(first_router).await {
-            return Ok(());
+        if self.await_generating(first).await {
+            CoRestartStep::Probing
+        } else {
+            CoRestartStep::Concluded
         }
+    }
 
-        self.rec.transition(CoRestartStep::Probing)?;
-        self.probe_series(first_router).await;
-        Ok(())
+    /// The probe series through the first router: its readiness generation
+    /// is probe 1 when this operation started it.
+    async fn probe(&mut self) {
+        let router = self.pair.router[0].clone();
+        match self.starts.iter().position(|s| s.unit == router) {
+            Some(i) => self.probe_series(i).await,
+            None => self.probe_series_via(&router, Vec::new()).await,
+        }
     }
 
     fn chat_probe(&self) -> ChatProbe {
@@ -950,20 +1008,12 @@ impl CoRestart<'_> {
             step_idx,
             rx: None,
             deadline,
-            spawned: false,
+            state: StartState::Sent,
             acked: false,
             furthest: None,
-            exited: false,
-            lost_contact: false,
-            generating: false,
-            done: false,
             last_detail: String::new(),
-            check_latency_ms: 0,
-            check_tokens: 0,
             generation_attempts: Vec::new(),
             config_fingerprint: String::new(),
-            engine_version: String::new(),
-            adopted_done: false,
         };
         if let Some(a) = &adopted {
             self.rec.journal_entry(
@@ -981,24 +1031,17 @@ impl CoRestart<'_> {
                 "{}: this operation's start (command {command_id}), sent before the orchestrator restarted, adopted — not started again",
                 a.phase
             );
-            match (a.in_progress, a.phase.as_str()) {
+            s.state = match (a.in_progress, a.phase.as_str()) {
                 (false, "generating") => {
-                    s.spawned = true;
-                    s.generating = true;
-                    s.done = true;
-                    s.adopted_done = true;
                     s.furthest = Some(ReadinessPhase::Generating);
+                    StartState::GeneratingBefore
                 }
-                (false, phase) => {
-                    s.spawned = true;
-                    s.exited = phase == "exited";
-                    s.done = true;
-                }
-                (true, phase) => {
-                    s.spawned = matches!(phase, "spawned" | "refused" | "http_503" | "healthy");
-                }
-            }
-            if s.done {
+                (false, "exited") => StartState::Exited,
+                (false, _) => StartState::NotReady,
+                (true, "spawned" | "refused" | "http_503" | "healthy") => StartState::Spawned,
+                (true, _) => StartState::Sent,
+            };
+            if s.state.is_over() {
                 self.rec.step_ended(step_idx, s.outcome());
                 return s;
             }
@@ -1006,7 +1049,7 @@ impl CoRestart<'_> {
         match self.ctx.fleet.send(&unit.host, &unit.unit, cmd).await {
             Ok(rx) => s.rx = Some(rx),
             Err(e) => {
-                s.done = true;
+                s.state = StartState::Failed { after_spawn: false };
                 s.last_detail = e.to_string();
                 self.rec.step_ended(step_idx, format!("failed: {e}"));
             }
@@ -1019,10 +1062,10 @@ impl CoRestart<'_> {
         let rec = self.rec;
         let fleet = &self.ctx.fleet;
         join_all(self.starts[from..].iter_mut().map(|s| async move {
-            while !(s.done || (s.acked && s.spawned)) {
+            while !(s.state.is_over() || (s.acked && s.state.spawned())) {
                 next_report(rec, fleet, s).await;
             }
-            s.acked && s.spawned
+            s.acked && s.state.spawned()
         }))
         .await
         .into_iter()
@@ -1034,10 +1077,10 @@ impl CoRestart<'_> {
         let rec = self.rec;
         let fleet = &self.ctx.fleet;
         join_all(self.starts[from..].iter_mut().map(|s| async move {
-            while !s.done {
+            while !s.state.is_over() {
                 next_report(rec, fleet, s).await;
             }
-            s.generating
+            s.state.generating()
         }))
         .await
         .into_iter()
@@ -1068,22 +1111,24 @@ impl CoRestart<'_> {
                 request_id: a.request_id.clone(),
             })
             .collect();
-        match readiness.iter_mut().rev().find(|r| r.outcome == "ok") {
-            Some(last_ok) => last_ok.tokens = router.check_tokens,
-            // A start adopted after an orchestrator restart, already over:
-            // its check was never seen here (no latency, no tokens), so it is
-            // not made up as probe 1; the series starts with a real probe.
-            None if router.adopted_done => {}
+        match (readiness.iter_mut().rev().find(|r| r.outcome == "ok"), &router.state) {
+            (Some(last_ok), StartState::Generating(check)) => last_ok.tokens = check.tokens,
+            (Some(_), _) => {}
             // An agent that reports no attempts: the passing check alone.
-            None => readiness.push(ProbeRecord {
+            (None, StartState::Generating(check)) => readiness.push(ProbeRecord {
                 target: format!("router:{}", router.unit.unit),
                 seq: 0,
-                latency_ms: Some(router.check_latency_ms),
-                tokens: router.check_tokens,
+                latency_ms: Some(check.latency_ms),
+                tokens: check.tokens,
                 outcome: "ok".into(),
                 error: "readiness generation".into(),
                 request_id: String::new(),
             }),
+            // A start adopted after an orchestrator restart, already over
+            // (`GeneratingBefore`): its check was never seen here (no
+            // latency, no tokens), so it is not made up as probe 1; the
+            // series starts with a real probe.
+            (None, _) => {}
         }
         let unit = router.unit.clone();
         self.probe_series_via(&unit, readiness).await;
@@ -1498,7 +1543,11 @@ impl CoRestart<'_> {
 /// its deadline).
 async fn next_report(rec: &Recorder, fleet: &Fleet, s: &mut UnitStart) {
     let Some(rx) = s.rx.as_mut() else {
-        s.done = true;
+        if !s.state.is_over() {
+            s.state = StartState::Failed {
+                after_spawn: s.state.spawned(),
+            };
+        }
         return;
     };
     let report = match tokio::time::timeout_at(s.deadline, rx.recv()).await {
@@ -1506,7 +1555,9 @@ async fn next_report(rec: &Recorder, fleet: &Fleet, s: &mut UnitStart) {
         Ok(None) => AgentReport::Disconnected,
         Err(_) => {
             fleet.forget(&s.command_id);
-            s.done = true;
+            s.state = StartState::Failed {
+                after_spawn: s.state.spawned(),
+            };
             s.last_detail = format!(
                 "no word from the agent on {} by its deadline; last: {}",
                 s.unit, s.last_detail
@@ -1516,7 +1567,7 @@ async fn next_report(rec: &Recorder, fleet: &Fleet, s: &mut UnitStart) {
         }
     };
     apply_report(rec, s, report);
-    if s.done {
+    if s.state.is_over() {
         fleet.forget(&s.command_id);
         rec.step_ended(s.step_idx, s.outcome());
     }
@@ -1549,7 +1600,7 @@ fn apply_report(rec: &Recorder, s: &mut UnitStart, report: AgentReport) {
                 request_id: a.request_id,
             };
             // Attempts reported while the old instance stopped are not this start's.
-            if s.spawned && generation {
+            if s.state.spawned() && generation {
                 s.generation_attempts.push(record.clone());
             }
             rec.attempt(record);
@@ -1557,7 +1608,7 @@ fn apply_report(rec: &Recorder, s: &mut UnitStart, report: AgentReport) {
         AgentReport::Unit(ev) => {
             let phase = Phase::try_from(ev.phase).unwrap_or(Phase::Unspecified);
             let mut name = phase_name(ev.phase).to_string();
-            if !s.spawned && matches!(phase, Phase::Exited) {
+            if !s.state.spawned() && matches!(phase, Phase::Exited) {
                 // The previous instance stopping, not the new one failing.
                 name = "stopped".into();
             }
@@ -1573,7 +1624,7 @@ fn apply_report(rec: &Recorder, s: &mut UnitStart, report: AgentReport) {
             }
             let reached = match phase {
                 Phase::Spawned => {
-                    s.spawned = true;
+                    s.state = StartState::Spawned;
                     s.config_fingerprint = ev.config_fingerprint.clone();
                     Some(ReadinessPhase::Spawned)
                 }
@@ -1581,20 +1632,19 @@ fn apply_report(rec: &Recorder, s: &mut UnitStart, report: AgentReport) {
                 Phase::Http503 => Some(ReadinessPhase::Http503),
                 Phase::Healthy => Some(ReadinessPhase::Healthy),
                 Phase::Generating => {
-                    s.generating = true;
-                    s.done = true;
-                    s.check_latency_ms = ev.check_latency_ms;
-                    s.check_tokens = ev.check_tokens;
-                    s.engine_version = ev.engine_version.clone();
+                    s.state = StartState::Generating(PassedCheck {
+                        latency_ms: ev.check_latency_ms,
+                        tokens: ev.check_tokens,
+                        engine_version: ev.engine_version.clone(),
+                    });
                     Some(ReadinessPhase::Generating)
                 }
-                Phase::Exited if s.spawned => {
-                    s.exited = true;
-                    s.done = true;
+                Phase::Exited if s.state.spawned() => {
+                    s.state = StartState::Exited;
                     None
                 }
                 Phase::NotReady => {
-                    s.done = true;
+                    s.state = StartState::NotReady;
                     None
                 }
                 _ => None,
@@ -1606,7 +1656,9 @@ fn apply_report(rec: &Recorder, s: &mut UnitStart, report: AgentReport) {
         AgentReport::Result(r) => {
             s.acked = true;
             if !r.ok {
-                s.done = true;
+                s.state = StartState::Failed {
+                    after_spawn: s.state.spawned(),
+                };
                 s.last_detail = format!("start failed: {}", r.error);
             }
         }
@@ -1616,8 +1668,9 @@ fn apply_report(rec: &Recorder, s: &mut UnitStart, report: AgentReport) {
         | AgentReport::Gate(_)
         | AgentReport::Scrape(_) => {}
         AgentReport::Disconnected => {
-            s.done = true;
-            s.lost_contact = !s.generating;
+            s.state = StartState::LostContact {
+                after_spawn: s.state.spawned(),
+            };
             s.last_detail = format!("agent {} disconnected; last: {}", s.unit.host, s.last_detail);
         }
     }
