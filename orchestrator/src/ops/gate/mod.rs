@@ -842,6 +842,25 @@ struct Partial {
     rollback_judgement: Option<JudgeReport>,
 }
 
+/// What the gate's steps have established so far (the machine's data).
+#[derive(Default)]
+struct Run {
+    baseline: Option<Measurement>,
+    after: Option<Measurement>,
+    looks: u32,
+    /// The verdict a rollback under way will conclude with, if it succeeds.
+    rolling_back_for: Option<GateVerdict>,
+    out: Partial,
+}
+
+/// What a gate step found: go on, roll back (concluding with this verdict
+/// if the rollback succeeds), or conclude.
+enum Next {
+    Step(GateStep),
+    RollBack(GateVerdict),
+    Done(GateVerdict),
+}
+
 struct Gate {
     ctx: OperationContext,
     pair: PairConfig,
@@ -927,9 +946,51 @@ impl Gate {
     }
 
     /// The state machine; returns the verdict and the evidence.
+    /// The state machine: one step at a time, each entered (journaled) by its
+    /// step function, each returning what follows from what it found — the
+    /// next step, or the verdict. What the steps establish travels in
+    /// [`Run`].
     async fn drive(&mut self) -> Result<(GateVerdict, Partial), JournalError> {
-        let mut out = Partial::default();
-        // 1. Baseline.
+        let mut run = Run::default();
+        let mut step = GateStep::Baseline;
+        loop {
+            let next = match step {
+                GateStep::Baseline => self.baseline(&mut run).await?,
+                GateStep::Applying => self.applying(&mut run).await?,
+                GateStep::Restarting => self.restarting(&mut run).await?,
+                GateStep::VerifyingLive => self.verifying_live(&mut run).await?,
+                // One look: measured, then judged.
+                GateStep::Measuring | GateStep::Judging => self.measuring(&mut run).await?,
+                // The rollback's steps run as one (they are shared with a
+                // gate taken over after an orchestrator restart).
+                GateStep::RollingBack
+                | GateStep::RollbackRestarting
+                | GateStep::RollbackVerifyingLive
+                | GateStep::RollbackMeasuring => {
+                    let verdict = run.rolling_back_for.unwrap_or(GateVerdict::Failed);
+                    // Rolling back is only ever decided after the baseline step.
+                    let baseline = run.baseline.take().expect("a rollback follows a measured baseline");
+                    let (verdict, out) = self.rollback(verdict, &baseline, std::mem::take(&mut run.out)).await?;
+                    run.out = out;
+                    Next::Done(verdict)
+                }
+                GateStep::Started | GateStep::Concluded => Next::Done(GateVerdict::Failed),
+            };
+            match next {
+                Next::Step(s) => step = s,
+                Next::RollBack(verdict) => {
+                    run.rolling_back_for = Some(verdict);
+                    step = GateStep::RollingBack;
+                }
+                Next::Done(verdict) => return Ok((verdict, run.out)),
+            }
+        }
+    }
+
+    /// 1. The pair as it is: healthy (a verification), its processes' values
+    /// before, and the benchmark — measured again while too loose to decide
+    /// anything (up to the budget). Nothing is changed if any of it fails.
+    async fn baseline(&mut self, run: &mut Run) -> Result<Next, JournalError> {
         let idx = self.enter(GateStep::Baseline)?;
         if self.pair.gate.verify {
             let r = self
@@ -947,12 +1008,12 @@ impl Gate {
                     r.verdict.as_str(),
                     r.reasons.join("; ")
                 ));
-                return Ok((GateVerdict::Failed, out));
+                return Ok(Next::Done(GateVerdict::Failed));
             }
         }
         match self.inspect_all().await {
             Ok(views) => {
-                out.before_live = views
+                run.out.before_live = views
                     .iter()
                     .map(|v| {
                         let e = live::expected_from(v, &self.change.env_keys(), &self.change.flags(), None);
@@ -966,12 +1027,10 @@ impl Gate {
                 self.reasons.push(format!(
                     "cannot read the processes before the change: {e}; nothing was changed"
                 ));
-                return Ok((GateVerdict::Failed, out));
+                return Ok(Next::Done(GateVerdict::Failed));
             }
         }
         let mut baseline = self.measure("baseline").await;
-        // The baseline bounds every later interval: measure more of it
-        // while it is too loose to decide anything (up to the budget).
         for _ in 1..self.policy.max_looks {
             if baseline.failures() > 0 {
                 break;
@@ -991,7 +1050,7 @@ impl Gate {
                 baseline.failures(),
                 first_error(&baseline)
             ));
-            return Ok((GateVerdict::Failed, out));
+            return Ok(Next::Done(GateVerdict::Failed));
         }
         self.end(
             idx,
@@ -1000,21 +1059,25 @@ impl Gate {
                 baseline.cells.iter().map(|c| c.requests.len()).sum::<usize>()
             ),
         );
+        run.baseline = Some(baseline);
+        Ok(Next::Step(GateStep::Applying))
+    }
 
-        // 2. Apply.
+    /// 2. New config versions, recorded by the agents. A failure restores
+    /// the units already changed (no process was restarted: nothing else to
+    /// undo).
+    async fn applying(&mut self, _run: &mut Run) -> Result<Next, JournalError> {
         let idx = self.enter(GateStep::Applying)?;
         if let Err(e) = self.apply().await {
             self.end(idx, format!("failed: {e}"));
-            // Units already changed go back to their previous version (no
-            // process was restarted: nothing else to undo).
             let restore = self.restore_versions().await;
             self.reasons.push(format!("applying the change failed: {e}"));
             if let Err(r) = restore {
                 self.reasons
                     .push(format!("restoring the previous config versions failed: {r}"));
-                return Ok((GateVerdict::RollbackFailed, out));
+                return Ok(Next::Done(GateVerdict::RollbackFailed));
             }
-            return Ok((GateVerdict::Failed, out));
+            return Ok(Next::Done(GateVerdict::Failed));
         }
         let applied: Vec<String> = self
             .versions
@@ -1022,8 +1085,11 @@ impl Gate {
             .map(|v| format!("{} v{}→v{}", v.unit, v.previous, v.applied))
             .collect();
         self.end(idx, applied.join(", "));
+        Ok(Next::Step(GateStep::Restarting))
+    }
 
-        // 3. Co-restart.
+    /// 3. The ordered co-restart onto the new versions (a child operation).
+    async fn restarting(&mut self, _run: &mut Run) -> Result<Next, JournalError> {
         let idx = self.enter(GateStep::Restarting)?;
         let r = self.child("restart", OperationKind::CoRestart).await?;
         self.end(idx, r.verdict.as_str());
@@ -1033,58 +1099,66 @@ impl Gate {
                 r.verdict.as_str(),
                 r.reasons.join("; ")
             ));
-            return self
-                .rollback(GateVerdict::RestartFailedRolledBack, &baseline, out)
-                .await;
+            return Ok(Next::RollBack(GateVerdict::RestartFailedRolledBack));
         }
+        Ok(Next::Step(GateStep::VerifyingLive))
+    }
 
-        // 4. Verify live.
+    /// 4. `/proc` of each restarted process against the change.
+    async fn verifying_live(&mut self, run: &mut Run) -> Result<Next, JournalError> {
         let idx = self.enter(GateStep::VerifyingLive)?;
-        out.live = self.verify_live(false).await;
-        let not_live: Vec<String> = out.live.iter().flat_map(|c| c.problems.clone()).collect();
-        self.journal("live_check", &out.live);
+        run.out.live = self.verify_live(false).await;
+        let not_live: Vec<String> = run.out.live.iter().flat_map(|c| c.problems.clone()).collect();
+        self.journal("live_check", &run.out.live);
         if !not_live.is_empty() {
             self.end(idx, format!("not live: {}", not_live.join("; ")));
             self.reasons.push(format!(
                 "the change is not live in the restarted processes: {}",
                 not_live.join("; ")
             ));
-            return self.rollback(GateVerdict::NotLiveRolledBack, &baseline, out).await;
+            return Ok(Next::RollBack(GateVerdict::NotLiveRolledBack));
         }
-        let pids: Vec<String> = out.live.iter().map(|c| format!("{} pid {}", c.unit, c.pid)).collect();
+        let pids: Vec<String> = run
+            .out
+            .live
+            .iter()
+            .map(|c| format!("{} pid {}", c.unit, c.pid))
+            .collect();
         self.end(idx, format!("live in {}", pids.join(", ")));
+        Ok(Next::Step(GateStep::Measuring))
+    }
 
-        // 5–6. Measure and judge, one look at a time, until a decision or
-        // the budget (the judge spends its error over the planned looks, so
-        // stopping early is free).
-        let mut after: Option<Measurement> = None;
-        let mut look = 0;
-        let report = loop {
-            look += 1;
-            let idx = self.enter(GateStep::Measuring)?;
-            let more = self.measure(&format!("after#{look}")).await;
-            self.end(idx, format!("look {look}: {} failed", more.failures()));
-            let after = match after.as_mut() {
-                Some(a) => {
-                    a.extend(more);
-                    a
-                }
-                None => after.insert(more),
-            };
-            let idx = self.enter(GateStep::Judging)?;
-            let report = judge::judge(
-                &metrics(&baseline, after),
-                baseline.failures(),
-                after.failures(),
-                self.policy,
-                look,
-            );
-            self.journal("judgement", &report);
-            self.end(idx, format!("look {look}: {:?}", report.judgement));
-            if report.judgement != Judgement::Inconclusive || look >= self.policy.max_looks {
-                break report;
+    /// 5–6. One look: measured and judged. Another look while inconclusive
+    /// and within the budget (the judge spends its error over the planned
+    /// looks, so stopping early is free); else the verdict, and a rollback
+    /// unless the change stays.
+    async fn measuring(&mut self, run: &mut Run) -> Result<Next, JournalError> {
+        run.looks += 1;
+        let look = run.looks;
+        let idx = self.enter(GateStep::Measuring)?;
+        let more = self.measure(&format!("after#{look}")).await;
+        self.end(idx, format!("look {look}: {} failed", more.failures()));
+        let after = match run.after.as_mut() {
+            Some(a) => {
+                a.extend(more);
+                a
             }
+            None => run.after.insert(more),
         };
+        let idx = self.enter(GateStep::Judging)?;
+        let baseline = run.baseline.as_ref().expect("measured before the change");
+        let report = judge::judge(
+            &metrics(baseline, after),
+            baseline.failures(),
+            after.failures(),
+            self.policy,
+            look,
+        );
+        self.journal("judgement", &report);
+        self.end(idx, format!("look {look}: {:?}", report.judgement));
+        if report.judgement == Judgement::Inconclusive && look < self.policy.max_looks {
+            return Ok(Next::Step(GateStep::Measuring));
+        }
         let verdict = match report.judgement {
             Judgement::Improved => GateVerdict::Accepted,
             Judgement::NotWorse => GateVerdict::KeptNotWorse,
@@ -1104,7 +1178,7 @@ impl Gate {
             ));
         }
         let stays = verdict.kept() || verdict == GateVerdict::InconclusiveHeld;
-        out.judgement = Some(report);
+        run.out.judgement = Some(report);
         if verdict == GateVerdict::InconclusiveHeld {
             self.reasons.push(format!(
                 "the change is still live (on_inconclusive = \"hold\"): keep it as it is, or gate it back to the previous values ({}) with `pdwarden gate {}`",
@@ -1112,10 +1186,11 @@ impl Gate {
                 self.pair.name,
             ));
         }
-        if stays {
-            return Ok((verdict, out));
-        }
-        self.rollback(verdict, &baseline, out).await
+        Ok(if stays {
+            Next::Done(verdict)
+        } else {
+            Next::RollBack(verdict)
+        })
     }
 
     /// Restores the previous versions, co-restarts, verifies the old values
