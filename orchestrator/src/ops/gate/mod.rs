@@ -987,7 +987,7 @@ impl Gate {
         }
     }
 
-    /// 1. The pair as it is: healthy (a verification), its processes' values
+    /// Step 1, the pair as it is: healthy (a verification), its processes' values
     /// before, and the benchmark — measured again while too loose to decide
     /// anything (up to the budget). Nothing is changed if any of it fails.
     async fn baseline(&mut self, run: &mut Run) -> Result<Next, JournalError> {
@@ -1063,7 +1063,7 @@ impl Gate {
         Ok(Next::Step(GateStep::Applying))
     }
 
-    /// 2. New config versions, recorded by the agents. A failure restores
+    /// Step 2, new config versions, recorded by the agents. A failure restores
     /// the units already changed (no process was restarted: nothing else to
     /// undo).
     async fn applying(&mut self, _run: &mut Run) -> Result<Next, JournalError> {
@@ -1088,7 +1088,7 @@ impl Gate {
         Ok(Next::Step(GateStep::Restarting))
     }
 
-    /// 3. The ordered co-restart onto the new versions (a child operation).
+    /// Step 3, the ordered co-restart onto the new versions (a child operation).
     async fn restarting(&mut self, _run: &mut Run) -> Result<Next, JournalError> {
         let idx = self.enter(GateStep::Restarting)?;
         let r = self.child("restart", OperationKind::CoRestart).await?;
@@ -1104,7 +1104,7 @@ impl Gate {
         Ok(Next::Step(GateStep::VerifyingLive))
     }
 
-    /// 4. `/proc` of each restarted process against the change.
+    /// Step 4, `/proc` of each restarted process against the change.
     async fn verifying_live(&mut self, run: &mut Run) -> Result<Next, JournalError> {
         let idx = self.enter(GateStep::VerifyingLive)?;
         run.out.live = self.verify_live(false).await;
@@ -1128,7 +1128,7 @@ impl Gate {
         Ok(Next::Step(GateStep::Measuring))
     }
 
-    /// 5–6. One look: measured and judged. Another look while inconclusive
+    /// Steps 5–6, one look: measured and judged. Another look while inconclusive
     /// and within the budget (the judge spends its error over the planned
     /// looks, so stopping early is free); else the verdict, and a rollback
     /// unless the change stays.
