@@ -27,14 +27,14 @@ use tonic::server::NamedService;
 /// What an operator may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Role {
+pub enum OperatorRole {
     /// `status`, `history`.
     Read,
     /// Also restart, verify, gate, restart unit.
     Operate,
 }
 
-impl Role {
+impl OperatorRole {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Read => "read",
@@ -49,7 +49,7 @@ impl Role {
 pub struct OperatorConfig {
     /// Recorded as the actor of everything this operator does.
     pub name: String,
-    pub role: Role,
+    pub role: OperatorRole,
     /// Lower-case hex SHA-256 of the token (`pdwarden certs token NAME` prints both).
     pub token_sha256: String,
 }
@@ -76,10 +76,10 @@ pub fn new_token() -> String {
 }
 
 /// The role a `Control` method needs.
-pub fn required_role(path: &str) -> Role {
+pub fn required_role(path: &str) -> OperatorRole {
     match path {
-        "/pdwarden.v1.Control/Status" | "/pdwarden.v1.Control/History" => Role::Read,
-        _ => Role::Operate,
+        "/pdwarden.v1.Control/Status" | "/pdwarden.v1.Control/History" => OperatorRole::Read,
+        _ => OperatorRole::Operate,
     }
 }
 
@@ -235,12 +235,12 @@ mod tests {
         let a = Authenticator::new(vec![
             OperatorConfig {
                 name: "rita".into(),
-                role: Role::Read,
+                role: OperatorRole::Read,
                 token_sha256: hash_token(&r),
             },
             OperatorConfig {
                 name: "otto".into(),
-                role: Role::Operate,
+                role: OperatorRole::Operate,
                 token_sha256: hash_token(&o),
             },
         ]);
@@ -268,7 +268,10 @@ mod tests {
             a.authorize(status, Some("Bearer nope")).unwrap_err().code(),
             tonic::Code::Unauthenticated
         );
-        assert_eq!(required_role("/pdwarden.v1.Control/SomethingNew"), Role::Operate);
+        assert_eq!(
+            required_role("/pdwarden.v1.Control/SomethingNew"),
+            OperatorRole::Operate
+        );
     }
 
     /// A plaintext token in the config is refused, naming the field.
@@ -276,7 +279,7 @@ mod tests {
     fn config_holds_hashes_only() {
         let bad = OperatorConfig {
             name: "a".into(),
-            role: Role::Read,
+            role: OperatorRole::Read,
             token_sha256: new_token(),
         };
         assert_eq!(validate(&[bad]).unwrap_err().0, "operator[0].token_sha256");

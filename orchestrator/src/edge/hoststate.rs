@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use pdwarden_proto::v1::{GpuEvent, HostSnapshot};
 use serde::{Deserialize, Serialize};
 
-use crate::judge::findings::{Finding, HostInput, findings};
+use crate::judge::findings::{HostFinding, HostInput, findings};
 
 /// Events kept per host (newest last).
 pub const EVENTS_KEPT: usize = 32;
@@ -342,7 +342,7 @@ impl HostStates {
 
     /// Findings over every host's latest report; `queued` is each host's
     /// queued requests per unit, where the engines' metrics are known.
-    pub fn findings(&self, queued: &BTreeMap<String, BTreeMap<String, u64>>, now_unix_ms: u64) -> Vec<Finding> {
+    pub fn findings(&self, queued: &BTreeMap<String, BTreeMap<String, u64>>, now_unix_ms: u64) -> Vec<HostFinding> {
         findings_over(&self.all(), queued, now_unix_ms)
     }
 
@@ -361,7 +361,7 @@ pub fn findings_over(
     reports: &BTreeMap<String, Arc<HostReport>>,
     queued: &BTreeMap<String, BTreeMap<String, u64>>,
     now_unix_ms: u64,
-) -> Vec<Finding> {
+) -> Vec<HostFinding> {
     let none = BTreeMap::new();
     let inputs: Vec<HostInput<'_>> = reports
         .iter()
@@ -538,7 +538,7 @@ pub fn render_host_report(r: &HostReport, now_unix_ms: u64, color: bool) -> Vec<
 }
 
 /// The findings block of `pdwarden status` (nothing when there are none).
-pub fn render_findings(findings: &[Finding], color: bool) -> Vec<String> {
+pub fn render_findings(findings: &[HostFinding], color: bool) -> Vec<String> {
     if findings.is_empty() {
         return Vec::new();
     }

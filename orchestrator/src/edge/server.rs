@@ -122,7 +122,7 @@ pub struct StatusView {
     pub agents: Vec<AgentStatus>,
     pub pairs: Vec<PairStatus>,
     /// What in the hosts' GPU reports needs a look, critical first.
-    pub findings: Vec<crate::judge::findings::Finding>,
+    pub findings: Vec<crate::judge::findings::HostFinding>,
     /// The continuous watch of each watched pair (state, readiness, breaker).
     pub watch: Vec<PairWatchView>,
     /// Transport and operator authentication (issue 8).

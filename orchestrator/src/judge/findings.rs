@@ -36,7 +36,7 @@ pub enum Severity {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Finding {
+pub struct HostFinding {
     pub severity: Severity,
     /// `foreign_gpu_process`, `dead_unit_gpu_memory`, `gpu_memory_without_process`,
     /// `gpu_event`, `ecc_uncorrected` or `gpu_idle_with_queue`.
@@ -61,10 +61,10 @@ fn gib(bytes: u64) -> String {
 }
 
 /// Every finding, critical first, then by host and GPU.
-pub fn findings(hosts: &[HostInput<'_>], now_unix_ms: u64) -> Vec<Finding> {
+pub fn findings(hosts: &[HostInput<'_>], now_unix_ms: u64) -> Vec<HostFinding> {
     let mut out = Vec::new();
     for h in hosts {
-        let f = |severity, kind: &str, gpu, unit: Option<&str>, pid, message: String| Finding {
+        let f = |severity, kind: &str, gpu, unit: Option<&str>, pid, message: String| HostFinding {
             severity,
             kind: kind.to_owned(),
             host: h.host.to_owned(),
@@ -286,7 +286,7 @@ mod tests {
         }
     }
 
-    fn run(r: &HostReport, queued: &BTreeMap<String, u64>, now: u64) -> Vec<Finding> {
+    fn run(r: &HostReport, queued: &BTreeMap<String, u64>, now: u64) -> Vec<HostFinding> {
         findings(
             &[HostInput {
                 host: "gpu-1",
@@ -297,7 +297,7 @@ mod tests {
         )
     }
 
-    fn kinds(f: &[Finding]) -> Vec<&str> {
+    fn kinds(f: &[HostFinding]) -> Vec<&str> {
         f.iter().map(|x| x.kind.as_str()).collect()
     }
 

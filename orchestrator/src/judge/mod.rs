@@ -9,6 +9,7 @@
 //! - [`wedge`]: wedge detection from engine samples, and the recovery
 //!   circuit breaker.
 //! - [`findings`]: GPU and host findings (foreign processes, Xid/ECC, …).
+//! - [`probe`]: what one end-to-end probe found, in one vocabulary.
 //! - [`stats`]: latency summaries that check for bimodality first.
 //! - [`gate`]: the change gate's statistics (cluster bootstrap, margins,
 //!   sequential looks); [`live`]: whether a change is live in `/proc`.
@@ -16,6 +17,7 @@
 pub mod findings;
 pub mod gate;
 pub mod live;
+pub mod probe;
 pub mod stats;
 pub mod suite;
 pub mod verdict;

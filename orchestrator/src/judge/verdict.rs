@@ -155,22 +155,7 @@ pub struct UnitStartup {
     pub failed_checks: Vec<FailedCheck>,
 }
 
-/// One end-to-end generation through the router.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ProbeObservation {
-    Ok { latency_ms: u64, tokens: u32 },
-    Timeout { after_ms: u64 },
-    Error { message: String },
-}
-
-impl ProbeObservation {
-    fn latency(&self) -> Option<u64> {
-        match self {
-            Self::Ok { latency_ms, .. } => Some(*latency_ms),
-            _ => None,
-        }
-    }
-}
+pub use crate::judge::probe::ProbeObservation;
 
 /// Accepted restarts needed before history may set the cold allowance.
 pub const MIN_COLD_HISTORY: usize = 3;

@@ -60,6 +60,8 @@ use pdwarden_engines::{EngineKind, Health, Moves, PrefillProgress, Signal};
 use serde::Serialize;
 use tokio::time::Instant;
 
+pub use crate::judge::probe::ProbeObservation;
+
 /// A finished probe's tokens show in an engine's counters by the next
 /// scrape (SGLang counts them per prefill batch and decode step, and at
 /// finish); its credit lapses after this many scrapes. Longer would let the
@@ -418,24 +420,15 @@ impl UnitTrack {
     }
 }
 
-/// An active probe's outcome.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(tag = "outcome", rename_all = "snake_case")]
-pub enum ProbeOutcome {
-    Ok { latency_ms: u64 },
-    Timeout { after_ms: u64 },
-    Error { message: String },
-}
-
 /// A finished probe.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ProbeRecord {
+pub struct WatchProbe {
     pub target: String,
     pub sent_at: Instant,
     pub timeout: Duration,
     /// Requests ahead of it (running + queued) its timeout had to cover.
     pub work_ahead: u32,
-    pub outcome: ProbeOutcome,
+    pub outcome: ProbeObservation,
     pub request_id: String,
 }
 
@@ -445,7 +438,7 @@ pub struct PairEvidence {
     pub units: Vec<UnitTrack>,
     pub probe_in_flight: bool,
     pub last_probe_sent: Option<Instant>,
-    pub last_probe: Option<ProbeRecord>,
+    pub last_probe: Option<WatchProbe>,
     /// When the last probe's result arrived.
     pub last_probe_done: Option<Instant>,
     /// When liveness was last proven by a probe or a healthy operation, and how.
@@ -485,14 +478,14 @@ impl PairEvidence {
         }
     }
 
-    pub fn probe_done(&mut self, record: ProbeRecord, done_at: Instant) {
+    pub fn probe_done(&mut self, record: WatchProbe, done_at: Instant) {
         self.probe_in_flight = false;
         for u in &mut self.units {
             if u.credit != (0.0, 0.0) {
                 u.credit_expires = Some(done_at + self.scrape_interval * CREDIT_GRACE_SCRAPES);
             }
         }
-        if matches!(record.outcome, ProbeOutcome::Ok { .. }) {
+        if matches!(record.outcome, ProbeObservation::Ok { .. }) {
             self.last_proof = Some((done_at, format!("probe through {} answered", record.target)));
             self.last_probe_ok = Some(done_at);
         }
@@ -1038,10 +1031,10 @@ pub fn judge(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Assessment {
 
     // A failed probe stands unless every engine progressed after it was sent.
     let failed_probe = e.last_probe.as_ref().filter(|r| {
-        !matches!(r.outcome, ProbeOutcome::Ok { .. }) && !e.units.iter().all(|u| u.progressed_after(r.sent_at))
+        !matches!(r.outcome, ProbeObservation::Ok { .. }) && !e.units.iter().all(|u| u.progressed_after(r.sent_at))
     });
     let served_others = e.last_probe.as_ref().filter(|r| {
-        !matches!(r.outcome, ProbeOutcome::Ok { .. })
+        !matches!(r.outcome, ProbeObservation::Ok { .. })
             && !e.units.is_empty()
             && e.units.iter().all(|u| u.progressed_after(r.sent_at))
             && e.last_probe_done
@@ -1050,7 +1043,7 @@ pub fn judge(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Assessment {
     // An engine that computed nothing at all since a probe was sent, for
     // longer than a legitimate prefill chunk (or request) that its stale
     // gauges may not show yet.
-    let silent_since_sent = |u: &UnitTrack, r: &ProbeRecord| {
+    let silent_since_sent = |u: &UnitTrack, r: &WatchProbe| {
         !u.moved_after(r.sent_at)
             && now.saturating_duration_since(r.sent_at) >= p.silence_allowance(u.engine(p).profile(), u.has_work_signal)
     };
@@ -1070,8 +1063,8 @@ pub fn judge(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Assessment {
         wedge = Some(evidence);
         (PairState::Wedged, vec![reason])
     } else if let Some(
-        r @ ProbeRecord {
-            outcome: ProbeOutcome::Timeout { after_ms },
+        r @ WatchProbe {
+            outcome: ProbeObservation::Timeout { after_ms },
             ..
         },
     ) = failed_probe
@@ -1123,9 +1116,11 @@ pub fn judge(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Assessment {
         (PairState::Down, unit_reasons(&[UnitState::Down]))
     } else if let Some(r) = failed_probe {
         let what = match &r.outcome {
-            ProbeOutcome::Timeout { after_ms } => format!("timed out after {}", s(Duration::from_millis(*after_ms))),
-            ProbeOutcome::Error { message } => format!("failed ({message})"),
-            ProbeOutcome::Ok { .. } => unreachable!("filtered"),
+            ProbeObservation::Timeout { after_ms } => {
+                format!("timed out after {}", s(Duration::from_millis(*after_ms)))
+            }
+            ProbeObservation::Error { message } => format!("failed ({message})"),
+            ProbeObservation::Ok { .. } => unreachable!("filtered"),
         };
         (
             PairState::Suspect,
@@ -1225,7 +1220,7 @@ fn decide_probe(
         PairState::Suspect
             if e.last_probe
                 .as_ref()
-                .is_some_and(|r| !matches!(r.outcome, ProbeOutcome::Ok { .. })) =>
+                .is_some_and(|r| !matches!(r.outcome, ProbeObservation::Ok { .. })) =>
         {
             let since_done = e.last_probe_done.map(|t| now.saturating_duration_since(t));
             if since_done.is_some_and(|d| d < p.idle_probe_interval) {
@@ -1392,7 +1387,7 @@ impl Breaker {
 
 /// "probe pdwarden-probe-7", or just "probe" for one that never got a
 /// request id (its agent was not connected, so it was not sent).
-fn probe_name(r: &ProbeRecord) -> String {
+fn probe_name(r: &WatchProbe) -> String {
     if r.request_id.is_empty() {
         "probe".into()
     } else {
@@ -1732,13 +1727,16 @@ mod tests {
         assert!(out[1..].iter().all(|a| a.state == PairState::Healthy));
     }
 
-    fn ok_probe(sent_at: Instant, timeout: Duration, work_ahead: u32) -> ProbeRecord {
-        ProbeRecord {
+    fn ok_probe(sent_at: Instant, timeout: Duration, work_ahead: u32) -> WatchProbe {
+        WatchProbe {
             target: "router-0".into(),
             sent_at,
             timeout,
             work_ahead,
-            outcome: ProbeOutcome::Ok { latency_ms: 200 },
+            outcome: ProbeObservation::Ok {
+                latency_ms: 200,
+                tokens: 1,
+            },
             request_id: "pdwarden-probe-x".into(),
         }
     }
@@ -2005,12 +2003,12 @@ mod tests {
         observe(&mut e, "prefill-0", sample(done, 0.0, 0.0, 9_005.0, 5.0, None));
         observe(&mut e, "decode-0", sample(done, 0.0, 0.0, 5.0, 5.0, None));
         e.probe_done(
-            ProbeRecord {
+            WatchProbe {
                 target: "router-0".into(),
                 sent_at: t0,
                 timeout,
                 work_ahead: 0,
-                outcome: ProbeOutcome::Timeout { after_ms: ms(timeout) },
+                outcome: ProbeObservation::Timeout { after_ms: ms(timeout) },
                 request_id: "pdwarden-probe-1".into(),
             },
             done,
@@ -2036,12 +2034,12 @@ mod tests {
         observe(&mut e2, "prefill-0", sample(done, 0.0, 0.0, 5.0, 5.0, None));
         observe(&mut e2, "decode-0", sample(done, 0.0, 0.0, 5.0, 5.0, None));
         e2.probe_done(
-            ProbeRecord {
+            WatchProbe {
                 target: "router-0".into(),
                 sent_at: t0,
                 timeout,
                 work_ahead: 0,
-                outcome: ProbeOutcome::Error {
+                outcome: ProbeObservation::Error {
                     message: "http 503".into(),
                 },
                 request_id: "pdwarden-probe-2".into(),
@@ -2081,12 +2079,12 @@ mod tests {
         }
         let done = t0 + timeout;
         e.probe_done(
-            ProbeRecord {
+            WatchProbe {
                 target: "router-0".into(),
                 sent_at: t0,
                 timeout,
                 work_ahead: 16,
-                outcome: ProbeOutcome::Timeout { after_ms: ms(timeout) },
+                outcome: ProbeObservation::Timeout { after_ms: ms(timeout) },
                 request_id: "pdwarden-probe-3".into(),
             },
             done,
@@ -2108,12 +2106,12 @@ mod tests {
         observe(&mut e, "prefill-0", sample(done, 0.0, 0.0, 5.0, 5.0, None));
         observe(&mut e, "decode-0", sample(done, 0.0, 0.0, 5.0, 5.0, None));
         e.probe_done(
-            ProbeRecord {
+            WatchProbe {
                 target: "router-0".into(),
                 sent_at: t0,
                 timeout: Duration::from_secs(20),
                 work_ahead: 0,
-                outcome: ProbeOutcome::Timeout { after_ms: 20_000 },
+                outcome: ProbeObservation::Timeout { after_ms: 20_000 },
                 request_id: "pdwarden-probe-1".into(),
             },
             done,
@@ -2153,12 +2151,12 @@ mod tests {
         observe(&mut e, "prefill-0", sample(done, 0.0, 0.0, 5.0, 5.0, None));
         observe(&mut e, "decode-0", sample(done, 1.0, 0.0, 305.0, 5.0, None));
         e.probe_done(
-            ProbeRecord {
+            WatchProbe {
                 target: "router-0".into(),
                 sent_at: sent,
                 timeout: Duration::from_millis(70),
                 work_ahead: 1,
-                outcome: ProbeOutcome::Timeout { after_ms: 70 },
+                outcome: ProbeObservation::Timeout { after_ms: 70 },
                 request_id: "pdwarden-probe-4".into(),
             },
             done,

@@ -1509,30 +1509,10 @@ impl CoRestart<'_> {
                 record.request_id = r.request_id.clone();
                 record.tokens = r.tokens;
                 record.error = r.error.clone();
-                match ProbeOutcome::try_from(r.outcome).unwrap_or(ProbeOutcome::Unspecified) {
-                    ProbeOutcome::Ok => {
-                        record.outcome = "ok".into();
-                        record.latency_ms = Some(r.latency_ms);
-                        ProbeObservation::Ok {
-                            latency_ms: r.latency_ms,
-                            tokens: r.tokens,
-                        }
-                    }
-                    ProbeOutcome::Timeout => {
-                        record.outcome = "timeout".into();
-                        record.latency_ms = Some(r.latency_ms);
-                        ProbeObservation::Timeout { after_ms: r.latency_ms }
-                    }
-                    _ => {
-                        let message = if r.http_status != 0 && !r.error.starts_with("http ") {
-                            format!("http {}: {}", r.http_status, r.error)
-                        } else {
-                            r.error.clone()
-                        };
-                        record.latency_ms = Some(r.latency_ms);
-                        ProbeObservation::Error { message }
-                    }
-                }
+                let obs = ProbeObservation::from_wire(&r);
+                record.outcome = obs.kind().into();
+                record.latency_ms = Some(r.latency_ms);
+                obs
             }
         };
         (obs, record)

@@ -21,9 +21,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use pdwarden_proto::v1::{
-    ChatProbe, Command, EngineSample, ProbeOutcome as PbOutcome, ProbeRequest, WatchEngines, WatchTarget, command,
-};
+use pdwarden_proto::v1::{ChatProbe, Command, EngineSample, ProbeRequest, WatchEngines, WatchTarget, command};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
@@ -39,8 +37,8 @@ use crate::ops::journal::JournalError;
 use pdwarden_engines::EngineKind;
 
 use crate::judge::wedge::{
-    Assessment, Breaker, BreakerDecision, Metrics, PairEvidence, PairState, PastOperation, ProbeDecision, ProbeOutcome,
-    ProbeRecord, Sample, UnitAssessment, UnitTrack, WatchPolicy, judge, recoveries_still_counting,
+    Assessment, Breaker, BreakerDecision, Metrics, PairEvidence, PairState, PastOperation, ProbeDecision,
+    ProbeObservation, Sample, UnitAssessment, UnitTrack, WatchPolicy, WatchProbe, judge, recoveries_still_counting,
 };
 
 /// A host report older than this says nothing about a unit's GPU now (the
@@ -77,17 +75,17 @@ pub struct PairWatchView {
     pub probes_deferred: u64,
     pub last_probe: Option<serde_json::Value>,
     pub last_recovery: Option<RecoveryView>,
-    pub units: Vec<UnitView>,
+    pub units: Vec<WatchedUnit>,
 }
 
 #[derive(Debug, Clone, Serialize)]
-pub struct UnitView {
+pub struct WatchedUnit {
     pub host: String,
     #[serde(flatten)]
     pub assessment: UnitAssessment,
 }
 
-impl UnitView {
+impl WatchedUnit {
     /// A unit is ready when it serves or idles (not stalled, wedged, down or unknown).
     pub fn ready(&self) -> bool {
         matches!(
@@ -225,7 +223,7 @@ struct PairWatcher {
     breaker: Breaker,
     hosts: BTreeMap<String, HostWatch>,
     samples_tx: mpsc::UnboundedSender<EngineSample>,
-    probes_tx: mpsc::UnboundedSender<(ProbeRecord, Instant)>,
+    probes_tx: mpsc::UnboundedSender<(WatchProbe, Instant)>,
     probes_sent: u64,
     probes_deferred: u64,
     probe_seq: u32,
@@ -393,7 +391,7 @@ impl PairWatcher {
         );
     }
 
-    fn on_probe(&mut self, record: ProbeRecord, done_at: Instant) {
+    fn on_probe(&mut self, record: WatchProbe, done_at: Instant) {
         self.last_probe_view = Some(json!({
             "target": record.target,
             "request_id": record.request_id,
@@ -405,7 +403,7 @@ impl PairWatcher {
             return;
         }
         self.failed_router = match record.outcome {
-            ProbeOutcome::Ok { .. } => None,
+            ProbeObservation::Ok { .. } => None,
             _ => self
                 .pair
                 .router
@@ -770,7 +768,7 @@ impl PairWatcher {
             last_recovery: self.last_recovery.clone(),
             units: units
                 .into_iter()
-                .map(|a| UnitView {
+                .map(|a| WatchedUnit {
                     host: hosts.get(&a.unit).cloned().unwrap_or_default(),
                     assessment: a,
                 })
@@ -787,7 +785,7 @@ async fn probe(
     timeout: Duration,
     work_ahead: u32,
     seq: u32,
-    done: mpsc::UnboundedSender<(ProbeRecord, Instant)>,
+    done: mpsc::UnboundedSender<(WatchProbe, Instant)>,
 ) {
     let sent_at = Instant::now();
     let cmd = Command {
@@ -807,25 +805,13 @@ async fn probe(
         })
         .await;
     let outcome = match answer {
-        Err(e) => ProbeOutcome::Error { message: e.to_string() },
+        Err(e) => ProbeObservation::Error { message: e.to_string() },
         Ok(r) => {
             request_id = r.request_id.clone();
-            match PbOutcome::try_from(r.outcome).unwrap_or(PbOutcome::Unspecified) {
-                PbOutcome::Ok => ProbeOutcome::Ok {
-                    latency_ms: r.latency_ms,
-                },
-                PbOutcome::Timeout => ProbeOutcome::Timeout { after_ms: r.latency_ms },
-                _ => ProbeOutcome::Error {
-                    message: if r.http_status != 0 {
-                        format!("http {}: {}", r.http_status, r.error)
-                    } else {
-                        r.error
-                    },
-                },
-            }
+            ProbeObservation::from_wire(&r)
         }
     };
-    let record = ProbeRecord {
+    let record = WatchProbe {
         target: format!("router:{}", router.unit),
         sent_at,
         timeout,

@@ -18,7 +18,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use pdwarden_orchestrator::edge::hoststate::{HostReport, now_unix_ms, render_findings, render_host_report};
-use pdwarden_orchestrator::judge::findings::Finding;
+use pdwarden_orchestrator::judge::findings::HostFinding;
 use pdwarden_orchestrator::ops::report::{
     OperationReport, ProbeRecord, StepRecord, TimelineRecord, live_phase_line, live_probe_line, live_step_line,
     render_summary,
@@ -464,7 +464,7 @@ async fn status(url: &str, json: bool, hosts: Vec<String>) -> anyhow::Result<()>
             p["last_verdict"].as_str().unwrap_or("none")
         );
     }
-    let findings: Vec<Finding> = serde_json::from_value(v["findings"].clone()).unwrap_or_default();
+    let findings: Vec<HostFinding> = serde_json::from_value(v["findings"].clone()).unwrap_or_default();
     for line in render_findings(&findings, color) {
         println!("{line}");
     }
