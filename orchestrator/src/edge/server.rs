@@ -262,7 +262,7 @@ impl Control for ControlService {
         let request_id = (!req.request_id.is_empty()).then_some(req.request_id.as_str());
         let rx = match crate::ops::gate::start(&self.ctx, &pair, request_id, change) {
             Ok(rx) => rx,
-            Err(crate::ops::gate::GateStartError::Invalid(e)) => return Err(Status::invalid_argument(e)),
+            Err(crate::ops::gate::GateStartError::Invalid(e)) => return Err(Status::invalid_argument(e.to_string())),
             Err(crate::ops::gate::GateStartError::Journal(e @ JournalError::PairBusy { .. })) => {
                 return Err(Status::failed_precondition(e.to_string()));
             }
@@ -382,7 +382,7 @@ fn resume_interrupted(ctx: &OperationContext, config: &OrchestratorConfig) -> Re
                         return;
                     }
                     if let Err(reason) = crate::ops::gate::resume_gate(ctx.clone(), pair, op.clone()).await
-                        && let Err(e) = conclude_failed(&ctx.journal, &op, reason)
+                        && let Err(e) = conclude_failed(&ctx.journal, &op, reason.to_string())
                     {
                         tracing::error!(operation = %op.operation_id, error = %e, "could not conclude interrupted gate");
                     }

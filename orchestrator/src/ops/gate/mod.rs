@@ -550,34 +550,23 @@ pub async fn resume_gate(
     ctx: OperationContext,
     pair: PairConfig,
     op: crate::ops::journal::OperationRecord,
-) -> Result<GateReport, String> {
-    let entries = ctx
-        .journal
-        .entries(&op.operation_id)
-        .map_err(|e| format!("cannot read the gate's journal: {e}"))?;
+) -> Result<GateReport, ResumeError> {
+    let entries = ctx.journal.entries(&op.operation_id)?;
     let of_kind = |k: &'static str| {
         entries
             .iter()
             .filter(move |(_, kind, _)| kind == k)
             .map(|(_, _, v)| v.clone())
     };
-    let change: ChangeSpec = of_kind("change")
-        .next()
-        .ok_or("the journal has no `change` entry")
-        .and_then(|v| serde_json::from_value(v).map_err(|_| "the journal's `change` entry is unreadable"))?;
+    let change: ChangeSpec = serde_json::from_value(of_kind("change").next().ok_or(ResumeError::NoChange)?)
+        .map_err(ResumeError::UnreadableChange)?;
     let versions: Vec<VersionRecord> = of_kind("config_version")
         .filter_map(|v| serde_json::from_value(v).ok())
         .collect();
     // A co-restart of this gate's that the restart interrupted is the gate's
     // to end: concluded here, before the rollback begins its own (the pair's
     // `#gate` slot would otherwise stay busy and the rollback be refused).
-    let unfinished: Vec<String> = ctx
-        .journal
-        .unfinished()
-        .map_err(|e| format!("cannot read the journal: {e}"))?
-        .into_iter()
-        .map(|o| o.operation_id)
-        .collect();
+    let unfinished: Vec<String> = ctx.journal.unfinished()?.into_iter().map(|o| o.operation_id).collect();
     for child in of_kind("child_operation") {
         let (Some(id), kind) = (
             child["operation_id"].as_str(),
@@ -596,9 +585,7 @@ pub async fn resume_gate(
                     op.operation_id, op.state
                 )],
             });
-            ctx.journal
-                .conclude(id, "failed", &report)
-                .map_err(|e| format!("cannot conclude the gate's interrupted co-restart {id}: {e}"))?;
+            ctx.journal.conclude(id, "failed", &report)?;
         }
     }
     // Commands are journaled before they are sent: no journaled start in any
@@ -608,8 +595,7 @@ pub async fn resume_gate(
         if let Some(id) = child["operation_id"].as_str() {
             starts_sent += ctx
                 .journal
-                .commands(id)
-                .map_err(|e| format!("cannot read the gate's co-restart {id}: {e}"))?
+                .commands(id)?
                 .iter()
                 .filter(|c| c.action == CommandAction::Start)
                 .count();
@@ -628,11 +614,7 @@ pub async fn resume_gate(
     // asked again under its own command id, which the agent answers with
     // the original outcome (never applying it twice) — else the change could
     // stay in a unit's config, unrecorded, live at its next restart.
-    let commands = g
-        .ctx
-        .journal
-        .commands(&op.operation_id)
-        .map_err(|e| format!("cannot read the gate's commands: {e}"))?;
+    let commands = g.ctx.journal.commands(&op.operation_id)?;
     let unknown = g.adopt_sent_changes(&commands).await;
     let plan = if unknown.is_empty() {
         gate_resume_plan(GateStep::parse(&op.state), g.versions.len())
@@ -804,9 +786,9 @@ fn targets(pair: &PairConfig, change: &ChangeSpec) -> Vec<UnitRef> {
 
 /// Checks a request before anything is journaled: the units exist in the
 /// pair and the change is not empty.
-pub fn validate_request(pair: &PairConfig, change: &ChangeSpec) -> Result<(), String> {
+pub fn validate_request(pair: &PairConfig, change: &ChangeSpec) -> Result<(), InvalidChange> {
     if change.set_env.is_empty() && change.unset_env.is_empty() && change.set_args.is_empty() {
-        return Err("nothing to change: give --set-env, --unset-env or --set-arg".into());
+        return Err(InvalidChange::Empty);
     }
     for u in &change.units {
         if !pair
@@ -816,20 +798,66 @@ pub fn validate_request(pair: &PairConfig, change: &ChangeSpec) -> Result<(), St
             .chain(&pair.router)
             .any(|r| &r.unit == u)
         {
-            return Err(format!("unit {u:?} is not part of pair {}", pair.name));
+            return Err(InvalidChange::UnknownUnit {
+                unit: u.clone(),
+                pair: pair.name.clone(),
+            });
         }
     }
     for k in change.set_env.keys().chain(&change.unset_env) {
         if k.is_empty() || k.contains('=') {
-            return Err(format!("invalid environment variable name {k:?}"));
+            return Err(InvalidChange::EnvName(k.clone()));
         }
     }
     for f in change.set_args.keys() {
         if !f.starts_with('-') {
-            return Err(format!("--set-arg {f:?}: the flag must start with '-'"));
+            return Err(InvalidChange::Flag(f.clone()));
         }
     }
     Ok(())
+}
+
+/// A gate request that cannot be run; each names the flag to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum InvalidChange {
+    #[error("nothing to change: give --set-env, --unset-env or --set-arg")]
+    Empty,
+    #[error("unit {unit:?} is not part of pair {pair}")]
+    UnknownUnit { unit: String, pair: String },
+    #[error("invalid environment variable name {0:?}")]
+    EnvName(String),
+    #[error("--set-arg {0:?}: the flag must start with '-'")]
+    Flag(String),
+}
+
+/// A gate step's conversation with a unit's agent that did not give what
+/// the step needed.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentStepError {
+    #[error("{unit}: {source}")]
+    Ask {
+        unit: String,
+        source: crate::edge::fleet::AskError,
+    },
+    #[error("{unit}: the agent answered with something else")]
+    UnexpectedAnswer { unit: String },
+    #[error("{unit}: {reason}")]
+    Refused { unit: String, reason: String },
+    /// Several units' (a restore tries every unit).
+    #[error("{}", .0.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))]
+    Several(Vec<AgentStepError>),
+}
+
+/// Why an interrupted gate could not be taken over (it is then concluded
+/// `failed` with this reason).
+#[derive(Debug, thiserror::Error)]
+pub enum ResumeError {
+    #[error("cannot read the gate's journal: {0}")]
+    Journal(#[from] JournalError),
+    #[error("the journal has no `change` entry")]
+    NoChange,
+    #[error("the journal's `change` entry is unreadable: {0}")]
+    UnreadableChange(serde_json::Error),
 }
 
 /// Evidence gathered by `drive` for the report.
@@ -1434,7 +1462,12 @@ impl Gate {
     }
 
     /// Sends one command to `unit`'s agent and waits for its answer.
-    async fn ask(&self, unit: &UnitRef, action: command::Action, timeout: Duration) -> Result<AgentReport, String> {
+    async fn ask(
+        &self,
+        unit: &UnitRef,
+        action: command::Action,
+        timeout: Duration,
+    ) -> Result<AgentReport, AgentStepError> {
         let command_id = uuid::Uuid::new_v4().to_string();
         let what = match &action {
             command::Action::UnitConfig(_) => CommandAction::UnitConfig,
@@ -1464,7 +1497,10 @@ impl Gate {
                 _ => None,
             })
             .await
-            .map_err(|e| e.to_string())
+            .map_err(|source| AgentStepError::Ask {
+                unit: unit.to_string(),
+                source,
+            })
     }
 
     /// The config changes this gate journaled as sent to a unit with no
@@ -1535,15 +1571,18 @@ impl Gate {
         }
     }
 
-    async fn apply(&mut self) -> Result<(), String> {
+    async fn apply(&mut self) -> Result<(), AgentStepError> {
         for u in self.targets.clone() {
             let action = command::Action::UnitConfig(self.apply_action(&u));
             let r = match self.ask(&u, action, Duration::from_secs(5)).await? {
                 AgentReport::UnitConfig(r) => r,
-                _ => return Err("unexpected answer".into()),
+                _ => return Err(AgentStepError::UnexpectedAnswer { unit: u.to_string() }),
             };
             if !r.ok {
-                return Err(format!("{u}: {}", r.error));
+                return Err(AgentStepError::Refused {
+                    unit: u.to_string(),
+                    reason: r.error,
+                });
             }
             let rec = VersionRecord {
                 unit: u.unit.clone(),
@@ -1561,7 +1600,7 @@ impl Gate {
     }
 
     /// Makes each changed unit's previous version current again.
-    async fn restore_versions(&mut self) -> Result<(), String> {
+    async fn restore_versions(&mut self) -> Result<(), AgentStepError> {
         let mut errors = Vec::new();
         for i in 0..self.versions.len() {
             let v = self.versions[i].clone();
@@ -1581,20 +1620,23 @@ impl Gate {
                         &serde_json::json!({ "unit": v.unit, "from": r.previous_version, "to": r.version }),
                     );
                 }
-                Ok(AgentReport::UnitConfig(r)) => errors.push(format!("{u}: {}", r.error)),
-                Ok(_) => errors.push(format!("{u}: unexpected answer")),
-                Err(e) => errors.push(format!("{u}: {e}")),
+                Ok(AgentReport::UnitConfig(r)) => errors.push(AgentStepError::Refused {
+                    unit: u.to_string(),
+                    reason: r.error,
+                }),
+                Ok(_) => errors.push(AgentStepError::UnexpectedAnswer { unit: u.to_string() }),
+                Err(e) => errors.push(e),
             }
         }
         if errors.is_empty() {
             Ok(())
         } else {
-            Err(errors.join("; "))
+            Err(AgentStepError::Several(errors))
         }
     }
 
     /// Inspects every target's running process tree.
-    async fn inspect_all(&self) -> Result<Vec<UnitView>, String> {
+    async fn inspect_all(&self) -> Result<Vec<UnitView>, AgentStepError> {
         let mut views = Vec::new();
         for u in &self.targets {
             views.push(self.inspect(u).await?);
@@ -1602,7 +1644,7 @@ impl Gate {
         Ok(views)
     }
 
-    async fn inspect(&self, u: &UnitRef) -> Result<UnitView, String> {
+    async fn inspect(&self, u: &UnitRef) -> Result<UnitView, AgentStepError> {
         let action = command::Action::Gate(GateAgentStep {
             unit: u.unit.clone(),
             step: Some(gate_agent_step::Step::Inspect(ProcessInspect {
@@ -1611,13 +1653,16 @@ impl Gate {
         });
         let r = match self.ask(u, action, Duration::from_secs(5)).await? {
             AgentReport::Gate(r) => r,
-            _ => return Err("unexpected answer".into()),
+            _ => return Err(AgentStepError::UnexpectedAnswer { unit: u.to_string() }),
         };
         let Some(gate_agent_result::Result::Process(p)) = r.result else {
-            return Err(format!("{u}: the agent answered without an inspection"));
+            return Err(AgentStepError::UnexpectedAnswer { unit: u.to_string() });
         };
         if !p.error.is_empty() {
-            return Err(format!("{u}: {}", p.error));
+            return Err(AgentStepError::Refused {
+                unit: u.to_string(),
+                reason: p.error,
+            });
         }
         let view = UnitView {
             unit: u.unit.clone(),
@@ -1664,7 +1709,7 @@ impl Gate {
                     pid: 0,
                     config_version: None,
                     observed: Vec::new(),
-                    problems: vec![e],
+                    problems: vec![e.to_string()],
                 }),
             }
         }
@@ -1727,7 +1772,7 @@ impl Gate {
         let r = match self.ask(router, action, limit).await {
             Ok(AgentReport::Gate(r)) => r,
             Ok(_) => return failed("unexpected answer".into()),
-            Err(e) => return failed(e),
+            Err(e) => return failed(e.to_string()),
         };
         let Some(gate_agent_result::Result::Benchmark(b)) = r.result else {
             return failed("the agent answered without benchmark samples".into());
@@ -1785,7 +1830,7 @@ pub fn start(
     request_id: Option<&str>,
     change: ChangeSpec,
 ) -> Result<mpsc::UnboundedReceiver<OperationUpdate>, GateStartError> {
-    validate_request(pair, &change).map_err(GateStartError::Invalid)?;
+    validate_request(pair, &change)?;
     let operation_id = uuid::Uuid::new_v4().to_string();
     ctx.journal.begin(&operation_id, "gate", &pair.name, request_id)?;
     ctx.journal.append(&operation_id, 0, "change", &change)?;
@@ -1797,7 +1842,7 @@ pub fn start(
 #[derive(Debug, thiserror::Error)]
 pub enum GateStartError {
     #[error("{0}")]
-    Invalid(String),
+    Invalid(#[from] InvalidChange),
     #[error(transparent)]
     Journal(#[from] JournalError),
 }
@@ -1958,6 +2003,7 @@ probe_timeout_ms = 120000
         assert!(
             validate_request(pair, &change)
                 .unwrap_err()
+                .to_string()
                 .contains("nothing to change")
         );
         change.set_env.insert("KNOB".into(), "512".into());
@@ -1968,6 +2014,7 @@ probe_timeout_ms = 120000
         assert!(
             validate_request(pair, &change)
                 .unwrap_err()
+                .to_string()
                 .contains("not part of pair")
         );
         change.units = vec!["decode-0".into()];
