@@ -58,11 +58,11 @@ mod link;
 pub mod metrics;
 mod outbox;
 pub mod readiness;
-pub mod redact;
+pub use pdwarden_security::redact;
 pub mod service;
 pub mod suite;
 mod supervisor;
-pub mod tls;
+pub use pdwarden_security::tls;
 pub mod unitconfig;
 mod watch;
 

@@ -8,7 +8,7 @@ fuzz_target!(|data: &[u8]| {
     let Ok(doc) = serde_json::from_slice::<serde_json::Value>(data) else {
         return;
     };
-    let r = pdwarden_agent::redact::Redactor::default();
+    let r = pdwarden_security::redact::Redactor::default();
     let mut expected = doc.clone();
     r.json(&mut expected);
     let streamed = r.to_json_string(&doc).expect("serialises");

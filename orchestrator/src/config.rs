@@ -53,7 +53,7 @@ pub struct OrchestratorConfig {
     /// Mutual TLS for agents and the CLI (issue 8): the pdwarden CA (client
     /// certificates must chain to it) and this server's certificate and key.
     #[serde(default)]
-    pub tls: Option<pdwarden_agent::tls::TlsFiles>,
+    pub tls: Option<pdwarden_security::tls::TlsFiles>,
     /// No TLS, agents' hosts taken on trust, and — without `[[operator]]` —
     /// no tokens: local development only; logged and shown by `status`.
     #[serde(default)]
@@ -63,7 +63,7 @@ pub struct OrchestratorConfig {
     pub operators: Vec<crate::edge::auth::OperatorConfig>,
     /// Environment variable names whose values `status`, `history` and
     /// operation reports never show (case-insensitive globs).
-    #[serde(default = "pdwarden_agent::redact::default_patterns")]
+    #[serde(default = "pdwarden_security::redact::default_patterns")]
     pub redact_env: Vec<String>,
 }
 
@@ -484,8 +484,8 @@ impl OrchestratorConfig {
     /// How the server talks: `[tls]` (then at least one `[[operator]]`) or
     /// the explicit `insecure_plaintext`. Checked by `load` and `serve`, so a
     /// config never falls back to plain text on its own.
-    pub fn transport(&self) -> Result<pdwarden_agent::tls::Transport, ConfigError> {
-        use pdwarden_agent::tls::{TlsError, Transport};
+    pub fn transport(&self) -> Result<pdwarden_security::tls::Transport, ConfigError> {
+        use pdwarden_security::tls::{TlsError, Transport};
         let t = Transport::resolve(self.tls.as_ref(), self.insecure_plaintext).map_err(|e| match e {
             TlsError::Both => invalid("insecure_plaintext", "set together with [tls]; choose one"),
             _ => invalid(

@@ -13,7 +13,7 @@ use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use pdwarden_agent::tls::{TlsFiles, agent_identity};
+use pdwarden_security::tls::{TlsFiles, agent_identity};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
 };

@@ -29,14 +29,14 @@ use crate::edge::tls::AgentAuth;
 use crate::ops::corestart::{OperationContext, OperationKind, run_operation};
 use crate::ops::journal::{Journal, JournalError, OperationRecord};
 use crate::ops::watcher::{PairWatchView, WatchBoard};
-use pdwarden_agent::tls::Transport;
+use pdwarden_security::tls::Transport;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
     #[error(transparent)]
-    Tls(#[from] pdwarden_agent::tls::TlsError),
+    Tls(#[from] pdwarden_security::tls::TlsError),
     #[error(transparent)]
     Journal(#[from] JournalError),
     #[error("gRPC server failed: {0}")]
@@ -57,7 +57,7 @@ pub struct ControlService {
     /// The watch's latest view of each pair (issue 5).
     watch: WatchBoard,
     /// Hides secret environment values in everything this service returns.
-    redactor: pdwarden_agent::redact::Redactor,
+    redactor: pdwarden_security::redact::Redactor,
     security: SecurityView,
 }
 
@@ -83,7 +83,7 @@ fn actor<T>(request: &Request<T>) -> Option<crate::edge::auth::Actor> {
 /// journals who asked for each operation that starts (issue 8).
 fn forward(
     ctx: &OperationContext,
-    redactor: &pdwarden_agent::redact::Redactor,
+    redactor: &pdwarden_security::redact::Redactor,
     actor: Option<crate::edge::auth::Actor>,
     mut rx: mpsc::UnboundedReceiver<OperationUpdate>,
 ) -> UpdateStream {
@@ -503,7 +503,7 @@ pub async fn serve(
         warning: server_tls.is_none().then(|| {
             format!(
                 "{}{}",
-                pdwarden_agent::tls::PLAINTEXT_WARNING,
+                pdwarden_security::tls::PLAINTEXT_WARNING,
                 if auth.is_open() {
                     "; the operator API accepts anyone"
                 } else {
@@ -533,7 +533,7 @@ pub async fn serve(
     }
     let watchers = crate::ops::watcher::spawn_all(&ctx, &config.pairs, &board, stop_rx);
     let control = ControlService {
-        redactor: pdwarden_agent::redact::Redactor::new(&config.redact_env),
+        redactor: pdwarden_security::redact::Redactor::new(&config.redact_env),
         config: Arc::new(config),
         ctx,
         watch: board,

@@ -8,7 +8,7 @@
 //! `agent:HOST` identity from the verified chain, and `AgentLink.Attach`
 //! refuses a stream without one, or whose `Register.host` is another host.
 
-use pdwarden_agent::tls::{TlsError, TlsFiles, host_of_identity};
+use pdwarden_security::tls::{TlsError, TlsFiles, host_of_identity};
 use tonic::Status;
 use tonic::transport::{Certificate, ServerTlsConfig};
 

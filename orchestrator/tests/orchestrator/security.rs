@@ -8,7 +8,6 @@
 use std::path::Path;
 use std::time::Duration;
 
-use pdwarden_agent::tls::TlsFiles;
 use pdwarden_orchestrator::config::OrchestratorConfig;
 use pdwarden_orchestrator::edge::auth::{hash_token, new_token};
 use pdwarden_orchestrator::edge::certs::CertDir;
@@ -16,6 +15,7 @@ use pdwarden_proto::v1::{
     AgentMessage, HistoryRequest, Register, RestartPairRequest, StatusRequest, agent_link_client::AgentLinkClient,
     agent_message, control_client::ControlClient,
 };
+use pdwarden_security::tls::TlsFiles;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::time::Instant;

@@ -600,7 +600,7 @@ fn security(args: &DemoArgs, dir: &Path) -> anyhow::Result<(&'static str, String
     let token = pdwarden_orchestrator::edge::auth::new_token();
     let token_file = dir.join("pki/token");
     std::fs::write(&token_file, &token)?;
-    let section = |f: &pdwarden_agent::tls::TlsFiles| {
+    let section = |f: &pdwarden_security::tls::TlsFiles| {
         format!(
             "[tls]\nca = {}\ncert = {}\nkey = {}\n",
             toml_str(&f.ca.display().to_string()),

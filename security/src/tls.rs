@@ -5,8 +5,7 @@
 //! The agent proves who it is with a client certificate signed by the
 //! pdwarden CA whose common name is `agent:HOST` ([`agent_identity`]); the
 //! orchestrator refuses an `Attach` whose `Register.host` is not that HOST.
-//! The rule lives here because both ends must agree on it, and the
-//! orchestrator already depends on this crate.
+//! The rule lives here because both ends must agree on it.
 //!
 //! Plain text is never a default: a config must either name its `[tls]`
 //! files or say `insecure_plaintext = true` ([`Transport::resolve`]).
