@@ -9,11 +9,14 @@
 //! - [`auth`]: operator tokens and roles; [`tls`]: server-side mutual TLS and
 //!   the agent certificate identity; [`certs`]: the CA and certificates
 //!   `pdwarden certs` issues.
+//! - [`client`]: the operator's side (connect with credentials, follow an
+//!   operation) for the CLI and its local stack.
 //! - [`ready`]: the plain-HTTP readiness endpoint for gateways.
 //! - [`ports`]: choosing loopback ports for a local stack.
 
 pub mod auth;
 pub mod certs;
+pub mod client;
 pub mod fleet;
 pub mod hoststate;
 pub mod ports;

@@ -227,7 +227,9 @@ fn toml_list(items: &[String]) -> String {
 
 pub struct Stack {
     pub dir: tempfile::TempDir,
-    pub orchestrator_url: String,
+    /// The stack's orchestrator and the credentials the demo's own
+    /// requests present.
+    pub connection: crate::Connection,
     agent: Owned,
     orchestrator: Owned,
     pub plan: StackPlan,
@@ -271,7 +273,9 @@ impl StackPlan {
     }
 }
 
-fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<(String, PathBuf, PathBuf, StackPlan)> {
+type Configs = (String, Option<crate::Credentials>, PathBuf, PathBuf, StackPlan);
+
+fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<Configs> {
     let scale = args.time_scale.unwrap_or(DEFAULT_TIME_SCALE);
     if !(scale > 0.0 && scale <= 1.0) {
         bail!("--time-scale must be in (0, 1], got {scale}");
@@ -403,7 +407,7 @@ fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<(String, PathBuf
         Some(c) => format!("prefill_chunk_tokens = {c}"),
         None => "prefill_chunk_tokens = 8192".to_string(),
     };
-    let (scheme, agent_security, orchestrator_security) = security(args, dir)?;
+    let (scheme, agent_security, orchestrator_security, credentials) = security(args, dir)?;
     let agent_toml = format!(
         r#"host = "local"
 orchestrator = "{scheme}://127.0.0.1:{orch}"
@@ -579,19 +583,29 @@ check_timeout_ms = {check}
         router_url: format!("http://127.0.0.1:{router}"),
         readiness_url: format!("http://127.0.0.1:{readiness}"),
     };
-    Ok((format!("{scheme}://127.0.0.1:{orch}"), orch_path, agent_path, plan))
+    Ok((
+        format!("{scheme}://127.0.0.1:{orch}"),
+        credentials,
+        orch_path,
+        agent_path,
+        plan,
+    ))
 }
 
 /// The demo's security (issue 8): by default a CA, the orchestrator's and the
 /// agent's certificates and an `operate` token, made in `dir/pki` and used by
 /// this process's own requests; `--insecure-plaintext` says so instead.
-/// Returns the URL scheme and the agent's and orchestrator's config sections.
-fn security(args: &DemoArgs, dir: &Path) -> anyhow::Result<(&'static str, String, String)> {
+/// Returns the URL scheme, the agent's and orchestrator's config sections,
+/// and the credentials the demo's own requests present (none in plain text).
+type Security = (&'static str, String, String, Option<crate::Credentials>);
+
+fn security(args: &DemoArgs, dir: &Path) -> anyhow::Result<Security> {
     if args.insecure_plaintext {
         return Ok((
             "http",
             "insecure_plaintext = true".into(),
             "insecure_plaintext = true".into(),
+            None,
         ));
     }
     let certs = pdwarden_orchestrator::edge::certs::CertDir(dir.join("pki"));
@@ -613,18 +627,18 @@ fn security(args: &DemoArgs, dir: &Path) -> anyhow::Result<(&'static str, String
         section(&certs.orchestrator()),
         pdwarden_orchestrator::edge::auth::hash_token(&token)
     );
-    crate::set_credentials(crate::Credentials {
+    let credentials = crate::Credentials {
         ca: Some(certs.ca()),
         cert: None,
         key: None,
         token: Some(token),
-    });
-    Ok(("https", section(&agent), orchestrator))
+    };
+    Ok(("https", section(&agent), orchestrator, Some(credentials)))
 }
 
-async fn start_stack(args: &DemoArgs) -> anyhow::Result<Stack> {
+async fn start_stack(args: &DemoArgs, given: crate::Credentials) -> anyhow::Result<Stack> {
     let dir = tempfile::Builder::new().prefix("pdwarden-demo-").tempdir()?;
-    let (url, orch_cfg, agent_cfg, plan) = write_configs(args, dir.path())?;
+    let (url, credentials, orch_cfg, agent_cfg, plan) = write_configs(args, dir.path())?;
     let orchestrator = spawn_logged(
         "orchestrator",
         &sibling_binary("pdwarden-orchestrator")?,
@@ -639,22 +653,22 @@ async fn start_stack(args: &DemoArgs) -> anyhow::Result<Stack> {
     )?;
     let stack = Stack {
         dir,
-        orchestrator_url: url,
+        connection: crate::Connection::new(url, credentials.unwrap_or(given)),
         agent,
         orchestrator,
         plan,
         orchestrator_config: orch_cfg,
     };
-    wait_for_agent(&stack.orchestrator_url, Duration::from_secs(20)).await?;
+    wait_for_agent(&stack.connection, Duration::from_secs(20)).await?;
     Ok(stack)
 }
 
 /// Polls `status` until the agent has registered its three units.
-async fn wait_for_agent(url: &str, limit: Duration) -> anyhow::Result<()> {
+async fn wait_for_agent(conn: &crate::Connection, limit: Duration) -> anyhow::Result<()> {
     let deadline = Instant::now() + limit;
     let mut last = String::from("orchestrator not reachable yet");
     while Instant::now() < deadline {
-        match crate::connect(url).await {
+        match conn.connect().await {
             Ok(mut c) => match c.status(pdwarden_proto::v1::StatusRequest::default()).await {
                 Ok(r) => {
                     let v: serde_json::Value = serde_json::from_str(&r.into_inner().json)?;
@@ -677,7 +691,9 @@ async fn wait_for_agent(url: &str, limit: Duration) -> anyhow::Result<()> {
     bail!("the local stack did not come up within {limit:?}: {last}")
 }
 
-pub async fn run(args: DemoArgs) -> ExitCode {
+/// `given`: the CLI's own credentials, used where the demo makes none
+/// (`--insecure-plaintext`).
+pub async fn run(args: DemoArgs, given: crate::Credentials) -> ExitCode {
     let started = Instant::now();
     if args.incident == Some(Incident::ProbeStorm) {
         // No pair to restart: three engines, three probing strategies.
@@ -703,7 +719,7 @@ pub async fn run(args: DemoArgs) -> ExitCode {
             Err(e) => could_not_run(&format!("demo: drill probe-storm: {e:#}"), args.json),
         };
     }
-    let mut stack = match start_stack(&args).await {
+    let mut stack = match start_stack(&args, given).await {
         Ok(s) => s,
         Err(e) => return could_not_run(&format!("demo: {e:#}"), args.json),
     };
@@ -711,7 +727,7 @@ pub async fn run(args: DemoArgs) -> ExitCode {
         println!(
             "demo stack in {} (orchestrator {}, logs there); restarting pd-pair `demo`",
             stack.dir.path().display(),
-            stack.orchestrator_url
+            stack.connection.url
         );
         if let Some(incident) = args.incident {
             println!("drill {}: {}", incident.name(), incident.description());
@@ -759,7 +775,7 @@ pub async fn run(args: DemoArgs) -> ExitCode {
         };
     }
     let outcome = tokio::select! {
-        r = restart_pair(&stack.orchestrator_url, "demo", args.json, crate::request_id_or_new(None)) => Some(r),
+        r = restart_pair(&stack.connection, "demo", args.json, crate::request_id_or_new(None)) => Some(r),
         _ = tokio::signal::ctrl_c() => None,
         _ = term.recv() => None,
     };
@@ -791,9 +807,9 @@ pub async fn run(args: DemoArgs) -> ExitCode {
         }
     }
     if let (Some(mut v), true) = (json_out, args.json) {
-        let creds = crate::credentials();
+        let creds = stack.connection.credentials.clone();
         v["demo"] = serde_json::json!({
-            "orchestrator": stack.orchestrator_url,
+            "orchestrator": stack.connection.url,
             "readiness": stack.plan.readiness_url,
             "dir": stack.dir.path().display().to_string(),
             // For `pdwarden --ca CA --token TOKEN` against the held stack
@@ -807,8 +823,8 @@ pub async fn run(args: DemoArgs) -> ExitCode {
         if !args.json {
             println!(
                 "\ndemo: holding the stack; try `pdwarden --orchestrator {}{} status`; Ctrl-C to stop",
-                stack.orchestrator_url,
-                match crate::credentials().ca {
+                stack.connection.url,
+                match &stack.connection.credentials.ca {
                     Some(ca) => format!(
                         " --ca {} --token $(cat {})",
                         ca.display(),

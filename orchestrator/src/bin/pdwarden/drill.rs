@@ -22,7 +22,7 @@ use pdwarden_proto::v1::{RestartUnitRequest, StatusRequest};
 use serde_json::{Value, json};
 
 use crate::demo::{Owned, Stack};
-use crate::{connect, follow_operation};
+use crate::{Connection, follow_operation};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Incident {
@@ -158,7 +158,7 @@ pub async fn follow_up(
     restart: &OperationReport,
     json: bool,
 ) -> anyhow::Result<Option<FollowUp>> {
-    let url = &stack.orchestrator_url;
+    let url = &stack.connection;
     let mut steps = Vec::new();
     // Held until the verification is done; stopped by PID when dropped.
     let mut forced: Option<Owned> = None;
@@ -208,8 +208,8 @@ pub async fn follow_up(
     Ok(Some(FollowUp { steps, verify }))
 }
 
-async fn ask_unit_restart(url: &str, unit: &str) -> anyhow::Result<Value> {
-    let mut client = connect(url).await.map_err(|e| anyhow::anyhow!(e.0))?;
+async fn ask_unit_restart(url: &Connection, unit: &str) -> anyhow::Result<Value> {
+    let mut client = url.connect().await.map_err(|e| anyhow::anyhow!(e.0))?;
     match client
         .restart_unit(RestartUnitRequest {
             host: String::new(),
@@ -230,9 +230,7 @@ async fn ask_unit_restart(url: &str, unit: &str) -> anyhow::Result<Value> {
 /// command line on the same port, as an operator's script would, then waits
 /// until it passes its own `/health_generate`.
 async fn force_unit_restart(stack: &Stack, unit: &str, argv: &[String]) -> anyhow::Result<(u32, Owned)> {
-    let mut client = connect(&stack.orchestrator_url)
-        .await
-        .map_err(|e| anyhow::anyhow!(e.0))?;
+    let mut client = stack.connection.connect().await.map_err(|e| anyhow::anyhow!(e.0))?;
     let status: Value = serde_json::from_str(&client.status(StatusRequest::default()).await?.into_inner().json)?;
     let found = status["agents"][0]["units"]
         .as_array()
@@ -557,7 +555,7 @@ impl CrashAt {
 /// the `--json` object: the operation's final report from the journal, with
 /// what was done.
 pub async fn orchestrator_crash(stack: &mut Stack, json: bool, at: CrashAt) -> anyhow::Result<Value> {
-    let url = stack.orchestrator_url.clone();
+    let url = stack.connection.clone();
     // The agent's own log is the ground truth of what it spawned: where it
     // stands before the operation begins.
     let agent_log = stack.dir.path().join("agent.log");
@@ -576,7 +574,7 @@ pub async fn orchestrator_crash(stack: &mut Stack, json: bool, at: CrashAt) -> a
             bail!("the co-restart never reached state {}", at.state());
         }
         if watcher.is_none() {
-            watcher = connect(&url).await.ok();
+            watcher = url.connect().await.ok();
         }
         if let Some(client) = watcher.as_mut()
             && let Ok(reply) = client
@@ -688,7 +686,7 @@ fn spawns_since(log: &std::path::Path, from: u64) -> std::collections::BTreeMap<
 }
 
 /// Waits until operation `operation_id` of pair `demo` has ended; its record.
-async fn wait_concluded(url: &str, operation_id: &str, what: &str, limit: Duration) -> anyhow::Result<Value> {
+async fn wait_concluded(url: &Connection, operation_id: &str, what: &str, limit: Duration) -> anyhow::Result<Value> {
     wait_history(url, what, limit, |h| {
         h.as_array()?
             .iter()
@@ -700,14 +698,14 @@ async fn wait_concluded(url: &str, operation_id: &str, what: &str, limit: Durati
 
 /// Polls `history demo` until `found` picks a record out of it.
 async fn wait_history(
-    url: &str,
+    url: &Connection,
     what: &str,
     limit: Duration,
     found: impl Fn(&Value) -> Option<Value>,
 ) -> anyhow::Result<Value> {
     let deadline = Instant::now() + limit;
     loop {
-        if let Ok(mut client) = connect(url).await
+        if let Ok(mut client) = url.connect().await
             && let Ok(reply) = client
                 .history(pdwarden_proto::v1::HistoryRequest {
                     pair: "demo".into(),
@@ -729,8 +727,8 @@ async fn wait_history(
 
 /// `settings.knob_live` of each engine, from pd-sim itself (the ground truth
 /// the gate's /proc reading is checked against).
-async fn knob_live(url: &str) -> anyhow::Result<Vec<Value>> {
-    let mut client = connect(url).await.map_err(|e| anyhow::anyhow!(e.0))?;
+async fn knob_live(url: &Connection) -> anyhow::Result<Vec<Value>> {
+    let mut client = url.connect().await.map_err(|e| anyhow::anyhow!(e.0))?;
     let status: Value = serde_json::from_str(&client.status(StatusRequest::default()).await?.into_inner().json)?;
     let http = reqwest::Client::new();
     let mut out = Vec::new();
@@ -755,7 +753,7 @@ async fn knob_live(url: &str) -> anyhow::Result<Vec<Value>> {
 /// wait for it to conclude the gate. Returns the `--json` object with the
 /// gate's final report and pd-sim's own word on whether the knob is live.
 pub async fn orchestrator_crash_mid_gate(stack: &mut Stack, json: bool) -> anyhow::Result<Value> {
-    let url = stack.orchestrator_url.clone();
+    let url = stack.connection.clone();
     // A pair in service first: the gate measures a healthy pair.
     let restart = follow_operation(&url, "demo", true, None, crate::request_id_or_new(None))
         .await
@@ -765,7 +763,7 @@ pub async fn orchestrator_crash_mid_gate(stack: &mut Stack, json: bool) -> anyho
     }
     say(json, &format!("pair up: {}; gating PDW_KNOB=on", restart.verdict));
     let gate = {
-        let mut client = connect(&url).await.map_err(|e| anyhow::anyhow!(e.0))?;
+        let mut client = url.connect().await.map_err(|e| anyhow::anyhow!(e.0))?;
         let request = pdwarden_proto::v1::GatePairRequest {
             pair: "demo".into(),
             request_id: crate::request_id_or_new(None),

@@ -9,7 +9,7 @@ use clap::Args;
 use pdwarden_orchestrator::ops::gate::GateReport;
 use pdwarden_proto::v1::{GatePairRequest, operation_update};
 
-use crate::{CouldNotRun, connect, could_not_run, print_json, progress_line};
+use crate::{Connection, CouldNotRun, could_not_run, print_json, progress_line};
 
 #[derive(Args)]
 pub struct GateArgs {
@@ -43,9 +43,9 @@ fn split_kv(flag: &str, s: &str) -> Result<(String, String), String> {
     }
 }
 
-pub async fn run(url: &str, args: GateArgs) -> ExitCode {
+pub async fn run(conn: &Connection, args: GateArgs) -> ExitCode {
     let json = args.json;
-    match follow(url, args).await {
+    match follow(conn, args).await {
         Ok(report) => {
             if json {
                 print_json(&report);
@@ -62,7 +62,7 @@ pub async fn run(url: &str, args: GateArgs) -> ExitCode {
     }
 }
 
-async fn follow(url: &str, args: GateArgs) -> Result<GateReport, CouldNotRun> {
+async fn follow(conn: &Connection, args: GateArgs) -> Result<GateReport, CouldNotRun> {
     let mut request = GatePairRequest {
         pair: args.name.clone(),
         request_id: crate::request_id_or_new(args.request_id.clone()),
@@ -78,7 +78,7 @@ async fn follow(url: &str, args: GateArgs) -> Result<GateReport, CouldNotRun> {
         let (k, v) = split_kv("--set-arg", s).map_err(CouldNotRun)?;
         request.set_args.insert(k, v);
     }
-    let mut client = connect(url).await?;
+    let mut client = conn.connect().await?;
     let mut stream = client
         .gate_pair(request)
         .await

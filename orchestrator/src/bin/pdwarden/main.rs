@@ -13,21 +13,14 @@ mod gate;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+pub use pdwarden_orchestrator::edge::client::{Connection, CouldNotRun, Credentials, progress_line, status_reason};
 use pdwarden_orchestrator::edge::hoststate::{HostReport, now_unix_ms, render_findings, render_host_report};
 use pdwarden_orchestrator::judge::findings::HostFinding;
-use pdwarden_orchestrator::ops::report::{
-    OperationReport, ProbeRecord, StepRecord, TimelineRecord, live_phase_line, live_probe_line, live_step_line,
-    render_summary,
-};
-use pdwarden_proto::v1::{
-    HistoryRequest, RestartPairRequest, RestartUnitRequest, StatusRequest, VerifyPairRequest,
-    control_client::ControlClient, operation_update,
-};
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
+use pdwarden_orchestrator::ops::report::{OperationReport, render_summary};
+use pdwarden_proto::v1::{HistoryRequest, RestartUnitRequest, StatusRequest};
 
 #[derive(Parser)]
 #[command(version, about = "pdwarden: restart and verify prefill/decode pairs")]
@@ -141,215 +134,40 @@ pub fn request_id_or_new(given: Option<String>) -> String {
     given.unwrap_or_else(|| uuid::Uuid::new_v4().to_string())
 }
 
-/// A failure to run at all (exit 1), as opposed to a verdict.
-#[derive(Debug)]
-pub struct CouldNotRun(pub String);
-
-/// How this process reaches the orchestrator: TLS files and the operator token.
-#[derive(Debug, Clone, Default)]
-pub struct Credentials {
-    pub ca: Option<PathBuf>,
-    pub cert: Option<PathBuf>,
-    pub key: Option<PathBuf>,
-    pub token: Option<String>,
-}
-
-static CREDENTIALS: std::sync::Mutex<Option<Credentials>> = std::sync::Mutex::new(None);
-
-/// Sets the credentials every later `connect` uses (the flags, or the demo's own).
-pub fn set_credentials(c: Credentials) {
-    *CREDENTIALS.lock().unwrap_or_else(|p| p.into_inner()) = Some(c);
-}
-
-pub fn credentials() -> Credentials {
-    CREDENTIALS
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone()
-        .unwrap_or_default()
-}
-
-/// Adds `authorization: Bearer TOKEN` to every request.
-#[derive(Clone)]
-pub struct Bearer(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
-
-impl tonic::service::Interceptor for Bearer {
-    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        if let Some(v) = &self.0 {
-            request.metadata_mut().insert("authorization", v.clone());
-        }
-        Ok(request)
-    }
-}
-
-pub type Client = ControlClient<tonic::service::interceptor::InterceptedService<Channel, Bearer>>;
-
-pub async fn connect(url: &str) -> Result<Client, CouldNotRun> {
-    let creds = credentials();
-    let mut endpoint = Channel::from_shared(url.to_string())
-        .map_err(|e| CouldNotRun(format!("invalid --orchestrator URL {url:?}: {e}")))?
-        .connect_timeout(Duration::from_secs(5));
-    if url.starts_with("https://") {
-        let ca = creds.ca.as_ref().ok_or_else(|| {
-            CouldNotRun(format!(
-                "{url} uses TLS: pass --ca (or set PDWARDEN_CA) with the pdwarden CA certificate"
-            ))
-        })?;
-        let read = |p: &PathBuf| std::fs::read(p).map_err(|e| CouldNotRun(format!("cannot read {}: {e}", p.display())));
-        let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(ca)?));
-        if let (Some(cert), Some(key)) = (&creds.cert, &creds.key) {
-            tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
-        }
-        endpoint = endpoint
-            .tls_config(tls)
-            .map_err(|e| CouldNotRun(format!("TLS setup for {url}: {e}")))?;
-    }
-    let bearer = match &creds.token {
-        Some(t) => Some(
-            format!("Bearer {}", t.trim())
-                .parse()
-                .map_err(|_| CouldNotRun("the token is not valid header text".into()))?,
-        ),
-        None => None,
-    };
-    let channel = endpoint
-        .connect()
-        .await
-        .map_err(|e| CouldNotRun(format!("orchestrator unreachable at {url}: {}", error_chain(&e))))?;
-    Ok(ControlClient::with_interceptor(channel, Bearer(bearer)))
-}
-
-/// An error with its causes (a TLS failure is only named in a source).
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
-}
-
-fn status_reason(s: &tonic::Status) -> String {
-    if s.message().is_empty() {
-        format!("{:?}", s.code())
-    } else {
-        s.message().to_string()
-    }
-}
-
 /// Runs `restart pd-pair`, printing live progress and the summary (unless
 /// `json`), and returns the final report; the caller prints `--json`.
 pub async fn restart_pair(
-    url: &str,
+    conn: &Connection,
     pair: &str,
     json: bool,
     request_id: String,
 ) -> Result<OperationReport, CouldNotRun> {
-    follow_operation(url, pair, json, None, request_id).await
+    follow_operation(conn, pair, json, None, request_id).await
 }
 
 /// Starts a co-restart (or, with `verify` = Some(include_abort_storm), a
-/// verification) and follows its update stream to the report.
+/// verification) and follows it to the report: progress lines and the
+/// summary on stdout unless `json`.
 pub async fn follow_operation(
-    url: &str,
+    conn: &Connection,
     pair: &str,
     json: bool,
     verify: Option<bool>,
     request_id: String,
 ) -> Result<OperationReport, CouldNotRun> {
-    let mut client = connect(url).await?;
-    let started = if let Some(include_abort_storm) = verify {
-        client
-            .verify_pair(VerifyPairRequest {
-                pair: pair.to_string(),
-                request_id,
-                include_abort_storm,
-            })
-            .await
-    } else {
-        client
-            .restart_pair(RestartPairRequest {
-                pair: pair.to_string(),
-                request_id,
-            })
-            .await
-    };
-    let mut stream = started.map_err(|s| CouldNotRun(status_reason(&s)))?.into_inner();
-    let mut out = std::io::stdout();
-    loop {
-        let update = match stream.message().await {
-            Ok(Some(u)) => u,
-            Ok(None) => {
-                return Err(CouldNotRun(
-                    "the orchestrator ended the operation stream without a report".into(),
-                ));
+    let report = conn
+        .follow(pair, verify, request_id, |line| {
+            if !json {
+                let mut out = std::io::stdout();
+                let _ = writeln!(out, "{line}");
+                let _ = out.flush();
             }
-            Err(s) => {
-                return Err(CouldNotRun(format!("lost the operation stream: {}", status_reason(&s))));
-            }
-        };
-        let line = match update.kind {
-            Some(operation_update::Kind::Started(s)) if verify.is_some() => Some(format!(
-                "verify pd-pair {}: operation {} (probes through the router; nothing restarted)",
-                s.pair, s.operation_id
-            )),
-            Some(operation_update::Kind::Started(s)) => Some(format!(
-                "restart pd-pair {}: operation {} (decode start policy: {})",
-                s.pair, s.operation_id, s.decode_start_policy
-            )),
-            Some(
-                kind @ (operation_update::Kind::Step(_)
-                | operation_update::Kind::Phase(_)
-                | operation_update::Kind::Probe(_)),
-            ) => progress_line(kind),
-            Some(operation_update::Kind::Report(r)) => {
-                let report: OperationReport = serde_json::from_str(&r.json)
-                    .map_err(|e| CouldNotRun(format!("unreadable report from the orchestrator: {e}")))?;
-                if !json {
-                    print!("{}", render_summary(&report));
-                }
-                return Ok(report);
-            }
-            None => None,
-        };
-        if let (Some(line), false) = (line, json) {
-            let _ = writeln!(out, "{line}");
-            let _ = out.flush();
-        }
+        })
+        .await?;
+    if !json {
+        print!("{}", render_summary(&report));
     }
-}
-
-/// The live line for a step, phase or probe update (None for the others),
-/// shared by every command that follows an operation's stream.
-pub fn progress_line(kind: operation_update::Kind) -> Option<String> {
-    match kind {
-        operation_update::Kind::Step(s) => Some(live_step_line(&StepRecord {
-            name: s.name,
-            unit: s.unit,
-            started_ms: s.started_ms,
-            ended_ms: s.ended_ms,
-            outcome: s.outcome,
-        })),
-        operation_update::Kind::Phase(p) => Some(live_phase_line(&TimelineRecord {
-            unit: p.unit,
-            role: p.role,
-            phase: p.phase,
-            at_ms: p.at_ms,
-            detail: p.detail,
-        })),
-        operation_update::Kind::Probe(p) => Some(live_probe_line(&ProbeRecord {
-            target: p.target,
-            seq: p.seq,
-            latency_ms: p.latency_ms,
-            tokens: p.tokens,
-            outcome: p.outcome,
-            error: p.error,
-            request_id: String::new(),
-        })),
-        _ => None,
-    }
+    Ok(report)
 }
 
 /// `--json` output: one object on one line.
@@ -376,8 +194,8 @@ fn could_not_run(reason: &str, json: bool) -> ExitCode {
     ExitCode::from(1)
 }
 
-async fn restart_unit(url: &str, name: &str, host: Option<String>, json: bool) -> ExitCode {
-    let mut client = match connect(url).await {
+async fn restart_unit(conn: &Connection, name: &str, host: Option<String>, json: bool) -> ExitCode {
+    let mut client = match conn.connect().await {
         Ok(c) => c,
         Err(CouldNotRun(r)) => return could_not_run(&r, json),
     };
@@ -404,11 +222,11 @@ async fn restart_unit(url: &str, name: &str, host: Option<String>, json: bool) -
     }
 }
 
-async fn status(url: &str, json: bool, hosts: Vec<String>) -> anyhow::Result<()> {
+async fn status(conn: &Connection, json: bool, hosts: Vec<String>) -> anyhow::Result<()> {
     if let Some(bad) = hosts.iter().find(|h| h.trim().is_empty()) {
         anyhow::bail!("--host: {bad:?} is not a host name");
     }
-    let mut client = connect(url).await.map_err(|e| anyhow::anyhow!(e.0))?;
+    let mut client = conn.connect().await.map_err(|e| anyhow::anyhow!(e.0))?;
     let reply = client
         .status(StatusRequest { hosts })
         .await
@@ -471,8 +289,8 @@ async fn status(url: &str, json: bool, hosts: Vec<String>) -> anyhow::Result<()>
     Ok(())
 }
 
-async fn history(url: &str, pair: &str, limit: u32, json: bool) -> anyhow::Result<()> {
-    let mut client = connect(url).await.map_err(|e| anyhow::anyhow!(e.0))?;
+async fn history(conn: &Connection, pair: &str, limit: u32, json: bool) -> anyhow::Result<()> {
+    let mut client = conn.connect().await.map_err(|e| anyhow::anyhow!(e.0))?;
     let reply = client
         .history(HistoryRequest {
             pair: pair.to_string(),
@@ -511,17 +329,19 @@ async fn history(url: &str, pair: &str, limit: u32, json: bool) -> anyhow::Resul
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    let url = cli.orchestrator.clone();
-    set_credentials(Credentials {
-        ca: cli.ca.clone(),
-        cert: cli.cert.clone(),
-        key: cli.key.clone(),
-        token: cli.token.clone(),
-    });
+    let conn = Connection::new(
+        cli.orchestrator.clone(),
+        Credentials {
+            ca: cli.ca.clone(),
+            cert: cli.cert.clone(),
+            key: cli.key.clone(),
+            token: cli.token.clone(),
+        },
+    );
     match cli.command {
         Cmd::Restart {
             what: RestartWhat::PdPair { name, json, request_id },
-        } => match restart_pair(&url, &name, json, request_id_or_new(request_id)).await {
+        } => match restart_pair(&conn, &name, json, request_id_or_new(request_id)).await {
             Ok(report) => {
                 if json {
                     print_json(&report);
@@ -532,14 +352,14 @@ async fn main() -> ExitCode {
         },
         Cmd::Restart {
             what: RestartWhat::Unit { name, host, json },
-        } => restart_unit(&url, &name, host, json).await,
+        } => restart_unit(&conn, &name, host, json).await,
         Cmd::Verify {
             name,
             json,
             include_abort_storm,
             request_id,
         } => match follow_operation(
-            &url,
+            &conn,
             &name,
             json,
             Some(include_abort_storm),
@@ -555,16 +375,16 @@ async fn main() -> ExitCode {
             }
             Err(CouldNotRun(reason)) => could_not_run(&reason, json),
         },
-        Cmd::Status { json, hosts } => match status(&url, json, hosts).await {
+        Cmd::Status { json, hosts } => match status(&conn, json, hosts).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => could_not_run(&format!("{e:#}"), json),
         },
-        Cmd::History { pair, limit, json } => match history(&url, &pair, limit, json).await {
+        Cmd::History { pair, limit, json } => match history(&conn, &pair, limit, json).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => could_not_run(&format!("{e:#}"), json),
         },
-        Cmd::Gate(args) => gate::run(&url, args).await,
+        Cmd::Gate(args) => gate::run(&conn, args).await,
         Cmd::Certs(args) => certs::run(args),
-        Cmd::Demo(args) => demo::run(args).await,
+        Cmd::Demo(args) => demo::run(args, conn.credentials).await,
     }
 }

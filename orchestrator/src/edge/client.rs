@@ -1,0 +1,216 @@
+//! The operator's side of the `Control` API: how to reach an orchestrator
+//! (its URL, the CA, a client certificate, an operator token) and following
+//! an operation's update stream to its report. The `pdwarden` CLI and its
+//! local stack both use it, each with its own [`Connection`] value — there
+//! is no process-wide credential (the demo once swapped a global one).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use pdwarden_proto::v1::{RestartPairRequest, VerifyPairRequest, control_client::ControlClient, operation_update};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
+
+use crate::ops::report::{
+    OperationReport, ProbeRecord, StepRecord, TimelineRecord, live_phase_line, live_probe_line, live_step_line,
+};
+
+/// A failure to run at all (the CLI's exit 1), as opposed to a verdict.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct CouldNotRun(pub String);
+
+/// TLS files and the operator token this process presents.
+#[derive(Debug, Clone, Default)]
+pub struct Credentials {
+    pub ca: Option<PathBuf>,
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+    pub token: Option<String>,
+}
+
+/// Adds `authorization: Bearer TOKEN` to every request.
+#[derive(Clone)]
+pub struct Bearer(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            request.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(request)
+    }
+}
+
+/// A connected `Control` client.
+pub type Client = ControlClient<tonic::service::interceptor::InterceptedService<Channel, Bearer>>;
+
+/// One orchestrator and how to reach it.
+#[derive(Debug, Clone)]
+pub struct Connection {
+    pub url: String,
+    pub credentials: Credentials,
+}
+
+impl Connection {
+    pub fn new(url: impl Into<String>, credentials: Credentials) -> Self {
+        Connection {
+            url: url.into(),
+            credentials,
+        }
+    }
+
+    /// Connects (5 s to connect); an `https://` URL needs the CA.
+    pub async fn connect(&self) -> Result<Client, CouldNotRun> {
+        let (url, creds) = (&self.url, &self.credentials);
+        let mut endpoint = Channel::from_shared(url.to_string())
+            .map_err(|e| CouldNotRun(format!("invalid --orchestrator URL {url:?}: {e}")))?
+            .connect_timeout(Duration::from_secs(5));
+        if url.starts_with("https://") {
+            let ca = creds.ca.as_ref().ok_or_else(|| {
+                CouldNotRun(format!(
+                    "{url} uses TLS: pass --ca (or set PDWARDEN_CA) with the pdwarden CA certificate"
+                ))
+            })?;
+            let read =
+                |p: &PathBuf| std::fs::read(p).map_err(|e| CouldNotRun(format!("cannot read {}: {e}", p.display())));
+            let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(ca)?));
+            if let (Some(cert), Some(key)) = (&creds.cert, &creds.key) {
+                tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
+            }
+            endpoint = endpoint
+                .tls_config(tls)
+                .map_err(|e| CouldNotRun(format!("TLS setup for {url}: {e}")))?;
+        }
+        let bearer = match &creds.token {
+            Some(t) => Some(
+                format!("Bearer {}", t.trim())
+                    .parse()
+                    .map_err(|_| CouldNotRun("the token is not valid header text".into()))?,
+            ),
+            None => None,
+        };
+        let channel = endpoint
+            .connect()
+            .await
+            .map_err(|e| CouldNotRun(format!("orchestrator unreachable at {url}: {}", error_chain(&e))))?;
+        Ok(ControlClient::with_interceptor(channel, Bearer(bearer)))
+    }
+
+    /// Starts a co-restart of `pair` (or, with `verify` =
+    /// Some(include_abort_storm), a verification) and follows its update
+    /// stream to the report, handing each progress line to `on_line`.
+    pub async fn follow(
+        &self,
+        pair: &str,
+        verify: Option<bool>,
+        request_id: String,
+        mut on_line: impl FnMut(String),
+    ) -> Result<OperationReport, CouldNotRun> {
+        let mut client = self.connect().await?;
+        let started = if let Some(include_abort_storm) = verify {
+            client
+                .verify_pair(VerifyPairRequest {
+                    pair: pair.to_string(),
+                    request_id,
+                    include_abort_storm,
+                })
+                .await
+        } else {
+            client
+                .restart_pair(RestartPairRequest {
+                    pair: pair.to_string(),
+                    request_id,
+                })
+                .await
+        };
+        let mut stream = started.map_err(|s| CouldNotRun(status_reason(&s)))?.into_inner();
+        loop {
+            let update = match stream.message().await {
+                Ok(Some(u)) => u,
+                Ok(None) => {
+                    return Err(CouldNotRun(
+                        "the orchestrator ended the operation stream without a report".into(),
+                    ));
+                }
+                Err(s) => {
+                    return Err(CouldNotRun(format!("lost the operation stream: {}", status_reason(&s))));
+                }
+            };
+            let line = match update.kind {
+                Some(operation_update::Kind::Started(s)) if verify.is_some() => Some(format!(
+                    "verify pd-pair {}: operation {} (probes through the router; nothing restarted)",
+                    s.pair, s.operation_id
+                )),
+                Some(operation_update::Kind::Started(s)) => Some(format!(
+                    "restart pd-pair {}: operation {} (decode start policy: {})",
+                    s.pair, s.operation_id, s.decode_start_policy
+                )),
+                Some(
+                    kind @ (operation_update::Kind::Step(_)
+                    | operation_update::Kind::Phase(_)
+                    | operation_update::Kind::Probe(_)),
+                ) => progress_line(kind),
+                Some(operation_update::Kind::Report(r)) => {
+                    return serde_json::from_str(&r.json)
+                        .map_err(|e| CouldNotRun(format!("unreadable report from the orchestrator: {e}")));
+                }
+                None => None,
+            };
+            if let Some(line) = line {
+                on_line(line);
+            }
+        }
+    }
+}
+
+/// An error with its causes (a TLS failure is only named in a source).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// A refusal's reason, for people.
+pub fn status_reason(s: &tonic::Status) -> String {
+    if s.message().is_empty() {
+        format!("{:?}", s.code())
+    } else {
+        s.message().to_string()
+    }
+}
+
+/// The live line for a step, phase or probe update (None for the others),
+/// shared by every command that follows an operation's stream.
+pub fn progress_line(kind: operation_update::Kind) -> Option<String> {
+    match kind {
+        operation_update::Kind::Step(s) => Some(live_step_line(&StepRecord {
+            name: s.name,
+            unit: s.unit,
+            started_ms: s.started_ms,
+            ended_ms: s.ended_ms,
+            outcome: s.outcome,
+        })),
+        operation_update::Kind::Phase(p) => Some(live_phase_line(&TimelineRecord {
+            unit: p.unit,
+            role: p.role,
+            phase: p.phase,
+            at_ms: p.at_ms,
+            detail: p.detail,
+        })),
+        operation_update::Kind::Probe(p) => Some(live_probe_line(&ProbeRecord {
+            target: p.target,
+            seq: p.seq,
+            latency_ms: p.latency_ms,
+            tokens: p.tokens,
+            outcome: p.outcome,
+            error: p.error,
+            request_id: String::new(),
+        })),
+        _ => None,
+    }
+}
