@@ -278,17 +278,24 @@ impl Journal {
         Ok(out)
     }
 
-    /// The commands `operation_id` journaled, in order. An entry that does
-    /// not read as a [`CommandEntry`] is an error: a resume must not guess.
-    pub fn commands(&self, operation_id: &str) -> Result<Vec<CommandEntry>, JournalError> {
+    /// Every entry of `kind` that `operation_id` journaled, in order, read as
+    /// `T`. One that does not read is an error (a resume must not guess
+    /// around a record it cannot read).
+    pub fn read<T: serde::de::DeserializeOwned>(&self, operation_id: &str, kind: &str) -> Result<Vec<T>, JournalError> {
         let conn = self.conn();
         let mut stmt = conn.prepare("SELECT payload FROM entries WHERE op_id = ?1 AND kind = ?2 ORDER BY seq")?;
-        let rows = stmt.query_map(params![operation_id, COMMAND], |r| r.get::<_, String>(0))?;
+        let rows = stmt.query_map(params![operation_id, kind], |r| r.get::<_, String>(0))?;
         let mut out = Vec::new();
         for row in rows {
             out.push(serde_json::from_str(&row?)?);
         }
         Ok(out)
+    }
+
+    /// The commands `operation_id` journaled, in order. An entry that does
+    /// not read as a [`CommandEntry`] is an error: a resume must not guess.
+    pub fn commands(&self, operation_id: &str) -> Result<Vec<CommandEntry>, JournalError> {
+        self.read(operation_id, COMMAND)
     }
 
     fn query(&self, tail: &str, p: impl rusqlite::Params) -> Result<Vec<OperationRecord>, JournalError> {

@@ -258,6 +258,32 @@ pub struct ChildOperation {
     pub total_ms: u64,
 }
 
+/// The kinds of the gate's journal entries its resume reads back (typed:
+/// [`Journal::read`](crate::ops::journal::Journal::read)).
+mod entry {
+    /// [`ChangeSpec`](super::ChangeSpec), before anything is done.
+    pub const CHANGE: &str = "change";
+    /// [`VersionRecord`](super::VersionRecord), one per unit changed.
+    pub const CONFIG_VERSION: &str = "config_version";
+    /// [`UnitView`](crate::judge::live::UnitView), every inspection (the
+    /// first of each target is the baseline's).
+    pub const INSPECTION: &str = "inspection";
+    /// [`Measurement`](super::Measurement), every look.
+    pub const MEASUREMENT: &str = "measurement";
+    /// [`ChildEntry`](super::ChildEntry), before the child begins.
+    pub const CHILD_OPERATION: &str = "child_operation";
+}
+
+/// A child operation (co-restart, verification) the gate began, journaled
+/// before it runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChildEntry {
+    /// "baseline", "restart", "rollback_restart".
+    pub purpose: String,
+    pub operation_id: String,
+    pub kind: String,
+}
+
 /// One benchmark request, as kept for the judge.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RequestFigures {
@@ -551,34 +577,28 @@ pub async fn resume_gate(
     pair: PairConfig,
     op: crate::ops::journal::OperationRecord,
 ) -> Result<GateReport, ResumeError> {
-    let entries = ctx.journal.entries(&op.operation_id)?;
-    let of_kind = |k: &'static str| {
-        entries
-            .iter()
-            .filter(move |(_, kind, _)| kind == k)
-            .map(|(_, _, v)| v.clone())
-    };
-    let change: ChangeSpec = serde_json::from_value(of_kind("change").next().ok_or(ResumeError::NoChange)?)
-        .map_err(ResumeError::UnreadableChange)?;
-    let versions: Vec<VersionRecord> = of_kind("config_version")
-        .filter_map(|v| serde_json::from_value(v).ok())
-        .collect();
+    let journal = &ctx.journal;
+    let id = op.operation_id.as_str();
+    let change: ChangeSpec = journal
+        .read(id, entry::CHANGE)?
+        .into_iter()
+        .next()
+        .ok_or(ResumeError::NoChange)?;
+    let versions: Vec<VersionRecord> = journal.read(id, entry::CONFIG_VERSION)?;
+    let children: Vec<ChildEntry> = journal.read(id, entry::CHILD_OPERATION)?;
+    let inspections: Vec<UnitView> = journal.read(id, entry::INSPECTION)?;
+    let measurements: Vec<Measurement> = journal.read(id, entry::MEASUREMENT)?;
     // A co-restart of this gate's that the restart interrupted is the gate's
     // to end: concluded here, before the rollback begins its own (the pair's
     // `#gate` slot would otherwise stay busy and the rollback be refused).
     let unfinished: Vec<String> = ctx.journal.unfinished()?.into_iter().map(|o| o.operation_id).collect();
-    for child in of_kind("child_operation") {
-        let (Some(id), kind) = (
-            child["operation_id"].as_str(),
-            child["kind"].as_str().unwrap_or("co_restart"),
-        ) else {
-            continue;
-        };
+    for child in &children {
+        let id = child.operation_id.as_str();
         if unfinished.iter().any(|u| u == id) {
             let report = serde_json::json!({
                 "operation_id": id,
                 "pair": format!("{}#gate", pair.name),
-                "kind": kind,
+                "kind": child.kind,
                 "verdict": "failed",
                 "reasons": [format!(
                     "interrupted by an orchestrator restart while part of gate {} (state {}); the gate took it over and rolls its change back",
@@ -591,24 +611,18 @@ pub async fn resume_gate(
     // Commands are journaled before they are sent: no journaled start in any
     // of the gate's co-restarts means no unit was touched.
     let mut starts_sent = 0;
-    for child in of_kind("child_operation") {
-        if let Some(id) = child["operation_id"].as_str() {
-            starts_sent += ctx
-                .journal
-                .commands(id)?
-                .iter()
-                .filter(|c| c.action == CommandAction::Start)
-                .count();
-        }
+    for child in &children {
+        starts_sent += journal
+            .commands(&child.operation_id)?
+            .iter()
+            .filter(|c| c.action == CommandAction::Start)
+            .count();
     }
     let (tx, _nobody_listens) = mpsc::unbounded_channel();
     let mut g = Gate::new(ctx, pair, op.operation_id.clone(), change, tx);
     g.nothing_restarted = starts_sent == 0;
     // The first inspection of each target is the baseline's.
-    g.before_views = of_kind("inspection")
-        .filter_map(|v| serde_json::from_value::<UnitView>(v).ok())
-        .take(g.targets.len())
-        .collect();
+    g.before_views = inspections.into_iter().take(g.targets.len()).collect();
     g.versions = versions;
     // A change sent whose answer the killed orchestrator never journaled:
     // asked again under its own command id, which the agent answers with
@@ -646,8 +660,8 @@ pub async fn resume_gate(
             // far, is in the journal: the rollback is held to it as an
             // uninterrupted gate's would be.
             // Every look of it, in order.
-            let baseline = of_kind("measurement")
-                .filter_map(|v| serde_json::from_value::<Measurement>(v).ok())
+            let baseline = measurements
+                .into_iter()
                 .filter(|m| m.label == "baseline")
                 .reduce(|mut all, more| {
                     all.extend(more);
@@ -856,8 +870,6 @@ pub enum ResumeError {
     Journal(#[from] JournalError),
     #[error("the journal has no `change` entry")]
     NoChange,
-    #[error("the journal's `change` entry is unreadable: {0}")]
-    UnreadableChange(serde_json::Error),
 }
 
 /// Evidence gathered by `drive` for the report.
@@ -1427,8 +1439,12 @@ impl Gate {
         let child_pair = format!("{}#gate", self.pair.name);
         self.ctx.journal.begin(&id, kind.as_str(), &child_pair, None)?;
         self.journal(
-            "child_operation",
-            &serde_json::json!({ "purpose": purpose, "operation_id": id, "kind": kind.as_str() }),
+            entry::CHILD_OPERATION,
+            &ChildEntry {
+                purpose: purpose.into(),
+                operation_id: id.clone(),
+                kind: kind.as_str().into(),
+            },
         );
         let (tx, mut rx) = mpsc::unbounded_channel::<OperationUpdate>();
         let fwd = self.updates.clone();
@@ -1545,7 +1561,7 @@ impl Gate {
                         argv: r.argv,
                         env: r.env.into_iter().collect(),
                     };
-                    self.journal("config_version", &rec);
+                    self.journal(entry::CONFIG_VERSION, &rec);
                     self.journal(
                         "adopted",
                         &serde_json::json!({ "command_id": command_id, "unit": u.to_string(), "action": "unit_config" }),
@@ -1593,7 +1609,7 @@ impl Gate {
                 argv: r.argv,
                 env: r.env.into_iter().collect(),
             };
-            self.journal("config_version", &rec);
+            self.journal(entry::CONFIG_VERSION, &rec);
             self.versions.push(rec);
         }
         Ok(())
@@ -1681,7 +1697,7 @@ impl Gate {
                 })
                 .collect(),
         };
-        self.journal("inspection", &view);
+        self.journal(entry::INSPECTION, &view);
         Ok(view)
     }
 
@@ -1737,7 +1753,7 @@ impl Gate {
             cells,
             total_ms: started.elapsed().as_millis() as u64,
         };
-        self.journal("measurement", &m);
+        self.journal(entry::MEASUREMENT, &m);
         self.measurements.push(m.clone());
         m
     }
@@ -1833,7 +1849,7 @@ pub fn start(
     validate_request(pair, &change)?;
     let operation_id = uuid::Uuid::new_v4().to_string();
     ctx.journal.begin(&operation_id, "gate", &pair.name, request_id)?;
-    ctx.journal.append(&operation_id, 0, "change", &change)?;
+    ctx.journal.append(&operation_id, 0, entry::CHANGE, &change)?;
     let (tx, rx) = mpsc::unbounded_channel();
     tokio::spawn(run_gate(ctx.clone(), pair.clone(), operation_id, change, tx));
     Ok(rx)
