@@ -1776,66 +1776,11 @@ probe_timeout_ms = 120000
 /// agents' facts (issue 14).
 #[cfg(test)]
 mod driver_tests {
-    use std::time::Duration;
-
-    use pdwarden_proto::v1::Role;
-
     use super::*;
-    use crate::config::OrchestratorConfig;
-    use crate::ops::fake_agent::{FakeAgent, UnitModel};
+    use crate::ops::fake_agent::rig::{UNITS, agent, journal, kill_after_entry, orchestrator};
 
     fn pair(policy: &str) -> PairConfig {
-        let text = format!(
-            r#"
-listen = "127.0.0.1:7070"
-journal = "/unused"
-[[pair]]
-name = "p"
-decode_start_policy = "{policy}"
-prefill = [{{ host = "h1", unit = "prefill-0" }}]
-decode = [{{ host = "h1", unit = "decode-0" }}]
-router = [{{ host = "h1", unit = "router-0" }}]
-[pair.probe]
-model = "m"
-prompt = "Say hi"
-warm_budget_ms = 1000
-cold_allowance_ms = 3000
-probe_timeout_ms = 5000
-[pair.suite.long_generation]
-enabled = false
-[pair.suite.multi_turn]
-enabled = false
-[pair.suite.concurrency]
-enabled = false
-"#
-        );
-        OrchestratorConfig::from_toml_str(&text).unwrap().pairs.remove(0)
-    }
-
-    fn agent() -> FakeAgent {
-        FakeAgent::new(
-            "h1",
-            vec![
-                UnitModel::new("prefill-0", Role::Prefill),
-                UnitModel::new("decode-0", Role::Decode),
-                UnitModel::new("router-0", Role::Router),
-            ],
-        )
-    }
-
-    /// A new orchestrator's view: a fresh fleet the agent (re-)attaches to,
-    /// over the journal that survives.
-    async fn orchestrator(journal: &Arc<Journal>, agent: &FakeAgent) -> OperationContext {
-        let fleet = Fleet::new();
-        agent.attach(&fleet).await;
-        OperationContext {
-            fleet,
-            journal: journal.clone(),
-        }
-    }
-
-    fn journal(dir: &tempfile::TempDir) -> Arc<Journal> {
-        Arc::new(Journal::open(&dir.path().join("journal.sqlite")).unwrap())
+        crate::ops::fake_agent::rig::pair(policy, "")
     }
 
     fn begin(journal: &Journal) -> String {
@@ -1862,8 +1807,6 @@ enabled = false
             .unwrap();
         id
     }
-
-    const UNITS: [&str; 3] = ["prefill-0", "decode-0", "router-0"];
 
     /// Uninterrupted: healthy, each unit started once, in order (decode only
     /// after prefill generates, the router only after decode does).
@@ -1937,25 +1880,16 @@ enabled = false
                 let agent = agent();
                 let id = begin(&journal);
                 let (tx, _rx) = mpsc::unbounded_channel();
-                let first = tokio::spawn(run_operation(
+                let first = run_operation(
                     orchestrator(&journal, &agent).await,
                     pair(policy),
                     id.clone(),
                     OperationKind::CoRestart,
                     tx,
-                ));
-                // Bounded: a whole run takes a few simulated seconds.
-                for _ in 0..60_000 {
-                    if first.is_finished() || journal.entries(&id).unwrap().len() >= k {
-                        break;
-                    }
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                }
-                if first.is_finished() {
+                );
+                if !kill_after_entry(&journal, &id, k, first).await {
                     continue;
                 }
-                first.abort();
-                let _ = first.await;
                 let op = journal
                     .unfinished()
                     .unwrap()

@@ -588,3 +588,101 @@ impl FakeAgent {
         st.running.insert(unit, task);
     }
 }
+
+/// The drivers' test rig over this agent: one pair on one host, and an
+/// orchestrator that can be killed and replaced.
+pub(crate) mod rig {
+    use std::future::Future;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use pdwarden_proto::v1::Role;
+
+    use super::{FakeAgent, UnitModel};
+    use crate::config::{OrchestratorConfig, PairConfig};
+    use crate::edge::fleet::Fleet;
+    use crate::ops::corestart::OperationContext;
+    use crate::ops::journal::Journal;
+
+    pub(crate) const UNITS: [&str; 3] = ["prefill-0", "decode-0", "router-0"];
+
+    /// Pair `p` on host `h1` (decode start `policy`), its suite off, with
+    /// `extra` TOML appended under it (a `[pair.gate]`, say).
+    pub(crate) fn pair(policy: &str, extra: &str) -> PairConfig {
+        let text = format!(
+            r#"
+listen = "127.0.0.1:7070"
+journal = "/unused"
+[[pair]]
+name = "p"
+decode_start_policy = "{policy}"
+prefill = [{{ host = "h1", unit = "prefill-0" }}]
+decode = [{{ host = "h1", unit = "decode-0" }}]
+router = [{{ host = "h1", unit = "router-0" }}]
+[pair.probe]
+model = "m"
+prompt = "Say hi"
+warm_budget_ms = 1000
+cold_allowance_ms = 3000
+probe_timeout_ms = 5000
+[pair.suite.long_generation]
+enabled = false
+[pair.suite.multi_turn]
+enabled = false
+[pair.suite.concurrency]
+enabled = false
+{extra}"#
+        );
+        OrchestratorConfig::from_toml_str(&text).unwrap().pairs.remove(0)
+    }
+
+    /// The agent of host `h1` with the pair's three units.
+    pub(crate) fn agent() -> FakeAgent {
+        FakeAgent::new(
+            "h1",
+            vec![
+                UnitModel::new("prefill-0", Role::Prefill),
+                UnitModel::new("decode-0", Role::Decode),
+                UnitModel::new("router-0", Role::Router),
+            ],
+        )
+    }
+
+    pub(crate) fn journal(dir: &tempfile::TempDir) -> Arc<Journal> {
+        Arc::new(Journal::open(&dir.path().join("journal.sqlite")).unwrap())
+    }
+
+    /// A new orchestrator's view: a fresh fleet the agent (re-)attaches to,
+    /// over the journal that survives.
+    pub(crate) async fn orchestrator(journal: &Arc<Journal>, agent: &FakeAgent) -> OperationContext {
+        let fleet = Fleet::new();
+        agent.attach(&fleet).await;
+        OperationContext {
+            fleet,
+            journal: journal.clone(),
+        }
+    }
+
+    /// Runs `op` (operation `id`) and kills it at the first await after its
+    /// `k`-th journal entry. False when it finished before that.
+    pub(crate) async fn kill_after_entry<F>(journal: &Journal, id: &str, k: usize, op: F) -> bool
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        let task = tokio::spawn(op);
+        // Bounded: a whole run takes a few simulated seconds.
+        for _ in 0..600_000 {
+            if task.is_finished() || journal.entries(id).unwrap().len() >= k {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        if task.is_finished() {
+            return false;
+        }
+        task.abort();
+        let _ = task.await;
+        true
+    }
+}

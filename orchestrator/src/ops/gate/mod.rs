@@ -2043,65 +2043,20 @@ probe_timeout_ms = 120000
 /// every point of a gate then resumed from the journal (issue 14).
 #[cfg(test)]
 mod driver_tests {
-    use std::sync::Arc;
-    use std::time::Duration;
-
-    use pdwarden_proto::v1::Role;
-
     use super::*;
-    use crate::config::OrchestratorConfig;
-    use crate::ops::fake_agent::{FakeAgent, KNOB, UnitModel};
+    use crate::ops::fake_agent::rig::{journal, kill_after_entry, orchestrator};
+    use crate::ops::fake_agent::{FakeAgent, KNOB};
     use crate::ops::journal::Journal;
 
     fn pair() -> PairConfig {
-        let text = r#"
-listen = "127.0.0.1:7070"
-journal = "/unused"
-[[pair]]
-name = "p"
-prefill = [{ host = "h1", unit = "prefill-0" }]
-decode = [{ host = "h1", unit = "decode-0" }]
-router = [{ host = "h1", unit = "router-0" }]
-[pair.probe]
-model = "m"
-prompt = "Say hi"
-warm_budget_ms = 1000
-cold_allowance_ms = 3000
-probe_timeout_ms = 5000
-[pair.suite.long_generation]
-enabled = false
-[pair.suite.multi_turn]
-enabled = false
-[pair.suite.concurrency]
-enabled = false
-[pair.gate]
-prompt_tokens = [16]
-output_tokens = [24]
-concurrency = [1]
-bootstrap_resamples = 300
-"#;
-        OrchestratorConfig::from_toml_str(text).unwrap().pairs.remove(0)
+        crate::ops::fake_agent::rig::pair(
+            "after-prefill-ready",
+            "[pair.gate]\nprompt_tokens = [16]\noutput_tokens = [24]\nconcurrency = [1]\nbootstrap_resamples = 300\n",
+        )
     }
 
     fn agent(slowdown: f64) -> FakeAgent {
-        FakeAgent::new(
-            "h1",
-            vec![
-                UnitModel::new("prefill-0", Role::Prefill),
-                UnitModel::new("decode-0", Role::Decode),
-                UnitModel::new("router-0", Role::Router),
-            ],
-        )
-        .with_knob_slowdown(slowdown)
-    }
-
-    async fn orchestrator(journal: &Arc<Journal>, agent: &FakeAgent) -> OperationContext {
-        let fleet = crate::edge::fleet::Fleet::new();
-        agent.attach(&fleet).await;
-        OperationContext {
-            fleet,
-            journal: journal.clone(),
-        }
+        crate::ops::fake_agent::rig::agent().with_knob_slowdown(slowdown)
     }
 
     fn change() -> ChangeSpec {
@@ -2156,7 +2111,7 @@ bootstrap_resamples = 300
             (1.3, GateVerdict::RejectedRolledBack, [false, false]),
         ] {
             let dir = tempfile::tempdir().unwrap();
-            let journal = Arc::new(Journal::open(&dir.path().join("j.sqlite")).unwrap());
+            let journal = journal(&dir);
             let agent = agent(slowdown);
             let id = begin(&journal);
             let (tx, _rx) = mpsc::unbounded_channel();
@@ -2180,7 +2135,7 @@ bootstrap_resamples = 300
     async fn killed_at_every_point_the_gate_concludes_with_the_change_undone() {
         let entries_of_a_whole_run = {
             let dir = tempfile::tempdir().unwrap();
-            let journal = Arc::new(Journal::open(&dir.path().join("j.sqlite")).unwrap());
+            let journal = journal(&dir);
             let agent = agent(1.0);
             let id = begin(&journal);
             let (tx, _rx) = mpsc::unbounded_channel();
@@ -2190,28 +2145,14 @@ bootstrap_resamples = 300
         let mut states = std::collections::BTreeSet::new();
         for k in 2..entries_of_a_whole_run {
             let dir = tempfile::tempdir().unwrap();
-            let journal = Arc::new(Journal::open(&dir.path().join("j.sqlite")).unwrap());
+            let journal = journal(&dir);
             let agent = agent(1.0);
             let id = begin(&journal);
             let (tx, _rx) = mpsc::unbounded_channel();
-            let first = tokio::spawn(run_gate(
-                orchestrator(&journal, &agent).await,
-                pair(),
-                id.clone(),
-                change(),
-                tx,
-            ));
-            for _ in 0..600_000 {
-                if first.is_finished() || journal.entries(&id).unwrap().len() >= k {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-            if first.is_finished() {
+            let first = run_gate(orchestrator(&journal, &agent).await, pair(), id.clone(), change(), tx);
+            if !kill_after_entry(&journal, &id, k, first).await {
                 continue;
             }
-            first.abort();
-            let _ = first.await;
             let op = journal
                 .unfinished()
                 .unwrap()
