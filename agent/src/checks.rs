@@ -73,7 +73,6 @@ pub struct ChatOutcome {
 /// `base_url/v1/chat/completions`. OK requires at least one completion token
 /// within `timeout` (body included).
 pub async fn chat_probe(client: &reqwest::Client, base_url: &str, chat: &ChatProbe, timeout: Duration) -> ChatOutcome {
-    let request_id = format!("{REQUEST_ID_PREFIX}{}", uuid::Uuid::new_v4());
     let body = json!({
         "model": chat.model,
         "messages": [{"role": "user", "content": chat.prompt}],
@@ -82,14 +81,92 @@ pub async fn chat_probe(client: &reqwest::Client, base_url: &str, chat: &ChatPro
         "temperature": 0,
     });
     let url = format!("{}/v1/chat/completions", base_url.trim_end_matches('/'));
+    post_generation(client, &url, &body, timeout).await
+}
+
+/// The generation check of an engine with no generating GET (vLLM, issue
+/// 15): the model it serves (`GET /v1/models`), then one probe-tagged
+/// `POST /v1/completions` straight to it with `max_tokens` 1 and
+/// `ignore_eos` (a random-weight model may well pick EOS first). OK requires
+/// the generated token, all within `timeout`.
+pub async fn engine_completion(client: &reqwest::Client, base_url: &str, timeout: Duration) -> ChatOutcome {
+    const PROMPT: &str = "pdwarden readiness check: one token.";
+    let base = base_url.trim_end_matches('/');
+    let started = Instant::now();
+    let model = async {
+        let resp = client
+            .get(format!("{base}/v1/models"))
+            .send()
+            .await
+            .map_err(|e| (0, format!("GET /v1/models failed: {}", error_chain(&e))))?;
+        let status = resp.status().as_u16();
+        let text = read_body_limited(resp, MAX_HEALTH_BYTES)
+            .await
+            .map_err(|e| (status, e))?;
+        if !(200..300).contains(&status) {
+            return Err((status, format!("GET /v1/models answered {status}: {}", snippet(&text))));
+        }
+        let v: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| (status, format!("GET /v1/models: not JSON ({e})")))?;
+        v.pointer("/data/0/id")
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_owned)
+            .ok_or_else(|| (status, format!("GET /v1/models names no model: {}", snippet(&text))))
+    };
+    let model = match tokio::time::timeout(timeout, model).await {
+        Ok(Ok(m)) => m,
+        Ok(Err((http_status, error))) => {
+            return ChatOutcome {
+                outcome: ProbeOutcome::Error,
+                latency: started.elapsed(),
+                tokens: 0,
+                error,
+                http_status,
+                request_id: String::new(),
+            };
+        }
+        Err(_) => {
+            return ChatOutcome {
+                outcome: ProbeOutcome::Timeout,
+                latency: started.elapsed(),
+                tokens: 0,
+                error: format!("GET /v1/models: no answer within {} ms", timeout.as_millis()),
+                http_status: 0,
+                request_id: String::new(),
+            };
+        }
+    };
+    let body = json!({
+        "model": model,
+        "prompt": PROMPT,
+        "max_tokens": 1,
+        "ignore_eos": true,
+        "stream": false,
+        "temperature": 0,
+    });
+    let left = timeout.saturating_sub(started.elapsed());
+    let mut r = post_generation(client, &format!("{base}/v1/completions"), &body, left).await;
+    r.latency = started.elapsed();
+    r
+}
+
+/// One probe-tagged generation request: OK requires at least one completion
+/// token within `timeout` (body included).
+async fn post_generation(
+    client: &reqwest::Client,
+    url: &str,
+    body: &serde_json::Value,
+    timeout: Duration,
+) -> ChatOutcome {
+    let request_id = format!("{REQUEST_ID_PREFIX}{}", uuid::Uuid::new_v4());
     let started = Instant::now();
     let mut http_status = 0u16;
     let exchange = async {
         let resp = client
-            .post(&url)
+            .post(url)
             .header(REQUEST_ID_HEADER, &request_id)
             .header(PROBE_HEADER, "1")
-            .json(&body)
+            .json(body)
             .send()
             .await
             .map_err(|e| format!("request failed: {}", error_chain(&e)))?;
@@ -129,7 +206,8 @@ pub async fn chat_probe(client: &reqwest::Client, base_url: &str, chat: &ChatPro
 }
 
 /// `usage.completion_tokens`, or 1 if it is missing/zero but
-/// `choices[0].message.content` is non-empty.
+/// `choices[0].message.content` (chat) or `choices[0].text` (completion)
+/// is non-empty.
 fn completion_tokens(v: &serde_json::Value) -> u32 {
     let usage = v
         .pointer("/usage/completion_tokens")
@@ -140,6 +218,7 @@ fn completion_tokens(v: &serde_json::Value) -> u32 {
     }
     let content = v
         .pointer("/choices/0/message/content")
+        .or_else(|| v.pointer("/choices/0/text"))
         .and_then(serde_json::Value::as_str)
         .unwrap_or("");
     u32::from(!content.is_empty())
@@ -177,6 +256,9 @@ pub enum GenerationCheck {
     Get { url: String, path: String },
     /// A probe-tagged chat completion that must return ≥1 token (routers).
     Chat { base_url: String, chat: ChatProbe },
+    /// A probe-tagged one-token completion sent straight to an engine that
+    /// has no generating GET (vLLM).
+    Completion { base_url: String },
 }
 
 /// The real [`Checker`]: HTTP against one unit.
@@ -196,27 +278,37 @@ impl HttpChecker {
         client: reqwest::Client,
         base_url: &str,
         health_path: &str,
-        generation_path: &str,
+        generation: &crate::config::GenerationCheckSpec,
         params: &crate::readiness::ReadinessParams,
     ) -> Self {
+        use crate::config::GenerationCheckSpec as Spec;
         let base = base_url.trim_end_matches('/');
-        let generation = match &params.chat {
-            Some(chat) => GenerationCheck::Chat {
+        let generation = match (&params.chat, generation) {
+            (Some(chat), _) => GenerationCheck::Chat {
                 base_url: base.to_owned(),
                 chat: chat.clone(),
             },
-            None => GenerationCheck::Get {
-                url: format!("{base}{generation_path}"),
-                path: generation_path.to_owned(),
+            (None, Spec::Completion) => GenerationCheck::Completion {
+                base_url: base.to_owned(),
+            },
+            (None, Spec::Get(path)) => GenerationCheck::Get {
+                url: format!("{base}{path}"),
+                path: path.clone(),
+            },
+            // A router started without the orchestrator's chat probe: its
+            // own GET would prove nothing (ROUTER-NOTES.md), so the check
+            // is a completion through it, which only a working pair answers.
+            (None, Spec::ThroughRouter) => GenerationCheck::Completion {
+                base_url: base.to_owned(),
             },
         };
         HttpChecker {
             client,
             health_url: format!("{base}{health_path}"),
             health_timeout: params.health_timeout,
-            // Engines checked by GET: SGLang's `/get_server_info` and
+            // Engines (not routers): SGLang's `/get_server_info` and
             // vLLM's `/version` both carry a `version` field.
-            version_urls: if params.chat.is_none() {
+            version_urls: if params.chat.is_none() && !matches!(generation, GenerationCheck::Chat { .. }) {
                 vec![format!("{base}/get_server_info"), format!("{base}/version")]
             } else {
                 Vec::new()
@@ -274,14 +366,24 @@ impl Checker for HttpChecker {
 
     async fn generation(&self) -> GenerationObservation {
         match &self.generation {
-            GenerationCheck::Chat { base_url, chat } => {
-                let r = chat_probe(&self.client, base_url, chat, self.check_timeout).await;
+            GenerationCheck::Chat { .. } | GenerationCheck::Completion { .. } => {
+                let (r, what) = match &self.generation {
+                    GenerationCheck::Chat { base_url, chat } => (
+                        chat_probe(&self.client, base_url, chat, self.check_timeout).await,
+                        "chat completion",
+                    ),
+                    GenerationCheck::Completion { base_url } => (
+                        engine_completion(&self.client, base_url, self.check_timeout).await,
+                        "completion sent to the engine",
+                    ),
+                    GenerationCheck::Get { .. } => unreachable!("matched above"),
+                };
                 match r.outcome {
                     ProbeOutcome::Ok => GenerationObservation::Passed {
                         latency: r.latency,
                         tokens: r.tokens,
                         detail: format!(
-                            "generation check: {} in {} ms (chat completion, request id {})",
+                            "generation check: {} in {} ms ({what}, request id {})",
                             if r.tokens == 1 {
                                 "1 token".to_owned()
                             } else {
@@ -300,7 +402,7 @@ impl Checker for HttpChecker {
                     },
                     _ => GenerationObservation::Failed {
                         latency: r.latency,
-                        reason: format!("chat completion failed ({})", r.error),
+                        reason: format!("{what} failed ({})", r.error),
                         http_status: r.http_status,
                         request_id: r.request_id,
                     },

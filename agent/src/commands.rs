@@ -200,6 +200,25 @@ impl Dispatcher {
                 let result = self.change_unit_config(&ctx, change);
                 Box::pin(async move { Kind::UnitConfigResult(result) })
             }
+            Some(Action::Preflight(p)) => {
+                let mut problems = Vec::new();
+                for unit in &p.units {
+                    match self.supervisor.preflight(unit) {
+                        Some(found) => problems.extend(found),
+                        None => problems.push(format!("unknown unit {unit:?}")),
+                    }
+                }
+                if !problems.is_empty() {
+                    tracing::warn!(command_id = %ctx.id, ?problems, "preflight found problems");
+                }
+                let result = CommandResult {
+                    command_id: ctx.id.clone(),
+                    ok: problems.is_empty(),
+                    error: problems.join("; "),
+                    ms_since_command: ctx_ms(&ctx),
+                };
+                Box::pin(async move { Kind::CommandResult(result) })
+            }
             Some(Action::Gate(step)) => {
                 let base_url = self.supervisor.unit_config(&step.unit).map(|u| u.base_url.clone());
                 let running = self.supervisor.running_process(&step.unit);
@@ -239,7 +258,7 @@ impl Dispatcher {
                 Ok(crate::watch::Target {
                     unit: t.unit.clone(),
                     metrics_url: format!("{base}{path}"),
-                    health_url: format!("{base}{}", u.health_path),
+                    health_url: format!("{base}{}", u.health_path()),
                 })
             })
             .collect()

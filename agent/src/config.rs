@@ -10,8 +10,9 @@
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 
+use pdwarden_engines::{EngineKind, GenerationCheck};
 use pdwarden_proto::v1 as pb;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 /// Grace period used when the agent stops its units on shutdown, unless
@@ -33,7 +34,7 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
-    /// Syntax, type or unknown-field error; the message quotes the TOML line.
+    /// Syntax, type or unknown-field error, in one line naming the TOML line and field.
     #[error("agent config: {message}")]
     Parse { message: String },
     #[error("agent config: field `{field}`: {reason}")]
@@ -41,7 +42,7 @@ pub enum ConfigError {
 }
 
 /// What happens to running units when the agent itself shuts down.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum OnExit {
     /// Units keep serving; a pdwarden outage must not take serving down
@@ -53,7 +54,7 @@ pub enum OnExit {
 }
 
 /// The role a unit plays in a PD pair.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
     Prefill,
@@ -72,7 +73,7 @@ impl Role {
 }
 
 /// The whole agent config file.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentConfig {
     /// Host name reported in `Register`.
@@ -118,7 +119,7 @@ pub struct AgentConfig {
 }
 
 /// One supervised process.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct UnitConfig {
     /// Unique on this host; also the log file's name.
@@ -134,14 +135,23 @@ pub struct UnitConfig {
     pub cwd: Option<PathBuf>,
     /// Where the unit serves HTTP, e.g. `http://127.0.0.1:30001`.
     pub base_url: String,
-    /// Polled during start-up. Use `/readiness` for sglang-router, whose
-    /// `/health` is 200 even with no workers (ROUTER-NOTES.md).
-    #[serde(default = "default_health_path")]
-    pub health_path: String,
-    /// GET-ed as the generation check when the start command carries no chat
-    /// probe; SGLang's `/health_generate` runs a real forward pass.
-    #[serde(default = "default_generation_path")]
-    pub generation_path: String,
+    /// What kind of server it is (`sglang`, `vllm`, `sglang-router`,
+    /// `vllm-router`): its health path and its generation check follow
+    /// from it (`pdwarden_engines`). Absent: an SGLang-style engine, or a
+    /// router by its role.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<EngineKind>,
+    /// Polled during start-up; default: the engine kind's (`/readiness`
+    /// for sglang-router, whose `/health` is 200 even with no workers —
+    /// ROUTER-NOTES.md), else `/health`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_path: Option<String>,
+    /// GET-ed as the generation check of an engine whose GET endpoint
+    /// generates (SGLang's `/health_generate` runs a real forward pass);
+    /// default: the engine kind's check. Not for `engine = "vllm"`, which
+    /// has no generating GET: its check is a completion sent to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation_path: Option<String>,
     #[serde(default)]
     pub bootstrap_port: Option<u16>,
     /// Start this unit when the agent starts.
@@ -161,18 +171,48 @@ fn default_gpu_sample_interval_ms() -> u64 {
 fn default_gpu_snapshot_interval_ms() -> u64 {
     DEFAULT_GPU_SNAPSHOT_INTERVAL_MS
 }
-fn default_health_path() -> String {
-    "/health".to_owned()
-}
-fn default_generation_path() -> String {
-    "/health_generate".to_owned()
+/// How a unit's start-up watch proves it generates.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GenerationCheckSpec {
+    /// GET this path (2xx passes): the engine generates to answer it.
+    Get(String),
+    /// A probe-tagged completion with `max_tokens` 1 sent straight to the
+    /// engine (engines without a generating GET: vLLM).
+    Completion,
+    /// A chat completion through the router (the orchestrator sends it).
+    ThroughRouter,
 }
 
 impl AgentConfig {
+    /// A config with every optional field at the default an absent TOML key
+    /// gives, for code that builds configs as values (the local stack).
+    pub fn new(host: impl Into<String>, orchestrator: impl Into<String>, state_dir: impl Into<PathBuf>) -> Self {
+        AgentConfig {
+            host: host.into(),
+            orchestrator: orchestrator.into(),
+            state_dir: state_dir.into(),
+            on_exit: OnExit::default(),
+            shutdown_grace_ms: default_shutdown_grace_ms(),
+            units: Vec::new(),
+            gpu_source: default_gpu_source(),
+            gpu_sample_interval_ms: default_gpu_sample_interval_ms(),
+            gpu_snapshot_interval_ms: default_gpu_snapshot_interval_ms(),
+            metrics_listen: None,
+            tls: None,
+            insecure_plaintext: false,
+            redact_env: crate::redact::default_patterns(),
+        }
+    }
+
+    /// The config as the TOML an operator would write (`load` reads it back).
+    pub fn to_toml_string(&self) -> Result<String, ConfigError> {
+        toml::to_string(self).map_err(|e| ConfigError::Parse { message: e.to_string() })
+    }
+
     /// Parses and validates a config.
     pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
         let config: AgentConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
-            message: e.to_string().trim_end().to_owned(),
+            message: pdwarden_proto::limits::toml_error_line(text, &e),
         })?;
         config.validate()?;
         Ok(config)
@@ -201,6 +241,11 @@ impl AgentConfig {
     /// Checks what serde cannot: run by `from_toml_str` and by `run` (for
     /// configs built in code).
     pub fn validate(&self) -> Result<(), ConfigError> {
+        // Every duration, by its name (issue 16): none above a week.
+        let tree = serde_json::to_value(self).map_err(|e| invalid("config", e.to_string()))?;
+        if let Some((field, problem)) = pdwarden_proto::limits::duration_over_bound(&tree) {
+            return Err(invalid(field, problem));
+        }
         if self.host.trim().is_empty() {
             return Err(invalid("host", "must not be empty"));
         }
@@ -244,6 +289,55 @@ impl AgentConfig {
 }
 
 impl UnitConfig {
+    /// A unit with every optional field at its default.
+    pub fn new(name: impl Into<String>, role: Role, argv: Vec<String>, base_url: impl Into<String>) -> Self {
+        UnitConfig {
+            name: name.into(),
+            role,
+            argv,
+            env: BTreeMap::new(),
+            cwd: None,
+            base_url: base_url.into(),
+            engine: None,
+            health_path: None,
+            generation_path: None,
+            bootstrap_port: None,
+            autostart: false,
+        }
+    }
+
+    /// The kind of server, explicit or implied by the role.
+    pub fn engine_kind(&self) -> EngineKind {
+        self.engine.unwrap_or(match self.role {
+            Role::Router => EngineKind::SglangRouter,
+            Role::Prefill | Role::Decode => EngineKind::Sglang,
+        })
+    }
+
+    /// The path polled for health during start-up.
+    pub fn health_path(&self) -> &str {
+        self.health_path
+            .as_deref()
+            .unwrap_or(if self.engine.is_some() || self.role != Role::Router {
+                self.engine_kind().profile().health_path
+            } else {
+                // A router of unnamed kind keeps the plain default.
+                "/health"
+            })
+    }
+
+    /// How the start-up watch proves this unit generates.
+    pub fn generation_check(&self) -> GenerationCheckSpec {
+        if let Some(p) = &self.generation_path {
+            return GenerationCheckSpec::Get(p.clone());
+        }
+        match self.engine_kind().profile().generation_check {
+            GenerationCheck::Get { path } => GenerationCheckSpec::Get(path.to_owned()),
+            GenerationCheck::Completion => GenerationCheckSpec::Completion,
+            GenerationCheck::ThroughRouter => GenerationCheckSpec::ThroughRouter,
+        }
+    }
+
     fn validate(&self, index: usize) -> Result<(), ConfigError> {
         let field = |f: &str| format!("unit[{index}].{f}");
         let name_ok = !self.name.is_empty()
@@ -296,8 +390,47 @@ impl UnitConfig {
             ("health_path", &self.health_path),
             ("generation_path", &self.generation_path),
         ] {
-            if !path.starts_with('/') {
+            if let Some(path) = path
+                && !path.starts_with('/')
+            {
                 return Err(invalid(field(f), format!("{path:?} must start with '/'")));
+            }
+        }
+        let kind = self.engine_kind();
+        let router_kind = matches!(kind, EngineKind::SglangRouter | EngineKind::VllmRouter);
+        if router_kind != (self.role == Role::Router) {
+            return Err(invalid(
+                field("engine"),
+                format!(
+                    "unit {:?}: engine {:?} cannot have role {:?}",
+                    self.name,
+                    kind.as_str(),
+                    format!("{:?}", self.role).to_lowercase()
+                ),
+            ));
+        }
+        if let Some(path) = &self.generation_path {
+            if kind == EngineKind::Vllm {
+                return Err(invalid(
+                    field("generation_path"),
+                    format!(
+                        "unit {:?}: a vLLM engine has no generating GET endpoint (its {} answers 200 while the \
+                         engine core is stopped); leave generation_path out: its check is a completion sent \
+                         straight to the engine",
+                        self.name,
+                        kind.profile().health_path
+                    ),
+                ));
+            }
+            if path == self.health_path() {
+                return Err(invalid(
+                    field("generation_path"),
+                    format!(
+                        "unit {:?}: {path:?} is also its health_path: a health endpoint is not a generation \
+                         check (INCIDENTS row 3); for an engine without a generating GET set engine = \"vllm\"",
+                        self.name
+                    ),
+                ));
             }
         }
         if self.bootstrap_port == Some(0) {
@@ -365,14 +498,48 @@ mod tests {
         let p = c.unit("prefill-0").unwrap();
         assert_eq!(p.role, Role::Prefill);
         assert_eq!(p.env.get("KEY").map(String::as_str), Some("V"));
-        assert_eq!(p.health_path, "/health");
-        assert_eq!(p.generation_path, "/health_generate");
+        assert_eq!(p.health_path(), "/health");
+        assert_eq!(
+            p.generation_check(),
+            GenerationCheckSpec::Get("/health_generate".into())
+        );
         assert_eq!(p.bootstrap_port, Some(8998));
         assert!(p.autostart);
         let r = c.unit("router").unwrap();
-        assert_eq!(r.health_path, "/readiness");
+        assert_eq!(r.health_path(), "/readiness");
+        assert_eq!(r.generation_check(), GenerationCheckSpec::ThroughRouter);
         assert!(!r.autostart);
         assert_eq!(r.cwd, None);
+    }
+
+    /// Issue 15: the engine kind names the health path and a generation
+    /// check that really generates. A vLLM engine (no generating GET) gets
+    /// a completion, never its `/health`; a GET check that is the health
+    /// endpoint is refused.
+    #[test]
+    fn the_engine_kind_picks_a_generation_check_that_generates() {
+        let unit = |extra: &str| {
+            let c = AgentConfig::from_toml_str(&format!("{HEAD}{UNIT}{extra}")).unwrap();
+            c.units[0].clone()
+        };
+        let v = unit("engine='vllm'\n");
+        assert_eq!(v.health_path(), "/health");
+        assert_eq!(v.generation_check(), GenerationCheckSpec::Completion);
+        let s = unit("engine='sglang'\n");
+        assert_eq!(
+            s.generation_check(),
+            GenerationCheckSpec::Get("/health_generate".into())
+        );
+        let e = err(&format!("{HEAD}{UNIT}engine='vllm'\ngeneration_path='/health'\n"));
+        assert!(e.contains("no generating GET"), "{e}");
+        let e = err(&format!("{HEAD}{UNIT}generation_path='/health'\n"));
+        assert!(e.contains("not a generation check"), "{e}");
+        let r = AgentConfig::from_toml_str(&format!(
+            "{HEAD}[[unit]]\nname='r'\nrole='router'\nargv=['x']\nbase_url='http://127.0.0.1:1'\nengine='vllm-router'\n"
+        ))
+        .unwrap();
+        assert_eq!(r.units[0].health_path(), "/health");
+        assert_eq!(r.units[0].generation_check(), GenerationCheckSpec::ThroughRouter);
     }
 
     // Property: on_exit defaults to leaving units running.
@@ -425,10 +592,32 @@ mod tests {
                 "gpu_snapshot_interval_ms",
             ),
             (format!("{HEAD}metrics_listen='localhost'\n"), "metrics_listen"),
+            (format!("{HEAD}{UNIT}engine='tgi'\n"), "engine"),
+            (format!("{HEAD}{UNIT}engine='vllm-router'\n"), "engine"),
+            (
+                format!("{HEAD}{UNIT}engine='vllm'\ngeneration_path='/health_generate'\n"),
+                "generation_path",
+            ),
+            (format!("{HEAD}{UNIT}generation_path='/health'\n"), "generation_path"),
+            // Issue 16: durations past a week, named by their path.
+            (
+                format!("shutdown_grace_ms=18446744073709551615\n{HEAD}"),
+                "`shutdown_grace_ms`: 18446744073709551615 ms is over the bound",
+            ),
+            (
+                format!("gpu_sample_interval_ms=604800001\n{HEAD}"),
+                "`gpu_sample_interval_ms`: 604800001 ms is over the bound",
+            ),
+            // One line naming the line and the field.
+            (
+                format!("{HEAD}{UNIT}bootstrap_port='x'\n"),
+                "line 9, field unit.bootstrap_port: invalid type",
+            ),
         ];
         for (text, field) in cases {
             let e = err(&text);
             assert!(e.contains(field), "error for {field}: {e}\n--- config:\n{text}");
+            assert!(!e.contains('\n'), "one line: {e}");
         }
     }
 

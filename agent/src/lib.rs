@@ -57,9 +57,11 @@ pub mod host;
 mod link;
 pub mod metrics;
 mod outbox;
+pub mod preflight;
 pub mod readiness;
 pub use pdwarden_security::redact;
 pub mod service;
+mod service_manager;
 pub mod suite;
 mod supervisor;
 pub use pdwarden_security::tls;
@@ -74,7 +76,7 @@ use std::time::Duration;
 use pdwarden_proto::v1::Register;
 use thiserror::Error;
 use tokio::time::Instant;
-use tracing::info;
+use tracing::{info, warn};
 
 pub use config::{AgentConfig, ConfigError, OnExit, Role, UnitConfig};
 pub use link::LinkError;
@@ -145,6 +147,13 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
 
     for (unit, pid) in supervisor.adopt_all() {
         info!(unit = %unit, pid, "unit left running by a previous agent adopted");
+    }
+    // What would stop a unit from starting, said at load rather than at
+    // the first restart (issue 16, finding 5).
+    for unit in &config.units {
+        for problem in supervisor.preflight(&unit.name).unwrap_or_default() {
+            warn!(unit = %unit.name, %problem, "this unit cannot start as configured");
+        }
     }
     let running: Vec<String> = supervisor
         .unit_infos()
@@ -226,8 +235,14 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         }
     };
     let shutdown = std::pin::pin!(shutdown);
+    // Units adopted or started, the metrics endpoint bound: ready as a
+    // supervisor, attached to an orchestrator or not (it may be down).
+    let watchdog = service_manager::ready_and_watch(Arc::clone(&supervisor));
     link::run(endpoint, register, after_attach, &dispatcher, &mut outbox_rx, shutdown).await;
     reporter.abort();
+    if let Some(w) = watchdog {
+        w.abort();
+    }
     if let Some(m) = metrics_server {
         m.abort();
     }

@@ -38,6 +38,9 @@ use crate::config::{AgentConfig, UnitConfig};
 use crate::outbox::Outbox;
 use crate::readiness::{self, Attempt, PhaseChange, ReadinessParams, ReadinessWatch, WatchEvent};
 
+/// systemd's notification variables, never passed on to a unit.
+pub const SERVICE_MANAGER_ENV: [&str; 3] = ["NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"];
+
 /// Grace before SIGKILL when a command leaves it 0.
 pub const DEFAULT_STOP_GRACE_MS: u64 = 10_000;
 /// How often the exit of an adopted (not our child) process is checked.
@@ -182,6 +185,13 @@ struct UnitState {
     /// The start command that spawned the current (or last) instance; ""
     /// after a plain stop.
     start_command: String,
+    /// How the last instance ended, while the phase is exited (reported in
+    /// `UnitInfo.exit_detail` to an orchestrator that attaches later).
+    exit_detail: String,
+    /// The running instance was adopted from a previous agent and its pid
+    /// file named the start that spawned it (`start_command`): a re-sent
+    /// start of that id is followed, not executed again.
+    adopted_start: bool,
 }
 
 /// One configured unit and its live state.
@@ -227,6 +237,8 @@ impl Unit {
                 watch: None,
                 spawned_version: None,
                 start_command: String::new(),
+                exit_detail: String::new(),
+                adopted_start: false,
             }),
         }
     }
@@ -246,10 +258,18 @@ impl Unit {
             pid: st.running.as_ref().map_or(0, |r| r.pid),
             bootstrap_port: self.config.bootstrap_port.map_or(0, u32::from),
             command_id: match &st.attribution {
+                // An adopted instance's own watch: the start it belongs to
+                // is the one its pid file named.
+                Attribution::Starting(c) if c.id.is_empty() => st.start_command.clone(),
                 Attribution::Starting(c) | Attribution::Stopping(c) => c.id.clone(),
                 Attribution::Spontaneous => st.start_command.clone(),
             },
             command_in_progress: !matches!(st.attribution, Attribution::Spontaneous),
+            exit_detail: if st.phase == Phase::Exited {
+                st.exit_detail.clone()
+            } else {
+                String::new()
+            },
         }
     }
 
@@ -289,6 +309,15 @@ impl Unit {
         grace: Duration,
         params: ReadinessParams,
     ) -> Result<u32, SupervisorError> {
+        // The running instance was spawned by this very command (a previous
+        // agent, killed mid-start, recorded it with the pid): the start is
+        // under way or done already. Never again: its readiness is followed
+        // under the command's own parameters instead (issue 16: an agent
+        // restarted mid-start ran the orchestrator's re-sent start a second
+        // time — a second model load).
+        if let Some(pid) = self.follow_own_start(&ctx, &params) {
+            return Ok(pid);
+        }
         if let Some(pid) = self.running_pid() {
             if !restart {
                 return Err(SupervisorError::AlreadyRunning {
@@ -342,6 +371,12 @@ impl Unit {
             source,
         })?;
         let mut cmd = tokio::process::Command::new(&spec.argv[0]);
+        // The agent's service manager talks to the agent, not its engines
+        // (a child that wrote READY=1 or pinged the watchdog would speak
+        // for it, and under NotifyAccess=all be believed).
+        for k in SERVICE_MANAGER_ENV {
+            cmd.env_remove(k);
+        }
         for k in &spec.unset_env {
             cmd.env_remove(k);
         }
@@ -367,9 +402,10 @@ impl Unit {
         } else {
             format!("pid {pid} (config version {version})")
         };
+        let ctx_id = ctx.id.clone();
         let run = self.begin_run(ctx, pid, exit_rx, params, detail, spec.fingerprint());
         self.lock().spawned_version = Some(version);
-        self.write_pid_file(pid);
+        self.write_pid_file(pid, &ctx_id, version);
         tokio::spawn(reap(Arc::clone(self), run, child, exit_tx));
         Ok(pid)
     }
@@ -385,10 +421,10 @@ impl Unit {
         detail: String,
         fingerprint: String,
     ) -> u64 {
-        let cfg = &self.config;
         let now = Instant::now();
         let mut st = self.lock();
         st.runs += 1;
+        st.adopted_start = false;
         let run = st.runs;
         st.running = Some(Running { pid, run, exited });
         st.spawned_version = None;
@@ -400,29 +436,59 @@ impl Unit {
         event.config_fingerprint = fingerprint;
         self.send(event);
 
+        st.watch = Some(self.watch_readiness(run, &ctx, params));
+        run
+    }
+
+    /// Starts the readiness watch of spawn `run` for start `ctx`.
+    fn watch_readiness(self: &Arc<Self>, run: u64, ctx: &CommandContext, params: ReadinessParams) -> AbortHandle {
+        let cfg = &self.config;
         let checker = HttpChecker::new(
             self.http.clone(),
             &cfg.base_url,
-            &cfg.health_path,
-            &cfg.generation_path,
+            cfg.health_path(),
+            &cfg.generation_check(),
             &params,
         );
         let unit = Arc::clone(self);
         let w = ReadinessWatch::new(ctx.received_at, params.deadline);
-        let watch_task = tokio::spawn(async move {
+        tokio::spawn(async move {
             readiness::watch(&checker, w, params.poll_interval, |event| {
                 unit.on_watch_event(run, event)
             })
             .await;
-        });
-        st.watch = Some(watch_task.abort_handle());
-        run
+        })
+        .abort_handle()
     }
 
-    /// Remembers the running process in `state_dir/run/<unit>.pid` (pid and
-    /// kernel start time), so an agent restarted after `leave-running` can
-    /// adopt it. Best effort: without it the unit still runs, unadoptable.
-    fn write_pid_file(&self, pid: u32) {
+    /// If the running instance was spawned by start `ctx` (recorded in its
+    /// pid file, read back on adoption), follows that start again: its
+    /// readiness watched under `params` and its phases reported under
+    /// `ctx`'s id. Returns the pid; `None` for any other instance.
+    fn follow_own_start(self: &Arc<Self>, ctx: &CommandContext, params: &ReadinessParams) -> Option<u32> {
+        let mut st = self.lock();
+        let (pid, run) = st.running.as_ref().map(|r| (r.pid, r.run))?;
+        if ctx.id.is_empty() || st.start_command != ctx.id || !st.adopted_start {
+            return None;
+        }
+        if let Some(w) = st.watch.take() {
+            w.abort();
+        }
+        st.adopted_start = false;
+        st.attribution = Attribution::Starting(ctx.clone());
+        // No second `spawned`: nothing was spawned. The start's readiness
+        // phases follow under its id, from where the process is now.
+        info!(unit = %self.config.name, pid, command_id = %ctx.id, "start already executed by a previous agent: following it, not starting again");
+        st.watch = Some(self.watch_readiness(run, ctx, params.clone()));
+        Some(pid)
+    }
+
+    /// Remembers the running process in `state_dir/run/<unit>.pid` (pid,
+    /// kernel start time and the start command that spawned it), so an
+    /// agent restarted after `leave-running` (or killed) can adopt it and
+    /// knows which start it belongs to. Best effort: without it the unit
+    /// still runs, unadoptable.
+    fn write_pid_file(&self, pid: u32, command_id: &str, version: u32) {
         let Some(start) = process_start_time(pid) else {
             return;
         };
@@ -430,7 +496,10 @@ impl Unit {
             if let Some(dir) = self.pid_path.parent() {
                 std::fs::create_dir_all(dir)?;
             }
-            std::fs::write(&self.pid_path, format!("{pid} {start}\n"))
+            std::fs::write(
+                &self.pid_path,
+                format!("{pid} {start} command={command_id} version={version}\n"),
+            )
         };
         if let Err(e) = write() {
             warn!(unit = %self.config.name, path = %self.pid_path.display(), error = %e, "cannot write pid file");
@@ -452,7 +521,17 @@ impl Unit {
     /// since it is not our child (the exit status is then unknown).
     fn adopt(self: &Arc<Self>) -> Option<u32> {
         let text = std::fs::read_to_string(&self.pid_path).ok()?;
-        let mut fields = text.split_whitespace().map(str::parse::<u64>);
+        // `PID START command=ID version=V` (the start that spawned it and
+        // the config version it was spawned from: a gate's live check of an
+        // adopted process needs it).
+        let field = |key: &str| {
+            text.split_whitespace()
+                .skip(2)
+                .find_map(|f| f.strip_prefix(key).map(str::to_string))
+        };
+        let command_id = field("command=").unwrap_or_default();
+        let version: Option<u32> = field("version=").and_then(|v| v.parse().ok());
+        let mut fields = text.split_whitespace().take(2).map(str::parse::<u64>);
         let (Some(Ok(pid)), Some(Ok(start))) = (fields.next(), fields.next()) else {
             self.remove_pid_file();
             return None;
@@ -472,7 +551,13 @@ impl Unit {
         let detail = format!("pid {pid} (adopted from a previous agent)");
         // What an adopted process was launched with is not known for certain.
         let run = self.begin_run(ctx, pid, exit_rx, ReadinessParams::default(), detail, String::new());
-        info!(unit = %self.config.name, pid, "adopted a running unit");
+        {
+            let mut st = self.lock();
+            st.adopted_start = !command_id.is_empty();
+            st.start_command = command_id.clone();
+            st.spawned_version = version;
+        }
+        info!(unit = %self.config.name, pid, start_command = %command_id, "adopted a running unit");
         tokio::spawn(watch_adopted(Arc::clone(self), run, pid, start, exit_tx));
         Some(pid)
     }
@@ -571,6 +656,7 @@ impl Unit {
             (Some(t), false) => format!("{}; log tail: {t}", exit.detail),
             _ => exit.detail.clone(),
         };
+        st.exit_detail = event.detail.clone();
         if ctx.is_none() {
             warn!(unit = %self.config.name, pid, detail = %exit.detail, "unit exited unexpectedly");
         }
@@ -819,6 +905,15 @@ impl Supervisor {
             .map_err(|e| format!("cannot save config versions of {name}: {e}"))?;
         *v = next;
         Ok((previous, current, v.current_spec().clone()))
+    }
+
+    /// What would stop `name` from starting now with its current config
+    /// ([`crate::preflight`]); `None` for a unit this agent does not have.
+    pub fn preflight(&self, name: &str) -> Option<Vec<String>> {
+        let unit = &self.units.get(name)?.unit;
+        let spec = unit.versions().current_spec().clone();
+        let running = unit.lock().running.is_some();
+        Some(crate::preflight::problems(&unit.config, &spec, running))
     }
 
     /// The unit's running process and the config version it was spawned
@@ -1296,7 +1391,7 @@ mod tests {
         let pid_file = f.dir.path().join("run/s.pid");
         let text = std::fs::read_to_string(&pid_file).unwrap();
         let start = process_start_time(pid).unwrap();
-        assert_eq!(text, format!("{pid} {start}\n"));
+        assert_eq!(text, format!("{pid} {start} command=c1 version=0\n"));
         f.sup
             .stop("s", CommandContext::new("c2", Instant::now()), Duration::from_secs(5))
             .await
@@ -1308,6 +1403,70 @@ mod tests {
         assert_eq!(f.sup.adopt_all(), vec![]);
         assert!(!pid_file.exists(), "stale pid file removed");
         assert_eq!(process_start_time(u32::MAX), None);
+    }
+
+    /// Issue 16 (found by the soak): an agent SIGKILLed mid-start and
+    /// started again executed the orchestrator's re-sent start (same
+    /// command id) a second time — a second model load, and the start's
+    /// step failed on the first instance's "exit". The pid file now names
+    /// the start; the new agent follows that start instead.
+    #[tokio::test]
+    async fn a_start_a_killed_agent_ran_is_followed_not_run_again() {
+        let mut first = Fixture::new(&[("s", &["sleep", "30"])]);
+        let pid = first.start("s", "c1").await;
+        // The agent dies (its units live on: they are not killed with it).
+        let config = AgentConfig::from_toml_str(&format!(
+            "host='t'\norchestrator='http://127.0.0.1:1'\nstate_dir={:?}\n[[unit]]\nname='s'\nrole='prefill'\nargv=['sleep','30']\nbase_url='http://127.0.0.1:1'\n",
+            first.dir.path()
+        ))
+        .unwrap();
+        let (outbox, events) = Outbox::new();
+        let mut again = Fixture {
+            sup: Supervisor::new(&config, outbox, crate::checks::http_client()),
+            events,
+            dir: tempfile::tempdir().unwrap(),
+            pids: Vec::new(),
+        };
+        assert_eq!(again.sup.adopt_all(), vec![("s".to_string(), pid)]);
+        assert_eq!(again.sup.unit_infos()[0].command_id, "c1", "the start it belongs to");
+        assert_eq!(
+            again.sup.running_process("s"),
+            Some((pid, Some(0))),
+            "the config version it was spawned from (a gate's live check reads it)"
+        );
+        let params = ReadinessParams {
+            poll_interval: Duration::from_millis(50),
+            ..Default::default()
+        };
+        let restart = |sup: &Supervisor, id: &str| {
+            sup.start(
+                "s",
+                CommandContext::new(id, Instant::now()),
+                true,
+                Duration::from_secs(5),
+                params.clone(),
+            )
+        };
+        assert_eq!(
+            restart(&again.sup, "c1").await.unwrap(),
+            pid,
+            "followed, not started again"
+        );
+        // Its readiness goes on under the start's id (nothing listens on
+        // port 1: refused), and nothing new was spawned.
+        let followed = loop {
+            let e = again.wait_phase("s", Phase::Refused).await;
+            if e.command_id == "c1" {
+                break e;
+            }
+        };
+        assert_eq!(followed.pid, pid, "{followed:?}");
+        assert!(process_start_time(pid).is_some(), "the instance lives");
+        // Another start is a start.
+        let fresh = restart(&again.sup, "c2").await.unwrap();
+        again.pids.push(fresh);
+        assert_ne!(fresh, pid);
+        first.pids.push(pid);
     }
 
     // Property: unknown units and unspawnable programs are errors naming them.

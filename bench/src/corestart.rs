@@ -1,7 +1,7 @@
 //! Co-restart overhead: `restart pd-pair` wall time against the critical path
 //! of the units' own start-up.
 //!
-//! Runs `pdwarden demo --json` (the whole local stack: orchestrator, agent,
+//! Runs the demo (`pdwarden_stack::demo`, what `pdwarden demo --json` runs: the whole local stack: orchestrator, agent,
 //! two pd-sims shaped like seed 004's 60 s / 70 s restart at time scale 0.05,
 //! and the real sglang-router) once per run and decode start policy, and
 //! reads the restart's report. The critical path is taken from the report's
@@ -11,11 +11,10 @@
 //! of `total_ms` is what pdwarden adds: stopping the old processes, command
 //! round trips, step bookkeeping and journaling.
 //!
-//! The `pdwarden` binary (and the demo's siblings `pdwarden-orchestrator`,
-//! `pdwarden-agent`, `pd-sim`) must be built next to this one; the section
-//! says so and is skipped otherwise.
+//! The stack's binaries (`pdwarden-orchestrator`, `pdwarden-agent`,
+//! `pd-sim`) must be built next to this one; the section says so and is
+//! skipped otherwise.
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -61,15 +60,20 @@ fn critical_path(report: &Value, policy: &str) -> Option<f64> {
     Some(engines + (rg - rs) + probes)
 }
 
-async fn one(pdwarden: &std::path::Path, policy: &'static str) -> anyhow::Result<Run> {
-    let mut cmd = tokio::process::Command::new(pdwarden);
-    cmd.args(["demo", "--json", "--decode-start-policy", policy])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true);
-    let out = tokio::time::timeout(Duration::from_secs(180), cmd.output()).await??;
-    let report: Value = serde_json::from_slice(&out.stdout)?;
+async fn one(policy: &'static str) -> anyhow::Result<Run> {
+    let args = pdwarden_stack::DemoArgs::from_flags(&["--json", "--decode-start-policy", policy])?;
+    // A demo past its time is dropped: its processes are stopped by PID.
+    let demo = tokio::time::timeout(
+        Duration::from_secs(180),
+        pdwarden_stack::demo::start(&args, Default::default()),
+    )
+    .await?;
+    let outcome = demo.outcome.clone();
+    demo.stop(false, true);
+    if let Some(e) = outcome.error {
+        anyhow::bail!("{e}");
+    }
+    let report: Value = outcome.json;
     let critical = critical_path(&report, policy)
         .ok_or_else(|| anyhow::anyhow!("the {policy} report has no complete timeline: {report}"))?;
     Ok(Run {
@@ -86,19 +90,15 @@ pub async fn print(quick: bool) {
         "## 2. Co-restart overhead (`pdwarden demo`: seed-004-shaped engines, 60 s / 70 s at time scale 0.05, real sglang-router)"
     );
     println!();
-    let Some(pdwarden) = std::env::current_exe()
-        .ok()
-        .and_then(|e| e.parent().map(|d| d.join("pdwarden")))
-        .filter(|p| p.is_file())
-    else {
-        println!("skipped: `pdwarden` is not built next to this binary (cargo build --release --bins)");
+    if let Err(e) = pdwarden_stack::process::binary("pdwarden-orchestrator") {
+        println!("skipped: {e}");
         return;
-    };
+    }
     let runs_per_policy = if quick { 1 } else { 3 };
     let mut runs = Vec::new();
     for _ in 0..runs_per_policy {
         for policy in ["after-prefill-ready", "overlap"] {
-            match one(&pdwarden, policy).await {
+            match one(policy).await {
                 Ok(r) => runs.push(r),
                 Err(e) => println!("{policy}: run failed: {e:#}"),
             }

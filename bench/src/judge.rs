@@ -38,6 +38,10 @@ pub enum Change {
     /// The host slows by the factor from the change on, and stays slow for
     /// the baseline taken again: the knob itself does nothing.
     Drift(f64),
+    /// The knob makes every latency `knob` × slower, and the pair after the
+    /// rollback measures `again` × its first baseline (a restarted engine
+    /// not yet as warm as the one first measured: issue 15's real decode).
+    ColdRollback { knob: f64, again: f64 },
 }
 
 pub struct Scenario {
@@ -55,6 +59,9 @@ pub enum Target {
     KeptAtMost(f64),
     /// Nothing the knob did is worse: rejected at most this often.
     RejectedAtMost(f64),
+    /// The knob is worse, whatever the rollback measures: rejected (blamed
+    /// on the knob) at least this often.
+    RejectedAtLeast(f64),
 }
 
 /// Issue 17's spread, and that of a pair benchmarked with fixed prompts on
@@ -141,6 +148,12 @@ pub fn scenarios() -> Vec<Scenario> {
             target: RejectedAtMost(0.05),
             cv: NOISY,
         },
+        Scenario {
+            name: "2× slower, the rollback measured 25 % colder",
+            change: ColdRollback { knob: 2.0, again: 1.25 },
+            target: RejectedAtLeast(0.95),
+            cv: NOISY,
+        },
     ]
 }
 
@@ -175,6 +188,7 @@ impl Row {
         match self.target {
             Target::KeptAtMost(x) => self.rate(self.kept) <= x,
             Target::RejectedAtMost(x) => self.rate(self.rejected) <= x,
+            Target::RejectedAtLeast(x) => self.rate(self.rejected) >= x,
         }
     }
 }
@@ -222,6 +236,8 @@ fn measure(cfg: &GateConfig, change: Change, cv: f64, side: Side, rng: &mut Spli
                     (Change::Shift(x), Side::After) => f *= x,
                     (Change::Tail { p, factor }, Side::After) if rng.unit() < p => f *= factor,
                     (Change::Drift(x), Side::After | Side::BaselineAgain) => f *= x,
+                    (Change::ColdRollback { knob, .. }, Side::After) => f *= knob,
+                    (Change::ColdRollback { again, .. }, Side::BaselineAgain) => f *= again,
                     _ => {}
                 }
                 let ttft = ttft0 * f * lognormal(rng, cv);
@@ -300,7 +316,14 @@ fn one_gate(cfg: &GateConfig, policy: JudgePolicy, change: Change, cv: f64, seed
                 again.extend(measure(cfg, change, cv, Side::BaselineAgain, &mut rng));
             };
             used += requests(&again);
+            // A–B–A′: a moved baseline excuses only a change not shown
+            // worse than the pair after the rollback as well.
+            let worse_than_both = || {
+                let vs_again = judge::judge(&metrics(&again, &after), 0, 0, policy, 1);
+                judge::WorseThanBoth::of(&report, &vs_again).shown()
+            };
             match (check, j) {
+                (BaselineCheck::Moved, Judgement::Regressed) if worse_than_both() => Outcome::Rejected,
                 (BaselineCheck::Moved, _) => Outcome::BaselineMoved,
                 (_, Judgement::Regressed) => Outcome::Rejected,
                 _ => Outcome::Inconclusive,
@@ -368,6 +391,7 @@ pub fn print(rows: &[Row]) {
         let target = match r.target {
             Target::KeptAtMost(x) => format!("kept ≤ {:.0} % → {met}", x * 100.0),
             Target::RejectedAtMost(x) => format!("rejected ≤ {:.0} % → {met}", x * 100.0),
+            Target::RejectedAtLeast(x) => format!("rejected ≥ {:.0} % → {met}", x * 100.0),
         };
         println!(
             "| {} | {} | {} | {} | {} | {:.0} | {target} |",

@@ -165,6 +165,7 @@ async fn agent(
                     bootstrap_port: 0,
                     command_id: String::new(),
                     command_in_progress: false,
+                    exit_detail: String::new(),
                 })
                 .collect(),
         })),

@@ -159,6 +159,22 @@ pub enum PrefillProgress {
     AtPrefillEnd,
 }
 
+/// How a start-up proves a server generates (DESIGN.md 10: a generation,
+/// never a health endpoint that answers without one — INCIDENTS row 3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum GenerationCheck {
+    /// GET `path`: the engine runs a real forward pass to answer it.
+    Get { path: &'static str },
+    /// The engine has no generating GET: a probe-tagged `POST
+    /// /v1/completions` with `max_tokens` 1 straight to it, which must
+    /// return a generated token.
+    Completion,
+    /// A router: a probe-tagged chat completion through it (the
+    /// orchestrator's probe 1), which only a working pair answers.
+    ThroughRouter,
+}
+
 /// Everything the watch and pd-sim assume about one kind of server.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct Profile {
@@ -167,6 +183,9 @@ pub struct Profile {
     /// The path the watch polls for health.
     pub health_path: &'static str,
     pub health_source: &'static str,
+    /// How its start-up watch proves it generates.
+    pub generation_check: GenerationCheck,
+    pub generation_source: &'static str,
     pub metrics: &'static [Metric],
     /// How a long prefill shows in the during-work counters.
     pub prefill_progress: PrefillProgress,
@@ -225,6 +244,11 @@ macro_rules! metric {
 /// SGLang's engine (`--enable-metrics`).
 pub const SGLANG: Profile = Profile {
     kind: EngineKind::Sglang,
+    generation_check: GenerationCheck::Get {
+        path: "/health_generate",
+    },
+    generation_source: "python/sglang/srt/entrypoints/http_server.py, health_generate: GET /health_generate sends a \
+        one-token GenerateReqInput through the tokenizer manager and answers 200 only once it returns (503 after 20 s)",
     health: Health::ThroughScheduler {
         timeout_ms: 20_000,
         poll_ms: 1_000,
@@ -353,6 +377,11 @@ const VLLM_LOGGERS: &str = "vllm/v1/metrics/loggers.py, PrometheusStatLogger.rec
 /// vLLM's V1 engine (`vllm serve`).
 pub const VLLM: Profile = Profile {
     kind: EngineKind::Vllm,
+    generation_check: GenerationCheck::Completion,
+    generation_source: "vllm/entrypoints/openai/api_server.py: the GET routes (/health, /ping, /version, /v1/models, \
+        /metrics, /load) generate nothing — /health answers 200 while the engine core is stopped (ENGINE-NOTES, \
+        issue 15's SIGSTOP run); a generation is only POST /v1/completions or /v1/chat/completions, and a \
+        --kv-transfer-config producer or consumer serves them directly (vLLM 0.32 CPU, ExampleConnector)",
     health: Health::EngineAlive,
     health_path: "/health",
     health_source: "vllm/entrypoints/openai/api_server.py (vllm/entrypoints/serve/instrumentator/health.py since \
@@ -399,6 +428,9 @@ pub const VLLM: Profile = Profile {
 /// sglang-router 0.3.x.
 pub const SGLANG_ROUTER: Profile = Profile {
     kind: EngineKind::SglangRouter,
+    generation_check: GenerationCheck::ThroughRouter,
+    generation_source: "sgl-model-gateway: /health_generate answers 200 from the router itself (ROUTER-NOTES.md); \
+        only a chat completion routed to a prefill and a decode generates",
     health: Health::RouterProcess,
     health_path: "/readiness",
     health_source: "sgl-model-gateway/src/server.rs: /health and /liveness are plain 200 (ROUTER-NOTES.md: 200 with \
@@ -417,6 +449,9 @@ pub const SGLANG_ROUTER: Profile = Profile {
 /// vllm-router 0.1.x.
 pub const VLLM_ROUTER: Profile = Profile {
     kind: EngineKind::VllmRouter,
+    generation_check: GenerationCheck::ThroughRouter,
+    generation_source: "vllm-router src/routers/http/router.rs: /health is the workers' last health poll (every 60 \
+        s by default); only a completion routed through --vllm-pd-disaggregation generates",
     health: Health::RouterProcess,
     health_path: "/health",
     health_source: "src/routers/http/router.rs health: 200 \"All servers healthy\" only while every worker \

@@ -17,8 +17,9 @@ use serde::{Deserialize, Serialize};
 pub enum ConfigError {
     #[error("cannot read config {path}: {error}")]
     Read { path: PathBuf, error: std::io::Error },
+    /// One line: the TOML line, the field and the parser's message.
     #[error("invalid config: {0}")]
-    Parse(toml::de::Error),
+    Parse(String),
     #[error("{path}: {error}")]
     InFile { path: PathBuf, error: Box<ConfigError> },
     #[error("invalid config: field `{field}`: {problem}")]
@@ -256,6 +257,62 @@ pub struct ProbeConfig {
     pub cold_allowance_margin: f64,
 }
 
+impl ProbeConfig {
+    /// A probe with every optional field at its default.
+    pub fn new(
+        model: impl Into<String>,
+        prompt: impl Into<String>,
+        warm_budget_ms: u64,
+        cold_allowance_ms: u64,
+        probe_timeout_ms: u64,
+    ) -> Self {
+        ProbeConfig {
+            model: model.into(),
+            prompt: prompt.into(),
+            max_tokens: default_max_tokens(),
+            warm_budget_ms,
+            cold_allowance_ms,
+            warm_probes: default_warm_probes(),
+            max_probes: default_max_probes(),
+            probe_timeout_ms,
+            cold_allowance_margin: default_cold_margin(),
+        }
+    }
+}
+
+impl PairConfig {
+    /// A pair with its timeouts, suite, watch and gate at their defaults.
+    pub fn new(
+        name: impl Into<String>,
+        prefill: Vec<UnitRef>,
+        decode: Vec<UnitRef>,
+        router: Vec<UnitRef>,
+        probe: ProbeConfig,
+    ) -> Self {
+        PairConfig {
+            name: name.into(),
+            decode_start_policy: DecodeStartPolicy::default(),
+            prefill,
+            decode,
+            router,
+            probe,
+            timeouts: TimeoutConfig::default(),
+            suite: SuiteConfig::default(),
+            watch: WatchConfig::default(),
+            gate: crate::ops::gate::config::GateConfig::default(),
+        }
+    }
+}
+
+impl UnitRef {
+    pub fn new(host: impl Into<String>, unit: impl Into<String>) -> Self {
+        UnitRef {
+            host: host.into(),
+            unit: unit.into(),
+        }
+    }
+}
+
 fn default_cold_margin() -> f64 {
     2.0
 }
@@ -450,13 +507,29 @@ impl Default for TimeoutConfig {
     }
 }
 
-impl From<toml::de::Error> for ConfigError {
-    fn from(e: toml::de::Error) -> Self {
-        ConfigError::Parse(e)
-    }
-}
-
 impl OrchestratorConfig {
+    /// A config with every optional field at the default an absent TOML key
+    /// gives, for code that builds configs as values (the local stack).
+    pub fn new(listen: SocketAddr, journal: impl Into<PathBuf>) -> Self {
+        OrchestratorConfig {
+            listen,
+            journal: journal.into(),
+            pairs: Vec::new(),
+            readiness_listen: None,
+            resume_grace_ms: default_resume_grace_ms(),
+            tls: None,
+            insecure_plaintext: false,
+            operators: Vec::new(),
+            redact_env: pdwarden_security::redact::default_patterns(),
+        }
+    }
+
+    /// The config as the TOML an operator would write; `load` reads it
+    /// back and validates it.
+    pub fn to_toml_string(&self) -> Result<String, ConfigError> {
+        toml::to_string(self).map_err(|e| invalid("(whole config)", format!("cannot be written as TOML: {e}")))
+    }
+
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
             path: path.to_path_buf(),
@@ -472,7 +545,8 @@ impl OrchestratorConfig {
     }
 
     pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
-        let cfg: Self = toml::from_str(text)?;
+        let cfg: Self =
+            toml::from_str(text).map_err(|e| ConfigError::Parse(pdwarden_proto::limits::toml_error_line(text, &e)))?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -503,6 +577,11 @@ impl OrchestratorConfig {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
+        // Every duration, by its name (issue 16): none above a week.
+        let tree = serde_json::to_value(self).map_err(|e| invalid("config", e.to_string()))?;
+        if let Some((field, problem)) = pdwarden_proto::limits::duration_over_bound(&tree) {
+            return Err(invalid(field, problem));
+        }
         crate::edge::auth::validate(&self.operators).map_err(|(f, problem)| invalid(f, problem))?;
         let mut names = HashSet::new();
         let mut owners: HashSet<&UnitRef> = HashSet::new();
@@ -699,12 +778,18 @@ impl OrchestratorConfig {
             if pr.warm_probes == 0 {
                 return Err(invalid(at("probe.warm_probes"), "must be at least 1"));
             }
-            if pr.max_probes <= pr.warm_probes {
+            // One cold answer per fresh engine a series can meet in turn
+            // (the larger of the prefill and decode counts), then the warm ones.
+            let cold = p.prefill.len().max(p.decode.len()).max(1) as u32;
+            if pr.max_probes < pr.warm_probes.saturating_add(cold) {
                 return Err(invalid(
                     at("probe.max_probes"),
                     format!(
-                        "must be more than warm_probes ({}): a series needs room for a slow first answer and {} warm ones",
-                        pr.warm_probes, pr.warm_probes
+                        "must be at least warm_probes + {cold} ({}): a series needs room for {cold} slow first answer{} (one per fresh {}) and {} warm ones",
+                        pr.warm_probes.saturating_add(cold),
+                        if cold == 1 { "" } else { "s" },
+                        if cold == 1 { "pair" } else { "engine of the larger side" },
+                        pr.warm_probes
                     ),
                 ));
             }
@@ -761,7 +846,33 @@ probe_timeout_ms = 120000
         .unwrap();
         let e = OrchestratorConfig::load(&path).unwrap_err().to_string();
         assert!(e.starts_with(&path.display().to_string()), "{e}");
-        assert!(e.contains("line 12") && e.contains("warm_budget_ms"), "{e}");
+        assert!(
+            e.contains("line 12, field pair.probe.warm_budget_ms: invalid type"),
+            "{e}"
+        );
+        assert!(!e.contains('\n'), "one line: {e}");
+    }
+
+    /// Issue 16, finding 1: `prefill_ready_ms = 18446744073709551615` loaded
+    /// and the first restart panicked on an overflow, locking the pair.
+    #[test]
+    fn a_huge_duration_is_refused_at_load_naming_its_field() {
+        let e = OrchestratorConfig::from_toml_str(&format!(
+            "{EXAMPLE}[pair.timeouts]\nprefill_ready_ms = 18446744073709551615\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("invalid config: field `pair[0].timeouts.prefill_ready_ms`: 18446744073709551615 ms is over the bound of one week"),
+            "{e}"
+        );
+        assert!(!e.contains('\n'), "{e}");
+        let e = OrchestratorConfig::from_toml_str(&format!("resume_grace_ms = 604800001\n{EXAMPLE}"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`resume_grace_ms`: 604800001 ms is over the bound"), "{e}");
+        let week = format!("{EXAMPLE}[pair.timeouts]\nprefill_ready_ms = 604800000\n");
+        OrchestratorConfig::from_toml_str(&week).expect("a week is allowed");
     }
 
     #[test]
@@ -792,6 +903,32 @@ probe_timeout_ms = 120000
     }
 
     /// `[pair.gate]` is optional and its errors name the field.
+    /// Issue 18 (xPyD): a series must have room for one cold answer per
+    /// fresh engine of the larger side, then the warm ones.
+    #[test]
+    fn max_probes_leaves_room_for_each_fresh_engine() {
+        let three = EXAMPLE.replace(
+            r#"decode = [{ host = "h1", unit = "decode-0" }]"#,
+            r#"decode = [{ host = "h1", unit = "decode-0" }, { host = "h1", unit = "decode-1" }, { host = "h1", unit = "decode-2" }]"#,
+        );
+        assert_ne!(three, EXAMPLE);
+        let with = |max: u32| {
+            three.replace(
+                "[pair.probe]\n",
+                &format!("[pair.probe]\nwarm_probes = 2\nmax_probes = {max}\n"),
+            )
+        };
+        let e = OrchestratorConfig::from_toml_str(&with(4))
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("probe.max_probes") && e.contains("warm_probes + 3 (5)"),
+            "{e}"
+        );
+        OrchestratorConfig::from_toml_str(&with(5)).unwrap();
+    }
+
     #[test]
     fn gate_errors_name_the_field() {
         let c = OrchestratorConfig::from_toml_str(EXAMPLE).unwrap();

@@ -10,3 +10,6 @@
 pub mod v1 {
     tonic::include_proto!("pdwarden.v1");
 }
+
+pub mod exposition;
+pub mod limits;

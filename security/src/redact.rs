@@ -73,52 +73,169 @@ impl Redactor {
         if self.is_secret(name) { REDACTED } else { value }
     }
 
-    /// Free text with every `NAME=VALUE` of a secret upper-case NAME
-    /// replaced by `NAME=[redacted]` (the value runs to the next whitespace,
-    /// comma, semicolon or quote).
+    /// Whether a command-line flag (`--hf-token`, `api-key`) carries a
+    /// secret: its name upper-cased with `-` as `_`, by the same patterns —
+    /// except a count of tokens (`--max-num-batched-tokens`), which is a
+    /// setting the gate must show, not a credential.
+    pub fn is_secret_flag(&self, flag: &str) -> bool {
+        let name = flag.trim_start_matches('-').replace('-', "_").to_ascii_uppercase();
+        !name.ends_with("TOKENS") && self.is_secret(&name)
+    }
+
+    /// Free text with the value of every secret it names replaced by
+    /// `[redacted]`, in each form pdwarden's reports and logs contain
+    /// (issue 16, finding 9): `NAME=VALUE`, `NAME="VALUE"`, `NAME='VALUE'`,
+    /// `NAME=\"VALUE\"` (a quoted value inside quoted text), `"NAME":
+    /// "VALUE"` and `NAME: VALUE`, `NAME "VALUE"` (a live check's "has NAME
+    /// \"VALUE\" in /proc/…/environ"), and the command line's `--flag VALUE`,
+    /// `--flag=VALUE`. NAME is an upper-case variable name; an unquoted value
+    /// runs to the next whitespace, comma, semicolon, quote or closing bracket.
     pub fn text(&self, s: &str) -> String {
-        if !s.contains('=') {
+        let spans = self.secret_spans(s);
+        if spans.is_empty() {
             return s.to_string();
         }
-        let stop = |c: char| c.is_whitespace() || matches!(c, ',' | ';' | '"' | '\'' | ')' | ']' | '}');
         let mut out = String::with_capacity(s.len());
-        let mut rest = s;
-        while let Some(eq) = rest.find('=') {
-            let (before, after) = rest.split_at(eq);
-            let name_start = before
-                .char_indices()
-                .rev()
-                .find(|&(_, c)| !(c.is_ascii_alphanumeric() || c == '_'))
-                .map_or(0, |(i, c)| i + c.len_utf8());
-            let name = &before[name_start..];
-            out.push_str(before);
-            out.push('=');
-            let after = &after[1..];
-            if is_env_name(name) && self.is_secret(name) {
-                let end = after.find(stop).unwrap_or(after.len());
-                if end > 0 {
-                    out.push_str(REDACTED);
-                }
-                rest = &after[end..];
-            } else {
-                rest = after;
-            }
+        let mut at = 0;
+        for r in spans {
+            out.push_str(&s[at..r.start]);
+            out.push_str(REDACTED);
+            at = r.end;
         }
-        out.push_str(rest);
+        out.push_str(&s[at..]);
         out
     }
 
-    /// Redacts a JSON document in place (see the module doc for the shapes).
+    /// Byte ranges of the secret values in `s`, in order, disjoint.
+    fn secret_spans(&self, s: &str) -> Vec<std::ops::Range<usize>> {
+        let b = s.as_bytes();
+        let name_char = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
+        let stop = |c: char| c.is_whitespace() || matches!(c, ',' | ';' | '"' | '\'' | ')' | ']' | '}');
+        let mut spans = Vec::new();
+        let mut i = 0;
+        while i < b.len() {
+            // Bytes, not `&s[i..]`: `i` may sit inside a multi-byte character.
+            let starts_token = (name_char(b[i]) || b[i..].starts_with(b"--"))
+                && (i == 0 || !(name_char(b[i - 1]) || b[i - 1] == b'-'));
+            if !starts_token {
+                i += 1;
+                continue;
+            }
+            let flag = b[i..].starts_with(b"--");
+            let mut j = if flag { i + 2 } else { i };
+            while j < b.len() && (name_char(b[j]) || (flag && b[j] == b'-')) {
+                j += 1;
+            }
+            let name = &s[i..j];
+            let secret = if flag {
+                name.len() > 2 && self.is_secret_flag(name)
+            } else {
+                is_env_name(name) && self.is_secret(name)
+            };
+            if !secret {
+                i = j.max(i + 1);
+                continue;
+            }
+            // The separator: `=` or `:` (a quoted key's closing quote
+            // first), or spaces before a quoted value (or any value after
+            // a flag).
+            let mut k = j;
+            if b[k..].starts_with(b"\\\"") {
+                k += 2;
+            } else if b[k..].starts_with(b"\"") || b[k..].starts_with(b"'") {
+                k += 1;
+            }
+            let spaced = |mut k: usize| {
+                while k < b.len() && b[k] == b' ' {
+                    k += 1;
+                }
+                k
+            };
+            let (value_at, bare_ok) = if b[k..].starts_with(b"=") || b[k..].starts_with(b":") {
+                (spaced(k + 1), true)
+            } else if b[k..].starts_with(b" ") {
+                (spaced(k), flag)
+            } else {
+                i = j;
+                continue;
+            };
+            let rest = &s[value_at..];
+            let closing = |open: usize, close: &str| {
+                let inner = value_at + open;
+                let mut end = inner;
+                loop {
+                    match s[end..].find(close) {
+                        Some(o) if close == "\"" && o > 0 && s.as_bytes()[end + o - 1] == b'\\' => end += o + 1,
+                        Some(o) => break (inner, end + o),
+                        None => break (inner, s.len()),
+                    }
+                }
+            };
+            let (vs, ve) = if rest.starts_with("\\\"") {
+                closing(2, "\\\"")
+            } else if rest.starts_with('"') {
+                closing(1, "\"")
+            } else if rest.starts_with('\'') {
+                closing(1, "'")
+            } else if bare_ok {
+                (value_at, value_at + rest.find(stop).unwrap_or(rest.len()))
+            } else {
+                i = j;
+                continue;
+            };
+            if ve > vs {
+                spans.push(vs..ve);
+            }
+            i = ve.max(j);
+        }
+        spans
+    }
+
+    /// Redacts a JSON document in place (see the module doc for the shapes),
+    /// then removes every value found secret anywhere in it from every
+    /// other string too: a secret named once (`set_env`, a live check's
+    /// `NAME="VALUE"`) is never repeated in a form no rule names (a live
+    /// check's "…, expected \"VALUE\"").
     pub fn json(&self, v: &mut Value) {
+        let mut found = Vec::new();
+        self.collect(v, &mut found);
+        self.json_forms(v);
+        // Short values ("1", "on") would erase ordinary words and numbers.
+        found.retain(|s| s.chars().count() >= 4 && s != REDACTED);
+        found.sort_by_key(|s| std::cmp::Reverse(s.len()));
+        found.dedup();
+        if !found.is_empty() {
+            scrub(v, &found);
+        }
+    }
+
+    /// The secret values of a document, as [`Redactor::json`] would redact them.
+    fn collect(&self, v: &Value, found: &mut Vec<String>) {
         match v {
-            Value::String(s) if s.contains('=') => *s = self.text(s),
-            Value::Array(items) => items.iter_mut().for_each(|i| self.json(i)),
+            Value::String(s) => found.extend(self.secret_spans(s).into_iter().map(|r| s[r].to_string())),
+            Value::Array(items) => items.iter().for_each(|i| self.collect(i, found)),
+            Value::Object(map) => {
+                for (k, val) in map {
+                    if let Some(flags) = names_kind(k) {
+                        self.each_secret(val, flags, |s| found.push(s.to_string()));
+                    }
+                    self.collect(val, found);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn json_forms(&self, v: &mut Value) {
+        match v {
+            Value::String(s) if s.contains(['=', ':', ' ']) => *s = self.text(s),
+            Value::Array(items) => items.iter_mut().for_each(|i| self.json_forms(i)),
             Value::Object(map) => {
                 for (k, val) in map.iter_mut() {
-                    if k.to_ascii_lowercase().ends_with("env") {
-                        self.env_value(val);
+                    if let Some(flags) = names_kind(k) {
+                        self.env_value(val, flags);
                     }
-                    self.json(val);
+                    self.json_forms(val);
                 }
             }
             _ => {}
@@ -128,10 +245,9 @@ impl Redactor {
     /// Serialises `value` as compact JSON, redacted exactly as
     /// [`Redactor::json`] would, without building a `serde_json::Value`:
     /// a fleet-wide `status` is megabytes, and the intermediate tree and
-    /// the walk over it cost more than the serialisation itself. Every
-    /// string value has its `NAME=VALUE` secrets replaced on the way out;
-    /// should the document contain a key ending in `env` (an environment,
-    /// whose shape matters), it falls back to the `Value` walk.
+    /// the walk over it cost more than the serialisation itself. Should the
+    /// document contain a secret at all, or a key ending in `env` or `args`
+    /// (whose shape matters), it falls back to the `Value` walk.
     pub fn to_json_string<T: serde::Serialize + ?Sized>(&self, value: &T) -> serde_json::Result<String> {
         let mut out = Vec::with_capacity(4096);
         let env_key_seen = std::cell::Cell::new(false);
@@ -153,12 +269,49 @@ impl Redactor {
         Ok(String::from_utf8(out).expect("serde_json and escape_into write UTF-8"))
     }
 
-    /// An environment as a map or as a list of `{key|name, value}`.
-    fn env_value(&self, v: &mut Value) {
+    fn secret_name(&self, name: &str, flags: bool) -> bool {
+        if flags {
+            self.is_secret_flag(name)
+        } else {
+            self.is_secret(name)
+        }
+    }
+
+    /// Calls `f` with each secret value of an environment (or of a set of
+    /// command-line flags) as a map or as a list of `{key|name, value}`.
+    fn each_secret<'v>(&self, v: &'v Value, flags: bool, mut f: impl FnMut(&'v str)) {
+        match v {
+            Value::Object(map) => {
+                for (name, val) in map {
+                    if self.secret_name(name, flags)
+                        && let Some(s) = val.as_str()
+                    {
+                        f(s);
+                    }
+                }
+            }
+            Value::Array(items) => {
+                for item in items {
+                    let Value::Object(entry) = item else { continue };
+                    let name = entry.get("key").or_else(|| entry.get("name")).and_then(Value::as_str);
+                    if name.is_some_and(|n| self.secret_name(n, flags))
+                        && let Some(s) = entry.get("value").and_then(Value::as_str)
+                    {
+                        f(s);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// An environment (or a set of flags) as a map or as a list of
+    /// `{key|name, value}`: its secret values replaced.
+    fn env_value(&self, v: &mut Value, flags: bool) {
         match v {
             Value::Object(map) => {
                 for (name, val) in map.iter_mut() {
-                    if self.is_secret(name) && !val.is_null() {
+                    if self.secret_name(name, flags) && !val.is_null() {
                         *val = Value::String(REDACTED.into());
                     }
                 }
@@ -167,7 +320,7 @@ impl Redactor {
                 for item in items {
                     let Value::Object(entry) = item else { continue };
                     let name = entry.get("key").or_else(|| entry.get("name")).and_then(Value::as_str);
-                    if name.is_some_and(|n| self.is_secret(n))
+                    if name.is_some_and(|n| self.secret_name(n, flags))
                         && let Some(val) = entry.get_mut("value")
                         && !val.is_null()
                     {
@@ -177,6 +330,36 @@ impl Redactor {
             }
             _ => {}
         }
+    }
+}
+
+/// A key whose value names variables (`env`, `set_env`: `Some(false)`) or
+/// command-line flags (`args`, `set_args`: `Some(true)`).
+fn names_kind(key: &str) -> Option<bool> {
+    let k = key.as_bytes();
+    let ends = |suffix: &[u8]| k.len() >= suffix.len() && k[k.len() - suffix.len()..].eq_ignore_ascii_case(suffix);
+    if ends(b"env") {
+        Some(false)
+    } else if ends(b"args") {
+        Some(true)
+    } else {
+        None
+    }
+}
+
+/// Every occurrence of a known secret in every string replaced.
+fn scrub(v: &mut Value, secrets: &[String]) {
+    match v {
+        Value::String(s) => {
+            for secret in secrets {
+                if s.contains(secret.as_str()) {
+                    *s = s.replace(secret.as_str(), REDACTED);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(|i| scrub(i, secrets)),
+        Value::Object(map) => map.values_mut().for_each(|i| scrub(i, secrets)),
+        _ => {}
     }
 }
 
@@ -227,16 +410,17 @@ impl serde_json::ser::Formatter for RedactingFormatter<'_> {
     fn end_string<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
         self.in_string = false;
         let s = self.string.as_str();
+        // A key naming variables or flags, or a secret in any string: the
+        // whole document goes through the `Value` walk (which also scrubs a
+        // found secret from every other string).
         if self.in_key {
-            if s.len() >= 3 && s.as_bytes()[s.len() - 3..].eq_ignore_ascii_case(b"env") {
+            if names_kind(s).is_some() {
                 self.env_key_seen.set(true);
             }
-            escape_into(w, s)?;
-        } else if s.contains('=') {
-            escape_into(w, &self.redactor.text(s))?;
-        } else {
-            escape_into(w, s)?;
+        } else if !self.redactor.secret_spans(s).is_empty() {
+            self.env_key_seen.set(true);
         }
+        escape_into(w, s)?;
         w.write_all(b"\"")
     }
 
@@ -341,6 +525,100 @@ mod tests {
         );
         assert_eq!(r.text("max_tokens=8 a==b"), "max_tokens=8 a==b");
         assert_eq!(r.text("ünï HF_TOKEN=é"), "ünï HF_TOKEN=[redacted]");
+    }
+
+    /// Issue 16, finding 9: `gate --json` showed `HF_TOKEN="hf_…"` in a live
+    /// check's observations — a quoted value escaped the `NAME=VALUE` rule.
+    #[test]
+    fn quoted_and_other_forms() {
+        let r = Redactor::default();
+        let cases = [
+            ("pid 7: HF_TOKEN=\"hf_abc\"", "pid 7: HF_TOKEN=\"[redacted]\""),
+            ("HF_TOKEN='hf_abc' x", "HF_TOKEN='[redacted]' x"),
+            ("env HF_TOKEN=\\\"hf_abc\\\" set", "env HF_TOKEN=\\\"[redacted]\\\" set"),
+            ("{\"HF_TOKEN\": \"hf_abc\"}", "{\"HF_TOKEN\": \"[redacted]\"}"),
+            ("HF_TOKEN: hf_abc", "HF_TOKEN: [redacted]"),
+            (
+                "pid 7 has HF_TOKEN \"hf_abc\" in /proc/7/environ",
+                "pid 7 has HF_TOKEN \"[redacted]\" in /proc/7/environ",
+            ),
+            ("serve --api-key sk-123 --port 8", "serve --api-key [redacted] --port 8"),
+            ("--hf-token=hf_abc", "--hf-token=[redacted]"),
+            ("HF_TOKEN=\"a\\\"b\" tail", "HF_TOKEN=\"[redacted]\" tail"),
+            // Settings that only look like credentials stay.
+            (
+                "--max-num-batched-tokens 8192 max_tokens=8",
+                "--max-num-batched-tokens 8192 max_tokens=8",
+            ),
+            ("HF_TOKEN absent, é HF_TOKEN", "HF_TOKEN absent, é HF_TOKEN"),
+        ];
+        for (text, want) in cases {
+            assert_eq!(r.text(text), want, "{text}");
+        }
+    }
+
+    /// A secret named once in a document is scrubbed from every other
+    /// string of it, whatever the form there (a live check's "expected").
+    #[test]
+    fn a_secret_found_once_is_gone_everywhere() {
+        let r = Redactor::default();
+        let doc = json!({
+            "change": {"set_env": {"HF_TOKEN": "hf_secret1"}, "set_args": {"--api-key": "sk-live-9"}},
+            "live": [{"observed": ["pid 3: --api-key sk-live-9"], "problems": ["decode-0: pid 3 has HF_TOKEN absent in /proc/3/environ, expected Some(hf_secret1)"]}],
+        });
+        for out in [
+            {
+                let mut v = doc.clone();
+                r.json(&mut v);
+                v.to_string()
+            },
+            r.to_json_string(&doc).unwrap(),
+        ] {
+            assert!(!out.contains("hf_secret1") && !out.contains("sk-live-9"), "{out}");
+            assert!(out.contains("pid 3"), "{out}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Fuzz: a secret in every form the reports contain, anywhere in a
+        /// report, never survives either serialiser.
+        #[test]
+        fn no_form_leaks_a_secret(
+            secret in "[A-Za-z0-9_./+:-]{6,40}",
+            name in proptest::sample::select(vec!["HF_TOKEN", "AWS_SECRET_ACCESS_KEY", "DB_PASSWORD", "OPENAI_API_KEY"]),
+            flag in proptest::sample::select(vec!["--api-key", "--hf-token", "--db-password"]),
+            form in 0usize..11,
+            noise in "[a-z ]{0,12}",
+            place in 0usize..4,
+        ) {
+            let r = Redactor::default();
+            let text = match form {
+                0 => format!("{name}={secret}"),
+                1 => format!("pid 3: {name}={secret:?}"),
+                2 => format!("{name}='{secret}'"),
+                3 => format!("{{\"{name}\": \"{secret}\"}}"),
+                4 => format!("{name}: {secret}"),
+                5 => format!("pid 3 has {name} {secret:?} in /proc/3/environ"),
+                6 => format!("pid 3: {flag} {secret}"),
+                7 => format!("{flag}={secret}"),
+                8 => format!("{flag} \"{secret}\" (pid 3)"),
+                9 => format!("started with {name}=\\\"{secret}\\\""),
+                _ => format!("{:?}", format!("{name}={secret}")),
+            };
+            let text = format!("{noise} {text}, {noise}");
+            let doc = match place {
+                0 => json!({"reasons": [text]}),
+                1 => json!({"live": [{"observed": [text], "ok": true}]}),
+                2 => json!({"detail": text, "n": 1}),
+                _ => json!({"a": {"b": [{"c": text}]}}),
+            };
+            let mut walked = doc.clone();
+            r.json(&mut walked);
+            let walked = walked.to_string();
+            let streamed = r.to_json_string(&doc).unwrap();
+            proptest::prop_assert!(!walked.contains(&secret), "{}", walked);
+            proptest::prop_assert!(!streamed.contains(&secret), "{}", streamed);
+        }
     }
 
     /// Maps and key/value lists under an `env` key, and strings anywhere,

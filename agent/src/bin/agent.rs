@@ -22,6 +22,16 @@ struct Args {
     /// fixture the fake source can replay.
     #[arg(long, value_name = "SOURCE", conflicts_with = "config")]
     gpu_report: Option<String>,
+    /// `human` (default) or `json`: one JSON object per line (timestamp,
+    /// level, target, message and fields) for a log shipper.
+    #[arg(long, value_enum, env = "PDWARDEN_LOG_FORMAT", default_value = "human")]
+    log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Human,
+    Json,
 }
 
 /// Runtime workers unless `TOKIO_WORKER_THREADS` says otherwise. An agent
@@ -53,16 +63,20 @@ fn main() -> ExitCode {
 }
 
 async fn agent() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
+    let args = Args::parse();
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
-        .with_writer(std::io::stderr)
+        .with_writer(std::io::stderr);
+    match args.log_format {
         // Colour only on a terminal: logs under systemd or in files stay plain text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
-    let args = Args::parse();
+        LogFormat::Human => logs
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        LogFormat::Json => logs.json().init(),
+    }
     if let Some(source) = &args.gpu_report {
         let spec =
             pdwarden_agent::gpu::GpuSourceSpec::parse(source).map_err(|e| anyhow::anyhow!("--gpu-report: {e}"))?;

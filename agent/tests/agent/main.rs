@@ -9,4 +9,5 @@ mod binary;
 mod gpu;
 mod link;
 mod readiness_http;
+mod service_manager;
 mod util;

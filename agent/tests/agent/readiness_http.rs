@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use pdwarden_agent::checks::{HttpChecker, http_client};
+use pdwarden_agent::config::GenerationCheckSpec;
 use pdwarden_agent::readiness::{Attempt, PhaseChange, ReadinessParams, ReadinessWatch, WatchEvent, watch};
 use pdwarden_proto::v1::{AttemptOutcome, ChatProbe, CheckKind, Phase, ReadinessSpec};
 use tokio::sync::mpsc;
@@ -55,12 +56,17 @@ impl Watching {
 
 /// Starts a watch on `port`, sending each event to the returned channel.
 fn start_watch(port: u16, spec: ReadinessSpec) -> Watching {
+    start_watch_with(port, spec, &GenerationCheckSpec::Get("/health_generate".into()))
+}
+
+/// As [`start_watch`], with the unit's generation check.
+fn start_watch_with(port: u16, spec: ReadinessSpec, generation: &GenerationCheckSpec) -> Watching {
     let params = ReadinessParams::from_spec(Some(&spec));
     let checker = HttpChecker::new(
         http_client(),
         &format!("http://127.0.0.1:{port}"),
         "/health",
-        "/health_generate",
+        generation,
         &params,
     );
     let (tx, rx) = mpsc::unbounded_channel();
@@ -199,6 +205,43 @@ async fn chat_generation_check_needs_tokens_and_is_tagged() {
         assert_eq!(body["stream"], false);
         assert_eq!(body["temperature"], 0);
         assert_eq!(body["model"], "m");
+    }
+}
+
+/// Issue 15: an engine with no generating GET (vLLM) is `generating` only
+/// once a probe-tagged one-token completion sent straight to it returns a
+/// token — never on its `/health` 200, and never by a GET.
+#[tokio::test]
+async fn completion_check_of_an_engine_without_a_generating_get() {
+    let script = EngineScript::new(200, 200, 0);
+    let engine = FakeEngine::serve(0, script.clone()).await;
+    let mut w = start_watch_with(engine.addr.port(), fast(30_000), &GenerationCheckSpec::Completion);
+    assert_eq!(w.next().await.phase, Phase::Healthy);
+    wait_until("an empty completion", || !script.chats.lock().unwrap().is_empty()).await;
+    assert!(w.drain_attempts(), "healthy, answering, no token: not generating");
+    script.chat_tokens.store(1, Ordering::SeqCst);
+    let e = w.next().await;
+    assert_eq!(e.phase, Phase::Generating);
+    assert!(
+        e.detail.contains("1 token") && e.detail.contains("completion sent to the engine"),
+        "{}",
+        e.detail
+    );
+    let generation = w.generation_attempts();
+    let (passed, failures) = generation.split_last().unwrap();
+    assert!(!failures.is_empty());
+    for a in failures {
+        assert_eq!((a.outcome, a.tokens), (AttemptOutcome::Error, 0));
+        assert!(a.detail.contains("no completion tokens"), "{}", a.detail);
+    }
+    assert_eq!((passed.outcome, passed.tokens), (AttemptOutcome::Ok, 1));
+    assert_eq!(script.generate_hits.load(Ordering::SeqCst), 0, "never a GET check");
+    for (request_id, probe, body) in script.chats.lock().unwrap().iter() {
+        assert!(request_id.starts_with("pdwarden-probe-"), "{request_id}");
+        assert_eq!(probe, "1");
+        assert_eq!(body["model"], "tiny-llama", "the model the engine serves");
+        assert_eq!(body["max_tokens"], 1);
+        assert_eq!(body["ignore_eos"], true);
     }
 }
 

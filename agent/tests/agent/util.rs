@@ -68,6 +68,10 @@ impl FakeEngine {
             .route("/health", get(health))
             .route("/health_generate", get(generate))
             .route("/v1/chat/completions", post(chat))
+            // vLLM's surface (issue 15): no generating GET; the served
+            // model, and completions.
+            .route("/v1/models", get(models))
+            .route("/v1/completions", post(completion))
             .with_state(script);
         let (stop, stopped) = oneshot::channel::<()>();
         tokio::spawn(async move {
@@ -112,17 +116,43 @@ async fn generate(State(s): State<Arc<EngineScript>>) -> StatusCode {
     code(&s.generate_status)
 }
 
-async fn chat(
-    State(s): State<Arc<EngineScript>>,
-    headers: HeaderMap,
-    Json(body): Json<serde_json::Value>,
-) -> Json<serde_json::Value> {
+/// Records a generation request (its request id, probe tag and body) and
+/// returns how many tokens the script says to answer with.
+fn record(s: &EngineScript, headers: &HeaderMap, body: serde_json::Value) -> u32 {
     let h = |n: &str| headers.get(n).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
     s.chats
         .lock()
         .unwrap()
         .push((h("x-request-id"), h("x-pdwarden-probe"), body));
-    let tokens = s.chat_tokens.load(Ordering::SeqCst);
+    s.chat_tokens.load(Ordering::SeqCst)
+}
+
+async fn models() -> Json<serde_json::Value> {
+    Json(serde_json::json!({ "object": "list", "data": [{ "id": "tiny-llama", "object": "model" }] }))
+}
+
+/// A completion: `chat_tokens` tokens of text (none: the engine answers
+/// but generates nothing); recorded with the chats.
+async fn completion(
+    State(s): State<Arc<EngineScript>>,
+    headers: HeaderMap,
+    Json(body): Json<serde_json::Value>,
+) -> Json<serde_json::Value> {
+    let tokens = record(&s, &headers, body);
+    Json(serde_json::json!({
+        "id": "x",
+        "object": "text_completion",
+        "choices": [{"index": 0, "text": "ok ".repeat(tokens as usize), "finish_reason": "length"}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": tokens, "total_tokens": 5 + tokens},
+    }))
+}
+
+async fn chat(
+    State(s): State<Arc<EngineScript>>,
+    headers: HeaderMap,
+    Json(body): Json<serde_json::Value>,
+) -> Json<serde_json::Value> {
+    let tokens = record(&s, &headers, body);
     let content = "ok ".repeat(tokens as usize);
     Json(serde_json::json!({
         "id": "x",

@@ -16,6 +16,16 @@ struct Args {
     /// Orchestrator TOML config.
     #[arg(long)]
     config: PathBuf,
+    /// `human` (default) or `json`: one JSON object per line (timestamp,
+    /// level, target, message and fields) for a log shipper.
+    #[arg(long, value_enum, env = "PDWARDEN_LOG_FORMAT", default_value = "human")]
+    log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Human,
+    Json,
 }
 
 #[tokio::main]
@@ -33,18 +43,21 @@ async fn main() -> ExitCode {
 }
 
 async fn orchestrator() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        // Colour only on a terminal: logs under systemd or in files stay plain text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
     let args = Args::parse();
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr);
+    match args.log_format {
+        // Colour only on a terminal: logs under systemd or in files stay plain text.
+        LogFormat::Human => logs
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        LogFormat::Json => logs.json().init(),
+    }
     let config = OrchestratorConfig::load(&args.config)?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {} (field `listen`)", config.listen))?;
-    tracing::info!(addr = %listener.local_addr()?, "orchestrator listening");
     let shutdown = async {
         let mut term =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("install SIGTERM handler");

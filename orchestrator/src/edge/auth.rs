@@ -219,11 +219,25 @@ where
                 Box::pin(self.inner.call(req))
             }
             Err(status) => {
-                tracing::warn!(method = %req.uri().path(), reason = %status.message(), "operator request refused");
+                tracing::warn!(method = %req.uri().path(), peer = %peer(&req), reason = %status.message(), "operator request refused");
                 Box::pin(async move { Ok(status.into_http()) })
             }
         }
     }
+}
+
+/// The client's address, from what tonic records about its connection.
+pub fn peer<B>(req: &http::Request<B>) -> String {
+    use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+    req.extensions()
+        .get::<TcpConnectInfo>()
+        .and_then(TcpConnectInfo::remote_addr)
+        .or_else(|| {
+            req.extensions()
+                .get::<TlsConnectInfo<TcpConnectInfo>>()
+                .and_then(|i| i.get_ref().remote_addr())
+        })
+        .map_or_else(|| "unknown".to_string(), |a| a.to_string())
 }
 
 #[cfg(test)]
@@ -271,6 +285,61 @@ mod tests {
         assert_eq!(
             required_role("/pdwarden.v1.Control/SomethingNew"),
             OperatorRole::Operate
+        );
+    }
+
+    /// Issue 16, finding 10: a refused token was logged without the
+    /// client's address. The refusal's log line names the peer.
+    #[test]
+    fn a_refused_request_is_logged_with_the_clients_address() {
+        #[derive(Clone, Default)]
+        struct Lines(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Lines {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        let (a, _, _) = auth();
+        #[derive(Clone)]
+        struct Never;
+        impl Service<http::Request<()>> for Never {
+            type Response = http::Response<Body>;
+            type Error = Infallible;
+            type Future = BoxFuture<Self::Response, Self::Error>;
+            fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+                Poll::Ready(Ok(()))
+            }
+            fn call(&mut self, _: http::Request<()>) -> Self::Future {
+                unreachable!("a refused request never reaches the service")
+            }
+        }
+        let mut svc = Authorized::new(Never, a);
+        let mut req = http::Request::builder()
+            .uri("/pdwarden.v1.Control/RestartPair")
+            .header("authorization", "Bearer nope")
+            .body(())
+            .unwrap();
+        req.extensions_mut().insert(tonic::transport::server::TcpConnectInfo {
+            local_addr: None,
+            remote_addr: Some("10.1.2.3:45678".parse().unwrap()),
+        });
+        tracing::subscriber::with_default(subscriber, || {
+            drop(svc.call(req));
+        });
+        let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+        assert!(
+            text.contains("operator request refused") && text.contains("peer=10.1.2.3:45678"),
+            "{text}"
         );
     }
 

@@ -214,3 +214,79 @@ pub fn progress_line(kind: operation_update::Kind) -> Option<String> {
         _ => None,
     }
 }
+
+impl Connection {
+    /// Starts a co-restart of `pair` (or, with `verify` =
+    /// Some(include_abort_storm), a verification) and follows it to its
+    /// report, printing progress lines and the summary on stdout unless
+    /// `quiet` (the CLI's `--json`, which prints the report itself).
+    pub async fn follow_printing(
+        &self,
+        pair: &str,
+        quiet: bool,
+        verify: Option<bool>,
+        request_id: String,
+    ) -> Result<OperationReport, CouldNotRun> {
+        use std::io::Write;
+        let report = self
+            .follow(pair, verify, request_id, |line| {
+                if !quiet {
+                    let mut out = std::io::stdout();
+                    let _ = writeln!(out, "{line}");
+                    let _ = out.flush();
+                }
+            })
+            .await?;
+        if !quiet {
+            crate::say_part!("{}", crate::ops::report::render_summary(&report));
+        }
+        Ok(report)
+    }
+}
+
+/// A fresh idempotency key for an operation request.
+pub fn new_request_id() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+/// `--json` output: one object on one line.
+pub fn print_json(value: &impl serde::Serialize) {
+    match serde_json::to_string(value) {
+        Ok(s) => crate::say!("{s}"),
+        Err(e) => eprintln!("pdwarden: cannot encode JSON output: {e}"),
+    }
+}
+
+/// Writes to stdout. A reader that went away (`pdwarden status | head -1`)
+/// is not an error: the rest is dropped and the command ends with the exit
+/// code its outcome gives (issue 16, finding 10: `println!` panicked on the
+/// broken pipe, exit 101, outside the documented codes). The CLI, the demo
+/// and the drills print only through [`say!`](crate::say) and
+/// [`say_part!`](crate::say_part).
+pub fn say(text: std::fmt::Arguments<'_>, newline: bool) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = out
+        .write_fmt(text)
+        .and_then(|()| if newline { out.write_all(b"\n") } else { Ok(()) })
+        .and_then(|()| out.flush());
+}
+
+/// `println!` that survives a closed stdout (see [`say`]).
+#[macro_export]
+macro_rules! say {
+    () => {
+        $crate::edge::client::say(format_args!(""), true)
+    };
+    ($($t:tt)*) => {
+        $crate::edge::client::say(format_args!($($t)*), true)
+    };
+}
+
+/// `print!` that survives a closed stdout (see [`say`]).
+#[macro_export]
+macro_rules! say_part {
+    ($($t:tt)*) => {
+        $crate::edge::client::say(format_args!($($t)*), false)
+    };
+}

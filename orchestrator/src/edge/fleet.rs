@@ -12,39 +12,15 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 use pdwarden_proto::v1::{
-    AgentMessage, Command, CommandResult, EngineSample, OrchestratorMessage, Phase, ProbeResult, RegisterAck, Role,
-    UnitEvent, UnitInfo, agent_link_server::AgentLink, agent_message, orchestrator_message,
+    AgentMessage, Command, EngineSample, OrchestratorMessage, Phase, RegisterAck, UnitInfo,
+    agent_link_server::AgentLink, agent_message, orchestrator_message,
 };
 use serde::Serialize;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-#[derive(Debug, thiserror::Error)]
-pub enum FleetError {
-    #[error("agent {host} is not connected")]
-    AgentNotConnected { host: String },
-    #[error("agent {host} has no unit named {unit}")]
-    UnknownUnit { host: String, unit: String },
-}
-
-/// Something an agent said about a command this side sent.
-#[derive(Debug, Clone)]
-pub enum AgentReport {
-    Unit(UnitEvent),
-    Result(CommandResult),
-    Probe(ProbeResult),
-    /// The samples of one verification-suite step.
-    Suite(pdwarden_proto::v1::SuiteStepResult),
-    /// One scrape of engines (`ScrapeEngines`).
-    Scrape(pdwarden_proto::v1::ScrapeResult),
-    /// A unit config change's answer (change gate).
-    UnitConfig(pdwarden_proto::v1::UnitConfigResult),
-    /// A change gate measurement (process inspection, benchmark cell).
-    Gate(pdwarden_proto::v1::GateAgentResult),
-    /// The agent's stream ended; no more reports will come for the command.
-    Disconnected,
-}
+pub use crate::ops::port::{AGENT_SLACK, AgentReport, AskError, SendError, phase_name, role_name};
 
 /// What `status` shows about one agent.
 #[derive(Debug, Clone, Serialize)]
@@ -88,22 +64,6 @@ struct AgentSession {
 /// may be stale. It is never a reason to restart anything on its own.
 pub const AGENT_UNKNOWN_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// How long past an agent-side timeout the orchestrator waits for the
-/// agent's answer before giving up on it (the link, the agent's own
-/// scheduling). One value for every command: it was written five times.
-pub const AGENT_SLACK: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// Why a command sent with [`Fleet::ask`] got no answer.
-#[derive(Debug, thiserror::Error)]
-pub enum AskError {
-    #[error(transparent)]
-    Send(#[from] FleetError),
-    #[error("agent {host} disconnected")]
-    Disconnected { host: String },
-    #[error("no answer from agent {host} within {waited_ms} ms")]
-    NoAnswer { host: String, waited_ms: u64 },
-}
-
 #[derive(Default)]
 struct FleetState {
     agents: BTreeMap<String, AgentSession>,
@@ -120,30 +80,6 @@ pub struct Fleet {
     orchestrator_instance_id: Arc<String>,
     /// The latest GPU and host report of each host.
     pub hosts: crate::edge::hoststate::HostStates,
-}
-
-pub fn role_name(role: i32) -> &'static str {
-    match Role::try_from(role).unwrap_or(Role::Unspecified) {
-        Role::Prefill => "prefill",
-        Role::Decode => "decode",
-        Role::Router => "router",
-        Role::Unspecified => "unknown",
-    }
-}
-
-pub fn phase_name(phase: i32) -> &'static str {
-    match Phase::try_from(phase).unwrap_or(Phase::Unspecified) {
-        Phase::Unspecified => "unknown",
-        Phase::Stopped => "stopped",
-        Phase::Spawned => "spawned",
-        Phase::Refused => "refused",
-        Phase::Http503 => "http_503",
-        Phase::Healthy => "healthy",
-        Phase::Generating => "generating",
-        Phase::Exited => "exited",
-        Phase::NotReady => "not_ready",
-        Phase::Stopping => "stopping",
-    }
 }
 
 impl Fleet {
@@ -166,7 +102,7 @@ impl Fleet {
         host: &str,
         unit: &str,
         command: Command,
-    ) -> Result<mpsc::UnboundedReceiver<AgentReport>, FleetError> {
+    ) -> Result<mpsc::UnboundedReceiver<AgentReport>, SendError> {
         let (tx, rx) = mpsc::unbounded_channel();
         let agent_tx = {
             let mut st = self.lock();
@@ -174,9 +110,9 @@ impl Fleet {
                 .agents
                 .get(host)
                 .filter(|a| a.tx.is_some())
-                .ok_or_else(|| FleetError::AgentNotConnected { host: host.into() })?;
+                .ok_or_else(|| SendError::AgentNotConnected { host: host.into() })?;
             if !agent.units.contains_key(unit) {
-                return Err(FleetError::UnknownUnit {
+                return Err(SendError::UnknownUnit {
                     host: host.into(),
                     unit: unit.into(),
                 });
@@ -192,46 +128,9 @@ impl Fleet {
         };
         if agent_tx.send(Ok(msg)).await.is_err() {
             self.lock().waiters.remove(&id);
-            return Err(FleetError::AgentNotConnected { host: host.into() });
+            return Err(SendError::AgentNotConnected { host: host.into() });
         }
         Ok(rx)
-    }
-
-    /// Sends `command` to `unit`'s agent and awaits the first report `pick`
-    /// accepts (`Some`), skipping the others (progress events), until the
-    /// agent-side `timeout` plus [`AGENT_SLACK`]. The one "send and await"
-    /// of every workflow: one deadline policy, the command's route always
-    /// forgotten at the end.
-    pub async fn ask<T>(
-        &self,
-        host: &str,
-        unit: &str,
-        command: Command,
-        timeout: std::time::Duration,
-        mut pick: impl FnMut(AgentReport) -> Option<T>,
-    ) -> Result<T, AskError> {
-        let started = tokio::time::Instant::now();
-        let deadline = started + timeout + AGENT_SLACK;
-        let id = command.command_id.clone();
-        let mut rx = self.send(host, unit, command).await?;
-        let answer = loop {
-            match tokio::time::timeout_at(deadline, rx.recv()).await {
-                Ok(Some(AgentReport::Disconnected) | None) => break Err(AskError::Disconnected { host: host.into() }),
-                Ok(Some(report)) => {
-                    if let Some(t) = pick(report) {
-                        break Ok(t);
-                    }
-                }
-                Err(_) => {
-                    break Err(AskError::NoAnswer {
-                        host: host.into(),
-                        waited_ms: started.elapsed().as_millis() as u64,
-                    });
-                }
-            }
-        };
-        self.forget(&id);
-        answer
     }
 
     /// Stops routing reports for a command (its operation no longer listens).
@@ -364,6 +263,11 @@ impl Fleet {
                             u.command_in_progress =
                                 !matches!(Phase::try_from(ev.phase), Ok(Phase::Generating | Phase::NotReady));
                         }
+                        match Phase::try_from(ev.phase) {
+                            Ok(Phase::Exited) => u.exit_detail = ev.detail.clone(),
+                            Ok(Phase::Spawned) => u.exit_detail.clear(),
+                            _ => {}
+                        }
                         u.pid = if matches!(Phase::try_from(ev.phase), Ok(Phase::Exited | Phase::Stopped)) {
                             0
                         } else if ev.pid != 0 {
@@ -460,8 +364,11 @@ impl AgentLink for AgentLinkService {
     type AttachStream = ReceiverStream<Result<OrchestratorMessage, Status>>;
 
     async fn attach(&self, request: Request<Streaming<AgentMessage>>) -> Result<Response<Self::AttachStream>, Status> {
+        let peer = request
+            .remote_addr()
+            .map_or_else(|| "unknown".to_string(), |a| a.to_string());
         let certified = crate::edge::tls::check_agent(self.agent_auth, &request)
-            .inspect_err(|e| tracing::warn!(reason = %e.message(), "agent refused"))?;
+            .inspect_err(|e| tracing::warn!(%peer, reason = %e.message(), "agent refused"))?;
         let mut inbound = request.into_inner();
         let first = inbound
             .message()
@@ -476,18 +383,34 @@ impl AgentLink for AgentLinkService {
             return Err(Status::invalid_argument("Register.host must not be empty"));
         }
         crate::edge::tls::check_register(certified.as_deref(), &reg.host)
-            .inspect_err(|e| tracing::warn!(reason = %e.message(), "agent refused"))?;
+            .inspect_err(|e| tracing::warn!(%peer, reason = %e.message(), "agent refused"))?;
         let (tx, rx) = mpsc::channel(1024);
         let host = reg.host.clone();
         let session = {
             let mut st = self.fleet.lock();
-            st.next_session += 1;
-            let session = st.next_session;
             if let Some(old) = st.agents.get(&host)
                 && old.tx.is_some()
             {
+                // Another live instance for the same host (the same
+                // certificate, another state dir): two agents would each
+                // replace the other's stream several times a second and
+                // fight over the host's units (issue 16, finding 4). The
+                // first keeps the host until it goes quiet.
+                let heard = old.last_seen.elapsed();
+                if old.instance_id != reg.agent_instance_id && heard < AGENT_UNKNOWN_AFTER {
+                    let said = format!(
+                        "host {host} already has a live agent (instance {}, heard {} ms ago); refusing a second instance ({}): one agent per host — stop one of them",
+                        old.instance_id,
+                        heard.as_millis(),
+                        reg.agent_instance_id
+                    );
+                    tracing::warn!(host, %peer, live = %old.instance_id, refused = %reg.agent_instance_id, "second agent for one host refused");
+                    return Err(Status::already_exists(said));
+                }
                 tracing::warn!(host, "agent re-attached; replacing its previous stream");
             }
+            st.next_session += 1;
+            let session = st.next_session;
             st.agents.insert(
                 host.clone(),
                 AgentSession {
@@ -526,45 +449,43 @@ impl AgentLink for AgentLinkService {
     }
 }
 
-/// The in-process agent link of the unit tests' fake agent
-/// ([`crate::ops::fake_agent`]): what the `AgentLink` stream does on register and
-/// on each message, without gRPC.
-#[cfg(test)]
-impl Fleet {
-    /// Registers `host` with `units` (a re-registration replaces the earlier
-    /// session, as a reconnect does) and returns its command stream.
-    pub(crate) fn attach_in_process(
-        &self,
-        host: &str,
-        units: Vec<UnitInfo>,
-    ) -> mpsc::Receiver<Result<OrchestratorMessage, Status>> {
-        let (tx, rx) = mpsc::channel(64);
-        let mut st = self.lock();
-        st.next_session += 1;
-        let session = st.next_session;
-        st.agents.insert(
-            host.into(),
-            AgentSession {
-                session,
-                instance_id: "in-process".into(),
-                version: "in-process".into(),
-                tx: Some(tx),
-                units: units.into_iter().map(|u| (u.name.clone(), u)).collect(),
-                last_seen: tokio::time::Instant::now(),
-            },
-        );
-        rx
+/// The runtime's agent port over the agents' `AgentLink` streams.
+impl crate::ops::port::AgentPort for Fleet {
+    fn send<'a>(
+        &'a self,
+        host: &'a str,
+        unit: &'a str,
+        command: Command,
+    ) -> crate::ops::port::PortFuture<'a, Result<crate::ops::port::Reports, SendError>> {
+        Box::pin(Fleet::send(self, host, unit, command))
     }
 
-    /// One message from `host`'s agent, as its stream would carry it.
-    pub(crate) fn agent_says(&self, host: &str, msg: AgentMessage) {
-        self.on_message(host, msg);
+    fn forget(&self, command_id: &str) {
+        Fleet::forget(self, command_id);
+    }
+
+    fn unit(&self, host: &str, unit: &str) -> Option<UnitInfo> {
+        Fleet::unit(self, host, unit)
+    }
+
+    fn is_connected(&self, host: &str) -> bool {
+        Fleet::is_connected(self, host)
+    }
+
+    fn route_engine_samples(&self, host: &str, command_id: &str, tx: mpsc::UnboundedSender<EngineSample>) {
+        Fleet::route_engine_samples(self, host, command_id, tx);
+    }
+
+    fn unit_gpu_utilization(&self, host: &str, unit: &str, now_unix_ms: u64, max_age_ms: u64) -> Option<f64> {
+        self.hosts.unit_gpu_utilization(host, unit, now_unix_ms, max_age_ms)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
+
+    use pdwarden_proto::v1::{CommandResult, ProbeResult};
 
     use super::*;
 
@@ -601,6 +522,11 @@ mod tests {
         }
     }
 
+    /// The fleet as the runtime sees it.
+    fn port(f: &Fleet) -> &dyn crate::ops::port::AgentPort {
+        f
+    }
+
     fn probe_of(r: AgentReport) -> Option<ProbeResult> {
         match r {
             AgentReport::Probe(p) => Some(p),
@@ -616,7 +542,8 @@ mod tests {
         let (_, mut agent) = attached(&fleet, "h");
         let f = fleet.clone();
         let answer = tokio::spawn(async move {
-            f.ask("h", "router-0", command("c1"), Duration::from_secs(5), probe_of)
+            port(&f)
+                .ask("h", "router-0", command("c1"), Duration::from_secs(5), probe_of)
                 .await
         });
         let sent = agent.recv().await.unwrap().unwrap();
@@ -652,7 +579,7 @@ mod tests {
         let fleet = Fleet::new();
         let (_, _agent) = attached(&fleet, "h");
         let started = tokio::time::Instant::now();
-        let e = fleet
+        let e = port(&fleet)
             .ask("h", "router-0", command("c2"), Duration::from_secs(5), probe_of)
             .await
             .unwrap_err();
@@ -669,7 +596,8 @@ mod tests {
         let (session, _agent) = attached(&fleet, "h");
         let f = fleet.clone();
         let answer = tokio::spawn(async move {
-            f.ask("h", "router-0", command("c3"), Duration::from_secs(60), probe_of)
+            port(&f)
+                .ask("h", "router-0", command("c3"), Duration::from_secs(60), probe_of)
                 .await
         });
         tokio::task::yield_now().await;
@@ -680,10 +608,10 @@ mod tests {
         let e = answer.await.unwrap().unwrap_err();
         assert!(matches!(e, AskError::Disconnected { .. }), "{e}");
         let (_, _agent) = attached(&fleet, "h");
-        let e = fleet
+        let e = port(&fleet)
             .ask("h", "decode-9", command("c4"), Duration::from_secs(1), probe_of)
             .await
             .unwrap_err();
-        assert!(matches!(e, AskError::Send(FleetError::UnknownUnit { .. })), "{e}");
+        assert!(matches!(e, AskError::Send(SendError::UnknownUnit { .. })), "{e}");
     }
 }

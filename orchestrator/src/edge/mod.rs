@@ -11,7 +11,8 @@
 //!   `pdwarden certs` issues.
 //! - [`client`]: the operator's side (connect with credentials, follow an
 //!   operation) for the CLI and its local stack.
-//! - [`ready`]: the plain-HTTP readiness endpoint for gateways.
+//! - [`ready`]: the plain-HTTP readiness endpoint for gateways (and `/metrics`).
+//! - [`service_manager`]: systemd readiness and watchdog (`sd-notify`).
 //! - [`ports`]: choosing loopback ports for a local stack.
 
 pub mod auth;
@@ -22,4 +23,5 @@ pub mod hoststate;
 pub mod ports;
 pub mod ready;
 pub mod server;
+pub mod service_manager;
 pub mod tls;

@@ -21,6 +21,7 @@ use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
@@ -28,7 +29,8 @@ use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::ops::watcher::WatchBoard;
+use crate::ops::telemetry::VERDICTS;
+use crate::ops::watcher::{WATCH_STATES, WatchBoard};
 
 const MAX_HEAD: usize = 8 * 1024;
 const CONNECTION_BUDGET: Duration = Duration::from_secs(5);
@@ -128,7 +130,7 @@ pub fn route(path: &str, board: &WatchBoard) -> (u16, &'static str, String) {
                 None => not_found(format!("no watched unit {host}/{unit}")),
             }
         }
-        ["metrics"] => (200, "text/plain; version=0.0.4", metrics(board)),
+        ["metrics"] => (200, pdwarden_proto::exposition::CONTENT_TYPE, metrics(board)),
         _ => not_found(format!("no such endpoint {path:?}")),
     }
 }
@@ -138,15 +140,34 @@ struct PairLabel {
     pair: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PairStateLabels {
+    pair: String,
+    state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PairVerdictLabels {
+    pair: String,
+    verdict: String,
+}
+
 /// One figure of a pair's watch view, as a gauge value.
 type PairFigure = fn(&crate::ops::watcher::PairWatchView) -> f64;
 
-/// The board in Prometheus text format (`prometheus-client`): per-pair
-/// gauges from the latest views, and the wedge detection-time histogram.
-fn metrics(board: &WatchBoard) -> String {
+/// One count of a pair's watch view, as a counter.
+type PairCount = fn(&crate::ops::watcher::PairWatchView) -> u64;
+
+/// The board in Prometheus text format (`prometheus-client`, as the
+/// classic text: [`pdwarden_proto::exposition`]): per-pair gauges and
+/// counters from the latest views, the watch state and the last verdict as
+/// state sets (one series per state, 1 for the current one: an alert
+/// matches `pdwarden_pair_watch_state{state="held"} == 1`), the probe and
+/// wedge-detection histograms, and the operations' series.
+pub fn metrics(board: &WatchBoard) -> String {
     let pairs = board.all();
     let mut registry = Registry::default();
-    let gauges: [(&str, &str, PairFigure); 4] = [
+    let gauges: [(&str, &str, PairFigure); 3] = [
         (
             "pdwarden_pair_ready",
             "1 when the pair's latest watch verdict is healthy",
@@ -162,9 +183,6 @@ fn metrics(board: &WatchBoard) -> String {
             "Automatic recoveries within the breaker's window",
             |p| f64::from(p.recoveries_in_window),
         ),
-        ("pdwarden_pair_probes_sent", "Active probes the watch sent", |p| {
-            p.probes_sent as f64
-        }),
     ];
     for (name, help, value) in gauges {
         let family = Family::<PairLabel, Gauge<f64, AtomicU64>>::default();
@@ -173,16 +191,75 @@ fn metrics(board: &WatchBoard) -> String {
         }
         registry.register(name, help, family);
     }
+    let counters: [(&str, &str, PairCount); 2] = [
+        (
+            "pdwarden_watch_probes",
+            "Active probes the watch sent through the pair's router",
+            |p| p.probes_sent,
+        ),
+        (
+            "pdwarden_watch_probes_deferred",
+            "Probes the watch held back because the pair was busy or an operation ran",
+            |p| p.probes_deferred,
+        ),
+    ];
+    for (name, help, value) in counters {
+        let family = Family::<PairLabel, Counter>::default();
+        for p in &pairs {
+            family
+                .get_or_create(&PairLabel { pair: p.pair.clone() })
+                .inc_by(value(p));
+        }
+        registry.register(name, help, family);
+    }
+    let states = Family::<PairStateLabels, Gauge>::default();
+    for p in &pairs {
+        for s in WATCH_STATES {
+            states
+                .get_or_create(&PairStateLabels {
+                    pair: p.pair.clone(),
+                    state: (*s).to_string(),
+                })
+                .set(i64::from(p.state == *s));
+        }
+    }
+    registry.register(
+        "pdwarden_pair_watch_state",
+        "The pair's watch state: 1 for the current one (healthy, unproven, suspect, wedged, down, recovering, operation_running, held, starting)",
+        states,
+    );
+    let verdicts = Family::<PairVerdictLabels, Gauge>::default();
+    for (pair, last) in board.operations.last_verdicts() {
+        for v in VERDICTS {
+            verdicts
+                .get_or_create(&PairVerdictLabels {
+                    pair: pair.clone(),
+                    verdict: (*v).to_string(),
+                })
+                .set(i64::from(last == *v));
+        }
+    }
+    registry.register(
+        "pdwarden_pair_last_verdict",
+        "The verdict of the pair's latest co-restart or verification: 1 for it",
+        verdicts,
+    );
+    registry.register(
+        "pdwarden_watch_probe_duration_seconds",
+        "Time each of the watch's probes took to answer (or to time out), by pair and outcome",
+        board.probe_latency.clone(),
+    );
     registry.register(
         "pdwarden_wedge_detection_seconds",
         "Time from a wedge's onset (the moment its silence began) to its confirmation, per pair and kind",
         board.detection.clone(),
     );
+    board.operations.register(&mut registry);
     let mut out = String::new();
     if prometheus_client::encoding::text::encode(&mut out, &registry).is_err() {
         out.clear();
     }
-    out
+    pdwarden_proto::exposition::prometheus_text(&out)
 }
 
 #[cfg(test)]
@@ -215,5 +292,58 @@ mod tests {
             text.contains(r#"pdwarden_wedge_detection_seconds_bucket{le="4.0",pair="demo",kind="kv_transfer"} 1"#),
             "{text}"
         );
+    }
+
+    /// Issue 18: every series the orchestrator serves — pairs, watch states,
+    /// last verdicts, probes, wedges, operations, gate decisions, automatic
+    /// recoveries — passes `promtool check metrics`, and names what an
+    /// operator reads: the watch state as a state set, counters `_total`.
+    #[test]
+    fn promtool_accepts_every_series() {
+        use crate::ops::telemetry::Concluded;
+        use crate::ops::watcher::ProbeLabels;
+        let board = WatchBoard::default();
+        board
+            .detection
+            .get_or_create(&WedgeLabels {
+                pair: "demo".into(),
+                kind: "stall".into(),
+            })
+            .observe(9.5);
+        board
+            .probe_latency
+            .get_or_create(&ProbeLabels {
+                pair: "demo".into(),
+                outcome: "ok".into(),
+            })
+            .observe(0.08);
+        let report = serde_json::json!({
+            "total_ms": 52000,
+            "steps": [{"name": "restarting_prefill", "unit": "prefill-0", "started_ms": 0, "ended_ms": 26000, "outcome": "ok"}],
+        });
+        for (kind, request_id, verdict) in [
+            ("co_restart", None, "healthy"),
+            ("co_restart", Some("auto-1"), "healthy"),
+            ("gate", None, "rejected_rolled_back"),
+        ] {
+            board.operations.concluded(&Concluded {
+                kind,
+                pair: "demo",
+                request_id,
+                verdict,
+                report: &report,
+            });
+        }
+        let text = metrics(&board);
+        assert_eq!(pdwarden_proto::exposition::promtool_check(&text), Ok(()), "{text}");
+        for line in [
+            "# TYPE pdwarden_gate_decisions_total counter",
+            r#"pdwarden_automatic_recoveries_total{pair="demo",verdict="healthy"} 1"#,
+            r#"pdwarden_pair_last_verdict{pair="demo",verdict="healthy"} 1"#,
+            r#"pdwarden_pair_last_verdict{pair="demo",verdict="failed"} 0"#,
+            r#"pdwarden_watch_probe_duration_seconds_count{pair="demo",outcome="ok"} 1"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");
+        }
     }
 }

@@ -54,6 +54,9 @@ pub enum ServeError {
 pub struct ControlService {
     config: Arc<OrchestratorConfig>,
     ctx: OperationContext,
+    /// The agents as `status` shows them (the runtime reaches them through
+    /// `ctx.agents`, the same fleet behind the port).
+    fleet: Fleet,
     /// The watch's latest view of each pair (issue 5).
     watch: WatchBoard,
     /// Hides secret environment values in everything this service returns.
@@ -135,6 +138,10 @@ pub struct PairStatus {
     pub running_operation: Option<String>,
     pub last_operation: Option<String>,
     pub last_verdict: Option<String>,
+    /// The last operation ended but its conclusion is not written yet (the
+    /// journal's disk refused it): retried, the pair free once it is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub journal_error: Option<crate::ops::journal::PendingConclusion>,
 }
 
 fn internal(e: impl std::fmt::Display) -> Status {
@@ -145,6 +152,7 @@ impl ControlService {
     /// `status --json`, redacted, for every host or only `hosts`.
     fn status_json(&self, hosts: Option<&BTreeSet<String>>) -> Result<String, Status> {
         let mut pairs = Vec::new();
+        let pending = self.ctx.journal.pending_conclusions();
         for p in &self.config.pairs {
             let hist = self.ctx.journal.history(&p.name, 5).map_err(internal)?;
             let running = hist.iter().find(|r| r.ended_unix_ms.is_none());
@@ -154,9 +162,10 @@ impl ControlService {
                 running_operation: running.map(|r| r.operation_id.clone()),
                 last_operation: last.map(|r| r.operation_id.clone()),
                 last_verdict: last.and_then(|r| r.verdict.clone()),
+                journal_error: pending.iter().find(|c| c.pair == p.name).cloned(),
             });
         }
-        let agents = self.ctx.fleet.status(hosts);
+        let agents = self.fleet.status(hosts);
         let reports: BTreeMap<String, Arc<crate::edge::hoststate::HostReport>> = agents
             .iter()
             .filter_map(|a| a.host_report.clone().map(|r| (a.host.clone(), r)))
@@ -176,24 +185,16 @@ impl ControlService {
         };
         self.redactor.to_json_string(&view).map_err(internal)
     }
-    /// Checks that every unit of the pair is on a connected agent that knows it,
-    /// so an operation never starts that could only fail half-way.
-    fn check_reachable(&self, pair: &crate::config::PairConfig) -> Result<(), Status> {
-        for u in pair.prefill.iter().chain(&pair.decode).chain(&pair.router) {
-            if !self.ctx.fleet.is_connected(&u.host) {
-                return Err(Status::unavailable(format!(
-                    "agent {} (unit {}) is not connected; nothing was restarted",
-                    u.host, u.unit
-                )));
-            }
-            if self.ctx.fleet.unit(&u.host, &u.unit).is_none() {
-                return Err(Status::failed_precondition(format!(
-                    "agent {} does not supervise a unit named {}; check the agent's config",
-                    u.host, u.unit
-                )));
-            }
-        }
-        Ok(())
+    /// The preflight (`ops::preflight`): every agent attached and knowing
+    /// its units, and for an operation that restarts, every unit startable
+    /// now; refused with every reason, nothing touched.
+    async fn preflight(&self, pair: &crate::config::PairConfig, restarts: bool) -> Result<(), Status> {
+        crate::ops::preflight::check(&self.fleet, pair, restarts)
+            .await
+            .map_err(|r| match r.unreachable {
+                true => Status::unavailable(r.to_string()),
+                false => Status::failed_precondition(r.to_string()),
+            })
     }
 }
 
@@ -202,7 +203,7 @@ type UpdateStream = UnboundedReceiverStream<Result<OperationUpdate, Status>>;
 impl ControlService {
     /// Validates, journals and spawns an operation on a pair; returns its
     /// live update stream.
-    fn start_operation(
+    async fn start_operation(
         &self,
         pair: &str,
         request_id: &str,
@@ -213,23 +214,23 @@ impl ControlService {
             let known: Vec<&str> = self.config.pairs.iter().map(|p| p.name.as_str()).collect();
             Status::not_found(format!("unknown pair {:?} (configured: {})", pair, known.join(", ")))
         })?;
-        self.check_reachable(&pair)?;
-        let operation_id = uuid::Uuid::new_v4().to_string();
+        self.preflight(&pair, matches!(kind, OperationKind::CoRestart)).await?;
         let request_id = (!request_id.is_empty()).then_some(request_id);
-        match self
-            .ctx
-            .journal
-            .begin(&operation_id, kind.as_str(), &pair.name, request_id)
-        {
-            Ok(()) => {}
+        let operation_id = match self.ctx.begin(kind.as_str(), &pair.name, request_id, &[]) {
+            Ok(id) => id,
             Err(e @ JournalError::PairBusy { .. }) => return Err(Status::failed_precondition(e.to_string())),
             Err(e @ JournalError::DuplicateRequest { .. }) => return Err(Status::already_exists(e.to_string())),
+            Err(e @ JournalError::ConclusionPending { .. }) => return Err(Status::unavailable(e.to_string())),
             Err(e) => return Err(internal(e)),
-        }
+        };
         let (tx, rx) = mpsc::unbounded_channel();
         // The operation runs on its own task: a CLI that disconnects does not
         // cancel a half-done restart.
-        tokio::spawn(run_operation(self.ctx.clone(), pair, operation_id, kind, tx));
+        crate::ops::spawn_guarded(
+            self.ctx.journal.clone(),
+            operation_id.clone(),
+            run_operation(self.ctx.clone(), pair, operation_id, kind, tx),
+        );
         Ok(Response::new(forward(&self.ctx, &self.redactor, actor, rx)))
     }
 }
@@ -252,7 +253,7 @@ impl Control for ControlService {
             .pair(&req.pair)
             .cloned()
             .ok_or_else(|| Status::not_found(format!("unknown pair {:?}", req.pair)))?;
-        self.check_reachable(&pair)?;
+        self.preflight(&pair, true).await?;
         let change = crate::ops::gate::ChangeSpec {
             set_env: req.set_env.into_iter().collect(),
             unset_env: req.unset_env,
@@ -269,6 +270,9 @@ impl Control for ControlService {
             Err(crate::ops::gate::GateStartError::Journal(e @ JournalError::DuplicateRequest { .. })) => {
                 return Err(Status::already_exists(e.to_string()));
             }
+            Err(crate::ops::gate::GateStartError::Journal(e @ JournalError::ConclusionPending { .. })) => {
+                return Err(Status::unavailable(e.to_string()));
+            }
             Err(crate::ops::gate::GateStartError::Journal(e)) => return Err(internal(e)),
         };
         Ok(Response::new(forward(&self.ctx, &self.redactor, actor, rx)))
@@ -281,6 +285,7 @@ impl Control for ControlService {
         let actor = actor(&request);
         let req = request.into_inner();
         self.start_operation(&req.pair, &req.request_id, OperationKind::CoRestart, actor)
+            .await
     }
 
     async fn verify_pair(
@@ -292,7 +297,7 @@ impl Control for ControlService {
         let kind = OperationKind::Verify {
             include_abort_storm: req.include_abort_storm,
         };
-        self.start_operation(&req.pair, &req.request_id, kind, actor)
+        self.start_operation(&req.pair, &req.request_id, kind, actor).await
     }
 
     async fn restart_unit(
@@ -337,7 +342,7 @@ impl Control for ControlService {
         let req = request.into_inner();
         let hosts: Option<BTreeSet<String>> = (!req.hosts.is_empty()).then(|| req.hosts.into_iter().collect());
         if let Some(hosts) = &hosts
-            && let Some(unknown) = hosts.iter().find(|h| !self.ctx.fleet.knows_host(h))
+            && let Some(unknown) = hosts.iter().find(|h| !self.fleet.knows_host(h))
         {
             return Err(Status::not_found(format!(
                 "hosts: no agent has attached from host {unknown:?} (`pdwarden status` lists the hosts)"
@@ -377,7 +382,8 @@ fn resume_interrupted(ctx: &OperationContext, config: &OrchestratorConfig) -> Re
             ("gate", Some(pair)) => {
                 tracing::warn!(operation = %op.operation_id, pair = %op.pair, state = %op.state, "taking over interrupted gate once its agents re-attach");
                 let (ctx, grace) = (ctx.clone(), Duration::from_millis(config.resume_grace_ms));
-                tokio::spawn(async move {
+                let (journal, id) = (ctx.journal.clone(), op.operation_id.clone());
+                crate::ops::spawn_guarded(journal, id, async move {
                     if !agents_reattached(&ctx, &pair, &op, grace).await {
                         return;
                     }
@@ -390,12 +396,12 @@ fn resume_interrupted(ctx: &OperationContext, config: &OrchestratorConfig) -> Re
             }
             ("co_restart" | "verify", Some(pair)) => {
                 tracing::warn!(operation = %op.operation_id, pair = %op.pair, state = %op.state, "resuming interrupted operation once its agents re-attach");
-                tokio::spawn(resume_one(
-                    ctx.clone(),
-                    pair,
-                    op,
-                    Duration::from_millis(config.resume_grace_ms),
-                ));
+                let (journal, id) = (ctx.journal.clone(), op.operation_id.clone());
+                crate::ops::spawn_guarded(
+                    journal,
+                    id,
+                    resume_one(ctx.clone(), pair, op, Duration::from_millis(config.resume_grace_ms)),
+                );
             }
             // A gate's own co-restart: the gate, taken over above, rolls
             // its change back with a co-restart of its own.
@@ -446,7 +452,7 @@ async fn agents_reattached(ctx: &OperationContext, pair: &PairConfig, op: &Opera
     loop {
         let missing: Vec<String> = units
             .iter()
-            .filter(|u| !ctx.fleet.is_connected(&u.host) || ctx.fleet.unit(&u.host, &u.unit).is_none())
+            .filter(|u| !ctx.agents.is_connected(&u.host) || ctx.agents.unit(&u.host, &u.unit).is_none())
             .map(|u| u.to_string())
             .collect();
         if missing.is_empty() {
@@ -476,7 +482,12 @@ async fn resume_one(ctx: OperationContext, pair: PairConfig, op: OperationRecord
     crate::ops::corestart::resume(ctx, pair, op).await;
 }
 
-/// Runs the orchestrator on `listener` until `shutdown` resolves.
+/// How long after the shutdown signal open streams (attached agents,
+/// followed operations) may take to end before the server drops them.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// Runs the orchestrator on `listener` until `shutdown` resolves, then at
+/// most [`SHUTDOWN_GRACE`] more.
 pub async fn serve(
     listener: TcpListener,
     config: OrchestratorConfig,
@@ -515,14 +526,39 @@ pub async fn serve(
     if let Some(w) = &security.warning {
         tracing::warn!("{w}");
     }
-    let journal = Arc::new(Journal::open(&config.journal)?);
+    let journal = Arc::new(Journal::own(
+        &config.journal,
+        &format!(
+            "pid {}, listening on {}",
+            std::process::id(),
+            listener
+                .local_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_else(|_| config.listen.to_string())
+        ),
+    )?);
     let fleet = Fleet::new();
     let ctx = OperationContext {
-        fleet: fleet.clone(),
+        agents: Arc::new(fleet.clone()),
         journal,
     };
-    resume_interrupted(&ctx, &config)?;
+    // Every conclusion from here on feeds the operations' series, the
+    // resumed operations' included.
     let board = WatchBoard::default();
+    ctx.journal.observe_conclusions(board.operations.clone());
+    resume_interrupted(&ctx, &config)?;
+    // Conclusions a full disk refused are written as soon as it allows.
+    let retry = {
+        let journal = ctx.journal.clone();
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_secs(5));
+            loop {
+                every.tick().await;
+                let j = journal.clone();
+                let _ = tokio::task::spawn_blocking(move || j.flush_pending()).await;
+            }
+        })
+    };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     if let Some(addr) = config.readiness_listen {
         let ready = TcpListener::bind(addr)
@@ -536,6 +572,7 @@ pub async fn serve(
         redactor: pdwarden_security::redact::Redactor::new(&config.redact_env),
         config: Arc::new(config),
         ctx,
+        fleet: fleet.clone(),
         watch: board,
         security,
     };
@@ -550,12 +587,46 @@ pub async fn serve(
     if let Some(tls) = server_tls {
         builder = builder.tls_config(tls)?;
     }
+    // Everything is loaded (TLS files, the journal, its ownership): only now
+    // say so (issue 16, finding 10).
+    match listener.local_addr() {
+        Ok(addr) => tracing::info!(%addr, "orchestrator listening"),
+        Err(e) => tracing::info!(error = %e, "orchestrator listening"),
+    }
+    let watchdog = crate::edge::service_manager::ready_and_watch(control.ctx.journal.clone());
+    // Graceful shutdown waits for every stream to end, and an attached
+    // agent's never does on its own (issue 16, finding 8: still alive a
+    // minute after SIGTERM, its ports bound). Give the streams
+    // SHUTDOWN_GRACE after the signal, then return and drop them: agents
+    // reconnect with backoff to whichever orchestrator comes next.
+    let (fired_tx, fired_rx) = tokio::sync::oneshot::channel::<()>();
+    let shutdown = async move {
+        shutdown.await;
+        let _ = fired_tx.send(());
+    };
     let served = builder
         .add_service(AgentLinkServer::new(AgentLinkService { fleet, agent_auth }))
         .add_service(crate::edge::auth::Authorized::new(ControlServer::new(control), auth))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
-        .await;
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown);
+    tokio::pin!(served);
+    let served = tokio::select! {
+        r = &mut served => r,
+        () = async {
+            if fired_rx.await.is_ok() {
+                tokio::time::sleep(SHUTDOWN_GRACE).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        } => {
+            tracing::warn!(grace = ?SHUTDOWN_GRACE, "streams still open after the shutdown grace: closing them");
+            Ok(())
+        }
+    };
     let _ = stop_tx.send(true);
+    if let Some(w) = watchdog {
+        w.abort();
+    }
+    retry.abort();
     for w in watchers {
         w.abort();
     }

@@ -98,7 +98,9 @@ pub fn check(view: &UnitView, expected: &Expected) -> LiveCheck {
             observed.push(format!("pid {}: {key}={}", p.pid, show(&got)));
             if &got != want {
                 problems.push(format!(
-                    "{}: pid {} has {key} {} in /proc/{}/environ, expected {}",
+                    // NAME=VALUE on both sides: the form a redactor knows
+                    // (a secret's value never shown, issue 16).
+                    "{}: pid {} has {key}={} in /proc/{}/environ, expected {key}={}",
                     view.unit,
                     p.pid,
                     show(&got),
@@ -132,7 +134,7 @@ pub fn check(view: &UnitView, expected: &Expected) -> LiveCheck {
                     .join(", ")
             };
             problems.push(format!(
-                "{}: {flag} is {got} on the command line (/proc/PID/cmdline), expected {}",
+                "{}: {flag} {got} on the command line (/proc/PID/cmdline), expected {flag} {}",
                 view.unit,
                 show(want)
             ));
@@ -219,7 +221,7 @@ mod tests {
         let c = check(&v, &want(&[("KNOB", Some("512"))], &[], 1));
         assert!(!c.ok);
         assert!(
-            c.problems[0].contains("pid 10 has KNOB absent in /proc/10/environ, expected \"512\""),
+            c.problems[0].contains("pid 10 has KNOB=absent in /proc/10/environ, expected KNOB=\"512\""),
             "{c:?}"
         );
     }

@@ -251,6 +251,12 @@ pub struct ProbePolicy {
     pub cold_start_possible: bool,
     /// Consecutive warm answers that end a series (never fewer are accepted).
     pub warm_probes: u32,
+    /// How many first answers a cold start may slow: one per freshly
+    /// started engine a probe series can meet one after another — the
+    /// larger of the pair's prefill and decode counts (an xPyD pair behind a
+    /// round-robin router sends probe 2 to a second engine that is as cold
+    /// as the first was). 1 for a 1P1D pair.
+    pub cold_answers: u32,
 }
 
 /// Formats milliseconds the way the incident reports quote them ("17.9 s").
@@ -594,16 +600,17 @@ fn judge_cold_start(probes: &[ProbeObservation], policy: &ProbePolicy) -> Verdic
     }
 
     let mut reasons = Vec::new();
-    // Rule 1: the first answer within the allowance.
-    if let Some(&(seq, first)) = answers.first()
-        && seq == 1
-        && first > allowance
-    {
-        reasons.push(format!(
-            "probe 1 took {}, above {}",
-            secs(first),
-            policy.cold_allowance.describe()
-        ));
+    // The first answers a cold start may slow (one per fresh engine).
+    let cold = policy.cold_answers.max(1) as usize;
+    // Rule 1: each of them within the allowance.
+    for &(seq, l) in answers.iter().take_while(|(seq, _)| *seq <= cold) {
+        if l > allowance {
+            reasons.push(format!(
+                "probe {seq} took {}, above {}",
+                secs(l),
+                policy.cold_allowance.describe()
+            ));
+        }
     }
     // Rule 4: timeouts.
     reasons.extend(timeouts);
@@ -611,7 +618,7 @@ fn judge_cold_start(probes: &[ProbeObservation], policy: &ProbePolicy) -> Verdic
     let mut reached: Option<usize> = None;
     let mut prev: Option<(usize, u64)> = None;
     for &(seq, l) in &answers {
-        if seq > 1 && l > warm {
+        if seq > cold && l > warm {
             let why = match (reached, prev) {
                 (Some(r), _) => format!(
                     "a relapse after probe {r} had reached the {} budget: warm-up does not come back",
@@ -621,11 +628,11 @@ fn judge_cold_start(probes: &[ProbeObservation], policy: &ProbePolicy) -> Verdic
                     "slower than probe {pseq} ({}): warm-up makes latency fall, not rise",
                     secs(pl)
                 ),
-                (None, Some((pseq, pl))) if pseq == 1 && l.abs_diff(pl) * 10 <= pl => format!(
+                (None, Some((pseq, pl))) if pseq == cold && l.abs_diff(pl) * 10 <= pl => format!(
                     "as slow as probe 1 ({}): a cold start slows only the first answer",
                     secs(pl)
                 ),
-                (None, Some((1, pl))) => format!(
+                (None, Some((pseq, pl))) if pseq == cold => format!(
                     "a second slow answer after probe 1 ({}): a cold start slows only the first answer",
                     secs(pl)
                 ),
@@ -663,11 +670,23 @@ fn judge_cold_start(probes: &[ProbeObservation], policy: &ProbePolicy) -> Verdic
     if reasons.is_empty() {
         let first = answers[0].1;
         let k = reached.unwrap_or(1);
+        let cold_part = if cold == 1 {
+            format!("probe 1 took {}", secs(first))
+        } else {
+            let slow: Vec<String> = answers
+                .iter()
+                .take_while(|(seq, _)| *seq <= cold)
+                .map(|(seq, l)| format!("probe {seq} {}", secs(*l)))
+                .collect();
+            format!(
+                "the first {cold} answers, one per fresh engine, took {}",
+                slow.join(", ")
+            )
+        };
         Verdict {
             kind: VerdictKind::HealthyAfterColdStart,
             reasons: vec![format!(
-                "probe 1 took {} (within {}); probe {k} and every later one within the {} warm budget ({} consecutive)",
-                secs(first),
+                "{cold_part} (within {}); probe {k} and every later one within the {} warm budget ({} consecutive)",
                 policy.cold_allowance.describe(),
                 secs(warm),
                 probes.len() + 1 - k
@@ -814,6 +833,7 @@ mod tests {
             },
             cold_start_possible: true,
             warm_probes: 2,
+            cold_answers: 1,
         }
     }
 
@@ -915,9 +935,45 @@ mod tests {
                 },
                 cold_start_possible: true,
                 warm_probes: 2,
+                cold_answers: 1,
             },
         );
         assert_eq!(v.kind, VerdictKind::HealthyAfterColdStart, "{v:?}");
+    }
+
+    /// Issue 18 (xPyD): behind a round-robin router a 2P2D pair's probe 2
+    /// reaches a second engine as cold as probe 1's; it was
+    /// `cold_start_rejected` ("as slow as probe 1: a cold start slows only
+    /// the first answer"). With `cold_answers` 2 the first two may be slow;
+    /// a third slow one, or a 1P1D pair's second, is still rejected.
+    #[test]
+    fn each_fresh_engine_of_an_xpyd_pair_may_be_cold_once() {
+        let p = |cold_answers| ProbePolicy {
+            warm_budget_ms: 50,
+            cold_allowance: ColdAllowance::Configured {
+                ms: 1_500,
+                why: String::new(),
+            },
+            cold_start_possible: true,
+            warm_probes: 2,
+            cold_answers,
+        };
+        let series = [ok(320), ok(318), ok(21), ok(22)];
+        let v = judge(&pair_ready(), &series, &p(2));
+        assert_eq!(v.kind, VerdictKind::HealthyAfterColdStart, "{v:?}");
+        assert!(
+            v.reasons[0].contains("the first 2 answers, one per fresh engine"),
+            "{v:?}"
+        );
+        assert_eq!(
+            judge(&pair_ready(), &series, &p(1)).kind,
+            VerdictKind::ColdStartRejected
+        );
+        let third = judge(&pair_ready(), &[ok(320), ok(318), ok(300), ok(21), ok(22)], &p(2));
+        assert_eq!(third.kind, VerdictKind::ColdStartRejected, "{third:?}");
+        let over = judge(&pair_ready(), &[ok(320), ok(1_800), ok(21), ok(22)], &p(2));
+        assert_eq!(over.kind, VerdictKind::ColdStartRejected, "{over:?}");
+        assert!(over.reasons[0].contains("probe 2 took 1.80 s, above"), "{over:?}");
     }
 
     /// Rule 4: a timeout is never cold start, even when the probes around it are fine.

@@ -535,6 +535,10 @@ pub enum WedgeKind {
     SilentGeneration,
     /// Health through the scheduler failed for longer than any prefill, with no progress.
     HealthGoneBad,
+    /// A unit answers nothing at all — neither `/metrics` nor health — and
+    /// a probe sent after it went silent failed (issue 15: a stopped
+    /// process whose PID lives; a real vLLM decode under SIGSTOP).
+    Unresponsive,
 }
 
 impl WedgeKind {
@@ -545,6 +549,7 @@ impl WedgeKind {
             Self::KvTransfer => "kv_transfer",
             Self::SilentGeneration => "silent_generation",
             Self::HealthGoneBad => "health_gone_bad",
+            Self::Unresponsive => "unresponsive",
         }
     }
 }
@@ -1112,6 +1117,54 @@ pub fn judge(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Assessment {
                 health_line()
             )],
         )
+    } else if let Some(r) = failed_probe
+        && let Some((track, assessed)) = e
+            .units
+            .iter()
+            .zip(&units)
+            .filter(|(t, a)| a.state == UnitState::Down && t.scrape_bad_since.is_some_and(|b| b <= r.sent_at))
+            .min_by_key(|(t, _)| t.scrape_bad_since)
+    {
+        // A down unit is not one that is busy: the engines' HTTP servers
+        // answer /metrics while their schedulers compute (SGLang's
+        // tokenizer manager, vLLM's API server: ENGINE-NOTES.md). One that
+        // answers nothing for longer than the stall budget, with a probe
+        // through the router failing after it went silent, is stuck, not
+        // working — recovered (or held by the breaker), never left down.
+        let onset = track.scrape_bad_since.unwrap_or(r.sent_at);
+        let what = match &r.outcome {
+            ProbeObservation::Timeout { after_ms } => {
+                format!("timed out after {}", s(Duration::from_millis(*after_ms)))
+            }
+            ProbeObservation::Error { message } => format!("failed ({message})"),
+            ProbeObservation::Ok { .. } => unreachable!("a failed probe"),
+        };
+        wedge = Some(WedgeEvidence {
+            kind: WedgeKind::Unresponsive,
+            onset,
+            silent_ms: ms(now.saturating_duration_since(onset)),
+            ruled_out: vec![
+                format!(
+                    "{} answered neither /metrics nor health for {}, longer than the stall budget {}: an engine's HTTP server answers /metrics while its scheduler works",
+                    track.unit,
+                    s(now.saturating_duration_since(onset)),
+                    s(p.stall_budget)
+                ),
+                format!(
+                    "{} through {} sent after it went silent {what}: the pair does not generate",
+                    probe_name(r),
+                    r.target
+                ),
+            ],
+        });
+        let mut reasons = assessed.reasons.clone();
+        reasons.push(format!(
+            "{} through {} sent after {} went silent {what}",
+            probe_name(r),
+            r.target,
+            track.unit
+        ));
+        (PairState::Wedged, reasons)
     } else if any(UnitState::Down) {
         (PairState::Down, unit_reasons(&[UnitState::Down]))
     } else if let Some(r) = failed_probe {
@@ -1210,11 +1263,27 @@ fn decide_probe(
     units: &[UnitAssessment],
     proof_fresh: bool,
 ) -> ProbeDecision {
-    if e.probe_in_flight || matches!(state, PairState::Wedged | PairState::Down) {
+    if e.probe_in_flight || state == PairState::Wedged {
         return ProbeDecision::None;
     }
     let since_last = e.last_probe_sent.map(|t| now.saturating_duration_since(t));
     let why = match state {
+        // A unit answers nothing: does the pair still generate? Asked at
+        // the minimum gap, and not again soon after a failed probe (its
+        // failure is the evidence the wedge is judged on).
+        PairState::Down => {
+            let since_done = e.last_probe_done.map(|t| now.saturating_duration_since(t));
+            let failed_last = e
+                .last_probe
+                .as_ref()
+                .is_some_and(|r| !matches!(r.outcome, ProbeObservation::Ok { .. }));
+            if since_last.is_some_and(|d| d < p.min_probe_interval)
+                || (failed_last && since_done.is_some_and(|d| d < p.idle_probe_interval))
+            {
+                return ProbeDecision::None;
+            }
+            "a unit answers neither /metrics nor health"
+        }
         // Evidence missing or suspicious: probe, at the minimum gap, but
         // never again soon after a failed probe (that unit just failed).
         PairState::Suspect
@@ -2049,6 +2118,106 @@ mod tests {
         let a = judge(&e2, &p, done);
         assert_eq!(a.state, PairState::Suspect);
         assert_eq!(a.probe, ProbeDecision::None);
+    }
+
+    /// Issue 15: a decode that answers nothing at all while its PID lives
+    /// (a real single-process vLLM under SIGSTOP) was shown `down` for
+    /// ever and never recovered. Down, it is probed; a probe sent after it
+    /// went silent that fails makes it a wedge (`unresponsive`), recovered
+    /// through the breaker. A probe that succeeds, or one that failed before
+    /// the unit went silent, is no such evidence: down, not recovered.
+    #[test]
+    fn a_unit_that_answers_nothing_is_a_wedge_once_a_probe_fails() {
+        let p = policy();
+        let t0 = Instant::now();
+        let silent = |at: Instant| Sample {
+            at,
+            health_status: 0,
+            metrics: None,
+            error: "no answer within 5 s".into(),
+        };
+        let setup = || {
+            let mut e = pair();
+            observe(&mut e, "prefill-0", sample(t0, 0.0, 0.0, 5.0, 5.0, None));
+            observe(&mut e, "decode-0", sample(t0, 0.0, 0.0, 5.0, 5.0, None));
+            for t in 1..=10 {
+                let at = t0 + Duration::from_secs(t);
+                observe(&mut e, "prefill-0", sample(at, 0.0, 0.0, 5.0, 5.0, None));
+                observe(&mut e, "decode-0", silent(at));
+            }
+            e
+        };
+        let at = t0 + Duration::from_secs(10);
+        let mut e = setup();
+        let a = judge(&e, &p, at);
+        assert_eq!(a.state, PairState::Down, "{:?}", a.reasons);
+        let ProbeDecision::Send { timeout, .. } = a.probe else {
+            panic!("a down pair is probed: {:?}", a.probe)
+        };
+        e.probe_sent(at, p.probe_tokens);
+        let done = at + timeout;
+        observe(&mut e, "prefill-0", sample(done, 0.0, 0.0, 5.0, 5.0, None));
+        observe(&mut e, "decode-0", silent(done));
+        e.probe_done(
+            WatchProbe {
+                target: "router-0".into(),
+                sent_at: at,
+                timeout,
+                work_ahead: 0,
+                outcome: ProbeObservation::Timeout { after_ms: ms(timeout) },
+                request_id: "pdwarden-probe-1".into(),
+            },
+            done,
+        );
+        let a = judge(&e, &p, done);
+        assert_eq!(a.state, PairState::Wedged, "{:?}", a.reasons);
+        let w = a.wedge.as_ref().unwrap();
+        assert_eq!(w.kind, WedgeKind::Unresponsive);
+        assert!(
+            w.ruled_out[0].contains("decode-0 answered neither /metrics nor health"),
+            "{:?}",
+            w.ruled_out
+        );
+        assert!(
+            a.reasons.iter().any(|r| r.contains("sent after decode-0 went silent")),
+            "{:?}",
+            a.reasons
+        );
+
+        // The probe succeeded: the unit is down, the pair is not wedged.
+        let mut e = setup();
+        e.probe_sent(at, p.probe_tokens);
+        e.probe_done(ok_probe(at, timeout, 0), at + Duration::from_secs(1));
+        observe(&mut e, "decode-0", silent(at + Duration::from_secs(1)));
+        let a = judge(&e, &p, at + Duration::from_secs(1));
+        assert_eq!(a.state, PairState::Down, "{:?}", a.reasons);
+
+        // A probe that failed before the unit went silent is not evidence
+        // of it.
+        let mut e = pair();
+        observe(&mut e, "prefill-0", sample(t0, 0.0, 0.0, 5.0, 5.0, None));
+        observe(&mut e, "decode-0", sample(t0, 0.0, 0.0, 5.0, 5.0, None));
+        e.probe_sent(t0, p.probe_tokens);
+        e.probe_done(
+            WatchProbe {
+                target: "router-0".into(),
+                sent_at: t0,
+                timeout,
+                work_ahead: 0,
+                outcome: ProbeObservation::Error {
+                    message: "http 503".into(),
+                },
+                request_id: "pdwarden-probe-2".into(),
+            },
+            t0,
+        );
+        for t in 1..=10 {
+            let at = t0 + Duration::from_secs(t);
+            observe(&mut e, "prefill-0", sample(at, 0.0, 0.0, 5.0, 5.0, None));
+            observe(&mut e, "decode-0", silent(at));
+        }
+        let a = judge(&e, &p, at);
+        assert_eq!(a.state, PairState::Down, "{:?}", a.reasons);
     }
 
     /// Found on the real stack (a burst queued on a decode running 2 at a

@@ -1,6 +1,7 @@
-//! An in-memory agent for the drivers' unit tests (issue 14): it attaches to
-//! a [`Fleet`] as a real agent's stream would, answers the commands a
-//! co-restart sends, and remembers every start it *executed*.
+//! An in-memory agent for the drivers' unit tests (issue 14): the runtime's
+//! [`AgentPort`] implemented without gRPC ([`FakePort`], one orchestrator's
+//! link to the fake agents), answering the commands a co-restart, a gate or
+//! a recovery sends, and remembering every start it *executed*.
 //!
 //! It keeps the real agent's contract, each point from `agent/src/`:
 //! - a command id is executed at most once; a duplicate is answered with the
@@ -16,23 +17,133 @@
 //!   (`UnitInfo.command_id` / `command_in_progress`).
 //!
 //! The agent outlives the orchestrator: [`FakeAgent::attach`] to a new
-//! `Fleet` is an orchestrator restart, with the starts it had sent still
-//! running here. Timing is tokio's, so tests run at paused time.
+//! [`FakePort`] is an orchestrator restart, with the starts it had sent
+//! still running here. Timing is tokio's, so tests run at paused time.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pdwarden_proto::v1::{
-    AgentMessage, CommandResult, EngineSample, GateAgentResult, GateBenchmarkResult, GateRequestSample, Phase,
-    ProbeOutcome, ProbeResult, ProcessEnvValue, ProcessFacts, ProcessInspection, Role, ScrapeResult, UnitConfigResult,
-    UnitEvent, UnitInfo, agent_message::Kind, command::Action, gate_agent_result, gate_agent_step,
-    orchestrator_message, unit_config_change,
+    Command, CommandResult, EngineSample, GateAgentResult, GateBenchmarkResult, GateRequestSample, Phase, ProbeOutcome,
+    ProbeResult, ProcessEnvValue, ProcessFacts, ProcessInspection, Role, ScrapeResult, UnitConfigResult, UnitEvent,
+    UnitInfo, agent_message::Kind, command::Action, gate_agent_result, gate_agent_step, unit_config_change,
 };
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::edge::fleet::Fleet;
+use crate::ops::port::{AgentPort, AgentReport, PortFuture, Reports, SendError};
+
+/// Where the reports of each command go: one orchestrator's routes.
+type Routes = Arc<Mutex<HashMap<String, mpsc::UnboundedSender<AgentReport>>>>;
+
+/// One orchestrator's link to the fake agents: the [`AgentPort`] its
+/// operations use. A fresh port is a fresh orchestrator; the agents
+/// [`attach`](FakeAgent::attach) to it.
+#[derive(Clone, Default)]
+pub(crate) struct FakePort {
+    routes: Routes,
+    agents: Arc<Mutex<Vec<FakeAgent>>>,
+    /// Failpoints at every command send: sends so far, and the ones that
+    /// fail (the link gone at that moment).
+    send_faults: Arc<Mutex<(usize, std::collections::BTreeSet<usize>)>>,
+}
+
+impl FakePort {
+    fn agent(&self, host: &str) -> Option<FakeAgent> {
+        self.agents
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .find(|a| a.host == host && a.attached_to(&self.routes))
+            .cloned()
+    }
+}
+
+impl FakePort {
+    /// Fails the `at`-th command sends (1-based, from the first).
+    pub(crate) fn fail_sends(&self, at: impl IntoIterator<Item = usize>) {
+        self.send_faults.lock().unwrap().1.extend(at);
+    }
+
+    /// How many command sends were attempted.
+    pub(crate) fn sends_seen(&self) -> usize {
+        self.send_faults.lock().unwrap().0
+    }
+
+    /// The link to `host`'s agent breaks, as `Fleet::on_disconnect` sees
+    /// it: every command awaiting an answer hears `Disconnected` and is
+    /// forgotten, and the agent's facts are not read here, until it
+    /// [`attach`](FakeAgent::attach)es again. What it says meanwhile is
+    /// lost. (The rig's port has one host: every route is that host's.)
+    pub(crate) fn break_link(&self, host: &str) {
+        self.agents
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|a| a.host != host);
+        let routes = std::mem::take(&mut *self.routes.lock().unwrap_or_else(|p| p.into_inner()));
+        for tx in routes.into_values() {
+            let _ = tx.send(AgentReport::Disconnected);
+        }
+    }
+}
+
+impl AgentPort for FakePort {
+    fn send<'a>(
+        &'a self,
+        host: &'a str,
+        unit: &'a str,
+        command: Command,
+    ) -> PortFuture<'a, Result<Reports, SendError>> {
+        Box::pin(async move {
+            let failing = {
+                let mut f = self.send_faults.lock().unwrap();
+                f.0 += 1;
+                f.1.contains(&f.0)
+            };
+            if failing {
+                return Err(SendError::AgentNotConnected { host: host.into() });
+            }
+            let agent = self
+                .agent(host)
+                .ok_or_else(|| SendError::AgentNotConnected { host: host.into() })?;
+            if !agent.lock().units.contains_key(unit) {
+                return Err(SendError::UnknownUnit {
+                    host: host.into(),
+                    unit: unit.into(),
+                });
+            }
+            let (tx, rx) = mpsc::unbounded_channel();
+            self.routes
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(command.command_id.clone(), tx);
+            agent.deliver(command);
+            Ok(rx)
+        })
+    }
+
+    fn forget(&self, command_id: &str) {
+        self.routes.lock().unwrap_or_else(|p| p.into_inner()).remove(command_id);
+    }
+
+    fn unit(&self, host: &str, unit: &str) -> Option<UnitInfo> {
+        let agent = self.agent(host)?;
+        agent.lock().units.get(unit).map(|(_, info)| info.clone())
+    }
+
+    fn is_connected(&self, host: &str) -> bool {
+        self.agent(host).is_some()
+    }
+
+    /// The fake sends no engine samples (the watch's scrape is not modelled).
+    fn route_engine_samples(&self, _host: &str, _command_id: &str, _tx: mpsc::UnboundedSender<EngineSample>) {}
+
+    fn unit_gpu_utilization(&self, _host: &str, _unit: &str, _now_unix_ms: u64, _max_age_ms: u64) -> Option<f64> {
+        None
+    }
+}
 
 /// How one unit behaves when started.
 #[derive(Debug, Clone)]
@@ -74,13 +185,14 @@ pub(crate) struct Executed {
 
 #[derive(Default)]
 struct State {
-    fleet: Option<Fleet>,
-    /// The current link's close signal and command loop.
-    link: Option<(tokio::sync::oneshot::Sender<()>, JoinHandle<()>)>,
+    /// The routes of the orchestrator this agent is attached to.
+    link: Option<Routes>,
+    /// Commands on their way here (sent, not yet arrived).
+    in_flight: Vec<JoinHandle<()>>,
     units: BTreeMap<String, (UnitModel, UnitInfo)>,
     executed: Vec<Executed>,
     /// Replies by command id (`None` while the command still runs).
-    replies: HashMap<String, Option<AgentMessage>>,
+    replies: HashMap<String, Option<Kind>>,
     /// The start task under way, by unit.
     running: HashMap<String, JoinHandle<()>>,
     next_pid: u32,
@@ -92,7 +204,35 @@ struct State {
     /// The change gate's knob: with `KNOB=on` in a decode's running
     /// environment every generation is this many times slower.
     knob_slowdown: f64,
+    /// The host drifting: from the decode's Nth start on (by any
+    /// operation), every request is this many times slower.
+    drift: Option<(usize, f64)>,
     benchmarks: u64,
+    /// What the preflight says would stop a unit from starting, by unit.
+    start_problems: HashMap<String, String>,
+}
+
+impl State {
+    /// How many times slower than the model every request is now: the
+    /// knob's slowdown while a decode runs with it, times the drift.
+    fn slowdown(&self) -> f64 {
+        let knob_on = self.units.iter().any(|(name, (m, _))| {
+            m.role == Role::Decode && {
+                let c = &self.configs[name];
+                c.versions[c.running as usize].get(KNOB).is_some_and(|v| v == "on")
+            }
+        });
+        let decode_starts = self
+            .executed
+            .iter()
+            .filter(|e| self.units.get(&e.unit).is_some_and(|(m, _)| m.role == Role::Decode))
+            .count();
+        let drift = match self.drift {
+            Some((nth, f)) if decode_starts >= nth => f,
+            _ => 1.0,
+        };
+        (if knob_on { self.knob_slowdown } else { 1.0 }) * drift
+    }
 }
 
 #[derive(Clone, Default)]
@@ -153,56 +293,43 @@ impl FakeAgent {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Connects to `fleet` (the first orchestrator, or the one that replaced
-    /// a killed one): registers the units' current facts and serves its
-    /// commands from then on. As a real agent's reconnect does, it first
-    /// finishes with the old link: the commands that had reached it are
-    /// taken (each at most once) before the new registration, so the facts
-    /// registered already show any start the killed orchestrator got out.
-    pub(crate) async fn attach(&self, fleet: &Fleet) {
-        let old = self.lock().link.take();
-        if let Some((close, task)) = old {
-            let _ = close.send(());
-            let _ = task.await;
-        }
-        let units: Vec<UnitInfo> = {
-            let mut st = self.lock();
-            st.fleet = Some(fleet.clone());
-            st.units.values().map(|(_, i)| i.clone()).collect()
-        };
-        let mut rx = fleet.attach_in_process(&self.host, units);
-        let (close_tx, mut close_rx) = tokio::sync::oneshot::channel::<()>();
-        let agent = self.clone();
-        let task = tokio::spawn(async move {
-            loop {
-                let msg = tokio::select! {
-                    biased;
-                    _ = &mut close_rx => {
-                        // The link is gone: what had arrived is still taken.
-                        rx.close();
-                        while let Some(Ok(msg)) = rx.recv().await {
-                            agent.take(msg).await;
-                        }
-                        return;
-                    }
-                    msg = rx.recv() => msg,
-                };
-                match msg {
-                    Some(Ok(msg)) => agent.take(msg).await,
-                    _ => return,
-                }
+    /// Connects to `port` (the first orchestrator, or the one that replaced
+    /// a killed one): from then on its units' facts are what `port` reads
+    /// and its reports go to `port`'s routes. As a real agent's reconnect
+    /// does, it first finishes with the old link: the commands already on
+    /// their way arrive (each executed at most once) before the new link
+    /// reads any fact, so the facts already show any start the killed
+    /// orchestrator got out.
+    pub(crate) async fn attach(&self, port: &FakePort) {
+        loop {
+            let in_flight = std::mem::take(&mut self.lock().in_flight);
+            if in_flight.is_empty() {
+                break;
             }
-        });
-        self.lock().link = Some((close_tx, task));
+            for task in in_flight {
+                let _ = task.await;
+            }
+        }
+        self.lock().link = Some(port.routes.clone());
+        port.agents.lock().unwrap_or_else(|p| p.into_inner()).push(self.clone());
     }
 
-    async fn take(&self, msg: pdwarden_proto::v1::OrchestratorMessage) {
-        if let Some(orchestrator_message::Kind::Command(c)) = msg.kind {
-            // The link's latency: every command takes simulated time to
-            // arrive, so each one is a point a test can kill at.
+    fn attached_to(&self, routes: &Routes) -> bool {
+        self.lock().link.as_ref().is_some_and(|l| Arc::ptr_eq(l, routes))
+    }
+
+    /// A command on its way: it takes [`LINK_LATENCY`] of simulated time to
+    /// arrive, so each one is a point a test can kill the orchestrator at;
+    /// once sent it arrives whatever happens to the sender.
+    fn deliver(&self, command: Command) {
+        let agent = self.clone();
+        let task = tokio::spawn(async move {
             tokio::time::sleep(LINK_LATENCY).await;
-            self.handle(c.command_id, c.action);
-        }
+            agent.handle(command.command_id, command.action);
+        });
+        let mut st = self.lock();
+        st.in_flight.retain(|t| !t.is_finished());
+        st.in_flight.push(task);
     }
 
     /// As if an earlier orchestrator's start `command_id` of `unit` had run
@@ -223,9 +350,45 @@ impl FakeAgent {
         info.command_in_progress = false;
     }
 
+    /// The preflight finds `problem` with `unit` (its program gone, say).
+    pub(crate) fn cannot_start(&self, unit: &str, problem: &str) {
+        self.lock().start_problems.insert(unit.into(), problem.into());
+    }
+
+    /// `unit`'s phase as this agent knows it.
+    pub(crate) fn unit_phase(&self, unit: &str) -> Phase {
+        Phase::try_from(self.lock().units[unit].1.phase).unwrap_or(Phase::Unspecified)
+    }
+
+    /// `unit`'s process dies on its own (a `kill -9` behind pdwarden's
+    /// back): the spontaneous exit event goes out, and a probe through it
+    /// (a router) fails with connection refused from then on.
+    pub(crate) fn crash(&self, unit: &str, detail: &str) {
+        let pid = self.lock().units[unit].1.pid;
+        self.say(Kind::UnitEvent(UnitEvent {
+            unit: unit.into(),
+            phase: Phase::Exited as i32,
+            pid,
+            detail: detail.into(),
+            ..Default::default()
+        }));
+        let mut st = self.lock();
+        let (_, info) = st.units.get_mut(unit).expect("a unit of this agent");
+        info.pid = 0;
+        info.exit_detail = detail.into();
+    }
+
     /// With the knob on, a decode generates `factor` times slower.
     pub(crate) fn with_knob_slowdown(self, factor: f64) -> Self {
         self.lock().knob_slowdown = factor;
+        self
+    }
+
+    /// From the decode's `nth` start on, every request `factor` times
+    /// slower, knob or not (the host drifting, or an engine not yet as warm
+    /// as the one first measured).
+    pub(crate) fn with_drift_from_decode_start(self, nth: usize, factor: f64) -> Self {
+        self.lock().drift = Some((nth, factor));
         self
     }
 
@@ -253,9 +416,10 @@ impl FakeAgent {
         self.lock().executed.iter().filter(|e| e.unit == unit).count()
     }
 
-    /// Sends `kind` to the attached orchestrator, keeping this side's facts.
+    /// Sends `kind` to the attached orchestrator (to whoever awaits its
+    /// command there), keeping this side's facts.
     fn say(&self, kind: Kind) {
-        let fleet = {
+        let link = {
             let mut st = self.lock();
             if let Kind::UnitEvent(ev) = &kind
                 && ev.attempt.is_none()
@@ -271,21 +435,27 @@ impl FakeAgent {
                         !matches!(Phase::try_from(ev.phase), Ok(Phase::Generating | Phase::NotReady));
                 }
             }
-            st.fleet.clone()
+            st.link.clone()
         };
-        if let Some(f) = fleet {
-            f.agent_says(&self.host, AgentMessage { kind: Some(kind) });
+        let (id, report) = match kind {
+            Kind::UnitEvent(e) => (e.command_id.clone(), AgentReport::Unit(e)),
+            Kind::CommandResult(r) => (r.command_id.clone(), AgentReport::Result(r)),
+            Kind::ProbeResult(r) => (r.command_id.clone(), AgentReport::Probe(r)),
+            Kind::ScrapeResult(r) => (r.command_id.clone(), AgentReport::Scrape(r)),
+            Kind::UnitConfigResult(r) => (r.command_id.clone(), AgentReport::UnitConfig(r)),
+            Kind::GateResult(r) => (r.command_id.clone(), AgentReport::Gate(r)),
+            other => panic!("the fake agent does not say {other:?}"),
+        };
+        if let Some(routes) = link
+            && let Some(tx) = routes.lock().unwrap_or_else(|p| p.into_inner()).get(&id)
+        {
+            let _ = tx.send(report);
         }
     }
 
     /// The reply to `id`, remembered for duplicates, and sent.
     fn reply(&self, id: &str, kind: Kind) {
-        self.lock().replies.insert(
-            id.to_string(),
-            Some(AgentMessage {
-                kind: Some(kind.clone()),
-            }),
-        );
+        self.lock().replies.insert(id.to_string(), Some(kind.clone()));
         self.say(kind);
     }
 
@@ -294,11 +464,9 @@ impl FakeAgent {
             let mut st = self.lock();
             match st.replies.get(&id) {
                 Some(Some(reply)) => {
-                    let kind = reply.kind.clone();
+                    let kind = reply.clone();
                     drop(st);
-                    if let Some(k) = kind {
-                        self.say(k);
-                    }
+                    self.say(kind);
                     return;
                 }
                 // Still running: its reply (and its events) will come.
@@ -312,8 +480,29 @@ impl FakeAgent {
             Some(Action::Start(s)) => self.start(id, s.unit),
             Some(Action::Probe(p)) => {
                 let agent = self.clone();
+                let (dead, latency_ms) = {
+                    let st = self.lock();
+                    let dead = st
+                        .units
+                        .get(&p.unit)
+                        .is_some_and(|(_, i)| i.phase == Phase::Exited as i32);
+                    (dead, (20.0 * st.slowdown()) as u64)
+                };
                 tokio::spawn(async move {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    tokio::time::sleep(Duration::from_millis(latency_ms)).await;
+                    if dead {
+                        return agent.reply(
+                            &id,
+                            Kind::ProbeResult(ProbeResult {
+                                command_id: id.clone(),
+                                unit: p.unit,
+                                seq: p.seq,
+                                outcome: ProbeOutcome::Error as i32,
+                                error: "connection refused".into(),
+                                ..Default::default()
+                            }),
+                        );
+                    }
                     agent.reply(
                         &id,
                         Kind::ProbeResult(ProbeResult {
@@ -321,7 +510,7 @@ impl FakeAgent {
                             unit: p.unit,
                             seq: p.seq,
                             outcome: ProbeOutcome::Ok as i32,
-                            latency_ms: 20,
+                            latency_ms,
                             tokens: p.chat.map_or(1, |c| c.max_tokens.max(1)),
                             request_id: format!("pdwarden-probe-{id}"),
                             ..Default::default()
@@ -386,6 +575,24 @@ impl FakeAgent {
                 }
                 None => {}
             },
+            Some(Action::Preflight(p)) => {
+                let problems: Vec<String> = {
+                    let st = self.lock();
+                    p.units
+                        .iter()
+                        .filter_map(|u| st.start_problems.get(u).cloned())
+                        .collect()
+                };
+                self.reply(
+                    &id,
+                    Kind::CommandResult(CommandResult {
+                        command_id: id.clone(),
+                        ok: problems.is_empty(),
+                        error: problems.join("; "),
+                        ms_since_command: 0,
+                    }),
+                );
+            }
             other => self.reply(
                 &id,
                 Kind::CommandResult(CommandResult {
@@ -468,13 +675,7 @@ impl FakeAgent {
     fn benchmark(&self, b: &pdwarden_proto::v1::GateBenchmark) -> (GateBenchmarkResult, Duration) {
         let mut st = self.lock();
         st.benchmarks += 1;
-        let slow = st.units.iter().any(|(name, (m, _))| {
-            m.role == Role::Decode && {
-                let c = &st.configs[name];
-                c.versions[c.running as usize].get(KNOB).is_some_and(|v| v == "on")
-            }
-        });
-        let factor = if slow { st.knob_slowdown } else { 1.0 };
+        let factor = st.slowdown();
         let mut seed = st.benchmarks.wrapping_mul(0x9E37_79B9_7F4A_7C15);
         let mut jitter = || {
             seed ^= seed << 13;
@@ -598,9 +799,8 @@ pub(crate) mod rig {
 
     use pdwarden_proto::v1::Role;
 
-    use super::{FakeAgent, UnitModel};
+    use super::{FakeAgent, FakePort, UnitModel};
     use crate::config::{OrchestratorConfig, PairConfig};
-    use crate::edge::fleet::Fleet;
     use crate::ops::corestart::OperationContext;
     use crate::ops::journal::Journal;
 
@@ -652,13 +852,13 @@ enabled = false
         Arc::new(Journal::open(&dir.path().join("journal.sqlite")).unwrap())
     }
 
-    /// A new orchestrator's view: a fresh fleet the agent (re-)attaches to,
+    /// A new orchestrator's view: a fresh port the agent (re-)attaches to,
     /// over the journal that survives.
     pub(crate) async fn orchestrator(journal: &Arc<Journal>, agent: &FakeAgent) -> OperationContext {
-        let fleet = Fleet::new();
-        agent.attach(&fleet).await;
+        let port = FakePort::default();
+        agent.attach(&port).await;
         OperationContext {
-            fleet,
+            agents: Arc::new(port),
             journal: journal.clone(),
         }
     }

@@ -7,7 +7,7 @@
 //! operation per pair" a property of the file, not of a process's memory, so
 //! it survives an orchestrator restart.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -67,6 +67,40 @@ pub enum JournalError {
         /// "still running" or "ended: VERDICT".
         outcome: String,
     },
+    /// Exactly one orchestrator owns a journal (issue 16, finding 3: a
+    /// second one took the first one's live operation for interrupted and
+    /// overwrote its verdict).
+    #[error(
+        "journal {path} is owned by another orchestrator ({holder}); one orchestrator per journal: stop that one, or give this one its own journal"
+    )]
+    Owned { path: PathBuf, holder: String },
+    #[error("cannot take ownership of journal {path}: {error}")]
+    OwnerFile { path: PathBuf, error: std::io::Error },
+    /// The pair's last operation ended, but its conclusion could not be
+    /// written (issue 16, finding 2: reported as "busy" until a restart).
+    #[error(
+        "journal error: operation {operation_id} of pair {pair} ended ({verdict}) but its conclusion could not be written ({error}); it is retried every few seconds and the pair is free once the journal can be written again: check the journal's disk"
+    )]
+    ConclusionPending {
+        pair: String,
+        operation_id: String,
+        verdict: String,
+        error: String,
+    },
+}
+
+/// A conclusion the journal could not write yet, kept in memory and
+/// retried (`Journal::flush_pending`) until it is written.
+#[derive(Debug, Clone, Serialize)]
+pub struct PendingConclusion {
+    pub operation_id: String,
+    pub pair: String,
+    pub verdict: String,
+    /// The write's error, the last time it was tried.
+    pub error: String,
+    pub since_unix_ms: i64,
+    #[serde(skip)]
+    report: String,
 }
 
 /// A finished or running operation as stored.
@@ -95,6 +129,66 @@ pub struct OperationRecord {
 
 pub struct Journal {
     conn: Mutex<Connection>,
+    /// The owner file, locked for as long as this journal is open
+    /// (`Journal::own`); the lock goes with the process, however it ends.
+    _owner: Option<std::fs::File>,
+    /// Conclusions not written yet, by operation id.
+    pending: Mutex<std::collections::BTreeMap<String, PendingConclusion>>,
+    /// Told of every conclusion once it is written (the operations'
+    /// Prometheus series).
+    observer: std::sync::OnceLock<crate::ops::telemetry::OperationMetrics>,
+    /// The fault-injection suite's failpoints (test builds only).
+    #[cfg(test)]
+    faults: WriteFaults,
+}
+
+/// Failpoints at every journal write (test builds only): each write is one
+/// evaluation, counted; the writes a test names fail as a full disk does
+/// (`SQLITE_FULL`). Per journal, so tests running side by side never see
+/// each other's faults.
+#[cfg(test)]
+#[derive(Default)]
+pub(crate) struct WriteFaults {
+    seen: std::sync::atomic::AtomicUsize,
+    fail_at: Mutex<std::collections::BTreeSet<usize>>,
+}
+
+#[cfg(test)]
+impl Journal {
+    /// Fails the `at`-th writes from now on (1-based, counted from the first
+    /// write this journal ever saw).
+    pub(crate) fn fail_writes(&self, at: impl IntoIterator<Item = usize>) {
+        self.faults.fail_at.lock().unwrap().extend(at);
+    }
+
+    /// No more injected failures (the disk has room again).
+    pub(crate) fn heal(&self) {
+        self.faults.fail_at.lock().unwrap().clear();
+    }
+
+    /// How many writes this journal was asked for.
+    pub(crate) fn writes_seen(&self) -> usize {
+        self.faults.seen.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn failpoint(&self) -> Result<(), rusqlite::Error> {
+        let n = self.faults.seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        if self.faults.fail_at.lock().unwrap().contains(&n) {
+            return Err(rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_FULL),
+                Some(format!("injected: journal write {n} failed (database or disk is full)")),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(not(test))]
+impl Journal {
+    #[inline]
+    fn failpoint(&self) -> Result<(), rusqlite::Error> {
+        Ok(())
+    }
 }
 
 const SCHEMA: &str = r#"
@@ -123,6 +217,12 @@ CREATE TABLE IF NOT EXISTS entries (
 );
 "#;
 
+fn owner_file(journal: &Path) -> PathBuf {
+    let mut name = journal.as_os_str().to_os_string();
+    name.push(".owner");
+    PathBuf::from(name)
+}
+
 // The journal is an edge: it stamps records with wall-clock time.
 #[allow(clippy::disallowed_methods)]
 fn unix_ms() -> i64 {
@@ -137,7 +237,56 @@ impl Journal {
         let conn = Connection::open(path)?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         conn.execute_batch(SCHEMA)?;
-        Ok(Self { conn: Mutex::new(conn) })
+        Ok(Self {
+            conn: Mutex::new(conn),
+            _owner: None,
+            pending: Mutex::default(),
+            observer: std::sync::OnceLock::new(),
+            #[cfg(test)]
+            faults: WriteFaults::default(),
+        })
+    }
+
+    /// Opens the journal as its one owner: an exclusive lock on
+    /// `<journal>.owner`, which says who holds it (`holder`: the pid, the
+    /// listen address). Refused, naming the holder, while another process
+    /// holds it; a holder that died (even by SIGKILL) released it.
+    pub fn own(path: &Path, holder: &str) -> Result<Self, JournalError> {
+        use std::io::{Read, Seek, Write};
+        let owner_path = owner_file(path);
+        let io = |error| JournalError::OwnerFile {
+            path: owner_path.clone(),
+            error,
+        };
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&owner_path)
+            .map_err(io)?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let mut held = String::new();
+                let _ = file.read_to_string(&mut held);
+                return Err(JournalError::Owned {
+                    path: path.to_path_buf(),
+                    holder: match held.trim() {
+                        "" => "holder unknown".into(),
+                        h => h.to_string(),
+                    },
+                });
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
+        }
+        file.set_len(0).map_err(io)?;
+        file.rewind().map_err(io)?;
+        file.write_all(holder.as_bytes()).map_err(io)?;
+        file.flush().map_err(io)?;
+        let mut journal = Self::open(path)?;
+        journal._owner = Some(file);
+        Ok(journal)
     }
 
     fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
@@ -154,6 +303,16 @@ impl Journal {
         pair: &str,
         request_id: Option<&str>,
     ) -> Result<(), JournalError> {
+        self.flush_pending();
+        if let Some(p) = self.pending_of(pair) {
+            return Err(JournalError::ConclusionPending {
+                pair: p.pair,
+                operation_id: p.operation_id,
+                verdict: p.verdict,
+                error: p.error,
+            });
+        }
+        self.failpoint()?;
         let conn = self.conn();
         let res = conn.execute(
             "INSERT INTO operations (id, kind, pair, request_id, state, started_unix_ms) VALUES (?1, ?2, ?3, ?4, 'started', ?5)",
@@ -212,6 +371,7 @@ impl Journal {
         payload: &impl Serialize,
     ) -> Result<(), JournalError> {
         let payload = serde_json::to_string(payload)?;
+        self.failpoint()?;
         self.conn().execute(
             "INSERT INTO entries (op_id, seq, at_ms, kind, payload) VALUES (?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM entries WHERE op_id = ?1), ?2, ?3, ?4)",
             params![operation_id, at_ms as i64, kind, payload],
@@ -222,6 +382,25 @@ impl Journal {
     /// Records a state transition: the new state on the operation row and a
     /// `transition` entry, in one transaction, before the state's commands go out.
     pub fn transition(&self, operation_id: &str, at_ms: u64, state: &str) -> Result<(), JournalError> {
+        self.enter(operation_id, at_ms, state, None::<&()>)
+    }
+
+    /// Moves an operation into `state` (its label, shown by `history`) and
+    /// journals the workflow's typed state with it (`data`), in one
+    /// transaction: a resume reads the state back with
+    /// [`Journal::last_state`] instead of parsing the label.
+    pub fn enter(
+        &self,
+        operation_id: &str,
+        at_ms: u64,
+        state: &str,
+        data: Option<&impl Serialize>,
+    ) -> Result<(), JournalError> {
+        let payload = match data {
+            Some(d) => serde_json::json!({ "state": state, "data": d }),
+            None => serde_json::json!({ "state": state }),
+        };
+        self.failpoint()?;
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         tx.execute(
@@ -230,20 +409,213 @@ impl Journal {
         )?;
         tx.execute(
             "INSERT INTO entries (op_id, seq, at_ms, kind, payload) VALUES (?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM entries WHERE op_id = ?1), ?2, 'transition', ?3)",
-            params![operation_id, at_ms as i64, serde_json::to_string(&serde_json::json!({ "state": state }))?],
+            params![operation_id, at_ms as i64, serde_json::to_string(&payload)?],
         )?;
         tx.commit()?;
         Ok(())
     }
 
-    /// Concludes an operation with its verdict and final report.
+    /// The typed state `operation_id` last entered ([`Journal::enter`]), if
+    /// it journaled one. One that does not read as `T` is an error.
+    pub fn last_state<T: serde::de::DeserializeOwned>(&self, operation_id: &str) -> Result<Option<T>, JournalError> {
+        let conn = self.conn();
+        let payload: Option<String> = conn
+            .query_row(
+                "SELECT payload FROM entries WHERE op_id = ?1 AND kind = 'transition' AND json_extract(payload, '$.data') IS NOT NULL ORDER BY seq DESC LIMIT 1",
+                params![operation_id],
+                |r| r.get(0),
+            )
+            .optional()?;
+        match payload {
+            None => Ok(None),
+            Some(p) => {
+                let mut v: serde_json::Value = serde_json::from_str(&p)?;
+                Ok(Some(serde_json::from_value(v["data"].take())?))
+            }
+        }
+    }
+
+    /// Concludes an operation with its verdict and final report. A write
+    /// that fails (a full disk) is kept and retried: the error is returned,
+    /// and until the write succeeds `begin` on the pair says why the pair
+    /// is not free, and `pending_conclusions` lists it.
     pub fn conclude(&self, operation_id: &str, verdict: &str, report: &impl Serialize) -> Result<(), JournalError> {
+        self.conclude_where(operation_id, verdict, report, false).map(|_| ())
+    }
+
+    /// Concludes the operation only if it is still running (a task that
+    /// ended without concluding it); says whether it did.
+    pub fn conclude_if_running(
+        &self,
+        operation_id: &str,
+        verdict: &str,
+        report: &impl Serialize,
+    ) -> Result<bool, JournalError> {
+        if self
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(operation_id)
+        {
+            // Already concluded, its write pending: that conclusion stands.
+            return Ok(false);
+        }
+        self.conclude_where(operation_id, verdict, report, true)
+    }
+
+    fn conclude_where(
+        &self,
+        operation_id: &str,
+        verdict: &str,
+        report: &impl Serialize,
+        only_if_running: bool,
+    ) -> Result<bool, JournalError> {
         let report = serde_json::to_string(report)?;
-        self.conn().execute(
-            "UPDATE operations SET state = 'concluded', ended_unix_ms = ?2, verdict = ?3, report = ?4 WHERE id = ?1",
-            params![operation_id, unix_ms(), verdict, report],
-        )?;
+        match self.write_conclusion(operation_id, verdict, &report, only_if_running) {
+            Ok(n) => {
+                self.pending
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(operation_id);
+                if n > 0 {
+                    self.observe(operation_id, verdict, &report);
+                }
+                Ok(n > 0)
+            }
+            Err(e) => {
+                let pair: Option<String> = self
+                    .conn()
+                    .query_row(
+                        "SELECT pair FROM operations WHERE id = ?1 AND ended_unix_ms IS NULL",
+                        params![operation_id],
+                        |r| r.get(0),
+                    )
+                    .optional()
+                    .ok()
+                    .flatten();
+                if let Some(pair) = pair {
+                    tracing::error!(operation = %operation_id, %pair, error = %e, "cannot write an operation's conclusion; retrying");
+                    self.pending.lock().unwrap_or_else(|p| p.into_inner()).insert(
+                        operation_id.to_string(),
+                        PendingConclusion {
+                            operation_id: operation_id.to_string(),
+                            pair,
+                            verdict: verdict.to_string(),
+                            error: e.to_string(),
+                            since_unix_ms: unix_ms(),
+                            report,
+                        },
+                    );
+                }
+                Err(e.into())
+            }
+        }
+    }
+
+    fn write_conclusion(
+        &self,
+        operation_id: &str,
+        verdict: &str,
+        report: &str,
+        only_if_running: bool,
+    ) -> Result<usize, rusqlite::Error> {
+        let sql = if only_if_running {
+            "UPDATE operations SET state = 'concluded', ended_unix_ms = ?2, verdict = ?3, report = ?4 WHERE id = ?1 AND ended_unix_ms IS NULL"
+        } else {
+            "UPDATE operations SET state = 'concluded', ended_unix_ms = ?2, verdict = ?3, report = ?4 WHERE id = ?1"
+        };
+        self.failpoint()?;
+        self.conn()
+            .execute(sql, params![operation_id, unix_ms(), verdict, report])
+    }
+
+    /// Writes the conclusions that could not be written before; returns
+    /// how many are still pending.
+    pub fn flush_pending(&self) -> usize {
+        let pending: Vec<PendingConclusion> = self
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for p in pending {
+            let outcome = self.write_conclusion(&p.operation_id, &p.verdict, &p.report, false);
+            let mut map = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+            match outcome {
+                Ok(_) => {
+                    tracing::warn!(operation = %p.operation_id, pair = %p.pair, "pending conclusion written; pair released");
+                    map.remove(&p.operation_id);
+                    drop(map);
+                    self.observe(&p.operation_id, &p.verdict, &p.report);
+                }
+                Err(e) => {
+                    if let Some(entry) = map.get_mut(&p.operation_id) {
+                        entry.error = e.to_string();
+                    }
+                }
+            }
+        }
+        self.pending.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// The journal answers a read (for the service manager's watchdog: a
+    /// connection stuck behind its lock, or a database that cannot be
+    /// read, stops the pings).
+    pub fn ping(&self) -> Result<(), JournalError> {
+        self.conn()
+            .query_row("SELECT count(*) FROM operations WHERE ended_unix_ms IS NULL", [], |r| {
+                r.get::<_, i64>(0)
+            })?;
         Ok(())
+    }
+
+    /// Tells `metrics` of every conclusion written from now on (once per
+    /// journal; a second call is ignored).
+    pub fn observe_conclusions(&self, metrics: crate::ops::telemetry::OperationMetrics) {
+        let _ = self.observer.set(metrics);
+    }
+
+    fn observe(&self, operation_id: &str, verdict: &str, report: &str) {
+        let Some(m) = self.observer.get() else { return };
+        let row: Option<(String, String, Option<String>)> = self
+            .conn()
+            .query_row(
+                "SELECT kind, pair, request_id FROM operations WHERE id = ?1",
+                params![operation_id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .optional()
+            .ok()
+            .flatten();
+        let Some((kind, pair, request_id)) = row else { return };
+        let report = serde_json::from_str(report).unwrap_or(serde_json::Value::Null);
+        m.concluded(&crate::ops::telemetry::Concluded {
+            kind: &kind,
+            pair: &pair,
+            request_id: request_id.as_deref(),
+            verdict,
+            report: &report,
+        });
+    }
+
+    /// The conclusions not written yet (for `status`).
+    pub fn pending_conclusions(&self) -> Vec<PendingConclusion> {
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    fn pending_of(&self, pair: &str) -> Option<PendingConclusion> {
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .find(|p| p.pair == pair)
+            .cloned()
     }
 
     /// Operations that were running when the orchestrator last stopped.
@@ -340,6 +712,82 @@ impl Journal {
 mod tests {
     use super::*;
 
+    /// The database full: no page beyond those it has (`None`: the default).
+    fn fill_disk(j: &Journal, full: bool) {
+        let conn = j.conn();
+        let pages: u64 = conn.query_row("PRAGMA page_count", [], |r| r.get(0)).unwrap();
+        let limit = if full { pages } else { 1_073_741_823 };
+        let _: u64 = conn
+            .query_row(&format!("PRAGMA max_page_count = {limit}"), [], |r| r.get(0))
+            .unwrap();
+    }
+
+    /// Issue 16, finding 2: with the journal's disk full the operation's
+    /// conclusion could not be written and the pair stayed "busy" after
+    /// space was freed, until the orchestrator restarted. Now the pair says
+    /// "journal error" meanwhile, and is free at the first write after
+    /// space returns, the conclusion written as it was.
+    #[test]
+    fn a_conclusion_the_disk_refused_is_retried_and_the_pair_released() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open(&dir.path().join("j.sqlite")).unwrap();
+        j.begin("op-1", "co_restart", "a", None).unwrap();
+        fill_disk(&j, true);
+        let big = serde_json::json!({"verdict": "healthy", "reasons": ["x".repeat(200_000)]});
+        let e = j.conclude("op-1", "healthy", &big).unwrap_err();
+        assert!(e.to_string().contains("full"), "{e}");
+        assert_eq!(j.pending_conclusions().len(), 1);
+        match j.begin("op-2", "co_restart", "a", None) {
+            Err(e @ JournalError::ConclusionPending { .. }) => {
+                let said = e.to_string();
+                assert!(
+                    said.starts_with("journal error: operation op-1 of pair a ended (healthy)"),
+                    "{said}"
+                );
+                assert!(!said.contains("busy"), "{said}");
+            }
+            other => panic!("expected ConclusionPending, got {other:?}"),
+        }
+        assert!(
+            !j.conclude_if_running("op-1", "failed", &serde_json::json!({})).unwrap(),
+            "the first conclusion stands"
+        );
+        fill_disk(&j, false);
+        j.begin("op-2", "co_restart", "a", None).expect("free once the disk is");
+        assert!(j.pending_conclusions().is_empty());
+        let op1 = j
+            .history("a", 5)
+            .unwrap()
+            .into_iter()
+            .find(|o| o.operation_id == "op-1")
+            .unwrap();
+        assert_eq!(op1.verdict.as_deref(), Some("healthy"));
+    }
+
+    /// Issue 16, finding 3: a second orchestrator on the same journal is
+    /// refused, naming the first; once the first is gone the journal can be
+    /// owned again.
+    #[test]
+    fn one_owner_per_journal() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.sqlite");
+        let first = Journal::own(&path, "pid 101, listening on 127.0.0.1:7070").unwrap();
+        first.begin("op-1", "co_restart", "a", None).unwrap();
+        let e = Journal::own(&path, "pid 202").err().expect("a second owner is refused");
+        assert!(matches!(e, JournalError::Owned { .. }), "{e}");
+        let said = e.to_string();
+        assert!(
+            said.contains("is owned by another orchestrator (pid 101, listening on 127.0.0.1:7070)"),
+            "{said}"
+        );
+        assert!(!said.contains('\n'));
+        assert_eq!(first.unfinished().unwrap().len(), 1, "the first's operation untouched");
+        drop(first);
+        let second = Journal::own(&path, "pid 202").expect("free once the first is gone");
+        assert_eq!(second.unfinished().unwrap().len(), 1);
+        assert_eq!(std::fs::read_to_string(owner_file(&path)).unwrap(), "pid 202");
+    }
+
     /// One running operation per pair is enforced by the file itself, and
     /// concluding frees the pair.
     #[test]
@@ -393,6 +841,29 @@ mod tests {
     }
 
     /// The journal survives reopening (it is a real file, not memory).
+    /// The last typed state is read back as its type; a plain transition
+    /// (a label only, as journaled before states were typed) has none, and
+    /// a state that does not read as the type is an error, not a guess.
+    #[test]
+    fn the_last_typed_state_is_read_back() {
+        #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+        struct Waiting {
+            on: Vec<String>,
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open(&dir.path().join("j.sqlite")).unwrap();
+        j.begin("op", "co_restart", "p", None).unwrap();
+        j.transition("op", 1, "restarting_prefill").unwrap();
+        assert_eq!(j.last_state::<Waiting>("op").unwrap(), None);
+        let first = Waiting { on: vec!["c1".into()] };
+        j.enter("op", 2, "restarting_prefill", Some(&first)).unwrap();
+        j.transition("op", 3, "verifying").unwrap();
+        assert_eq!(j.last_state::<Waiting>("op").unwrap(), Some(first));
+        assert_eq!(j.unfinished().unwrap()[0].state, "verifying");
+        j.enter("op", 4, "restarting_decode", Some(&"not a Waiting")).unwrap();
+        assert!(j.last_state::<Waiting>("op").is_err());
+    }
+
     #[test]
     fn survives_reopen() {
         let dir = tempfile::tempdir().unwrap();

@@ -31,9 +31,9 @@ use tokio::sync::mpsc;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::config::{PairConfig, UnitRef, WatchConfig};
-use crate::edge::fleet::AgentReport;
 use crate::ops::corestart::{OperationContext, OperationKind, run_operation};
 use crate::ops::journal::JournalError;
+use crate::ops::port::AgentReport;
 use pdwarden_engines::EngineKind;
 
 use crate::judge::wedge::{
@@ -128,6 +128,10 @@ pub struct WatchBoard {
     views: Arc<Mutex<BTreeMap<String, PairWatchView>>>,
     /// Seconds from a wedge's onset (the silence began) to its confirmation.
     pub detection: Family<WedgeLabels, Histogram, fn() -> Histogram>,
+    /// Seconds each of the watch's own probes took, by pair and outcome.
+    pub probe_latency: Family<ProbeLabels, Histogram, fn() -> Histogram>,
+    /// Every operation's conclusion (the journal tells it).
+    pub operations: crate::ops::telemetry::OperationMetrics,
 }
 
 impl Default for WatchBoard {
@@ -135,8 +139,36 @@ impl Default for WatchBoard {
         WatchBoard {
             views: Arc::default(),
             detection: Family::new_with_constructor(detection_histogram),
+            probe_latency: Family::new_with_constructor(probe_histogram),
+            operations: Default::default(),
         }
     }
+}
+
+/// Every state a pair's watch view may be in (`PairWatchView::state`).
+pub const WATCH_STATES: &[&str] = &[
+    "healthy",
+    "unproven",
+    "suspect",
+    "wedged",
+    "down",
+    "recovering",
+    "operation_running",
+    "held",
+    "starting",
+];
+
+/// Labels of the watch's probe-latency histogram.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProbeLabels {
+    pub pair: String,
+    /// `ok`, `timeout` or `error`.
+    pub outcome: String,
+}
+
+fn probe_histogram() -> Histogram {
+    // 10 ms .. ~82 s: a warm answer to a probe timing out on a long queue.
+    Histogram::new(exponential_buckets(0.01, 2.0, 14))
 }
 
 impl WatchBoard {
@@ -225,6 +257,8 @@ struct PairWatcher {
     samples_tx: mpsc::UnboundedSender<EngineSample>,
     probes_tx: mpsc::UnboundedSender<(WatchProbe, Instant)>,
     probes_sent: u64,
+    /// The preflight's last refusal of an automatic recovery (logged once).
+    last_refusal: Option<Vec<String>>,
     probes_deferred: u64,
     probe_seq: u32,
     /// The router whose probe failed last: the next probe avoids it when it can.
@@ -280,6 +314,7 @@ pub async fn run(
         samples_tx,
         probes_tx,
         probes_sent: 0,
+        last_refusal: None,
         probes_deferred: 0,
         probe_seq: 0,
         failed_router: None,
@@ -308,7 +343,7 @@ pub async fn run(
         }
     }
     for h in w.hosts.values() {
-        w.ctx.fleet.forget(&h.command_id);
+        w.ctx.agents.forget(&h.command_id);
     }
 }
 
@@ -356,7 +391,7 @@ impl PairWatcher {
         // holding one of the unit's processes in its host's latest report.
         let gpu_util = s.gpu_utilization.or_else(|| {
             let host = self.engine_units().into_iter().find(|u| u.unit == s.unit)?.host;
-            self.ctx.fleet.hosts.unit_gpu_utilization(
+            self.ctx.agents.unit_gpu_utilization(
                 &host,
                 &s.unit,
                 crate::edge::hoststate::now_unix_ms(),
@@ -392,6 +427,18 @@ impl PairWatcher {
     }
 
     fn on_probe(&mut self, record: WatchProbe, done_at: Instant) {
+        let outcome = match record.outcome {
+            ProbeObservation::Ok { .. } => "ok",
+            ProbeObservation::Timeout { .. } => "timeout",
+            ProbeObservation::Error { .. } => "error",
+        };
+        self.board
+            .probe_latency
+            .get_or_create(&ProbeLabels {
+                pair: self.pair.name.clone(),
+                outcome: outcome.into(),
+            })
+            .observe(done_at.saturating_duration_since(record.sent_at).as_secs_f64());
         self.last_probe_view = Some(json!({
             "target": record.target,
             "request_id": record.request_id,
@@ -440,12 +487,12 @@ impl PairWatcher {
                 }
             }
             let retry_due = h.last_attempt.is_none_or(|t| t.elapsed() >= Duration::from_secs(1));
-            if h.active || !retry_due || !self.ctx.fleet.is_connected(&host) {
+            if h.active || !retry_due || !self.ctx.agents.is_connected(&host) {
                 continue;
             }
             h.last_attempt = Some(Instant::now());
             if !h.command_id.is_empty() {
-                self.ctx.fleet.forget(&h.command_id);
+                self.ctx.agents.forget(&h.command_id);
             }
             let id = format!("watch-{}", uuid::Uuid::new_v4());
             let cmd = Command {
@@ -462,15 +509,17 @@ impl PairWatcher {
                     scrape_timeout_ms: self.cfg.scrape_interval_ms.clamp(500, 2_000),
                 })),
             };
-            self.ctx.fleet.route_engine_samples(&host, &id, self.samples_tx.clone());
-            match self.ctx.fleet.send(&host, &units[0], cmd).await {
+            self.ctx
+                .agents
+                .route_engine_samples(&host, &id, self.samples_tx.clone());
+            match self.ctx.agents.send(&host, &units[0], cmd).await {
                 Ok(rx) => {
                     h.command_id = id;
                     h.reports = Some(rx);
                     h.active = true;
                 }
                 Err(e) => {
-                    self.ctx.fleet.forget(&id);
+                    self.ctx.agents.forget(&id);
                     tracing::debug!(pair = %self.pair.name, host, error = %e, "watch not sent");
                 }
             }
@@ -553,6 +602,20 @@ impl PairWatcher {
             self.publish_assessment(&a, now);
             return false;
         }
+        // Never a recovery that could only stop half-way (issue 16,
+        // finding 5): a unit that cannot start now is named, and the pair
+        // left as it is.
+        if let Err(refusal) = crate::ops::preflight::check(&*self.ctx.agents, &self.pair, true).await {
+            if self.last_refusal.as_ref() != Some(&refusal.reasons) {
+                tracing::error!(pair = %self.pair.name, %refusal, "pair wedged, NOT recovering automatically");
+                self.last_refusal = Some(refusal.reasons.clone());
+            }
+            let mut reasons = vec![format!("not recovering automatically: {refusal}")];
+            reasons.extend(a.reasons.clone());
+            self.publish("wedged", false, reasons, a.units.clone());
+            return false;
+        }
+        self.last_refusal = None;
         match self.breaker.decide(now) {
             BreakerDecision::Hold { reason } => {
                 tracing::error!(pair = %self.pair.name, reasons = ?a.reasons, "{reason}: pair wedged, NOT recovering automatically");
@@ -595,7 +658,7 @@ impl PairWatcher {
                     max_tokens: self.pair.probe.max_tokens,
                 };
                 tokio::spawn(probe(
-                    self.ctx.fleet.clone(),
+                    self.ctx.agents.clone(),
                     router,
                     chat,
                     *timeout,
@@ -616,21 +679,21 @@ impl PairWatcher {
         shutdown: &mut tokio::sync::watch::Receiver<bool>,
     ) -> bool {
         let detected_mono_ms = mono_ms();
-        let operation_id = uuid::Uuid::new_v4().to_string();
-        let request_id = format!("auto-{operation_id}");
-        match self.ctx.journal.begin(
-            &operation_id,
+        // Its request id names it automatic (and is unique to it).
+        let request_id = format!("auto-{}", uuid::Uuid::new_v4());
+        let operation_id = match self.ctx.begin(
             OperationKind::CoRestart.as_str(),
             &self.pair.name,
             Some(&request_id),
+            &[],
         ) {
-            Ok(()) => {}
+            Ok(id) => id,
             Err(JournalError::PairBusy { .. }) => return false,
             Err(e) => {
                 tracing::error!(pair = %self.pair.name, error = %e, "cannot journal an automatic recovery");
                 return false;
             }
-        }
+        };
         let detection_ms = self.observe_detection(a, Instant::now());
         let trigger = json!({
             "automatic": true,
@@ -679,9 +742,24 @@ impl PairWatcher {
             OperationKind::CoRestart,
             tx,
         );
+        let journal = self.ctx.journal.clone();
         let report = tokio::select! {
-            r = op => r,
+            r = crate::ops::guarded(&journal, &operation_id, op) => r,
             _ = shutdown.changed() => return true,
+        };
+        // A recovery whose task panicked is concluded `failed` by its guard;
+        // the watch goes on (the breaker counted it).
+        let report = match report {
+            Ok(r) => r,
+            Err(panic) => {
+                tracing::error!(pair = %self.pair.name, operation = %operation_id, %panic, "automatic recovery panicked; concluded failed");
+                if let Some(r) = self.last_recovery.as_mut() {
+                    r.concluded_mono_ms = Some(mono_ms());
+                    r.verdict = Some("failed".into());
+                }
+                while samples_rx.try_recv().is_ok() {}
+                return false;
+            }
         };
         let concluded_mono_ms = mono_ms();
         let _ = self.ctx.journal.append(
@@ -779,7 +857,7 @@ impl PairWatcher {
 
 /// One probe through `router`, reported on `done`.
 async fn probe(
-    fleet: crate::edge::fleet::Fleet,
+    agents: Arc<dyn crate::ops::port::AgentPort>,
     router: UnitRef,
     chat: ChatProbe,
     timeout: Duration,
@@ -798,7 +876,7 @@ async fn probe(
         })),
     };
     let mut request_id = String::new();
-    let answer = fleet
+    let answer = agents
         .ask(&router.host, &router.unit, cmd, timeout, |r| match r {
             AgentReport::Probe(r) => Some(r),
             _ => None,

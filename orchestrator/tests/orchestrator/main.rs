@@ -1,8 +1,6 @@
-//! Integration tests of the orchestrator, built as one binary (one module per
-//! area). Everything runs for real on loopback: the orchestrator and agents
-//! in-process, the `pdwarden` CLI as a process. Tests wait on events with
-//! deadlines, never on fixed sleeps, and stop every process they start by PID.
+//! Integration tests of the orchestrator daemon, built as one binary (one
+//! module per area). Tests with an agent and the CLI are the CLI package's
+//! (`cli/tests/`); the whole local stack's are `pdwarden-stack`'s.
 
-mod gpu_status;
-mod security;
+mod service_manager;
 mod startup;

@@ -34,3 +34,34 @@ fn bad_config_names_the_field_without_a_backtrace() {
     // Nothing was created for a config that was refused.
     assert!(!dir.path().join("journal.sqlite").exists());
 }
+
+/// Issue 16, finding 10: the orchestrator logged "listening" before failing
+/// on its journal directory (or TLS files). Everything is loaded first: a
+/// journal it cannot open is the error, and "listening" never appears.
+#[test]
+fn nothing_says_listening_before_everything_is_loaded() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("orchestrator.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "listen = \"127.0.0.1:0\"\njournal = {:?}\ninsecure_plaintext = true\n",
+            dir.path()
+                .join("no-such-dir")
+                .join("journal.sqlite")
+                .display()
+                .to_string()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_pdwarden-orchestrator"))
+        .arg("--config")
+        .arg(&cfg)
+        .env("RUST_LOG", "info")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("journal"), "{err}");
+    assert!(!err.contains("listening"), "{err}");
+}

@@ -1,0 +1,118 @@
+//! `pdwarden gate NAME --set-env KEY=VALUE …`: a knob flip as a measured,
+//! reversible operation (the orchestrator's `gate` module does the work;
+//! this prints its progress and its report).
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use clap::Args;
+use pdwarden_orchestrator::ops::gate::GateReport;
+use pdwarden_proto::v1::{GatePairRequest, operation_update};
+
+use crate::{Connection, CouldNotRun, could_not_run, print_json, progress_line};
+
+#[derive(Args)]
+pub struct GateArgs {
+    /// The pair.
+    name: String,
+    /// Set an environment variable on the changed units (repeatable).
+    #[arg(long = "set-env", value_name = "KEY=VALUE")]
+    set_env: Vec<String>,
+    /// Remove an environment variable from the changed units (repeatable).
+    #[arg(long = "unset-env", value_name = "KEY")]
+    unset_env: Vec<String>,
+    /// Set a command-line flag: `--set-arg --flag=value` replaces the value
+    /// after an existing `--flag`, or appends it (repeatable).
+    #[arg(long = "set-arg", value_name = "FLAG=VALUE", allow_hyphen_values = true)]
+    set_arg: Vec<String>,
+    /// Change only this unit (repeatable); default: the pair's engines.
+    #[arg(long = "unit")]
+    units: Vec<String>,
+    #[arg(long)]
+    json: bool,
+    /// Idempotency key: a retry with a key already used starts nothing and
+    /// names the gate it started (default: a fresh one).
+    #[arg(long, value_name = "ID", value_parser = crate::request_id_arg)]
+    request_id: Option<String>,
+}
+
+fn split_kv(flag: &str, s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("{flag} {s:?}: expected KEY=VALUE")),
+    }
+}
+
+pub async fn run(conn: &Connection, args: GateArgs) -> ExitCode {
+    let json = args.json;
+    match follow(conn, args).await {
+        Ok(report) => {
+            if json {
+                print_json(&report);
+            } else {
+                pdwarden_orchestrator::say_part!("{}", report.render());
+            }
+            if report.verdict.kept() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(2)
+            }
+        }
+        Err(CouldNotRun(r)) => could_not_run(&r, json),
+    }
+}
+
+async fn follow(conn: &Connection, args: GateArgs) -> Result<GateReport, CouldNotRun> {
+    let mut request = GatePairRequest {
+        pair: args.name.clone(),
+        request_id: crate::request_id_or_new(args.request_id.clone()),
+        unset_env: args.unset_env.clone(),
+        units: args.units.clone(),
+        ..Default::default()
+    };
+    for s in &args.set_env {
+        let (k, v) = split_kv("--set-env", s).map_err(CouldNotRun)?;
+        request.set_env.insert(k, v);
+    }
+    for s in &args.set_arg {
+        let (k, v) = split_kv("--set-arg", s).map_err(CouldNotRun)?;
+        request.set_args.insert(k, v);
+    }
+    let mut client = conn.connect().await?;
+    let mut stream = client
+        .gate_pair(request)
+        .await
+        .map_err(|s| CouldNotRun(s.message().to_string()))?
+        .into_inner();
+    let mut out = std::io::stdout();
+    loop {
+        let update = match stream.message().await {
+            Ok(Some(u)) => u,
+            Ok(None) => {
+                return Err(CouldNotRun(
+                    "the orchestrator ended the gate's stream without a report".into(),
+                ));
+            }
+            Err(s) => return Err(CouldNotRun(format!("lost the gate's stream: {}", s.message()))),
+        };
+        let line = match update.kind {
+            Some(operation_update::Kind::Started(s)) => {
+                Some(format!("gate pd-pair {}: operation {}", s.pair, s.operation_id))
+            }
+            Some(
+                kind @ (operation_update::Kind::Step(_)
+                | operation_update::Kind::Phase(_)
+                | operation_update::Kind::Probe(_)),
+            ) => progress_line(kind),
+            Some(operation_update::Kind::Report(r)) => {
+                return serde_json::from_str(&r.json)
+                    .map_err(|e| CouldNotRun(format!("unreadable gate report from the orchestrator: {e}")));
+            }
+            None => None,
+        };
+        if let (Some(line), false) = (line, args.json) {
+            let _ = writeln!(out, "{line}");
+            let _ = out.flush();
+        }
+    }
+}

@@ -1,0 +1,483 @@
+//! `pdwarden`: what an operator types at 3 a.m.
+//!
+//! Exit codes: 0 when the verdict is healthy (or healthy after a cold start),
+//! 2 for any other verdict, 1 when the command could not run at all (the
+//! orchestrator unreachable, an unknown pair, a busy pair, a refused request),
+//! always with a one-line reason.
+
+mod certs;
+mod demo;
+mod gate;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+pub use pdwarden_orchestrator::edge::client::{
+    Connection, CouldNotRun, Credentials, new_request_id, print_json, progress_line, status_reason,
+};
+use pdwarden_orchestrator::edge::hoststate::{HostReport, now_unix_ms, render_findings, render_host_report};
+use pdwarden_orchestrator::judge::findings::HostFinding;
+use pdwarden_orchestrator::ops::report::OperationReport;
+use pdwarden_proto::v1::{HistoryRequest, RestartUnitRequest, StatusRequest};
+
+const EXAMPLES: &str = "\
+Examples:
+  pdwarden demo                                   a whole local stack and a real restart
+  pdwarden restart pd-pair demo                   ordered co-restart, then a verdict
+  pdwarden verify demo --json                     probe the pair end to end, no restart
+  pdwarden status                                 agents, units, each pair's watch state
+  pdwarden history demo --limit 5                 the pair's last operations
+  pdwarden gate demo --set-env KNOB=1             flip a knob, measure, keep or roll back
+  pdwarden completions bash > /etc/bash_completion.d/pdwarden
+
+Exit codes: 0 healthy (or kept), 2 any other verdict, 1 could not run (a one-line reason).
+Connection: --orchestrator URL (PDWARDEN_ORCHESTRATOR), --ca, --cert/--key, PDWARDEN_TOKEN.";
+
+#[derive(Parser)]
+#[command(
+    version,
+    about = "pdwarden: restart and verify prefill/decode pairs",
+    after_help = EXAMPLES
+)]
+struct Cli {
+    /// The orchestrator's gRPC address.
+    #[arg(
+        long,
+        global = true,
+        env = "PDWARDEN_ORCHESTRATOR",
+        default_value = "http://127.0.0.1:7070"
+    )]
+    orchestrator: String,
+    /// The pdwarden CA certificate, to verify an https:// orchestrator.
+    #[arg(long, global = true, env = "PDWARDEN_CA")]
+    ca: Option<PathBuf>,
+    /// A client certificate to present (optional for the operator API).
+    #[arg(long, global = true, env = "PDWARDEN_CERT", requires = "key")]
+    cert: Option<PathBuf>,
+    /// The client certificate's key.
+    #[arg(long, global = true, env = "PDWARDEN_KEY", requires = "cert")]
+    key: Option<PathBuf>,
+    /// Operator token (`pdwarden certs token NAME` mints one); prefer the
+    /// environment variable, which does not show in `ps`.
+    #[arg(long, global = true, env = "PDWARDEN_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Restart a PD pair in order, or (refused) a single engine.
+    Restart {
+        #[command(subcommand)]
+        what: RestartWhat,
+    },
+    /// Probe a pair end to end through its router, without restarting it.
+    Verify {
+        name: String,
+        #[arg(long)]
+        json: bool,
+        /// Also run the abort storm (cancels long prompts mid-prefill: disruptive in service).
+        #[arg(long)]
+        include_abort_storm: bool,
+        /// Idempotency key: a retry with a key already used starts nothing
+        /// and names the operation it started (default: a fresh one).
+        #[arg(long, value_name = "ID", value_parser = request_id_arg)]
+        request_id: Option<String>,
+    },
+    /// Agents, units and pairs as the orchestrator knows them.
+    Status {
+        #[arg(long)]
+        json: bool,
+        /// Only this host's agent, GPUs and findings (repeatable); the
+        /// quick answer on a large fleet.
+        #[arg(long = "host", value_name = "HOST")]
+        hosts: Vec<String>,
+    },
+    /// A pair's operations, newest first.
+    History {
+        pair: String,
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Change a knob (environment, flags) on a pair, measure before and
+    /// after, and keep it or roll it back (exit 0 kept, 2 rejected/failed).
+    Gate(gate::GateArgs),
+    /// Issue the CA, orchestrator and agent certificates, and operator tokens.
+    Certs(certs::CertsArgs),
+    /// Start a whole local stack (orchestrator, agent, two pd-sim engines, the
+    /// real sglang-router) and run a real `restart pd-pair` against it.
+    Demo(pdwarden_stack::DemoArgs),
+    /// Co-restarts, verifications and gates on a local stack in a loop for
+    /// a bounded time, the orchestrator and the agent killed at random, the
+    /// invariants checked after each (exit 0 none violated, 2 any).
+    Soak(pdwarden_stack::soak::SoakArgs),
+    /// Print a completion script for SHELL (bash, zsh, fish, elvish,
+    /// powershell) on stdout.
+    #[command(after_help = "Example: pdwarden completions zsh > ~/.zfunc/_pdwarden")]
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+}
+
+#[derive(Subcommand)]
+enum RestartWhat {
+    /// Ordered co-restart: prefill, then decode, then router, each gated on
+    /// generation readiness; then end-to-end probes and a verdict.
+    #[command(name = "pd-pair")]
+    PdPair {
+        name: String,
+        #[arg(long)]
+        json: bool,
+        /// Idempotency key: a retry with a key already used starts nothing
+        /// and names the operation it started (default: a fresh one).
+        #[arg(long, value_name = "ID", value_parser = request_id_arg)]
+        request_id: Option<String>,
+    },
+    /// Restart one unit. Refused for a pair's engines: restart the pair.
+    Unit {
+        name: String,
+        #[arg(long)]
+        host: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `--request-id`: printable, no spaces, at most 128 characters.
+pub fn request_id_arg(s: &str) -> Result<String, String> {
+    if s.is_empty() || s.len() > 128 || !s.chars().all(|c| c.is_ascii_graphic()) {
+        return Err("expected 1 to 128 printable ASCII characters without spaces".into());
+    }
+    Ok(s.to_string())
+}
+
+/// The given idempotency key, or a fresh one.
+pub fn request_id_or_new(given: Option<String>) -> String {
+    given.unwrap_or_else(new_request_id)
+}
+
+fn exit_for(report: &OperationReport) -> ExitCode {
+    if report.verdict.is_healthy() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(2)
+    }
+}
+
+fn could_not_run(reason: &str, json: bool) -> ExitCode {
+    if json {
+        pdwarden_orchestrator::say!("{}", serde_json::json!({ "error": reason }));
+    }
+    eprintln!("pdwarden: {reason}");
+    ExitCode::from(1)
+}
+
+async fn restart_unit(conn: &Connection, name: &str, host: Option<String>, json: bool) -> ExitCode {
+    let mut client = match conn.connect().await {
+        Ok(c) => c,
+        Err(CouldNotRun(r)) => return could_not_run(&r, json),
+    };
+    let res = client
+        .restart_unit(RestartUnitRequest {
+            host: host.unwrap_or_default(),
+            unit: name.to_string(),
+            request_id: uuid::Uuid::new_v4().to_string(),
+        })
+        .await;
+    match res {
+        Ok(_) => could_not_run("the orchestrator accepted a unit restart this CLI cannot follow", json),
+        Err(s) => {
+            let reason = status_reason(&s);
+            if json {
+                pdwarden_orchestrator::say!(
+                    "{}",
+                    serde_json::json!({ "refused": s.code() == tonic::Code::FailedPrecondition, "unit": name, "reason": reason })
+                );
+            }
+            eprintln!("pdwarden: {reason}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn status(conn: &Connection, json: bool, hosts: Vec<String>) -> anyhow::Result<()> {
+    if let Some(bad) = hosts.iter().find(|h| h.trim().is_empty()) {
+        anyhow::bail!("--host: {bad:?} is not a host name");
+    }
+    let mut client = conn.connect().await.map_err(|e| anyhow::anyhow!(e.0))?;
+    let reply = client
+        .status(StatusRequest { hosts })
+        .await
+        .map_err(|s| anyhow::anyhow!(status_reason(&s)))?;
+    let v: serde_json::Value = serde_json::from_str(&reply.into_inner().json).context("unreadable status")?;
+    if json {
+        print_json(&v);
+        return Ok(());
+    }
+    // Foreign processes and critical findings in red, on a terminal only.
+    let color = std::io::IsTerminal::is_terminal(&std::io::stdout()) && std::env::var_os("NO_COLOR").is_none();
+    if let Some(w) = v["security"]["warning"].as_str() {
+        pdwarden_orchestrator::say!("WARNING: {w}");
+    }
+    for a in v["agents"].as_array().into_iter().flatten() {
+        let conn = match a["state"].as_str() {
+            Some("connected") => "connected".to_string(),
+            Some("unknown") => format!(
+                "UNKNOWN: silent for {:.0} s, facts may be stale",
+                a["silent_ms"].as_f64().unwrap_or(0.0) / 1000.0
+            ),
+            _ => "DISCONNECTED".to_string(),
+        };
+        pdwarden_orchestrator::say!(
+            "host {} ({conn}, agent {})",
+            a["host"].as_str().unwrap_or("?"),
+            a["agent_version"].as_str().unwrap_or("?")
+        );
+        for u in a["units"].as_array().into_iter().flatten() {
+            pdwarden_orchestrator::say!(
+                "  {:<14} {:<8} {:<11} pid {:<8} {}",
+                u["name"].as_str().unwrap_or("?"),
+                u["role"].as_str().unwrap_or("?"),
+                u["phase"].as_str().unwrap_or("?"),
+                u["pid"].as_u64().map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
+                u["base_url"].as_str().unwrap_or("")
+            );
+        }
+        if let Ok(report) = serde_json::from_value::<HostReport>(a["host_report"].clone()) {
+            for line in render_host_report(&report, now_unix_ms(), color) {
+                pdwarden_orchestrator::say!("{line}");
+            }
+        }
+    }
+    for p in v["pairs"].as_array().into_iter().flatten() {
+        let running = p["running_operation"]
+            .as_str()
+            .map(|o| format!(", running operation {o}"))
+            .unwrap_or_default();
+        pdwarden_orchestrator::say!(
+            "pair {}: last verdict {}{running}",
+            p["name"].as_str().unwrap_or("?"),
+            p["last_verdict"].as_str().unwrap_or("none")
+        );
+        if let Some(j) = p["journal_error"].as_object() {
+            pdwarden_orchestrator::say!(
+                "  JOURNAL ERROR: operation {} ended ({}) but its conclusion is not written yet: {}; retried every few seconds, the pair is free once the journal's disk allows",
+                j["operation_id"].as_str().unwrap_or("?"),
+                j["verdict"].as_str().unwrap_or("?"),
+                j["error"].as_str().unwrap_or("?")
+            );
+        }
+    }
+    for line in render_watch(&v["watch"]) {
+        pdwarden_orchestrator::say!("{line}");
+    }
+    let findings: Vec<HostFinding> = serde_json::from_value(v["findings"].clone()).unwrap_or_default();
+    for line in render_findings(&findings, color) {
+        pdwarden_orchestrator::say!("{line}");
+    }
+    Ok(())
+}
+
+/// Each watched pair's state and its evidence, for the human `status`:
+/// the state (healthy / unproven / suspect / wedged / down / recovering /
+/// held …), why, what the watch has spent on probes, the breaker's count,
+/// and each unit that is not serving or idle with its reasons.
+fn render_watch(watch: &serde_json::Value) -> Vec<String> {
+    let mut out = Vec::new();
+    for p in watch.as_array().into_iter().flatten() {
+        let state = p["state"].as_str().unwrap_or("?");
+        let shown = match state {
+            "wedged" | "down" | "held" | "suspect" => state.to_uppercase(),
+            s => s.to_string(),
+        };
+        out.push(format!(
+            "watch {}: {shown} (probes sent {}, deferred {}; automatic recoveries {}/{} in the window{})",
+            p["pair"].as_str().unwrap_or("?"),
+            p["probes_sent"].as_u64().unwrap_or(0),
+            p["probes_deferred"].as_u64().unwrap_or(0),
+            p["recoveries_in_window"].as_u64().unwrap_or(0),
+            p["max_recoveries"].as_u64().unwrap_or(0),
+            if p["auto_recover"] == false {
+                ", auto-recover off"
+            } else {
+                ""
+            },
+        ));
+        if let Some(h) = p["held"].as_str() {
+            out.push(format!("  HELD for a human: {h}"));
+        }
+        for r in p["reasons"].as_array().into_iter().flatten() {
+            out.push(format!("  - {}", r.as_str().unwrap_or("")));
+        }
+        for u in p["units"].as_array().into_iter().flatten() {
+            let st = u["state"].as_str().unwrap_or("?");
+            if matches!(st, "serving" | "idle") {
+                continue;
+            }
+            let why: Vec<&str> = u["reasons"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|r| r.as_str())
+                .collect();
+            out.push(format!(
+                "  {}/{}: {st}{}",
+                u["host"].as_str().unwrap_or("?"),
+                u["unit"].as_str().unwrap_or("?"),
+                if why.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", why.join("; "))
+                }
+            ));
+        }
+    }
+    out
+}
+
+async fn history(conn: &Connection, pair: &str, limit: u32, json: bool) -> anyhow::Result<()> {
+    let mut client = conn.connect().await.map_err(|e| anyhow::anyhow!(e.0))?;
+    let reply = client
+        .history(HistoryRequest {
+            pair: pair.to_string(),
+            limit,
+        })
+        .await
+        .map_err(|s| anyhow::anyhow!(status_reason(&s)))?;
+    let v: serde_json::Value = serde_json::from_str(&reply.into_inner().json).context("unreadable history")?;
+    if json {
+        print_json(&v);
+        return Ok(());
+    }
+    for op in v.as_array().into_iter().flatten() {
+        pdwarden_orchestrator::say!(
+            "{}  {}  {}  {}  by {}",
+            op["operation_id"].as_str().unwrap_or("?"),
+            op["kind"].as_str().unwrap_or("?"),
+            op["verdict"].as_str().unwrap_or("(running)"),
+            op["state"].as_str().unwrap_or("?"),
+            op["actor"]["name"]
+                .as_str()
+                .unwrap_or(if op["trigger"].is_null() { "?" } else { "the watch" }),
+        );
+        for r in op["report"]["reasons"].as_array().into_iter().flatten() {
+            pdwarden_orchestrator::say!("    - {}", r.as_str().unwrap_or(""));
+        }
+        if op["kind"] == "gate" {
+            pdwarden_orchestrator::ops::gate::history_lines(&op["report"])
+                .iter()
+                .for_each(|l| pdwarden_orchestrator::say!("    {l}"));
+        }
+    }
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let conn = Connection::new(
+        cli.orchestrator.clone(),
+        Credentials {
+            ca: cli.ca.clone(),
+            cert: cli.cert.clone(),
+            key: cli.key.clone(),
+            token: cli.token.clone(),
+        },
+    );
+    match cli.command {
+        Cmd::Restart {
+            what: RestartWhat::PdPair { name, json, request_id },
+        } => match conn
+            .follow_printing(&name, json, None, request_id_or_new(request_id))
+            .await
+        {
+            Ok(report) => {
+                if json {
+                    print_json(&report);
+                }
+                exit_for(&report)
+            }
+            Err(CouldNotRun(reason)) => could_not_run(&reason, json),
+        },
+        Cmd::Restart {
+            what: RestartWhat::Unit { name, host, json },
+        } => restart_unit(&conn, &name, host, json).await,
+        Cmd::Verify {
+            name,
+            json,
+            include_abort_storm,
+            request_id,
+        } => match conn
+            .follow_printing(&name, json, Some(include_abort_storm), request_id_or_new(request_id))
+            .await
+        {
+            Ok(report) => {
+                if json {
+                    print_json(&report);
+                }
+                exit_for(&report)
+            }
+            Err(CouldNotRun(reason)) => could_not_run(&reason, json),
+        },
+        Cmd::Status { json, hosts } => match status(&conn, json, hosts).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => could_not_run(&format!("{e:#}"), json),
+        },
+        Cmd::History { pair, limit, json } => match history(&conn, &pair, limit, json).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => could_not_run(&format!("{e:#}"), json),
+        },
+        Cmd::Gate(args) => gate::run(&conn, args).await,
+        Cmd::Certs(args) => certs::run(args),
+        Cmd::Demo(args) => demo::run(args, conn.credentials).await,
+        Cmd::Soak(args) => demo::soak(args).await,
+        Cmd::Completions { shell } => {
+            use clap::CommandFactory as _;
+            clap_complete::generate(shell, &mut Cli::command(), "pdwarden", &mut std::io::stdout());
+            ExitCode::SUCCESS
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 18: the human `status` shows each pair's watch state and its
+    /// evidence (it showed only the last verdict; the state was in `--json`).
+    #[test]
+    fn status_shows_the_watch_state_and_its_evidence() {
+        let watch = serde_json::json!([{
+            "pair": "demo", "state": "held", "auto_recover": true,
+            "probes_sent": 7, "probes_deferred": 2, "recoveries_in_window": 3, "max_recoveries": 3,
+            "held": "3 automatic recoveries within 1 h: a person must look",
+            "reasons": ["decode-0: 1 running, no progress for 9.5 s"],
+            "units": [
+                {"host": "gpu-1", "unit": "prefill-0", "state": "idle", "reasons": []},
+                {"host": "gpu-1", "unit": "decode-0", "state": "wedged", "reasons": ["no progress for 9.5 s", "health answers 200"]},
+            ],
+        }]);
+        let lines = render_watch(&watch);
+        assert_eq!(
+            lines[0],
+            "watch demo: HELD (probes sent 7, deferred 2; automatic recoveries 3/3 in the window)"
+        );
+        assert_eq!(
+            lines[1],
+            "  HELD for a human: 3 automatic recoveries within 1 h: a person must look"
+        );
+        assert_eq!(lines[2], "  - decode-0: 1 running, no progress for 9.5 s");
+        assert_eq!(
+            lines[3],
+            "  gpu-1/decode-0: wedged: no progress for 9.5 s; health answers 200"
+        );
+        assert_eq!(lines.len(), 4, "{lines:?}");
+        assert!(render_watch(&serde_json::Value::Null).is_empty());
+    }
+}

@@ -1,0 +1,144 @@
+//! A running local stack: an orchestrator and an agent (real processes, the
+//! workspace's binaries) in a temporary directory, the agent supervising a
+//! prefill and a decode `pd-sim` and the real `sglang-router` in PD mode.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use pdwarden_orchestrator::edge::client::{Connection, CouldNotRun, Credentials};
+
+use crate::demo::DemoArgs;
+use crate::plan::{StackPlan, write_configs};
+use crate::process::{Owned, binary, spawn_logged};
+
+// Fields drop in order: a dropped stack (an interrupted demo) stops the
+// agent, which stops its units, and the orchestrator before its directory
+// goes.
+pub struct Stack {
+    agent: Owned,
+    orchestrator: Owned,
+    pub dir: tempfile::TempDir,
+    /// The stack's orchestrator and the credentials this process's own
+    /// requests present.
+    pub connection: Connection,
+    pub plan: StackPlan,
+    orchestrator_config: PathBuf,
+    agent_config: PathBuf,
+}
+
+impl Stack {
+    /// Writes the configs for `args`, starts the orchestrator and the agent
+    /// and waits until the agent has registered its three units. `given`:
+    /// the caller's own credentials, used where the stack makes none
+    /// (`--insecure-plaintext`).
+    pub async fn start(args: &DemoArgs, given: Credentials) -> anyhow::Result<Stack> {
+        let dir = tempfile::Builder::new().prefix("pdwarden-demo-").tempdir()?;
+        let configs = write_configs(args, dir.path())?;
+        let orchestrator = spawn_logged(
+            "orchestrator",
+            &binary("pdwarden-orchestrator")?,
+            &["--config".into(), configs.orchestrator_path.display().to_string()],
+            dir.path(),
+        )?;
+        let agent = spawn_logged(
+            "agent",
+            &binary("pdwarden-agent")?,
+            &["--config".into(), configs.agent_path.display().to_string()],
+            dir.path(),
+        )?;
+        let stack = Stack {
+            dir,
+            connection: Connection::new(configs.url, configs.credentials.unwrap_or(given)),
+            agent,
+            orchestrator,
+            plan: configs.plan,
+            orchestrator_config: configs.orchestrator_path,
+            agent_config: configs.agent_path,
+        };
+        stack
+            .wait_for_agent(configs.agent.units.len(), Duration::from_secs(20))
+            .await?;
+        Ok(stack)
+    }
+
+    /// Polls `status` until the agent has registered its `units`.
+    async fn wait_for_agent(&self, units: usize, limit: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + limit;
+        let mut last = String::from("orchestrator not reachable yet");
+        while Instant::now() < deadline {
+            match self.connection.connect().await {
+                Ok(mut c) => match c.status(pdwarden_proto::v1::StatusRequest::default()).await {
+                    Ok(r) => {
+                        let v: serde_json::Value = serde_json::from_str(&r.into_inner().json)?;
+                        let registered = v["agents"]
+                            .as_array()
+                            .and_then(|a| a.iter().find(|a| a["connected"] == true))
+                            .and_then(|a| a["units"].as_array().map(|u| u.len()))
+                            .unwrap_or(0);
+                        if registered == units {
+                            return Ok(());
+                        }
+                        last = "agent not registered yet".into();
+                    }
+                    Err(s) => last = s.message().to_string(),
+                },
+                Err(CouldNotRun(r)) => last = r,
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        bail!("the local stack did not come up within {limit:?}: {last}")
+    }
+
+    /// SIGKILLs the orchestrator (no chance to clean up: its journal is left
+    /// mid-operation) and starts a new one on the same config and journal.
+    pub fn crash_and_restart_orchestrator(&mut self) -> anyhow::Result<(u32, u32)> {
+        let old = self.orchestrator.pid();
+        let _ = kill(Pid::from_raw(old as i32), Signal::SIGKILL);
+        self.orchestrator.stop(Duration::from_secs(5));
+        let fresh = spawn_logged(
+            "orchestrator-restarted",
+            &binary("pdwarden-orchestrator")?,
+            &["--config".into(), self.orchestrator_config.display().to_string()],
+            self.dir.path(),
+        )?;
+        let new = fresh.pid();
+        // The old handle is already reaped; dropping it does nothing more.
+        self.orchestrator = fresh;
+        Ok((old, new))
+    }
+
+    /// SIGKILLs the agent (its units keep running: a killed agent stops
+    /// nothing) and starts a new one on the same config and state dir,
+    /// which adopts them from their pid files.
+    pub fn crash_and_restart_agent(&mut self) -> anyhow::Result<(u32, u32)> {
+        let old = self.agent.pid();
+        let _ = kill(Pid::from_raw(old as i32), Signal::SIGKILL);
+        self.agent.stop(Duration::from_secs(5));
+        let fresh = spawn_logged(
+            "agent-restarted",
+            &binary("pdwarden-agent")?,
+            &["--config".into(), self.agent_config.display().to_string()],
+            self.dir.path(),
+        )?;
+        let new = fresh.pid();
+        self.agent = fresh;
+        Ok((old, new))
+    }
+
+    /// The pids of the orchestrator and the agent now.
+    pub fn pids(&self) -> (u32, u32) {
+        (self.orchestrator.pid(), self.agent.pid())
+    }
+
+    /// Stops the agent (it stops its units first: `on_exit = "stop-units"`)
+    /// and the orchestrator, and removes the directory unless `keep`, in
+    /// which case it returns where it is.
+    pub fn stop(mut self, keep: bool) -> Option<PathBuf> {
+        self.agent.stop(Duration::from_secs(15));
+        self.orchestrator.stop(Duration::from_secs(5));
+        keep.then(|| self.dir.keep())
+    }
+}

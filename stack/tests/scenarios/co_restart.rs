@@ -1,0 +1,289 @@
+//! The walking skeleton: `restart pd-pair` end to end (issue 2, INCIDENTS rows 1–3).
+
+use std::time::Duration;
+
+use crate::harness::{HeldDemo, at, demo, exclusive, must_at, pdwarden, step_names};
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+/// The ordered co-restart: prefill generates before decode is spawned, decode
+/// generates before the router is spawned, every unit walks its start-up
+/// phases in order, and probes through the real router end healthy.
+#[test]
+fn ordered_co_restart_is_gated_on_generation() {
+    let _one = exclusive();
+    let out = demo(&["--json"], LIMIT);
+    let r = out.json();
+    assert_eq!(
+        out.code, 0,
+        "verdict {} reasons {:#}\n{}",
+        r["verdict"], r["reasons"], out.stderr
+    );
+    assert!(
+        matches!(r["verdict"].as_str(), Some("healthy" | "healthy_after_cold_start")),
+        "{r:#}"
+    );
+    assert_eq!(r["decode_start_policy"], "after-prefill-ready");
+    for unit in ["prefill-0", "decode-0"] {
+        let phases = ["spawned", "refused", "http_503", "healthy", "generating"].map(|p| must_at(&r, unit, p));
+        assert!(
+            phases.windows(2).all(|w| w[0] <= w[1]),
+            "{unit} phases out of order: {phases:?}"
+        );
+    }
+    assert!(must_at(&r, "prefill-0", "generating") <= must_at(&r, "decode-0", "spawned"));
+    assert!(must_at(&r, "decode-0", "generating") <= must_at(&r, "router-0", "spawned"));
+    assert!(must_at(&r, "router-0", "spawned") <= must_at(&r, "router-0", "generating"));
+    // Probes went through the real router and returned tokens.
+    let probes = r["probes"].as_array().unwrap();
+    assert!(probes.len() >= 2, "{probes:?}");
+    for p in probes {
+        assert_eq!(p["target"], "router:router-0");
+        assert_eq!(p["outcome"], "ok", "{p}");
+        assert!(p["tokens"].as_u64().unwrap() >= 1, "{p}");
+    }
+    let steps = step_names(&r);
+    assert_eq!(
+        steps[..4],
+        ["restart-prefill", "restart-decode", "restart-router", "probe"]
+    );
+    assert!(steps[4..].iter().all(|s| s.starts_with("verify-")), "{steps:?}");
+    // History has the operation, with the same verdict.
+    assert!(r["operation_id"].as_str().is_some_and(|s| !s.is_empty()));
+}
+
+/// `overlap`: decode loads while prefill does, but the router still starts
+/// only once both generate.
+#[test]
+fn overlap_policy_overlaps_engine_loads_but_still_gates_the_router() {
+    let _one = exclusive();
+    let out = demo(&["--json", "--decode-start-policy", "overlap"], LIMIT);
+    let r = out.json();
+    assert_eq!(out.code, 0, "{r:#}");
+    assert_eq!(r["decode_start_policy"], "overlap");
+    assert!(must_at(&r, "decode-0", "spawned") < must_at(&r, "prefill-0", "generating"));
+    let both = must_at(&r, "prefill-0", "generating").max(must_at(&r, "decode-0", "generating"));
+    assert!(both <= must_at(&r, "router-0", "spawned"));
+}
+
+/// A decode-only restart is refused with the reason, and nothing restarts:
+/// the decode keeps its PID. History and status see the pair's operation.
+#[test]
+fn decode_only_restart_is_refused() {
+    let _one = exclusive();
+    let demo = HeldDemo::start(&[], LIMIT);
+    assert!(matches!(
+        demo.report["verdict"].as_str(),
+        Some("healthy" | "healthy_after_cold_start")
+    ));
+    let pid_of = |status: &serde_json::Value, unit: &str| {
+        status["agents"][0]["units"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|u| u["name"] == unit)
+            .and_then(|u| u["pid"].as_u64())
+    };
+    let before = demo.cli(&["status", "--json"]).json();
+    let decode_pid = pid_of(&before, "decode-0").expect("decode running");
+
+    let out = demo.cli(&["restart", "unit", "decode-0", "--json"]);
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    let refusal = out.json();
+    assert_eq!(refusal["refused"], true);
+    let reason = refusal["reason"].as_str().unwrap();
+    assert!(reason.contains("decode-only restart"), "{reason}");
+    assert!(reason.contains("pdwarden restart pd-pair demo"), "{reason}");
+
+    let after = demo.cli(&["status", "--json"]).json();
+    assert_eq!(
+        pid_of(&after, "decode-0"),
+        Some(decode_pid),
+        "the decode was restarted anyway"
+    );
+    assert_eq!(after["pairs"][0]["last_verdict"], demo.report["verdict"]);
+
+    let history = demo.cli(&["history", "demo", "--json"]).json();
+    assert_eq!(history[0]["operation_id"], demo.report["operation_id"]);
+
+    // An unknown pair cannot run: exit 1 with the reason.
+    let out = demo.cli(&["restart", "pd-pair", "nope", "--json"]);
+    assert_eq!(out.code, 1);
+    assert!(out.json()["error"].as_str().unwrap().contains("unknown pair"));
+}
+
+/// INCIDENTS row 3: a decode that listens and answers `/v1/models` but never
+/// generates never reaches `generating`; the router is never started after
+/// it, and the verdict is failed or wedged with that evidence, never healthy.
+#[test]
+fn decode_that_never_generates_is_never_healthy() {
+    let _one = exclusive();
+    let out = demo(
+        &["--json", "--time-scale", "0.01", "--decode-sim", "--ttft-ms 100000000"],
+        LIMIT,
+    );
+    let r = out.json();
+    assert_eq!(out.code, 2, "{r:#}");
+    assert!(matches!(r["verdict"].as_str(), Some("wedged" | "failed")), "{r:#}");
+    must_at(&r, "decode-0", "http_503");
+    assert_eq!(at(&r, "decode-0", "generating"), None);
+    assert_eq!(
+        at(&r, "router-0", "spawned"),
+        None,
+        "router started behind a decode that never generated"
+    );
+    let reasons = r["reasons"].to_string();
+    assert!(reasons.contains("decode-0"), "{reasons}");
+    assert!(r["probes"].as_array().unwrap().is_empty());
+}
+
+/// Two restarts of the same pair: one runs, the other is refused at once,
+/// naming the running operation; the first still ends with a verdict.
+#[test]
+fn concurrent_restart_of_the_same_pair_is_refused() {
+    let _one = exclusive();
+    let demo = HeldDemo::start(&[], LIMIT);
+    let mut args = demo.connect_args.clone();
+    args.extend(["restart", "pd-pair", "demo", "--json", "--request-id", "change-4711"].map(String::from));
+    let first = std::thread::spawn(move || pdwarden(&args.iter().map(String::as_str).collect::<Vec<_>>(), LIMIT));
+    // Wait until the first operation is running, then ask again.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let running = loop {
+        let status = demo.cli(&["status", "--json"]).json();
+        if let Some(op) = status["pairs"][0]["running_operation"].as_str() {
+            break op.to_string();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first restart never showed as running"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let second = demo.cli(&["restart", "pd-pair", "demo", "--json"]);
+    assert_eq!(second.code, 1, "{}", second.stdout);
+    let error = second.json()["error"].as_str().unwrap().to_string();
+    assert!(error.contains("busy") && error.contains(&running), "{error}");
+    let first = first.join().unwrap();
+    let report = first.json();
+    assert_eq!(report["operation_id"], running.as_str());
+    assert!(
+        matches!(first.code, 0 | 2),
+        "the first restart ran to a verdict: {report:#}"
+    );
+    // A retry of the first request (say, after its reply was lost) starts
+    // nothing, on this pair or as a verification, and names what it started.
+    for retry in [
+        &["restart", "pd-pair", "demo", "--json", "--request-id", "change-4711"][..],
+        &["verify", "demo", "--json", "--request-id", "change-4711"][..],
+    ] {
+        let again = demo.cli(retry);
+        assert_eq!(again.code, 1, "{}", again.stdout);
+        let error = again.json()["error"].as_str().unwrap().to_string();
+        assert!(
+            error.contains("already used") && error.contains(&running) && error.contains("ended: "),
+            "{error}"
+        );
+    }
+    let history = demo.cli(&["history", "demo", "--json"]).json();
+    let ops: Vec<&str> = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["operation_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ops.iter().filter(|o| **o == running).count(), 1, "{history:#}");
+    let first_record = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["operation_id"] == running.as_str());
+    assert_eq!(first_record.unwrap()["request_id"], "change-4711", "{history:#}");
+    let bad = demo.cli(&["restart", "pd-pair", "demo", "--request-id", "has space"]);
+    assert_eq!(bad.code, 2, "clap usage error: {}", bad.stderr);
+    assert!(bad.stderr.contains("--request-id"), "{}", bad.stderr);
+}
+
+/// `/sim/stats`' `requests_total` of each named unit (client generations,
+/// probes included, counted on arrival).
+fn arrivals(demo: &HeldDemo, units: &[&str]) -> Vec<u64> {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    units
+        .iter()
+        .map(|u| {
+            let url = format!("{}/sim/stats", demo.unit_url(u));
+            rt.block_on(async {
+                let v: serde_json::Value = http
+                    .get(&url)
+                    .timeout(Duration::from_secs(5))
+                    .send()
+                    .await
+                    .unwrap_or_else(|e| panic!("GET {url}: {e}"))
+                    .json()
+                    .await
+                    .unwrap();
+                v["requests_total"].as_u64().unwrap_or_else(|| panic!("{url}: {v}"))
+            })
+        })
+        .collect()
+}
+
+/// Issue 18, point 2: a 2P2D pair behind the real sglang-router. The
+/// co-restart restarts every prefill, each gated on its own generation
+/// check, before any decode is spawned; every decode generates before the
+/// router is spawned; the verdict is healthy. A verification then reaches
+/// each decode (and each prefill) at least once through the router.
+#[test]
+fn an_xpyd_pair_restarts_every_prefill_then_every_decode_and_reaches_each() {
+    let _one = exclusive();
+    let demo = HeldDemo::start(&["--prefills", "2", "--decodes", "2"], Duration::from_secs(180));
+    let r = &demo.report;
+    assert!(r["verdict"].as_str().unwrap().starts_with("healthy"), "{r:#}");
+    let prefills = ["prefill-0", "prefill-1"];
+    let decodes = ["decode-0", "decode-1"];
+    for unit in prefills.iter().chain(&decodes) {
+        let phases = ["spawned", "healthy", "generating"].map(|p| must_at(r, unit, p));
+        assert!(phases.windows(2).all(|w| w[0] <= w[1]), "{unit}: {phases:?}");
+    }
+    let last_prefill = prefills.iter().map(|u| must_at(r, u, "generating")).max().unwrap();
+    let first_decode = decodes.iter().map(|u| must_at(r, u, "spawned")).min().unwrap();
+    assert!(
+        last_prefill <= first_decode,
+        "a decode spawned before every prefill generated"
+    );
+    let last_decode = decodes.iter().map(|u| must_at(r, u, "generating")).max().unwrap();
+    assert!(last_decode <= must_at(r, "router-0", "spawned"));
+    let steps = step_names(r);
+    // One step per unit, every prefill's before any decode's.
+    let at = |name: &str| -> Vec<usize> {
+        steps
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| **s == name)
+            .map(|(i, _)| i)
+            .collect()
+    };
+    let (p, d) = (at("restart-prefill"), at("restart-decode"));
+    assert_eq!((p.len(), d.len()), (2, 2), "{steps:?}");
+    assert!(p.iter().max() < d.iter().min(), "{steps:?}");
+
+    let units: Vec<&str> = prefills.iter().chain(&decodes).copied().collect();
+    let before = arrivals(&demo, &units);
+    let out = demo.cli_within(&["verify", "demo", "--json"], Duration::from_secs(120));
+    let v = out.json();
+    assert_eq!(out.code, 0, "{v:#}");
+    let after = arrivals(&demo, &units);
+    for ((u, b), a) in units.iter().zip(&before).zip(&after) {
+        assert!(a > b, "{u} received none of the verification's requests ({b} → {a})");
+    }
+    println!(
+        "2P2D co-restart: {} in {:.1} s; verification requests per unit {:?}",
+        r["verdict"],
+        r["total_ms"].as_f64().unwrap_or(0.0) / 1000.0,
+        units
+            .iter()
+            .zip(before.iter().zip(&after))
+            .map(|(u, (b, a))| format!("{u} +{}", a - b))
+            .collect::<Vec<_>>()
+    );
+}

@@ -1,0 +1,22 @@
+//! Cross-process scenarios: real processes on loopback, the real
+//! sglang-router, pd-sim standing in for the GPU engines. One test binary
+//! (ripgrep style); one module per area.
+
+// Black-box tests of real processes: they time them with the wall clock
+// (clippy.toml bans it elsewhere).
+#![allow(clippy::disallowed_methods)]
+
+mod co_restart;
+mod deploy;
+mod faults;
+mod gate;
+mod harness;
+mod incidents;
+mod metrics;
+mod partition;
+mod soak;
+mod suite;
+mod verdicts;
+mod vllm;
+mod watch;
+mod wedges;

@@ -1,0 +1,183 @@
+//! Issue 13 on a real stack (orchestrator, agent, pd-sim in the SGLang
+//! profile, the real sglang-router): the watch never recovers a pair doing
+//! legitimate long work — the client's request completes — and confirms and
+//! recovers each kind of wedge. The cases are `pd_sim::watch_cases` (the
+//! benchmark runs the same ones and tabulates them); this module only runs
+//! them and checks the outcome. Figures are printed (`--nocapture`).
+
+use std::time::Duration;
+
+use pd_sim::watch_cases::{self, Expect, Urls};
+use serde_json::Value;
+
+use crate::harness::{HeldDemo, exclusive, poll};
+
+const TIME_SCALE: f64 = 0.05;
+
+fn watch_of(demo: &HeldDemo) -> Value {
+    let st = demo.cli(&["status", "--json"]).json();
+    st["watch"]
+        .as_array()
+        .and_then(|w| w.iter().find(|p| p["pair"] == "demo"))
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+/// The automatic operations (started by the watch) in the pair's history.
+fn automatic_ops(demo: &HeldDemo) -> Vec<Value> {
+    let history = demo.cli(&["history", "demo", "--json"]).json();
+    history
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|op| op["trigger"]["automatic"] == true)
+        .cloned()
+        .collect()
+}
+
+fn run(name: &str) {
+    let _one = exclusive();
+    case_outcome(name);
+}
+
+/// Runs one case on a fresh pd-sim stack and checks its outcome; returns
+/// the wedge kind the watch confirmed (`None` for legitimate work). The
+/// caller holds [`exclusive`] (the real-engine tier runs a case to compare
+/// its verdict with the real engine's).
+pub fn case_outcome(name: &str) -> Option<String> {
+    let case = watch_cases::case(name);
+    let demo = HeldDemo::start(case.demo_args, Duration::from_secs(180));
+    assert!(
+        demo.report["verdict"].as_str().unwrap().starts_with("healthy"),
+        "{:#}",
+        demo.report
+    );
+    poll("watch healthy after the restart", Duration::from_secs(30), || {
+        (watch_of(&demo)["state"] == "healthy").then_some(())
+    });
+    let urls = Urls {
+        router: demo.unit_url("router-0"),
+        prefill: demo.unit_url("prefill-0"),
+        decode: demo.unit_url("decode-0"),
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let started = rt
+        .block_on(watch_cases::start(case, &urls, TIME_SCALE, Duration::from_secs(90)))
+        .expect("the case starts");
+    let onset = started.onset_mono_ms;
+    match case.expect {
+        Expect::Legitimate => {
+            let mut states = Vec::new();
+            let outcomes = rt.block_on(async {
+                let watcher = async {
+                    // The watch's view while the work runs (every 0.5 s).
+                    loop {
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        let w = tokio::task::block_in_place(|| watch_of(&demo));
+                        states.push(w["state"].as_str().unwrap_or("").to_string());
+                    }
+                };
+                tokio::select! {
+                    o = started.outcomes() => o,
+                    () = watcher => unreachable!(),
+                }
+            });
+            // Watch on after the work, for the stall budget and more.
+            std::thread::sleep(Duration::from_secs(4));
+            let auto = automatic_ops(&demo);
+            println!("{name}: {}", case.what);
+            println!("  client outcomes: {outcomes:?}");
+            println!("  watch states while it ran: {states:?}");
+            assert!(auto.is_empty(), "honest work was recovered: {auto:#?}");
+            assert!(
+                outcomes.iter().all(|o| o.completed()),
+                "a client request did not complete: {outcomes:?}"
+            );
+            assert!(!states.iter().any(|s| s == "wedged" || s == "recovering"), "{states:?}");
+            assert_eq!(watch_of(&demo)["state"], "healthy");
+            None
+        }
+        Expect::Wedge(kinds) => {
+            let recovered = poll("an automatic recovery concludes", Duration::from_secs(150), || {
+                let w = watch_of(&demo);
+                (w["last_recovery"]["verdict"].is_string() && w["state"] == "healthy").then_some(w)
+            });
+            let rec = &recovered["last_recovery"];
+            assert!(rec["verdict"].as_str().unwrap().starts_with("healthy"), "{recovered:#}");
+            let auto = automatic_ops(&demo);
+            let op = auto
+                .iter()
+                .find(|op| op["operation_id"] == rec["operation_id"])
+                .unwrap_or_else(|| panic!("the automatic operation is not in the history: {auto:#?}"));
+            let wedge = &op["trigger"]["wedge"];
+            let kind = wedge["kind"].as_str().unwrap_or("");
+            assert!(
+                kinds.contains(&kind),
+                "confirmed as {kind}, expected one of {kinds:?}: {:#}",
+                op["trigger"]
+            );
+            let ruled_out = wedge["ruled_out"].as_array().unwrap();
+            assert!(!ruled_out.is_empty(), "{wedge:#}");
+            let detected = op["trigger"]["detected_mono_ms"].as_f64().unwrap();
+            println!("{name}: {}", case.what);
+            println!(
+                "  confirmed as {kind} {:.1} s after the case began, {:.1} s after the silence began (detection_ms {}); recovery verdict {}",
+                (detected - onset) / 1000.0,
+                wedge["detection_ms"].as_f64().unwrap_or(f64::NAN) / 1000.0,
+                wedge["detection_ms"],
+                rec["verdict"]
+            );
+            println!("  reasons: {}", op["trigger"]["reasons"]);
+            println!("  ruled out: {}", wedge["ruled_out"]);
+            assert_eq!(auto.len(), 1, "one recovery for one wedge: {auto:#?}");
+            // The clients of a wedged pair fail (their requests die with it).
+            drop(rt);
+            Some(kind.to_string())
+        }
+    }
+}
+
+#[test]
+fn long_prefill_on_serial_engine_is_never_recovered() {
+    run("long_prefill_on_serial_engine");
+}
+
+#[test]
+fn long_generation_at_low_tokens_per_s_is_never_recovered() {
+    run("long_generation_at_low_tokens_per_s");
+}
+
+#[test]
+fn decode_waiting_on_slow_kv_transfer_is_never_recovered() {
+    run("decode_waiting_on_slow_kv_transfer");
+}
+
+#[test]
+fn burst_that_fills_the_queue_is_never_recovered() {
+    run("burst_fills_the_queue");
+}
+
+#[test]
+fn slot_leak_is_confirmed_and_recovered() {
+    run("slot_leak");
+}
+
+#[test]
+fn generation_hang_behind_health_200_is_confirmed_and_recovered() {
+    run("generation_hangs_health_200");
+}
+
+#[test]
+fn generation_hang_on_an_old_engine_is_confirmed_by_a_probe() {
+    run("generation_hangs_old_engine");
+}
+
+#[test]
+fn degraded_kv_bootstrap_is_confirmed_and_recovered() {
+    run("degraded_kv_bootstrap");
+}
+
+#[test]
+fn partial_wedge_is_confirmed_and_recovered() {
+    run("partial_wedge");
+}
