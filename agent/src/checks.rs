@@ -84,6 +84,43 @@ pub async fn chat_probe(client: &reqwest::Client, base_url: &str, chat: &ChatPro
     post_generation(client, &url, &body, timeout).await
 }
 
+/// One probe over a prefill → decode KV path (`ProbeRequest.pd_path`), as
+/// sglang-router sends a request (ROUTER-NOTES.md): the chat body with
+/// `bootstrap_host`, `bootstrap_port` and a random `bootstrap_room` goes to
+/// the prefill and to the decode at once, both probe-tagged; the decode's
+/// answer is the outcome (it holds only once the KV came over), the
+/// prefill's is awaited within the same timeout but decides nothing.
+pub async fn pd_path_probe(
+    client: &reqwest::Client,
+    prefill_url: &str,
+    path: &pdwarden_proto::v1::PdPath,
+    chat: &ChatProbe,
+    timeout: Duration,
+) -> ChatOutcome {
+    let body = json!({
+        "model": chat.model,
+        "messages": [{"role": "user", "content": chat.prompt}],
+        "max_tokens": chat.max_tokens,
+        "stream": false,
+        "temperature": 0,
+        "bootstrap_host": path.bootstrap_host,
+        "bootstrap_port": path.bootstrap_port,
+        "bootstrap_room": rand_room(),
+    });
+    let prefill = format!("{}/v1/chat/completions", prefill_url.trim_end_matches('/'));
+    let decode = format!("{}/v1/chat/completions", path.decode_url.trim_end_matches('/'));
+    let (_, outcome) = tokio::join!(
+        post_generation(client, &prefill, &body, timeout),
+        post_generation(client, &decode, &body, timeout)
+    );
+    outcome
+}
+
+/// A bootstrap room: SGLang's router draws a random u63.
+fn rand_room() -> u64 {
+    uuid::Uuid::new_v4().as_u64_pair().0 >> 1
+}
+
 /// The generation check of an engine with no generating GET (vLLM, issue
 /// 15): the model it serves (`GET /v1/models`), then one probe-tagged
 /// `POST /v1/completions` straight to it with `max_tokens` 1 and

@@ -227,6 +227,17 @@ impl Dispatcher {
                     Kind::GateResult(crate::gate::run_step(&http, base_url, running, &ctx.id, step).await)
                 })
             }
+            Some(Action::RouterWorkers(cmd)) => {
+                let unit = self
+                    .supervisor
+                    .unit_config(&cmd.unit)
+                    .map(|u| (u.engine_kind(), u.base_url.clone()));
+                let http = self.http.clone();
+                info!(command_id = %ctx.id, unit = %cmd.unit, op = cmd.op, "router workers");
+                Box::pin(async move {
+                    Kind::RouterWorkersResult(crate::router_api::answer(&http, unit, &ctx.id, cmd).await)
+                })
+            }
             None => Box::pin(async move {
                 Kind::CommandResult(CommandResult {
                     command_id: ctx.id.clone(),
@@ -380,7 +391,17 @@ async fn run_probe(
     } else {
         probe.timeout_ms
     });
-    let r = chat_probe(http, &base_url, &chat, timeout).await;
+    let r = match &probe.pd_path {
+        Some(path) => {
+            let prefill = if path.prefill_url.is_empty() {
+                base_url.as_str()
+            } else {
+                path.prefill_url.as_str()
+            };
+            crate::checks::pd_path_probe(http, prefill, path, &chat, timeout).await
+        }
+        None => chat_probe(http, &base_url, &chat, timeout).await,
+    };
     info!(
         command_id = %ctx.id, unit = %probe.unit, seq = probe.seq, outcome = ?r.outcome,
         latency_ms = r.latency.as_millis() as u64, tokens = r.tokens, "probe"

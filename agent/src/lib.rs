@@ -59,6 +59,7 @@ pub mod metrics;
 mod outbox;
 pub mod preflight;
 pub mod readiness;
+pub mod router_api;
 pub use pdwarden_security::redact;
 pub mod service;
 mod service_manager;

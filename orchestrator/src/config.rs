@@ -124,6 +124,66 @@ pub struct PairConfig {
     /// The change gate's benchmark and tolerance (issue 7).
     #[serde(default)]
     pub gate: crate::ops::gate::config::GateConfig,
+    /// The router the pair's clients use when it is not the pair's own
+    /// (shared with other pairs): a co-restart takes the pair's engines out
+    /// of it first, waits for their work to drain, verifies the pair through
+    /// its own router and only then puts them back (issue 18).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serving_router: Option<ServingRouterConfig>,
+}
+
+/// `[pair.serving_router]`: a router unit outside every pair (its agent
+/// calls the router's worker API), and how long a drain may take.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServingRouterConfig {
+    /// The agent host that runs the serving router.
+    pub host: String,
+    /// The router's unit on that host (an `sglang-router` or `vllm-router`).
+    pub unit: String,
+    /// How long the pair's in-flight requests and KV transfers may take to
+    /// reach zero once it is out of rotation; past it the restart goes on,
+    /// and the report says what was still in flight.
+    #[serde(default = "ServingRouterConfig::default_drain_timeout_ms")]
+    pub drain_timeout_ms: u64,
+    /// How long the router may take to list the pair's engines healthy
+    /// again after they are put back.
+    #[serde(default = "ServingRouterConfig::default_rejoin_timeout_ms")]
+    pub rejoin_timeout_ms: u64,
+    /// Between two reads of the engines' gauges (and of the router's list).
+    #[serde(default = "ServingRouterConfig::default_poll_ms")]
+    pub poll_ms: u64,
+}
+
+impl ServingRouterConfig {
+    pub fn new(host: impl Into<String>, unit: impl Into<String>) -> Self {
+        ServingRouterConfig {
+            host: host.into(),
+            unit: unit.into(),
+            drain_timeout_ms: Self::default_drain_timeout_ms(),
+            rejoin_timeout_ms: Self::default_rejoin_timeout_ms(),
+            poll_ms: Self::default_poll_ms(),
+        }
+    }
+
+    /// SGLang refreshes an idle engine's gauges at most every 30 s
+    /// (`pdwarden_engines`' profile): a drain must be able to outlast one
+    /// stale reading.
+    fn default_drain_timeout_ms() -> u64 {
+        60_000
+    }
+
+    fn default_rejoin_timeout_ms() -> u64 {
+        30_000
+    }
+
+    fn default_poll_ms() -> u64 {
+        250
+    }
+
+    pub fn unit_ref(&self) -> UnitRef {
+        UnitRef::new(self.host.clone(), self.unit.clone())
+    }
 }
 
 /// The continuous watch of a pair: passive engine metrics first, active
@@ -300,6 +360,7 @@ impl PairConfig {
             suite: SuiteConfig::default(),
             watch: WatchConfig::default(),
             gate: crate::ops::gate::config::GateConfig::default(),
+            serving_router: None,
         }
     }
 }
@@ -790,6 +851,36 @@ impl OrchestratorConfig {
                         if cold == 1 { "" } else { "s" },
                         if cold == 1 { "pair" } else { "engine of the larger side" },
                         pr.warm_probes
+                    ),
+                ));
+            }
+            if let Some(sr) = &p.serving_router {
+                if sr.host.is_empty() || sr.unit.is_empty() {
+                    return Err(invalid(at("serving_router"), "host and unit must not be empty"));
+                }
+                for (f, v) in [
+                    ("serving_router.drain_timeout_ms", sr.drain_timeout_ms),
+                    ("serving_router.rejoin_timeout_ms", sr.rejoin_timeout_ms),
+                    ("serving_router.poll_ms", sr.poll_ms),
+                ] {
+                    if v == 0 {
+                        return Err(invalid(at(f), "must be greater than 0"));
+                    }
+                }
+            }
+        }
+        // The serving router is the clients' router, outside every pair: a
+        // pair's own router is restarted with its pair (and would cut the
+        // traffic of every other pair behind it).
+        for (i, p) in self.pairs.iter().enumerate() {
+            if let Some(sr) = &p.serving_router
+                && owners.contains(&sr.unit_ref())
+            {
+                return Err(invalid(
+                    format!("pair[{i}].serving_router"),
+                    format!(
+                        "{} is a unit of a pair; the serving router is the one clients use, outside every pair (the pair is verified through its own router)",
+                        sr.unit_ref()
                     ),
                 ));
             }

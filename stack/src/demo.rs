@@ -110,6 +110,18 @@ pub struct DemoArgs {
     /// which routes round robin so that the verification reaches each.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=4))]
     pub decodes: u16,
+    /// Two pairs (`demo` and `demo-b`, pd-sim each behind its own router)
+    /// and one serving router in front of both that clients use
+    /// (`router-shared`, the real sglang-router): both pairs join it, then
+    /// `demo` is restarted under steady client traffic — drained out of the
+    /// serving router, restarted, verified through its own router and its
+    /// KV paths to the other pair, and put back only if they all hold.
+    #[arg(long)]
+    pub shared_router: bool,
+    /// The pair's sglang-router policy (`--policy`); default: `round_robin`
+    /// for an xPyD pair, else the router's own (`cache_aware`).
+    #[arg(long)]
+    pub router_policy: Option<String>,
 }
 
 /// What a demo concluded: the CLI's exit code and its `--json` object.
@@ -133,7 +145,7 @@ impl DemoOutcome {
         }
     }
 
-    fn for_report(report: &OperationReport, json: Value) -> Self {
+    pub(crate) fn for_report(report: &OperationReport, json: Value) -> Self {
         DemoOutcome {
             code: if report.verdict.is_healthy() { 0 } else { 2 },
             json,
@@ -216,6 +228,7 @@ pub async fn start(args: &DemoArgs, given: Credentials) -> Demo {
         Some(incident @ (Incident::OrchestratorCrash | Incident::OrchestratorCrashMidGate)) => {
             crash_drill(&mut stack, args, incident).await
         }
+        _ if args.shared_router => crate::rolling::under_traffic(&stack, args).await,
         _ => restart(&stack, args).await,
     };
     if outcome.code == 1 {
@@ -290,8 +303,14 @@ async fn restart(stack: &Stack, args: &DemoArgs) -> DemoOutcome {
         }
         outcome.json["incident"] = json!(incident.name());
     }
+    outcome.json["demo"] = demo_json(stack);
+    outcome
+}
+
+/// How to reach the demo's stack (`demo` in its `--json`).
+pub(crate) fn demo_json(stack: &Stack) -> Value {
     let creds = &stack.connection.credentials;
-    outcome.json["demo"] = json!({
+    json!({
         "orchestrator": stack.connection.url,
         "readiness": stack.plan.readiness_url,
         "agent_metrics": stack.plan.agent_metrics_url,
@@ -300,8 +319,8 @@ async fn restart(stack: &Stack, args: &DemoArgs) -> DemoOutcome {
         // throw-away token for this demo only).
         "ca": creds.ca.as_ref().map(|p| p.display().to_string()),
         "token": creds.token,
-    });
-    outcome
+        "serving_router": stack.plan.serving_router_url,
+    })
 }
 
 /// How to reach a held demo, for the line the CLI prints.

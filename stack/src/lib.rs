@@ -15,6 +15,8 @@
 //! - [`stack`]: a running stack ([`stack::Stack`]).
 //! - [`demo`]: `pdwarden demo` ([`demo::start`], [`demo::Demo::stop`]).
 //! - [`drill`]: `pdwarden demo --incident NAME`.
+//! - [`rolling`]: `pdwarden demo --shared-router`: two pairs behind one
+//!   serving router, one restarted under client traffic.
 //! - [`soak`]: `pdwarden soak`: operations and random kills in a loop, the invariants checked.
 //! - [`vllm`]: the stack on a real vLLM pair behind vllm-router (`--engine vllm`).
 
@@ -26,6 +28,7 @@ pub mod demo;
 pub mod drill;
 pub mod plan;
 pub mod process;
+pub mod rolling;
 pub mod soak;
 pub mod stack;
 pub mod vllm;

@@ -31,6 +31,9 @@ pub const DEFAULT_TIME_SCALE: f64 = 0.05;
 
 /// The one pair of the local stack, and the host its agent runs as.
 pub const PAIR: &str = "demo";
+/// The second pair of `--shared-router`, and the serving router's unit.
+pub const PAIR_B: &str = "demo-b";
+pub const SERVING_ROUTER: &str = "router-shared";
 pub const HOST: &str = "local";
 pub const MODEL: &str = "demo-model";
 
@@ -51,6 +54,10 @@ pub struct StackPlan {
     pub readiness_url: String,
     /// The agent's Prometheus endpoint (`metrics_listen`).
     pub agent_metrics_url: String,
+    /// `--shared-router`: the router clients use, in front of both pairs.
+    pub serving_router_url: Option<String>,
+    /// Each pair's engines: (pair, unit, base URL).
+    pub engines: Vec<(String, String, String)>,
 }
 
 impl StackPlan {
@@ -115,6 +122,8 @@ pub fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<Configs> {
                 (args.engines_serial, "--engines-serial"),
                 (args.prefills > 1, "--prefills"),
                 (args.decodes > 1, "--decodes"),
+                (args.shared_router, "--shared-router"),
+                (args.router_policy.is_some(), "--router-policy"),
             ] {
                 if given {
                     bail!("{flag} is pd-sim's: not with --engine vllm");
@@ -140,6 +149,9 @@ pub fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<Configs> {
     let xpyd = args.prefills > 1 || args.decodes > 1;
     if xpyd && args.incident.is_some() {
         bail!("--prefills/--decodes: the incident drills run on a 1P1D pair, not with --incident");
+    }
+    if args.shared_router && (xpyd || args.incident.is_some()) {
+        bail!("--shared-router: two 1P1D pairs behind one router, not with --prefills/--decodes or --incident");
     }
     let pd_sim = binary("pd-sim")?;
     let smg = match vllm {
@@ -231,10 +243,13 @@ pub fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<Configs> {
     for port in std::iter::once(decode).chain(more_decodes.iter().copied()) {
         router_argv.extend(["--decode".into(), loopback(port)]);
     }
-    if xpyd {
-        // cache_aware (the default) sends an idle pair's similar prompts to
-        // one worker: the verification would never reach the others.
-        router_argv.extend(["--policy".into(), "round_robin".into()]);
+    // cache_aware (the router's default) sends an idle pair's similar
+    // prompts to one worker: an xPyD pair's verification then reaches the
+    // others only by the co-restart's own direct PD requests.
+    match (&args.router_policy, xpyd) {
+        (Some(policy), _) => router_argv.extend(["--policy".into(), policy.clone()]),
+        (None, true) => router_argv.extend(["--policy".into(), "round_robin".into()]),
+        (None, false) => {}
     }
     router_argv.extend([
         "--host".into(),
@@ -287,6 +302,86 @@ pub fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<Configs> {
         agent.units.push(u);
     }
     agent.units.push(router_unit);
+    // --shared-router: pair B (its engines behind its own router) and the
+    // serving router in front of both pairs, started with no worker: each
+    // pair joins it after a healthy restart.
+    let mut engines = vec![
+        (PAIR.to_string(), "prefill-0".to_string(), loopback(prefill)),
+        (PAIR.to_string(), "decode-0".to_string(), loopback(decode)),
+    ];
+    let mut serving_router_url = None;
+    if args.shared_router {
+        let (bp, bb, bd, br, bprom, sr, sprom) = (
+            late_bind_port()?,
+            late_bind_port()?,
+            late_bind_port()?,
+            late_bind_port()?,
+            late_bind_port()?,
+            late_bind_port()?,
+            late_bind_port()?,
+        );
+        let smg_launch = |workers: Vec<String>, port: u16, prom: u16| -> Vec<String> {
+            let mut v: Vec<String> = vec![smg.display().to_string(), "launch".into(), "--pd-disaggregation".into()];
+            v.extend(workers);
+            v.extend(
+                [
+                    "--policy",
+                    "round_robin",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    &port.to_string(),
+                    "--prometheus-port",
+                    &prom.to_string(),
+                    "--log-level",
+                    "warn",
+                ]
+                .map(String::from),
+            );
+            v
+        };
+        let mut p = UnitConfig::new(
+            "b-prefill-0",
+            Role::Prefill,
+            engine("prefill", bp, bb, &PREFILL_TIMING, &args.prefill_sim)?,
+            loopback(bp),
+        );
+        p.engine = Some(EngineKind::Sglang);
+        p.bootstrap_port = Some(bb);
+        let mut d = UnitConfig::new(
+            "b-decode-0",
+            Role::Decode,
+            engine("decode", bd, 0, &DECODE_TIMING, &args.decode_sim)?,
+            loopback(bd),
+        );
+        d.engine = Some(EngineKind::Sglang);
+        let mut r = UnitConfig::new(
+            "b-router-0",
+            Role::Router,
+            smg_launch(
+                vec![
+                    "--prefill".into(),
+                    loopback(bp),
+                    bb.to_string(),
+                    "--decode".into(),
+                    loopback(bd),
+                ],
+                br,
+                bprom,
+            ),
+            loopback(br),
+        );
+        r.engine = Some(EngineKind::SglangRouter);
+        let mut shared = UnitConfig::new(SERVING_ROUTER, Role::Router, smg_launch(Vec::new(), sr, sprom), loopback(sr));
+        shared.engine = Some(EngineKind::SglangRouter);
+        // Up from the agent's start; with no worker its /readiness is 503.
+        shared.autostart = true;
+        shared.health_path = Some("/liveness".into());
+        agent.units.extend([p, d, r, shared]);
+        engines.push((PAIR_B.into(), "b-prefill-0".into(), loopback(bp)));
+        engines.push((PAIR_B.into(), "b-decode-0".into(), loopback(bd)));
+        serving_router_url = Some(loopback(sr));
+    }
     if let Some(v) = &vllm {
         agent.units = v.units([prefill, decode, router, prom], &dir.join("kv")).to_vec();
         prefill_argv = agent.units[0].argv.clone();
@@ -420,7 +515,22 @@ pub fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<Configs> {
     if vllm.is_some() {
         real_time_budgets(&mut pair);
     }
-    orchestrator.pairs = vec![pair];
+    if args.shared_router {
+        let mut serving = pdwarden_orchestrator::config::ServingRouterConfig::new(HOST, SERVING_ROUTER);
+        // pd-sim's gauges move with every request: the drain ends as soon
+        // as the work does; the bound only matters for a stuck one.
+        serving.drain_timeout_ms = scaled(60_000).max(10_000);
+        serving.poll_ms = 100;
+        pair.serving_router = Some(serving);
+        let mut b = pair.clone();
+        b.name = PAIR_B.into();
+        b.prefill = vec![UnitRef::new(HOST, "b-prefill-0")];
+        b.decode = vec![UnitRef::new(HOST, "b-decode-0")];
+        b.router = vec![UnitRef::new(HOST, "b-router-0")];
+        orchestrator.pairs = vec![pair, b];
+    } else {
+        orchestrator.pairs = vec![pair];
+    }
 
     let agent_path = dir.join("agent.toml");
     let orchestrator_path = dir.join("orchestrator.toml");
@@ -443,6 +553,8 @@ pub fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<Configs> {
             router_url: loopback(router),
             readiness_url: loopback(readiness),
             agent_metrics_url: loopback(agent_metrics),
+            serving_router_url,
+            engines,
         },
     })
 }

@@ -184,6 +184,7 @@ async fn start_duplicate_probe_stop_over_grpc() {
             }),
             timeout_ms: 5_000,
             seq: 7,
+            pd_path: None,
         }),
     ));
     let (p, _) = until(&mut s, probe_result).await;

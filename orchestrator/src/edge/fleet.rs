@@ -304,6 +304,10 @@ impl Fleet {
                 let id = r.command_id.clone();
                 self.deliver(host, &id, AgentReport::Scrape(r));
             }
+            Some(agent_message::Kind::RouterWorkersResult(r)) => {
+                let id = r.command_id.clone();
+                self.deliver(host, &id, AgentReport::RouterWorkers(r));
+            }
             Some(agent_message::Kind::Register(reg)) => {
                 // A re-registration on a live stream refreshes the facts.
                 let mut st = self.lock();

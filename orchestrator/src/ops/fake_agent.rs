@@ -210,6 +210,17 @@ struct State {
     benchmarks: u64,
     /// What the preflight says would stop a unit from starting, by unit.
     start_problems: HashMap<String, String>,
+    /// A serving router unit of this agent (its name) and the workers it
+    /// lists (`agent/src/router_api.rs` over sglang-router's worker API;
+    /// removals and additions show at the next list).
+    router: Option<String>,
+    router_workers: Vec<pdwarden_proto::v1::RouterWorker>,
+    /// Every worker API call, in order: (op, urls), and the list calls' times.
+    router_calls: Vec<(i32, Vec<String>, Instant)>,
+    /// Engines with work in flight until then (their scrapes say 1 running).
+    busy_until: HashMap<String, Instant>,
+    /// KV paths (prefill url, decode url) whose transfers fail.
+    broken_paths: Vec<(String, String)>,
 }
 
 impl State {
@@ -379,6 +390,91 @@ impl FakeAgent {
     }
 
     /// With the knob on, a decode generates `factor` times slower.
+    /// Makes `unit` (of this agent) a serving router listing `workers`
+    /// (urls of other units' `base_url`s, typed by their role).
+    pub(crate) fn with_serving_router(self, unit: &str) -> Self {
+        {
+            let mut st = self.lock();
+            st.router = Some(unit.into());
+            let listed: Vec<_> = st
+                .units
+                .values()
+                .filter(|(m, _)| m.role != Role::Router)
+                .map(|(m, info)| pdwarden_proto::v1::RouterWorker {
+                    url: info.base_url.clone(),
+                    worker_type: if m.role == Role::Prefill { "prefill" } else { "decode" }.into(),
+                    id: format!("id-{}", m.name),
+                    healthy: true,
+                    ..Default::default()
+                })
+                .collect();
+            st.router_workers = listed;
+        }
+        self
+    }
+
+    /// Transfers from the prefill at `prefill_url` to the decode at
+    /// `decode_url` fail (a stale bootstrap identity).
+    pub(crate) fn break_kv_path(&self, prefill_url: &str, decode_url: &str) {
+        self.lock().broken_paths.push((prefill_url.into(), decode_url.into()));
+    }
+
+    /// `unit` has work in flight for `for_ms` from now.
+    pub(crate) fn busy_for(&self, unit: &str, for_ms: u64) {
+        self.lock()
+            .busy_until
+            .insert(unit.into(), Instant::now() + Duration::from_millis(for_ms));
+    }
+
+    /// The worker API calls so far: (op, urls, when).
+    pub(crate) fn router_calls(&self) -> Vec<(i32, Vec<String>, Instant)> {
+        self.lock().router_calls.clone()
+    }
+
+    /// The urls the serving router lists now.
+    pub(crate) fn router_lists(&self) -> Vec<String> {
+        self.lock().router_workers.iter().map(|w| w.url.clone()).collect()
+    }
+
+    /// A call of the worker API (`agent/src/router_api.rs`'s contract).
+    fn router_workers(
+        &self,
+        id: &str,
+        r: pdwarden_proto::v1::RouterWorkers,
+    ) -> pdwarden_proto::v1::RouterWorkersResult {
+        use pdwarden_proto::v1::RouterWorkersOp as Op;
+        let mut st = self.lock();
+        let mut result = pdwarden_proto::v1::RouterWorkersResult {
+            command_id: id.into(),
+            unit: r.unit.clone(),
+            ..Default::default()
+        };
+        if st.router.as_deref() != Some(r.unit.as_str()) {
+            result.error = format!("{} has no worker API pdwarden can drive", r.unit);
+            return result;
+        }
+        let urls: Vec<String> = r.workers.iter().map(|w| w.url.clone()).collect();
+        st.router_calls.push((r.op, urls.clone(), Instant::now()));
+        match Op::try_from(r.op).unwrap_or(Op::Unspecified) {
+            Op::Remove => st.router_workers.retain(|w| !urls.contains(&w.url)),
+            Op::Add => {
+                for w in r.workers {
+                    if !st.router_workers.iter().any(|l| l.url == w.url) {
+                        st.router_workers.push(pdwarden_proto::v1::RouterWorker {
+                            healthy: true,
+                            id: format!("id-{}", w.url),
+                            ..w
+                        });
+                    }
+                }
+            }
+            Op::List | Op::Unspecified => {}
+        }
+        result.ok = true;
+        result.workers = st.router_workers.clone();
+        result
+    }
+
     pub(crate) fn with_knob_slowdown(self, factor: f64) -> Self {
         self.lock().knob_slowdown = factor;
         self
@@ -444,6 +540,7 @@ impl FakeAgent {
             Kind::ScrapeResult(r) => (r.command_id.clone(), AgentReport::Scrape(r)),
             Kind::UnitConfigResult(r) => (r.command_id.clone(), AgentReport::UnitConfig(r)),
             Kind::GateResult(r) => (r.command_id.clone(), AgentReport::Gate(r)),
+            Kind::RouterWorkersResult(r) => (r.command_id.clone(), AgentReport::RouterWorkers(r)),
             other => panic!("the fake agent does not say {other:?}"),
         };
         if let Some(routes) = link
@@ -482,10 +579,16 @@ impl FakeAgent {
                 let agent = self.clone();
                 let (dead, latency_ms) = {
                     let st = self.lock();
-                    let dead = st
-                        .units
-                        .get(&p.unit)
-                        .is_some_and(|(_, i)| i.phase == Phase::Exited as i32);
+                    let broken = p.pd_path.as_ref().is_some_and(|path| {
+                        st.broken_paths
+                            .iter()
+                            .any(|(pf, d)| *pf == path.prefill_url && *d == path.decode_url)
+                    });
+                    let dead = broken
+                        || st
+                            .units
+                            .get(&p.unit)
+                            .is_some_and(|(_, i)| i.phase == Phase::Exited as i32);
                     (dead, (20.0 * st.slowdown()) as u64)
                 };
                 tokio::spawn(async move {
@@ -518,12 +621,24 @@ impl FakeAgent {
                     );
                 });
             }
+            Some(Action::RouterWorkers(r)) => {
+                let result = self.router_workers(&id, r);
+                self.reply(&id, Kind::RouterWorkersResult(result));
+            }
             Some(Action::Scrape(s)) => {
+                let now = Instant::now();
+                let busy = self.lock().busy_until.clone();
                 let samples = s
                     .targets
                     .into_iter()
                     .map(|t| EngineSample {
                         command_id: id.clone(),
+                        running_reqs: Some(if busy.get(&t.unit).is_some_and(|until| now < *until) {
+                            1.0
+                        } else {
+                            0.0
+                        }),
+                        queued_reqs: Some(0.0),
                         unit: t.unit,
                         metrics_ok: true,
                         health_status: 200,

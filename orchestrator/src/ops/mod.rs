@@ -7,6 +7,8 @@
 //! - [`corestart`]: the ordered co-restart (and a verification), its resume.
 //! - [`gate`]: the change gate (apply, co-restart, verify live, measure,
 //!   keep or roll back), its resume.
+//! - [`drain`]: a pair out of its shared serving router before a
+//!   co-restart, back in after a healthy verdict.
 //! - [`watcher`]: the continuous per-pair watch and automatic recovery.
 //! - [`preflight`]: what is checked before an operation touches any unit.
 //! - [`port`]: the agent port — the runtime's only way to reach agents
@@ -20,6 +22,7 @@
 //!   run against at paused time.
 
 pub mod corestart;
+pub mod drain;
 #[cfg(test)]
 pub(crate) mod fake_agent;
 #[cfg(test)]

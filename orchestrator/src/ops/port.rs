@@ -38,6 +38,8 @@ pub enum AgentReport {
     UnitConfig(pdwarden_proto::v1::UnitConfigResult),
     /// A change gate measurement (process inspection, benchmark cell).
     Gate(pdwarden_proto::v1::GateAgentResult),
+    /// A router worker list's answer (drain before restart).
+    RouterWorkers(pdwarden_proto::v1::RouterWorkersResult),
     /// The agent's stream ended; no more reports will come for the command.
     Disconnected,
 }

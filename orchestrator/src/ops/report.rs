@@ -111,6 +111,10 @@ pub struct EngineCounterRecord {
     pub transfer_failed_total: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bootstrap_failed_total: Option<f64>,
+    /// Requests the engine finished (SGLang's `sglang:num_requests_total`):
+    /// whether the verification reached it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_total: Option<f64>,
     /// Why the scrape said nothing, if it did not.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub error: String,
@@ -151,6 +155,9 @@ pub struct OperationReport {
     /// cold starts are compared only between equal fingerprints.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub fingerprint: String,
+    /// Out of the shared serving router and back (`[pair.serving_router]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain: Option<crate::ops::drain::DrainRecord>,
     pub total_ms: u64,
 }
 

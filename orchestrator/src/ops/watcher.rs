@@ -873,6 +873,7 @@ async fn probe(
             chat: Some(chat),
             timeout_ms: timeout.as_millis() as u64,
             seq,
+            pd_path: None,
         })),
     };
     let mut request_id = String::new();

@@ -287,3 +287,35 @@ fn an_xpyd_pair_restarts_every_prefill_then_every_decode_and_reaches_each() {
             .collect::<Vec<_>>()
     );
 }
+
+/// Issue 18, point 2: behind the real router's default policy
+/// (`cache_aware`), an idle 2P2D pair's verification goes to one engine of
+/// each side. The co-restart sees from the engines' own request counters
+/// which it never reached and proves each with a PD request straight to it
+/// (and a partner of the other side) before calling the pair healthy.
+#[test]
+fn an_xpyd_pair_behind_cache_aware_proves_each_engine_the_router_did_not_reach() {
+    let _one = exclusive();
+    let demo = HeldDemo::start(
+        &["--prefills", "2", "--decodes", "2", "--router-policy", "cache_aware"],
+        Duration::from_secs(180),
+    );
+    let r = &demo.report;
+    assert!(r["verdict"].as_str().unwrap().starts_with("healthy"), "{r:#}");
+    let reasons: Vec<&str> = r["reasons"].as_array().unwrap().iter().filter_map(|v| v.as_str()).collect();
+    let proven: Vec<&&str> = reasons
+        .iter()
+        .filter(|l| l.contains("was not reached through the router"))
+        .collect();
+    assert!(!proven.is_empty(), "cache_aware reached every engine? {reasons:#?}");
+    let counters = r["engine_counters"].as_array().unwrap();
+    for c in counters {
+        let unit = c["unit"].as_str().unwrap();
+        let reached = c["requests_total"].as_f64().unwrap_or(0.0) > 0.0;
+        assert!(
+            reached || proven.iter().any(|l| l.starts_with(unit)),
+            "{unit} neither reached nor proven: {reasons:#?} {counters:#?}"
+        );
+    }
+    println!("{proven:#?}");
+}

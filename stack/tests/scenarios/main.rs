@@ -8,6 +8,7 @@
 
 mod co_restart;
 mod deploy;
+mod drain;
 mod faults;
 mod gate;
 mod harness;

@@ -173,7 +173,7 @@ impl CoRestart {
     pub fn begin(pair: &PairConfig, from: CoRestartStep, ids: &mut impl FnMut(&UnitRef) -> String) -> Step {
         use CoRestartStep as S;
         match from {
-            S::Started | S::RestartingPrefill => {
+            S::Started | S::Draining | S::RestartingPrefill => {
                 let prefill = starts(&pair.prefill, Role::Prefill, ids);
                 enter(CoRestart::StartingPrefill { prefill }, Role::Prefill)
             }
@@ -197,7 +197,7 @@ impl CoRestart {
                     Role::Router,
                 )
             }
-            S::Probing | S::Verifying => Step::Enter {
+            S::Probing | S::Verifying | S::Rejoining => Step::Enter {
                 next: CoRestart::Probing { started: Vec::new() },
                 starts: Vec::new(),
             },

@@ -68,6 +68,9 @@ impl OperationKind {
 pub enum CoRestartStep {
     /// The operation exists in the journal; nothing has been sent.
     Started,
+    /// Out of the shared serving router, waiting for the engines' work to
+    /// drain (`[pair.serving_router]` only).
+    Draining,
     /// Prefill restart sent; waiting for every prefill to generate. With the
     /// `overlap` policy decode is started here too, once prefill has spawned.
     RestartingPrefill,
@@ -80,18 +83,22 @@ pub enum CoRestartStep {
     Probing,
     /// The verification suite's steps through the router.
     Verifying,
+    /// Back into the shared serving router after a healthy verdict.
+    Rejoining,
     /// The verdict is recorded.
     Concluded,
 }
 
 impl CoRestartStep {
-    const ALL: [CoRestartStep; 7] = [
+    const ALL: [CoRestartStep; 9] = [
         Self::Started,
+        Self::Draining,
         Self::RestartingPrefill,
         Self::RestartingDecode,
         Self::RestartingRouter,
         Self::Probing,
         Self::Verifying,
+        Self::Rejoining,
         Self::Concluded,
     ];
 
@@ -104,11 +111,13 @@ impl CoRestartStep {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Started => "started",
+            Self::Draining => "draining",
             Self::RestartingPrefill => "restarting_prefill",
             Self::RestartingDecode => "restarting_decode",
             Self::RestartingRouter => "restarting_router",
             Self::Probing => "probing",
             Self::Verifying => "verifying",
+            Self::Rejoining => "rejoining",
             Self::Concluded => "concluded",
         }
     }
@@ -416,7 +425,8 @@ pub fn resume_point(
             S::RestartingDecode
         }
         Some(S::RestartingRouter) => S::RestartingRouter,
-        Some(S::Probing | S::Verifying) => S::Probing,
+        // Killed while rejoining: the verdict is reached again first.
+        Some(S::Probing | S::Verifying | S::Rejoining) => S::Probing,
         _ => S::RestartingPrefill,
     };
     let mut before: Vec<(&'static str, &UnitRef)> = Vec::new();
@@ -586,9 +596,31 @@ pub async fn run_operation_from(
         OperationKind::CoRestart => None,
         OperationKind::Verify { .. } => Some(run.scrape_engines().await),
     };
-    let journal_error = match kind {
-        OperationKind::CoRestart => run.drive(from).await.err(),
-        OperationKind::Verify { .. } => run.verify().await.err(),
+    // A pair behind a shared serving router leaves its rotation first
+    // (ops::drain). A recovery (its trigger journaled) does not wait for a
+    // wedged pair's work, and goes on if the drain cannot be done; any
+    // other co-restart touches nothing then.
+    let recovery = kind == OperationKind::CoRestart
+        && !rec
+            .journal
+            .read::<serde_json::Value>(&operation_id, "trigger")
+            .unwrap_or_default()
+            .is_empty();
+    let mut drained = match (kind, run.pair.serving_router.clone()) {
+        (OperationKind::CoRestart, Some(sr)) => {
+            let _ = rec.transition(CoRestartStep::Draining);
+            Some((crate::ops::drain::drain(&*run.ctx.agents, &rec, &run.pair, &sr, !recovery).await, sr))
+        }
+        _ => None,
+    };
+    let refused = drained
+        .as_ref()
+        .and_then(|(d, _)| d.error.clone())
+        .filter(|_| !recovery);
+    let journal_error = match (kind, &refused) {
+        (_, Some(_)) => None,
+        (OperationKind::CoRestart, None) => run.drive(from).await.err(),
+        (OperationKind::Verify { .. }, None) => run.verify().await.err(),
     };
 
     let now = rec.now_ms();
@@ -659,8 +691,18 @@ pub async fn run_operation_from(
         let after = run.scrape_engines().await;
         let engines = run.engine_failures(counters_before.as_ref(), &after);
         rec.journal_entry(rec.now_ms(), "engine_counters", &after);
-        engine_counters = after.into_values().collect();
         verdict = judge_engine_failures(verdict, &engines);
+        // xPyD: the router's policy may have sent every request to one
+        // engine of a side (cache_aware does, for an idle pair's similar
+        // prompts); an engine it never reached is proven directly.
+        if verdict.kind.is_healthy() && (run.pair.prefill.len() > 1 || run.pair.decode.len() > 1) {
+            let (lines, failed) = run.prove_unreached(counters_before.as_ref(), &after).await;
+            if failed {
+                verdict.kind = crate::judge::verdict::VerdictKind::Failed;
+            }
+            verdict.reasons.extend(lines);
+        }
+        engine_counters = after.into_values().collect();
     }
     // A unit of the pair not running now is evidence in itself, and the
     // agent said how it ended (issue 16, finding 7: a router killed
@@ -690,6 +732,30 @@ pub async fn run_operation_from(
             verdict.kind = crate::judge::verdict::VerdictKind::Failed;
         }
         verdict.reasons.splice(0..0, exits);
+    }
+    if refused.is_some() {
+        verdict.kind = crate::judge::verdict::VerdictKind::Failed;
+        verdict.reasons.insert(
+            0,
+            "not restarted: the pair could not be taken out of its serving router, and nothing was touched".into(),
+        );
+    } else if let Some((d, sr)) = drained.as_mut().filter(|(d, _)| d.error.is_none()) {
+        // (A recovery that could not drain never left the rotation.)
+        let _ = rec.transition(CoRestartStep::Rejoining);
+        let healthy = journal_error.is_none() && verdict.kind.is_healthy();
+        let r = crate::ops::drain::rejoin(&*run.ctx.agents, &rec, &run.pair, sr, healthy).await;
+        if healthy && !r.put_back {
+            verdict.kind = crate::judge::verdict::VerdictKind::Failed;
+        }
+        d.rejoin = Some(r);
+    }
+    if let Some((d, _)) = &drained {
+        let lines = d.reasons();
+        if refused.is_some() {
+            verdict.reasons.splice(1..1, lines);
+        } else {
+            verdict.reasons.extend(lines);
+        }
     }
     if let Some(note) = resume_note {
         verdict.reasons.push(note);
@@ -727,6 +793,7 @@ pub async fn run_operation_from(
         warm_budget_ms: policy.warm_budget_ms,
         cold_allowance: policy.cold_allowance,
         fingerprint,
+        drain: drained.map(|(d, _)| d),
         total_ms: rec.now_ms(),
     };
     if let Err(e) = rec.journal.conclude(&operation_id, report.verdict.as_str(), &report) {
@@ -1237,6 +1304,7 @@ impl CoRestart<'_> {
                         role: role.into(),
                         transfer_failed_total: sample.and_then(|s| s.transfer_failed_total),
                         bootstrap_failed_total: sample.and_then(|s| s.bootstrap_failed_total),
+                        requests_total: sample.and_then(|s| s.requests_total),
                         error: match sample {
                             None => "no answer from the agent".into(),
                             Some(s) if !s.metrics_ok => s.error.clone(),
@@ -1253,6 +1321,68 @@ impl CoRestart<'_> {
             .flatten()
             .map(|r| (r.unit.clone(), r))
             .collect()
+    }
+
+    /// The engines of an xPyD pair the verification did not reach through
+    /// the router (their finished-request counter did not move from
+    /// `before`, 0 for a restarted one), each proven by a PD request sent
+    /// straight to it and a partner of the other side (`ProbeRequest.pd_path`):
+    /// the lines for the report, and whether one of them failed.
+    async fn prove_unreached(
+        &self,
+        before: Option<&BTreeMap<String, EngineCounterRecord>>,
+        after: &BTreeMap<String, EngineCounterRecord>,
+    ) -> (Vec<String>, bool) {
+        let unreached = |u: &UnitRef| {
+            after.get(&u.unit).and_then(|a| a.requests_total).is_some_and(|now| {
+                let then = before
+                    .and_then(|b| b.get(&u.unit))
+                    .and_then(|b| b.requests_total)
+                    .unwrap_or(0.0);
+                now <= then
+            })
+        };
+        let facts = |u: &UnitRef| self.ctx.agents.unit(&u.host, &u.unit);
+        let (mut lines, mut failed) = (Vec::new(), false);
+        let (Some(p0), Some(d0)) = (self.pair.prefill.first(), self.pair.decode.first()) else {
+            return (lines, failed);
+        };
+        let mut paths: Vec<(&UnitRef, &UnitRef)> = Vec::new();
+        for d in self.pair.decode.iter().filter(|d| unreached(d)) {
+            paths.push((p0, d));
+        }
+        for p in self.pair.prefill.iter().filter(|p| unreached(p)) {
+            paths.push((p, d0));
+        }
+        for (p, d) in paths {
+            let (Some(pf), Some(df)) = (facts(p), facts(d)) else {
+                continue;
+            };
+            let path = pdwarden_proto::v1::PdPath {
+                decode_url: df.base_url.clone(),
+                bootstrap_host: crate::ops::drain::url_host(&pf.base_url).to_string(),
+                bootstrap_port: pf.bootstrap_port,
+                prefill_url: String::new(),
+            };
+            let target = if unreached(d) { &d.unit } else { &p.unit };
+            match crate::ops::drain::pd_probe(&*self.ctx.agents, p, &self.pair, path).await {
+                Ok(()) => lines.push(format!(
+                    "{target} was not reached through the router (its policy sent the verification elsewhere); a PD request straight from {} to {} reached it",
+                    p.unit, d.unit
+                )),
+                Err(e) => {
+                    failed = true;
+                    lines.insert(
+                        0,
+                        format!(
+                            "{target} is unproven: the router never sent it a request, and a PD request straight from {} to {} failed: {e}",
+                            p.unit, d.unit
+                        ),
+                    );
+                }
+            }
+        }
+        (lines, failed)
     }
 
     /// Each engine's counters from `before` (None: restarted here, so 0) to `after`.
@@ -1487,6 +1617,7 @@ impl CoRestart<'_> {
                 chat: Some(self.chat_probe()),
                 timeout_ms,
                 seq,
+                pd_path: None,
             })),
         };
         let mut record = ProbeRecord {
@@ -1704,6 +1835,7 @@ fn apply_report(rec: &Recorder, s: &mut UnitStart, report: AgentReport) {
         | AgentReport::Suite(_)
         | AgentReport::UnitConfig(_)
         | AgentReport::Gate(_)
+        | AgentReport::RouterWorkers(_)
         | AgentReport::Scrape(_) => {}
         AgentReport::Disconnected => {
             s.state = StartState::LostContact {

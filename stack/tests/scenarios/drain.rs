@@ -1,0 +1,50 @@
+//! Drain before restart behind a shared serving router (issue 18, point 1):
+//! two pd-sim pairs, each behind its own real sglang-router, and one more
+//! real sglang-router in front of both that the clients use
+//! (`pdwarden demo --shared-router`, `pdwarden_stack::rolling`).
+
+use std::time::Duration;
+
+use crate::harness::{demo, exclusive, step_names};
+
+/// Pair `demo` restarted under steady client traffic through the shared
+/// router while `demo-b` keeps serving: no client request fails, none
+/// reaches `demo`'s restarted engines while it is out of rotation, the
+/// drain ends when the engines' own gauges read idle (not after a fixed
+/// settle), and the pair goes back only if its own verification and every
+/// KV path the router would create to the other pair's engines hold.
+#[test]
+fn a_pair_restarted_behind_a_shared_router_under_traffic_drops_no_client_request() {
+    let _one = exclusive();
+    let out = demo(&["--shared-router", "--json"], Duration::from_secs(300));
+    let r = out.json();
+    let t = &r["traffic"];
+    assert!(t.is_object(), "no traffic summary: {r:#}\n{}", out.stderr);
+    assert_eq!(r["joins"]["demo-b"].as_str().map(|v| v.starts_with("healthy")), Some(true), "{r:#}");
+    assert_eq!(r["joins"]["demo"].as_str().map(|v| v.starts_with("healthy")), Some(true), "{r:#}");
+    assert_eq!(t["failed"], 0, "client requests failed: {t:#}");
+    assert!(t["requests"].as_u64().unwrap() >= 50, "{t:#}");
+    assert_eq!(t["reached_restarted_pair_while_out"], 0, "{t:#}");
+    assert!(
+        t["served_by_other_pair_during_restart"].as_u64().unwrap() > 0,
+        "demo-b served meanwhile: {t:#}"
+    );
+    let d = &r["drain"];
+    assert_eq!(d["router"], "local/router-shared", "{d:#}");
+    let removed: Vec<&str> = d["removed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["unit"].as_str().unwrap())
+        .collect();
+    assert_eq!(removed, ["local/prefill-0", "local/decode-0"], "{d:#}");
+    assert_eq!(d["waited"], true);
+    assert_eq!(d["timed_out"], false, "{d:#}");
+    let (out_at, drained_at) = (d["out_at_ms"].as_u64().unwrap(), d["drained_at_ms"].as_u64().unwrap());
+    assert!(out_at <= drained_at, "{d:#}");
+    let steps = step_names(&r);
+    assert_eq!(steps[0], "drain", "{steps:?}");
+    assert_eq!(&steps[1..4], ["restart-prefill", "restart-decode", "restart-router"], "{steps:?}");
+    println!("{:#}", r["reasons"]);
+    println!("{d:#}");
+}
