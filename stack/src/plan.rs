@@ -372,7 +372,12 @@ pub fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<Configs> {
             loopback(br),
         );
         r.engine = Some(EngineKind::SglangRouter);
-        let mut shared = UnitConfig::new(SERVING_ROUTER, Role::Router, smg_launch(Vec::new(), sr, sprom), loopback(sr));
+        let mut shared = UnitConfig::new(
+            SERVING_ROUTER,
+            Role::Router,
+            smg_launch(Vec::new(), sr, sprom),
+            loopback(sr),
+        );
         shared.engine = Some(EngineKind::SglangRouter);
         // Up from the agent's start; with no worker its /readiness is 503.
         shared.autostart = true;

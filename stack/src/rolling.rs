@@ -79,7 +79,11 @@ impl Traffic {
                             .await;
                         let error = match outcome {
                             Ok(r) if r.status().is_success() => None,
-                            Ok(r) => Some(format!("http {}: {}", r.status().as_u16(), r.text().await.unwrap_or_default())),
+                            Ok(r) => Some(format!(
+                                "http {}: {}",
+                                r.status().as_u16(),
+                                r.text().await.unwrap_or_default()
+                            )),
                             Err(e) => Some(format!("request failed: {e}")),
                         };
                         {
@@ -202,7 +206,10 @@ async fn run(stack: &Stack, args: &DemoArgs) -> anyhow::Result<DemoOutcome> {
     say(format!("{PAIR_B} joins the serving router {serving} (empty so far)"));
     let b = restart(stack, PAIR_B, quiet, |_| {}).await?;
     if !b.verdict.is_healthy() {
-        return Ok(DemoOutcome::for_report(&b, json!({ "failed_at": "join demo-b", "report": b })));
+        return Ok(DemoOutcome::for_report(
+            &b,
+            json!({ "failed_at": "join demo-b", "report": b }),
+        ));
     }
     say("steady client traffic through the serving router starts (two clients)".into());
     let traffic = Traffic::start(&serving, 2);

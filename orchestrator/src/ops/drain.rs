@@ -44,8 +44,8 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use pdwarden_proto::v1::{
-    ChatProbe, Command, EngineSample, PdPath, ProbeOutcome, ProbeRequest, RouterWorker, RouterWorkers, RouterWorkersOp, RouterWorkersResult, ScrapeEngines,
-    WatchTarget, command,
+    ChatProbe, Command, EngineSample, PdPath, ProbeOutcome, ProbeRequest, RouterWorker, RouterWorkers, RouterWorkersOp,
+    RouterWorkersResult, ScrapeEngines, WatchTarget, command,
 };
 use serde::{Deserialize, Serialize};
 
@@ -204,7 +204,11 @@ pub fn pair_workers(agents: &dyn AgentPort, pair: &PairConfig) -> Result<Vec<Pai
                     unit: u.to_string(),
                     url: info.base_url.trim_end_matches('/').to_string(),
                     worker_type: worker_type.into(),
-                    bootstrap_port: if worker_type == "prefill" { info.bootstrap_port } else { 0 },
+                    bootstrap_port: if worker_type == "prefill" {
+                        info.bootstrap_port
+                    } else {
+                        0
+                    },
                 }),
                 _ => unknown.push(u.to_string()),
             }
@@ -247,12 +251,18 @@ pub async fn scrape_pair(agents: &dyn AgentPort, pair: &PairConfig) -> BTreeMap<
         };
         let first = units.first().cloned().unwrap_or_default();
         let got = agents
-            .ask(&host, &first, cmd, Duration::from_millis(REQUEST_TIMEOUT_MS), |r| match r {
-                AgentReport::Scrape(r) => Some(r.samples),
-                // A refusal (an agent that does not know the command) ends it too.
-                AgentReport::Result(_) => Some(Vec::new()),
-                _ => None,
-            })
+            .ask(
+                &host,
+                &first,
+                cmd,
+                Duration::from_millis(REQUEST_TIMEOUT_MS),
+                |r| match r {
+                    AgentReport::Scrape(r) => Some(r.samples),
+                    // A refusal (an agent that does not know the command) ends it too.
+                    AgentReport::Result(_) => Some(Vec::new()),
+                    _ => None,
+                },
+            )
             .await
             .unwrap_or_default();
         units
@@ -381,10 +391,16 @@ pub async fn pd_probe(agents: &dyn AgentPort, via: &UnitRef, pair: &PairConfig, 
         })),
     };
     let answer = agents
-        .ask(&via.host, &via.unit, cmd, Duration::from_millis(timeout_ms), |r| match r {
-            AgentReport::Probe(p) => Some(p),
-            _ => None,
-        })
+        .ask(
+            &via.host,
+            &via.unit,
+            cmd,
+            Duration::from_millis(timeout_ms),
+            |r| match r {
+                AgentReport::Probe(p) => Some(p),
+                _ => None,
+            },
+        )
         .await
         .map_err(|e| e.to_string())?;
     if answer.outcome == ProbeOutcome::Ok as i32 {
@@ -590,7 +606,12 @@ pub async fn rejoin(
     r
 }
 
-async fn rejoin_healthy(agents: &dyn AgentPort, pair: &PairConfig, sr: &ServingRouterConfig, rec: &Recorder) -> RejoinRecord {
+async fn rejoin_healthy(
+    agents: &dyn AgentPort,
+    pair: &PairConfig,
+    sr: &ServingRouterConfig,
+    rec: &Recorder,
+) -> RejoinRecord {
     let router = sr.unit_ref();
     let failed = |detail: String| RejoinRecord {
         put_back: false,
@@ -628,7 +649,7 @@ async fn rejoin_healthy(agents: &dyn AgentPort, pair: &PairConfig, sr: &ServingR
         return failed(format!("the router refused them: {e}"));
     }
     let deadline = tokio::time::Instant::now() + Duration::from_millis(sr.rejoin_timeout_ms);
-    let mut last = String::from("no list read");
+    let mut last: String;
     loop {
         match router_call(agents, &router, RouterWorkersOp::List, &[]).await {
             Ok(listed) => {
@@ -723,7 +744,10 @@ mod tests {
         let paths: Vec<String> = cross_paths(&ours, &others).iter().map(KvPath::describe).collect();
         assert_eq!(paths, ["http://b:1 → http://a:2", "http://a:1 → http://b:2"]);
         assert_eq!(cross_paths(&ours, &others)[0].bootstrap_port, 9000);
-        assert!(cross_paths(&ours, &[]).is_empty(), "alone behind the router: no cross path");
+        assert!(
+            cross_paths(&ours, &[]).is_empty(),
+            "alone behind the router: no cross path"
+        );
     }
 
     #[test]
@@ -807,7 +831,10 @@ mod driver_tests {
     /// serving router lists one of the pair's engines while a unit of the
     /// pair is not generating: the moments clients could reach a pair that
     /// is restarting. Returns those moments, described.
-    fn watch_rotation(agent: &FakeAgent, op: &tokio::task::JoinHandle<OperationReport>) -> tokio::task::JoinHandle<Vec<String>> {
+    fn watch_rotation(
+        agent: &FakeAgent,
+        op: &tokio::task::JoinHandle<OperationReport>,
+    ) -> tokio::task::JoinHandle<Vec<String>> {
         let agent = agent.clone();
         let done = op.abort_handle();
         tokio::spawn(async move {
@@ -849,7 +876,10 @@ mod driver_tests {
         };
         let rotation = watch_rotation(&agent, &op);
         let report = op.await.unwrap();
-        assert!(rotation.await.unwrap().is_empty(), "clients could reach the restarting pair");
+        assert!(
+            rotation.await.unwrap().is_empty(),
+            "clients could reach the restarting pair"
+        );
         assert!(report.verdict.is_healthy(), "{:?}", report.reasons);
         let d = report.drain.as_ref().expect("the report's drain section");
         assert_eq!(d.removed.iter().map(|w| w.url.as_str()).collect::<Vec<_>>(), OURS);
@@ -869,7 +899,10 @@ mod driver_tests {
         assert!(d.rejoin.as_ref().is_some_and(|r| r.put_back), "{d:?}");
         let listed = agent.router_lists();
         for u in OURS.iter().chain(&THEIRS) {
-            assert!(listed.iter().any(|l| l == u), "{u} is in rotation at the end: {listed:?}");
+            assert!(
+                listed.iter().any(|l| l == u),
+                "{u} is in rotation at the end: {listed:?}"
+            );
         }
         for (op, urls, _) in agent.router_calls() {
             assert!(
@@ -880,9 +913,16 @@ mod driver_tests {
         for u in UNITS {
             assert_eq!(agent.starts_of(u), 1);
         }
-        assert_eq!(agent.starts_of("shared-router"), 0, "the serving router is never restarted");
+        assert_eq!(
+            agent.starts_of("shared-router"),
+            0,
+            "the serving router is never restarted"
+        );
         assert!(
-            report.reasons.iter().any(|r| r.contains("taken out of the serving router h1/shared-router")),
+            report
+                .reasons
+                .iter()
+                .any(|r| r.contains("taken out of the serving router h1/shared-router")),
             "{:?}",
             report.reasons
         );
@@ -903,7 +943,10 @@ mod driver_tests {
         assert_eq!(d.in_flight_left, ["h1/decode-0: 1 in flight"]);
         assert!(report.verdict.is_healthy(), "{:?}", report.reasons);
         assert!(
-            report.reasons.iter().any(|r| r.contains("the drain timed out with work still in flight")),
+            report
+                .reasons
+                .iter()
+                .any(|r| r.contains("the drain timed out with work still in flight")),
             "{:?}",
             report.reasons
         );
@@ -933,12 +976,18 @@ mod driver_tests {
         assert!(!OURS.iter().any(|u| listed.iter().any(|l| l == u)), "{listed:?}");
         assert!(THEIRS.iter().all(|u| listed.iter().any(|l| l == u)), "{listed:?}");
         assert!(
-            report.reasons.iter().any(|r| r.starts_with("left out of the serving router")),
+            report
+                .reasons
+                .iter()
+                .any(|r| r.starts_with("left out of the serving router")),
             "{:?}",
             report.reasons
         );
         assert!(
-            !agent.router_calls().iter().any(|(op, ..)| *op == RouterWorkersOp::Add as i32),
+            !agent
+                .router_calls()
+                .iter()
+                .any(|(op, ..)| *op == RouterWorkersOp::Add as i32),
             "nothing is added back"
         );
     }
@@ -956,7 +1005,10 @@ mod driver_tests {
         let report = co_restart(ctx, &journal, pair("shared-router", 60_000)).await;
         assert!(!report.verdict.is_healthy(), "{:?}", report.reasons);
         let listed = agent.router_lists();
-        assert!(!OURS.iter().any(|u| listed.iter().any(|l| l == u)), "kept out: {listed:?}");
+        assert!(
+            !OURS.iter().any(|u| listed.iter().any(|l| l == u)),
+            "kept out: {listed:?}"
+        );
         assert!(THEIRS.iter().all(|u| listed.iter().any(|l| l == u)), "{listed:?}");
         let kept_out = report
             .reasons

@@ -302,7 +302,12 @@ fn an_xpyd_pair_behind_cache_aware_proves_each_engine_the_router_did_not_reach()
     );
     let r = &demo.report;
     assert!(r["verdict"].as_str().unwrap().starts_with("healthy"), "{r:#}");
-    let reasons: Vec<&str> = r["reasons"].as_array().unwrap().iter().filter_map(|v| v.as_str()).collect();
+    let reasons: Vec<&str> = r["reasons"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v.as_str())
+        .collect();
     let proven: Vec<&&str> = reasons
         .iter()
         .filter(|l| l.contains("was not reached through the router"))

@@ -20,8 +20,16 @@ fn a_pair_restarted_behind_a_shared_router_under_traffic_drops_no_client_request
     let r = out.json();
     let t = &r["traffic"];
     assert!(t.is_object(), "no traffic summary: {r:#}\n{}", out.stderr);
-    assert_eq!(r["joins"]["demo-b"].as_str().map(|v| v.starts_with("healthy")), Some(true), "{r:#}");
-    assert_eq!(r["joins"]["demo"].as_str().map(|v| v.starts_with("healthy")), Some(true), "{r:#}");
+    assert_eq!(
+        r["joins"]["demo-b"].as_str().map(|v| v.starts_with("healthy")),
+        Some(true),
+        "{r:#}"
+    );
+    assert_eq!(
+        r["joins"]["demo"].as_str().map(|v| v.starts_with("healthy")),
+        Some(true),
+        "{r:#}"
+    );
     assert_eq!(t["failed"], 0, "client requests failed: {t:#}");
     assert!(t["requests"].as_u64().unwrap() >= 50, "{t:#}");
     assert_eq!(t["reached_restarted_pair_while_out"], 0, "{t:#}");
@@ -44,7 +52,11 @@ fn a_pair_restarted_behind_a_shared_router_under_traffic_drops_no_client_request
     assert!(out_at <= drained_at, "{d:#}");
     let steps = step_names(&r);
     assert_eq!(steps[0], "drain", "{steps:?}");
-    assert_eq!(&steps[1..4], ["restart-prefill", "restart-decode", "restart-router"], "{steps:?}");
+    assert_eq!(
+        &steps[1..4],
+        ["restart-prefill", "restart-decode", "restart-router"],
+        "{steps:?}"
+    );
     println!("{:#}", r["reasons"]);
     println!("{d:#}");
 }

@@ -609,7 +609,10 @@ pub async fn run_operation_from(
     let mut drained = match (kind, run.pair.serving_router.clone()) {
         (OperationKind::CoRestart, Some(sr)) => {
             let _ = rec.transition(CoRestartStep::Draining);
-            Some((crate::ops::drain::drain(&*run.ctx.agents, &rec, &run.pair, &sr, !recovery).await, sr))
+            Some((
+                crate::ops::drain::drain(&*run.ctx.agents, &rec, &run.pair, &sr, !recovery).await,
+                sr,
+            ))
         }
         _ => None,
     };
@@ -1131,11 +1134,26 @@ impl CoRestart<'_> {
             // the same command id, which the agent answers without executing
             // it twice, and whose later events come back to this operation.
             s.acked = true;
+            // Followed first, then read where it is now: the resume's
+            // snapshot may be old (a drain, earlier steps ran since), and an
+            // event between reading and following would be lost, while the
+            // facts are updated before any event is delivered.
+            if let Ok(rx) = self.ctx.agents.send(&unit.host, &unit.unit, cmd.clone()).await {
+                s.rx = Some(rx);
+            }
+            let (in_progress, phase) = match self
+                .ctx
+                .agents
+                .unit(&unit.host, &unit.unit)
+                .filter(|f| f.command_id == command_id)
+            {
+                Some(f) => (f.command_in_progress, phase_name(f.phase).to_string()),
+                None => (a.in_progress, a.phase.clone()),
+            };
             s.last_detail = format!(
-                "{}: this operation's start (command {command_id}), sent before the orchestrator restarted, adopted — not started again",
-                a.phase
+                "{phase}: this operation's start (command {command_id}), sent before the orchestrator restarted, adopted — not started again"
             );
-            s.state = match (a.in_progress, a.phase.as_str()) {
+            s.state = match (in_progress, phase.as_str()) {
                 (false, "generating") => {
                     s.furthest = Some(ReadinessPhase::Generating);
                     StartState::GeneratingBefore
@@ -1147,6 +1165,9 @@ impl CoRestart<'_> {
             };
             if s.state.is_over() {
                 self.rec.step_ended(step_idx, s.outcome());
+                return s;
+            }
+            if s.rx.is_some() {
                 return s;
             }
         }
