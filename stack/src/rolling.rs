@@ -203,6 +203,15 @@ async fn run(stack: &Stack, args: &DemoArgs) -> anyhow::Result<DemoOutcome> {
     let Some(serving) = stack.plan.serving_router_url.clone() else {
         anyhow::bail!("the stack has no serving router");
     };
+    // The agent starts the serving router (autostart) when it starts.
+    let http = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while http.get(format!("{serving}/workers")).send().await.is_err() {
+        if Instant::now() > deadline {
+            anyhow::bail!("the serving router {serving} did not come up within 30 s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     say(format!("{PAIR_B} joins the serving router {serving} (empty so far)"));
     let b = restart(stack, PAIR_B, quiet, |_| {}).await?;
     if !b.verdict.is_healthy() {

@@ -257,6 +257,13 @@ pub struct ProbePolicy {
     /// round-robin router sends probe 2 to a second engine that is as cold
     /// as the first was). 1 for a 1P1D pair.
     pub cold_answers: u32,
+    /// Probes (1-based) that the engines' own request counters show were
+    /// the first request a freshly started engine of an xPyD pair served in
+    /// the series. A router that balances by cache affinity (sglang-router's
+    /// default `cache_aware`) first picks a second engine at any point of
+    /// the series: such a probe's slow answer is that engine's cold start,
+    /// not a relapse — within the allowance (each engine is fresh once).
+    pub fresh_engine_answers: Vec<usize>,
 }
 
 /// Formats milliseconds the way the incident reports quote them ("17.9 s").
@@ -614,10 +621,26 @@ fn judge_cold_start(probes: &[ProbeObservation], policy: &ProbePolicy) -> Verdic
     }
     // Rule 4: timeouts.
     reasons.extend(timeouts);
-    // Rule 2: every answer after the first is warm at once.
+    // Rule 2: every answer after the first is warm at once — but for the
+    // first answer of an engine the series reached later (xPyD), by the
+    // engines' counters: each engine is fresh once, so this excuses at most
+    // one slow answer per engine, and each must be within the allowance.
     let mut reached: Option<usize> = None;
     let mut prev: Option<(usize, u64)> = None;
+    let mut late: Vec<String> = Vec::new();
     for &(seq, l) in &answers {
+        if seq > cold && l > warm && policy.fresh_engine_answers.contains(&seq) {
+            late.push(format!("probe {seq} ({})", secs(l)));
+            if l > allowance {
+                reasons.push(format!(
+                    "probe {seq} took {}, above {} (the first answer of an engine the series had not reached)",
+                    secs(l),
+                    policy.cold_allowance.describe()
+                ));
+            }
+            prev = Some((seq, l));
+            continue;
+        }
         if seq > cold && l > warm {
             let why = match (reached, prev) {
                 (Some(r), _) => format!(
@@ -670,6 +693,15 @@ fn judge_cold_start(probes: &[ProbeObservation], policy: &ProbePolicy) -> Verdic
     if reasons.is_empty() {
         let first = answers[0].1;
         let k = reached.unwrap_or(1);
+        let late = if late.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; {} {} the first answer of an engine the series reached only then (by its request counter): its cold start, not a relapse",
+                late.join(", "),
+                if late.len() == 1 { "was" } else { "were" }
+            )
+        };
         let cold_part = if cold == 1 {
             format!("probe 1 took {}", secs(first))
         } else {
@@ -685,12 +717,20 @@ fn judge_cold_start(probes: &[ProbeObservation], policy: &ProbePolicy) -> Verdic
         };
         Verdict {
             kind: VerdictKind::HealthyAfterColdStart,
-            reasons: vec![format!(
-                "{cold_part} (within {}); probe {k} and every later one within the {} warm budget ({} consecutive)",
-                policy.cold_allowance.describe(),
-                secs(warm),
-                probes.len() + 1 - k
-            )],
+            reasons: vec![if late.is_empty() {
+                format!(
+                    "{cold_part} (within {}); probe {k} and every later one within the {} warm budget ({} consecutive)",
+                    policy.cold_allowance.describe(),
+                    secs(warm),
+                    probes.len() + 1 - k
+                )
+            } else {
+                format!(
+                    "{cold_part} (within {}); from probe {k} on within the {} warm budget{late}",
+                    policy.cold_allowance.describe(),
+                    secs(warm),
+                )
+            }],
         }
     } else {
         Verdict {
@@ -834,6 +874,7 @@ mod tests {
             cold_start_possible: true,
             warm_probes: 2,
             cold_answers: 1,
+            fresh_engine_answers: Vec::new(),
         }
     }
 
@@ -936,6 +977,7 @@ mod tests {
                 cold_start_possible: true,
                 warm_probes: 2,
                 cold_answers: 1,
+                fresh_engine_answers: Vec::new(),
             },
         );
         assert_eq!(v.kind, VerdictKind::HealthyAfterColdStart, "{v:?}");
@@ -957,6 +999,7 @@ mod tests {
             cold_start_possible: true,
             warm_probes: 2,
             cold_answers,
+            fresh_engine_answers: Vec::new(),
         };
         let series = [ok(320), ok(318), ok(21), ok(22)];
         let v = judge(&pair_ready(), &series, &p(2));
@@ -974,6 +1017,61 @@ mod tests {
         let over = judge(&pair_ready(), &[ok(320), ok(1_800), ok(21), ok(22)], &p(2));
         assert_eq!(over.kind, VerdictKind::ColdStartRejected, "{over:?}");
         assert!(over.reasons[0].contains("probe 2 took 1.80 s, above"), "{over:?}");
+    }
+
+    /// Issue 18 (xPyD behind `cache_aware`): the real sglang-router sent
+    /// probes 1–3 of a 2P2D pair to one engine and probe 4 to the other,
+    /// fresh one, whose first answer was as cold as probe 1's: the pair was
+    /// `cold_start_rejected` ("a relapse after probe 3 had reached the
+    /// budget"). A late slow answer is that engine's cold start only when
+    /// the engines' counters say that probe first reached an engine (each
+    /// engine is fresh once), and only within the allowance.
+    #[test]
+    fn a_fresh_engines_first_answer_late_in_the_series_is_its_cold_start_not_a_relapse() {
+        let p = |fresh: Vec<usize>| ProbePolicy {
+            warm_budget_ms: 50,
+            cold_allowance: ColdAllowance::Configured {
+                ms: 1_500,
+                why: String::new(),
+            },
+            cold_start_possible: true,
+            warm_probes: 2,
+            cold_answers: 2,
+            fresh_engine_answers: fresh,
+        };
+        let series = [ok(320), ok(21), ok(22), ok(318), ok(20), ok(21)];
+        let v = judge(&pair_ready(), &series, &p(vec![4]));
+        assert_eq!(v.kind, VerdictKind::HealthyAfterColdStart, "{v:?}");
+        assert!(
+            v.reasons[0].contains("probe 4 (0.32 s) was the first answer of an engine"),
+            "{v:?}"
+        );
+        // Without the counters' word, the same series is a relapse.
+        let relapse = judge(&pair_ready(), &series, &p(Vec::new()));
+        assert_eq!(relapse.kind, VerdictKind::ColdStartRejected, "{relapse:?}");
+        assert!(relapse.reasons[0].contains("a relapse after probe 2"), "{relapse:?}");
+        // A slow answer the counters do not give to a fresh engine is still
+        // a relapse, however many fresh engines came before it.
+        let unexplained = judge(
+            &pair_ready(),
+            &[ok(320), ok(21), ok(22), ok(318), ok(20), ok(300), ok(21), ok(20)],
+            &p(vec![4]),
+        );
+        assert_eq!(unexplained.kind, VerdictKind::ColdStartRejected, "{unexplained:?}");
+        assert!(
+            unexplained.reasons[0].starts_with("probe 6 took 0.30 s"),
+            "{unexplained:?}"
+        );
+        // Nor one beyond the allowance.
+        let over = judge(
+            &pair_ready(),
+            &[ok(320), ok(21), ok(22), ok(1_800), ok(20), ok(21)],
+            &p(vec![4]),
+        );
+        assert_eq!(over.kind, VerdictKind::ColdStartRejected, "{over:?}");
+        // Nor a series that does not come back warm after it.
+        let after = judge(&pair_ready(), &[ok(320), ok(21), ok(22), ok(318), ok(300)], &p(vec![4]));
+        assert_eq!(after.kind, VerdictKind::ColdStartRejected, "{after:?}");
     }
 
     /// Rule 4: a timeout is never cold start, even when the probes around it are fine.

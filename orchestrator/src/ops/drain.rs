@@ -42,6 +42,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use backon::{ExponentialBuilder, Retryable};
 use futures::future::join_all;
 use pdwarden_proto::v1::{
     ChatProbe, Command, EngineSample, PdPath, ProbeOutcome, ProbeRequest, RouterWorker, RouterWorkers, RouterWorkersOp,
@@ -490,7 +491,18 @@ pub async fn drain(
             return end(rec, step, out);
         }
     };
-    let listed = match router_call(agents, &router, RouterWorkersOp::List, &[]).await {
+    // A router that is restarting (or not up yet) is asked a few times.
+    let list = || router_call(agents, &router, RouterWorkersOp::List, &[]);
+    let listed = match list
+        .retry(
+            ExponentialBuilder::default()
+                .with_min_delay(Duration::from_millis(200))
+                .with_max_delay(Duration::from_secs(2))
+                .with_max_times(4),
+        )
+        .sleep(tokio::time::sleep)
+        .await
+    {
         Ok(l) => l,
         Err(e) => {
             out.error = Some(format!("could not read its worker list: {e}"));

@@ -308,19 +308,24 @@ fn an_xpyd_pair_behind_cache_aware_proves_each_engine_the_router_did_not_reach()
         .iter()
         .filter_map(|v| v.as_str())
         .collect();
+    // Which engines the router left out of the probe series is its choice;
+    // each one it left out is named and proven, and every engine has
+    // served requests by the end.
     let proven: Vec<&&str> = reasons
         .iter()
         .filter(|l| l.contains("was not reached through the router"))
         .collect();
-    assert!(!proven.is_empty(), "cache_aware reached every engine? {reasons:#?}");
+    for l in &proven {
+        assert!(l.contains("a PD request straight from"), "{l}");
+    }
     let counters = r["engine_counters"].as_array().unwrap();
+    assert_eq!(counters.len(), 4, "{counters:#?}");
     for c in counters {
         let unit = c["unit"].as_str().unwrap();
-        let reached = c["requests_total"].as_f64().unwrap_or(0.0) > 0.0;
         assert!(
-            reached || proven.iter().any(|l| l.starts_with(unit)),
-            "{unit} neither reached nor proven: {reasons:#?} {counters:#?}"
+            c["requests_total"].as_f64().unwrap_or(0.0) > 0.0,
+            "{unit} served nothing: {reasons:#?} {counters:#?}"
         );
     }
-    println!("{proven:#?}");
+    println!("{} {proven:#?}", r["verdict"]);
 }

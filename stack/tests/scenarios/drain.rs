@@ -57,6 +57,43 @@ fn a_pair_restarted_behind_a_shared_router_under_traffic_drops_no_client_request
         ["restart-prefill", "restart-decode", "restart-router"],
         "{steps:?}"
     );
-    println!("{:#}", r["reasons"]);
-    println!("{d:#}");
+    // pd-sim's engines are the SGLang the seeds describe: a decode keeps a
+    // restarted prefill's old bootstrap identity (every transfer from it
+    // fails), and a long-running prefill degrades a restarted decode's
+    // bootstrap (every transfer to it hangs). After `demo`'s restart, the
+    // router would pair demo-b's long-running prefill with demo's new decode
+    // and demo's new prefill with demo-b's decode: both paths are checked
+    // before any client meets them, both fail, and `demo` stays out —
+    // healthy through its own router, named as kept out, the clients served
+    // by demo-b without a failure.
+    assert_eq!(t["put_back"], false, "{t:#}");
+    assert_eq!(r["verdict"], "failed", "{r:#}");
+    let kept_out = r["reasons"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v.as_str())
+        .find(|l| l.contains("KEPT OUT of the serving router local/router-shared"))
+        .unwrap_or_else(|| panic!("{:#}", r["reasons"]));
+    assert!(kept_out.contains("2 of the 2 KV paths"), "{kept_out}");
+    assert!(
+        kept_out.contains("Decode transfer failed"),
+        "the stale identity: {kept_out}"
+    );
+    assert!(
+        kept_out.contains("no answer within"),
+        "the degraded bootstrap: {kept_out}"
+    );
+    assert!(
+        r["probes"].as_array().unwrap().iter().all(|p| p["outcome"] == "ok"),
+        "healthy through its own router: {:#}",
+        r["probes"]
+    );
+    println!(
+        "{} client requests, {} failed; demo-b served {} during demo's restart; drain {} ms; {kept_out}",
+        t["requests"],
+        t["failed"],
+        t["served_by_other_pair_during_restart"],
+        drained_at - out_at
+    );
 }

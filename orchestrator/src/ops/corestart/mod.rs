@@ -589,6 +589,7 @@ pub async fn run_operation_from(
         budgets: None,
         adopt: Mutex::new(adopt),
         order: None,
+        fresh_engine_answers: Vec::new(),
     };
     // The engines' PD failure counters before the requests: a unit this
     // operation starts counts from 0; a pair in service is scraped first.
@@ -669,8 +670,23 @@ pub async fn run_operation_from(
         cold_start_possible: kind == OperationKind::CoRestart,
         warm_probes: run.pair.probe.warm_probes,
         cold_answers: run.pair.prefill.len().max(run.pair.decode.len()).max(1) as u32,
+        fresh_engine_answers: std::mem::take(&mut run.fresh_engine_answers),
     };
     let mut verdict = judge(&startups, &run.probes, &policy);
+    // xPyD: the router's policy may have sent the whole probe series to one
+    // engine of a side (sglang-router's default cache_aware does, for an
+    // idle pair's similar prompts). Each engine it did not reach is proven
+    // with a PD request straight to it before the suite, which would
+    // otherwise meet that engine's cold first answer and call it a relapse.
+    if journal_error.is_none() && verdict.kind.is_healthy() && (run.pair.prefill.len() > 1 || run.pair.decode.len() > 1)
+    {
+        let now = run.scrape_engines().await;
+        let (lines, failed) = run.prove_unreached(counters_before.as_ref(), &now).await;
+        if failed {
+            verdict.kind = crate::judge::verdict::VerdictKind::Failed;
+        }
+        verdict.reasons.extend(lines);
+    }
     let mut suite_steps = Vec::new();
     if journal_error.is_none() && verdict.kind.is_healthy() {
         let abort_storm = match kind {
@@ -695,16 +711,6 @@ pub async fn run_operation_from(
         let engines = run.engine_failures(counters_before.as_ref(), &after);
         rec.journal_entry(rec.now_ms(), "engine_counters", &after);
         verdict = judge_engine_failures(verdict, &engines);
-        // xPyD: the router's policy may have sent every request to one
-        // engine of a side (cache_aware does, for an idle pair's similar
-        // prompts); an engine it never reached is proven directly.
-        if verdict.kind.is_healthy() && (run.pair.prefill.len() > 1 || run.pair.decode.len() > 1) {
-            let (lines, failed) = run.prove_unreached(counters_before.as_ref(), &after).await;
-            if failed {
-                verdict.kind = crate::judge::verdict::VerdictKind::Failed;
-            }
-            verdict.reasons.extend(lines);
-        }
         engine_counters = after.into_values().collect();
     }
     // A unit of the pair not running now is evidence in itself, and the
@@ -890,6 +896,9 @@ struct CoRestart<'a> {
     adopt: Mutex<BTreeMap<String, Adopted>>,
     /// Where the order ended (`drive`).
     order: Option<machine::CoRestart>,
+    /// Probes (1-based) that were, by the engines' counters, the first
+    /// request the series sent a fresh engine of an xPyD pair.
+    fresh_engine_answers: Vec<usize>,
 }
 
 impl CoRestart<'_> {
@@ -1259,7 +1268,30 @@ impl CoRestart<'_> {
         }
         let step_idx = self.rec.step_started("probe", &unit);
         let p = self.pair.probe.clone();
-        for seq in (self.probes.len() as u32 + 1)..=p.max_probes {
+        // xPyD: which engines each probe reached, by their own finished
+        // counters, so that a fresh engine's first (cold) answer is told
+        // from a relapse wherever in the series the router first picks it.
+        let xpyd = self.pair.prefill.len() > 1 || self.pair.decode.len() > 1;
+        let served = |c: &BTreeMap<String, EngineCounterRecord>| -> BTreeMap<String, f64> {
+            c.iter()
+                .filter_map(|(u, r)| r.requests_total.map(|n| (u.clone(), n)))
+                .collect()
+        };
+        let mut last_counts = if xpyd {
+            Some(served(&self.scrape_engines().await))
+        } else {
+            None
+        };
+        let mut reached: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+        // A probe that met a fresh engine (by its counters) does not use up
+        // the series: each engine is fresh once, so this adds at most one
+        // probe per engine.
+        let mut seq = self.probes.len() as u32;
+        loop {
+            seq += 1;
+            if seq > p.max_probes.saturating_add(self.fresh_engine_answers.len() as u32) {
+                break;
+            }
             let warm_tail = self
                 .probes
                 .iter()
@@ -1274,6 +1306,19 @@ impl CoRestart<'_> {
             let (obs, record) = self.probe_once(&host, &unit, &target, seq).await;
             self.rec.probe(record);
             self.probes.push(obs);
+            if let Some(before) = last_counts.as_mut() {
+                let now = served(&self.scrape_engines().await);
+                let first_time: Vec<&String> = now
+                    .iter()
+                    .filter(|(u, n)| before.get(*u).is_some_and(|b| *n > b) && !reached.contains(*u))
+                    .map(|(u, _)| u)
+                    .collect();
+                if !first_time.is_empty() {
+                    self.fresh_engine_answers.push(seq as usize);
+                }
+                reached.extend(first_time.into_iter().cloned());
+                *before = now;
+            }
         }
         self.rec.step_ended(step_idx, format!("{} probes", self.probes.len()));
     }
@@ -1372,7 +1417,9 @@ impl CoRestart<'_> {
         for d in self.pair.decode.iter().filter(|d| unreached(d)) {
             paths.push((p0, d));
         }
-        for p in self.pair.prefill.iter().filter(|p| unreached(p)) {
+        // A decode's proof from prefill-0 proves prefill-0 too.
+        let p0_proven = !paths.is_empty();
+        for p in self.pair.prefill.iter().filter(|p| unreached(p) && !(p0_proven && *p == p0)) {
             paths.push((p, d0));
         }
         for (p, d) in paths {
@@ -1385,7 +1432,11 @@ impl CoRestart<'_> {
                 bootstrap_port: pf.bootstrap_port,
                 prefill_url: String::new(),
             };
-            let target = if unreached(d) { &d.unit } else { &p.unit };
+            let target = match (unreached(p), unreached(d)) {
+                (true, true) => format!("{} (and {})", d.unit, p.unit),
+                (_, true) => d.unit.clone(),
+                _ => p.unit.clone(),
+            };
             match crate::ops::drain::pd_probe(&*self.ctx.agents, p, &self.pair, path).await {
                 Ok(()) => lines.push(format!(
                     "{target} was not reached through the router (its policy sent the verification elsewhere); a PD request straight from {} to {} reached it",
