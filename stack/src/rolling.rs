@@ -6,16 +6,15 @@
 //! of both: the one clients use, started with no worker. Each pair names it
 //! as its `[pair.serving_router]`. The demo:
 //!
-//! 1. restarts `demo-b`, which joins the empty serving router once healthy;
+//! 1. restarts both pairs at once; each joins the serving router once
+//!    healthy (and once its KV paths to the engines already there answer);
 //! 2. starts steady client traffic through the serving router (two
 //!    clients, one request after another, each with its own request id);
-//! 3. restarts `demo`, which joins under traffic once healthy and once its
-//!    KV paths to `demo-b`'s engines answer;
-//! 4. lets the traffic cross both pairs, then restarts `demo` again under
+//! 3. lets the traffic cross both pairs, then restarts `demo` under
 //!    traffic: out of the serving router first, drained, restarted,
 //!    verified through its own router and its KV paths, and back only if
 //!    all of them hold;
-//! 5. stops the traffic and says what the clients saw: every request, every
+//! 4. stops the traffic and says what the clients saw: every request, every
 //!    failure, and how many client requests reached `demo`'s restarted
 //!    engines while they were out of rotation (pd-sim's `/sim/stats`: its
 //!    requests that are not probes).
@@ -212,28 +211,31 @@ async fn run(stack: &Stack, args: &DemoArgs) -> anyhow::Result<DemoOutcome> {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    say(format!("{PAIR_B} joins the serving router {serving} (empty so far)"));
-    let b = restart(stack, PAIR_B, quiet, |_| {}).await?;
-    if !b.verdict.is_healthy() {
-        return Ok(DemoOutcome::for_report(
-            &b,
-            json!({ "failed_at": "join demo-b", "report": b }),
-        ));
+    // Both pairs join at once: a pair left down would be started by its
+    // own watch meanwhile (the watch recovers a pair that answers nothing).
+    say(format!(
+        "{PAIR} and {PAIR_B} start and join the serving router {serving} (empty so far)"
+    ));
+    let (b, join) = tokio::join!(restart(stack, PAIR_B, true, |_| {}), restart(stack, PAIR, true, |_| {}));
+    let (b, join) = (b?, join?);
+    for r in [&b, &join] {
+        if !quiet {
+            pdwarden_orchestrator::say!("{}: {}", r.pair, r.verdict.as_str());
+        }
+    }
+    for r in [&b, &join] {
+        if !r.verdict.is_healthy() {
+            return Ok(DemoOutcome::for_report(
+                r,
+                json!({ "failed_at": format!("join {}", r.pair), "report": r }),
+            ));
+        }
     }
     say("steady client traffic through the serving router starts (two clients)".into());
     let traffic = Traffic::start(&serving, 2);
     if !traffic.until_ok(5, Duration::from_secs(20)).await {
         let t = traffic.stop().await;
         anyhow::bail!("client traffic through {serving} did not get going: {t:?}");
-    }
-    say(format!("{PAIR} joins under traffic"));
-    let join = restart(stack, PAIR, quiet, |_| {}).await?;
-    if !join.verdict.is_healthy() {
-        let t = traffic.stop().await;
-        return Ok(DemoOutcome::for_report(
-            &join,
-            json!({ "failed_at": "join demo", "report": join, "traffic": t }),
-        ));
     }
     // Both pairs' engines serve, crossing (the router pairs any prefill
     // with any decode).

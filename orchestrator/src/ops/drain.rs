@@ -109,6 +109,10 @@ pub struct RejoinRecord {
     pub healthy_at_ms: Option<u64>,
     /// In words, for the report's reasons.
     pub detail: String,
+    /// The KV paths to the other engines behind the router, checked before
+    /// the pair went back ("prefill url → decode url").
+    #[serde(default)]
+    pub paths_checked: Vec<String>,
 }
 
 impl DrainRecord {
@@ -231,7 +235,11 @@ fn same_url(a: &str, b: &str) -> bool {
 
 /// One scrape of every engine of the pair (`ScrapeEngines` to each host),
 /// by "host/unit"; `None` where the agent did not answer.
-pub async fn scrape_pair(agents: &dyn AgentPort, pair: &PairConfig) -> BTreeMap<String, Option<EngineSample>> {
+pub async fn scrape_pair(
+    agents: &dyn AgentPort,
+    pair: &PairConfig,
+    timeout_ms: u64,
+) -> BTreeMap<String, Option<EngineSample>> {
     let mut by_host: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for u in pair.prefill.iter().chain(&pair.decode) {
         by_host.entry(u.host.clone()).or_default().push(u.unit.clone());
@@ -247,23 +255,17 @@ pub async fn scrape_pair(agents: &dyn AgentPort, pair: &PairConfig) -> BTreeMap<
                         metrics_path: String::new(),
                     })
                     .collect(),
-                scrape_timeout_ms: REQUEST_TIMEOUT_MS,
+                scrape_timeout_ms: timeout_ms,
             })),
         };
         let first = units.first().cloned().unwrap_or_default();
         let got = agents
-            .ask(
-                &host,
-                &first,
-                cmd,
-                Duration::from_millis(REQUEST_TIMEOUT_MS),
-                |r| match r {
-                    AgentReport::Scrape(r) => Some(r.samples),
-                    // A refusal (an agent that does not know the command) ends it too.
-                    AgentReport::Result(_) => Some(Vec::new()),
-                    _ => None,
-                },
-            )
+            .ask(&host, &first, cmd, Duration::from_millis(timeout_ms), |r| match r {
+                AgentReport::Scrape(r) => Some(r.samples),
+                // A refusal (an agent that does not know the command) ends it too.
+                AgentReport::Result(_) => Some(Vec::new()),
+                _ => None,
+            })
             .await
             .unwrap_or_default();
         units
@@ -555,7 +557,7 @@ pub async fn drain(
         let deadline = tokio::time::Instant::now() + Duration::from_millis(sr.drain_timeout_ms);
         let mut idle_readings = 0;
         loop {
-            let busy = busy_engines(&scrape_pair(agents, pair).await);
+            let busy = busy_engines(&scrape_pair(agents, pair, REQUEST_TIMEOUT_MS).await);
             idle_readings = if busy.is_empty() { idle_readings + 1 } else { 0 };
             if idle_readings >= 2 {
                 out.drained_at_ms = Some(rec.now_ms());
@@ -600,6 +602,7 @@ pub async fn rejoin(
             detail: format!(
                 "left out of the serving router {router}: the pair is not healthy (its engines go back after a healthy restart)"
             ),
+            paths_checked: Vec::new(),
         };
         rec.journal("rejoin", &r);
         return r;
@@ -629,6 +632,7 @@ async fn rejoin_healthy(
         put_back: false,
         healthy_at_ms: None,
         detail: format!("the pair is healthy but NOT back in the serving router {router}: {detail}"),
+        paths_checked: Vec::new(),
     };
     let workers = match pair_workers(agents, pair) {
         Ok(w) => w,
@@ -645,10 +649,12 @@ async fn rejoin_healthy(
     };
     let paths = cross_paths(&workers, &others);
     let broken = check_paths(agents, &router, pair, &paths).await;
+    let paths_checked: Vec<String> = paths.iter().map(KvPath::describe).collect();
     if !broken.is_empty() {
         return RejoinRecord {
             put_back: false,
             healthy_at_ms: None,
+            paths_checked,
             detail: format!(
                 "the pair is healthy through its own router but KEPT OUT of the serving router {router}: {} of the {} KV paths it would share with the other engines there fail ({}). Engines that keep a restarted prefill's old bootstrap identity (sgl-project/sglang#36029) or degrade a restarted decode's bootstrap behind a long-running prefill (INCIDENTS row 1) need every engine behind that router restarted together, prefills first",
                 broken.len(),
@@ -674,6 +680,7 @@ async fn rejoin_healthy(
                     return RejoinRecord {
                         put_back: true,
                         healthy_at_ms: Some(rec.now_ms()),
+                        paths_checked,
                         detail: format!("back in the serving router {router} after the healthy verdict"),
                     };
                 }

@@ -18,12 +18,10 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use futures::future::join_all;
 use pdwarden_proto::v1::{
     AttemptOutcome, ChatProbe, CheckKind, Command, OperationStarted, OperationUpdate, Phase, ProbeOutcome,
-    ProbeRequest, ProbeSample, ReadinessSpec, ScrapeEngines, StartUnit, SuiteAbortStorm, SuiteConcurrency,
-    SuiteLongGeneration, SuiteMultiTurn, SuiteStepRequest, TimelineEntry, WatchTarget, command, operation_update,
-    suite_step_request,
+    ProbeRequest, ProbeSample, ReadinessSpec, StartUnit, SuiteAbortStorm, SuiteConcurrency, SuiteLongGeneration,
+    SuiteMultiTurn, SuiteStepRequest, TimelineEntry, command, operation_update, suite_step_request,
 };
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -1328,64 +1326,34 @@ impl CoRestart<'_> {
     /// One scrape of every engine of the pair (`ScrapeEngines` to each
     /// host), by unit. A unit whose agent did not answer is missing.
     async fn scrape_engines(&self) -> BTreeMap<String, EngineCounterRecord> {
-        let mut by_host: BTreeMap<String, Vec<(&'static str, String)>> = BTreeMap::new();
-        for (role, units) in [("prefill", &self.pair.prefill), ("decode", &self.pair.decode)] {
-            for u in units {
-                by_host.entry(u.host.clone()).or_default().push((role, u.unit.clone()));
+        let samples = crate::ops::drain::scrape_pair(&*self.ctx.agents, &self.pair, 2_000).await;
+        let role = |unit: &UnitRef| {
+            if self.pair.prefill.contains(unit) {
+                "prefill"
+            } else {
+                "decode"
             }
-        }
-        let timeout_ms = 2_000;
-        let scrapes = by_host.into_iter().map(|(host, units)| async move {
-            let command_id = uuid::Uuid::new_v4().to_string();
-            let cmd = Command {
-                command_id: command_id.clone(),
-                action: Some(command::Action::Scrape(ScrapeEngines {
-                    targets: units
-                        .iter()
-                        .map(|(_, unit)| WatchTarget {
-                            unit: unit.clone(),
-                            metrics_path: String::new(),
-                        })
-                        .collect(),
-                    scrape_timeout_ms: timeout_ms,
-                })),
-            };
-            let first = units.first().map(|(_, u)| u.clone()).unwrap_or_default();
-            let got = self
-                .ctx
-                .agents
-                .ask(&host, &first, cmd, Duration::from_millis(timeout_ms), |r| match r {
-                    AgentReport::Scrape(r) => Some(r.samples),
-                    // A refusal (an agent that does not know the command) ends it too.
-                    AgentReport::Result(_) => Some(Vec::new()),
-                    _ => None,
-                })
-                .await
-                .unwrap_or_default();
-            units
-                .into_iter()
-                .map(|(role, unit)| {
-                    let sample = got.iter().find(|s| s.unit == unit);
-                    EngineCounterRecord {
-                        role: role.into(),
-                        transfer_failed_total: sample.and_then(|s| s.transfer_failed_total),
-                        bootstrap_failed_total: sample.and_then(|s| s.bootstrap_failed_total),
-                        requests_total: sample.and_then(|s| s.requests_total),
-                        error: match sample {
-                            None => "no answer from the agent".into(),
-                            Some(s) if !s.metrics_ok => s.error.clone(),
-                            Some(_) => String::new(),
-                        },
-                        unit,
-                    }
-                })
-                .collect::<Vec<_>>()
-        });
-        join_all(scrapes)
-            .await
-            .into_iter()
-            .flatten()
-            .map(|r| (r.unit.clone(), r))
+        };
+        self.pair
+            .prefill
+            .iter()
+            .chain(&self.pair.decode)
+            .map(|u| {
+                let sample = samples.get(&u.to_string()).and_then(Option::as_ref);
+                let record = EngineCounterRecord {
+                    unit: u.unit.clone(),
+                    role: role(u).into(),
+                    transfer_failed_total: sample.and_then(|s| s.transfer_failed_total),
+                    bootstrap_failed_total: sample.and_then(|s| s.bootstrap_failed_total),
+                    requests_total: sample.and_then(|s| s.requests_total),
+                    error: match sample {
+                        None => "no answer from the agent".into(),
+                        Some(s) if !s.metrics_ok => s.error.clone(),
+                        Some(_) => String::new(),
+                    },
+                };
+                (u.unit.clone(), record)
+            })
             .collect()
     }
 
@@ -1419,7 +1387,12 @@ impl CoRestart<'_> {
         }
         // A decode's proof from prefill-0 proves prefill-0 too.
         let p0_proven = !paths.is_empty();
-        for p in self.pair.prefill.iter().filter(|p| unreached(p) && !(p0_proven && *p == p0)) {
+        for p in self
+            .pair
+            .prefill
+            .iter()
+            .filter(|p| unreached(p) && !(p0_proven && *p == p0))
+        {
             paths.push((p, d0));
         }
         for (p, d) in paths {
