@@ -656,9 +656,10 @@ async fn rejoin_healthy(
             healthy_at_ms: None,
             paths_checked,
             detail: format!(
-                "the pair is healthy through its own router but KEPT OUT of the serving router {router}: {} of the {} KV paths it would share with the other engines there fail ({}). Engines that keep a restarted prefill's old bootstrap identity (sgl-project/sglang#36029) or degrade a restarted decode's bootstrap behind a long-running prefill (INCIDENTS row 1) need every engine behind that router restarted together, prefills first",
+                "the pair is healthy through its own router but KEPT OUT of the serving router {router}: {} of the {} KV paths it would share with the other engines there {} ({}). Engines that keep a restarted prefill's old bootstrap identity (sgl-project/sglang#36029) or degrade a restarted decode's bootstrap behind a long-running prefill (INCIDENTS row 1) need every engine behind that router restarted together, prefills first",
                 broken.len(),
                 paths.len(),
+                if broken.len() == 1 { "fails" } else { "fail" },
                 broken.join("; ")
             ),
         };
