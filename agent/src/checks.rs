@@ -73,13 +73,7 @@ pub struct ChatOutcome {
 /// `base_url/v1/chat/completions`. OK requires at least one completion token
 /// within `timeout` (body included).
 pub async fn chat_probe(client: &reqwest::Client, base_url: &str, chat: &ChatProbe, timeout: Duration) -> ChatOutcome {
-    let body = json!({
-        "model": chat.model,
-        "messages": [{"role": "user", "content": chat.prompt}],
-        "max_tokens": chat.max_tokens,
-        "stream": false,
-        "temperature": 0,
-    });
+    let body = chat_body(chat);
     let url = format!("{}/v1/chat/completions", base_url.trim_end_matches('/'));
     post_generation(client, &url, &body, timeout).await
 }
@@ -97,16 +91,10 @@ pub async fn pd_path_probe(
     chat: &ChatProbe,
     timeout: Duration,
 ) -> ChatOutcome {
-    let body = json!({
-        "model": chat.model,
-        "messages": [{"role": "user", "content": chat.prompt}],
-        "max_tokens": chat.max_tokens,
-        "stream": false,
-        "temperature": 0,
-        "bootstrap_host": path.bootstrap_host,
-        "bootstrap_port": path.bootstrap_port,
-        "bootstrap_room": rand_room(),
-    });
+    let mut body = chat_body(chat);
+    body["bootstrap_host"] = path.bootstrap_host.clone().into();
+    body["bootstrap_port"] = path.bootstrap_port.into();
+    body["bootstrap_room"] = rand_room().into();
     let prefill = format!("{}/v1/chat/completions", prefill_url.trim_end_matches('/'));
     let decode = format!("{}/v1/chat/completions", path.decode_url.trim_end_matches('/'));
     let (_, outcome) = tokio::join!(
@@ -114,6 +102,17 @@ pub async fn pd_path_probe(
         post_generation(client, &decode, &body, timeout)
     );
     outcome
+}
+
+/// The probe's chat completion body: one fixed prompt, greedy, not streamed.
+fn chat_body(chat: &ChatProbe) -> serde_json::Value {
+    json!({
+        "model": chat.model,
+        "messages": [{"role": "user", "content": chat.prompt}],
+        "max_tokens": chat.max_tokens,
+        "stream": false,
+        "temperature": 0,
+    })
 }
 
 /// A bootstrap room: SGLang's router draws a random u63.
