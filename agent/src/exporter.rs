@@ -38,27 +38,13 @@ struct Out {
 impl Out {
     fn gauge(&mut self, name: &'static str, help: &str, labels: &Labels, value: f64) {
         let Out { registry, gauges, .. } = self;
-        gauges
-            .entry(name)
-            .or_insert_with(|| {
-                let f = Family::default();
-                registry.register(name, help, f.clone());
-                f
-            })
-            .get_or_create(labels)
-            .set(value);
+        family(registry, gauges, name, help).get_or_create(labels).set(value);
     }
 
     /// `name` without `_total`: the encoder appends it.
     fn counter(&mut self, name: &'static str, help: &str, labels: &Labels, value: u64) {
         let Out { registry, counters, .. } = self;
-        counters
-            .entry(name)
-            .or_insert_with(|| {
-                let f = Family::default();
-                registry.register(name, help, f.clone());
-                f
-            })
+        family(registry, counters, name, help)
             .get_or_create(labels)
             .inc_by(value);
     }
@@ -70,6 +56,29 @@ impl Out {
         }
         pdwarden_proto::exposition::prometheus_text(&out)
     }
+}
+
+/// The family `name` of one kind of metric, registered on first use.
+fn family<'a, M>(
+    registry: &mut Registry,
+    families: &'a mut BTreeMap<&'static str, Family<Labels, M>>,
+    name: &'static str,
+    help: &str,
+) -> &'a Family<Labels, M>
+where
+    M: prometheus_client::metrics::TypedMetric
+        + prometheus_client::encoding::EncodeMetric
+        + Default
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    families.entry(name).or_insert_with(|| {
+        let f = Family::default();
+        registry.register(name, help, f.clone());
+        f
+    })
 }
 
 /// `base` and more labels.

@@ -277,29 +277,32 @@ pub fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<Configs> {
         Some(t) => agent.tls = Some(t.agent.clone()),
         None => agent.insecure_plaintext = true,
     }
-    // pd-sim is an SGLang-like engine behind the real sglang-router: the
-    // kinds name their health paths (`/readiness` for the router) and
-    // generation checks.
-    let mut prefill_unit = UnitConfig::new("prefill-0", Role::Prefill, prefill_argv.clone(), loopback(prefill));
-    prefill_unit.engine = Some(EngineKind::Sglang);
-    prefill_unit.bootstrap_port = Some(bootstrap);
-    let mut decode_unit = UnitConfig::new("decode-0", Role::Decode, decode_argv.clone(), loopback(decode));
-    decode_unit.engine = Some(EngineKind::Sglang);
-    let mut router_unit = UnitConfig::new("router-0", Role::Router, router_argv, loopback(router));
-    router_unit.engine = Some(EngineKind::SglangRouter);
-    agent.units = vec![prefill_unit, decode_unit];
+    let router_unit = sim_unit("router-0", Role::Router, router_argv, router, None);
+    agent.units = vec![
+        sim_unit(
+            "prefill-0",
+            Role::Prefill,
+            prefill_argv.clone(),
+            prefill,
+            Some(bootstrap),
+        ),
+        sim_unit("decode-0", Role::Decode, decode_argv.clone(), decode, None),
+    ];
     for (i, (port, boot)) in more_prefills.iter().enumerate() {
         let argv = engine("prefill", *port, *boot, &PREFILL_TIMING, &args.prefill_sim)?;
-        let mut u = UnitConfig::new(format!("prefill-{}", i + 1), Role::Prefill, argv, loopback(*port));
-        u.engine = Some(EngineKind::Sglang);
-        u.bootstrap_port = Some(*boot);
-        agent.units.push(u);
+        agent.units.push(sim_unit(
+            &format!("prefill-{}", i + 1),
+            Role::Prefill,
+            argv,
+            *port,
+            Some(*boot),
+        ));
     }
     for (i, port) in more_decodes.iter().enumerate() {
         let argv = engine("decode", *port, 0, &DECODE_TIMING, &args.decode_sim)?;
-        let mut u = UnitConfig::new(format!("decode-{}", i + 1), Role::Decode, argv, loopback(*port));
-        u.engine = Some(EngineKind::Sglang);
-        agent.units.push(u);
+        agent
+            .units
+            .push(sim_unit(&format!("decode-{}", i + 1), Role::Decode, argv, *port, None));
     }
     agent.units.push(router_unit);
     // --shared-router: pair B (its engines behind its own router) and the
@@ -340,45 +343,35 @@ pub fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<Configs> {
             );
             v
         };
-        let mut p = UnitConfig::new(
+        let p = sim_unit(
             "b-prefill-0",
             Role::Prefill,
             engine("prefill", bp, bb, &PREFILL_TIMING, &args.prefill_sim)?,
-            loopback(bp),
+            bp,
+            Some(bb),
         );
-        p.engine = Some(EngineKind::Sglang);
-        p.bootstrap_port = Some(bb);
-        let mut d = UnitConfig::new(
+        let d = sim_unit(
             "b-decode-0",
             Role::Decode,
             engine("decode", bd, 0, &DECODE_TIMING, &args.decode_sim)?,
+            bd,
+            None,
+        );
+        let workers = vec![
+            "--prefill".into(),
+            loopback(bp),
+            bb.to_string(),
+            "--decode".into(),
             loopback(bd),
-        );
-        d.engine = Some(EngineKind::Sglang);
-        let mut r = UnitConfig::new(
-            "b-router-0",
-            Role::Router,
-            smg_launch(
-                vec![
-                    "--prefill".into(),
-                    loopback(bp),
-                    bb.to_string(),
-                    "--decode".into(),
-                    loopback(bd),
-                ],
-                br,
-                bprom,
-            ),
-            loopback(br),
-        );
-        r.engine = Some(EngineKind::SglangRouter);
-        let mut shared = UnitConfig::new(
+        ];
+        let r = sim_unit("b-router-0", Role::Router, smg_launch(workers, br, bprom), br, None);
+        let mut shared = sim_unit(
             SERVING_ROUTER,
             Role::Router,
             smg_launch(Vec::new(), sr, sprom),
-            loopback(sr),
+            sr,
+            None,
         );
-        shared.engine = Some(EngineKind::SglangRouter);
         // Up from the agent's start; with no worker its /readiness is 503.
         shared.autostart = true;
         shared.health_path = Some("/liveness".into());
@@ -562,6 +555,19 @@ pub fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<Configs> {
             engines,
         },
     })
+}
+
+/// A unit of the pd-sim stack on loopback `port`: pd-sim is an SGLang-like
+/// engine behind the real sglang-router, and the kinds name their health
+/// paths (`/readiness` for the router) and generation checks.
+fn sim_unit(name: &str, role: Role, argv: Vec<String>, port: u16, bootstrap: Option<u16>) -> UnitConfig {
+    let mut u = UnitConfig::new(name, role, argv, format!("http://127.0.0.1:{port}"));
+    u.engine = Some(match role {
+        Role::Router => EngineKind::SglangRouter,
+        Role::Prefill | Role::Decode => EngineKind::Sglang,
+    });
+    u.bootstrap_port = bootstrap;
+    u
 }
 
 /// The pair's budgets on the real vLLM pair (`--engine vllm`), in real

@@ -963,23 +963,22 @@ mod tests {
     }
 
     /// Jitter between warm probes after a genuine cold start is not a rise.
+    /// The demo's budgets (pd-sim at time scale 0.05): a 50 ms warm budget,
+    /// a 1.5 s cold allowance.
+    fn demo_policy() -> ProbePolicy {
+        ProbePolicy {
+            warm_budget_ms: 50,
+            cold_allowance: ColdAllowance::Configured {
+                ms: 1_500,
+                why: String::new(),
+            },
+            ..policy()
+        }
+    }
+
     #[test]
     fn warm_jitter_after_cold_start_is_accepted() {
-        let v = judge(
-            &pair_ready(),
-            &[ok(319), ok(21), ok(22)],
-            &ProbePolicy {
-                warm_budget_ms: 50,
-                cold_allowance: ColdAllowance::Configured {
-                    ms: 1_500,
-                    why: String::new(),
-                },
-                cold_start_possible: true,
-                warm_probes: 2,
-                cold_answers: 1,
-                fresh_engine_answers: Vec::new(),
-            },
-        );
+        let v = judge(&pair_ready(), &[ok(319), ok(21), ok(22)], &demo_policy());
         assert_eq!(v.kind, VerdictKind::HealthyAfterColdStart, "{v:?}");
     }
 
@@ -991,15 +990,8 @@ mod tests {
     #[test]
     fn each_fresh_engine_of_an_xpyd_pair_may_be_cold_once() {
         let p = |cold_answers| ProbePolicy {
-            warm_budget_ms: 50,
-            cold_allowance: ColdAllowance::Configured {
-                ms: 1_500,
-                why: String::new(),
-            },
-            cold_start_possible: true,
-            warm_probes: 2,
             cold_answers,
-            fresh_engine_answers: Vec::new(),
+            ..demo_policy()
         };
         let series = [ok(320), ok(318), ok(21), ok(22)];
         let v = judge(&pair_ready(), &series, &p(2));
@@ -1029,15 +1021,9 @@ mod tests {
     #[test]
     fn a_fresh_engines_first_answer_late_in_the_series_is_its_cold_start_not_a_relapse() {
         let p = |fresh: Vec<usize>| ProbePolicy {
-            warm_budget_ms: 50,
-            cold_allowance: ColdAllowance::Configured {
-                ms: 1_500,
-                why: String::new(),
-            },
-            cold_start_possible: true,
-            warm_probes: 2,
             cold_answers: 2,
             fresh_engine_answers: fresh,
+            ..demo_policy()
         };
         let series = [ok(320), ok(21), ok(22), ok(318), ok(20), ok(21)];
         let v = judge(&pair_ready(), &series, &p(vec![4]));
