@@ -20,6 +20,14 @@
 //! `GET /workers` lists no `id` and `DELETE /workers/{url}` takes the
 //! worker's URL, percent-encoded. An engine has no worker API and gets a
 //! clear error.
+//!
+//! vllm-router 0.1.17 in PD mode (`--vllm-pd-disaggregation`) removes a PD
+//! worker but cannot add one back over HTTP: `POST /workers` and
+//! `POST /add_worker` both answer 400 "PD router requires specific
+//! add_prefill_server or add_decode_server methods" (run against the real
+//! router with pd-sim engines behind it; those methods are internal, no
+//! route reaches them). A removal there would leave the pair out of rotation
+//! until the router restarts, so it is refused before anything is removed.
 
 use std::time::Duration;
 
@@ -68,6 +76,10 @@ impl From<ListedWorker> for RouterWorker {
 pub enum RouterApiError {
     #[error("{kind} has no worker API pdwarden can drive (sglang-router and vllm-router do)")]
     NoWorkerApi { kind: &'static str },
+    #[error(
+        "vllm-router cannot put a PD worker back over HTTP (its POST /workers answers 400 \"PD router requires specific add_prefill_server or add_decode_server methods\"), so {workers} would stay out of rotation until the router restarts; nothing was removed: drain this pair by restarting its router, or put an sglang-router in front"
+    )]
+    CannotReAdd { workers: String },
     #[error("{what} {url}: {source}")]
     Request {
         what: &'static str,
@@ -174,6 +186,15 @@ pub async fn run(
     match op {
         RouterWorkersOp::Unspecified | RouterWorkersOp::List => {}
         RouterWorkersOp::Remove => {
+            let pd: Vec<&str> = cmd
+                .workers
+                .iter()
+                .filter(|w| w.worker_type == "prefill" || w.worker_type == "decode")
+                .map(|w| w.url.as_str())
+                .collect();
+            if kind == EngineKind::VllmRouter && !pd.is_empty() {
+                return Err(RouterApiError::CannotReAdd { workers: pd.join(", ") });
+            }
             for listed in list(http, base, timeout).await? {
                 if cmd.workers.iter().any(|w| same_url(&w.url, &listed.url)) {
                     let key = match kind {
@@ -253,6 +274,29 @@ mod tests {
         assert_eq!(w[1].worker_type, "decode");
         assert_eq!(w[1].bootstrap_port, 0);
         assert!(!w[1].healthy);
+    }
+
+    /// Finding (real vllm-router 0.1.17): a PD worker it removed cannot be
+    /// added back; the removal is refused before any request is sent (the
+    /// URL here answers nothing, so a request would fail differently).
+    #[tokio::test]
+    async fn vllm_router_refuses_to_remove_a_pd_worker_it_cannot_put_back() {
+        let http = reqwest::Client::new();
+        let cmd = RouterWorkers {
+            op: RouterWorkersOp::Remove as i32,
+            workers: vec![RouterWorker {
+                url: "http://127.0.0.1:18101".into(),
+                worker_type: "prefill".into(),
+                bootstrap_port: 18998,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let err = run(&http, EngineKind::VllmRouter, "http://127.0.0.1:1", &cmd)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, RouterApiError::CannotReAdd { .. }), "{err}");
+        assert!(err.to_string().contains("http://127.0.0.1:18101"), "{err}");
     }
 
     #[tokio::test]
