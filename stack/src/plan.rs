@@ -520,6 +520,13 @@ pub fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<Configs> {
         serving.drain_timeout_ms = scaled(60_000).max(10_000);
         serving.poll_ms = 100;
         pair.serving_router = Some(serving);
+        // Two pairs and three routers start at once on the same host: each
+        // probe's fixed cost (two router hops, HTTP, the agent) does not
+        // shrink with the time scale, and on a 2-core host it alone took
+        // 60-70 ms, over the scaled 50 ms warm budget ("a second slow
+        // answer"). The warm budget keeps a floor for that overhead; pd-sim's
+        // scaled cold start (~0.33 s) stays well above it.
+        pair.probe.warm_budget_ms = pair.probe.warm_budget_ms.max(250);
         let mut b = pair.clone();
         b.name = PAIR_B.into();
         b.prefill = vec![UnitRef::new(HOST, "b-prefill-0")];
