@@ -26,6 +26,7 @@ const EXAMPLES: &str = "\
 Examples:
   pdwarden demo                                   a whole local stack and a real restart
   pdwarden restart pd-pair demo                   ordered co-restart, then a verdict
+  pdwarden restart pd-pair demo --rolling         an xPyD pair, one P/D sub-pair at a time
   pdwarden verify demo --json                     probe the pair end to end, no restart
   pdwarden status                                 agents, units, each pair's watch state
   pdwarden history demo --limit 5                 the pair's last operations
@@ -134,6 +135,13 @@ enum RestartWhat {
         name: String,
         #[arg(long)]
         json: bool,
+        /// An xPyD pair (as many prefills as decodes, at least 2): restart
+        /// one P/D sub-pair at a time — out of the pair's router, drained,
+        /// restarted in order, probed over its own KV path and its paths to
+        /// the other engines, back in — while the others serve; stops at the
+        /// first sub-pair that is not healthy; then verifies the whole pair.
+        #[arg(long)]
+        rolling: bool,
         /// Idempotency key: a retry with a key already used starts nothing
         /// and names the operation it started (default: a fresh one).
         #[arg(long, value_name = "ID", value_parser = request_id_arg)]
@@ -392,9 +400,20 @@ async fn main() -> ExitCode {
     );
     match cli.command {
         Cmd::Restart {
-            what: RestartWhat::PdPair { name, json, request_id },
+            what:
+                RestartWhat::PdPair {
+                    name,
+                    json,
+                    rolling,
+                    request_id,
+                },
         } => match conn
-            .follow_printing(&name, json, None, request_id_or_new(request_id))
+            .follow_printing_asked(
+                &name,
+                json,
+                pdwarden_orchestrator::edge::client::Asked::Restart { rolling },
+                request_id_or_new(request_id),
+            )
             .await
         {
             Ok(report) => {

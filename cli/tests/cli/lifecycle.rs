@@ -265,6 +265,7 @@ auto_recover = false
         .restart_pair(pdwarden_proto::v1::RestartPairRequest {
             pair: "p".into(),
             request_id: "r1".into(),
+            rolling: false,
         })
         .await
         .expect_err("the restart is refused");

@@ -274,6 +274,7 @@ async fn operator_roles_are_distinct_and_actions_carry_their_actor() {
                 RestartPairRequest {
                     pair: "p".into(),
                     request_id: String::new(),
+                    rolling: false,
                 },
                 &token,
             ))

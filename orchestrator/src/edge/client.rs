@@ -104,24 +104,47 @@ impl Connection {
         pair: &str,
         verify: Option<bool>,
         request_id: String,
+        on_line: impl FnMut(String),
+    ) -> Result<OperationReport, CouldNotRun> {
+        let asked = match verify {
+            Some(include_abort_storm) => Asked::Verify { include_abort_storm },
+            None => Asked::Restart { rolling: false },
+        };
+        self.follow_asked(pair, asked, request_id, on_line).await
+    }
+
+    /// [`Connection::follow`] for any operation a CLI asks for.
+    pub async fn follow_asked(
+        &self,
+        pair: &str,
+        asked: Asked,
+        request_id: String,
         mut on_line: impl FnMut(String),
     ) -> Result<OperationReport, CouldNotRun> {
         let mut client = self.connect().await?;
-        let started = if let Some(include_abort_storm) = verify {
-            client
-                .verify_pair(VerifyPairRequest {
-                    pair: pair.to_string(),
-                    request_id,
-                    include_abort_storm,
-                })
-                .await
-        } else {
-            client
-                .restart_pair(RestartPairRequest {
-                    pair: pair.to_string(),
-                    request_id,
-                })
-                .await
+        let verify = match asked {
+            Asked::Verify { include_abort_storm } => Some(include_abort_storm),
+            Asked::Restart { .. } => None,
+        };
+        let started = match asked {
+            Asked::Verify { include_abort_storm } => {
+                client
+                    .verify_pair(VerifyPairRequest {
+                        pair: pair.to_string(),
+                        request_id,
+                        include_abort_storm,
+                    })
+                    .await
+            }
+            Asked::Restart { rolling } => {
+                client
+                    .restart_pair(RestartPairRequest {
+                        pair: pair.to_string(),
+                        request_id,
+                        rolling,
+                    })
+                    .await
+            }
         };
         let mut stream = started.map_err(|s| CouldNotRun(status_reason(&s)))?.into_inner();
         loop {
@@ -141,6 +164,12 @@ impl Connection {
                     "verify pd-pair {}: operation {} (probes through the router; nothing restarted)",
                     s.pair, s.operation_id
                 )),
+                Some(operation_update::Kind::Started(s)) if asked == (Asked::Restart { rolling: true }) => {
+                    Some(format!(
+                        "restart pd-pair {} --rolling: operation {} (one P/D sub-pair at a time, each out of the router while it restarts; decode start policy: {})",
+                        s.pair, s.operation_id, s.decode_start_policy
+                    ))
+                }
                 Some(operation_update::Kind::Started(s)) => Some(format!(
                     "restart pd-pair {}: operation {} (decode start policy: {})",
                     s.pair, s.operation_id, s.decode_start_policy
@@ -227,9 +256,24 @@ impl Connection {
         verify: Option<bool>,
         request_id: String,
     ) -> Result<OperationReport, CouldNotRun> {
+        let asked = match verify {
+            Some(include_abort_storm) => Asked::Verify { include_abort_storm },
+            None => Asked::Restart { rolling: false },
+        };
+        self.follow_printing_asked(pair, quiet, asked, request_id).await
+    }
+
+    /// [`Connection::follow_printing`] for any operation a CLI asks for.
+    pub async fn follow_printing_asked(
+        &self,
+        pair: &str,
+        quiet: bool,
+        asked: Asked,
+        request_id: String,
+    ) -> Result<OperationReport, CouldNotRun> {
         use std::io::Write;
         let report = self
-            .follow(pair, verify, request_id, |line| {
+            .follow_asked(pair, asked, request_id, |line| {
                 if !quiet {
                     let mut out = std::io::stdout();
                     let _ = writeln!(out, "{line}");
@@ -242,6 +286,15 @@ impl Connection {
         }
         Ok(report)
     }
+}
+
+/// What an operator asks of a pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Asked {
+    /// A co-restart; `rolling`: one P/D sub-pair at a time.
+    Restart { rolling: bool },
+    /// Probes and the suite; nothing restarted.
+    Verify { include_abort_storm: bool },
 }
 
 /// A fresh idempotency key for an operation request.

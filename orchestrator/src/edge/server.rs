@@ -233,6 +233,37 @@ impl ControlService {
         );
         Ok(Response::new(forward(&self.ctx, &self.redactor, actor, rx)))
     }
+
+    /// A rolling restart (`ops::rolling`): refused in one line when the pair
+    /// cannot be rolled, before anything is journaled.
+    async fn start_rolling(
+        &self,
+        pair: &str,
+        request_id: &str,
+        actor: Option<crate::edge::auth::Actor>,
+    ) -> Result<Response<UpdateStream>, Status> {
+        let pair = self.config.pair(pair).cloned().ok_or_else(|| {
+            let known: Vec<&str> = self.config.pairs.iter().map(|p| p.name.as_str()).collect();
+            Status::not_found(format!("unknown pair {:?} (configured: {})", pair, known.join(", ")))
+        })?;
+        crate::ops::rolling::check(&pair).map_err(Status::failed_precondition)?;
+        self.preflight(&pair, true).await?;
+        let request_id = (!request_id.is_empty()).then_some(request_id);
+        let operation_id = match self.ctx.begin(crate::ops::rolling::KIND, &pair.name, request_id, &[]) {
+            Ok(id) => id,
+            Err(e @ JournalError::PairBusy { .. }) => return Err(Status::failed_precondition(e.to_string())),
+            Err(e @ JournalError::DuplicateRequest { .. }) => return Err(Status::already_exists(e.to_string())),
+            Err(e @ JournalError::ConclusionPending { .. }) => return Err(Status::unavailable(e.to_string())),
+            Err(e) => return Err(internal(e)),
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        crate::ops::spawn_guarded(
+            self.ctx.journal.clone(),
+            operation_id.clone(),
+            crate::ops::rolling::run(self.ctx.clone(), pair, operation_id, tx),
+        );
+        Ok(Response::new(forward(&self.ctx, &self.redactor, actor, rx)))
+    }
 }
 
 #[tonic::async_trait]
@@ -284,6 +315,9 @@ impl Control for ControlService {
     ) -> Result<Response<Self::RestartPairStream>, Status> {
         let actor = actor(&request);
         let req = request.into_inner();
+        if req.rolling {
+            return self.start_rolling(&req.pair, &req.request_id, actor).await;
+        }
         self.start_operation(&req.pair, &req.request_id, OperationKind::CoRestart, actor)
             .await
     }
@@ -376,9 +410,35 @@ impl Control for ControlService {
 /// before their facts are re-read); anything else — or a pair whose agents do
 /// not come back within the grace period — is concluded `failed`, saying why.
 fn resume_interrupted(ctx: &OperationContext, config: &OrchestratorConfig) -> Result<(), JournalError> {
-    for op in ctx.journal.unfinished()? {
+    let unfinished = ctx.journal.unfinished()?;
+    // Pairs whose rolling restart is taken over below: it resumes its own
+    // child in flight (on `PAIR#roll`).
+    let rolling: BTreeSet<String> = unfinished
+        .iter()
+        .filter(|o| o.kind == crate::ops::rolling::KIND && config.pair(&o.pair).is_some())
+        .map(|o| format!("{}{}", o.pair, crate::ops::rolling::CHILD_SUFFIX))
+        .collect();
+    for op in unfinished {
         let pair = config.pair(&op.pair).cloned();
         match (op.kind.as_str(), pair) {
+            (crate::ops::rolling::KIND, Some(pair)) => {
+                tracing::warn!(operation = %op.operation_id, pair = %op.pair, state = %op.state, "taking over interrupted rolling restart once its agents re-attach");
+                let (ctx, grace) = (ctx.clone(), Duration::from_millis(config.resume_grace_ms));
+                let (journal, id) = (ctx.journal.clone(), op.operation_id.clone());
+                crate::ops::spawn_guarded(journal, id, async move {
+                    if agents_reattached(&ctx, &pair, &op, grace).await {
+                        crate::ops::rolling::resume(ctx, pair, op).await;
+                    } else {
+                        crate::ops::rolling::abandon(
+                            &ctx.journal,
+                            &pair,
+                            "its rolling restart could not be resumed: its agents did not re-attach",
+                        );
+                    }
+                });
+            }
+            // A roll's own child: the roll, taken over above, resumes it.
+            _ if rolling.contains(&op.pair) => {}
             ("gate", Some(pair)) => {
                 tracing::warn!(operation = %op.operation_id, pair = %op.pair, state = %op.state, "taking over interrupted gate once its agents re-attach");
                 let (ctx, grace) = (ctx.clone(), Duration::from_millis(config.resume_grace_ms));

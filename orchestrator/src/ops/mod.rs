@@ -9,6 +9,8 @@
 //!   keep or roll back), its resume.
 //! - [`drain`]: a pair out of its shared serving router before a
 //!   co-restart, back in after a healthy verdict.
+//! - [`rolling`]: an xPyD pair restarted one P/D sub-pair at a time, each
+//!   out of the pair's own router while it restarts.
 //! - [`watcher`]: the continuous per-pair watch and automatic recovery.
 //! - [`preflight`]: what is checked before an operation touches any unit.
 //! - [`port`]: the agent port — the runtime's only way to reach agents
@@ -33,6 +35,7 @@ pub mod port;
 pub mod preflight;
 pub mod recorder;
 pub mod report;
+pub mod rolling;
 pub mod telemetry;
 pub mod watcher;
 

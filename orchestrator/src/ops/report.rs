@@ -158,6 +158,10 @@ pub struct OperationReport {
     /// Out of the shared serving router and back (`[pair.serving_router]`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain: Option<crate::ops::drain::DrainRecord>,
+    /// A rolling restart's children (`ops::rolling`): each sub-pair's
+    /// co-restart and the whole pair's verification, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sub_operations: Vec<crate::ops::gate::ChildOperation>,
     pub total_ms: u64,
 }
 
@@ -259,6 +263,19 @@ pub fn timeline_summary(timeline: &[TimelineRecord]) -> Vec<String> {
 /// The closing summary printed after the live lines.
 pub fn render_summary(r: &OperationReport) -> String {
     let mut out = String::new();
+    if !r.sub_operations.is_empty() {
+        let _ = writeln!(out, "\nsub-operations (rolling restart):");
+        for c in &r.sub_operations {
+            let _ = writeln!(
+                out,
+                "  {:<40} {:<26} {} after {}",
+                c.purpose,
+                c.verdict,
+                c.operation_id,
+                secs(c.total_ms)
+            );
+        }
+    }
     if !r.timeline.is_empty() {
         let _ = writeln!(out, "\ntimeline (decode start policy: {}):", r.decode_start_policy);
         for line in timeline_summary(&r.timeline) {

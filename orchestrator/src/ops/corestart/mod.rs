@@ -19,7 +19,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use pdwarden_proto::v1::{
-    AttemptOutcome, ChatProbe, CheckKind, Command, OperationStarted, OperationUpdate, Phase, ProbeOutcome,
+    AttemptOutcome, ChatProbe, CheckKind, Command, OperationStarted, OperationUpdate, PdPath, Phase, ProbeOutcome,
     ProbeRequest, ProbeSample, ReadinessSpec, StartUnit, SuiteAbortStorm, SuiteConcurrency, SuiteLongGeneration,
     SuiteMultiTurn, SuiteStepRequest, TimelineEntry, command, operation_update, suite_step_request,
 };
@@ -588,6 +588,7 @@ pub async fn run_operation_from(
         adopt: Mutex::new(adopt),
         order: None,
         fresh_engine_answers: Vec::new(),
+        direct: None,
     };
     // The engines' PD failure counters before the requests: a unit this
     // operation starts counts from 0; a pair in service is scraped first.
@@ -801,6 +802,7 @@ pub async fn run_operation_from(
         cold_allowance: policy.cold_allowance,
         fingerprint,
         drain: drained.map(|(d, _)| d),
+        sub_operations: Vec::new(),
         total_ms: rec.now_ms(),
     };
     if let Err(e) = rec.journal.conclude(&operation_id, report.verdict.as_str(), &report) {
@@ -897,6 +899,10 @@ struct CoRestart<'a> {
     /// Probes (1-based) that were, by the engines' counters, the first
     /// request the series sent a fresh engine of an xPyD pair.
     fresh_engine_answers: Vec<usize>,
+    /// A pair with no router of its own (one P/D sub-pair of a rolling
+    /// restart, `ops::rolling`): the KV path its probes take, straight from
+    /// its prefill to its decode as a PD router sends them.
+    direct: Option<PdPath>,
 }
 
 impl CoRestart<'_> {
@@ -1055,13 +1061,49 @@ impl CoRestart<'_> {
     }
 
     /// The probe series through the first router: its readiness generation
-    /// is probe 1 when this operation started it.
+    /// is probe 1 when this operation started it. A pair without a router
+    /// (a rolling restart's sub-pair) is probed over its own KV path.
     async fn probe(&mut self) {
-        let router = self.pair.router[0].clone();
+        let Some(router) = self.pair.router.first().cloned() else {
+            return self.probe_direct().await;
+        };
         match self.starts.iter().position(|s| s.unit == router) {
             Some(i) => self.probe_series(i).await,
             None => self.probe_series_via(&router, Vec::new()).await,
         }
+    }
+
+    /// The probe series of a pair without a router of its own: each probe
+    /// is the request a PD router sends (the chat body with the prefill's
+    /// bootstrap host and port, to the prefill and the decode at once: it
+    /// crosses the new prefill → decode link), sent by the prefill's agent.
+    /// The URLs are the agents' registered facts; an engine whose agent does
+    /// not know its URL fails the series, saying so.
+    async fn probe_direct(&mut self) {
+        let (Some(prefill), Some(decode)) = (self.pair.prefill.first().cloned(), self.pair.decode.first().cloned())
+        else {
+            return;
+        };
+        let url = |u: &UnitRef| {
+            self.ctx
+                .agents
+                .unit(&u.host, &u.unit)
+                .map(|i| (i.base_url.trim_end_matches('/').to_string(), i.bootstrap_port))
+                .filter(|(url, _)| !url.is_empty())
+        };
+        let (Some((prefill_url, bootstrap_port)), Some((decode_url, _))) = (url(&prefill), url(&decode)) else {
+            self.probes.push(ProbeObservation::Error {
+                message: format!("the URL of {prefill} or {decode} is unknown: its agent is not connected"),
+            });
+            return;
+        };
+        self.direct = Some(PdPath {
+            decode_url,
+            bootstrap_host: crate::ops::drain::url_host(&prefill_url).to_string(),
+            bootstrap_port,
+            prefill_url,
+        });
+        self.probe_series_via(&prefill, Vec::new()).await;
     }
 
     fn chat_probe(&self) -> ChatProbe {
@@ -1236,18 +1278,21 @@ impl CoRestart<'_> {
         self.probe_series_via(&unit, readiness).await;
     }
 
-    /// A verification: the probe series through the first router, nothing restarted.
+    /// A verification: the probe series through the first router (over the
+    /// pair's own KV path without one), nothing restarted.
     async fn verify(&mut self) -> Result<(), crate::ops::journal::JournalError> {
         self.rec.transition(CoRestartStep::Probing)?;
-        let router = self.pair.router[0].clone();
-        self.probe_series_via(&router, Vec::new()).await;
+        self.probe().await;
         Ok(())
     }
 
     /// Probes through `router`. `readiness` is the router's readiness
     /// generation after a restart (latency, tokens), which counts as probe 1.
     async fn probe_series_via(&mut self, router: &UnitRef, readiness: Vec<ProbeRecord>) {
-        let target = format!("router:{}", router.unit);
+        let target = match &self.direct {
+            Some(path) => format!("kv:{} -> {}", path.prefill_url, path.decode_url),
+            None => format!("router:{}", router.unit),
+        };
         let (host, unit) = (router.host.clone(), router.unit.clone());
         for mut r in readiness {
             r.seq = self.probes.len() as u32 + 1;
@@ -1511,7 +1556,9 @@ impl CoRestart<'_> {
         if abort_storm {
             plan.push(SuiteStep::AbortStorm);
         }
-        if plan.is_empty() {
+        // A pair without a router (a rolling restart's sub-pair): its suite
+        // runs with the whole pair's verification, through the router.
+        if plan.is_empty() || self.pair.router.is_empty() {
             return Ok(Vec::new());
         }
         self.rec.transition(CoRestartStep::Verifying)?;
@@ -1662,7 +1709,7 @@ impl CoRestart<'_> {
                 chat: Some(self.chat_probe()),
                 timeout_ms,
                 seq,
-                pd_path: None,
+                pd_path: self.direct.clone(),
             })),
         };
         let mut record = ProbeRecord {

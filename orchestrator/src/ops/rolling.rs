@@ -1,0 +1,815 @@
+//! A rolling restart of an xPyD pair (issue 18): one P/D sub-pair at a time,
+//! while the pair's router routes to the others.
+//!
+//! Why this shape: a pair with several prefills and decodes behind its own
+//! router can keep serving while a part of it restarts — but only if that
+//! part is out of the router's rotation first, drained by the engines' own
+//! gauges, and back only once it is proven, including over the paths the
+//! router will make between it and the rest (a PD router pairs any prefill
+//! with any decode, and a restarted engine can break the KV link of an
+//! engine it did not restart with: INCIDENTS row 1). Every piece of that
+//! already exists for a pair behind a shared router (`ops::drain`), so a
+//! sub-pair (prefill i, decode i) is an ordinary co-restart of a derived
+//! pair — its two engines, no router of its own, and the pair's own router
+//! as its serving router: out of rotation, drained, restarted in order,
+//! probed over its own KV path (the request a PD router sends, straight to
+//! both engines: `corestart`'s direct probes), its cross paths to the other
+//! engines probed, and only then back. The roll stops at the first sub-pair
+//! that is not healthy or not put back: the others keep serving and nothing
+//! more is touched. Last, the whole pair is verified through its router
+//! (probes and suite).
+//!
+//! Each sub-pair runs as its own journaled operation on `PAIR#roll` (as a
+//! gate's children run on `PAIR#gate`); the roll journals which sub-pair
+//! each child is before it runs, and each child's conclusion. An
+//! orchestrator killed mid-roll resumes the child in flight from the journal
+//! and the agents' facts (`corestart::resume`: no unit started twice, none
+//! left stopped), then goes on with the next sub-pair.
+
+use pdwarden_proto::v1::{OperationStarted, OperationUpdate, operation_update};
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+
+use crate::config::{PairConfig, ServingRouterConfig};
+use crate::judge::verdict::VerdictKind;
+use crate::ops::OperationContext;
+use crate::ops::corestart::{OperationKind, run_operation};
+use crate::ops::gate::ChildOperation;
+use crate::ops::journal::{JournalError, OperationRecord};
+use crate::ops::recorder::Recorder;
+use crate::ops::report::OperationReport;
+
+/// The journal's kind of a rolling restart.
+pub const KIND: &str = "rolling";
+/// The pair name a roll's children are journaled under (`PAIR#roll`).
+pub const CHILD_SUFFIX: &str = "#roll";
+
+/// The journal entries a resumed roll reads back.
+mod entry {
+    /// A child about to run: [`super::ChildEntry`].
+    pub const CHILD_OPERATION: &str = "child_operation";
+    /// A child's conclusion: [`super::ChildConcluded`].
+    pub const CHILD_CONCLUDED: &str = "child_concluded";
+}
+
+/// Which sub-pair a child operation is (`index` = the number of sub-pairs
+/// for the closing verification of the whole pair).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChildEntry {
+    pub index: usize,
+    pub operation_id: String,
+    pub kind: String,
+}
+
+/// A child's conclusion, as the roll journals it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChildConcluded {
+    pub index: usize,
+    pub child: ChildOperation,
+}
+
+/// Whether `pair` can be rolled: refused in one line naming what is wrong,
+/// before anything is journaled.
+pub fn check(pair: &PairConfig) -> Result<(), String> {
+    let (p, d) = (pair.prefill.len(), pair.decode.len());
+    if pair.router.is_empty() {
+        return Err(format!(
+            "--rolling: pair {} has no router to route to its other sub-pairs",
+            pair.name
+        ));
+    }
+    if pair.serving_router.is_some() {
+        return Err(format!(
+            "--rolling: pair {} is behind a serving router ([pair.serving_router]); a rolling restart takes sub-pairs out of the pair's own router only: restart it whole",
+            pair.name
+        ));
+    }
+    if p != d {
+        return Err(format!(
+            "--rolling: pair {} has {p} prefill(s) and {d} decode(s); a rolling restart restarts prefill i with decode i, so it needs as many of each",
+            pair.name
+        ));
+    }
+    if p < 2 {
+        return Err(format!(
+            "--rolling: pair {} has one prefill and one decode: there is no other sub-pair to serve while it restarts; restart it without --rolling",
+            pair.name
+        ));
+    }
+    Ok(())
+}
+
+/// Sub-pair `i` of `pair` as a pair of its own: prefill i and decode i, no
+/// router, and the pair's first router as the serving router it is taken
+/// out of and put back into (the pair's drain timeouts, else the defaults).
+pub fn sub_pair(pair: &PairConfig, i: usize) -> PairConfig {
+    let mut sub = pair.clone();
+    sub.name = format!("{}{CHILD_SUFFIX}", pair.name);
+    sub.prefill = vec![pair.prefill[i].clone()];
+    sub.decode = vec![pair.decode[i].clone()];
+    sub.router = Vec::new();
+    let router = &pair.router[0];
+    sub.serving_router = Some(ServingRouterConfig::new(router.host.clone(), router.unit.clone()));
+    sub
+}
+
+/// A journaled child's verdict, typed.
+fn verdict_of(child: &ChildOperation) -> Option<VerdictKind> {
+    serde_json::from_value(serde_json::Value::String(child.verdict.clone())).ok()
+}
+
+fn describe(pair: &PairConfig, i: usize) -> String {
+    format!(
+        "sub-pair {} of {} ({} + {})",
+        i + 1,
+        pair.prefill.len(),
+        pair.prefill[i].unit,
+        pair.decode[i].unit
+    )
+}
+
+/// Runs a rolling restart whose journal row exists (`kind` [`KIND`]) to its
+/// report; progress (the children's steps, phases and probes) goes to
+/// `updates`.
+pub async fn run(
+    ctx: OperationContext,
+    pair: PairConfig,
+    operation_id: String,
+    updates: mpsc::UnboundedSender<OperationUpdate>,
+) -> OperationReport {
+    let mut roll = Roll::new(ctx, pair, operation_id, updates);
+    roll.from(0).await;
+    roll.conclude(None)
+}
+
+/// Takes over a roll an earlier orchestrator left running: the children it
+/// had concluded stand; the one in flight is resumed (a co-restart from the
+/// journal and the agents' facts, adopting its starts) or, if it never got
+/// as far as its first entry, concluded as not started and run again; then
+/// the roll goes on. Nobody follows it live; its report is journaled.
+pub async fn resume(ctx: OperationContext, pair: PairConfig, op: OperationRecord) -> OperationReport {
+    let (tx, _rx) = mpsc::unbounded_channel();
+    let mut roll = Roll::new(ctx, pair, op.operation_id.clone(), tx);
+    let note = format!(
+        "resumed after an orchestrator restart: the roll was in state {}",
+        op.state
+    );
+    roll.rec.journal("resumed", &serde_json::json!({ "note": note }));
+    let read = (|| -> Result<(Vec<ChildEntry>, Vec<ChildConcluded>), JournalError> {
+        Ok((
+            roll.rec.journal.read(&op.operation_id, entry::CHILD_OPERATION)?,
+            roll.rec.journal.read(&op.operation_id, entry::CHILD_CONCLUDED)?,
+        ))
+    })();
+    let (children, concluded) = match read {
+        Ok(r) => r,
+        Err(e) => {
+            roll.fail(format!("its journal could not be read ({e}); check the pair's units"));
+            return roll.conclude(Some(note));
+        }
+    };
+    roll.children = concluded.iter().map(|c| c.child.clone()).collect();
+    // A child begun but killed before the roll named it: nothing was sent
+    // for it (its entry comes before its first command).
+    let child_pair = format!("{}{CHILD_SUFFIX}", roll.pair.name);
+    let unfinished = roll.rec.journal.unfinished().unwrap_or_default();
+    for orphan in unfinished
+        .iter()
+        .filter(|o| o.pair == child_pair && !children.iter().any(|c| c.operation_id == o.operation_id))
+    {
+        let report = serde_json::json!({
+            "operation_id": orphan.operation_id, "pair": orphan.pair, "kind": orphan.kind, "verdict": "failed",
+            "reasons": ["begun by a rolling restart killed before it named it; nothing was sent for it"],
+        });
+        let _ = roll.rec.journal.conclude(&orphan.operation_id, "failed", &report);
+    }
+    if let Some(stopped) = concluded
+        .iter()
+        .find(|c| !verdict_of(&c.child).is_some_and(VerdictKind::is_healthy))
+    {
+        roll.stopped_at(stopped.index, &stopped.child);
+        return roll.conclude(Some(note));
+    }
+    let next = match children.last() {
+        None => 0,
+        Some(last) if concluded.iter().any(|c| c.child.operation_id == last.operation_id) => last.index + 1,
+        Some(last) => {
+            let in_flight = unfinished.into_iter().find(|o| o.operation_id == last.operation_id);
+            let report = match in_flight {
+                Some(child) => {
+                    let child_config = if last.index < roll.pair.prefill.len() {
+                        sub_pair(&roll.pair, last.index)
+                    } else {
+                        roll.pair.clone()
+                    };
+                    let task = crate::ops::corestart::resume(roll.ctx.clone(), child_config, child);
+                    match crate::ops::guarded(&roll.ctx.journal, &last.operation_id, task).await {
+                        Ok(r) => Some(r),
+                        Err(panic) => std::panic::resume_unwind(Box::new(panic)),
+                    }
+                }
+                // Concluded before the roll journaled it: its report.
+                None => roll
+                    .rec
+                    .journal
+                    .history(&child_pair, 100)
+                    .ok()
+                    .and_then(|h| h.into_iter().find(|o| o.operation_id == last.operation_id))
+                    .and_then(|o| o.report)
+                    .and_then(|r| serde_json::from_value::<OperationReport>(r).ok()),
+            };
+            match report {
+                Some(r) => {
+                    if !roll.record(last.index, &last.kind, r) {
+                        return roll.conclude(Some(note));
+                    }
+                }
+                // Unreadable: that sub-pair is run again (restarting a
+                // generating unit is safe; trusting an unknown one is not).
+                None => {
+                    return {
+                        roll.from(last.index).await;
+                        roll.conclude(Some(note))
+                    };
+                }
+            }
+            last.index + 1
+        }
+    };
+    roll.from(next).await;
+    roll.conclude(Some(note))
+}
+
+/// Concludes `failed` whatever of `pair`'s roll is still running on
+/// `PAIR#roll` (its roll concluded without resuming it), saying `why`.
+pub fn abandon(journal: &crate::ops::journal::Journal, pair: &PairConfig, why: &str) {
+    let child_pair = format!("{}{CHILD_SUFFIX}", pair.name);
+    for op in journal
+        .unfinished()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|o| o.pair == child_pair)
+    {
+        let report = serde_json::json!({
+            "operation_id": op.operation_id, "pair": op.pair, "kind": op.kind, "verdict": "failed",
+            "reasons": [format!("{why} (state {}): check the pair's units", op.state)],
+        });
+        if let Err(e) = journal.conclude(&op.operation_id, "failed", &report) {
+            tracing::error!(operation = %op.operation_id, error = %e, "could not conclude a roll's child");
+        }
+    }
+}
+
+/// A roll under way: its recorder, and the children it ran.
+struct Roll {
+    ctx: OperationContext,
+    pair: PairConfig,
+    rec: Recorder,
+    children: Vec<ChildOperation>,
+    verdict: VerdictKind,
+    reasons: Vec<String>,
+}
+
+impl Roll {
+    fn new(
+        ctx: OperationContext,
+        pair: PairConfig,
+        operation_id: String,
+        updates: mpsc::UnboundedSender<OperationUpdate>,
+    ) -> Self {
+        let rec = Recorder::new(operation_id.clone(), ctx.journal.clone(), updates);
+        rec.send(operation_update::Kind::Started(OperationStarted {
+            operation_id,
+            pair: pair.name.clone(),
+            decode_start_policy: pair.decode_start_policy.as_str().into(),
+        }));
+        Roll {
+            ctx,
+            pair,
+            rec,
+            children: Vec::new(),
+            verdict: VerdictKind::Healthy,
+            reasons: Vec::new(),
+        }
+    }
+
+    fn fail(&mut self, reason: String) {
+        self.verdict = VerdictKind::Failed;
+        self.reasons.push(reason);
+    }
+
+    /// Runs sub-pairs `first..`, one at a time, stopping at the first that
+    /// is not healthy and back in rotation; then the whole pair's
+    /// verification (index = the number of sub-pairs).
+    async fn from(&mut self, first: usize) {
+        let n = self.pair.prefill.len();
+        for i in first..=n {
+            let (kind, config) = if i < n {
+                (OperationKind::CoRestart, sub_pair(&self.pair, i))
+            } else {
+                (
+                    OperationKind::Verify {
+                        include_abort_storm: false,
+                    },
+                    self.pair.clone(),
+                )
+            };
+            let report = match self.child(i, kind, config).await {
+                Ok(r) => r,
+                Err(e) => {
+                    let what = if i < n {
+                        describe(&self.pair, i)
+                    } else {
+                        "the whole pair's verification".into()
+                    };
+                    self.fail(format!("stopped: {what} could not be journaled ({e})"));
+                    return;
+                }
+            };
+            if !self.record(i, kind.as_str(), report) {
+                return;
+            }
+        }
+    }
+
+    /// Files child `i`'s report: its reasons into the roll's, its
+    /// conclusion into the journal. False when the roll stops here.
+    fn record(&mut self, i: usize, kind: &str, report: OperationReport) -> bool {
+        let n = self.pair.prefill.len();
+        let child = ChildOperation {
+            purpose: if i < n {
+                describe(&self.pair, i)
+            } else {
+                "verification".into()
+            },
+            operation_id: report.operation_id.clone(),
+            kind: kind.into(),
+            verdict: report.verdict.as_str().into(),
+            reasons: report.reasons.clone(),
+            total_ms: report.total_ms,
+        };
+        self.rec.journal(
+            entry::CHILD_CONCLUDED,
+            &ChildConcluded {
+                index: i,
+                child: child.clone(),
+            },
+        );
+        self.children.push(child.clone());
+        let healthy = report.verdict.is_healthy();
+        if i == n {
+            self.verdict = report.verdict;
+            self.reasons.push(format!(
+                "the whole pair through its router: {} (operation {})",
+                report.verdict.as_str(),
+                report.operation_id
+            ));
+            if !healthy {
+                self.reasons
+                    .extend(report.reasons.iter().take(3).map(|r| format!("  {r}")));
+            }
+            return healthy;
+        }
+        if healthy {
+            self.reasons.push(format!(
+                "{}: {}, back in rotation (operation {})",
+                child.purpose,
+                report.verdict.as_str(),
+                report.operation_id
+            ));
+            true
+        } else {
+            self.verdict = report.verdict;
+            self.stopped_at(i, &child);
+            false
+        }
+    }
+
+    /// The roll stopped at sub-pair `i` (its child's conclusion `child`).
+    fn stopped_at(&mut self, i: usize, child: &ChildOperation) {
+        let n = self.pair.prefill.len();
+        if let Some(kind) = verdict_of(child).filter(|k| !k.is_healthy()) {
+            self.verdict = kind;
+        } else {
+            self.verdict = VerdictKind::Failed;
+        }
+        self.reasons.insert(
+            0,
+            format!(
+                "the roll stopped at {}: {} (operation {}); {}",
+                child.purpose,
+                child.verdict,
+                child.operation_id,
+                if i + 1 < n {
+                    format!("sub-pairs {}..{} were not restarted and kept serving", i + 2, n)
+                } else {
+                    "it was the last".into()
+                }
+            ),
+        );
+        self.reasons.extend(child.reasons.iter().map(|r| format!("  {r}")));
+    }
+
+    /// Runs one child operation on `PAIR#roll`, forwarding its live
+    /// progress; journaled as sub-pair `index` before it runs.
+    async fn child(
+        &self,
+        index: usize,
+        kind: OperationKind,
+        config: PairConfig,
+    ) -> Result<OperationReport, JournalError> {
+        let child_pair = format!("{}{CHILD_SUFFIX}", self.pair.name);
+        let id = self.ctx.begin(kind.as_str(), &child_pair, None, &[])?;
+        self.rec.journal.append(
+            &self.rec.operation_id,
+            self.rec.now_ms(),
+            entry::CHILD_OPERATION,
+            &ChildEntry {
+                index,
+                operation_id: id.clone(),
+                kind: kind.as_str().into(),
+            },
+        )?;
+        let (tx, mut rx) = mpsc::unbounded_channel::<OperationUpdate>();
+        let fwd = self.rec.follower();
+        let forward = tokio::spawn(async move {
+            while let Some(u) = rx.recv().await {
+                if matches!(
+                    u.kind,
+                    Some(
+                        operation_update::Kind::Step(_)
+                            | operation_update::Kind::Phase(_)
+                            | operation_update::Kind::Probe(_)
+                    )
+                ) {
+                    let _ = fwd.send(u);
+                }
+            }
+        });
+        let task = run_operation(self.ctx.clone(), config, id.clone(), kind, tx);
+        let report = match crate::ops::guarded(&self.ctx.journal, &id, task).await {
+            Ok(r) => r,
+            // The child is concluded; the roll's own guard concludes the roll.
+            Err(panic) => std::panic::resume_unwind(Box::new(panic)),
+        };
+        let _ = forward.await;
+        Ok(report)
+    }
+
+    /// The roll's report, journaled and sent.
+    fn conclude(mut self, note: Option<String>) -> OperationReport {
+        if let Some(note) = note {
+            self.reasons.push(note);
+        }
+        let report = OperationReport {
+            operation_id: self.rec.operation_id.clone(),
+            pair: self.pair.name.clone(),
+            kind: KIND.into(),
+            decode_start_policy: self.pair.decode_start_policy.as_str().into(),
+            verdict: self.verdict,
+            reasons: std::mem::take(&mut self.reasons),
+            steps: self.rec.steps(),
+            timeline: Vec::new(),
+            probes: Vec::new(),
+            attempts: Vec::new(),
+            probe_latency: crate::judge::stats::summarize(&[]),
+            suite: Vec::new(),
+            warnings: Vec::new(),
+            budgets: None,
+            engine_counters: Vec::new(),
+            warm_budget_ms: self.pair.probe.warm_budget_ms,
+            cold_allowance: crate::judge::verdict::ColdAllowance::Configured {
+                ms: self.pair.probe.cold_allowance_ms,
+                why: String::new(),
+            },
+            fingerprint: String::new(),
+            drain: None,
+            sub_operations: std::mem::take(&mut self.children),
+            total_ms: self.rec.now_ms(),
+        };
+        if let Err(e) = self
+            .rec
+            .journal
+            .conclude(&report.operation_id, report.verdict.as_str(), &report)
+        {
+            tracing::error!(operation = %report.operation_id, error = %e, "could not journal the roll's verdict");
+        }
+        if let Ok(json) = serde_json::to_string(&report) {
+            self.rec
+                .send(operation_update::Kind::Report(pdwarden_proto::v1::JsonReply { json }));
+        }
+        report
+    }
+}
+
+/// The roll over the in-memory agent at paused time: a 2P2D pair whose
+/// router has the worker API (the fake models sglang-router's contract).
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use pdwarden_proto::v1::{Role, RouterWorkersOp};
+
+    use super::*;
+    use crate::config::OrchestratorConfig;
+    use crate::ops::fake_agent::rig::{journal, orchestrator};
+    use crate::ops::fake_agent::{FakeAgent, UnitModel};
+    use crate::ops::journal::Journal;
+
+    const ENGINES: [&str; 4] = ["prefill-0", "prefill-1", "decode-0", "decode-1"];
+
+    fn pair_with(prefills: usize, decodes: usize, extra: &str) -> PairConfig {
+        let units = |role: &str, n: usize| {
+            (0..n)
+                .map(|i| format!(r#"{{ host = "h1", unit = "{role}-{i}" }}"#))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let text = format!(
+            r#"
+listen = "127.0.0.1:7070"
+journal = "/unused"
+[[pair]]
+name = "p"
+prefill = [{}]
+decode = [{}]
+router = [{{ host = "h1", unit = "router-0" }}]
+[pair.probe]
+model = "m"
+prompt = "Say hi"
+warm_budget_ms = 1000
+cold_allowance_ms = 3000
+probe_timeout_ms = 5000
+max_probes = 8
+[pair.suite.long_generation]
+enabled = false
+[pair.suite.multi_turn]
+enabled = false
+[pair.suite.concurrency]
+enabled = false
+{extra}"#,
+            units("prefill", prefills),
+            units("decode", decodes)
+        );
+        OrchestratorConfig::from_toml_str(&text).unwrap().pairs.remove(0)
+    }
+
+    fn pair() -> PairConfig {
+        pair_with(2, 2, "")
+    }
+
+    /// Host h1: the four engines and router-0, which lists all of them.
+    fn agent() -> FakeAgent {
+        FakeAgent::new(
+            "h1",
+            vec![
+                UnitModel::new("prefill-0", Role::Prefill),
+                UnitModel::new("prefill-1", Role::Prefill),
+                UnitModel::new("decode-0", Role::Decode),
+                UnitModel::new("decode-1", Role::Decode),
+                UnitModel::new("router-0", Role::Router),
+            ],
+        )
+        .with_serving_router("router-0")
+    }
+
+    fn begin(journal: &Journal) -> String {
+        let id = uuid::Uuid::new_v4().to_string();
+        journal.begin(&id, KIND, "p", None).unwrap();
+        id
+    }
+
+    fn url(unit: &str) -> String {
+        format!("http://fake/{unit}")
+    }
+
+    /// The worker API's removes and adds, in order, as unit sets.
+    fn membership_calls(agent: &FakeAgent) -> Vec<(&'static str, Vec<String>)> {
+        agent
+            .router_calls()
+            .into_iter()
+            .filter_map(|(op, urls, _)| {
+                let op = match RouterWorkersOp::try_from(op).ok()? {
+                    RouterWorkersOp::Remove => "remove",
+                    RouterWorkersOp::Add => "add",
+                    _ => return None,
+                };
+                let mut units: Vec<String> = urls
+                    .iter()
+                    .map(|u| u.trim_start_matches("http://fake/").to_string())
+                    .collect();
+                units.sort();
+                Some((op, units))
+            })
+            .collect()
+    }
+
+    fn sorted(mut v: Vec<String>) -> Vec<String> {
+        v.sort();
+        v
+    }
+
+    /// One sub-pair at a time: out of the router, restarted (prefill, then
+    /// decode), back in, and only then the next; the router itself is never
+    /// restarted and lists every engine at the end; the whole pair is
+    /// verified last.
+    #[tokio::test(start_paused = true)]
+    async fn a_rolling_restart_takes_one_sub_pair_out_at_a_time_and_puts_it_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = journal(&dir);
+        let agent = agent();
+        let ctx = orchestrator(&journal, &agent).await;
+        let id = begin(&journal);
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let report = run(ctx, pair(), id, tx).await;
+        assert!(report.verdict.is_healthy(), "{:#?}", report.reasons);
+        let starts: Vec<String> = agent.executed().into_iter().map(|e| e.unit).collect();
+        assert_eq!(starts, ["prefill-0", "decode-0", "prefill-1", "decode-1"], "{starts:?}");
+        assert_eq!(agent.starts_of("router-0"), 0);
+        assert_eq!(
+            membership_calls(&agent),
+            [
+                ("remove", vec!["decode-0".to_string(), "prefill-0".to_string()]),
+                ("add", vec!["decode-0".to_string(), "prefill-0".to_string()]),
+                ("remove", vec!["decode-1".to_string(), "prefill-1".to_string()]),
+                ("add", vec!["decode-1".to_string(), "prefill-1".to_string()]),
+            ]
+        );
+        assert_eq!(
+            sorted(agent.router_lists()),
+            sorted(ENGINES.iter().map(|u| url(u)).collect())
+        );
+        let purposes: Vec<(&str, &str)> = report
+            .sub_operations
+            .iter()
+            .map(|c| (c.purpose.as_str(), c.kind.as_str()))
+            .collect();
+        assert_eq!(
+            purposes,
+            [
+                ("sub-pair 1 of 2 (prefill-0 + decode-0)", "co_restart"),
+                ("sub-pair 2 of 2 (prefill-1 + decode-1)", "co_restart"),
+                ("verification", "verify")
+            ]
+        );
+        // Each sub-pair was probed over its own KV path, not the router.
+        let child = journal.history("p#roll", 10).unwrap();
+        let first = child
+            .iter()
+            .find(|o| o.operation_id == report.sub_operations[0].operation_id)
+            .unwrap();
+        let probes = first.report.as_ref().unwrap()["probes"].as_array().unwrap().clone();
+        assert!(!probes.is_empty());
+        assert!(
+            probes
+                .iter()
+                .all(|p| p["target"] == "kv:http://fake/prefill-0 -> http://fake/decode-0"),
+            "{probes:#?}"
+        );
+        assert!(journal.unfinished().unwrap().is_empty());
+        assert_eq!(journal.history("p", 1).unwrap()[0].verdict.as_deref(), Some("healthy"));
+    }
+
+    /// A restarted sub-pair healthy on its own path but whose path from the
+    /// other sub-pair's prefill fails (a stale bootstrap identity) is kept
+    /// out, and the roll stops there: the other sub-pair is not touched and
+    /// keeps serving alone.
+    #[tokio::test(start_paused = true)]
+    async fn a_sub_pair_whose_cross_path_fails_is_kept_out_and_the_roll_stops() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = journal(&dir);
+        let agent = agent();
+        agent.break_kv_path(&url("prefill-1"), &url("decode-0"));
+        let ctx = orchestrator(&journal, &agent).await;
+        let id = begin(&journal);
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let report = run(ctx, pair(), id, tx).await;
+        assert_eq!(report.verdict, VerdictKind::Failed, "{:#?}", report.reasons);
+        assert!(
+            report.reasons[0]
+                .starts_with("the roll stopped at sub-pair 1 of 2 (prefill-0 + decode-0): failed (operation ")
+                && report.reasons[0].ends_with("sub-pairs 2..2 were not restarted and kept serving"),
+            "{:#?}",
+            report.reasons
+        );
+        assert!(
+            report
+                .reasons
+                .iter()
+                .any(|r| r.contains("http://fake/prefill-1 → http://fake/decode-0")),
+            "{:#?}",
+            report.reasons
+        );
+        assert_eq!(agent.starts_of("prefill-1"), 0);
+        assert_eq!(agent.starts_of("decode-1"), 0);
+        assert_eq!(sorted(agent.router_lists()), [url("decode-1"), url("prefill-1")]);
+        assert_eq!(report.sub_operations.len(), 1, "no verification after a stop");
+        assert!(journal.unfinished().unwrap().is_empty());
+    }
+
+    /// Refused in one line naming the reason, before anything is journaled.
+    #[test]
+    fn pairs_that_cannot_be_rolled_are_refused_in_one_line() {
+        assert_eq!(check(&pair()), Ok(()));
+        for (p, says) in [
+            (pair_with(1, 1, ""), "has one prefill and one decode"),
+            (pair_with(2, 3, ""), "has 2 prefill(s) and 3 decode(s)"),
+            (
+                pair_with(2, 2, "[pair.serving_router]\nhost = \"h1\"\nunit = \"router-9\"\n"),
+                "is behind a serving router",
+            ),
+        ] {
+            let e = check(&p).unwrap_err();
+            assert!(
+                e.starts_with("--rolling: pair p ") && e.contains(says) && !e.contains('\n'),
+                "{e}"
+            );
+        }
+    }
+
+    /// Every journal entry of the roll and its children so far.
+    fn entries_so_far(journal: &Journal, id: &str) -> usize {
+        let children: Vec<ChildEntry> = journal.read(id, entry::CHILD_OPERATION).unwrap();
+        journal.entries(id).unwrap().len()
+            + children
+                .iter()
+                .map(|c| journal.entries(&c.operation_id).unwrap().len())
+                .sum::<usize>()
+    }
+
+    /// The orchestrator killed at every point of a roll (the first await
+    /// after each journal entry of the roll or of a child), a new one
+    /// taking it over: the roll concludes healthy, every engine was started
+    /// exactly once, the router lists every engine, nothing is left running.
+    #[tokio::test(start_paused = true)]
+    async fn killed_at_every_point_the_roll_starts_each_engine_once() {
+        let whole = {
+            let dir = tempfile::tempdir().unwrap();
+            let journal = journal(&dir);
+            let agent = agent();
+            let id = begin(&journal);
+            let (tx, _rx) = mpsc::unbounded_channel();
+            run(orchestrator(&journal, &agent).await, pair(), id.clone(), tx).await;
+            entries_so_far(&journal, &id)
+        };
+        assert!(whole > 30, "{whole}");
+        let mut killed_in = std::collections::BTreeSet::new();
+        for k in 1..whole {
+            let dir = tempfile::tempdir().unwrap();
+            let journal = journal(&dir);
+            let agent = agent();
+            let id = begin(&journal);
+            let (tx, _rx) = mpsc::unbounded_channel();
+            let task = tokio::spawn(run(orchestrator(&journal, &agent).await, pair(), id.clone(), tx));
+            for _ in 0..600_000 {
+                if task.is_finished() || entries_so_far(&journal, &id) >= k {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            if task.is_finished() {
+                continue;
+            }
+            task.abort();
+            let _ = task.await;
+            let unfinished = journal.unfinished().unwrap();
+            let op = unfinished
+                .iter()
+                .find(|o| o.kind == KIND)
+                .expect("the roll is unfinished")
+                .clone();
+            if let Some(child) = unfinished.iter().find(|o| o.pair == "p#roll") {
+                killed_in.insert(format!("{} {}", child.kind, child.state));
+            }
+            let report = resume(orchestrator(&journal, &agent).await, pair(), op).await;
+            let at = format!("killed after entry {k} of {whole}");
+            assert!(report.verdict.is_healthy(), "{at}: {:#?}", report.reasons);
+            for u in ENGINES {
+                assert_eq!(agent.starts_of(u), 1, "{at}: {u} started again: {:?}", agent.executed());
+            }
+            assert_eq!(agent.starts_of("router-0"), 0, "{at}");
+            assert_eq!(
+                sorted(agent.router_lists()),
+                sorted(ENGINES.iter().map(|u| url(u)).collect()),
+                "{at}"
+            );
+            assert!(journal.unfinished().unwrap().is_empty(), "{at}");
+            assert!(
+                report
+                    .reasons
+                    .iter()
+                    .any(|r| r.starts_with("resumed after an orchestrator restart")),
+                "{at}: {:#?}",
+                report.reasons
+            );
+        }
+        for s in [
+            "co_restart restarting_prefill",
+            "co_restart draining",
+            "co_restart rejoining",
+            "verify probing",
+        ] {
+            assert!(killed_in.contains(s), "never killed in {s}: {killed_in:?}");
+        }
+    }
+}
