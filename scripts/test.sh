@@ -12,4 +12,17 @@ cd "$(dirname "$0")/.."
 # .venv-vllm/ (once: ~3 min, 3 GB; 10 GB free while installing).
 ./scripts/setup-vllm.sh
 cargo build --workspace --bins
-cargo test --workspace
+unavailable=${VLLM_VENV:-.venv-vllm}/.unavailable
+if [ -f "$unavailable" ]; then
+  # setup-vllm found that this host's CPU cannot run the pinned wheels: the
+  # real-vLLM scenarios are not run (and not counted as passed), by name.
+  skips=$(cargo test -q -p pdwarden-stack --test scenarios -- --list 2>/dev/null \
+    | sed -n 's/^\(vllm::[a-z0-9_]*\): test$/--skip \1/p')
+  [ -n "$skips" ] || { echo "test: could not list the vllm:: scenarios to leave out" >&2; exit 1; }
+  echo "test: NOT RUN on this host, the real-vLLM tier ($(echo "$skips" | wc -l) vllm:: scenarios): $(cat "$unavailable")" >&2
+  # shellcheck disable=SC2086
+  cargo test --workspace -- --exact $skips
+  echo "test: reminder: the real-vLLM tier was NOT RUN here: $(cat "$unavailable")" >&2
+else
+  cargo test --workspace
+fi
