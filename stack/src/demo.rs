@@ -118,6 +118,13 @@ pub struct DemoArgs {
     /// KV paths to the other pair, and put back only if they all hold.
     #[arg(long)]
     pub shared_router: bool,
+    /// With `--prefills N --decodes N` (N ≥ 2): the pair starts, steady
+    /// client traffic through its router begins, and `restart pd-pair demo
+    /// --rolling` runs under it — one P/D sub-pair out of the router at a
+    /// time, drained, restarted, proven over its own and its cross KV paths,
+    /// and back only then; the demo says what the clients saw.
+    #[arg(long)]
+    pub rolling: bool,
     /// The pair's sglang-router policy (`--policy`); default: `round_robin`
     /// for an xPyD pair, else the router's own (`cache_aware`).
     #[arg(long)]
@@ -229,6 +236,7 @@ pub async fn start(args: &DemoArgs, given: Credentials) -> Demo {
             crash_drill(&mut stack, args, incident).await
         }
         _ if args.shared_router => crate::rolling::under_traffic(&stack, args).await,
+        _ if args.rolling => crate::rolling::rolling_under_traffic(&stack, args).await,
         _ => restart(&stack, args).await,
     };
     if outcome.code == 1 {

@@ -127,6 +127,7 @@ pub fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<Configs> {
                 (args.prefills > 1, "--prefills"),
                 (args.decodes > 1, "--decodes"),
                 (args.shared_router, "--shared-router"),
+                (args.rolling, "--rolling"),
                 (args.router_policy.is_some(), "--router-policy"),
             ] {
                 if given {
@@ -156,6 +157,15 @@ pub fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<Configs> {
     }
     if args.shared_router && (xpyd || args.incident.is_some()) {
         bail!("--shared-router: two 1P1D pairs behind one router, not with --prefills/--decodes or --incident");
+    }
+    if args.rolling
+        && (args.prefills < 2 || args.prefills != args.decodes || args.shared_router || args.incident.is_some())
+    {
+        bail!(
+            "--rolling: an xPyD pair of N prefills and N decodes (N >= 2, e.g. --prefills 2 --decodes 2), not with --shared-router or --incident; got --prefills {} --decodes {}",
+            args.prefills,
+            args.decodes
+        );
     }
     let pd_sim = binary("pd-sim")?;
     let smg = match vllm {

@@ -21,11 +21,16 @@
 //!
 //! The outcome is the last restart's verdict; the demo also fails when a
 //! client request failed or reached the pair while it was out.
+//!
+//! `pdwarden demo --prefills N --decodes N --rolling` ([`rolling_under_traffic`])
+//! is the same under one pair: its router is the one clients use, and
+//! `restart pd-pair demo --rolling` takes one P/D sub-pair out of it at a
+//! time while the others serve.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use pdwarden_orchestrator::edge::client::new_request_id;
+use pdwarden_orchestrator::edge::client::{Asked, new_request_id};
 use pdwarden_orchestrator::ops::report::OperationReport;
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -163,15 +168,20 @@ async fn pair_client_requests(stack: &Stack, pair: &str) -> Vec<(String, Option<
 
 /// Restarts `pair`, printing its progress unless `quiet`; `on_line` sees
 /// every progress line.
-async fn restart(
+async fn restart(stack: &Stack, pair: &str, quiet: bool, on_line: impl FnMut(&str)) -> anyhow::Result<OperationReport> {
+    restart_as(stack, pair, Asked::Restart { rolling: false }, quiet, on_line).await
+}
+
+async fn restart_as(
     stack: &Stack,
     pair: &str,
+    asked: Asked,
     quiet: bool,
     mut on_line: impl FnMut(&str),
 ) -> anyhow::Result<OperationReport> {
     let report = stack
         .connection
-        .follow(pair, None, new_request_id(), |line| {
+        .follow_asked(pair, asked, new_request_id(), |line| {
             on_line(&line);
             if !quiet {
                 pdwarden_orchestrator::say!("{line}");
@@ -315,6 +325,136 @@ async fn run(stack: &Stack, args: &DemoArgs) -> anyhow::Result<DemoOutcome> {
         "put_back": put_back,
     });
     outcome.json["joins"] = json!({ PAIR_B: b.verdict.as_str(), PAIR: join.verdict.as_str() });
+    outcome.json["demo"] = demo_json(stack);
+    Ok(outcome)
+}
+
+pub async fn rolling_under_traffic(stack: &Stack, args: &DemoArgs) -> DemoOutcome {
+    match roll(stack, args).await {
+        Ok(outcome) => outcome,
+        Err(e) => DemoOutcome::could_not_run(format!("demo --rolling: {e:#}")),
+    }
+}
+
+/// Sub-pair `i`'s engines' client requests (new processes only: a count
+/// from an instance that `before` already had is the old process's).
+fn sub_pair_counts(
+    counts: &[(String, Option<(String, u64)>)],
+    before: &[(String, Option<(String, u64)>)],
+    i: usize,
+) -> u64 {
+    let mine = [format!("prefill-{i}"), format!("decode-{i}")];
+    counts
+        .iter()
+        .filter(|(unit, _)| mine.iter().any(|m| unit.ends_with(m.as_str())))
+        .filter_map(|(unit, c)| {
+            let (instance, n) = c.as_ref()?;
+            let old = before
+                .iter()
+                .any(|(u, b)| u == unit && b.as_ref().is_some_and(|b| &b.0 == instance));
+            (!old).then_some(*n)
+        })
+        .sum()
+}
+
+async fn roll(stack: &Stack, args: &DemoArgs) -> anyhow::Result<DemoOutcome> {
+    let quiet = args.json;
+    let say = |text: String| {
+        if !quiet {
+            pdwarden_orchestrator::say!("\n== {text}");
+        }
+    };
+    let router = stack.plan.router_url.clone();
+    let n = usize::from(args.prefills);
+    say(format!(
+        "{PAIR} ({n} prefills, {n} decodes) starts behind its router {router}"
+    ));
+    let start = restart(stack, PAIR, quiet, |_| {}).await?;
+    if !start.verdict.is_healthy() {
+        return Ok(DemoOutcome::for_report(
+            &start,
+            json!({ "failed_at": "start", "report": start }),
+        ));
+    }
+    say("steady client traffic through the pair's router starts (two clients)".into());
+    let traffic = Traffic::start(&router, 2);
+    if !traffic.until_ok(5, Duration::from_secs(20)).await {
+        let t = traffic.stop().await;
+        anyhow::bail!("client traffic through {router} did not get going: {t:?}");
+    }
+    traffic.until_ok(20 * n as u64, Duration::from_secs(30)).await;
+    let before = pair_client_requests(stack, PAIR).await;
+    say(format!(
+        "restart pd-pair {PAIR} --rolling under traffic: one sub-pair out of the router at a time"
+    ));
+    // At each sub-pair's rejoin, the client requests its new processes got
+    // while out of rotation; `k` counts the rejoins (sub-pair k).
+    let (line_tx, mut line_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let watch_rejoins = async {
+        let mut at_rejoin: Vec<u64> = Vec::new();
+        while let Some(line) = line_rx.recv().await {
+            if line.contains("step rejoin (") && line.ends_with("started") {
+                let now = pair_client_requests(stack, PAIR).await;
+                let k = at_rejoin.len();
+                at_rejoin.push(sub_pair_counts(&now, &before, k));
+            }
+        }
+        at_rejoin
+    };
+    let rolled = restart_as(stack, PAIR, Asked::Restart { rolling: true }, quiet, move |line| {
+        let _ = line_tx.send(line.to_string());
+    });
+    let (rolled, at_rejoin) = tokio::join!(rolled, watch_rejoins);
+    let rolled = rolled?;
+    traffic.until_ok(10, Duration::from_secs(10)).await;
+    let summary = traffic.stop().await;
+    let after = pair_client_requests(stack, PAIR).await;
+    // A sub-pair put back: what its new processes got before its rejoin; one
+    // kept out (or never rejoined): what they got until now — nothing, if
+    // it stayed out of rotation as it should.
+    let while_out: Vec<u64> = rolled
+        .sub_operations
+        .iter()
+        .filter(|c| c.kind == "co_restart")
+        .enumerate()
+        .map(|(i, c)| match at_rejoin.get(i) {
+            Some(n) if c.verdict.starts_with("healthy") => *n,
+            _ => sub_pair_counts(&after, &before, i),
+        })
+        .collect();
+    let reached: u64 = while_out.iter().sum();
+    if !quiet {
+        pdwarden_orchestrator::say!(
+            "\n== clients: {} requests, {} ok, {} failed{}; {reached} reached a sub-pair's restarted engines while it was out of rotation; {}",
+            summary.requests,
+            summary.ok,
+            summary.failed,
+            if summary.errors.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", summary.errors.join("; "))
+            },
+            rolled
+                .sub_operations
+                .iter()
+                .map(|c| format!("{}: {}", c.purpose, c.verdict))
+                .collect::<Vec<_>>()
+                .join("; ")
+        );
+    }
+    let mut outcome = DemoOutcome::for_report(&rolled, serde_json::to_value(&rolled).unwrap_or_default());
+    if summary.failed > 0 || reached > 0 {
+        outcome.code = 2;
+    }
+    outcome.json["traffic"] = json!({
+        "requests": summary.requests,
+        "ok": summary.ok,
+        "failed": summary.failed,
+        "errors": summary.errors,
+        "reached_sub_pair_while_out": while_out,
+        "rejoins": at_rejoin.len(),
+    });
+    outcome.json["start"] = json!(start.verdict.as_str());
     outcome.json["demo"] = demo_json(stack);
     Ok(outcome)
 }

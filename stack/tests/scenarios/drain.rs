@@ -1,7 +1,9 @@
 //! Drain before restart behind a shared serving router (issue 18, point 1):
 //! two pd-sim pairs, each behind its own real sglang-router, and one more
 //! real sglang-router in front of both that the clients use
-//! (`pdwarden demo --shared-router`, `pdwarden_stack::rolling`).
+//! (`pdwarden demo --shared-router`, `pdwarden_stack::rolling`), and a
+//! rolling restart of an xPyD pair under traffic through its own router
+//! (`pdwarden demo --prefills 2 --decodes 2 --rolling`).
 
 use std::time::Duration;
 
@@ -113,5 +115,100 @@ fn a_pair_restarted_behind_a_shared_router_under_traffic_drops_no_client_request
         t["failed"],
         t["served_by_other_pair_during_restart"],
         drained_at - out_at
+    );
+}
+
+/// A rolling restart of a 2P2D pd-sim pair behind the real sglang-router
+/// (its own router, the one the clients use) under steady client traffic
+/// (issue 18, point 2): one P/D sub-pair out of the router at a time,
+/// drained, restarted, proven over its own KV path and its cross paths to
+/// the engines still serving, and put back only then. No client request
+/// fails and none reaches a sub-pair's restarted engines while it is out.
+#[test]
+fn a_rolling_restart_under_traffic_drops_no_client_request() {
+    let _one = exclusive();
+    let out = demo(
+        &["--prefills", "2", "--decodes", "2", "--rolling", "--json"],
+        Duration::from_secs(300),
+    );
+    let r = out.json();
+    let t = &r["traffic"];
+    assert!(t.is_object(), "no traffic summary: {r:#}\n{}", out.stderr);
+    assert_eq!(
+        r["start"].as_str().map(|v| v.starts_with("healthy")),
+        Some(true),
+        "{r:#}"
+    );
+    assert_eq!(r["kind"], "rolling", "{r:#}");
+    assert_eq!(t["failed"], 0, "client requests failed: {t:#}");
+    assert!(t["requests"].as_u64().unwrap() >= 50, "{t:#}");
+    let subs = r["sub_operations"].as_array().expect("sub-operations");
+    let restarted: Vec<&serde_json::Value> = subs.iter().filter(|c| c["kind"] == "co_restart").collect();
+    let while_out = t["reached_sub_pair_while_out"].as_array().unwrap();
+    assert_eq!(while_out.len(), restarted.len(), "{t:#}");
+    assert!(
+        while_out.iter().all(|n| n == 0),
+        "client requests reached a sub-pair while out: {t:#}"
+    );
+    // One at a time, in order: sub-pair 1 first.
+    assert!(
+        restarted[0]["purpose"]
+            .as_str()
+            .unwrap()
+            .starts_with("sub-pair 1 of 2 (prefill-0 + decode-0)"),
+        "{subs:#?}"
+    );
+    let reasons: Vec<&str> = r["reasons"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v.as_str())
+        .collect();
+    // Whether a sub-pair may go back depends on what the engines still
+    // serving remember (pd-sim's engines are the SGLang the seeds
+    // describe, as in the drain scenario above): a decode that talked to
+    // a prefill keeps its old bootstrap identity after that prefill
+    // restarts. Either every sub-pair went back and the whole pair was
+    // verified through its router, or the roll stopped at the first
+    // sub-pair kept out, with the failing paths named.
+    if r["verdict"].as_str().unwrap().starts_with("healthy") {
+        assert_eq!(restarted.len(), 2, "{subs:#?}");
+        assert!(
+            restarted
+                .iter()
+                .all(|c| c["verdict"].as_str().unwrap().starts_with("healthy"))
+        );
+        assert_eq!(subs.last().unwrap()["kind"], "verify", "{subs:#?}");
+        assert_eq!(t["rejoins"], 2, "{t:#}");
+    } else {
+        let stopped = reasons
+            .iter()
+            .find(|l| l.starts_with("the roll stopped at sub-pair"))
+            .unwrap_or_else(|| panic!("{reasons:#?}"));
+        let kept_out = reasons
+            .iter()
+            .find(|l| l.contains("KEPT OUT of the serving router local/router-0"))
+            .unwrap_or_else(|| panic!("{reasons:#?}"));
+        assert!(kept_out.contains("of the 2 KV paths"), "{kept_out}");
+        assert!(
+            kept_out.contains("Decode transfer failed") || kept_out.contains("no answer within"),
+            "a stale identity or a degraded bootstrap: {kept_out}"
+        );
+        assert_ne!(
+            subs.last().unwrap()["kind"],
+            "verify",
+            "nothing after the stop: {subs:#?}"
+        );
+        println!("{stopped}");
+    }
+    println!(
+        "{} client requests, {} failed; sub-pairs: {}",
+        t["requests"],
+        t["failed"],
+        restarted
+            .iter()
+            .map(|c| format!("{} {}", c["purpose"].as_str().unwrap(), c["verdict"].as_str().unwrap()))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
 }
