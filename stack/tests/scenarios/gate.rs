@@ -147,16 +147,45 @@ fn slowing_knob_is_rejected_and_rolled_back() {
 }
 
 /// A knob that speeds generation up by 15 % is accepted and stays live.
+///
+/// On a quiet host, always. On a busy 2-core CI host the noisiest statistic
+/// (ttft p90 at concurrency 4, as in [`assert_rollback_measured`]) can keep
+/// its interval wider than its margin for the whole budget: CI (2026-12-03)
+/// measured 22.9 → 24.2 ms, +5.7 % [CI −17.5, +27.2] against a 13.1 %
+/// margin after 3 of 3 looks, while the other 27 comparisons showed the
+/// speed-up. The judge must not call that "not worse" — it is not shown —
+/// so the gate rolls back, which is the product being right. That outcome
+/// is accepted here only with its evidence: the whole budget spent, the
+/// speed-up itself shown ("better beyond the margin"), nothing shown worse,
+/// every inconclusive comparison a tail statistic (p90/p99: never a
+/// centre), and the knob off again on both engines.
 #[test]
 fn speeding_knob_is_accepted() {
     let _one = exclusive();
     let demo = stack("0.85", &[]);
     let (out, v) = gate(&demo);
-    assert_eq!(out.code, 0, "{v:#}");
-    assert_eq!(v["verdict"], "accepted", "{v:#}");
-    assert!(reasons(&v).contains("better"), "{v:#}");
-    assert!(v["rollback_live"].as_array().unwrap().is_empty());
-    assert_eq!(knob_live(&demo), [true, true]);
+    assert!(reasons(&v).contains("better beyond the margin"), "{v:#}");
+    let j = &v["judgement"];
+    let findings = j["comparisons"].as_array().unwrap();
+    assert!(findings.iter().all(|c| c["finding"] != "regression"), "{v:#}");
+    if v["verdict"] == "accepted" {
+        assert_eq!(out.code, 0, "{v:#}");
+        assert!(v["rollback_live"].as_array().unwrap().is_empty());
+        assert_eq!(knob_live(&demo), [true, true]);
+        return;
+    }
+    assert_eq!(v["verdict"], "inconclusive_rolled_back", "{v:#}");
+    assert_eq!(out.code, 2, "{v:#}");
+    assert_eq!(j["judgement"], "inconclusive", "{v:#}");
+    assert_eq!(j["look"], j["max_looks"], "gave up before the end of the budget: {v:#}");
+    let open: Vec<&Value> = findings.iter().filter(|c| c["finding"] == "inconclusive").collect();
+    assert!(!open.is_empty(), "{v:#}");
+    assert!(
+        open.iter().all(|c| c["statistic"] == "p90" || c["statistic"] == "p99"),
+        "a centre statistic left open by a 15 % speed-up: {v:#}"
+    );
+    assert_rollback_measured(&v);
+    assert_eq!(knob_live(&demo), [false, false]);
 }
 
 /// A launcher that strips the variable (`env -u PDW_KNOB pd-sim …`): the
