@@ -88,6 +88,80 @@ fn series_in(expr: &str) -> Vec<String> {
     out
 }
 
+/// Every sample line of a text exposition as (series, value): the series
+/// as PromQL writes it (`name{labels}`, verbatim), the first of duplicates.
+fn samples(texts: &[&str]) -> Vec<(String, f64)> {
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::new();
+    for line in texts.iter().flat_map(|t| t.lines()) {
+        if line.starts_with('#') || line.trim().is_empty() {
+            continue;
+        }
+        let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("sample line {line:?}"));
+        let value: f64 = match value {
+            "+Inf" => f64::INFINITY,
+            "-Inf" => f64::NEG_INFINITY,
+            v => v.parse().unwrap_or_else(|e| panic!("{line:?}: {e}")),
+        };
+        if seen.insert(series.to_string()) {
+            out.push((series.to_string(), value));
+        }
+    }
+    out
+}
+
+/// The dashboard expressions that return nothing over `series` held
+/// steady for ten minutes, as Prometheus itself evaluates them: a
+/// `promtool test rules` run per expression, wrapped so that it answers
+/// `{} 1` when it has data and `{} 0` when it has none.
+fn empty_expressions(series: &[(String, f64)], exprs: &[String]) -> Vec<String> {
+    let quote = |s: &str| format!("'{}'", s.replace('\'', "''"));
+    let number = |v: f64| match v {
+        v if v.is_nan() => "NaN".to_string(),
+        v if v == f64::INFINITY => "Inf".to_string(),
+        v if v == f64::NEG_INFINITY => "-Inf".to_string(),
+        v => format!("{v}"),
+    };
+    let mut input = String::new();
+    for (s, v) in series {
+        let values = vec![number(*v); 11].join(" ");
+        input += &format!("      - series: {}\n        values: {}\n", quote(s), quote(&values));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut empty = Vec::new();
+    for (n, e) in exprs.iter().enumerate() {
+        let wrapped = format!("(count({e}) > bool 0) or on() vector(0)");
+        let y = format!(
+            "rule_files: []\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n{input}    promql_expr_test:\n      - expr: {}\n        eval_time: 10m\n        exp_samples:\n          - labels: '{{}}'\n            value: 1\n",
+            quote(&wrapped)
+        );
+        let file = dir.path().join(format!("expr-{n}.yml"));
+        std::fs::write(&file, &y).unwrap();
+        let out = std::process::Command::new("promtool")
+            .args(["test", "rules"])
+            .arg(&file)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run promtool ({e}): run scripts/setup-checks.sh"));
+        if out.status.success() {
+            continue;
+        }
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // Only "it answered 0" is an empty panel; anything else (a parse
+        // error) is this test's or the expression's fault, said as such.
+        assert!(
+            said.lines()
+                .any(|l| l.trim_start().starts_with("got:") && l.contains("{} 0")),
+            "promtool test rules on {e:?}:\n{said}"
+        );
+        empty.push(e.clone());
+    }
+    empty
+}
+
 #[test]
 fn real_metrics_pass_promtool_and_the_dashboard_asks_only_for_them() {
     let _one = exclusive();
@@ -190,6 +264,16 @@ fn real_metrics_pass_promtool_and_the_dashboard_asks_only_for_them() {
     assert!(
         unknown.is_empty(),
         "the dashboard asks for series nobody serves: {unknown:?}\nserved: {known:?}"
+    );
+    // Every panel has data over these series, as Prometheus evaluates it: an
+    // expression can name only served series and still answer nothing (a
+    // division whose sides' labels differ: the host load panel's
+    // `load_average{window="1m"} / host_cpus` did, until `ignoring(window)`).
+    let series = samples(&[&agent_text, &orch_text, &after_events]);
+    let empty = empty_expressions(&series, &exprs);
+    assert!(
+        empty.is_empty(),
+        "dashboard expressions with no data over the real daemons' series: {empty:#?}"
     );
     // And it shows what matters most: the watch, wedges, recoveries, operations, probes, GPUs.
     for must in [
