@@ -125,6 +125,7 @@ async fn measure(link: &mut LinkServer, agent: &mut AgentProcess, window: Durati
         }
     }
     let watch = AgentCommand {
+        fencing_token: 0,
         command_id: "fp-watch".into(),
         action: Some(command::Action::Watch(WatchEngines {
             targets: (0..4)

@@ -180,6 +180,7 @@ pub fn with_plaintext(toml: String, parses: impl Fn(&str) -> bool) -> String {
 /// A restart of unit `u{i}` watched to `generating` with the default poll.
 pub fn start_command(id: &str, i: usize) -> OrchestratorMessage {
     let cmd = Command {
+        fencing_token: 0,
         command_id: id.to_owned(),
         action: Some(command::Action::Start(StartUnit {
             unit: format!("u{i}"),

@@ -38,8 +38,15 @@ fn invalid(field: impl Into<String>, problem: impl Into<String>) -> ConfigError 
 pub struct OrchestratorConfig {
     /// gRPC listen address for agents and the CLI.
     pub listen: SocketAddr,
-    /// The SQLite journal file.
-    pub journal: PathBuf,
+    /// Where operations are journaled: `sqlite:PATH` (or a bare path; one
+    /// orchestrator owns the file) or `etcd:URL,URL,...` (several
+    /// orchestrators, one leader; needs `[leadership]` and a build with the
+    /// `etcd` feature).
+    pub journal: JournalSpec,
+    /// With an etcd journal: how this orchestrator is reached and how long
+    /// its leadership lease lasts (issue 19).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leadership: Option<LeadershipConfig>,
     #[serde(default, rename = "pair")]
     pub pairs: Vec<PairConfig>,
     /// Plain-HTTP readiness endpoint for load balancers and gateways
@@ -66,6 +73,125 @@ pub struct OrchestratorConfig {
     /// operation reports never show (case-insensitive globs).
     #[serde(default = "pdwarden_security::redact::default_patterns")]
     pub redact_env: Vec<String>,
+}
+
+/// The journal's store (DESIGN.md 15), written as one string.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JournalSpec {
+    /// `sqlite:PATH` or a bare path.
+    Sqlite(PathBuf),
+    /// `etcd:URL,URL,...`: the etcd cluster's client URLs.
+    Etcd(Vec<String>),
+}
+
+impl JournalSpec {
+    /// Reads `sqlite:PATH`, `etcd:URL,...` or a bare path; the error says
+    /// what is wrong in one line.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        if let Some(list) = text.strip_prefix("etcd:") {
+            let urls: Vec<String> = list.split(',').map(|u| u.trim().to_string()).collect();
+            if urls.iter().any(String::is_empty) {
+                return Err(format!(
+                    "{text:?}: an etcd journal needs its endpoints, comma-separated: etcd:http://10.0.0.1:2379,http://10.0.0.2:2379"
+                ));
+            }
+            for u in &urls {
+                if !(u.starts_with("http://") || u.starts_with("https://")) {
+                    return Err(format!(
+                        "etcd endpoint {u:?} must be an http:// or https:// URL (e.g. http://10.0.0.1:2379)"
+                    ));
+                }
+            }
+            let mut seen = HashSet::new();
+            if let Some(d) = urls.iter().find(|u| !seen.insert(u.as_str())) {
+                return Err(format!("etcd endpoint {d:?} is given twice"));
+            }
+            return Ok(Self::Etcd(urls));
+        }
+        let path = text.strip_prefix("sqlite:").unwrap_or(text);
+        if path.trim().is_empty() {
+            return Err("needs a path: sqlite:/var/lib/pdwarden/journal.sqlite, or etcd:URL,... for several orchestrators".into());
+        }
+        Ok(Self::Sqlite(PathBuf::from(path)))
+    }
+
+    /// The SQLite file, for a SQLite journal.
+    pub fn sqlite_path(&self) -> Option<&Path> {
+        match self {
+            Self::Sqlite(p) => Some(p),
+            Self::Etcd(_) => None,
+        }
+    }
+}
+
+impl std::fmt::Display for JournalSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Sqlite(p) => write!(f, "sqlite:{}", p.display()),
+            Self::Etcd(urls) => write!(f, "etcd:{}", urls.join(",")),
+        }
+    }
+}
+
+impl From<PathBuf> for JournalSpec {
+    fn from(p: PathBuf) -> Self {
+        Self::Sqlite(p)
+    }
+}
+
+impl Serialize for JournalSpec {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for JournalSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        Self::parse(&text).map_err(serde::de::Error::custom)
+    }
+}
+
+/// How an orchestrator on an etcd journal campaigns and is found (issue 19).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeadershipConfig {
+    /// The URL agents and the CLI reach this orchestrator at (it is what a
+    /// follower tells them when this one leads), e.g. `https://orch-a:7070`.
+    pub advertise_url: String,
+    /// The leadership lease: a leader that cannot renew it within this many
+    /// seconds stops leading, and another takes over after it lapses.
+    #[serde(default = "default_lease_ttl_s")]
+    pub lease_ttl_s: u64,
+    /// The key prefix in etcd; orchestrators with the same prefix share
+    /// one journal and one leadership.
+    #[serde(default = "default_etcd_prefix")]
+    pub prefix: String,
+    /// A journal read or write that etcd has not answered in this long has
+    /// failed (no quorum, or unreachable).
+    #[serde(default = "default_etcd_timeout_ms")]
+    pub etcd_timeout_ms: u64,
+}
+
+fn default_lease_ttl_s() -> u64 {
+    5
+}
+fn default_etcd_prefix() -> String {
+    "/pdwarden".into()
+}
+fn default_etcd_timeout_ms() -> u64 {
+    2_000
+}
+
+impl LeadershipConfig {
+    pub fn new(advertise_url: impl Into<String>) -> Self {
+        Self {
+            advertise_url: advertise_url.into(),
+            lease_ttl_s: default_lease_ttl_s(),
+            prefix: default_etcd_prefix(),
+            etcd_timeout_ms: default_etcd_timeout_ms(),
+        }
+    }
 }
 
 /// A unit, named by the host whose agent supervises it and its name there.
@@ -574,7 +700,8 @@ impl OrchestratorConfig {
     pub fn new(listen: SocketAddr, journal: impl Into<PathBuf>) -> Self {
         OrchestratorConfig {
             listen,
-            journal: journal.into(),
+            journal: JournalSpec::Sqlite(journal.into()),
+            leadership: None,
             pairs: Vec::new(),
             readiness_listen: None,
             resume_grace_ms: default_resume_grace_ms(),
@@ -644,6 +771,50 @@ impl OrchestratorConfig {
             return Err(invalid(field, problem));
         }
         crate::edge::auth::validate(&self.operators).map_err(|(f, problem)| invalid(f, problem))?;
+        match (&self.journal, &self.leadership) {
+            (JournalSpec::Etcd(_), None) => {
+                return Err(invalid(
+                    "leadership.advertise_url",
+                    "required with an etcd journal: the URL agents and the CLI reach this orchestrator at",
+                ));
+            }
+            (JournalSpec::Sqlite(_), Some(_)) => {
+                return Err(invalid(
+                    "leadership",
+                    "only with an etcd journal (journal = \"etcd:URL,...\"); a SQLite journal has one orchestrator",
+                ));
+            }
+            (JournalSpec::Etcd(_), Some(l)) => {
+                if !(l.advertise_url.starts_with("http://") || l.advertise_url.starts_with("https://")) {
+                    return Err(invalid(
+                        "leadership.advertise_url",
+                        format!("{:?} must be an http:// or https:// URL", l.advertise_url),
+                    ));
+                }
+                if !(2..=60).contains(&l.lease_ttl_s) {
+                    return Err(invalid(
+                        "leadership.lease_ttl_s",
+                        format!("{} is outside 2..=60 seconds", l.lease_ttl_s),
+                    ));
+                }
+                if !l.prefix.starts_with('/') || l.prefix.len() < 2 || l.prefix.ends_with('/') {
+                    return Err(invalid(
+                        "leadership.prefix",
+                        format!("{:?} must start with / and not end with one, e.g. /pdwarden", l.prefix),
+                    ));
+                }
+                if l.etcd_timeout_ms < 100 || l.etcd_timeout_ms >= l.lease_ttl_s * 1000 {
+                    return Err(invalid(
+                        "leadership.etcd_timeout_ms",
+                        format!(
+                            "{} must be at least 100 and below the lease ({} s)",
+                            l.etcd_timeout_ms, l.lease_ttl_s
+                        ),
+                    ));
+                }
+            }
+            (JournalSpec::Sqlite(_), None) => {}
+        }
         let mut names = HashSet::new();
         let mut owners: HashSet<&UnitRef> = HashSet::new();
         for (i, p) in self.pairs.iter().enumerate() {

@@ -80,6 +80,9 @@ pub struct Fleet {
     orchestrator_instance_id: Arc<String>,
     /// The latest GPU and host report of each host.
     pub hosts: crate::edge::hoststate::HostStates,
+    /// Whether this orchestrator commands agents, and its fencing token
+    /// (stamped on every command here, the one place commands leave).
+    pub leadership: crate::edge::leadership::Leadership,
 }
 
 impl Fleet {
@@ -88,7 +91,27 @@ impl Fleet {
             state: Arc::default(),
             orchestrator_instance_id: Arc::new(uuid::Uuid::new_v4().to_string()),
             hosts: crate::edge::hoststate::HostStates::default(),
+            leadership: crate::edge::leadership::Leadership::sole(),
         }
+    }
+
+    /// A fleet that commands agents only while `leadership` says so.
+    pub fn with_leadership(leadership: crate::edge::leadership::Leadership) -> Self {
+        Self {
+            leadership,
+            ..Self::new()
+        }
+    }
+
+    /// Ends every agent's stream (this orchestrator stopped leading): each
+    /// agent re-attaches, and a follower points it at the new leader.
+    pub fn release_agents(&self) {
+        let mut st = self.lock();
+        for a in st.agents.values_mut() {
+            a.tx = None;
+        }
+        st.waiters.clear();
+        st.sample_waiters.clear();
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, FleetState> {
@@ -101,9 +124,14 @@ impl Fleet {
         &self,
         host: &str,
         unit: &str,
-        command: Command,
+        mut command: Command,
     ) -> Result<mpsc::UnboundedReceiver<AgentReport>, SendError> {
         let (tx, rx) = mpsc::unbounded_channel();
+        if !self.leadership.leads() {
+            // A follower (or a leader that just lost its lease) sends nothing.
+            return Err(SendError::AgentNotConnected { host: host.into() });
+        }
+        command.fencing_token = self.leadership.token();
         let agent_tx = {
             let mut st = self.lock();
             let agent = st
@@ -389,6 +417,21 @@ impl AgentLink for AgentLinkService {
         crate::edge::tls::check_register(certified.as_deref(), &reg.host)
             .inspect_err(|e| tracing::warn!(%peer, reason = %e.message(), "agent refused"))?;
         let (tx, rx) = mpsc::channel(1024);
+        if let crate::edge::leadership::Role::Follower { leader_url, why } = self.fleet.leadership.role() {
+            // Not leading: tell the agent where the leader is and end the
+            // stream (the agent attaches there; DESIGN.md 15).
+            tracing::info!(host = %reg.host, leader = ?leader_url, %why, "agent attached to a follower; pointed at the leader");
+            let ack = OrchestratorMessage {
+                kind: Some(orchestrator_message::Kind::RegisterAck(RegisterAck {
+                    orchestrator_instance_id: self.fleet.orchestrator_instance_id.to_string(),
+                    follower: true,
+                    leader_url: leader_url.unwrap_or_default(),
+                    fencing_token: 0,
+                })),
+            };
+            let _ = tx.send(Ok(ack)).await;
+            return Ok(Response::new(ReceiverStream::new(rx)));
+        }
         let host = reg.host.clone();
         let session = {
             let mut st = self.fleet.lock();
@@ -432,6 +475,9 @@ impl AgentLink for AgentLinkService {
         let ack = OrchestratorMessage {
             kind: Some(orchestrator_message::Kind::RegisterAck(RegisterAck {
                 orchestrator_instance_id: self.fleet.orchestrator_instance_id.to_string(),
+                follower: false,
+                leader_url: String::new(),
+                fencing_token: self.fleet.leadership.token(),
             })),
         };
         let _ = tx.send(Ok(ack)).await;
@@ -521,6 +567,7 @@ mod tests {
 
     fn command(id: &str) -> Command {
         Command {
+            fencing_token: 0,
             command_id: id.into(),
             action: None,
         }

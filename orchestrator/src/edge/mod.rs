@@ -14,12 +14,18 @@
 //! - [`ready`]: the plain-HTTP readiness endpoint for gateways (and `/metrics`).
 //! - [`service_manager`]: systemd readiness and watchdog (`sd-notify`).
 //! - [`ports`]: choosing loopback ports for a local stack.
+//! - [`leadership`]: whether this orchestrator acts (sole, leader, follower)
+//!   and its fencing token; `election` (feature `etcd`): the lease-based
+//!   election on etcd that sets it (issue 19).
 
 pub mod auth;
 pub mod certs;
 pub mod client;
+#[cfg(feature = "etcd")]
+pub mod election;
 pub mod fleet;
 pub mod hoststate;
+pub mod leadership;
 pub mod ports;
 pub mod ready;
 pub mod server;

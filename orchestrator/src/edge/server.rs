@@ -41,6 +41,16 @@ pub enum ServeError {
     Journal(#[from] JournalError),
     #[error("gRPC server failed: {0}")]
     Transport(#[from] tonic::transport::Error),
+    /// This orchestrator stopped leading (issue 19). Final for the process:
+    /// nothing of its term may act again.
+    #[error(
+        "lost the leadership: {0}; exiting so that nothing of this term acts again (the service manager starts this orchestrator again, as a follower); running units were not touched"
+    )]
+    Deposed(String),
+    #[error(
+        "journal {0}: this build has no etcd support; build pdwarden-orchestrator with `--features etcd` (needs protoc: scripts/setup-etcd.sh)"
+    )]
+    EtcdNotBuilt(String),
     #[error("cannot listen for readiness on {addr}")]
     Readiness {
         addr: std::net::SocketAddr,
@@ -128,6 +138,11 @@ pub struct StatusView {
     pub findings: Vec<crate::judge::findings::HostFinding>,
     /// The continuous watch of each watched pair (state, readiness, breaker).
     pub watch: Vec<PairWatchView>,
+    /// Whether this orchestrator acts: `sole` (SQLite), `leader` (with its
+    /// fencing token) or `follower` (with the leader's URL and why).
+    pub leadership: crate::edge::leadership::Role,
+    /// The journal this orchestrator reads and writes (`sqlite:PATH` or `etcd:URLS`).
+    pub journal: String,
     /// Transport and operator authentication (issue 8).
     pub security: SecurityView,
 }
@@ -181,10 +196,32 @@ impl ControlService {
             agents,
             pairs,
             watch: self.watch.all(),
+            leadership: self.fleet.leadership.role(),
+            journal: self.config.journal.to_string(),
             security: self.security.clone(),
         };
         self.redactor.to_json_string(&view).map_err(internal)
     }
+    /// A follower takes no mutating call: it answers with the leader's
+    /// address (issue 19).
+    fn leads(&self) -> Result<(), Status> {
+        match self.fleet.leadership.refusal() {
+            None => Ok(()),
+            Some(why) => {
+                let mut status = Status::unavailable(why);
+                if let crate::edge::leadership::Role::Follower {
+                    leader_url: Some(url),
+                    ..
+                } = self.fleet.leadership.role()
+                    && let Ok(v) = url.parse()
+                {
+                    status.metadata_mut().insert(LEADER_METADATA, v);
+                }
+                Err(status)
+            }
+        }
+    }
+
     /// The preflight (`ops::preflight`): every agent attached and knowing
     /// its units, and for an operation that restarts, every unit startable
     /// now; refused with every reason, nothing touched.
@@ -200,6 +237,9 @@ impl ControlService {
 
 type UpdateStream = UnboundedReceiverStream<Result<OperationUpdate, Status>>;
 
+/// The gRPC metadata key a follower's refusal carries the leader's URL in.
+pub const LEADER_METADATA: &str = "pdwarden-leader";
+
 impl ControlService {
     /// Validates, journals and spawns an operation on a pair; returns its
     /// live update stream.
@@ -210,6 +250,7 @@ impl ControlService {
         kind: OperationKind,
         actor: Option<crate::edge::auth::Actor>,
     ) -> Result<Response<UpdateStream>, Status> {
+        self.leads()?;
         let pair = self.config.pair(pair).cloned().ok_or_else(|| {
             let known: Vec<&str> = self.config.pairs.iter().map(|p| p.name.as_str()).collect();
             Status::not_found(format!("unknown pair {:?} (configured: {})", pair, known.join(", ")))
@@ -242,6 +283,7 @@ impl ControlService {
         request_id: &str,
         actor: Option<crate::edge::auth::Actor>,
     ) -> Result<Response<UpdateStream>, Status> {
+        self.leads()?;
         let pair = self.config.pair(pair).cloned().ok_or_else(|| {
             let known: Vec<&str> = self.config.pairs.iter().map(|p| p.name.as_str()).collect();
             Status::not_found(format!("unknown pair {:?} (configured: {})", pair, known.join(", ")))
@@ -277,6 +319,7 @@ impl Control for ControlService {
         &self,
         request: Request<pdwarden_proto::v1::GatePairRequest>,
     ) -> Result<Response<Self::GatePairStream>, Status> {
+        self.leads()?;
         let actor = actor(&request);
         let req = request.into_inner();
         let pair = self
@@ -542,6 +585,94 @@ async fn resume_one(ctx: OperationContext, pair: PairConfig, op: OperationRecord
     crate::ops::corestart::resume(ctx, pair, op).await;
 }
 
+/// The journal `config` names, with who acts on it.
+struct Opened {
+    journal: Arc<Journal>,
+    leadership: crate::edge::leadership::Leadership,
+    /// On etcd: the election to run (it resolves with why the leadership
+    /// was lost); none for a sole orchestrator.
+    election: Option<std::pin::Pin<Box<dyn Future<Output = String> + Send>>>,
+}
+
+fn open_journal(config: &OrchestratorConfig, holder: &str) -> Result<Opened, ServeError> {
+    match &config.journal {
+        crate::config::JournalSpec::Sqlite(path) => Ok(Opened {
+            journal: Arc::new(Journal::own(path, holder)?),
+            leadership: crate::edge::leadership::Leadership::sole(),
+            election: None,
+        }),
+        #[cfg(feature = "etcd")]
+        crate::config::JournalSpec::Etcd(endpoints) => {
+            let l = config
+                .leadership
+                .clone()
+                .ok_or_else(|| crate::config::ConfigError::Invalid {
+                    field: "leadership.advertise_url".into(),
+                    problem: "required with an etcd journal".into(),
+                })?;
+            let fence = Arc::new(crate::ops::journal::etcd::Fence::default());
+            let store = crate::ops::journal::etcd::EtcdStore::connect(
+                endpoints,
+                &l.prefix,
+                Duration::from_millis(l.etcd_timeout_ms),
+                fence.clone(),
+            )?;
+            let leadership = crate::edge::leadership::Leadership::candidate(&l.advertise_url);
+            let election = crate::edge::election::Election {
+                client: store.client(),
+                leader_key: store.leader_key(),
+                ttl_s: l.lease_ttl_s,
+                fence,
+                leadership: leadership.clone(),
+            };
+            tracing::info!(journal = %config.journal, url = %l.advertise_url, "campaigning for the leadership on etcd");
+            Ok(Opened {
+                journal: Arc::new(Journal::new(Box::new(store))),
+                leadership,
+                election: Some(Box::pin(election.run())),
+            })
+        }
+        #[cfg(not(feature = "etcd"))]
+        spec @ crate::config::JournalSpec::Etcd(_) => Err(ServeError::EtcdNotBuilt(spec.to_string())),
+    }
+}
+
+/// Resolves with why the election task ended (it ends only when the
+/// leadership is lost).
+async fn election_ended(election: &mut tokio::task::JoinHandle<String>) -> String {
+    match election.await {
+        Ok(why) => why,
+        Err(e) => format!("the election task failed ({e})"),
+    }
+}
+
+/// The leader's work (see `serve`): resumes the interrupted operations,
+/// retries refused conclusions, starts the pairs' watches. Returns the
+/// tasks to stop with the term.
+fn take_over(
+    ctx: &OperationContext,
+    config: &OrchestratorConfig,
+    board: &WatchBoard,
+    stop_rx: tokio::sync::watch::Receiver<bool>,
+) -> Result<Vec<tokio::task::JoinHandle<()>>, JournalError> {
+    resume_interrupted(ctx, config)?;
+    // Conclusions a full disk refused are written as soon as it allows.
+    let retry = {
+        let journal = ctx.journal.clone();
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_secs(5));
+            loop {
+                every.tick().await;
+                let j = journal.clone();
+                let _ = tokio::task::spawn_blocking(move || j.flush_pending()).await;
+            }
+        })
+    };
+    let mut tasks = crate::ops::watcher::spawn_all(ctx, &config.pairs, board, stop_rx);
+    tasks.push(retry);
+    Ok(tasks)
+}
+
 /// How long after the shutdown signal open streams (attached agents,
 /// followed operations) may take to end before the server drops them.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -586,39 +717,24 @@ pub async fn serve(
     if let Some(w) = &security.warning {
         tracing::warn!("{w}");
     }
-    let journal = Arc::new(Journal::own(
-        &config.journal,
-        &format!(
-            "pid {}, listening on {}",
-            std::process::id(),
-            listener
-                .local_addr()
-                .map(|a| a.to_string())
-                .unwrap_or_else(|_| config.listen.to_string())
-        ),
-    )?);
-    let fleet = Fleet::new();
+    let holder = format!(
+        "pid {}, listening on {}",
+        std::process::id(),
+        listener
+            .local_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_else(|_| config.listen.to_string())
+    );
+    let opened = open_journal(&config, &holder)?;
+    let fleet = Fleet::with_leadership(opened.leadership.clone());
     let ctx = OperationContext {
         agents: Arc::new(fleet.clone()),
-        journal,
+        journal: opened.journal,
     };
     // Every conclusion from here on feeds the operations' series, the
     // resumed operations' included.
     let board = WatchBoard::default();
     ctx.journal.observe_conclusions(board.operations.clone());
-    resume_interrupted(&ctx, &config)?;
-    // Conclusions a full disk refused are written as soon as it allows.
-    let retry = {
-        let journal = ctx.journal.clone();
-        tokio::spawn(async move {
-            let mut every = tokio::time::interval(Duration::from_secs(5));
-            loop {
-                every.tick().await;
-                let j = journal.clone();
-                let _ = tokio::task::spawn_blocking(move || j.flush_pending()).await;
-            }
-        })
-    };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     if let Some(addr) = config.readiness_listen {
         let ready = TcpListener::bind(addr)
@@ -627,7 +743,45 @@ pub async fn serve(
         tracing::info!(%addr, "readiness endpoint listening");
         tokio::spawn(crate::edge::ready::serve(ready, board.clone(), stop_rx.clone()));
     }
-    let watchers = crate::ops::watcher::spawn_all(&ctx, &config.pairs, &board, stop_rx);
+    // The leader's work: take over what an earlier leader (or this process
+    // before a restart) left running, retry refused conclusions, watch the
+    // pairs. A sole orchestrator does it now; an elected one once it leads.
+    let leader_tasks: Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>> = Arc::default();
+    let deposed: std::pin::Pin<Box<dyn Future<Output = String> + Send>> = match opened.election {
+        None => {
+            *leader_tasks.lock().unwrap_or_else(|p| p.into_inner()) =
+                take_over(&ctx, &config, &board, stop_rx.clone())?;
+            Box::pin(std::future::pending())
+        }
+        Some(election) => {
+            let (ctx, config, board, stop_rx) = (ctx.clone(), config.clone(), board.clone(), stop_rx.clone());
+            let (tasks, fleet) = (leader_tasks.clone(), fleet.clone());
+            let mut role = fleet.leadership.subscribe();
+            Box::pin(async move {
+                let mut election = tokio::spawn(election);
+                // Leads once the election says so, then takes over.
+                let leading = async {
+                    loop {
+                        if fleet.leadership.leads() {
+                            return;
+                        }
+                        if role.changed().await.is_err() {
+                            std::future::pending::<()>().await;
+                        }
+                    }
+                };
+                tokio::select! {
+                    () = leading => {}
+                    why = election_ended(&mut election) => return why,
+                }
+                match take_over(&ctx, &config, &board, stop_rx) {
+                    Ok(t) => *tasks.lock().unwrap_or_else(|p| p.into_inner()) = t,
+                    Err(e) => return format!("could not read the journal to take over ({e})"),
+                }
+                election_ended(&mut election).await
+            })
+        }
+    };
     let control = ControlService {
         redactor: pdwarden_security::redact::Redactor::new(&config.redact_env),
         config: Arc::new(config),
@@ -664,13 +818,24 @@ pub async fn serve(
         shutdown.await;
         let _ = fired_tx.send(());
     };
+    let fleet_for_release = fleet.clone();
     let served = builder
         .add_service(AgentLinkServer::new(AgentLinkService { fleet, agent_auth }))
         .add_service(crate::edge::auth::Authorized::new(ControlServer::new(control), auth))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown);
     tokio::pin!(served);
+    let mut deposed = deposed;
     let served = tokio::select! {
         r = &mut served => r,
+        why = &mut deposed => {
+            tracing::error!(%why, "lost the leadership: exiting");
+            let _ = stop_tx.send(true);
+            fleet_for_release.release_agents();
+            for t in leader_tasks.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
+                t.abort();
+            }
+            return Err(ServeError::Deposed(why));
+        }
         () = async {
             if fired_rx.await.is_ok() {
                 tokio::time::sleep(SHUTDOWN_GRACE).await;
@@ -686,9 +851,8 @@ pub async fn serve(
     if let Some(w) = watchdog {
         w.abort();
     }
-    retry.abort();
-    for w in watchers {
-        w.abort();
+    for t in leader_tasks.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
+        t.abort();
     }
     served?;
     Ok(())

@@ -246,6 +246,7 @@ pub async fn scrape_pair(
     }
     let scrapes = by_host.into_iter().map(|(host, units)| async move {
         let cmd = Command {
+            fencing_token: 0,
             command_id: uuid::Uuid::new_v4().to_string(),
             action: Some(command::Action::Scrape(ScrapeEngines {
                 targets: units
@@ -380,6 +381,7 @@ async fn path_probe(agents: &dyn AgentPort, router: &UnitRef, pair: &PairConfig,
 pub async fn pd_probe(agents: &dyn AgentPort, via: &UnitRef, pair: &PairConfig, path: PdPath) -> Result<(), String> {
     let timeout_ms = pair.probe.probe_timeout_ms;
     let cmd = Command {
+        fencing_token: 0,
         command_id: uuid::Uuid::new_v4().to_string(),
         action: Some(command::Action::Probe(ProbeRequest {
             unit: via.unit.clone(),
@@ -434,6 +436,7 @@ async fn router_call(
     workers: &[PairWorker],
 ) -> Result<Vec<RouterWorker>, RouterApiError> {
     let cmd = Command {
+        fencing_token: 0,
         command_id: uuid::Uuid::new_v4().to_string(),
         action: Some(command::Action::RouterWorkers(RouterWorkers {
             unit: router.unit.clone(),

@@ -1,17 +1,28 @@
 //! The durable journal of every operation (DESIGN.md 4).
 //!
-//! One SQLite file. An operation row is written before its first command is
-//! sent, each state transition is appended before the commands of that state
-//! go out, and every phase event and probe is appended as it arrives; the
-//! final report is stored whole. A partial unique index makes "one running
-//! operation per pair" a property of the file, not of a process's memory, so
-//! it survives an orchestrator restart.
+//! An operation is recorded before its first command is sent, each state
+//! transition is appended before the commands of that state go out, and
+//! every phase event and probe is appended as it arrives; the final report is
+//! stored whole. "One running operation per pair" and "a request id runs at
+//! most once" are properties of the store, not of a process's memory, so they
+//! survive an orchestrator restart — and, on etcd, a change of leader.
+//!
+//! The journal is one front ([`Journal`]: conclusions kept and retried when
+//! the store refuses them, the operations' metrics, test failpoints) over a
+//! [`Store`] chosen by the config's `journal` field (DESIGN.md 15):
+//! - [`sqlite`]: `sqlite:PATH` (or a bare path), the default — one file owned
+//!   by exactly one orchestrator;
+//! - `etcd` (cargo feature `etcd`): `etcd:ENDPOINTS` — several orchestrators,
+//!   one leader, every write fenced by the leader's lease (issue 19).
+
+#[cfg(feature = "etcd")]
+pub mod etcd;
+pub mod sqlite;
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 
 /// A command an operation sent to an agent, journaled (kind `command`)
@@ -50,6 +61,18 @@ pub const COMMAND: &str = "command";
 pub enum JournalError {
     #[error("journal database error: {0}")]
     Sqlite(#[from] rusqlite::Error),
+    /// The etcd journal could not be read or written: etcd is unreachable
+    /// or has no quorum. Nothing that needed the write was done.
+    #[error(
+        "etcd journal unavailable ({error}): etcd is unreachable or has lost its quorum; no step starts until it answers, running units are left as they are"
+    )]
+    Unavailable { error: String },
+    /// This orchestrator's etcd lease (its leadership) is gone: a write it
+    /// asked for was refused by the fence, and it writes and sends nothing more.
+    #[error(
+        "this orchestrator no longer leads ({why}); it writes and sends nothing more: the new leader takes the operation over"
+    )]
+    NotLeader { why: String },
     #[error("a journal entry could not be encoded or read back: {0}")]
     Encode(#[from] serde_json::Error),
     #[error("pair {pair} is busy: operation {operation_id} is running")]
@@ -127,11 +150,60 @@ pub struct OperationRecord {
     pub actor: Option<serde_json::Value>,
 }
 
+/// What a store knows of an operation without reading its entries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OperationMeta {
+    pub kind: String,
+    pub pair: String,
+    pub request_id: Option<String>,
+    pub running: bool,
+}
+
+/// Where the journal's records live. Every method is one atomic change or
+/// one consistent read; the front ([`Journal`]) adds what is common.
+pub trait Store: Send + Sync {
+    /// Records a new operation (state `started`); refuses with
+    /// [`JournalError::PairBusy`] or [`JournalError::DuplicateRequest`].
+    fn insert(
+        &self,
+        operation_id: &str,
+        kind: &str,
+        pair: &str,
+        request_id: Option<&str>,
+        started_unix_ms: i64,
+    ) -> Result<(), JournalError>;
+    /// Appends one entry, after every entry before it.
+    fn append(&self, operation_id: &str, at_ms: u64, kind: &str, payload: &str) -> Result<(), JournalError>;
+    /// Sets the operation's state and appends its `transition` entry, atomically.
+    fn enter(&self, operation_id: &str, at_ms: u64, state: &str, payload: &str) -> Result<(), JournalError>;
+    /// Writes the verdict and report; `only_if_running` leaves a concluded
+    /// operation as it is. Says whether it wrote.
+    fn write_conclusion(
+        &self,
+        operation_id: &str,
+        verdict: &str,
+        report: &str,
+        ended_unix_ms: i64,
+        only_if_running: bool,
+    ) -> Result<bool, JournalError>;
+    fn meta(&self, operation_id: &str) -> Result<Option<OperationMeta>, JournalError>;
+    /// The store answers a read.
+    fn ping(&self) -> Result<(), JournalError>;
+    /// Operations not concluded, oldest first.
+    fn unfinished(&self) -> Result<Vec<OperationRecord>, JournalError>;
+    /// The pair's operations, newest first.
+    fn history(&self, pair: &str, limit: u32) -> Result<Vec<OperationRecord>, JournalError>;
+    /// Raw entries of an operation, in order: (at_ms, kind, payload JSON).
+    fn entries(&self, operation_id: &str) -> Result<Vec<(u64, String, String)>, JournalError>;
+    /// The SQLite store under the front (tests fill its disk).
+    #[cfg(test)]
+    fn as_sqlite(&self) -> Option<&sqlite::SqliteStore> {
+        None
+    }
+}
+
 pub struct Journal {
-    conn: Mutex<Connection>,
-    /// The owner file, locked for as long as this journal is open
-    /// (`Journal::own`); the lock goes with the process, however it ends.
-    _owner: Option<std::fs::File>,
+    store: Box<dyn Store>,
     /// Conclusions not written yet, by operation id.
     pending: Mutex<std::collections::BTreeMap<String, PendingConclusion>>,
     /// Told of every conclusion once it is written (the operations'
@@ -171,13 +243,14 @@ impl Journal {
         self.faults.seen.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    fn failpoint(&self) -> Result<(), rusqlite::Error> {
+    fn failpoint(&self) -> Result<(), JournalError> {
         let n = self.faults.seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
         if self.faults.fail_at.lock().unwrap().contains(&n) {
             return Err(rusqlite::Error::SqliteFailure(
                 rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_FULL),
                 Some(format!("injected: journal write {n} failed (database or disk is full)")),
-            ));
+            )
+            .into());
         }
         Ok(())
     }
@@ -186,41 +259,9 @@ impl Journal {
 #[cfg(not(test))]
 impl Journal {
     #[inline]
-    fn failpoint(&self) -> Result<(), rusqlite::Error> {
+    fn failpoint(&self) -> Result<(), JournalError> {
         Ok(())
     }
-}
-
-const SCHEMA: &str = r#"
-PRAGMA journal_mode = WAL;
-PRAGMA synchronous = NORMAL;
-CREATE TABLE IF NOT EXISTS operations (
-    id              TEXT PRIMARY KEY,
-    kind            TEXT NOT NULL,
-    pair            TEXT NOT NULL,
-    request_id      TEXT UNIQUE,
-    state           TEXT NOT NULL,
-    started_unix_ms INTEGER NOT NULL,
-    ended_unix_ms   INTEGER,
-    verdict         TEXT,
-    report          TEXT
-);
-CREATE UNIQUE INDEX IF NOT EXISTS one_running_operation_per_pair
-    ON operations(pair) WHERE ended_unix_ms IS NULL;
-CREATE TABLE IF NOT EXISTS entries (
-    op_id   TEXT NOT NULL REFERENCES operations(id),
-    seq     INTEGER NOT NULL,
-    at_ms   INTEGER NOT NULL,
-    kind    TEXT NOT NULL,
-    payload TEXT NOT NULL,
-    PRIMARY KEY (op_id, seq)
-);
-"#;
-
-fn owner_file(journal: &Path) -> PathBuf {
-    let mut name = journal.as_os_str().to_os_string();
-    name.push(".owner");
-    PathBuf::from(name)
 }
 
 // The journal is an edge: it stamps records with wall-clock time.
@@ -233,66 +274,25 @@ fn unix_ms() -> i64 {
 }
 
 impl Journal {
-    pub fn open(path: &Path) -> Result<Self, JournalError> {
-        let conn = Connection::open(path)?;
-        conn.busy_timeout(std::time::Duration::from_secs(5))?;
-        conn.execute_batch(SCHEMA)?;
-        Ok(Self {
-            conn: Mutex::new(conn),
-            _owner: None,
+    /// The journal over `store`.
+    pub fn new(store: Box<dyn Store>) -> Self {
+        Self {
+            store,
             pending: Mutex::default(),
             observer: std::sync::OnceLock::new(),
             #[cfg(test)]
             faults: WriteFaults::default(),
-        })
-    }
-
-    /// Opens the journal as its one owner: an exclusive lock on
-    /// `<journal>.owner`, which says who holds it (`holder`: the pid, the
-    /// listen address). Refused, naming the holder, while another process
-    /// holds it; a holder that died (even by SIGKILL) released it.
-    pub fn own(path: &Path, holder: &str) -> Result<Self, JournalError> {
-        use std::io::{Read, Seek, Write};
-        let owner_path = owner_file(path);
-        let io = |error| JournalError::OwnerFile {
-            path: owner_path.clone(),
-            error,
-        };
-        let mut file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&owner_path)
-            .map_err(io)?;
-        match file.try_lock() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => {
-                let mut held = String::new();
-                let _ = file.read_to_string(&mut held);
-                return Err(JournalError::Owned {
-                    path: path.to_path_buf(),
-                    holder: match held.trim() {
-                        "" => "holder unknown".into(),
-                        h => h.to_string(),
-                    },
-                });
-            }
-            Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
         }
-        file.set_len(0).map_err(io)?;
-        file.rewind().map_err(io)?;
-        file.write_all(holder.as_bytes()).map_err(io)?;
-        file.flush().map_err(io)?;
-        let mut journal = Self::open(path)?;
-        journal._owner = Some(file);
-        Ok(journal)
     }
 
-    fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
-        // A panic while holding the lock leaves SQLite consistent (every write
-        // is one statement), so a poisoned lock is safe to reuse.
-        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    /// A SQLite journal, not owned (tools and tests).
+    pub fn open(path: &Path) -> Result<Self, JournalError> {
+        Ok(Self::new(Box::new(sqlite::SqliteStore::open(path)?)))
+    }
+
+    /// A SQLite journal as its one owner ([`sqlite::SqliteStore::own`]).
+    pub fn own(path: &Path, holder: &str) -> Result<Self, JournalError> {
+        Ok(Self::new(Box::new(sqlite::SqliteStore::own(path, holder)?)))
     }
 
     /// Records a new operation; refuses if the pair already has one running.
@@ -313,53 +313,7 @@ impl Journal {
             });
         }
         self.failpoint()?;
-        let conn = self.conn();
-        let res = conn.execute(
-            "INSERT INTO operations (id, kind, pair, request_id, state, started_unix_ms) VALUES (?1, ?2, ?3, ?4, 'started', ?5)",
-            params![operation_id, kind, pair, request_id, unix_ms()],
-        );
-        match res {
-            Ok(_) => Ok(()),
-            Err(rusqlite::Error::SqliteFailure(e, _)) if e.code == rusqlite::ErrorCode::ConstraintViolation => {
-                if let Some(rid) = request_id {
-                    let earlier = conn
-                        .query_row(
-                            "SELECT id, kind, pair, ended_unix_ms, verdict FROM operations WHERE request_id = ?1",
-                            params![rid],
-                            |r| {
-                                let ended: Option<i64> = r.get(3)?;
-                                let verdict: Option<String> = r.get(4)?;
-                                Ok(JournalError::DuplicateRequest {
-                                    request_id: rid.to_string(),
-                                    operation_id: r.get(0)?,
-                                    kind: r.get(1)?,
-                                    pair: r.get(2)?,
-                                    outcome: match ended {
-                                        None => "still running".into(),
-                                        Some(_) => format!("ended: {}", verdict.as_deref().unwrap_or("no verdict")),
-                                    },
-                                })
-                            },
-                        )
-                        .optional()?;
-                    if let Some(duplicate) = earlier {
-                        return Err(duplicate);
-                    }
-                }
-                let running: Option<String> = conn
-                    .query_row(
-                        "SELECT id FROM operations WHERE pair = ?1 AND ended_unix_ms IS NULL",
-                        params![pair],
-                        |r| r.get(0),
-                    )
-                    .optional()?;
-                Err(JournalError::PairBusy {
-                    pair: pair.to_string(),
-                    operation_id: running.unwrap_or_else(|| format!("with request id {}", request_id.unwrap_or("?"))),
-                })
-            }
-            Err(e) => Err(e.into()),
-        }
+        self.store.insert(operation_id, kind, pair, request_id, unix_ms())
     }
 
     /// Appends one entry (a transition, phase event, probe, ...).
@@ -372,11 +326,7 @@ impl Journal {
     ) -> Result<(), JournalError> {
         let payload = serde_json::to_string(payload)?;
         self.failpoint()?;
-        self.conn().execute(
-            "INSERT INTO entries (op_id, seq, at_ms, kind, payload) VALUES (?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM entries WHERE op_id = ?1), ?2, ?3, ?4)",
-            params![operation_id, at_ms as i64, kind, payload],
-        )?;
-        Ok(())
+        self.store.append(operation_id, at_ms, kind, &payload)
     }
 
     /// Records a state transition: the new state on the operation row and a
@@ -401,38 +351,24 @@ impl Journal {
             None => serde_json::json!({ "state": state }),
         };
         self.failpoint()?;
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        tx.execute(
-            "UPDATE operations SET state = ?2 WHERE id = ?1",
-            params![operation_id, state],
-        )?;
-        tx.execute(
-            "INSERT INTO entries (op_id, seq, at_ms, kind, payload) VALUES (?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM entries WHERE op_id = ?1), ?2, 'transition', ?3)",
-            params![operation_id, at_ms as i64, serde_json::to_string(&payload)?],
-        )?;
-        tx.commit()?;
-        Ok(())
+        self.store
+            .enter(operation_id, at_ms, state, &serde_json::to_string(&payload)?)
     }
 
     /// The typed state `operation_id` last entered ([`Journal::enter`]), if
     /// it journaled one. One that does not read as `T` is an error.
     pub fn last_state<T: serde::de::DeserializeOwned>(&self, operation_id: &str) -> Result<Option<T>, JournalError> {
-        let conn = self.conn();
-        let payload: Option<String> = conn
-            .query_row(
-                "SELECT payload FROM entries WHERE op_id = ?1 AND kind = 'transition' AND json_extract(payload, '$.data') IS NOT NULL ORDER BY seq DESC LIMIT 1",
-                params![operation_id],
-                |r| r.get(0),
-            )
-            .optional()?;
-        match payload {
-            None => Ok(None),
-            Some(p) => {
-                let mut v: serde_json::Value = serde_json::from_str(&p)?;
-                Ok(Some(serde_json::from_value(v["data"].take())?))
+        for (_, kind, payload) in self.store.entries(operation_id)?.into_iter().rev() {
+            if kind != "transition" {
+                continue;
+            }
+            let mut v: serde_json::Value = serde_json::from_str(&payload)?;
+            match v.get_mut("data") {
+                Some(data) if !data.is_null() => return Ok(Some(serde_json::from_value(data.take())?)),
+                _ => continue,
             }
         }
+        Ok(None)
     }
 
     /// Concludes an operation with its verdict and final report. A write
@@ -472,27 +408,24 @@ impl Journal {
     ) -> Result<bool, JournalError> {
         let report = serde_json::to_string(report)?;
         match self.write_conclusion(operation_id, verdict, &report, only_if_running) {
-            Ok(n) => {
+            Ok(wrote) => {
                 self.pending
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .remove(operation_id);
-                if n > 0 {
+                if wrote {
                     self.observe(operation_id, verdict, &report);
                 }
-                Ok(n > 0)
+                Ok(wrote)
             }
             Err(e) => {
-                let pair: Option<String> = self
-                    .conn()
-                    .query_row(
-                        "SELECT pair FROM operations WHERE id = ?1 AND ended_unix_ms IS NULL",
-                        params![operation_id],
-                        |r| r.get(0),
-                    )
-                    .optional()
+                let pair = self
+                    .store
+                    .meta(operation_id)
                     .ok()
-                    .flatten();
+                    .flatten()
+                    .filter(|m| m.running)
+                    .map(|m| m.pair);
                 if let Some(pair) = pair {
                     tracing::error!(operation = %operation_id, %pair, error = %e, "cannot write an operation's conclusion; retrying");
                     self.pending.lock().unwrap_or_else(|p| p.into_inner()).insert(
@@ -507,7 +440,7 @@ impl Journal {
                         },
                     );
                 }
-                Err(e.into())
+                Err(e)
             }
         }
     }
@@ -518,15 +451,10 @@ impl Journal {
         verdict: &str,
         report: &str,
         only_if_running: bool,
-    ) -> Result<usize, rusqlite::Error> {
-        let sql = if only_if_running {
-            "UPDATE operations SET state = 'concluded', ended_unix_ms = ?2, verdict = ?3, report = ?4 WHERE id = ?1 AND ended_unix_ms IS NULL"
-        } else {
-            "UPDATE operations SET state = 'concluded', ended_unix_ms = ?2, verdict = ?3, report = ?4 WHERE id = ?1"
-        };
+    ) -> Result<bool, JournalError> {
         self.failpoint()?;
-        self.conn()
-            .execute(sql, params![operation_id, unix_ms(), verdict, report])
+        self.store
+            .write_conclusion(operation_id, verdict, report, unix_ms(), only_if_running)
     }
 
     /// Writes the conclusions that could not be written before; returns
@@ -563,11 +491,7 @@ impl Journal {
     /// connection stuck behind its lock, or a database that cannot be
     /// read, stops the pings).
     pub fn ping(&self) -> Result<(), JournalError> {
-        self.conn()
-            .query_row("SELECT count(*) FROM operations WHERE ended_unix_ms IS NULL", [], |r| {
-                r.get::<_, i64>(0)
-            })?;
-        Ok(())
+        self.store.ping()
     }
 
     /// Tells `metrics` of every conclusion written from now on (once per
@@ -578,22 +502,14 @@ impl Journal {
 
     fn observe(&self, operation_id: &str, verdict: &str, report: &str) {
         let Some(m) = self.observer.get() else { return };
-        let row: Option<(String, String, Option<String>)> = self
-            .conn()
-            .query_row(
-                "SELECT kind, pair, request_id FROM operations WHERE id = ?1",
-                params![operation_id],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-            )
-            .optional()
-            .ok()
-            .flatten();
-        let Some((kind, pair, request_id)) = row else { return };
+        let Some(meta) = self.store.meta(operation_id).ok().flatten() else {
+            return;
+        };
         let report = serde_json::from_str(report).unwrap_or(serde_json::Value::Null);
         m.concluded(&crate::ops::telemetry::Concluded {
-            kind: &kind,
-            pair: &pair,
-            request_id: request_id.as_deref(),
+            kind: &meta.kind,
+            pair: &meta.pair,
+            request_id: meta.request_id.as_deref(),
             verdict,
             report: &report,
         });
@@ -620,91 +536,39 @@ impl Journal {
 
     /// Operations that were running when the orchestrator last stopped.
     pub fn unfinished(&self) -> Result<Vec<OperationRecord>, JournalError> {
-        self.query("WHERE ended_unix_ms IS NULL ORDER BY started_unix_ms, rowid", params![])
+        self.store.unfinished()
     }
 
     /// The pair's operations, newest first.
     pub fn history(&self, pair: &str, limit: u32) -> Result<Vec<OperationRecord>, JournalError> {
-        self.query(
-            "WHERE pair = ?1 ORDER BY started_unix_ms DESC, rowid DESC LIMIT ?2",
-            params![pair, limit],
-        )
+        self.store.history(pair, limit)
     }
 
     /// Raw entries of an operation, in order: (at_ms, kind, payload).
     pub fn entries(&self, operation_id: &str) -> Result<Vec<(u64, String, serde_json::Value)>, JournalError> {
-        let conn = self.conn();
-        let mut stmt = conn.prepare("SELECT at_ms, kind, payload FROM entries WHERE op_id = ?1 ORDER BY seq")?;
-        let rows = stmt.query_map(params![operation_id], |r| {
-            Ok((
-                r.get::<_, i64>(0)? as u64,
-                r.get::<_, String>(1)?,
-                r.get::<_, String>(2)?,
-            ))
-        })?;
-        let mut out = Vec::new();
-        for row in rows {
-            let (at, kind, payload) = row?;
-            out.push((at, kind, serde_json::from_str(&payload)?));
-        }
-        Ok(out)
+        self.store
+            .entries(operation_id)?
+            .into_iter()
+            .map(|(at, kind, payload)| Ok((at, kind, serde_json::from_str(&payload)?)))
+            .collect()
     }
 
     /// Every entry of `kind` that `operation_id` journaled, in order, read as
     /// `T`. One that does not read is an error (a resume must not guess
     /// around a record it cannot read).
     pub fn read<T: serde::de::DeserializeOwned>(&self, operation_id: &str, kind: &str) -> Result<Vec<T>, JournalError> {
-        let conn = self.conn();
-        let mut stmt = conn.prepare("SELECT payload FROM entries WHERE op_id = ?1 AND kind = ?2 ORDER BY seq")?;
-        let rows = stmt.query_map(params![operation_id, kind], |r| r.get::<_, String>(0))?;
-        let mut out = Vec::new();
-        for row in rows {
-            out.push(serde_json::from_str(&row?)?);
-        }
-        Ok(out)
+        self.store
+            .entries(operation_id)?
+            .into_iter()
+            .filter(|(_, k, _)| k == kind)
+            .map(|(_, _, payload)| Ok(serde_json::from_str(&payload)?))
+            .collect()
     }
 
     /// The commands `operation_id` journaled, in order. An entry that does
     /// not read as a [`CommandEntry`] is an error: a resume must not guess.
     pub fn commands(&self, operation_id: &str) -> Result<Vec<CommandEntry>, JournalError> {
         self.read(operation_id, COMMAND)
-    }
-
-    fn query(&self, tail: &str, p: impl rusqlite::Params) -> Result<Vec<OperationRecord>, JournalError> {
-        let conn = self.conn();
-        let sql = format!(
-            "SELECT id, kind, pair, state, started_unix_ms, ended_unix_ms, verdict, report, (SELECT payload FROM entries WHERE op_id = operations.id AND kind = 'trigger' ORDER BY seq LIMIT 1), (SELECT payload FROM entries WHERE op_id = operations.id AND kind = 'actor' ORDER BY seq LIMIT 1), request_id FROM operations {tail}"
-        );
-        let mut stmt = conn.prepare(&sql)?;
-        let rows = stmt.query_map(p, |r| {
-            Ok((
-                OperationRecord {
-                    operation_id: r.get(0)?,
-                    kind: r.get(1)?,
-                    pair: r.get(2)?,
-                    state: r.get(3)?,
-                    started_unix_ms: r.get(4)?,
-                    ended_unix_ms: r.get(5)?,
-                    verdict: r.get(6)?,
-                    request_id: r.get(10)?,
-                    report: None,
-                    trigger: None,
-                    actor: None,
-                },
-                r.get::<_, Option<String>>(7)?,
-                r.get::<_, Option<String>>(8)?,
-                r.get::<_, Option<String>>(9)?,
-            ))
-        })?;
-        let mut out = Vec::new();
-        for row in rows {
-            let (mut rec, report, trigger, actor) = row?;
-            rec.report = report.map(|s| serde_json::from_str(&s)).transpose()?;
-            rec.trigger = trigger.map(|s| serde_json::from_str(&s)).transpose()?;
-            rec.actor = actor.map(|s| serde_json::from_str(&s)).transpose()?;
-            out.push(rec);
-        }
-        Ok(out)
     }
 }
 
@@ -714,7 +578,7 @@ mod tests {
 
     /// The database full: no page beyond those it has (`None`: the default).
     fn fill_disk(j: &Journal, full: bool) {
-        let conn = j.conn();
+        let conn = j.store.as_sqlite().expect("a SQLite journal").conn();
         let pages: u64 = conn.query_row("PRAGMA page_count", [], |r| r.get(0)).unwrap();
         let limit = if full { pages } else { 1_073_741_823 };
         let _: u64 = conn
@@ -730,7 +594,8 @@ mod tests {
     #[test]
     fn a_conclusion_the_disk_refused_is_retried_and_the_pair_released() {
         let dir = tempfile::tempdir().unwrap();
-        let j = Journal::open(&dir.path().join("j.sqlite")).unwrap();
+        let path = dir.path().join("j.sqlite");
+        let j = Journal::open(&path).unwrap();
         j.begin("op-1", "co_restart", "a", None).unwrap();
         fill_disk(&j, true);
         let big = serde_json::json!({"verdict": "healthy", "reasons": ["x".repeat(200_000)]});
@@ -785,7 +650,7 @@ mod tests {
         drop(first);
         let second = Journal::own(&path, "pid 202").expect("free once the first is gone");
         assert_eq!(second.unfinished().unwrap().len(), 1);
-        assert_eq!(std::fs::read_to_string(owner_file(&path)).unwrap(), "pid 202");
+        assert_eq!(std::fs::read_to_string(sqlite::owner_file(&path)).unwrap(), "pid 202");
     }
 
     /// One running operation per pair is enforced by the file itself, and

@@ -59,6 +59,7 @@ pub async fn check(agents: &dyn AgentPort, pair: &PairConfig, restarts: bool) ->
     if restarts {
         let asks = by_host.iter().map(|(host, units)| async move {
             let cmd = Command {
+                fencing_token: 0,
                 command_id: uuid::Uuid::new_v4().to_string(),
                 action: Some(command::Action::Preflight(PreflightUnits {
                     units: units.iter().map(|u| u.to_string()).collect(),

@@ -496,6 +496,7 @@ impl PairWatcher {
             }
             let id = format!("watch-{}", uuid::Uuid::new_v4());
             let cmd = Command {
+                fencing_token: 0,
                 command_id: id.clone(),
                 action: Some(command::Action::Watch(WatchEngines {
                     targets: units
@@ -867,6 +868,7 @@ async fn probe(
 ) {
     let sent_at = Instant::now();
     let cmd = Command {
+        fencing_token: 0,
         command_id: uuid::Uuid::new_v4().to_string(),
         action: Some(command::Action::Probe(ProbeRequest {
             unit: router.unit.clone(),

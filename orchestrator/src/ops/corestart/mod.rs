@@ -1133,6 +1133,7 @@ impl CoRestart<'_> {
                 .saturating_add(AGENT_SLACK),
         );
         let cmd = Command {
+            fencing_token: 0,
             command_id: command_id.clone(),
             action: Some(command::Action::Start(StartUnit {
                 unit: unit.unit.clone(),
@@ -1660,6 +1661,7 @@ impl CoRestart<'_> {
     ) -> Vec<RequestSample> {
         let command_id = uuid::Uuid::new_v4().to_string();
         let cmd = Command {
+            fencing_token: 0,
             command_id: command_id.clone(),
             action: Some(command::Action::SuiteStep(SuiteStepRequest {
                 unit: router.unit.clone(),
@@ -1703,6 +1705,7 @@ impl CoRestart<'_> {
         let timeout_ms = self.pair.probe.probe_timeout_ms;
         let command_id = uuid::Uuid::new_v4().to_string();
         let cmd = Command {
+            fencing_token: 0,
             command_id: command_id.clone(),
             action: Some(command::Action::Probe(ProbeRequest {
                 unit: unit.into(),

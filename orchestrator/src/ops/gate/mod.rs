@@ -1593,6 +1593,7 @@ impl Gate {
             },
         );
         let cmd = Command {
+            fencing_token: 0,
             command_id,
             action: Some(action),
         };
@@ -1629,6 +1630,7 @@ impl Gate {
                 continue;
             };
             let cmd = Command {
+                fencing_token: 0,
                 command_id: command_id.clone(),
                 action: Some(command::Action::UnitConfig(self.apply_action(&u))),
             };

@@ -1,0 +1,148 @@
+//! Who acts (DESIGN.md 15): exactly one orchestrator commands the agents.
+//!
+//! On a SQLite journal that is the file's one owner ([`Role::Sole`]). On
+//! etcd several orchestrators run and one is elected on a lease
+//! (`edge::election`); the others are followers: they serve `status` and
+//! `history` from the shared journal, answer every mutating call and every
+//! agent with the leader's address, and command nothing.
+//!
+//! A leader's fencing token is the etcd revision at which it took the
+//! leadership. It goes on every command it sends; an agent remembers the
+//! highest it has seen and refuses a lower one, so a deposed leader's late
+//! command (a process that was paused, or partitioned, past its lease) is
+//! refused where it would do harm, whatever that leader believes.
+//!
+//! This is the one place the rest of the orchestrator asks; the election
+//! writes it.
+
+use std::sync::Arc;
+
+use serde::Serialize;
+use tokio::sync::watch;
+
+/// This orchestrator's part, as `status` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "role", rename_all = "snake_case")]
+pub enum Role {
+    /// The one orchestrator on its SQLite journal.
+    Sole,
+    /// Elected on etcd; `token` is the revision at which it took the lead.
+    Leader { token: u64, since_unix_ms: i64 },
+    /// Not leading: `leader_url` is the leader's advertised URL, when one is
+    /// known; `why` says why this one does not lead.
+    Follower {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        leader_url: Option<String>,
+        why: String,
+    },
+}
+
+/// The shared view of [`Role`]: cheap to clone, read by the fleet and the
+/// control service, written by the election.
+#[derive(Clone)]
+pub struct Leadership {
+    role: Arc<watch::Sender<Role>>,
+    /// The URL this orchestrator advertises (absent on SQLite).
+    pub advertise_url: Option<String>,
+}
+
+impl Leadership {
+    /// The one orchestrator of a SQLite journal.
+    pub fn sole() -> Self {
+        Self {
+            role: Arc::new(watch::Sender::new(Role::Sole)),
+            advertise_url: None,
+        }
+    }
+
+    /// An orchestrator of an etcd journal, before its first election.
+    pub fn candidate(advertise_url: impl Into<String>) -> Self {
+        Self {
+            role: Arc::new(watch::Sender::new(Role::Follower {
+                leader_url: None,
+                why: "starting: not yet in touch with etcd".into(),
+            })),
+            advertise_url: Some(advertise_url.into()),
+        }
+    }
+
+    pub fn role(&self) -> Role {
+        self.role.borrow().clone()
+    }
+
+    pub fn set(&self, role: Role) {
+        self.role.send_replace(role);
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<Role> {
+        self.role.subscribe()
+    }
+
+    /// Whether this orchestrator may command agents and start operations.
+    pub fn leads(&self) -> bool {
+        matches!(*self.role.borrow(), Role::Sole | Role::Leader { .. })
+    }
+
+    /// The token to stamp on a command: 0 for a sole orchestrator (and,
+    /// never sent, for a follower).
+    pub fn token(&self) -> u64 {
+        match *self.role.borrow() {
+            Role::Leader { token, .. } => token,
+            _ => 0,
+        }
+    }
+
+    /// Why a mutating call is not taken here, naming the leader: `None`
+    /// when this orchestrator leads.
+    pub fn refusal(&self) -> Option<String> {
+        match self.role() {
+            Role::Sole | Role::Leader { .. } => None,
+            Role::Follower {
+                leader_url: Some(url),
+                why,
+            } => Some(format!(
+                "this orchestrator ({}) is a follower ({why}); the leader is {url}: run the command against it (--orchestrator {url})",
+                self.advertise_url.as_deref().unwrap_or("?")
+            )),
+            Role::Follower { leader_url: None, why } => Some(format!(
+                "no orchestrator leads right now ({why}); nothing was started: retry once one leads (`pdwarden status` says which)"
+            )),
+        }
+    }
+}
+
+impl Default for Leadership {
+    fn default() -> Self {
+        Self::sole()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only a leader (or the sole orchestrator) acts, and a follower's
+    /// refusal names the leader it knows, or says none leads.
+    #[test]
+    fn a_follower_refuses_naming_the_leader() {
+        let l = Leadership::candidate("http://b:7070");
+        assert!(!l.leads());
+        assert!(l.refusal().unwrap().contains("no orchestrator leads"));
+        l.set(Role::Follower {
+            leader_url: Some("http://a:7070".into()),
+            why: "http://a:7070 holds the lease".into(),
+        });
+        let said = l.refusal().unwrap();
+        assert!(said.contains("(http://b:7070) is a follower"), "{said}");
+        assert!(said.contains("--orchestrator http://a:7070"), "{said}");
+        assert_eq!(l.token(), 0);
+        l.set(Role::Leader {
+            token: 42,
+            since_unix_ms: 1,
+        });
+        assert!(l.leads() && l.refusal().is_none());
+        assert_eq!(l.token(), 42);
+        assert!(Leadership::sole().leads());
+        assert_eq!(Leadership::sole().token(), 0);
+    }
+}

@@ -1,0 +1,587 @@
+//! The journal on etcd (issue 19): several orchestrators, one leader, one
+//! shared record of every operation.
+//!
+//! Keys under the configured prefix `P`:
+//! - `P/leader`: the leader's advertised URL, attached to its lease
+//!   (`edge::election`); its create revision is the leader's fencing token;
+//! - `P/ops/ID`: the operation's row (kind, pair, state, verdict, report);
+//! - `P/running/PAIR` → ID while it runs, `P/requests/RID` → ID for ever:
+//!   "one running operation per pair" and "a request runs once" are
+//!   create-if-absent comparisons in the transaction that inserts the row;
+//! - `P/entries/ID/SEQ`: one entry each, SEQ zero-padded so keys sort.
+//!
+//! **Every write is fenced**: a transaction whose first comparison is
+//! "`P/leader` was created at my token". A deposed leader's write fails there
+//! and is never applied, whatever it believes. A write that fails for any
+//! reason — the fence, or etcd unreachable or without quorum — also *deposes*
+//! this orchestrator at once ([`Fence::lose`]): it does not guess whether a
+//! write it could not confirm took effect; the next leader reads what did.
+//!
+//! The journal's interface is synchronous (SQLite is): each call runs on this
+//! store's own small runtime and the caller blocks for it, bounded by
+//! `etcd_timeout_ms` (`block_in_place` on a multi-threaded runtime, so the
+//! orchestrator's other tasks go on).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
+};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use super::{JournalError, OperationMeta, OperationRecord, Store};
+
+/// The leader's fencing token as this process holds it, and the signal that
+/// it lost the leadership.
+pub struct Fence {
+    /// The revision at which this orchestrator took the leadership; 0 while
+    /// it does not lead (every write is refused).
+    token: AtomicU64,
+    /// Set once, with the reason, when the leadership is lost.
+    lost: watch::Sender<Option<String>>,
+}
+
+impl Default for Fence {
+    fn default() -> Self {
+        Self {
+            token: AtomicU64::new(0),
+            lost: watch::Sender::new(None),
+        }
+    }
+}
+
+impl Fence {
+    pub fn token(&self) -> u64 {
+        self.token.load(Ordering::SeqCst)
+    }
+
+    /// This orchestrator leads from revision `token` on.
+    pub fn lead(&self, token: u64) {
+        if self.lost.borrow().is_none() {
+            self.token.store(token, Ordering::SeqCst);
+        }
+    }
+
+    /// The leadership is gone: nothing more is written. Only the first
+    /// reason is kept.
+    pub fn lose(&self, why: impl Into<String>) {
+        self.token.store(0, Ordering::SeqCst);
+        let why = why.into();
+        self.lost.send_if_modified(|l| {
+            if l.is_none() {
+                *l = Some(why);
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    /// Resolves with the reason once the leadership is lost.
+    pub async fn lost(&self) -> String {
+        let mut rx = self.lost.subscribe();
+        loop {
+            if let Some(why) = rx.borrow_and_update().clone() {
+                return why;
+            }
+            if rx.changed().await.is_err() {
+                return "the fence was dropped".into();
+            }
+        }
+    }
+
+    pub fn is_lost(&self) -> bool {
+        self.lost.borrow().is_some()
+    }
+}
+
+/// An operation's row as stored in `P/ops/ID`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Row {
+    id: String,
+    kind: String,
+    pair: String,
+    #[serde(default)]
+    request_id: Option<String>,
+    state: String,
+    started_unix_ms: i64,
+    #[serde(default)]
+    ended_unix_ms: Option<i64>,
+    #[serde(default)]
+    verdict: Option<String>,
+    /// The report's JSON text.
+    #[serde(default)]
+    report: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Entry {
+    at_ms: u64,
+    kind: String,
+    payload: String,
+}
+
+pub struct EtcdStore {
+    /// Taken out on drop and shut down in the background (dropping a runtime
+    /// inside another one's task is not allowed).
+    rt: Option<tokio::runtime::Runtime>,
+    client: Client,
+    prefix: String,
+    timeout: Duration,
+    pub fence: std::sync::Arc<Fence>,
+    /// The next entry number of each operation this process wrote to.
+    seqs: Mutex<HashMap<String, u64>>,
+}
+
+impl Drop for EtcdStore {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+fn unavailable(e: impl std::fmt::Display) -> JournalError {
+    JournalError::Unavailable { error: e.to_string() }
+}
+
+impl EtcdStore {
+    /// A store on `endpoints` under `prefix`. Connecting does not wait for
+    /// etcd to answer: an orchestrator starts (and says why it does not lead)
+    /// while etcd has no quorum.
+    pub fn connect(
+        endpoints: &[String],
+        prefix: &str,
+        timeout: Duration,
+        fence: std::sync::Arc<Fence>,
+    ) -> Result<Self, JournalError> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("etcd-journal")
+            .enable_all()
+            .build()
+            .map_err(unavailable)?;
+        let eps = endpoints.to_vec();
+        let options = ConnectOptions::new()
+            .with_connect_timeout(timeout)
+            .with_timeout(timeout)
+            .with_keep_alive(Duration::from_secs(2), timeout)
+            .with_keep_alive_while_idle(true);
+        let client = block(rt.spawn(async move { Client::connect(eps, Some(options)).await }))
+            .map_err(unavailable)?
+            .map_err(unavailable)?;
+        Ok(Self {
+            rt: Some(rt),
+            client,
+            prefix: prefix.to_string(),
+            timeout,
+            fence,
+            seqs: Mutex::default(),
+        })
+    }
+
+    /// The client, for the election (same connection, same endpoints).
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    pub fn leader_key(&self) -> String {
+        format!("{}/leader", self.prefix)
+    }
+    fn op_key(&self, id: &str) -> String {
+        format!("{}/ops/{id}", self.prefix)
+    }
+    fn running_key(&self, pair: &str) -> String {
+        format!("{}/running/{pair}", self.prefix)
+    }
+    fn request_key(&self, rid: &str) -> String {
+        format!("{}/requests/{rid}", self.prefix)
+    }
+    fn entries_prefix(&self, id: &str) -> String {
+        format!("{}/entries/{id}/", self.prefix)
+    }
+
+    /// Runs `f` with a client on the store's runtime, bounded by the timeout.
+    fn run<T, F, Fut>(&self, f: F) -> Result<T, JournalError>
+    where
+        T: Send + 'static,
+        F: FnOnce(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>> + Send + 'static,
+    {
+        let rt = self.rt.as_ref().expect("runtime present until drop");
+        let (fut, timeout) = (f(self.client.clone()), self.timeout);
+        let handle = rt.spawn(async move { tokio::time::timeout(timeout, fut).await });
+        match block(handle) {
+            Ok(Ok(Ok(v))) => Ok(v),
+            Ok(Ok(Err(e))) => Err(unavailable(e)),
+            Ok(Err(_)) => Err(unavailable(format!("no answer within {} ms", timeout.as_millis()))),
+            Err(e) => Err(unavailable(e)),
+        }
+    }
+
+    /// A fenced write: `compares` and `ops` run only while this
+    /// orchestrator's leadership stands. Returns the transaction's answer
+    /// (`succeeded` false: one of `compares` after the fence failed; the
+    /// `or_else` reads say which). A fence that fails, or a write that could
+    /// not be confirmed, deposes this orchestrator.
+    fn write(&self, compares: Vec<Compare>, ops: Vec<TxnOp>, or_else: Vec<TxnOp>) -> Result<TxnOutcome, JournalError> {
+        let token = self.fence.token();
+        if token == 0 {
+            return Err(JournalError::NotLeader {
+                why: "it does not hold the leadership".into(),
+            });
+        }
+        let leader = self.leader_key();
+        // Outer: the fence; inner: the write's own comparisons.
+        let inner = Txn::new().when(compares).and_then(ops).or_else(or_else);
+        let txn = Txn::new()
+            .when(vec![Compare::create_revision(leader.clone(), CompareOp::Equal, token as i64)])
+            .and_then(vec![TxnOp::txn(inner)])
+            .or_else(vec![TxnOp::get(leader, None)]);
+        let outcome = self.run(move |mut c| async move { c.txn(txn).await });
+        match outcome {
+            Err(e) => {
+                self.fence
+                    .lose(format!("a journal write could not be confirmed: {e}"));
+                Err(e)
+            }
+            Ok(resp) if !resp.succeeded() => {
+                let holder = resp.op_responses().into_iter().find_map(|r| match r {
+                    TxnOpResponse::Get(g) => g.kvs().first().map(|kv| {
+                        format!(
+                            "{} leads since revision {}",
+                            String::from_utf8_lossy(kv.value()),
+                            kv.create_revision()
+                        )
+                    }),
+                    _ => None,
+                });
+                let why = format!(
+                    "its lease (revision {token}) is gone: {}",
+                    holder.unwrap_or_else(|| "no orchestrator holds the leadership".into())
+                );
+                self.fence.lose(why.clone());
+                Err(JournalError::NotLeader { why })
+            }
+            Ok(resp) => match resp.op_responses().into_iter().next() {
+                Some(TxnOpResponse::Txn(inner)) => Ok(TxnOutcome {
+                    succeeded: inner.succeeded(),
+                    responses: inner.op_responses(),
+                }),
+                _ => Err(unavailable("etcd answered a fenced write without its inner transaction")),
+            },
+        }
+    }
+
+    fn get_value(&self, key: String) -> Result<Option<(Vec<u8>, i64)>, JournalError> {
+        let resp = self.run(move |mut c| async move { c.get(key, None).await })?;
+        Ok(resp.kvs().first().map(|kv| (kv.value().to_vec(), kv.mod_revision())))
+    }
+
+    fn row(&self, id: &str) -> Result<Option<(Row, i64)>, JournalError> {
+        match self.get_value(self.op_key(id))? {
+            None => Ok(None),
+            Some((v, rev)) => Ok(Some((serde_json::from_slice(&v)?, rev))),
+        }
+    }
+
+    fn rows_by_prefix(&self, prefix: String) -> Result<Vec<(Vec<u8>, Vec<u8>)>, JournalError> {
+        let resp = self.run(move |mut c| async move {
+            c.get(prefix, Some(GetOptions::new().with_prefix().with_sort(SortTarget::Key, SortOrder::Ascend)))
+                .await
+        })?;
+        Ok(resp
+            .kvs()
+            .iter()
+            .map(|kv| (kv.key().to_vec(), kv.value().to_vec()))
+            .collect())
+    }
+
+    /// The next entry number of `id` (read once from etcd, then counted:
+    /// only the leader writes).
+    fn next_seq(&self, id: &str) -> Result<u64, JournalError> {
+        if let Some(n) = self.seqs.lock().unwrap_or_else(|p| p.into_inner()).get_mut(id) {
+            *n += 1;
+            return Ok(*n);
+        }
+        let prefix = self.entries_prefix(id);
+        let resp = self.run(move |mut c| async move {
+            c.get(
+                prefix,
+                Some(
+                    GetOptions::new()
+                        .with_prefix()
+                        .with_sort(SortTarget::Key, SortOrder::Descend)
+                        .with_limit(1)
+                        .with_keys_only(),
+                ),
+            )
+            .await
+        })?;
+        let last = resp
+            .kvs()
+            .first()
+            .and_then(|kv| String::from_utf8_lossy(kv.key()).rsplit('/').next()?.parse::<u64>().ok())
+            .unwrap_or(0);
+        let next = last + 1;
+        self.seqs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id.to_string(), next);
+        Ok(next)
+    }
+
+    fn entry_op(&self, id: &str, at_ms: u64, kind: &str, payload: &str) -> Result<(String, TxnOp), JournalError> {
+        let key = format!("{}{:012}", self.entries_prefix(id), self.next_seq(id)?);
+        let value = serde_json::to_vec(&Entry {
+            at_ms,
+            kind: kind.into(),
+            payload: payload.into(),
+        })?;
+        Ok((key.clone(), TxnOp::put(key, value, None)))
+    }
+
+    /// Writes `row` where it was read at `rev`, with `extra` in the same
+    /// transaction. Only the leader writes rows, so a moved row means
+    /// another writer: refused.
+    fn put_row(&self, row: &Row, rev: i64, extra: Vec<TxnOp>, extra_compares: Vec<Compare>) -> Result<(), JournalError> {
+        let key = self.op_key(&row.id);
+        let mut compares = vec![Compare::mod_revision(key.clone(), CompareOp::Equal, rev)];
+        compares.extend(extra_compares);
+        let mut ops = vec![TxnOp::put(key, serde_json::to_vec(row)?, None)];
+        ops.extend(extra);
+        let out = self.write(compares, ops, vec![])?;
+        if !out.succeeded {
+            // Drop the cached sequence: whoever moved it may have appended.
+            self.seqs.lock().unwrap_or_else(|p| p.into_inner()).remove(&row.id);
+            return Err(JournalError::NotLeader {
+                why: format!("operation {} was changed by another writer", row.id),
+            });
+        }
+        Ok(())
+    }
+
+    fn record(&self, row: Row) -> Result<OperationRecord, JournalError> {
+        let first_of = |kind: &str| -> Result<Option<serde_json::Value>, JournalError> {
+            for (_, k, payload) in self.entries(&row.id)? {
+                if k == kind {
+                    return Ok(Some(serde_json::from_str(&payload)?));
+                }
+            }
+            Ok(None)
+        };
+        Ok(OperationRecord {
+            trigger: first_of("trigger")?,
+            actor: first_of("actor")?,
+            report: row.report.as_deref().map(serde_json::from_str).transpose()?,
+            operation_id: row.id,
+            kind: row.kind,
+            pair: row.pair,
+            state: row.state,
+            started_unix_ms: row.started_unix_ms,
+            ended_unix_ms: row.ended_unix_ms,
+            verdict: row.verdict,
+            request_id: row.request_id,
+        })
+    }
+}
+
+struct TxnOutcome {
+    succeeded: bool,
+    responses: Vec<TxnOpResponse>,
+}
+
+/// Waits for a task of the store's runtime from synchronous code.
+fn block<T>(handle: tokio::task::JoinHandle<T>) -> Result<T, tokio::task::JoinError> {
+    let wait = || futures::executor::block_on(handle);
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(wait),
+        _ => wait(),
+    }
+}
+
+impl Store for EtcdStore {
+    fn insert(
+        &self,
+        operation_id: &str,
+        kind: &str,
+        pair: &str,
+        request_id: Option<&str>,
+        started_unix_ms: i64,
+    ) -> Result<(), JournalError> {
+        let row = Row {
+            id: operation_id.into(),
+            kind: kind.into(),
+            pair: pair.into(),
+            request_id: request_id.map(str::to_string),
+            state: "started".into(),
+            started_unix_ms,
+            ended_unix_ms: None,
+            verdict: None,
+            report: None,
+        };
+        let (op_key, running) = (self.op_key(operation_id), self.running_key(pair));
+        let mut compares = vec![
+            Compare::create_revision(op_key.clone(), CompareOp::Equal, 0),
+            Compare::create_revision(running.clone(), CompareOp::Equal, 0),
+        ];
+        let mut ops = vec![
+            TxnOp::put(op_key, serde_json::to_vec(&row)?, None),
+            TxnOp::put(running.clone(), operation_id, None),
+        ];
+        let mut reads = vec![TxnOp::get(running, None)];
+        if let Some(rid) = request_id {
+            let key = self.request_key(rid);
+            compares.push(Compare::create_revision(key.clone(), CompareOp::Equal, 0));
+            ops.push(TxnOp::put(key.clone(), operation_id, None));
+            reads.push(TxnOp::get(key, None));
+        }
+        let out = self.write(compares, ops, reads)?;
+        if out.succeeded {
+            self.seqs
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(operation_id.to_string(), 0);
+            return Ok(());
+        }
+        let found: Vec<Option<String>> = out
+            .responses
+            .iter()
+            .map(|r| match r {
+                TxnOpResponse::Get(g) => g.kvs().first().map(|kv| String::from_utf8_lossy(kv.value()).into_owned()),
+                _ => None,
+            })
+            .collect();
+        if let (Some(rid), Some(Some(earlier))) = (request_id, found.get(1)) {
+            let (kind, pair, outcome) = match self.row(earlier)? {
+                Some((r, _)) => (
+                    r.kind,
+                    r.pair,
+                    match r.ended_unix_ms {
+                        None => "still running".to_string(),
+                        Some(_) => format!("ended: {}", r.verdict.as_deref().unwrap_or("no verdict")),
+                    },
+                ),
+                None => ("?".into(), "?".into(), "unknown".into()),
+            };
+            return Err(JournalError::DuplicateRequest {
+                request_id: rid.to_string(),
+                operation_id: earlier.clone(),
+                kind,
+                pair,
+                outcome,
+            });
+        }
+        Err(JournalError::PairBusy {
+            pair: pair.to_string(),
+            operation_id: found
+                .first()
+                .cloned()
+                .flatten()
+                .unwrap_or_else(|| format!("{operation_id} (already recorded)")),
+        })
+    }
+
+    fn append(&self, operation_id: &str, at_ms: u64, kind: &str, payload: &str) -> Result<(), JournalError> {
+        let (key, op) = self.entry_op(operation_id, at_ms, kind, payload)?;
+        let out = self.write(vec![Compare::create_revision(key, CompareOp::Equal, 0)], vec![op], vec![])?;
+        if !out.succeeded {
+            self.seqs.lock().unwrap_or_else(|p| p.into_inner()).remove(operation_id);
+            return Err(JournalError::NotLeader {
+                why: format!("an entry of operation {operation_id} was written by another writer"),
+            });
+        }
+        Ok(())
+    }
+
+    fn enter(&self, operation_id: &str, at_ms: u64, state: &str, payload: &str) -> Result<(), JournalError> {
+        let Some((mut row, rev)) = self.row(operation_id)? else {
+            return Err(JournalError::NotLeader {
+                why: format!("operation {operation_id} is not in the journal"),
+            });
+        };
+        row.state = state.into();
+        let (key, op) = self.entry_op(operation_id, at_ms, "transition", payload)?;
+        self.put_row(&row, rev, vec![op], vec![Compare::create_revision(key, CompareOp::Equal, 0)])
+    }
+
+    fn write_conclusion(
+        &self,
+        operation_id: &str,
+        verdict: &str,
+        report: &str,
+        ended_unix_ms: i64,
+        only_if_running: bool,
+    ) -> Result<bool, JournalError> {
+        let Some((mut row, rev)) = self.row(operation_id)? else {
+            return Ok(false);
+        };
+        if only_if_running && row.ended_unix_ms.is_some() {
+            return Ok(false);
+        }
+        let running = self.running_key(&row.pair);
+        row.state = "concluded".into();
+        row.ended_unix_ms = Some(ended_unix_ms);
+        row.verdict = Some(verdict.into());
+        row.report = Some(report.into());
+        // Free the pair only if this operation holds it.
+        let frees = match self.get_value(running.clone())? {
+            Some((v, _)) if v == operation_id.as_bytes() => vec![TxnOp::delete(running, None)],
+            _ => vec![],
+        };
+        self.put_row(&row, rev, frees, vec![])?;
+        Ok(true)
+    }
+
+    fn meta(&self, operation_id: &str) -> Result<Option<OperationMeta>, JournalError> {
+        Ok(self.row(operation_id)?.map(|(r, _)| OperationMeta {
+            running: r.ended_unix_ms.is_none(),
+            kind: r.kind,
+            pair: r.pair,
+            request_id: r.request_id,
+        }))
+    }
+
+    fn ping(&self) -> Result<(), JournalError> {
+        // A linearizable read: answered only with a quorum.
+        self.get_value(self.leader_key()).map(|_| ())
+    }
+
+    fn unfinished(&self) -> Result<Vec<OperationRecord>, JournalError> {
+        let mut rows = Vec::new();
+        for (_, id) in self.rows_by_prefix(format!("{}/running/", self.prefix))? {
+            if let Some((r, _)) = self.row(&String::from_utf8_lossy(&id))? {
+                rows.push(r);
+            }
+        }
+        rows.sort_by(|a, b| (a.started_unix_ms, &a.id).cmp(&(b.started_unix_ms, &b.id)));
+        rows.into_iter().map(|r| self.record(r)).collect()
+    }
+
+    fn history(&self, pair: &str, limit: u32) -> Result<Vec<OperationRecord>, JournalError> {
+        let mut rows: Vec<Row> = self
+            .rows_by_prefix(format!("{}/ops/", self.prefix))?
+            .into_iter()
+            .map(|(_, v)| serde_json::from_slice::<Row>(&v))
+            .collect::<Result<_, _>>()?;
+        rows.retain(|r| r.pair == pair);
+        rows.sort_by(|a, b| (b.started_unix_ms, &b.id).cmp(&(a.started_unix_ms, &a.id)));
+        rows.truncate(limit as usize);
+        rows.into_iter().map(|r| self.record(r)).collect()
+    }
+
+    fn entries(&self, operation_id: &str) -> Result<Vec<(u64, String, String)>, JournalError> {
+        self.rows_by_prefix(self.entries_prefix(operation_id))?
+            .into_iter()
+            .map(|(_, v)| {
+                let e: Entry = serde_json::from_slice(&v)?;
+                Ok((e.at_ms, e.kind, e.payload))
+            })
+            .collect()
+    }
+}
