@@ -110,7 +110,10 @@ impl JournalSpec {
         }
         let path = text.strip_prefix("sqlite:").unwrap_or(text);
         if path.trim().is_empty() {
-            return Err("needs a path: sqlite:/var/lib/pdwarden/journal.sqlite, or etcd:URL,... for several orchestrators".into());
+            return Err(
+                "needs a path: sqlite:/var/lib/pdwarden/journal.sqlite, or etcd:URL,... for several orchestrators"
+                    .into(),
+            );
         }
         Ok(Self::Sqlite(PathBuf::from(path)))
     }

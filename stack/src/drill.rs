@@ -673,7 +673,7 @@ pub async fn orchestrator_crash(stack: &mut Stack, json: bool, at: CrashAt) -> a
 
 /// Per unit, how many processes the agent spawned after byte `from` of its
 /// log (its `unit event` lines with `phase=Spawned`).
-fn spawns_since(log: &std::path::Path, from: u64) -> std::collections::BTreeMap<String, u64> {
+pub fn spawns_since(log: &std::path::Path, from: u64) -> std::collections::BTreeMap<String, u64> {
     let text = std::fs::read(log).unwrap_or_default();
     let tail = String::from_utf8_lossy(text.get(from as usize..).unwrap_or_default());
     let mut out = std::collections::BTreeMap::new();

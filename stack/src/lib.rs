@@ -19,6 +19,8 @@
 //!   serving router, one restarted under client traffic.
 //! - [`soak`]: `pdwarden soak`: operations and random kills in a loop, the invariants checked.
 //! - [`vllm`]: the stack on a real vLLM pair behind vllm-router (`--engine vllm`).
+//! - [`ha`]: the stack with a highly available control plane: a real etcd
+//!   cluster and three orchestrators (issue 19).
 
 // The whole crate is an edge: it starts real processes and times them with
 // the wall clock (clippy.toml bans that elsewhere).
@@ -26,6 +28,7 @@
 
 pub mod demo;
 pub mod drill;
+pub mod ha;
 pub mod plan;
 pub mod process;
 pub mod rolling;

@@ -93,6 +93,11 @@ impl Owned {
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
+
+    /// The exit status, if the process has ended (reaped here).
+    pub fn try_wait(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
 }
 
 impl Drop for Owned {

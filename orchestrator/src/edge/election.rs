@@ -74,7 +74,9 @@ impl Election {
                 Err(e) => {
                     self.follow(
                         None,
-                        format!("etcd is unreachable or has no quorum ({e}); no orchestrator can lead until it answers"),
+                        format!(
+                            "etcd is unreachable or has no quorum ({e}); no orchestrator can lead until it answers"
+                        ),
                     );
                     tokio::time::sleep(RETRY).await;
                 }
@@ -133,10 +135,7 @@ impl Election {
         let Some((leader, rev)) = holder else {
             return Ok(None);
         };
-        self.follow(
-            Some(leader.clone()),
-            format!("{leader} holds the leadership"),
-        );
+        self.follow(Some(leader.clone()), format!("{leader} holds the leadership"));
         // Watch from just after what was read: a deletion in between is seen.
         let mut stream = self
             .client
@@ -204,7 +203,7 @@ impl Election {
                 }
             }
             if self.fence.is_lost() {
-                return "a journal write could not be confirmed".into();
+                return "its journal on etcd did not answer".into();
             }
             let next = (sent + every).min(valid_until - margin);
             tokio::select! {

@@ -210,8 +210,7 @@ impl ControlService {
             Some(why) => {
                 let mut status = Status::unavailable(why);
                 if let crate::edge::leadership::Role::Follower {
-                    leader_url: Some(url),
-                    ..
+                    leader_url: Some(url), ..
                 } = self.fleet.leadership.role()
                     && let Ok(v) = url.parse()
                 {

@@ -136,7 +136,10 @@ fn kubernetes_manifests_validate_and_carry_the_example_configs() {
     );
     let orch = pdwarden_orchestrator::config::OrchestratorConfig::from_toml_str(&orch_toml).unwrap();
     assert!(
-        orch.journal.sqlite_path().expect("a SQLite journal").starts_with(journal_mount["mountPath"].as_str().unwrap()),
+        orch.journal
+            .sqlite_path()
+            .expect("a SQLite journal")
+            .starts_with(journal_mount["mountPath"].as_str().unwrap()),
         "the journal {} is on the volume",
         orch.journal
     );

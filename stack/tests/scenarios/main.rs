@@ -11,6 +11,8 @@ mod deploy;
 mod drain;
 mod faults;
 mod gate;
+#[cfg(feature = "etcd")]
+mod ha;
 mod harness;
 mod incidents;
 mod metrics;

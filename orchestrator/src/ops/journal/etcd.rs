@@ -12,10 +12,11 @@
 //!
 //! **Every write is fenced**: a transaction whose first comparison is
 //! "`P/leader` was created at my token". A deposed leader's write fails there
-//! and is never applied, whatever it believes. A write that fails for any
-//! reason — the fence, or etcd unreachable or without quorum — also *deposes*
-//! this orchestrator at once ([`Fence::lose`]): it does not guess whether a
-//! write it could not confirm took effect; the next leader reads what did.
+//! and is never applied, whatever it believes. A leader's journal call that
+//! fails for any reason — the fence, or etcd unreachable or without quorum —
+//! also *deposes* it at once ([`Fence::lose`]): it does not guess whether a
+//! write it could not confirm took effect, and takes no step it could not
+//! journal; the next leader reads what did take effect and goes on from there.
 //!
 //! The journal's interface is synchronous (SQLite is): each call runs on this
 //! store's own small runtime and the caller blocks for it, bounded by
@@ -216,12 +217,18 @@ impl EtcdStore {
         let rt = self.rt.as_ref().expect("runtime present until drop");
         let (fut, timeout) = (f(self.client.clone()), self.timeout);
         let handle = rt.spawn(async move { tokio::time::timeout(timeout, fut).await });
-        match block(handle) {
-            Ok(Ok(Ok(v))) => Ok(v),
-            Ok(Ok(Err(e))) => Err(unavailable(e)),
-            Ok(Err(_)) => Err(unavailable(format!("no answer within {} ms", timeout.as_millis()))),
-            Err(e) => Err(unavailable(e)),
+        let failed = match block(handle) {
+            Ok(Ok(Ok(v))) => return Ok(v),
+            Ok(Ok(Err(e))) => unavailable(e),
+            Ok(Err(_)) => unavailable(format!("no answer within {} ms", timeout.as_millis())),
+            Err(e) => unavailable(e),
+        };
+        // A leader that cannot read or write its journal cannot take a
+        // step: it stops leading (a follower only reports the error).
+        if self.fence.token() != 0 {
+            self.fence.lose(format!("its journal on etcd did not answer: {failed}"));
         }
+        Err(failed)
     }
 
     /// A fenced write: `compares` and `ops` run only while this
@@ -240,16 +247,15 @@ impl EtcdStore {
         // Outer: the fence; inner: the write's own comparisons.
         let inner = Txn::new().when(compares).and_then(ops).or_else(or_else);
         let txn = Txn::new()
-            .when(vec![Compare::create_revision(leader.clone(), CompareOp::Equal, token as i64)])
+            .when(vec![Compare::create_revision(
+                leader.clone(),
+                CompareOp::Equal,
+                token as i64,
+            )])
             .and_then(vec![TxnOp::txn(inner)])
             .or_else(vec![TxnOp::get(leader, None)]);
-        let outcome = self.run(move |mut c| async move { c.txn(txn).await });
-        match outcome {
-            Err(e) => {
-                self.fence
-                    .lose(format!("a journal write could not be confirmed: {e}"));
-                Err(e)
-            }
+        match self.run(move |mut c| async move { c.txn(txn).await }) {
+            Err(e) => Err(e),
             Ok(resp) if !resp.succeeded() => {
                 let holder = resp.op_responses().into_iter().find_map(|r| match r {
                     TxnOpResponse::Get(g) => g.kvs().first().map(|kv| {
@@ -273,7 +279,9 @@ impl EtcdStore {
                     succeeded: inner.succeeded(),
                     responses: inner.op_responses(),
                 }),
-                _ => Err(unavailable("etcd answered a fenced write without its inner transaction")),
+                _ => Err(unavailable(
+                    "etcd answered a fenced write without its inner transaction",
+                )),
             },
         }
     }
@@ -292,8 +300,15 @@ impl EtcdStore {
 
     fn rows_by_prefix(&self, prefix: String) -> Result<Vec<(Vec<u8>, Vec<u8>)>, JournalError> {
         let resp = self.run(move |mut c| async move {
-            c.get(prefix, Some(GetOptions::new().with_prefix().with_sort(SortTarget::Key, SortOrder::Ascend)))
-                .await
+            c.get(
+                prefix,
+                Some(
+                    GetOptions::new()
+                        .with_prefix()
+                        .with_sort(SortTarget::Key, SortOrder::Ascend),
+                ),
+            )
+            .await
         })?;
         Ok(resp
             .kvs()
@@ -326,7 +341,13 @@ impl EtcdStore {
         let last = resp
             .kvs()
             .first()
-            .and_then(|kv| String::from_utf8_lossy(kv.key()).rsplit('/').next()?.parse::<u64>().ok())
+            .and_then(|kv| {
+                String::from_utf8_lossy(kv.key())
+                    .rsplit('/')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
             .unwrap_or(0);
         let next = last + 1;
         self.seqs
@@ -349,7 +370,13 @@ impl EtcdStore {
     /// Writes `row` where it was read at `rev`, with `extra` in the same
     /// transaction. Only the leader writes rows, so a moved row means
     /// another writer: refused.
-    fn put_row(&self, row: &Row, rev: i64, extra: Vec<TxnOp>, extra_compares: Vec<Compare>) -> Result<(), JournalError> {
+    fn put_row(
+        &self,
+        row: &Row,
+        rev: i64,
+        extra: Vec<TxnOp>,
+        extra_compares: Vec<Compare>,
+    ) -> Result<(), JournalError> {
         let key = self.op_key(&row.id);
         let mut compares = vec![Compare::mod_revision(key.clone(), CompareOp::Equal, rev)];
         compares.extend(extra_compares);
@@ -453,7 +480,10 @@ impl Store for EtcdStore {
             .responses
             .iter()
             .map(|r| match r {
-                TxnOpResponse::Get(g) => g.kvs().first().map(|kv| String::from_utf8_lossy(kv.value()).into_owned()),
+                TxnOpResponse::Get(g) => g
+                    .kvs()
+                    .first()
+                    .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()),
                 _ => None,
             })
             .collect();
@@ -489,7 +519,11 @@ impl Store for EtcdStore {
 
     fn append(&self, operation_id: &str, at_ms: u64, kind: &str, payload: &str) -> Result<(), JournalError> {
         let (key, op) = self.entry_op(operation_id, at_ms, kind, payload)?;
-        let out = self.write(vec![Compare::create_revision(key, CompareOp::Equal, 0)], vec![op], vec![])?;
+        let out = self.write(
+            vec![Compare::create_revision(key, CompareOp::Equal, 0)],
+            vec![op],
+            vec![],
+        )?;
         if !out.succeeded {
             self.seqs.lock().unwrap_or_else(|p| p.into_inner()).remove(operation_id);
             return Err(JournalError::NotLeader {
@@ -507,7 +541,12 @@ impl Store for EtcdStore {
         };
         row.state = state.into();
         let (key, op) = self.entry_op(operation_id, at_ms, "transition", payload)?;
-        self.put_row(&row, rev, vec![op], vec![Compare::create_revision(key, CompareOp::Equal, 0)])
+        self.put_row(
+            &row,
+            rev,
+            vec![op],
+            vec![Compare::create_revision(key, CompareOp::Equal, 0)],
+        )
     }
 
     fn write_conclusion(
@@ -583,5 +622,218 @@ impl Store for EtcdStore {
                 Ok((e.at_ms, e.kind, e.payload))
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Against a real etcd (one member on loopback, Debian's etcd-server:
+    //! scripts/setup-etcd.sh), never a mock: the fence is etcd's own
+    //! transaction semantics.
+    use super::*;
+    use crate::edge::election::Election;
+    use crate::edge::leadership::{Leadership, Role};
+    use crate::ops::journal::Journal;
+    use std::sync::Arc;
+
+    /// One etcd member in a temporary directory, SIGKILLed by PID on drop.
+    struct LocalEtcd {
+        child: std::process::Child,
+        url: String,
+        _dir: tempfile::TempDir,
+    }
+
+    impl LocalEtcd {
+        async fn start() -> Self {
+            let dir = tempfile::tempdir().unwrap();
+            let client = crate::edge::ports::late_bind_port().unwrap();
+            let peer = crate::edge::ports::late_bind_port().unwrap();
+            let url = format!("http://127.0.0.1:{client}");
+            let peer_url = format!("http://127.0.0.1:{peer}");
+            let etcd = std::env::var("PDWARDEN_ETCD").unwrap_or_else(|_| "etcd".into());
+            let child = std::process::Command::new(&etcd)
+                .args(["--name", "t", "--data-dir"])
+                .arg(dir.path().join("data"))
+                .args(["--listen-client-urls", &url, "--advertise-client-urls", &url])
+                .args([
+                    "--listen-peer-urls",
+                    &peer_url,
+                    "--initial-advertise-peer-urls",
+                    &peer_url,
+                ])
+                .args(["--initial-cluster", &format!("t={peer_url}")])
+                .args(["--heartbeat-interval", "100", "--election-timeout", "1000"])
+                .args(["--logger", "zap", "--log-level", "error"])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap_or_else(|e| panic!("cannot start {etcd} (scripts/setup-etcd.sh installs it): {e}"));
+            let me = Self { child, url, _dir: dir };
+            let http = reqwest::Client::new();
+            for _ in 0..200 {
+                if let Ok(r) = http.get(format!("{}/health", me.url)).send().await
+                    && r.text().await.unwrap_or_default().contains("\"true\"")
+                {
+                    return me;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            panic!("etcd at {} not healthy within 10 s", me.url);
+        }
+    }
+
+    impl Drop for LocalEtcd {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    /// A journal on `etcd` and its election, campaigning in the background.
+    fn orchestrator(
+        etcd: &LocalEtcd,
+        url: &str,
+    ) -> (Arc<Journal>, Leadership, Arc<Fence>, tokio::task::JoinHandle<String>) {
+        let fence = Arc::new(Fence::default());
+        let store = EtcdStore::connect(&[etcd.url.clone()], "/t", Duration::from_millis(1_000), fence.clone()).unwrap();
+        let leadership = Leadership::candidate(url);
+        let election = Election {
+            client: store.client(),
+            leader_key: store.leader_key(),
+            ttl_s: 2,
+            fence: fence.clone(),
+            leadership: leadership.clone(),
+        };
+        let task = tokio::spawn(election.run());
+        (Arc::new(Journal::new(Box::new(store))), leadership, fence, task)
+    }
+
+    async fn until(what: &str, mut f: impl FnMut() -> bool) {
+        for _ in 0..200 {
+            if f() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("not within 10 s: {what}");
+    }
+
+    /// The etcd journal keeps the SQLite journal's rules: one running
+    /// operation per pair, a request id runs once, entries in order, the
+    /// last typed state read back, history newest first, unfinished oldest
+    /// first; and a follower reads it all.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_etcd_journal_keeps_the_journal_rules() {
+        let etcd = LocalEtcd::start().await;
+        let (j, leadership, _fence, _e) = orchestrator(&etcd, "http://a:1");
+        until("a leads", || leadership.leads()).await;
+        j.begin("op-1", "co_restart", "a", Some("r1")).unwrap();
+        match j.begin("op-2", "co_restart", "a", Some("r2")) {
+            Err(JournalError::PairBusy { operation_id, .. }) => assert_eq!(operation_id, "op-1"),
+            other => panic!("expected PairBusy, got {other:?}"),
+        }
+        j.begin("op-3", "co_restart", "b", None).unwrap();
+        match j.begin("op-5", "verify", "c", Some("r1")) {
+            Err(e @ JournalError::DuplicateRequest { .. }) => {
+                assert!(
+                    e.to_string().contains("operation op-1") && e.to_string().contains("still running"),
+                    "{e}"
+                )
+            }
+            other => panic!("expected DuplicateRequest, got {other:?}"),
+        }
+        j.transition("op-1", 5, "restarting_prefill").unwrap();
+        j.append("op-1", 7, "phase", &serde_json::json!({"phase": "spawned"}))
+            .unwrap();
+        j.enter("op-1", 8, "restarting_decode", Some(&vec!["c1"])).unwrap();
+        j.transition("op-1", 9, "verifying").unwrap();
+        assert_eq!(
+            j.last_state::<Vec<String>>("op-1").unwrap(),
+            Some(vec!["c1".to_string()])
+        );
+        let unfinished: Vec<String> = j.unfinished().unwrap().into_iter().map(|r| r.operation_id).collect();
+        assert_eq!(unfinished, vec!["op-1", "op-3"]);
+        assert_eq!(j.unfinished().unwrap()[0].state, "verifying");
+        j.conclude("op-1", "healthy", &serde_json::json!({"verdict": "healthy"}))
+            .unwrap();
+        assert!(!j.conclude_if_running("op-1", "failed", &serde_json::json!({})).unwrap());
+        match j.begin("op-6", "co_restart", "a", Some("r1")) {
+            Err(e @ JournalError::DuplicateRequest { .. }) => assert!(e.to_string().contains("ended: healthy"), "{e}"),
+            other => panic!("expected DuplicateRequest, got {other:?}"),
+        }
+        j.begin("op-4", "co_restart", "a", None).unwrap();
+        let e = j.entries("op-1").unwrap();
+        assert_eq!(
+            e.iter().map(|(at, k, _)| (*at, k.as_str())).collect::<Vec<_>>(),
+            vec![(5, "transition"), (7, "phase"), (8, "transition"), (9, "transition")]
+        );
+        // A follower on the same etcd reads the same journal.
+        let (follower, fl, _, _fe) = orchestrator(&etcd, "http://b:1");
+        until(
+            "b follows a",
+            || matches!(fl.role(), Role::Follower { leader_url: Some(ref u), .. } if u == "http://a:1"),
+        )
+        .await;
+        let h = follower.history("a", 10).unwrap();
+        assert_eq!(h.len(), 2);
+        assert_eq!(h[1].operation_id, "op-1");
+        assert_eq!(h[1].verdict.as_deref(), Some("healthy"));
+        assert_eq!(h[1].report.as_ref().unwrap()["verdict"], "healthy");
+        // ... and cannot write to it.
+        assert!(matches!(
+            follower.append("op-4", 1, "x", &1),
+            Err(JournalError::NotLeader { .. })
+        ));
+    }
+
+    /// DESIGN.md 15: a deposed leader's write is refused by etcd itself.
+    /// A leads; its lease is revoked (as when it was paused past it); B
+    /// takes over with a higher token; A's next write — it still believes it
+    /// leads — fails on the fence, changes nothing, and deposes A.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_deposed_leaders_write_is_refused_by_the_fence() {
+        let etcd = LocalEtcd::start().await;
+        let (a, al, afence, _ae) = orchestrator(&etcd, "http://a:1");
+        until("a leads", || al.leads()).await;
+        let a_token = afence.token();
+        a.begin("op-1", "co_restart", "p", None).unwrap();
+        // The lease behind A's leader key goes (A is "paused"): delete the key
+        // as its expiry would.
+        let mut c = etcd_client::Client::connect([etcd.url.clone()], None).await.unwrap();
+        c.delete("/t/leader", None).await.unwrap();
+        let (b, bl, bfence, _be) = orchestrator(&etcd, "http://b:1");
+        until("b leads", || bl.leads()).await;
+        assert!(bfence.token() > a_token, "{} > {a_token}", bfence.token());
+        let before = b.entries("op-1").unwrap().len();
+        let e = a.transition("op-1", 1, "restarting_prefill").unwrap_err();
+        assert!(matches!(e, JournalError::NotLeader { .. }), "{e}");
+        assert!(e.to_string().contains("http://b:1 leads"), "{e}");
+        assert!(afence.is_lost());
+        assert_eq!(b.entries("op-1").unwrap().len(), before, "nothing of A's was written");
+        assert_eq!(b.unfinished().unwrap()[0].state, "started");
+        // B, the leader, writes.
+        b.transition("op-1", 2, "restarting_prefill").unwrap();
+    }
+
+    /// etcd gone: a write fails within the timeout as "unavailable", and
+    /// the leader is deposed (it does not guess whether the write landed).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn etcd_unreachable_fails_the_write_and_deposes() {
+        let mut etcd = LocalEtcd::start().await;
+        let (j, l, fence, election) = orchestrator(&etcd, "http://a:1");
+        until("a leads", || l.leads()).await;
+        j.begin("op-1", "co_restart", "p", None).unwrap();
+        let _ = etcd.child.kill();
+        let _ = etcd.child.wait();
+        let e = j.transition("op-1", 1, "restarting_prefill").unwrap_err();
+        assert!(matches!(e, JournalError::Unavailable { .. }), "{e}");
+        assert!(e.to_string().contains("no step starts"), "{e}");
+        assert!(fence.is_lost());
+        let why = tokio::time::timeout(Duration::from_secs(10), election)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(why.contains("did not answer"), "{why}");
+        assert!(!l.leads());
     }
 }

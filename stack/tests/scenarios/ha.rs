@@ -1,0 +1,353 @@
+//! Issue 19: several orchestrators on a real etcd cluster (three members on
+//! loopback, Debian's etcd-server), one leading. Real orchestrator, agent,
+//! pd-sim and sglang-router processes; the leader is SIGKILLed mid
+//! co-restart, etcd loses its quorum mid co-restart.
+//!
+//! Built only with `--features pdwarden-stack/etcd` (scripts/test.sh does,
+//! after scripts/setup-etcd.sh installs etcd and protoc).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use pdwarden_stack::drill::{CrashAt, spawns_since};
+use pdwarden_stack::ha::HaStack;
+use serde_json::Value;
+
+use crate::harness::exclusive;
+
+/// The lease of the scenarios' orchestrators: the shortest etcd allows with
+/// a 1 s election timeout.
+const LEASE_TTL_S: u64 = 2;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+async fn start() -> HaStack {
+    let args = pdwarden_stack::DemoArgs::from_flags(&["--json"]).expect("demo flags");
+    tokio::time::timeout(
+        Duration::from_secs(120),
+        HaStack::start(&args, Default::default(), LEASE_TTL_S),
+    )
+    .await
+    .expect("the HA stack started within 120 s")
+    .unwrap_or_else(|e| panic!("the HA stack: {e:#}"))
+}
+
+/// The newest operation of pair `demo` as any orchestrator's history says.
+async fn newest(ha: &HaStack) -> Option<Value> {
+    let c = ha.any_connection().await?;
+    let mut client = c.connect().await.ok()?;
+    let r = tokio::time::timeout(
+        Duration::from_secs(5),
+        client.history(pdwarden_proto::v1::HistoryRequest {
+            pair: "demo".into(),
+            limit: 1,
+        }),
+    )
+    .await
+    .ok()?
+    .ok()?;
+    let v: Value = serde_json::from_str(&r.into_inner().json).ok()?;
+    v.as_array()?.first().cloned()
+}
+
+/// Starts `restart pd-pair demo` on orchestrator `leader` (followed in the
+/// background: its stream breaks with the kill) and waits until the
+/// operation's journaled state is `at` (for decode's step, until the new
+/// decode is loading); the operation id.
+async fn co_restart_until(ha: &HaStack, leader: usize, at: CrashAt) -> String {
+    let conn = ha.orchestrators[leader].connection.clone();
+    tokio::spawn(async move {
+        let _ = conn
+            .follow(
+                "demo",
+                None,
+                pdwarden_orchestrator::edge::client::new_request_id(),
+                |_| {},
+            )
+            .await;
+    });
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut client = None;
+    loop {
+        assert!(Instant::now() < deadline, "the co-restart never reached {}", at.state());
+        if client.is_none() {
+            client = ha.orchestrators[leader].connection.connect().await.ok();
+        }
+        if let Some(c) = client.as_mut()
+            && let Ok(h) = c
+                .history(pdwarden_proto::v1::HistoryRequest {
+                    pair: "demo".into(),
+                    limit: 1,
+                })
+                .await
+            && let Ok(s) = c.status(pdwarden_proto::v1::StatusRequest::default()).await
+        {
+            let h: Value = serde_json::from_str(&h.into_inner().json).unwrap();
+            let s: Value = serde_json::from_str(&s.into_inner().json).unwrap();
+            let running = h
+                .as_array()
+                .and_then(|h| h.first())
+                .filter(|r| r["ended_unix_ms"].is_null() && r["state"] == at.state())
+                .and_then(|r| r["operation_id"].as_str())
+                .map(str::to_string);
+            let decode = s["agents"][0]["units"]
+                .as_array()
+                .and_then(|u| u.iter().find(|u| u["name"] == "decode-0"))
+                .and_then(|u| u["phase"].as_str())
+                .unwrap_or("")
+                .to_string();
+            let loading = matches!(decode.as_str(), "spawned" | "refused" | "http_503");
+            if let Some(op) = running
+                && (at != CrashAt::RestartingDecode || loading)
+            {
+                return op;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Waits until `op` is concluded in the shared journal; its record.
+async fn concluded(ha: &HaStack, op: &str, limit: Duration) -> Value {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(r) = newest(ha).await
+            && r["operation_id"] == op
+            && !r["ended_unix_ms"].is_null()
+        {
+            return r;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "operation {op} not concluded within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn agent_log_len(ha: &HaStack) -> u64 {
+    std::fs::metadata(ha.dir.path().join("agent.log")).map_or(0, |m| m.len())
+}
+
+fn assert_each_unit_started_once(ha: &HaStack, from: u64, what: &str) {
+    let spawned: BTreeMap<String, u64> = spawns_since(&ha.dir.path().join("agent.log"), from);
+    let expected: BTreeMap<String, u64> = ["prefill-0", "decode-0", "router-0"]
+        .iter()
+        .map(|u| (u.to_string(), 1))
+        .collect();
+    assert_eq!(spawned, expected, "{what}: each unit started exactly once");
+}
+
+fn median_and_worst(xs: &mut [Duration]) -> (Duration, Duration) {
+    xs.sort();
+    (xs[xs.len() / 2], xs[xs.len() - 1])
+}
+
+/// The leader SIGKILLed at each co-restart step: a follower takes the
+/// leadership after the lease, the agent follows it, the operation is
+/// taken over from the shared journal and concluded healthy, and no unit is
+/// started twice. The new leader's fencing token is higher and the agent
+/// has persisted it (a command from the dead term would be refused). A
+/// mutating call to a follower is refused naming the leader.
+#[test]
+fn a_leader_killed_at_each_co_restart_step_is_replaced_and_the_operation_concluded_once() {
+    let _one = exclusive();
+    let rt = runtime();
+    rt.block_on(async {
+        let mut ha = start().await;
+        let units = 3;
+        let mut failovers = Vec::new();
+        let mut moving = Vec::new();
+        for at in [
+            CrashAt::RestartingPrefill,
+            CrashAt::RestartingDecode,
+            CrashAt::RestartingRouter,
+            CrashAt::Verifying,
+        ] {
+            let (leader, token) = ha
+                .wait_leader_with_agent(units, Duration::from_secs(60))
+                .await
+                .unwrap_or_else(|e| panic!("{e:#}"));
+            // A follower refuses a restart, naming the leader.
+            let follower = (0..3).find(|i| *i != leader).unwrap();
+            let mut fc = ha.orchestrators[follower].connection.connect().await.unwrap();
+            let refused = fc
+                .restart_pair(pdwarden_proto::v1::RestartPairRequest {
+                    pair: "demo".into(),
+                    request_id: pdwarden_orchestrator::edge::client::new_request_id(),
+                    rolling: false,
+                })
+                .await
+                .err()
+                .expect("a follower refuses a restart");
+            assert_eq!(refused.code(), tonic::Code::Unavailable);
+            assert!(
+                refused.message().contains(&ha.orchestrators[leader].url),
+                "the refusal names the leader: {}",
+                refused.message()
+            );
+            let from = agent_log_len(&ha);
+            let op = co_restart_until(&ha, leader, at).await;
+            let killed_at = Instant::now();
+            let pid = ha.kill_orchestrator(leader).expect("the leader was running");
+            eprintln!("ha: SIGKILLed leader {leader} (pid {pid}, token {token}) in {}", at.state());
+            let (new, new_token) = ha
+                .wait_leader_with_agent(units, Duration::from_secs(60))
+                .await
+                .unwrap_or_else(|e| panic!("no new leader after the kill in {}: {e:#}", at.state()));
+            let serving = killed_at.elapsed();
+            // Moving again: the operation's state changed, or it ended.
+            loop {
+                match newest(&ha).await {
+                    Some(r) if r["operation_id"] == op && (r["state"] != at.state() || !r["ended_unix_ms"].is_null()) => {
+                        break;
+                    }
+                    _ => {}
+                }
+                assert!(killed_at.elapsed() < Duration::from_secs(120), "the operation never moved again");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let moved = killed_at.elapsed();
+            assert_ne!(new, leader);
+            assert!(new_token > token, "the new term's token {new_token} is above the old {token}");
+            let record = concluded(&ha, &op, Duration::from_secs(120)).await;
+            assert_eq!(
+                record["verdict"], "healthy",
+                "killed in {}: {:#}",
+                at.state(),
+                record["report"]["reasons"]
+            );
+            assert_each_unit_started_once(&ha, from, at.state());
+            assert_eq!(
+                ha.agent_fencing_floor(),
+                Some(new_token),
+                "the agent persisted the new leader's token"
+            );
+            eprintln!(
+                "ha: killed in {}: orchestrator {new} leads (token {new_token}) {} ms after the kill, the operation moving {} ms after; verdict {}",
+                at.state(),
+                serving.as_millis(),
+                moved.as_millis(),
+                record["verdict"]
+            );
+            failovers.push(serving);
+            moving.push(moved);
+            // Its service manager starts it again: it joins as a follower.
+            ha.start_orchestrator(leader).unwrap();
+        }
+        let (m, w) = median_and_worst(&mut failovers);
+        let (mm, mw) = median_and_worst(&mut moving);
+        eprintln!(
+            "ha: failover over {} kills (lease {LEASE_TTL_S} s): new leader serving median {} ms, worst {} ms; operation moving again median {} ms, worst {} ms",
+            failovers.len(),
+            m.as_millis(),
+            w.as_millis(),
+            mm.as_millis(),
+            mw.as_millis()
+        );
+        ha.stop(false);
+    });
+}
+
+/// etcd loses its quorum mid co-restart (two of three members SIGKILLed
+/// while the new decode loads): the leader stops leading and exits with a
+/// clear error, no unit is started or stopped meanwhile, the followers say
+/// why none leads and refuse a new restart. Quorum back: an orchestrator
+/// leads, takes the operation over and concludes it, each unit started once.
+#[test]
+fn quorum_lost_mid_co_restart_stops_safely_and_recovers() {
+    let _one = exclusive();
+    let rt = runtime();
+    rt.block_on(async {
+        let mut ha = start().await;
+        let (leader, _) = ha.wait_leader_with_agent(3, Duration::from_secs(60)).await.unwrap();
+        let from = agent_log_len(&ha);
+        let op = co_restart_until(&ha, leader, CrashAt::RestartingDecode).await;
+        ha.etcd.kill(1);
+        ha.etcd.kill(2);
+        let lost_at = Instant::now();
+        // The leader stops: it exits, saying why.
+        let status = loop {
+            if let Some(s) = ha.orchestrator_exited(leader) {
+                break s;
+            }
+            assert!(
+                lost_at.elapsed() < Duration::from_secs(30),
+                "the leader kept running without a quorum"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert!(!status.success(), "a deposed leader exits non-zero");
+        let log = ha.orchestrator_log(leader);
+        assert!(
+            log.contains("lost the leadership") && log.contains("running units were not touched"),
+            "the leader says why it stopped: {}",
+            log.lines().rev().take(5).collect::<Vec<_>>().join("\n")
+        );
+        // The followers say why none leads, and refuse a restart.
+        let follower = (0..3).find(|i| *i != leader).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(s) = ha.status(follower).await
+                && s["leadership"]["role"] == "follower"
+                && s["leadership"]["why"].as_str().unwrap_or("").contains("quorum")
+            {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the follower never said etcd lost its quorum"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let mut fc = ha.orchestrators[follower].connection.connect().await.unwrap();
+        let refused = fc
+            .restart_pair(pdwarden_proto::v1::RestartPairRequest {
+                pair: "demo".into(),
+                request_id: pdwarden_orchestrator::edge::client::new_request_id(),
+                rolling: false,
+            })
+            .await
+            .err()
+            .expect("no restart without a leader");
+        assert!(
+            refused.message().contains("no orchestrator leads"),
+            "{}",
+            refused.message()
+        );
+        // Nothing was started or stopped while no one led.
+        let during = spawns_since(&ha.dir.path().join("agent.log"), from);
+        assert!(
+            during.values().all(|n| *n <= 1) && !during.contains_key("router-0"),
+            "only what was started before the quorum went: {during:?}"
+        );
+        tokio::time::sleep(Duration::from_secs(LEASE_TTL_S + 1)).await;
+        let still = spawns_since(&ha.dir.path().join("agent.log"), from);
+        assert_eq!(during, still, "no step started while etcd had no quorum");
+        // Quorum back: an orchestrator leads and concludes the operation.
+        ha.etcd.restart(1).unwrap();
+        ha.etcd.restart(2).unwrap();
+        ha.etcd.wait_healthy(Duration::from_secs(30)).await.unwrap();
+        let back = Instant::now();
+        let (new, _) = ha
+            .wait_leader_with_agent(3, Duration::from_secs(60))
+            .await
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        assert_ne!(new, leader, "the exited leader was not restarted");
+        let record = concluded(&ha, &op, Duration::from_secs(120)).await;
+        assert_eq!(record["verdict"], "healthy", "{:#}", record["report"]["reasons"]);
+        assert_each_unit_started_once(&ha, from, "quorum lost and back");
+        eprintln!(
+            "ha: quorum back -> orchestrator {new} leads with the agent {} ms later; operation concluded {}",
+            back.elapsed().as_millis(),
+            record["verdict"]
+        );
+        ha.stop(false);
+    });
+}
