@@ -1092,6 +1092,80 @@ probe_timeout_ms = 120000
         assert_eq!(p.timeouts.poll_interval_ms, 20);
     }
 
+    /// Issue 19: the journal is `sqlite:PATH`, a bare path (as before) or
+    /// `etcd:URL,...` with `[leadership]`; every mistake is one line naming
+    /// the field.
+    #[test]
+    fn the_journal_is_sqlite_or_etcd_with_its_leadership() {
+        let with = |journal: &str, extra: &str| {
+            OrchestratorConfig::from_toml_str(&format!(
+                "{}\n{extra}",
+                EXAMPLE.replace("journal = \"/tmp/pdwarden.sqlite\"", &format!("journal = {journal:?}"))
+            ))
+        };
+        let bare = with("/tmp/j.sqlite", "").unwrap();
+        assert_eq!(bare.journal, JournalSpec::Sqlite("/tmp/j.sqlite".into()));
+        assert_eq!(with("sqlite:/tmp/j.sqlite", "").unwrap().journal, bare.journal);
+        let etcd = with(
+            "etcd:http://a:2379,http://b:2379",
+            "[leadership]\nadvertise_url = \"https://orch-a:7070\"",
+        )
+        .unwrap();
+        assert_eq!(
+            etcd.journal,
+            JournalSpec::Etcd(vec!["http://a:2379".into(), "http://b:2379".into()])
+        );
+        let l = etcd.leadership.as_ref().unwrap();
+        assert_eq!(
+            (l.lease_ttl_s, l.prefix.as_str(), l.etcd_timeout_ms),
+            (5, "/pdwarden", 2_000)
+        );
+        // Written and read back the same.
+        let again = OrchestratorConfig::from_toml_str(&etcd.to_toml_string().unwrap()).unwrap();
+        assert_eq!(again.journal, etcd.journal);
+        assert_eq!(again.leadership, etcd.leadership);
+        for (journal, extra, says) in [
+            (
+                "etcd:http://a:2379",
+                "",
+                "`leadership.advertise_url`: required with an etcd journal",
+            ),
+            ("etcd:", "", "an etcd journal needs its endpoints"),
+            ("etcd:a:2379", "", "must be an http:// or https:// URL"),
+            ("etcd:http://a:1,http://a:1", "", "is given twice"),
+            ("sqlite:", "", "needs a path"),
+            (
+                "/tmp/j.sqlite",
+                "[leadership]\nadvertise_url = \"https://o:1\"",
+                "`leadership`: only with an etcd journal",
+            ),
+            (
+                "etcd:http://a:1",
+                "[leadership]\nadvertise_url = \"o:1\"",
+                "`leadership.advertise_url`",
+            ),
+            (
+                "etcd:http://a:1",
+                "[leadership]\nadvertise_url = \"https://o:1\"\nlease_ttl_s = 1",
+                "`leadership.lease_ttl_s`: 1 is outside 2..=60 seconds",
+            ),
+            (
+                "etcd:http://a:1",
+                "[leadership]\nadvertise_url = \"https://o:1\"\nprefix = \"pdwarden/\"",
+                "`leadership.prefix`",
+            ),
+            (
+                "etcd:http://a:1",
+                "[leadership]\nadvertise_url = \"https://o:1\"\nlease_ttl_s = 2\netcd_timeout_ms = 2000",
+                "`leadership.etcd_timeout_ms`",
+            ),
+        ] {
+            let e = with(journal, extra).expect_err(journal).to_string();
+            assert!(e.contains(says), "{journal} {extra}: {e}");
+            assert!(!e.contains('\n'), "one line: {e}");
+        }
+    }
+
     /// The shipped example must stay valid.
     #[test]
     fn deploy_local_example_is_valid() {

@@ -201,3 +201,57 @@ fn kubernetes_manifests_validate_and_carry_the_example_configs() {
         .unwrap();
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("selectr"));
 }
+
+/// Issue 19: the three-orchestrator configs in deploy/ha/ load as the
+/// daemons load them; they share the journal (etcd), the pairs and the
+/// operators and differ only in what each advertises; the agent is given
+/// all three, which are the advertised URLs; the orchestrators' pair names
+/// the agent's units.
+#[test]
+fn ha_configs_load() {
+    use pdwarden_orchestrator::config::{JournalSpec, OrchestratorConfig};
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/ha");
+    let read = |f: &str| std::fs::read_to_string(format!("{dir}/{f}")).unwrap();
+    let orchs: Vec<OrchestratorConfig> = ["a", "b", "c"]
+        .iter()
+        .map(|n| {
+            OrchestratorConfig::from_toml_str(&read(&format!("orchestrator-{n}.toml")))
+                .unwrap_or_else(|e| panic!("orchestrator-{n}.toml: {e}"))
+        })
+        .collect();
+    let JournalSpec::Etcd(endpoints) = &orchs[0].journal else {
+        panic!("an etcd journal: {}", orchs[0].journal)
+    };
+    assert_eq!(endpoints.len(), 3, "a three-member etcd cluster");
+    let advertised: Vec<String> = orchs
+        .iter()
+        .map(|o| o.leadership.as_ref().expect("[leadership]").advertise_url.clone())
+        .collect();
+    for o in &orchs[1..] {
+        assert_eq!(o.journal, orchs[0].journal, "one journal");
+        assert_eq!(
+            serde_json::to_value(&o.pairs).unwrap(),
+            serde_json::to_value(&orchs[0].pairs).unwrap(),
+            "the same pairs"
+        );
+        assert_eq!(o.operators.len(), orchs[0].operators.len());
+    }
+    let agent = pdwarden_agent::AgentConfig::from_toml_str(&read("agent.toml")).expect("the HA agent config loads");
+    assert_eq!(
+        agent.orchestrator.urls(),
+        advertised.as_slice(),
+        "the agent dials the three"
+    );
+    for u in orchs[0]
+        .pairs
+        .iter()
+        .flat_map(|p| p.prefill.iter().chain(&p.decode).chain(&p.router))
+    {
+        assert_eq!(u.host, agent.host);
+        assert!(
+            agent.units.iter().any(|a| a.name == u.unit),
+            "{} not in the agent config",
+            u.unit
+        );
+    }
+}
