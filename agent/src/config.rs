@@ -1,11 +1,16 @@
-//! The agent's static configuration: which host it is, where the orchestrator
-//! is, and the units (engines and routers) it supervises.
+//! The agent's static configuration: which host it is, where the orchestrators
+//! are, and the units (engines and routers) it supervises.
 //!
 //! Topology is static TOML (DESIGN.md 8) and unknown fields are errors, so a
 //! typo never silently becomes a default. Serde catches unknown fields and bad
 //! types (its message quotes the offending line); [`AgentConfig::validate`]
 //! then checks what types cannot say (unique names, absolute URL paths, …) and
 //! names the field in every error.
+//!
+//! `orchestrator` is one URL or a list of them: a control plane of several
+//! orchestrators elects one leader on etcd (issue 19, DESIGN.md 15), and an
+//! agent that knew only one of them would be cut off whenever that one is
+//! down. The one-URL form stays, so every existing config keeps working.
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -78,8 +83,10 @@ impl Role {
 pub struct AgentConfig {
     /// Host name reported in `Register`.
     pub host: String,
-    /// The orchestrator's gRPC URL, e.g. `http://127.0.0.1:7070`.
-    pub orchestrator: String,
+    /// The orchestrator's gRPC URL, e.g. `http://127.0.0.1:7070`, or a
+    /// list of them for a control plane of several orchestrators (issue
+    /// 19): `["http://a:7070", "http://b:7070", "http://c:7070"]`.
+    pub orchestrator: Orchestrators,
     /// Logs go to `state_dir/logs/<unit>.log`.
     pub state_dir: PathBuf,
     #[serde(default)]
@@ -116,6 +123,72 @@ pub struct AgentConfig {
     /// (case-insensitive globs); default `*TOKEN*`, `*SECRET*`, `*KEY*`, ...
     #[serde(default = "crate::redact::default_patterns")]
     pub redact_env: Vec<String>,
+}
+
+/// Where the orchestrators are: the `orchestrator` field, written as one URL
+/// or as a non-empty list of URLs (the agent dials them in turn and follows
+/// their leader; see `link`). A one-URL list and a plain URL are the same
+/// config and both serialize as a plain URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Orchestrators(Vec<String>);
+
+impl Orchestrators {
+    /// The URLs in the order written.
+    pub fn urls(&self) -> &[String] {
+        &self.0
+    }
+}
+
+impl From<String> for Orchestrators {
+    fn from(url: String) -> Self {
+        Orchestrators(vec![url])
+    }
+}
+
+impl From<&str> for Orchestrators {
+    fn from(url: &str) -> Self {
+        Orchestrators(vec![url.to_owned()])
+    }
+}
+
+impl From<Vec<String>> for Orchestrators {
+    fn from(urls: Vec<String>) -> Self {
+        Orchestrators(urls)
+    }
+}
+
+impl Serialize for Orchestrators {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self.0.as_slice() {
+            [one] => serializer.serialize_str(one),
+            many => many.serialize(serializer),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Orchestrators {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        // By hand rather than `#[serde(untagged)]`, whose error ("did not
+        // match any variant") would not say what the field takes.
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = Orchestrators;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an orchestrator URL or a list of orchestrator URLs")
+            }
+            fn visit_str<E: serde::de::Error>(self, url: &str) -> Result<Orchestrators, E> {
+                Ok(Orchestrators::from(url))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Orchestrators, A::Error> {
+                let mut urls = Vec::new();
+                while let Some(url) = seq.next_element::<String>()? {
+                    urls.push(url);
+                }
+                Ok(Orchestrators(urls))
+            }
+        }
+        deserializer.deserialize_any(Visitor)
+    }
 }
 
 /// One supervised process.
@@ -189,7 +262,7 @@ impl AgentConfig {
     pub fn new(host: impl Into<String>, orchestrator: impl Into<String>, state_dir: impl Into<PathBuf>) -> Self {
         AgentConfig {
             host: host.into(),
-            orchestrator: orchestrator.into(),
+            orchestrator: Orchestrators::from(orchestrator.into()),
             state_dir: state_dir.into(),
             on_exit: OnExit::default(),
             shutdown_grace_ms: default_shutdown_grace_ms(),
@@ -233,6 +306,12 @@ impl AgentConfig {
         crate::gpu::GpuSourceSpec::parse(&self.gpu_source).unwrap_or_default()
     }
 
+    /// The orchestrators' URLs, in the order written (one for a single
+    /// orchestrator).
+    pub fn orchestrators(&self) -> &[String] {
+        self.orchestrator.urls()
+    }
+
     /// The unit named `name`, if configured.
     pub fn unit(&self, name: &str) -> Option<&UnitConfig> {
         self.units.iter().find(|u| u.name == name)
@@ -249,7 +328,7 @@ impl AgentConfig {
         if self.host.trim().is_empty() {
             return Err(invalid("host", "must not be empty"));
         }
-        check_http_url("orchestrator", &self.orchestrator)?;
+        check_orchestrators(self.orchestrators())?;
         if self.state_dir.as_os_str().is_empty() {
             return Err(invalid("state_dir", "must not be empty"));
         }
@@ -458,6 +537,35 @@ fn check_http_url(field: &str, value: &str) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// One URL is the field itself; in a list each is named by its index, and
+/// two spellings of one URL are a duplicate (the agent would dial one
+/// orchestrator twice per round and take it for two).
+fn check_orchestrators(urls: &[String]) -> Result<(), ConfigError> {
+    match urls {
+        [] => Err(invalid(
+            "orchestrator",
+            "the list is empty: name at least one orchestrator URL",
+        )),
+        [one] => check_http_url("orchestrator", one),
+        many => {
+            let mut seen: Vec<reqwest::Url> = Vec::with_capacity(many.len());
+            for (i, url) in many.iter().enumerate() {
+                let field = format!("orchestrator[{i}]");
+                check_http_url(&field, url)?;
+                let parsed = reqwest::Url::parse(url).map_err(|e| invalid(&field, e.to_string()))?;
+                if let Some(first) = seen.iter().position(|u| *u == parsed) {
+                    return Err(invalid(
+                        field,
+                        format!("{url:?} is a duplicate of orchestrator[{first}]"),
+                    ));
+                }
+                seen.push(parsed);
+            }
+            Ok(())
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -617,6 +725,61 @@ mod tests {
         for (text, field) in cases {
             let e = err(&text);
             assert!(e.contains(field), "error for {field}: {e}\n--- config:\n{text}");
+            assert!(!e.contains('\n'), "one line: {e}");
+        }
+    }
+
+    // Property (issue 19): `orchestrator` takes a list of URLs as well as
+    // one; the list keeps its order, one URL and a one-URL list are the same
+    // config, and both forms round-trip through the TOML the stack writes.
+    #[test]
+    fn orchestrator_is_one_url_or_a_list() {
+        let c = AgentConfig::from_toml_str(
+            "host='h'\norchestrator=['http://a:7070', 'http://b:7070', 'https://c:7070']\nstate_dir='/tmp'\n",
+        )
+        .unwrap();
+        assert_eq!(c.orchestrators(), ["http://a:7070", "http://b:7070", "https://c:7070"]);
+        assert_eq!(AgentConfig::from_toml_str(&c.to_toml_string().unwrap()).unwrap(), c);
+
+        let one = AgentConfig::from_toml_str(HEAD).unwrap();
+        assert_eq!(one.orchestrators(), ["http://x:1"]);
+        let listed = AgentConfig::from_toml_str(&HEAD.replace("'http://x:1'", "['http://x:1']")).unwrap();
+        assert_eq!(listed, one);
+        assert!(
+            one.to_toml_string().unwrap().contains("orchestrator = \"http://x:1\""),
+            "one URL is written as a plain URL"
+        );
+        assert_eq!(
+            AgentConfig::new("h", "http://x:1", "/tmp").orchestrators(),
+            ["http://x:1"]
+        );
+    }
+
+    // Property (issue 19): a bad list is one line naming the field, and the
+    // index of the bad URL: a malformed URL, an empty list, a duplicate
+    // (also when spelled differently), a list of something else.
+    #[test]
+    fn a_bad_orchestrator_list_names_the_field_and_index() {
+        let with = |list: &str| err(&HEAD.replace("'http://x:1'", list));
+        let cases = [
+            (
+                with("['http://a:1', 'http://b:1', 'nope']"),
+                "field `orchestrator[2]`: \"nope\" is not a URL",
+            ),
+            (
+                with("['http://a:1', 'ftp://b']"),
+                "field `orchestrator[1]`: \"ftp://b\" must be an http://",
+            ),
+            (with("[]"), "field `orchestrator`: the list is empty"),
+            (
+                with("['http://a:1', 'http://b:1', 'http://A:1/']"),
+                "field `orchestrator[2]`: \"http://A:1/\" is a duplicate of orchestrator[0]",
+            ),
+            (with("3"), "expected an orchestrator URL or a list of orchestrator URLs"),
+            (with("['http://a:1', 3]"), "orchestrator"),
+        ];
+        for (e, want) in cases {
+            assert!(e.contains(want), "want {want:?} in: {e}");
             assert!(!e.contains('\n'), "one line: {e}");
         }
     }

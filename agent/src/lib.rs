@@ -8,12 +8,14 @@
 //! gRPC stream that it dials out to the orchestrator.
 //!
 //! Layout:
-//! - [`config`]: the TOML config (host, orchestrator, units).
+//! - [`config`]: the TOML config (host, orchestrators, units).
 //! - [`readiness`]: the pure, clock-injected phase classifier and its poll driver.
 //! - [`checks`]: the HTTP edge: health polls, generation checks, chat probes.
 //! - `supervisor`: processes (spawn, stop, exit detection, logs), one actor per unit.
 //! - `commands`: executes commands at most once per command id.
-//! - `link`: the orchestrator stream, with reconnect/backoff and heartbeats.
+//! - `link`: the orchestrator stream, with reconnect/backoff and heartbeats;
+//!   with several orchestrators, failover, following the leader a follower
+//!   names, and fencing out deposed leaders (`state_dir/fencing_token`).
 //! - [`gpu`]: GPU sources (NVML, fake file, none), process→unit mapping, and
 //!   the reporter streaming `HostSnapshot`s and `GpuEvent`s; [`host`]: host
 //!   figures and the process table (`sysinfo`); `exporter`: `/metrics`.
@@ -79,8 +81,8 @@ use thiserror::Error;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-pub use config::{AgentConfig, ConfigError, OnExit, Role, UnitConfig};
-pub use link::LinkError;
+pub use config::{AgentConfig, ConfigError, OnExit, Orchestrators, Role, UnitConfig};
+pub use link::{FenceError, LinkError};
 pub use supervisor::SupervisorError;
 
 /// Reported in `Register.agent_version`.
@@ -100,6 +102,8 @@ pub enum AgentError {
     #[error(transparent)]
     Link(#[from] LinkError),
     #[error(transparent)]
+    Fence(#[from] FenceError),
+    #[error(transparent)]
     Tls(#[from] tls::TlsError),
     #[error("cannot listen for /metrics on {addr} (metrics_listen)")]
     MetricsListen {
@@ -113,10 +117,11 @@ pub enum AgentError {
 ///
 /// Adopts units a previous agent left running (`state_dir/run/<unit>.pid`),
 /// starts the `autostart` units that are not running, then keeps a stream to the orchestrator
-/// (reconnecting forever while it is unreachable) and executes its commands.
+/// (reconnecting forever while it is unreachable; with several, to their leader) and executes
+/// its commands, except a deposed leader's (`state_dir/fencing_token`).
 /// When `shutdown` resolves, units are stopped first if `on_exit =
 /// "stop-units"` (SIGTERM, SIGKILL after `shutdown_grace_ms`), else left
-/// running. Errors only for a bad config or an unusable state directory.
+/// running. Errors only for a bad config or an unusable state directory (or fencing token file).
 pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Result<(), AgentError> {
     config.validate()?;
     let log_dir = config.state_dir.join("logs");
@@ -125,7 +130,9 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         source,
     })?;
     let transport = tls::Transport::resolve(config.tls.as_ref(), config.insecure_plaintext)?;
-    transport.check_url("orchestrator", &config.orchestrator)?;
+    for url in config.orchestrators() {
+        transport.check_url("orchestrator", url)?;
+    }
     let client_tls = match &transport {
         tls::Transport::Tls(files) => Some(files.client_config()?),
         tls::Transport::InsecurePlaintext => {
@@ -133,7 +140,14 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
             None
         }
     };
-    let endpoint = link::endpoint(&config.orchestrator, client_tls)?;
+    // A configured URL that cannot make an endpoint is a start-up error,
+    // not a retry loop.
+    for url in config.orchestrators() {
+        link::endpoint(url, client_tls.clone())?;
+    }
+    let fence_file = link::FenceFile::in_dir(&config.state_dir);
+    let floor = fence_file.load()?;
+    let orchestrator_link = link::Link::new(config.orchestrators().to_vec(), client_tls, floor, fence_file)?;
     let instance_id = uuid::Uuid::new_v4().to_string();
     info!(host = %config.host, agent_instance_id = %instance_id, units = config.units.len(), "agent starting");
     if let Some(warning) = service::check(config.on_exit).await {
@@ -239,7 +253,9 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
     // Units adopted or started, the metrics endpoint bound: ready as a
     // supervisor, attached to an orchestrator or not (it may be down).
     let watchdog = service_manager::ready_and_watch(Arc::clone(&supervisor));
-    link::run(endpoint, register, after_attach, &dispatcher, &mut outbox_rx, shutdown).await;
+    orchestrator_link
+        .run(register, after_attach, &dispatcher, &mut outbox_rx, shutdown)
+        .await;
     reporter.abort();
     if let Some(w) = watchdog {
         w.abort();

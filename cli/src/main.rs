@@ -233,6 +233,27 @@ async fn status(conn: &Connection, json: bool, hosts: Vec<String>) -> anyhow::Re
     if let Some(w) = v["security"]["warning"].as_str() {
         pdwarden_orchestrator::say!("WARNING: {w}");
     }
+    if let Some(e) = v["journal_unreadable"].as_str() {
+        pdwarden_orchestrator::say!("JOURNAL UNREADABLE: {e}");
+    }
+    // Several orchestrators on etcd (issue 19): say which this one is.
+    match v["leadership"]["role"].as_str() {
+        Some("leader") => pdwarden_orchestrator::say!(
+            "orchestrator: LEADER (fencing token {}) of journal {}",
+            v["leadership"]["token"],
+            v["journal"].as_str().unwrap_or("?")
+        ),
+        Some("follower") => pdwarden_orchestrator::say!(
+            "orchestrator: FOLLOWER of journal {}: {}{}",
+            v["journal"].as_str().unwrap_or("?"),
+            v["leadership"]["why"].as_str().unwrap_or(""),
+            match v["leadership"]["leader_url"].as_str() {
+                Some(url) => format!("; operations and agents go to the leader, {url}"),
+                None => String::new(),
+            }
+        ),
+        _ => {}
+    }
     for a in v["agents"].as_array().into_iter().flatten() {
         let conn = match a["state"].as_str() {
             Some("connected") => "connected".to_string(),

@@ -146,6 +146,7 @@ async fn restarted_agent_adopts_units_left_running() {
     s.send(pdwarden_proto::v1::OrchestratorMessage {
         kind: Some(pdwarden_proto::v1::orchestrator_message::Kind::Command(
             pdwarden_proto::v1::Command {
+                fencing_token: 0,
                 command_id: "stop-1".into(),
                 action: Some(pdwarden_proto::v1::command::Action::Stop(
                     pdwarden_proto::v1::StopUnit {

@@ -337,6 +337,7 @@ async fn no_driver_reports_why_and_keeps_running() {
 
     s.send(OrchestratorMessage {
         kind: Some(orchestrator_message::Kind::Command(Command {
+            fencing_token: 0,
             command_id: "stop-1".into(),
             action: Some(Action::Stop(StopUnit {
                 unit: "idle-0".into(),

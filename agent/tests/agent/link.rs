@@ -1,23 +1,32 @@
 //! The whole agent in-process against a fake orchestrator: registration,
 //! start-up events and check attempts over gRPC, at-most-once commands,
-//! probes, crash reports, reconnects and shutdown behaviour.
+//! probes, crash reports, reconnects and shutdown behaviour; with several
+//! orchestrators (issue 19), following the leader a follower names and
+//! refusing a deposed leader by its fencing token.
 
 use std::path::Path;
 
 use pdwarden_agent::AgentConfig;
 use pdwarden_proto::v1::{
     AgentMessage, AttemptOutcome, ChatProbe, CheckAttempt, CheckKind, Command, CommandResult, OrchestratorMessage,
-    Phase, ProbeOutcome, ProbeRequest, ProbeResult, ReadinessSpec, Register, StartUnit, StopUnit, UnitEvent,
-    agent_message::Kind, command::Action, orchestrator_message,
+    Phase, ProbeOutcome, ProbeRequest, ProbeResult, ReadinessSpec, Register, RegisterAck, StartUnit, StopUnit,
+    UnitEvent, agent_message::Kind, command::Action, orchestrator_message,
 };
 
-use crate::util::{Agent, EngineScript, FakeEngine, FakeOrchestrator, PidGuard, Session, alive, wait_until};
+use crate::util::{
+    Agent, EVENT_DEADLINE, EngineScript, FakeEngine, FakeOrchestrator, PidGuard, Session, alive, wait_until,
+};
 
 fn config(orchestrator: &str, state_dir: &Path, engine_url: &str, on_exit: &str) -> AgentConfig {
+    config_toml(&format!("\"{orchestrator}\""), state_dir, engine_url, on_exit)
+}
+
+/// `orchestrator` is the field's TOML value: a string or a list.
+fn config_toml(orchestrator: &str, state_dir: &Path, engine_url: &str, on_exit: &str) -> AgentConfig {
     AgentConfig::from_toml_str(&format!(
         r#"
         host = "test-host"
-        orchestrator = "{orchestrator}"
+        orchestrator = {orchestrator}
         insecure_plaintext = true
         state_dir = {state_dir:?}
         on_exit = "{on_exit}"
@@ -36,6 +45,7 @@ fn config(orchestrator: &str, state_dir: &Path, engine_url: &str, on_exit: &str)
 fn command(id: &str, action: Action) -> OrchestratorMessage {
     OrchestratorMessage {
         kind: Some(orchestrator_message::Kind::Command(Command {
+            fencing_token: 0,
             command_id: id.into(),
             action: Some(action),
         })),
@@ -387,4 +397,199 @@ async fn connects_once_the_orchestrator_appears() {
     let mut s = orch.accept().await;
     assert_eq!(register(&mut s).await.host, "test-host");
     agent.shutdown().await;
+}
+
+// ------------------------------------------------- several orchestrators (issue 19)
+
+/// An agent of an HA control plane: `orchestrator` is a list.
+fn ha_config(orchestrators: &[&str], state_dir: &Path, engine_url: &str) -> AgentConfig {
+    let c = config_toml(&format!("{orchestrators:?}"), state_dir, engine_url, "stop-units");
+    assert_eq!(c.orchestrators(), orchestrators);
+    c
+}
+
+fn ack(follower: bool, leader_url: &str, fencing_token: u64) -> OrchestratorMessage {
+    OrchestratorMessage {
+        kind: Some(orchestrator_message::Kind::RegisterAck(RegisterAck {
+            orchestrator_instance_id: "fake".into(),
+            follower,
+            leader_url: leader_url.into(),
+            fencing_token,
+        })),
+    }
+}
+
+fn leader(fencing_token: u64) -> OrchestratorMessage {
+    ack(false, "", fencing_token)
+}
+
+fn fenced(id: &str, fencing_token: u64, action: Action) -> OrchestratorMessage {
+    let mut m = command(id, action);
+    if let Some(orchestrator_message::Kind::Command(c)) = &mut m.kind {
+        c.fencing_token = fencing_token;
+    }
+    m
+}
+
+fn stop(unit: &str) -> Action {
+    Action::Stop(StopUnit {
+        unit: unit.into(),
+        grace_ms: 2_000,
+    })
+}
+
+/// Waits for the agent to leave this stream (one deadline for the whole
+/// wait: heartbeats keep coming while it stays); returns what it sent first.
+async fn left(s: &mut Session) -> Vec<AgentMessage> {
+    let deadline = tokio::time::Instant::now() + EVENT_DEADLINE;
+    let mut seen: Vec<AgentMessage> = s.backlog.drain(..).collect();
+    loop {
+        match tokio::time::timeout_at(deadline, s.inbound.message()).await {
+            Err(_) => panic!("the agent did not leave the stream in time"),
+            Ok(Ok(Some(m))) => seen.push(m),
+            Ok(Ok(None) | Err(_)) => return seen,
+        }
+    }
+}
+
+fn fencing_token(state_dir: &Path) -> Option<String> {
+    std::fs::read_to_string(state_dir.join("fencing_token")).ok()
+}
+
+// Property: a follower's ack (follower = true, leader_url = B) makes the
+// agent leave it and attach to B, even though B is not in its list; B,
+// acking as the leader, commands the agent.
+#[tokio::test]
+async fn a_follower_sends_the_agent_to_the_leader() {
+    let mut a = FakeOrchestrator::start().await;
+    let mut b = FakeOrchestrator::start().await;
+    let engine = FakeEngine::serve(0, EngineScript::new(200, 200, 1)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start(ha_config(&[&a.url], dir.path(), &engine.base_url()));
+    let mut pids = PidGuard::default();
+
+    let mut sa = a.accept().await;
+    register(&mut sa).await;
+    sa.send(ack(true, &b.url, 0));
+    let mut sb = b.accept().await;
+    assert_eq!(register(&mut sb).await.host, "test-host");
+    left(&mut sa).await;
+
+    sb.send(leader(3));
+    sb.send(fenced("c1", 3, start("prefill-0")));
+    let (g, before) = until(&mut sb, |m| event(m, Phase::Generating)).await;
+    pids.0.push(g.pid);
+    let r = before.iter().find_map(|m| result(m, "c1")).expect("CommandResult c1");
+    assert!(r.ok, "{r:?}");
+    assert!(alive(g.pid));
+    assert_eq!(fencing_token(dir.path()).as_deref(), Some("3\n"));
+    agent.shutdown().await;
+}
+
+// Property (DESIGN.md 15): with the leader's token 9 seen, a command
+// carrying 7 (a deposed leader's late command) is answered with a refusal
+// and not executed, and not remembered as that id's answer either: the same
+// id under a current token is executed. A higher token raises the floor.
+#[tokio::test]
+async fn a_deposed_leaders_command_is_refused() {
+    let mut a = FakeOrchestrator::start().await;
+    let engine = FakeEngine::serve(0, EngineScript::new(200, 200, 1)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start(ha_config(&[&a.url], dir.path(), &engine.base_url()));
+    let mut pids = PidGuard::default();
+    let mut s = a.accept().await;
+    register(&mut s).await;
+    s.send(leader(9));
+    s.send(fenced("c1", 9, start("prefill-0")));
+    let (g, before) = until(&mut s, |m| event(m, Phase::Generating)).await;
+    pids.0.push(g.pid);
+    assert!(before.iter().find_map(|m| result(m, "c1")).is_some_and(|r| r.ok));
+
+    s.send(fenced("c2", 7, stop("prefill-0")));
+    let (r, between) = until(&mut s, |m| result(m, "c2")).await;
+    assert!(!r.ok);
+    assert_eq!(
+        r.error,
+        "refused: command from a deposed leader (fencing token 7; this agent has seen 9)"
+    );
+    assert!(phases(&between).is_empty(), "{between:?}");
+    assert!(alive(g.pid), "the refused stop was executed");
+
+    s.send(fenced("c2", 9, stop("prefill-0")));
+    let (r, between) = until(&mut s, |m| result(m, "c2")).await;
+    assert!(r.ok, "{r:?}");
+    assert_eq!(phases(&between), vec![Phase::Stopping, Phase::Exited]);
+
+    s.send(fenced("c3", 10, stop("prefill-0")));
+    assert!(until(&mut s, |m| result(m, "c3")).await.0.ok);
+    s.send(fenced("c4", 9, stop("prefill-0")));
+    let (r, _) = until(&mut s, |m| result(m, "c4")).await;
+    assert_eq!(
+        (r.ok, r.error.as_str()),
+        (
+            false,
+            "refused: command from a deposed leader (fencing token 9; this agent has seen 10)"
+        )
+    );
+    assert_eq!(fencing_token(dir.path()).as_deref(), Some("10\n"));
+    agent.shutdown().await;
+}
+
+// Property: the floor survives a restart (`state_dir/fencing_token`): an
+// orchestrator that led with 9, acking 7 to the restarted agent, is
+// refused and its commands are not taken; the agent goes on to the next
+// configured orchestrator, which acks 10 and is taken.
+#[tokio::test]
+async fn a_restarted_agent_still_refuses_a_deposed_leader() {
+    let mut a = FakeOrchestrator::start().await;
+    let mut b = FakeOrchestrator::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start(ha_config(&[&a.url], dir.path(), "http://127.0.0.1:1"));
+    let mut s = a.accept().await;
+    register(&mut s).await;
+    s.send(leader(9));
+    wait_until("the token to be persisted", || {
+        fencing_token(dir.path()).as_deref() == Some("9\n")
+    })
+    .await;
+    agent.shutdown().await;
+
+    let agent = Agent::start(ha_config(&[&a.url, &b.url], dir.path(), "http://127.0.0.1:1"));
+    let mut s = a.accept().await;
+    register(&mut s).await;
+    s.send(leader(7));
+    s.send(fenced("c1", 7, stop("prefill-0")));
+    let sent = left(&mut s).await;
+    assert!(
+        !sent.iter().any(|m| matches!(m.kind, Some(Kind::CommandResult(_)))),
+        "{sent:?}"
+    );
+
+    let mut sb = b.accept().await;
+    register(&mut sb).await;
+    sb.send(leader(10));
+    sb.send(fenced("c2", 10, stop("prefill-0")));
+    let (r, _) = until(&mut sb, |m| result(m, "c2")).await;
+    assert!(r.ok, "{r:?}");
+    assert_eq!(fencing_token(dir.path()).as_deref(), Some("10\n"));
+    agent.shutdown().await;
+}
+
+// Property: a fencing token file that does not hold a number stops the
+// agent at start, naming the file, rather than forgetting the floor.
+#[tokio::test]
+async fn a_corrupt_fencing_token_file_stops_the_agent_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fencing_token");
+    std::fs::write(&path, "nine\n").unwrap();
+    let run = pdwarden_agent::run(
+        ha_config(&["http://127.0.0.1:1"], dir.path(), "http://127.0.0.1:1"),
+        std::future::pending(),
+    );
+    let e = tokio::time::timeout(EVENT_DEADLINE, run)
+        .await
+        .expect("the agent should stop at start")
+        .unwrap_err();
+    assert!(matches!(e, pdwarden_agent::AgentError::Fence(_)), "{e:?}");
+    assert!(e.to_string().contains(&path.display().to_string()), "{e}");
 }

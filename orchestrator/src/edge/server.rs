@@ -143,6 +143,10 @@ pub struct StatusView {
     pub leadership: crate::edge::leadership::Role,
     /// The journal this orchestrator reads and writes (`sqlite:PATH` or `etcd:URLS`).
     pub journal: String,
+    /// Why the journal could not be read for this answer (the pairs'
+    /// operations are then not shown).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub journal_unreadable: Option<String>,
     /// Transport and operator authentication (issue 8).
     pub security: SecurityView,
 }
@@ -168,8 +172,17 @@ impl ControlService {
     fn status_json(&self, hosts: Option<&BTreeSet<String>>) -> Result<String, Status> {
         let mut pairs = Vec::new();
         let pending = self.ctx.journal.pending_conclusions();
+        // An unreadable journal (etcd without a quorum) is said, not an
+        // error: status is how an operator learns why nothing moves.
+        let mut journal_unreadable = None;
         for p in &self.config.pairs {
-            let hist = self.ctx.journal.history(&p.name, 5).map_err(internal)?;
+            let hist = match journal_unreadable {
+                Some(_) => Vec::new(),
+                None => self.ctx.journal.history(&p.name, 5).unwrap_or_else(|e| {
+                    journal_unreadable = Some(e.to_string());
+                    Vec::new()
+                }),
+            };
             let running = hist.iter().find(|r| r.ended_unix_ms.is_none());
             let last = hist.iter().find(|r| r.ended_unix_ms.is_some());
             pairs.push(PairStatus {
@@ -198,6 +211,7 @@ impl ControlService {
             watch: self.watch.all(),
             leadership: self.fleet.leadership.role(),
             journal: self.config.journal.to_string(),
+            journal_unreadable,
             security: self.security.clone(),
         };
         self.redactor.to_json_string(&view).map_err(internal)

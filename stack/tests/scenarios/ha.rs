@@ -184,8 +184,7 @@ fn a_leader_killed_at_each_co_restart_step_is_replaced_and_the_operation_conclud
                     rolling: false,
                 })
                 .await
-                .err()
-                .expect("a follower refuses a restart");
+                .expect_err("a follower refuses a restart");
             assert_eq!(refused.code(), tonic::Code::Unavailable);
             assert!(
                 refused.message().contains(&ha.orchestrators[leader].url),
@@ -217,11 +216,17 @@ fn a_leader_killed_at_each_co_restart_step_is_replaced_and_the_operation_conclud
             assert_ne!(new, leader);
             assert!(new_token > token, "the new term's token {new_token} is above the old {token}");
             let record = concluded(&ha, &op, Duration::from_secs(120)).await;
-            assert_eq!(
-                record["verdict"], "healthy",
+            assert!(
+                record["verdict"].as_str().unwrap_or("").starts_with("healthy"),
                 "killed in {}: {:#}",
                 at.state(),
-                record["report"]["reasons"]
+                record
+            );
+            let reasons = record["report"]["reasons"].to_string();
+            assert!(
+                reasons.contains("resumed after an orchestrator restart") && reasons.contains(&format!("state {}", at.state())),
+                "taken over from the journal in {}: {reasons}",
+                at.state()
             );
             assert_each_unit_started_once(&ha, from, at.state());
             assert_eq!(
@@ -294,7 +299,8 @@ fn quorum_lost_mid_co_restart_stops_safely_and_recovers() {
         let follower = (0..3).find(|i| *i != leader).unwrap();
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            if let Some(s) = ha.status(follower).await
+            let s = ha.status(follower).await;
+            if let Some(s) = &s
                 && s["leadership"]["role"] == "follower"
                 && s["leadership"]["why"].as_str().unwrap_or("").contains("quorum")
             {
@@ -302,7 +308,9 @@ fn quorum_lost_mid_co_restart_stops_safely_and_recovers() {
             }
             assert!(
                 Instant::now() < deadline,
-                "the follower never said etcd lost its quorum"
+                "the follower never said etcd lost its quorum: {:?}\n{}",
+                s.map(|s| s["leadership"].clone()),
+                ha.orchestrator_log(follower)
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -314,8 +322,7 @@ fn quorum_lost_mid_co_restart_stops_safely_and_recovers() {
                 rolling: false,
             })
             .await
-            .err()
-            .expect("no restart without a leader");
+            .expect_err("no restart without a leader");
         assert!(
             refused.message().contains("no orchestrator leads"),
             "{}",
@@ -341,7 +348,11 @@ fn quorum_lost_mid_co_restart_stops_safely_and_recovers() {
             .unwrap_or_else(|e| panic!("{e:#}"));
         assert_ne!(new, leader, "the exited leader was not restarted");
         let record = concluded(&ha, &op, Duration::from_secs(120)).await;
-        assert_eq!(record["verdict"], "healthy", "{:#}", record["report"]["reasons"]);
+        assert!(
+            record["verdict"].as_str().unwrap_or("").starts_with("healthy"),
+            "{:#}",
+            record["report"]["reasons"]
+        );
         assert_each_unit_started_once(&ha, from, "quorum lost and back");
         eprintln!(
             "ha: quorum back -> orchestrator {new} leads with the agent {} ms later; operation concluded {}",

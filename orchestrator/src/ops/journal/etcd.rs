@@ -298,7 +298,8 @@ impl EtcdStore {
         }
     }
 
-    fn rows_by_prefix(&self, prefix: String) -> Result<Vec<(Vec<u8>, Vec<u8>)>, JournalError> {
+    /// Every (key, value) under `prefix`, in key order.
+    fn rows_by_prefix(&self, prefix: String) -> Result<Vec<KeyValuePair>, JournalError> {
         let resp = self.run(move |mut c| async move {
             c.get(
                 prefix,
@@ -417,6 +418,8 @@ impl EtcdStore {
         })
     }
 }
+
+type KeyValuePair = (Vec<u8>, Vec<u8>);
 
 struct TxnOutcome {
     succeeded: bool,
@@ -695,7 +698,13 @@ mod tests {
         url: &str,
     ) -> (Arc<Journal>, Leadership, Arc<Fence>, tokio::task::JoinHandle<String>) {
         let fence = Arc::new(Fence::default());
-        let store = EtcdStore::connect(&[etcd.url.clone()], "/t", Duration::from_millis(1_000), fence.clone()).unwrap();
+        let store = EtcdStore::connect(
+            std::slice::from_ref(&etcd.url),
+            "/t",
+            Duration::from_millis(1_000),
+            fence.clone(),
+        )
+        .unwrap();
         let leadership = Leadership::candidate(url);
         let election = Election {
             client: store.client(),
