@@ -247,6 +247,8 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
             agent_version: AGENT_VERSION.to_owned(),
             agent_instance_id: instance_id.clone(),
             units: supervisor.unit_infos(),
+            // Set by the link for each attempt.
+            lost_leader_url: String::new(),
         }
     };
     let shutdown = std::pin::pin!(shutdown);

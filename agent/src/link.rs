@@ -482,6 +482,11 @@ fn same_url(a: &str, b: &str) -> bool {
 /// The link's own state across streams.
 pub(crate) struct Link {
     rotation: Rotation,
+    /// The leader whose stream broke last (issue 19): told to followers in
+    /// `Register.lost_leader_url`, so one that would send the agent back to
+    /// it (most likely dead, its lease not lapsed yet) holds the agent until
+    /// the next leader is elected instead.
+    lost_leader: Option<String>,
     /// For every dial, configured or named by a follower.
     tls: Option<ClientTlsConfig>,
     fencing: Fencing,
@@ -529,6 +534,7 @@ impl Link {
     ) -> Result<Self, LinkError> {
         Ok(Link {
             rotation: Rotation::new(orchestrators)?,
+            lost_leader: None,
             tls,
             fencing: Fencing {
                 fence: Fence::new(floor),
@@ -567,13 +573,18 @@ impl Link {
                 );
             }
             let dial = self.rotation.next();
+            let mut reg = register();
+            reg.lost_leader_url = self.lost_leader.clone().unwrap_or_default();
             let outcome = match self
-                .attempt(&dial, register(), &after_attach, dispatcher, outbox, shutdown.as_mut())
+                .attempt(&dial, reg, &after_attach, dispatcher, outbox, shutdown.as_mut())
                 .await
             {
                 SessionEnd::Shutdown => return,
                 SessionEnd::Ended(outcome) => outcome,
             };
+            if outcome == (Outcome::Lost { taken: true }) {
+                self.lost_leader = Some(dial.url.clone());
+            }
             let then = self.rotation.after(&dial, &outcome);
             if let Outcome::Follower { leader_url } = &outcome {
                 log_follower(&dial, leader_url, then);

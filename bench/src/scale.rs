@@ -168,6 +168,7 @@ async fn agent(
                     exit_detail: String::new(),
                 })
                 .collect(),
+            lost_leader_url: String::new(),
         })),
     };
     tx.send(register).await?;

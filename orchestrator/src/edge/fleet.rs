@@ -419,17 +419,28 @@ impl AgentLink for AgentLinkService {
         let (tx, rx) = mpsc::channel(1024);
         if let crate::edge::leadership::Role::Follower { leader_url, why } = self.fleet.leadership.role() {
             // Not leading: tell the agent where the leader is and end the
-            // stream (the agent attaches there; DESIGN.md 15).
-            tracing::info!(host = %reg.host, leader = ?leader_url, %why, "agent attached to a follower; pointed at the leader");
-            let ack = OrchestratorMessage {
-                kind: Some(orchestrator_message::Kind::RegisterAck(RegisterAck {
-                    orchestrator_instance_id: self.fleet.orchestrator_instance_id.to_string(),
-                    follower: true,
-                    leader_url: leader_url.unwrap_or_default(),
-                    fencing_token: 0,
-                })),
-            };
-            let _ = tx.send(Ok(ack)).await;
+            // stream (the agent attaches there; DESIGN.md 15). An agent that
+            // just lost the leader this one would name is held until the
+            // next leader is known (`Leadership::leader_for`).
+            tracing::info!(host = %reg.host, leader = ?leader_url, lost = %reg.lost_leader_url, %why, "agent attached to a follower; pointing it at the leader");
+            let (leadership, instance) = (
+                self.fleet.leadership.clone(),
+                self.fleet.orchestrator_instance_id.to_string(),
+            );
+            tokio::spawn(async move {
+                let leader_url = leadership.leader_for(&reg.lost_leader_url).await;
+                let ack = OrchestratorMessage {
+                    kind: Some(orchestrator_message::Kind::RegisterAck(RegisterAck {
+                        orchestrator_instance_id: instance,
+                        follower: true,
+                        leader_url,
+                        fencing_token: 0,
+                    })),
+                };
+                let _ = tx.send(Ok(ack)).await;
+                // Keep the agent's side open until it has read the ack.
+                drop(inbound);
+            });
             return Ok(Response::new(ReceiverStream::new(rx)));
         }
         let host = reg.host.clone();
@@ -622,6 +633,41 @@ mod tests {
         let r = answer.await.unwrap().unwrap();
         assert_eq!(r.tokens, 7);
         assert!(fleet.lock().waiters.is_empty(), "route forgotten");
+    }
+
+    /// DESIGN.md 15: every command leaves stamped with the leader's fencing
+    /// token (whatever the operation put there); a follower — or a leader
+    /// that stopped leading — sends nothing; stepping down ends the agents'
+    /// streams so they find the new leader.
+    #[tokio::test(start_paused = true)]
+    async fn commands_carry_the_leaders_token_and_a_follower_sends_none() {
+        use crate::edge::leadership::{Leadership, Role};
+        let leadership = Leadership::candidate("http://a:1", Duration::from_secs(1));
+        leadership.set(Role::Leader {
+            token: 41,
+            since_unix_ms: 0,
+        });
+        let fleet = Fleet::with_leadership(leadership.clone());
+        let (_, mut agent) = attached(&fleet, "h");
+        let mut c = command("c1");
+        c.fencing_token = 7;
+        fleet.send("h", "router-0", c).await.unwrap();
+        match agent.recv().await.unwrap().unwrap().kind {
+            Some(orchestrator_message::Kind::Command(c)) => assert_eq!(c.fencing_token, 41),
+            other => panic!("expected a command, got {other:?}"),
+        }
+        leadership.set(Role::Follower {
+            leader_url: Some("http://b:1".into()),
+            why: "b leads".into(),
+        });
+        assert!(matches!(
+            fleet.send("h", "router-0", command("c2")).await,
+            Err(SendError::AgentNotConnected { .. })
+        ));
+        assert!(agent.try_recv().is_err(), "nothing sent by a follower");
+        fleet.release_agents();
+        assert!(!fleet.is_connected("h"));
+        assert!(agent.recv().await.is_none(), "the agent's stream ended");
     }
 
     /// No answer: given up at the agent-side timeout plus the one slack.

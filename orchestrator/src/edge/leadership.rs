@@ -44,6 +44,9 @@ pub struct Leadership {
     role: Arc<watch::Sender<Role>>,
     /// The URL this orchestrator advertises (absent on SQLite).
     pub advertise_url: Option<String>,
+    /// How long a follower holds an agent that lost the leader it would
+    /// name, waiting for the next one ([`Leadership::leader_for`]).
+    pub follower_hold: std::time::Duration,
 }
 
 impl Leadership {
@@ -52,17 +55,52 @@ impl Leadership {
         Self {
             role: Arc::new(watch::Sender::new(Role::Sole)),
             advertise_url: None,
+            follower_hold: std::time::Duration::ZERO,
         }
     }
 
-    /// An orchestrator of an etcd journal, before its first election.
-    pub fn candidate(advertise_url: impl Into<String>) -> Self {
+    /// An orchestrator of an etcd journal, before its first election;
+    /// `follower_hold` as the field says (about two leases).
+    pub fn candidate(advertise_url: impl Into<String>, follower_hold: std::time::Duration) -> Self {
         Self {
             role: Arc::new(watch::Sender::new(Role::Follower {
                 leader_url: None,
                 why: "starting: not yet in touch with etcd".into(),
             })),
             advertise_url: Some(advertise_url.into()),
+            follower_hold,
+        }
+    }
+
+    /// The leader a follower names to an agent, and when. Named at once
+    /// when one is known and it is not `lost` (the leader the agent's last
+    /// stream broke with: most likely dead, its lease not lapsed yet);
+    /// otherwise this waits — at most `follower_hold` — until another
+    /// leads (this one included), so the agent goes straight to the new
+    /// leader when it is elected. Past the hold: whatever is known (empty:
+    /// none).
+    pub async fn leader_for(&self, lost: &str) -> String {
+        let mut rx = self.role.subscribe();
+        let deadline = tokio::time::sleep(self.follower_hold);
+        tokio::pin!(deadline);
+        loop {
+            let known = match &*rx.borrow_and_update() {
+                Role::Leader { .. } => self.advertise_url.clone(),
+                Role::Follower {
+                    leader_url: Some(url), ..
+                } => Some(url.clone()),
+                _ => None,
+            };
+            match known {
+                Some(url) if lost.is_empty() || url.trim_end_matches('/') != lost.trim_end_matches('/') => {
+                    return url;
+                }
+                _ => {}
+            }
+            tokio::select! {
+                changed = rx.changed() => if changed.is_err() { return known.unwrap_or_default() },
+                () = &mut deadline => return known.unwrap_or_default(),
+            }
         }
     }
 
@@ -125,7 +163,7 @@ mod tests {
     /// refusal names the leader it knows, or says none leads.
     #[test]
     fn a_follower_refuses_naming_the_leader() {
-        let l = Leadership::candidate("http://b:7070");
+        let l = Leadership::candidate("http://b:7070", std::time::Duration::from_secs(4));
         assert!(!l.leads());
         assert!(l.refusal().unwrap().contains("no orchestrator leads"));
         l.set(Role::Follower {
@@ -144,5 +182,52 @@ mod tests {
         assert_eq!(l.token(), 42);
         assert!(Leadership::sole().leads());
         assert_eq!(Leadership::sole().token(), 0);
+    }
+
+    /// A follower names the leader at once, unless it is the one the agent
+    /// just lost: then it holds the agent until the next leader is elected
+    /// (or this follower is), and past its hold names what it knows.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn an_agent_that_lost_the_leader_is_held_until_the_next_one() {
+        let l = Leadership::candidate("http://b:7070", std::time::Duration::from_secs(4));
+        let follow = |url: &str| Role::Follower {
+            leader_url: Some(url.into()),
+            why: "x".into(),
+        };
+        l.set(follow("http://a:7070"));
+        assert_eq!(l.leader_for("").await, "http://a:7070");
+        assert_eq!(l.leader_for("http://c:7070").await, "http://a:7070");
+        // Lost a: held until c leads.
+        let held = tokio::spawn({
+            let l = l.clone();
+            async move { l.leader_for("http://a:7070/").await }
+        });
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        assert!(!held.is_finished(), "not sent back to the leader it lost");
+        l.set(Role::Follower {
+            leader_url: None,
+            why: "a's lease lapsed".into(),
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        assert!(!held.is_finished(), "nor away while none leads");
+        l.set(follow("http://c:7070"));
+        assert_eq!(held.await.unwrap(), "http://c:7070");
+        // This one elected: it names itself.
+        l.set(follow("http://a:7070"));
+        let held = tokio::spawn({
+            let l = l.clone();
+            async move { l.leader_for("http://a:7070").await }
+        });
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        l.set(Role::Leader {
+            token: 9,
+            since_unix_ms: 0,
+        });
+        assert_eq!(held.await.unwrap(), "http://b:7070");
+        // Past the hold, what is known (a live leader the agent could not reach).
+        l.set(follow("http://a:7070"));
+        let start = tokio::time::Instant::now();
+        assert_eq!(l.leader_for("http://a:7070").await, "http://a:7070");
+        assert_eq!(start.elapsed(), std::time::Duration::from_secs(4));
     }
 }

@@ -630,7 +630,12 @@ fn open_journal(config: &OrchestratorConfig, holder: &str) -> Result<Opened, Ser
                 Duration::from_millis(l.etcd_timeout_ms),
                 fence.clone(),
             )?;
-            let leadership = crate::edge::leadership::Leadership::candidate(&l.advertise_url);
+            // An agent that lost the leader waits at a follower for about
+            // two leases: the next leader is elected within one.
+            let leadership = crate::edge::leadership::Leadership::candidate(
+                &l.advertise_url,
+                Duration::from_secs(2 * l.lease_ttl_s + 2),
+            );
             let election = crate::edge::election::Election {
                 client: store.client(),
                 leader_key: store.leader_key(),

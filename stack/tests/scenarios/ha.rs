@@ -229,6 +229,24 @@ fn a_leader_killed_at_each_co_restart_step_is_replaced_and_the_operation_conclud
                 at.state()
             );
             assert_each_unit_started_once(&ha, from, at.state());
+            // A follower serves the same history from the shared journal.
+            let other = (0..3)
+                .find(|i| *i != new && *i != leader)
+                .expect("a third orchestrator");
+            let mut oc = ha.orchestrators[other].connection.connect().await.unwrap();
+            let h: Value = serde_json::from_str(
+                &oc.history(pdwarden_proto::v1::HistoryRequest {
+                    pair: "demo".into(),
+                    limit: 1,
+                })
+                .await
+                .expect("a follower serves history")
+                .into_inner()
+                .json,
+            )
+            .unwrap();
+            assert_eq!(h[0]["operation_id"], op, "follower {other}'s history");
+            assert_eq!(h[0]["verdict"], record["verdict"]);
             assert_eq!(
                 ha.agent_fencing_floor(),
                 Some(new_token),

@@ -705,7 +705,7 @@ mod tests {
             fence.clone(),
         )
         .unwrap();
-        let leadership = Leadership::candidate(url);
+        let leadership = Leadership::candidate(url, Duration::from_secs(6));
         let election = Election {
             client: store.client(),
             leader_key: store.leader_key(),
