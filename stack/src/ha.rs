@@ -294,6 +294,23 @@ impl HaStack {
         Some(pid)
     }
 
+    /// SIGTERMs orchestrator `i` (a planned stop) and waits for it to exit
+    /// (at most `limit`, then SIGKILL); its exit status.
+    pub fn terminate_orchestrator(&mut self, i: usize, limit: Duration) -> Option<std::process::ExitStatus> {
+        let mut p = self.orchestrators[i].process.take()?;
+        let _ = kill(Pid::from_raw(p.pid() as i32), Signal::SIGTERM);
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if let Some(s) = p.try_wait() {
+                return Some(s);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = kill(Pid::from_raw(p.pid() as i32), Signal::SIGKILL);
+        p.stop(Duration::from_secs(5));
+        None
+    }
+
     /// Whether orchestrator `i`'s process is still running (a deposed one
     /// exits on its own); reaps it if it ended, with its exit status.
     pub fn orchestrator_exited(&mut self, i: usize) -> Option<std::process::ExitStatus> {

@@ -19,6 +19,10 @@
 //! (`leaderelection lost` is fatal there), the orchestrator exits and its
 //! service manager starts it again as a follower, so no task of the old term
 //! survives to act. Running units are never touched by this.
+//!
+//! A leader shutting down (SIGTERM: an upgrade, a planned move) resigns
+//! first: it stops sending and writing, lets its agents go, and revokes its
+//! lease, so a follower leads at once instead of a lease later.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -68,6 +72,11 @@ impl Election {
     /// returns why the leadership was lost (the caller stops this process).
     pub async fn run(mut self) -> String {
         let lease = loop {
+            if self.fence.is_lost() {
+                // Resigned (shutting down) before it ever led.
+                self.fence.mark_released();
+                return self.fence.lost().await;
+            }
             match self.campaign().await {
                 Ok(Some(lease)) => break lease,
                 Ok(None) => {}
@@ -91,6 +100,7 @@ impl Election {
         // Best effort: let a successor start at once instead of at the lease's end.
         let mut c = self.client.clone();
         let _ = tokio::time::timeout(Duration::from_millis(500), c.lease_revoke(lease)).await;
+        self.fence.mark_released();
         why
     }
 

@@ -605,6 +605,9 @@ struct Opened {
     /// On etcd: the election to run (it resolves with why the leadership
     /// was lost); none for a sole orchestrator.
     election: Option<std::pin::Pin<Box<dyn Future<Output = String> + Send>>>,
+    /// On etcd: resigns the leadership (a planned shutdown) and resolves
+    /// once the lease is given back.
+    resign: Option<Box<dyn FnOnce() -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> + Send>>,
 }
 
 fn open_journal(config: &OrchestratorConfig, holder: &str) -> Result<Opened, ServeError> {
@@ -613,6 +616,7 @@ fn open_journal(config: &OrchestratorConfig, holder: &str) -> Result<Opened, Ser
             journal: Arc::new(Journal::own(path, holder)?),
             leadership: crate::edge::leadership::Leadership::sole(),
             election: None,
+            resign: None,
         }),
         #[cfg(feature = "etcd")]
         crate::config::JournalSpec::Etcd(endpoints) => {
@@ -640,14 +644,22 @@ fn open_journal(config: &OrchestratorConfig, holder: &str) -> Result<Opened, Ser
                 client: store.client(),
                 leader_key: store.leader_key(),
                 ttl_s: l.lease_ttl_s,
-                fence,
+                fence: fence.clone(),
                 leadership: leadership.clone(),
             };
+            let resign: Box<dyn FnOnce() -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> + Send> =
+                Box::new(move || {
+                    fence.lose("resigned: this orchestrator is shutting down");
+                    Box::pin(async move {
+                        let _ = tokio::time::timeout(Duration::from_secs(2), fence.released()).await;
+                    })
+                });
             tracing::info!(journal = %config.journal, url = %l.advertise_url, "campaigning for the leadership on etcd");
             Ok(Opened {
                 journal: Arc::new(Journal::new(Box::new(store))),
                 leadership,
                 election: Some(Box::pin(election.run())),
+                resign: Some(resign),
             })
         }
         #[cfg(not(feature = "etcd"))]
@@ -745,6 +757,8 @@ pub async fn serve(
     );
     let opened = open_journal(&config, &holder)?;
     let fleet = Fleet::with_leadership(opened.leadership.clone());
+    let resign = opened.resign;
+    let resigned = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let ctx = OperationContext {
         agents: Arc::new(fleet.clone()),
         journal: opened.journal,
@@ -832,9 +846,26 @@ pub async fn serve(
     // SHUTDOWN_GRACE after the signal, then return and drop them: agents
     // reconnect with backoff to whichever orchestrator comes next.
     let (fired_tx, fired_rx) = tokio::sync::oneshot::channel::<()>();
-    let shutdown = async move {
-        shutdown.await;
-        let _ = fired_tx.send(());
+    let shutdown = {
+        let (fleet, resigned) = (fleet.clone(), resigned.clone());
+        async move {
+            shutdown.await;
+            // A leader on etcd hands over first: it stops acting, lets its
+            // agents go to the followers, and gives its lease back, so the
+            // next leader does not wait a lease for it.
+            if let Some(resign) = resign {
+                resigned.store(true, std::sync::atomic::Ordering::SeqCst);
+                fleet.leadership.set(crate::edge::leadership::Role::Follower {
+                    leader_url: None,
+                    why: "resigned: this orchestrator is shutting down".into(),
+                });
+                let released = resign();
+                fleet.release_agents();
+                released.await;
+                tracing::info!("resigned the leadership");
+            }
+            let _ = fired_tx.send(());
+        }
     };
     let fleet_for_release = fleet.clone();
     let served = builder
@@ -842,7 +873,17 @@ pub async fn serve(
         .add_service(crate::edge::auth::Authorized::new(ControlServer::new(control), auth))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown);
     tokio::pin!(served);
-    let mut deposed = deposed;
+    // Losing the leadership by resigning is the planned shutdown, not an error.
+    let mut deposed: std::pin::Pin<Box<dyn Future<Output = String> + Send>> = {
+        let resigned = resigned.clone();
+        Box::pin(async move {
+            let why = deposed.await;
+            if resigned.load(std::sync::atomic::Ordering::SeqCst) {
+                std::future::pending::<()>().await;
+            }
+            why
+        })
+    };
     let served = tokio::select! {
         r = &mut served => r,
         why = &mut deposed => {

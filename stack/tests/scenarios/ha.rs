@@ -264,6 +264,24 @@ fn a_leader_killed_at_each_co_restart_step_is_replaced_and_the_operation_conclud
             // Its service manager starts it again: it joins as a follower.
             ha.start_orchestrator(leader).unwrap();
         }
+        // A planned stop of the leader (SIGTERM: an upgrade): it resigns,
+        // exits cleanly, and a follower leads without waiting for its lease.
+        let (leader, token) = ha.wait_leader_with_agent(units, Duration::from_secs(60)).await.unwrap();
+        let stopped_at = Instant::now();
+        let status = ha
+            .terminate_orchestrator(leader, Duration::from_secs(15))
+            .expect("the leader stops on SIGTERM");
+        assert!(status.success(), "a planned stop exits 0: {status}");
+        assert!(
+            ha.orchestrator_log(leader).contains("resigned the leadership"),
+            "it resigned"
+        );
+        let (new, new_token) = ha.wait_leader_with_agent(units, Duration::from_secs(60)).await.unwrap();
+        assert!(new != leader && new_token > token);
+        eprintln!(
+            "ha: leader {leader} SIGTERMed: it resigned and exited; orchestrator {new} leads with the agent {} ms after the signal",
+            stopped_at.elapsed().as_millis()
+        );
         let (m, w) = median_and_worst(&mut failovers);
         let (mm, mw) = median_and_worst(&mut moving);
         eprintln!(

@@ -45,6 +45,8 @@ pub struct Fence {
     token: AtomicU64,
     /// Set once, with the reason, when the leadership is lost.
     lost: watch::Sender<Option<String>>,
+    /// Set once the lease is given back (or could not be).
+    released: watch::Sender<bool>,
 }
 
 impl Default for Fence {
@@ -52,6 +54,7 @@ impl Default for Fence {
         Self {
             token: AtomicU64::new(0),
             lost: watch::Sender::new(None),
+            released: watch::Sender::new(false),
         }
     }
 }
@@ -98,6 +101,17 @@ impl Fence {
 
     pub fn is_lost(&self) -> bool {
         self.lost.borrow().is_some()
+    }
+
+    /// The election gave its lease back (or tried): a successor can lead now.
+    pub fn mark_released(&self) {
+        self.released.send_replace(true);
+    }
+
+    /// Resolves once [`Fence::mark_released`] was called.
+    pub async fn released(&self) {
+        let mut rx = self.released.subscribe();
+        let _ = rx.wait_for(|r| *r).await;
     }
 }
 
@@ -822,6 +836,32 @@ mod tests {
         assert_eq!(b.unfinished().unwrap()[0].state, "started");
         // B, the leader, writes.
         b.transition("op-1", 2, "restarting_prefill").unwrap();
+    }
+
+    /// A leader that resigns (a planned shutdown) gives its lease back: the
+    /// leader key is gone as soon as it says so — a follower need not wait
+    /// for the lease to lapse — and it writes nothing more.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_resigning_leader_gives_its_lease_back_at_once() {
+        let etcd = LocalEtcd::start().await;
+        let (a, al, afence, election) = orchestrator(&etcd, "http://a:1");
+        until("a leads", || al.leads()).await;
+        a.begin("op-1", "co_restart", "p", None).unwrap();
+        afence.lose("resigned: this orchestrator is shutting down");
+        tokio::time::timeout(Duration::from_secs(2), afence.released())
+            .await
+            .expect("released");
+        let mut c = etcd_client::Client::connect([etcd.url.clone()], None).await.unwrap();
+        let held = c.get("/t/leader", None).await.unwrap();
+        assert!(held.kvs().is_empty(), "the leader key went with the lease");
+        assert!(matches!(
+            a.transition("op-1", 1, "restarting_prefill"),
+            Err(JournalError::NotLeader { .. })
+        ));
+        let why = election.await.unwrap();
+        assert!(why.starts_with("resigned"), "{why}");
+        let (_b, bl, _bf, _be) = orchestrator(&etcd, "http://b:1");
+        until("b leads", || bl.leads()).await;
     }
 
     /// etcd gone: a write fails within the timeout as "unavailable", and
