@@ -551,28 +551,16 @@ impl CrashAt {
     }
 }
 
-/// The orchestrator-crash drill: starts `restart pd-pair`, SIGKILLs the
-/// orchestrator once the operation's journaled state is `at` (for decode's
-/// step: once the new decode is loading), starts a new orchestrator on the
-/// same journal, and waits for the operation to be concluded by it. Returns
-/// the `--json` object: the operation's final report from the journal, with
-/// what was done.
-pub async fn orchestrator_crash(stack: &mut Stack, json: bool, at: CrashAt) -> anyhow::Result<Value> {
-    let url = stack.connection.clone();
-    // The agent's own log is the ground truth of what it spawned: where it
-    // stands before the operation begins.
-    let agent_log = stack.dir.path().join("agent.log");
-    let log_before = std::fs::metadata(&agent_log).map_or(0, |m| m.len());
-    // Follow the restart in the background; its stream breaks with the kill.
-    let follower = {
-        let url = url.clone();
-        tokio::spawn(async move { url.follow_printing("demo", true, None, new_request_id()).await })
-    };
-    let deadline = Instant::now() + Duration::from_secs(120);
+/// Polls `url` until the running co-restart of pair `demo` has journaled
+/// state `at` (for decode's step: until the new decode is loading); its
+/// operation id and decode-0's phase then. Shared by the orchestrator-crash
+/// drill and the HA scenarios (which kill a leader there).
+pub async fn reached(url: &Connection, at: CrashAt, limit: Duration) -> anyhow::Result<(String, String)> {
+    let deadline = Instant::now() + limit;
     // One connection for the whole watch: a state like `probing` lasts tens
     // of milliseconds at this time scale, less than a TLS handshake per poll.
     let mut watcher = None;
-    let (operation_id, decode_phase) = loop {
+    loop {
         if Instant::now() > deadline {
             bail!("the co-restart never reached state {}", at.state());
         }
@@ -607,11 +595,31 @@ pub async fn orchestrator_crash(stack: &mut Stack, json: bool, at: CrashAt) -> a
             if let Some(op) = running
                 && (at != CrashAt::RestartingDecode || loading)
             {
-                break (op, decode);
+                return Ok((op, decode));
             }
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// The orchestrator-crash drill: starts `restart pd-pair`, SIGKILLs the
+/// orchestrator once the operation's journaled state is `at` (for decode's
+/// step: once the new decode is loading), starts a new orchestrator on the
+/// same journal, and waits for the operation to be concluded by it. Returns
+/// the `--json` object: the operation's final report from the journal, with
+/// what was done.
+pub async fn orchestrator_crash(stack: &mut Stack, json: bool, at: CrashAt) -> anyhow::Result<Value> {
+    let url = stack.connection.clone();
+    // The agent's own log is the ground truth of what it spawned: where it
+    // stands before the operation begins.
+    let agent_log = stack.dir.path().join("agent.log");
+    let log_before = std::fs::metadata(&agent_log).map_or(0, |m| m.len());
+    // Follow the restart in the background; its stream breaks with the kill.
+    let follower = {
+        let url = url.clone();
+        tokio::spawn(async move { url.follow_printing("demo", true, None, new_request_id()).await })
     };
+    let (operation_id, decode_phase) = reached(&url, at, Duration::from_secs(120)).await?;
     let (old_pid, new_pid) = stack.crash_and_restart_orchestrator()?;
     say(
         json,

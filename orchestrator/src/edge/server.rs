@@ -604,11 +604,18 @@ struct Opened {
     leadership: crate::edge::leadership::Leadership,
     /// On etcd: the election to run (it resolves with why the leadership
     /// was lost); none for a sole orchestrator.
-    election: Option<std::pin::Pin<Box<dyn Future<Output = String> + Send>>>,
+    election: Option<Task<String>>,
     /// On etcd: resigns the leadership (a planned shutdown) and resolves
     /// once the lease is given back.
-    resign: Option<Box<dyn FnOnce() -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> + Send>>,
+    resign: Option<Resign>,
 }
+
+/// A boxed future of the server's own tasks.
+type Task<T> = std::pin::Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// Starts resigning the leadership; the future resolves once the lease is
+/// given back (see `Opened::resign`).
+type Resign = Box<dyn FnOnce() -> Task<()> + Send>;
 
 fn open_journal(config: &OrchestratorConfig, holder: &str) -> Result<Opened, ServeError> {
     match &config.journal {
@@ -647,13 +654,12 @@ fn open_journal(config: &OrchestratorConfig, holder: &str) -> Result<Opened, Ser
                 fence: fence.clone(),
                 leadership: leadership.clone(),
             };
-            let resign: Box<dyn FnOnce() -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> + Send> =
-                Box::new(move || {
-                    fence.lose("resigned: this orchestrator is shutting down");
-                    Box::pin(async move {
-                        let _ = tokio::time::timeout(Duration::from_secs(2), fence.released()).await;
-                    })
-                });
+            let resign: Resign = Box::new(move || {
+                fence.lose("resigned: this orchestrator is shutting down");
+                Box::pin(async move {
+                    let _ = tokio::time::timeout(Duration::from_secs(2), fence.released()).await;
+                })
+            });
             tracing::info!(journal = %config.journal, url = %l.advertise_url, "campaigning for the leadership on etcd");
             Ok(Opened {
                 journal: Arc::new(Journal::new(Box::new(store))),
@@ -779,7 +785,7 @@ pub async fn serve(
     // before a restart) left running, retry refused conclusions, watch the
     // pairs. A sole orchestrator does it now; an elected one once it leads.
     let leader_tasks: Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>> = Arc::default();
-    let deposed: std::pin::Pin<Box<dyn Future<Output = String> + Send>> = match opened.election {
+    let deposed: Task<String> = match opened.election {
         None => {
             *leader_tasks.lock().unwrap_or_else(|p| p.into_inner()) =
                 take_over(&ctx, &config, &board, stop_rx.clone())?;
@@ -874,7 +880,7 @@ pub async fn serve(
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown);
     tokio::pin!(served);
     // Losing the leadership by resigning is the planned shutdown, not an error.
-    let mut deposed: std::pin::Pin<Box<dyn Future<Output = String> + Send>> = {
+    let mut deposed: Task<String> = {
         let resigned = resigned.clone();
         Box::pin(async move {
             let why = deposed.await;

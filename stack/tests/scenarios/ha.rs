@@ -13,19 +13,11 @@ use pdwarden_stack::drill::{CrashAt, spawns_since};
 use pdwarden_stack::ha::HaStack;
 use serde_json::Value;
 
-use crate::harness::exclusive;
+use crate::harness::{exclusive, runtime};
 
 /// The lease of the scenarios' orchestrators: the shortest etcd allows with
 /// a 1 s election timeout.
 const LEASE_TTL_S: u64 = 2;
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime")
-}
 
 async fn start() -> HaStack {
     let args = pdwarden_stack::DemoArgs::from_flags(&["--json"]).expect("demo flags");
@@ -72,45 +64,22 @@ async fn co_restart_until(ha: &HaStack, leader: usize, at: CrashAt) -> String {
             )
             .await;
     });
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let mut client = None;
-    loop {
-        assert!(Instant::now() < deadline, "the co-restart never reached {}", at.state());
-        if client.is_none() {
-            client = ha.orchestrators[leader].connection.connect().await.ok();
-        }
-        if let Some(c) = client.as_mut()
-            && let Ok(h) = c
-                .history(pdwarden_proto::v1::HistoryRequest {
-                    pair: "demo".into(),
-                    limit: 1,
-                })
-                .await
-            && let Ok(s) = c.status(pdwarden_proto::v1::StatusRequest::default()).await
-        {
-            let h: Value = serde_json::from_str(&h.into_inner().json).unwrap();
-            let s: Value = serde_json::from_str(&s.into_inner().json).unwrap();
-            let running = h
-                .as_array()
-                .and_then(|h| h.first())
-                .filter(|r| r["ended_unix_ms"].is_null() && r["state"] == at.state())
-                .and_then(|r| r["operation_id"].as_str())
-                .map(str::to_string);
-            let decode = s["agents"][0]["units"]
-                .as_array()
-                .and_then(|u| u.iter().find(|u| u["name"] == "decode-0"))
-                .and_then(|u| u["phase"].as_str())
-                .unwrap_or("")
-                .to_string();
-            let loading = matches!(decode.as_str(), "spawned" | "refused" | "http_503");
-            if let Some(op) = running
-                && (at != CrashAt::RestartingDecode || loading)
-            {
-                return op;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    pdwarden_stack::drill::reached(&ha.orchestrators[leader].connection, at, Duration::from_secs(120))
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"))
+        .0
+}
+
+/// `restart pd-pair demo` sent to orchestrator `i`, which must refuse it.
+async fn restart_refused(ha: &HaStack, i: usize) -> tonic::Status {
+    let mut c = ha.orchestrators[i].connection.connect().await.unwrap();
+    c.restart_pair(pdwarden_proto::v1::RestartPairRequest {
+        pair: "demo".into(),
+        request_id: pdwarden_orchestrator::edge::client::new_request_id(),
+        rolling: false,
+    })
+    .await
+    .expect_err("the restart is refused")
 }
 
 /// Waits until `op` is concluded in the shared journal; its record.
@@ -176,15 +145,7 @@ fn a_leader_killed_at_each_co_restart_step_is_replaced_and_the_operation_conclud
                 .unwrap_or_else(|e| panic!("{e:#}"));
             // A follower refuses a restart, naming the leader.
             let follower = (0..3).find(|i| *i != leader).unwrap();
-            let mut fc = ha.orchestrators[follower].connection.connect().await.unwrap();
-            let refused = fc
-                .restart_pair(pdwarden_proto::v1::RestartPairRequest {
-                    pair: "demo".into(),
-                    request_id: pdwarden_orchestrator::edge::client::new_request_id(),
-                    rolling: false,
-                })
-                .await
-                .expect_err("a follower refuses a restart");
+            let refused = restart_refused(&ha, follower).await;
             assert_eq!(refused.code(), tonic::Code::Unavailable);
             assert!(
                 refused.message().contains(&ha.orchestrators[leader].url),
@@ -350,15 +311,7 @@ fn quorum_lost_mid_co_restart_stops_safely_and_recovers() {
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        let mut fc = ha.orchestrators[follower].connection.connect().await.unwrap();
-        let refused = fc
-            .restart_pair(pdwarden_proto::v1::RestartPairRequest {
-                pair: "demo".into(),
-                request_id: pdwarden_orchestrator::edge::client::new_request_id(),
-                rolling: false,
-            })
-            .await
-            .expect_err("no restart without a leader");
+        let refused = restart_refused(&ha, follower).await;
         assert!(
             refused.message().contains("no orchestrator leads"),
             "{}",

@@ -37,7 +37,7 @@ fn demo_args(extra: &[&str]) -> pdwarden_stack::DemoArgs {
     pdwarden_stack::DemoArgs::from_flags(extra).unwrap_or_else(|e| panic!("demo flags {extra:?}: {e}"))
 }
 
-fn runtime() -> tokio::runtime::Runtime {
+pub fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
