@@ -174,6 +174,10 @@ pub struct LeadershipConfig {
     /// failed (no quorum, or unreachable).
     #[serde(default = "default_etcd_timeout_ms")]
     pub etcd_timeout_ms: u64,
+    /// Mutual TLS to etcd (its `--trusted-ca-file` CA, and a client
+    /// certificate and key it accepts): required for `https://` endpoints.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd_tls: Option<pdwarden_security::tls::TlsFiles>,
 }
 
 fn default_lease_ttl_s() -> u64 {
@@ -193,6 +197,7 @@ impl LeadershipConfig {
             lease_ttl_s: default_lease_ttl_s(),
             prefix: default_etcd_prefix(),
             etcd_timeout_ms: default_etcd_timeout_ms(),
+            etcd_tls: None,
         }
     }
 }
@@ -787,7 +792,29 @@ impl OrchestratorConfig {
                     "only with an etcd journal (journal = \"etcd:URL,...\"); a SQLite journal has one orchestrator",
                 ));
             }
-            (JournalSpec::Etcd(_), Some(l)) => {
+            (JournalSpec::Etcd(endpoints), Some(l)) => {
+                let https = endpoints.iter().filter(|u| u.starts_with("https://")).count();
+                match (https, &l.etcd_tls) {
+                    (0, Some(_)) => {
+                        return Err(invalid(
+                            "leadership.etcd_tls",
+                            "given, but the journal's etcd endpoints are http://: use https:// endpoints with TLS",
+                        ));
+                    }
+                    (n, None) if n > 0 => {
+                        return Err(invalid(
+                            "leadership.etcd_tls",
+                            "required for https:// etcd endpoints: ca (etcd's CA), cert and key (a client certificate etcd accepts)",
+                        ));
+                    }
+                    (n, _) if n > 0 && n < endpoints.len() => {
+                        return Err(invalid(
+                            "journal",
+                            "mixes http:// and https:// etcd endpoints: one cluster, one scheme",
+                        ));
+                    }
+                    _ => {}
+                }
                 if !(l.advertise_url.starts_with("http://") || l.advertise_url.starts_with("https://")) {
                     return Err(invalid(
                         "leadership.advertise_url",
@@ -1158,6 +1185,21 @@ probe_timeout_ms = 120000
                 "etcd:http://a:1",
                 "[leadership]\nadvertise_url = \"https://o:1\"\nlease_ttl_s = 2\netcd_timeout_ms = 2000",
                 "`leadership.etcd_timeout_ms`",
+            ),
+            (
+                "etcd:https://a:1",
+                "[leadership]\nadvertise_url = \"https://o:1\"",
+                "`leadership.etcd_tls`: required for https:// etcd endpoints",
+            ),
+            (
+                "etcd:http://a:1",
+                "[leadership]\nadvertise_url = \"https://o:1\"\n[leadership.etcd_tls]\nca = \"c\"\ncert = \"c\"\nkey = \"k\"",
+                "`leadership.etcd_tls`: given, but the journal's etcd endpoints are http://",
+            ),
+            (
+                "etcd:https://a:1,http://b:1",
+                "[leadership]\nadvertise_url = \"https://o:1\"\n[leadership.etcd_tls]\nca = \"c\"\ncert = \"c\"\nkey = \"k\"",
+                "`journal`: mixes http:// and https://",
             ),
         ] {
             let e = with(journal, extra).expect_err(journal).to_string();

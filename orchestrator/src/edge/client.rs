@@ -121,32 +121,47 @@ impl Connection {
         request_id: String,
         mut on_line: impl FnMut(String),
     ) -> Result<OperationReport, CouldNotRun> {
-        let mut client = self.connect().await?;
         let verify = match asked {
             Asked::Verify { include_abort_storm } => Some(include_abort_storm),
             Asked::Restart { .. } => None,
         };
-        let started = match asked {
-            Asked::Verify { include_abort_storm } => {
-                client
-                    .verify_pair(VerifyPairRequest {
-                        pair: pair.to_string(),
-                        request_id,
-                        include_abort_storm,
-                    })
-                    .await
-            }
-            Asked::Restart { rolling } => {
-                client
-                    .restart_pair(RestartPairRequest {
-                        pair: pair.to_string(),
-                        request_id,
-                        rolling,
-                    })
-                    .await
+        // A follower (several orchestrators on etcd) refuses, naming the
+        // leader: asked once more there, with the same request id, so the
+        // operation runs at most once whatever happened to the first ask.
+        let mut at = self.clone();
+        let mut stream = loop {
+            let mut client = at.connect().await?;
+            let started = match asked {
+                Asked::Verify { include_abort_storm } => {
+                    client
+                        .verify_pair(VerifyPairRequest {
+                            pair: pair.to_string(),
+                            request_id: request_id.clone(),
+                            include_abort_storm,
+                        })
+                        .await
+                }
+                Asked::Restart { rolling } => {
+                    client
+                        .restart_pair(RestartPairRequest {
+                            pair: pair.to_string(),
+                            request_id: request_id.clone(),
+                            rolling,
+                        })
+                        .await
+                }
+            };
+            match started {
+                Ok(r) => break r.into_inner(),
+                Err(s) => match leader_named(&s).filter(|l| at.url == self.url && *l != at.url) {
+                    Some(leader) => {
+                        on_line(format!("{} is a follower; asking the leader, {leader}", at.url));
+                        at = Connection::new(leader, self.credentials.clone());
+                    }
+                    None => return Err(CouldNotRun(status_reason(&s))),
+                },
             }
         };
-        let mut stream = started.map_err(|s| CouldNotRun(status_reason(&s)))?.into_inner();
         loop {
             let update = match stream.message().await {
                 Ok(Some(u)) => u,
@@ -190,6 +205,16 @@ impl Connection {
             }
         }
     }
+}
+
+/// The leader a follower's refusal names (`UNAVAILABLE` with the
+/// `pdwarden-leader` metadata), if it is one.
+pub fn leader_named(s: &tonic::Status) -> Option<String> {
+    (s.code() == tonic::Code::Unavailable)
+        .then(|| s.metadata().get(crate::edge::server::LEADER_METADATA))
+        .flatten()
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.trim_end_matches('/').to_string())
 }
 
 /// An error with its causes (a TLS failure is only named in a source).

@@ -639,6 +639,7 @@ fn open_journal(config: &OrchestratorConfig, holder: &str) -> Result<Opened, Ser
                 endpoints,
                 &l.prefix,
                 Duration::from_millis(l.etcd_timeout_ms),
+                l.etcd_tls.as_ref(),
                 fence.clone(),
             )?;
             // An agent that lost the leader waits at a follower for about

@@ -67,6 +67,9 @@ pub enum JournalError {
         "etcd journal unavailable ({error}): etcd is unreachable or has lost its quorum; no step starts until it answers, running units are left as they are"
     )]
     Unavailable { error: String },
+    /// The TLS files for etcd (`leadership.etcd_tls`) could not be read.
+    #[error("field `leadership.etcd_tls`: {error}")]
+    EtcdTls { error: String },
     /// This orchestrator's etcd lease (its leadership) is gone: a write it
     /// asked for was refused by the fence, and it writes and sends nothing more.
     #[error(

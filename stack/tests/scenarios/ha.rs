@@ -48,12 +48,13 @@ async fn newest(ha: &HaStack) -> Option<Value> {
     v.as_array()?.first().cloned()
 }
 
-/// Starts `restart pd-pair demo` on orchestrator `leader` (followed in the
-/// background: its stream breaks with the kill) and waits until the
-/// operation's journaled state is `at` (for decode's step, until the new
-/// decode is loading); the operation id.
-async fn co_restart_until(ha: &HaStack, leader: usize, at: CrashAt) -> String {
-    let conn = ha.orchestrators[leader].connection.clone();
+/// Asks orchestrator `ask` for `restart pd-pair demo` as the CLI does
+/// (followed in the background: its stream breaks with the kill; a
+/// follower's refusal is followed to the leader it names) and waits until
+/// the operation's journaled state on `leader` is `at` (for decode's step,
+/// until the new decode is loading); the operation id.
+async fn co_restart_until(ha: &HaStack, ask: usize, leader: usize, at: CrashAt) -> String {
+    let conn = ha.orchestrators[ask].connection.clone();
     tokio::spawn(async move {
         let _ = conn
             .follow(
@@ -153,7 +154,8 @@ fn a_leader_killed_at_each_co_restart_step_is_replaced_and_the_operation_conclud
                 refused.message()
             );
             let from = agent_log_len(&ha);
-            let op = co_restart_until(&ha, leader, at).await;
+            // Asked of the follower, which sends the CLI to the leader.
+            let op = co_restart_until(&ha, follower, leader, at).await;
             let killed_at = Instant::now();
             let pid = ha.kill_orchestrator(leader).expect("the leader was running");
             eprintln!("ha: SIGKILLed leader {leader} (pid {pid}, token {token}) in {}", at.state());
@@ -270,7 +272,7 @@ fn quorum_lost_mid_co_restart_stops_safely_and_recovers() {
         let mut ha = start().await;
         let (leader, _) = ha.wait_leader_with_agent(3, Duration::from_secs(60)).await.unwrap();
         let from = agent_log_len(&ha);
-        let op = co_restart_until(&ha, leader, CrashAt::RestartingDecode).await;
+        let op = co_restart_until(&ha, leader, leader, CrashAt::RestartingDecode).await;
         ha.etcd.kill(1);
         ha.etcd.kill(2);
         let lost_at = Instant::now();

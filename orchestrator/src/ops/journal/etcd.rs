@@ -173,23 +173,38 @@ impl EtcdStore {
         endpoints: &[String],
         prefix: &str,
         timeout: Duration,
+        tls: Option<&pdwarden_security::tls::TlsFiles>,
         fence: std::sync::Arc<Fence>,
     ) -> Result<Self, JournalError> {
+        let eps = endpoints.to_vec();
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(timeout)
+            .with_timeout(timeout)
+            .with_keep_alive(Duration::from_secs(2), timeout)
+            .with_keep_alive_while_idle(true);
+        if let Some(files) = tls {
+            let config = files
+                .client_config()
+                .map_err(|e| JournalError::EtcdTls { error: e.to_string() })?;
+            options = options.with_tls(config);
+        }
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("etcd-journal")
             .enable_all()
             .build()
             .map_err(unavailable)?;
-        let eps = endpoints.to_vec();
-        let options = ConnectOptions::new()
-            .with_connect_timeout(timeout)
-            .with_timeout(timeout)
-            .with_keep_alive(Duration::from_secs(2), timeout)
-            .with_keep_alive_while_idle(true);
-        let client = block(rt.spawn(async move { Client::connect(eps, Some(options)).await }))
-            .map_err(unavailable)?
-            .map_err(unavailable)?;
+        let connected = block(rt.spawn(async move { Client::connect(eps, Some(options)).await }))
+            .map_err(unavailable)
+            .and_then(|r| r.map_err(unavailable));
+        let client = match connected {
+            Ok(c) => c,
+            Err(e) => {
+                // Not dropped here: this may run inside another runtime.
+                rt.shutdown_background();
+                return Err(e);
+            }
+        };
         Ok(Self {
             rt: Some(rt),
             client,
@@ -604,7 +619,14 @@ impl Store for EtcdStore {
     }
 
     fn ping(&self) -> Result<(), JournalError> {
-        // A linearizable read: answered only with a quorum.
+        // The service manager's watchdog asks this. A follower's health does
+        // not hang on etcd's: restarting it while etcd has no quorum would
+        // change nothing (it comes back a follower, saying why). A leader's
+        // does: a linearizable read, answered only with a quorum (and one
+        // that fails deposes it).
+        if self.fence.token() == 0 {
+            return Ok(());
+        }
         self.get_value(self.leader_key()).map(|_| ())
     }
 
@@ -657,19 +679,29 @@ mod tests {
     struct LocalEtcd {
         child: std::process::Child,
         url: String,
+        /// With TLS: what a client presents (a certificate of etcd's CA).
+        client_tls: Option<pdwarden_security::tls::TlsFiles>,
         _dir: tempfile::TempDir,
     }
 
     impl LocalEtcd {
         async fn start() -> Self {
+            Self::start_with(false).await
+        }
+
+        /// With `tls`: https only, client certificates required (etcd's
+        /// `--client-cert-auth`), from a CA `pdwarden certs` made.
+        async fn start_with(tls: bool) -> Self {
             let dir = tempfile::tempdir().unwrap();
-            let client = crate::edge::ports::late_bind_port().unwrap();
-            let peer = crate::edge::ports::late_bind_port().unwrap();
-            let url = format!("http://127.0.0.1:{client}");
+            let port = || crate::edge::ports::late_bind_port().unwrap();
+            let (client, peer, metrics) = (port(), port(), port());
+            let scheme = if tls { "https" } else { "http" };
+            let url = format!("{scheme}://127.0.0.1:{client}");
             let peer_url = format!("http://127.0.0.1:{peer}");
+            let health = format!("http://127.0.0.1:{metrics}");
             let etcd = std::env::var("PDWARDEN_ETCD").unwrap_or_else(|_| "etcd".into());
-            let child = std::process::Command::new(&etcd)
-                .args(["--name", "t", "--data-dir"])
+            let mut cmd = std::process::Command::new(&etcd);
+            cmd.args(["--name", "t", "--data-dir"])
                 .arg(dir.path().join("data"))
                 .args(["--listen-client-urls", &url, "--advertise-client-urls", &url])
                 .args([
@@ -679,16 +711,37 @@ mod tests {
                     &peer_url,
                 ])
                 .args(["--initial-cluster", &format!("t={peer_url}")])
+                .args(["--listen-metrics-urls", &health])
                 .args(["--heartbeat-interval", "100", "--election-timeout", "1000"])
                 .args(["--logger", "zap", "--log-level", "error"])
                 .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null());
+            let mut client_tls = None;
+            if tls {
+                let certs = crate::edge::certs::CertDir(dir.path().join("pki"));
+                certs.init(&["127.0.0.1".into()]).unwrap();
+                let server = certs.orchestrator();
+                cmd.arg("--cert-file")
+                    .arg(&server.cert)
+                    .arg("--key-file")
+                    .arg(&server.key)
+                    .arg("--trusted-ca-file")
+                    .arg(&server.ca)
+                    .arg("--client-cert-auth");
+                client_tls = Some(certs.issue_agent("orchestrator-a").unwrap());
+            }
+            let child = cmd
                 .spawn()
                 .unwrap_or_else(|e| panic!("cannot start {etcd} (scripts/setup-etcd.sh installs it): {e}"));
-            let me = Self { child, url, _dir: dir };
+            let me = Self {
+                child,
+                url,
+                client_tls,
+                _dir: dir,
+            };
             let http = reqwest::Client::new();
             for _ in 0..200 {
-                if let Ok(r) = http.get(format!("{}/health", me.url)).send().await
+                if let Ok(r) = http.get(format!("{health}/health")).send().await
                     && r.text().await.unwrap_or_default().contains("\"true\"")
                 {
                     return me;
@@ -716,6 +769,7 @@ mod tests {
             std::slice::from_ref(&etcd.url),
             "/t",
             Duration::from_millis(1_000),
+            etcd.client_tls.as_ref(),
             fence.clone(),
         )
         .unwrap();
@@ -862,6 +916,50 @@ mod tests {
         assert!(why.starts_with("resigned"), "{why}");
         let (_b, bl, _bf, _be) = orchestrator(&etcd, "http://b:1");
         until("b leads", || bl.leads()).await;
+    }
+
+    /// Mutual TLS to etcd (`leadership.etcd_tls`): with etcd's CA and a
+    /// client certificate it accepts, the journal leads and writes; without
+    /// the certificate etcd refuses the connection, and the orchestrator
+    /// never leads — it says why.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_journal_speaks_mutual_tls_to_etcd() {
+        let etcd = LocalEtcd::start_with(true).await;
+        let (j, l, _f, _e) = orchestrator(&etcd, "http://a:1");
+        until("a leads over TLS", || l.leads()).await;
+        j.begin("op-1", "co_restart", "p", None).unwrap();
+        j.transition("op-1", 1, "restarting_prefill").unwrap();
+        assert_eq!(j.unfinished().unwrap()[0].state, "restarting_prefill");
+        // The CA alone, no client certificate: refused by etcd.
+        let files = etcd.client_tls.clone().unwrap();
+        let no_cert = etcd_client::ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(1))
+            .with_timeout(Duration::from_secs(1))
+            .with_tls(
+                etcd_client::TlsOptions::new()
+                    .ca_certificate(etcd_client::Certificate::from_pem(std::fs::read(&files.ca).unwrap())),
+            );
+        let mut anonymous = etcd_client::Client::connect([etcd.url.clone()], Some(no_cert))
+            .await
+            .unwrap();
+        assert!(
+            anonymous.get("/t/leader", None).await.is_err(),
+            "etcd wants a client certificate"
+        );
+        // A missing key file is a one-line error naming the field.
+        let mut bad = files.clone();
+        bad.key = "/nonexistent/key.pem".into();
+        let e = EtcdStore::connect(
+            std::slice::from_ref(&etcd.url),
+            "/t",
+            Duration::from_millis(500),
+            Some(&bad),
+            Arc::new(Fence::default()),
+        )
+        .err()
+        .expect("a missing key is refused");
+        assert!(e.to_string().starts_with("field `leadership.etcd_tls`"), "{e}");
+        assert!(e.to_string().contains("/nonexistent/key.pem"), "{e}");
     }
 
     /// etcd gone: a write fails within the timeout as "unavailable", and
