@@ -683,8 +683,12 @@ async fn run_session<F: Future<Output = ()>>(
                         if let Err(d) = fencing.admit(ack.fencing_token) {
                             error!(
                                 "orchestrator {url} claims leadership with fencing token {}, but this agent has \
-                                 seen {}: a deposed leader; not taking its commands",
-                                d.token, d.floor
+                                 seen {}: a deposed leader; not taking its commands (if every orchestrator says \
+                                 this, their etcd was rebuilt and its revisions started again: remove {} and \
+                                 restart the agent)",
+                                d.token,
+                                d.floor,
+                                fencing.file.path.display()
                             );
                             return SessionEnd::Ended(Outcome::Deposed);
                         }
