@@ -204,7 +204,26 @@ impl Election {
                 Some(ttl_left) if ttl_left <= 0 => {
                     return format!("etcd says its leadership lease {lease:x} has expired");
                 }
-                Some(_) => valid_until = sent + ttl,
+                Some(_) => {
+                    // The lease lives; the key must too, as this leader
+                    // created it (someone may have deleted it by hand: a
+                    // follower would then lead beside this one).
+                    let token = self.fence.token() as i64;
+                    match tokio::time::timeout(every, self.client.get(self.leader_key.clone(), None)).await {
+                        Ok(Ok(r)) => match r.kvs().first() {
+                            Some(kv) if kv.create_revision() == token => valid_until = sent + ttl,
+                            Some(kv) => {
+                                return format!(
+                                    "its leader key was taken over by {} (revision {})",
+                                    String::from_utf8_lossy(kv.value()),
+                                    kv.create_revision()
+                                );
+                            }
+                            None => return "its leader key was deleted".into(),
+                        },
+                        _ => tracing::warn!("cannot read the leader key"),
+                    }
+                }
                 None => {
                     tracing::warn!(
                         left_ms = valid_until.saturating_duration_since(Instant::now()).as_millis() as u64,

@@ -864,23 +864,35 @@ mod tests {
     }
 
     /// DESIGN.md 15: a deposed leader's write is refused by etcd itself.
-    /// A leads; its lease is revoked (as when it was paused past it); B
-    /// takes over with a higher token; A's next write — it still believes it
-    /// leads — fails on the fence, changes nothing, and deposes A.
+    /// A led (it took the key at some revision) and was paused past its
+    /// lease: no election task of its own runs here, so it still believes
+    /// it leads, as a frozen process does. B takes over with a higher token;
+    /// A's next write fails on the fence, changes nothing, and deposes A.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_deposed_leaders_write_is_refused_by_the_fence() {
         let etcd = LocalEtcd::start().await;
-        let (a, al, afence, _ae) = orchestrator(&etcd, "http://a:1");
-        until("a leads", || al.leads()).await;
-        let a_token = afence.token();
-        a.begin("op-1", "co_restart", "p", None).unwrap();
-        // The lease behind A's leader key goes (A is "paused"): delete the key
-        // as its expiry would.
+        let afence = Arc::new(Fence::default());
+        let a = Journal::new(Box::new(
+            EtcdStore::connect(
+                std::slice::from_ref(&etcd.url),
+                "/t",
+                Duration::from_millis(1_000),
+                None,
+                afence.clone(),
+            )
+            .unwrap(),
+        ));
         let mut c = etcd_client::Client::connect([etcd.url.clone()], None).await.unwrap();
+        let took = c.put("/t/leader", "http://a:1", None).await.unwrap();
+        let a_token = took.header().unwrap().revision() as u64;
+        afence.lead(a_token);
+        a.begin("op-1", "co_restart", "p", None).unwrap();
+        // Its lease lapses while it is paused: the key goes.
         c.delete("/t/leader", None).await.unwrap();
         let (b, bl, bfence, _be) = orchestrator(&etcd, "http://b:1");
         until("b leads", || bl.leads()).await;
         assert!(bfence.token() > a_token, "{} > {a_token}", bfence.token());
+        assert_eq!(afence.token(), a_token, "A still believes it leads");
         let before = b.entries("op-1").unwrap().len();
         let e = a.transition("op-1", 1, "restarting_prefill").unwrap_err();
         assert!(matches!(e, JournalError::NotLeader { .. }), "{e}");
@@ -890,6 +902,24 @@ mod tests {
         assert_eq!(b.unfinished().unwrap()[0].state, "started");
         // B, the leader, writes.
         b.transition("op-1", 2, "restarting_prefill").unwrap();
+    }
+
+    /// The leader key deleted by hand while the leader holds its lease (a
+    /// follower would then lead beside it): the leader notices at its next
+    /// renewal and stops, without writing anything first.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_leader_whose_key_is_deleted_stops_leading() {
+        let etcd = LocalEtcd::start().await;
+        let (_a, al, afence, election) = orchestrator(&etcd, "http://a:1");
+        until("a leads", || al.leads()).await;
+        let mut c = etcd_client::Client::connect([etcd.url.clone()], None).await.unwrap();
+        c.delete("/t/leader", None).await.unwrap();
+        let why = tokio::time::timeout(Duration::from_secs(5), election)
+            .await
+            .expect("stops within a renewal")
+            .unwrap();
+        assert!(why.contains("leader key was") && !al.leads(), "{why}");
+        assert!(afence.is_lost());
     }
 
     /// A leader that resigns (a planned shutdown) gives its lease back: the
