@@ -216,6 +216,9 @@ pub async fn start(args: &DemoArgs, given: Credentials) -> Demo {
     if args.incident == Some(Incident::ProbeStorm) {
         return demo(None, probe_storm(args).await);
     }
+    if args.incident == Some(Incident::LeaderCrash) {
+        return demo(None, leader_crash(args, given).await);
+    }
     let mut stack = match Stack::start(args, given).await {
         Ok(s) => s,
         Err(e) => return demo(None, DemoOutcome::could_not_run(format!("demo: {e:#}"))),
@@ -244,6 +247,58 @@ pub async fn start(args: &DemoArgs, given: Credentials) -> Demo {
         return demo(None, outcome);
     }
     demo(Some(stack), outcome)
+}
+
+/// The leader-crash drill (issue 19): its own stack — a real etcd cluster,
+/// three orchestrators — started, drilled at `--crash-at`, and stopped.
+async fn leader_crash(args: &DemoArgs, given: Credentials) -> DemoOutcome {
+    if !args.json {
+        pdwarden_orchestrator::say!(
+            "drill {}: {}\n",
+            Incident::LeaderCrash.name(),
+            Incident::LeaderCrash.description()
+        );
+    }
+    let mut ha = match crate::ha::HaStack::start(args, given, 2).await {
+        Ok(ha) => ha,
+        Err(e) => {
+            return DemoOutcome::could_not_run(format!(
+                "demo: drill leader-crash: {e:#} (it needs etcd and an orchestrator built with the `etcd` feature: scripts/setup-etcd.sh, then cargo build --workspace --bins --features pdwarden-stack/etcd)"
+            ));
+        }
+    };
+    if !args.json {
+        pdwarden_orchestrator::say!(
+            "HA stack in {}: etcd {}, orchestrators {}",
+            ha.dir.path().display(),
+            ha.etcd.client_urls().join(" "),
+            ha.orchestrators
+                .iter()
+                .map(|o| o.url.as_str())
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+    }
+    let asked = match ha.leader().await {
+        Some((leader, _)) => (leader + 1) % ha.orchestrators.len(),
+        None => 0,
+    };
+    let result = crate::ha::leader_crash(&mut ha, asked, args.crash_at, args.json).await;
+    ha.stop(args.keep);
+    match result {
+        Ok(v) => DemoOutcome {
+            code: if v["verdict"].as_str().is_some_and(|s| s.starts_with("healthy"))
+                && v["started_twice"].as_array().is_some_and(|a| a.is_empty())
+            {
+                0
+            } else {
+                2
+            },
+            json: v,
+            error: None,
+        },
+        Err(e) => DemoOutcome::could_not_run(format!("demo: drill leader-crash: {e:#}")),
+    }
 }
 
 /// The probe-storm drill: no pair to restart; three engines, three

@@ -47,6 +47,11 @@ pub enum Incident {
     /// Row 5: naive probes (a fresh prompt each, two alternating prompts)
     /// against pdwarden's one fixed prompt, over one simulated hour.
     ProbeStorm,
+    /// Three orchestrators on a real three-member etcd cluster (issue 19):
+    /// the leader is SIGKILLed during a co-restart; a follower must take it
+    /// over and conclude it, no unit started twice. Needs etcd and an
+    /// orchestrator built with the `etcd` feature.
+    LeaderCrash,
 }
 
 impl Incident {
@@ -61,6 +66,7 @@ impl Incident {
             Self::OrchestratorCrash => "orchestrator-crash",
             Self::OrchestratorCrashMidGate => "orchestrator-crash-mid-gate",
             Self::ProbeStorm => "probe-storm",
+            Self::LeaderCrash => "leader-crash",
         }
     }
 
@@ -88,6 +94,9 @@ impl Incident {
             }
             Self::ProbeStorm => {
                 "one simulated hour of probes at 1/min against three engines with sessions: a fresh prompt each, two alternating prompts, and pdwarden's one fixed prompt (INCIDENTS row 5)"
+            }
+            Self::LeaderCrash => {
+                "three orchestrators on a three-member etcd cluster; the restart is asked of a follower (sent to the leader), the leader is SIGKILLed mid co-restart; a follower must take the operation over and conclude it, each unit started once"
             }
         }
     }
@@ -194,7 +203,8 @@ pub async fn follow_up(
         | Incident::GenuineColdStart
         | Incident::ProbeStorm
         | Incident::OrchestratorCrash
-        | Incident::OrchestratorCrashMidGate => {
+        | Incident::OrchestratorCrashMidGate
+        | Incident::LeaderCrash => {
             return Ok(None);
         }
     }

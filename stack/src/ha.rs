@@ -20,7 +20,8 @@ use pdwarden_orchestrator::edge::ports::late_bind_port;
 use serde_json::Value;
 
 use crate::demo::DemoArgs;
-use crate::plan::{StackPlan, write_configs};
+use crate::drill::{CrashAt, reached, spawns_since};
+use crate::plan::{PAIR, StackPlan, write_configs};
 use crate::process::{Owned, binary, spawn_logged};
 
 /// The etcd server binary: `PDWARDEN_ETCD`, else `etcd` on the PATH
@@ -197,6 +198,8 @@ pub struct HaStack {
     pub plan: StackPlan,
     /// The agent's state dir (its `fencing_token` file).
     pub agent_state_dir: PathBuf,
+    /// How many units the agent registers.
+    pub units: usize,
 }
 
 impl HaStack {
@@ -260,14 +263,16 @@ impl HaStack {
             orchestrators,
             etcd,
             agent_state_dir: configs.agent.state_dir.clone(),
+            units: configs.agent.units.len(),
             dir,
             plan: configs.plan,
         };
         for i in 0..stack.orchestrators.len() {
             stack.start_orchestrator(i)?;
         }
-        let units = configs.agent.units.len();
-        stack.wait_leader_with_agent(units, Duration::from_secs(60)).await?;
+        stack
+            .wait_leader_with_agent(stack.units, Duration::from_secs(60))
+            .await?;
         Ok(stack)
     }
 
@@ -361,8 +366,16 @@ impl HaStack {
         let mut last = "no orchestrator leads yet".to_string();
         while Instant::now() < deadline {
             for i in 0..self.orchestrators.len() {
-                if self.orchestrators[i].process.is_none() {
+                let Some(p) = self.orchestrators[i].process.as_ref() else {
                     continue;
+                };
+                // One that exited at start (a build without etcd, a bad
+                // config) says why in its log: no use waiting.
+                if exited(p.pid()) {
+                    bail!(
+                        "orchestrator {i} exited: {}",
+                        self.orchestrator_log(i).lines().last().unwrap_or("(no log)")
+                    );
                 }
                 let Some(s) = self.status(i).await else { continue };
                 if s["leadership"]["role"] != "leader" {
@@ -420,6 +433,142 @@ impl HaStack {
             self.etcd.kill(i);
         }
         keep.then(|| self.dir.keep())
+    }
+}
+
+/// The leader-crash drill (`pdwarden demo --incident leader-crash`, and
+/// the HA scenarios at every step): asks orchestrator `ask` (a follower
+/// sends the CLI to the leader) for `restart pd-pair demo`, SIGKILLs the
+/// leader once the operation's journaled state is `at`, and waits for a
+/// follower to lead with the agent and conclude the operation. The
+/// `--json` object: who was killed and who took over, the failover times,
+/// what the agent spawned, the operation's record. The killed orchestrator
+/// is started again afterwards (as its service manager would).
+pub async fn leader_crash(ha: &mut HaStack, ask: usize, at: CrashAt, json: bool) -> anyhow::Result<Value> {
+    let units = ha.units;
+    let (leader, token) = ha.wait_leader_with_agent(units, Duration::from_secs(60)).await?;
+    let agent_log = ha.dir.path().join("agent.log");
+    let from = std::fs::metadata(&agent_log).map_or(0, |m| m.len());
+    let asked = ha.orchestrators[ask].connection.clone();
+    let follow = tokio::spawn(async move {
+        asked
+            .follow(
+                PAIR,
+                None,
+                pdwarden_orchestrator::edge::client::new_request_id(),
+                |_| {},
+            )
+            .await
+    });
+    let (op, decode_phase) = reached(&ha.orchestrators[leader].connection, at, Duration::from_secs(120)).await?;
+    let killed_at = Instant::now();
+    let pid = ha.kill_orchestrator(leader).context("the leader was not running")?;
+    follow.abort();
+    say(
+        json,
+        &format!(
+            "SIGKILLed the leader, orchestrator {leader} (pid {pid}, fencing token {token}), during operation {op} in state {}, decode-0 {decode_phase}",
+            at.state()
+        ),
+    );
+    let (new, new_token) = ha.wait_leader_with_agent(units, Duration::from_secs(60)).await?;
+    let serving = killed_at.elapsed();
+    say(
+        json,
+        &format!(
+            "orchestrator {new} leads (fencing token {new_token}) with the agent attached, {} ms after the kill",
+            serving.as_millis()
+        ),
+    );
+    // Moving again: the operation's journaled state changed, or it ended.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let moved = loop {
+        match newest(ha).await {
+            Some(r)
+                if r["operation_id"] == op.as_str() && (r["state"] != at.state() || !r["ended_unix_ms"].is_null()) =>
+            {
+                break killed_at.elapsed();
+            }
+            _ if Instant::now() > deadline => bail!("operation {op} never moved after the kill"),
+            _ => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    };
+    let record = loop {
+        match newest(ha).await {
+            Some(r) if r["operation_id"] == op.as_str() && !r["ended_unix_ms"].is_null() => break r,
+            _ if Instant::now() > deadline => bail!("operation {op} not concluded within 120 s of the kill"),
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    };
+    let spawned = spawns_since(&agent_log, from);
+    let twice: Vec<String> = spawned
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(u, n)| format!("{u} spawned {n} times"))
+        .collect();
+    say(
+        json,
+        &format!(
+            "operation {op} concluded {} by orchestrator {new}; the operation moved again {} ms after the kill; spawned: {}",
+            record["verdict"],
+            moved.as_millis(),
+            spawned
+                .iter()
+                .map(|(u, n)| format!("{u} {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    );
+    ha.start_orchestrator(leader)?;
+    Ok(serde_json::json!({
+        "incident": "leader-crash",
+        "operation_id": op,
+        "state": at.state(),
+        "verdict": record["verdict"],
+        "killed": { "orchestrator": leader, "pid": pid, "fencing_token": token, "url": ha.orchestrators[leader].url },
+        "new_leader": { "orchestrator": new, "fencing_token": new_token, "url": ha.orchestrators[new].url },
+        "asked": { "orchestrator": ask, "url": ha.orchestrators[ask].url },
+        "leader_serving_ms": serving.as_millis() as u64,
+        "operation_moving_ms": moved.as_millis() as u64,
+        "agent_fencing_floor": ha.agent_fencing_floor(),
+        "spawned": spawned,
+        "started_twice": twice,
+        "record": record,
+    }))
+}
+
+/// The newest operation of the pair as any orchestrator's history says.
+pub async fn newest(ha: &HaStack) -> Option<Value> {
+    let c = ha.any_connection().await?;
+    let mut client = c.connect().await.ok()?;
+    let r = tokio::time::timeout(
+        Duration::from_secs(5),
+        client.history(pdwarden_proto::v1::HistoryRequest {
+            pair: PAIR.into(),
+            limit: 1,
+        }),
+    )
+    .await
+    .ok()?
+    .ok()?;
+    let v: Value = serde_json::from_str(&r.into_inner().json).ok()?;
+    v.as_array()?.first().cloned()
+}
+
+/// Whether our child `pid` has ended (a zombie, not reaped here: its
+/// owner reaps it).
+fn exited(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+        Err(_) => true,
+    }
+}
+
+fn say(json: bool, line: &str) {
+    if !json {
+        pdwarden_orchestrator::say!("drill: {line}");
     }
 }
 
