@@ -17,7 +17,11 @@
 //!   leader it names at once, listed or not: waiting would only delay the
 //!   leader's view of this host. A redirected dial may not redirect again
 //!   before a backoff, so two followers with stale views naming each other
-//!   during an election cannot make the agent spin;
+//!   during an election cannot make the agent spin. After losing a leader
+//!   it says which (`Register.lost_leader_url`): a follower that would name
+//!   that one (dead, its lease not lapsed yet) holds the stream until the
+//!   next leader is elected, so the agent reaches it at once instead of
+//!   bouncing on a growing backoff;
 //! - fences ([`Fence`]): it keeps the highest fencing token it has seen and
 //!   refuses a leader acking, or a command carrying, a lower one. A deposed
 //!   leader that has not noticed its loss (a long GC pause, a partition from
