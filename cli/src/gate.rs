@@ -78,12 +78,24 @@ async fn follow(conn: &Connection, args: GateArgs) -> Result<GateReport, CouldNo
         let (k, v) = split_kv("--set-arg", s).map_err(CouldNotRun)?;
         request.set_args.insert(k, v);
     }
-    let mut client = conn.connect().await?;
-    let mut stream = client
-        .gate_pair(request)
-        .await
-        .map_err(|s| CouldNotRun(s.message().to_string()))?
-        .into_inner();
+    // A follower (several orchestrators on etcd) names the leader: asked
+    // once more there, with the same request id (it runs at most once).
+    let mut at = conn.clone();
+    let mut stream = loop {
+        let mut client = at.connect().await?;
+        match client.gate_pair(request.clone()).await {
+            Ok(r) => break r.into_inner(),
+            Err(s) => match pdwarden_orchestrator::edge::client::leader_named(&s).filter(|_| at.url == conn.url) {
+                Some(leader) => {
+                    if !args.json {
+                        pdwarden_orchestrator::say!("{} is a follower; asking the leader, {leader}", at.url);
+                    }
+                    at = Connection::new(leader, conn.credentials.clone());
+                }
+                None => return Err(CouldNotRun(s.message().to_string())),
+            },
+        }
+    };
     let mut out = std::io::stdout();
     loop {
         let update = match stream.message().await {
