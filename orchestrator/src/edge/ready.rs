@@ -255,6 +255,22 @@ pub fn metrics(board: &WatchBoard) -> String {
         board.detection.clone(),
     );
     board.operations.register(&mut registry);
+    // Several orchestrators on etcd (issue 19): alert when none leads
+    // (`sum(pdwarden_orchestrator_leading) == 0`), or two do.
+    let leading = Gauge::<i64, std::sync::atomic::AtomicI64>::default();
+    leading.set(i64::from(board.leadership.leads()));
+    registry.register(
+        "pdwarden_orchestrator_leading",
+        "1 when this orchestrator commands the agents (the sole one on SQLite, or the elected leader on etcd)",
+        leading,
+    );
+    let token = Gauge::<i64, std::sync::atomic::AtomicI64>::default();
+    token.set(board.leadership.token() as i64);
+    registry.register(
+        "pdwarden_orchestrator_fencing_token",
+        "The leader's fencing token (the etcd revision it was elected at; 0 when not leading or on SQLite)",
+        token,
+    );
     let mut out = String::new();
     if prometheus_client::encoding::text::encode(&mut out, &registry).is_err() {
         out.clear();
@@ -302,7 +318,12 @@ mod tests {
     fn promtool_accepts_every_series() {
         use crate::ops::telemetry::Concluded;
         use crate::ops::watcher::ProbeLabels;
-        let board = WatchBoard::default();
+        let leadership = crate::edge::leadership::Leadership::candidate("http://a:1", std::time::Duration::ZERO);
+        leadership.set(crate::edge::leadership::Role::Leader {
+            token: 42,
+            since_unix_ms: 0,
+        });
+        let board = WatchBoard::with_leadership(leadership);
         board
             .detection
             .get_or_create(&WedgeLabels {
@@ -342,6 +363,8 @@ mod tests {
             r#"pdwarden_pair_last_verdict{pair="demo",verdict="healthy"} 1"#,
             r#"pdwarden_pair_last_verdict{pair="demo",verdict="failed"} 0"#,
             r#"pdwarden_watch_probe_duration_seconds_count{pair="demo",outcome="ok"} 1"#,
+            "pdwarden_orchestrator_leading 1",
+            "pdwarden_orchestrator_fencing_token 42",
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");
         }

@@ -772,7 +772,7 @@ pub async fn serve(
     };
     // Every conclusion from here on feeds the operations' series, the
     // resumed operations' included.
-    let board = WatchBoard::default();
+    let board = WatchBoard::with_leadership(opened.leadership.clone());
     ctx.journal.observe_conclusions(board.operations.clone());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     if let Some(addr) = config.readiness_listen {

@@ -132,6 +132,19 @@ pub struct WatchBoard {
     pub probe_latency: Family<ProbeLabels, Histogram, fn() -> Histogram>,
     /// Every operation's conclusion (the journal tells it).
     pub operations: crate::ops::telemetry::OperationMetrics,
+    /// Whether this orchestrator leads (its `/metrics` says so, for an
+    /// alert on "no orchestrator leads").
+    pub leadership: crate::edge::leadership::Leadership,
+}
+
+impl WatchBoard {
+    /// A board whose `/metrics` says whether `leadership` leads.
+    pub fn with_leadership(leadership: crate::edge::leadership::Leadership) -> Self {
+        WatchBoard {
+            leadership,
+            ..Self::default()
+        }
+    }
 }
 
 impl Default for WatchBoard {
@@ -141,6 +154,7 @@ impl Default for WatchBoard {
             detection: Family::new_with_constructor(detection_histogram),
             probe_latency: Family::new_with_constructor(probe_histogram),
             operations: Default::default(),
+            leadership: Default::default(),
         }
     }
 }
