@@ -15,7 +15,7 @@ use anyhow::{Context, bail};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use pdwarden_orchestrator::config::{JournalSpec, LeadershipConfig};
-use pdwarden_orchestrator::edge::client::{Connection, CouldNotRun, Credentials};
+use pdwarden_orchestrator::edge::client::{Connection, Credentials};
 use pdwarden_orchestrator::edge::ports::late_bind_port;
 use serde_json::Value;
 
@@ -365,18 +365,26 @@ impl HaStack {
         let deadline = Instant::now() + limit;
         let mut last = "no orchestrator leads yet".to_string();
         while Instant::now() < deadline {
-            for i in 0..self.orchestrators.len() {
-                let Some(p) = self.orchestrators[i].process.as_ref() else {
-                    continue;
-                };
-                // One that exited at start (a build without etcd, a bad
-                // config) says why in its log: no use waiting.
-                if exited(p.pid()) {
-                    bail!(
-                        "orchestrator {i} exited: {}",
-                        self.orchestrator_log(i).lines().last().unwrap_or("(no log)")
-                    );
-                }
+            // One that exited (deposed: a leader that lost etcd exits on
+            // purpose) is passed over; when none is left — all exited at
+            // start (a build without etcd, a bad config) — no use waiting:
+            // the last one's log says why.
+            let live: Vec<usize> = (0..self.orchestrators.len())
+                .filter(|i| {
+                    self.orchestrators[*i]
+                        .process
+                        .as_ref()
+                        .is_some_and(|p| !exited(p.pid()))
+                })
+                .collect();
+            if live.is_empty() {
+                let i = self.orchestrators.len() - 1;
+                bail!(
+                    "no orchestrator is running; orchestrator {i} said: {}",
+                    self.orchestrator_log(i).lines().last().unwrap_or("(no log)")
+                );
+            }
+            for i in live {
                 let Some(s) = self.status(i).await else { continue };
                 if s["leadership"]["role"] != "leader" {
                     last = format!("orchestrator {i}: {}", s["leadership"]);
@@ -493,13 +501,7 @@ pub async fn leader_crash(ha: &mut HaStack, ask: usize, at: CrashAt, json: bool)
             _ => tokio::time::sleep(Duration::from_millis(20)).await,
         }
     };
-    let record = loop {
-        match newest(ha).await {
-            Some(r) if r["operation_id"] == op.as_str() && !r["ended_unix_ms"].is_null() => break r,
-            _ if Instant::now() > deadline => bail!("operation {op} not concluded within 120 s of the kill"),
-            _ => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
-    };
+    let record = concluded(ha, &op, deadline.saturating_duration_since(Instant::now())).await?;
     let spawned = spawns_since(&agent_log, from);
     let twice: Vec<String> = spawned
         .iter()
@@ -535,6 +537,19 @@ pub async fn leader_crash(ha: &mut HaStack, ask: usize, at: CrashAt, json: bool)
         "started_twice": twice,
         "record": record,
     }))
+}
+
+/// Waits (at most `limit`) until operation `op` is concluded in the shared
+/// journal; its record.
+pub async fn concluded(ha: &HaStack, op: &str, limit: Duration) -> anyhow::Result<Value> {
+    let deadline = Instant::now() + limit;
+    loop {
+        match newest(ha).await {
+            Some(r) if r["operation_id"] == op && !r["ended_unix_ms"].is_null() => return Ok(r),
+            _ if Instant::now() > deadline => bail!("operation {op} not concluded within {limit:?}"),
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
 }
 
 /// The newest operation of the pair as any orchestrator's history says.
@@ -574,9 +589,4 @@ fn say(json: bool, line: &str) {
 
 fn toml_of(c: &pdwarden_agent::AgentConfig) -> anyhow::Result<String> {
     c.to_toml_string().context("the agent config as TOML")
-}
-
-/// Connects, or says why not (for polling loops).
-pub async fn connected(c: &Connection) -> Result<(), String> {
-    c.connect().await.map(|_| ()).map_err(|CouldNotRun(r)| r)
 }

@@ -65,35 +65,17 @@ async fn restart_refused(ha: &HaStack, i: usize) -> tonic::Status {
     .expect_err("the restart is refused")
 }
 
-/// Waits until `op` is concluded in the shared journal; its record.
-async fn concluded(ha: &HaStack, op: &str, limit: Duration) -> Value {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(r) = pdwarden_stack::ha::newest(ha).await
-            && r["operation_id"] == op
-            && !r["ended_unix_ms"].is_null()
-        {
-            return r;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "operation {op} not concluded within {limit:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 fn agent_log_len(ha: &HaStack) -> u64 {
     std::fs::metadata(ha.dir.path().join("agent.log")).map_or(0, |m| m.len())
 }
 
-fn assert_each_unit_started_once(ha: &HaStack, from: u64, what: &str) {
-    let spawned: BTreeMap<String, u64> = spawns_since(&ha.dir.path().join("agent.log"), from);
+/// Each of the pair's units spawned exactly once in `spawned`.
+fn assert_each_unit_started_once(spawned: &BTreeMap<String, u64>, what: &str) {
     let expected: BTreeMap<String, u64> = ["prefill-0", "decode-0", "router-0"]
         .iter()
         .map(|u| (u.to_string(), 1))
         .collect();
-    assert_eq!(spawned, expected, "{what}: each unit started exactly once");
+    assert_eq!(spawned, &expected, "{what}: each unit started exactly once");
 }
 
 fn median_and_worst(xs: &mut [Duration]) -> (Duration, Duration) {
@@ -161,15 +143,9 @@ fn a_leader_killed_at_each_co_restart_step_is_replaced_and_the_operation_conclud
                 "taken over from the journal in {}: {reasons}",
                 at.state()
             );
-            let expected: BTreeMap<String, u64> = ["prefill-0", "decode-0", "router-0"]
-                .iter()
-                .map(|u| (u.to_string(), 1))
-                .collect();
-            assert_eq!(
-                serde_json::from_value::<BTreeMap<String, u64>>(v["spawned"].clone()).unwrap(),
-                expected,
-                "killed in {}: each unit started exactly once",
-                at.state()
+            assert_each_unit_started_once(
+                &serde_json::from_value(v["spawned"].clone()).unwrap(),
+                &format!("killed in {}", at.state()),
             );
             // A follower serves the same history from the shared journal.
             let other = (0..3)
@@ -317,13 +293,18 @@ fn quorum_lost_mid_co_restart_stops_safely_and_recovers() {
             .await
             .unwrap_or_else(|e| panic!("{e:#}"));
         assert_ne!(new, leader, "the exited leader was not restarted");
-        let record = concluded(&ha, &op, Duration::from_secs(120)).await;
+        let record = pdwarden_stack::ha::concluded(&ha, &op, Duration::from_secs(120))
+            .await
+            .unwrap_or_else(|e| panic!("{e:#}"));
         assert!(
             record["verdict"].as_str().unwrap_or("").starts_with("healthy"),
             "{:#}",
             record["report"]["reasons"]
         );
-        assert_each_unit_started_once(&ha, from, "quorum lost and back");
+        assert_each_unit_started_once(
+            &spawns_since(&ha.dir.path().join("agent.log"), from),
+            "quorum lost and back",
+        );
         eprintln!(
             "ha: quorum back -> orchestrator {new} leads with the agent {} ms later; operation concluded {}",
             back.elapsed().as_millis(),

@@ -424,13 +424,13 @@ impl EtcdStore {
     }
 
     fn record(&self, row: Row) -> Result<OperationRecord, JournalError> {
+        // One read of the operation's entries for both.
+        let entries = self.entries(&row.id)?;
         let first_of = |kind: &str| -> Result<Option<serde_json::Value>, JournalError> {
-            for (_, k, payload) in self.entries(&row.id)? {
-                if k == kind {
-                    return Ok(Some(serde_json::from_str(&payload)?));
-                }
+            match entries.iter().find(|(_, k, _)| k == kind) {
+                Some((_, _, payload)) => Ok(Some(serde_json::from_str(payload)?)),
+                None => Ok(None),
             }
-            Ok(None)
         };
         Ok(OperationRecord {
             trigger: first_of("trigger")?,
