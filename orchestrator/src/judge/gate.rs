@@ -621,10 +621,22 @@ pub fn judge(
         Judgement::Inconclusive if comparisons.is_empty() => {
             reasons.push("nothing to compare: no request completed on one side".into());
         }
-        Judgement::Inconclusive => reasons.push(format!(
-            "{} of {n} comparisons inconclusive ({looks}): their intervals span the margin, so neither \"not worse\" nor \"worse\" is shown",
-            count(Finding::Inconclusive)
-        )),
+        Judgement::Inconclusive => {
+            let open = count(Finding::Inconclusive);
+            let (better, not_worse) = (count(Finding::Better), count(Finding::NotWorse));
+            let rest = match (better, not_worse) {
+                (0, 0) => String::new(),
+                (b, 0) => format!("; the other {b} shown better beyond their margins"),
+                (0, w) => format!("; the other {w} shown not worse beyond their margins"),
+                (b, w) => format!(
+                    "; of the other {}, {b} shown better and {w} not worse beyond their margins",
+                    b + w
+                ),
+            };
+            reasons.push(format!(
+                "{open} of {n} comparisons inconclusive ({looks}): their intervals span the margin, so neither \"not worse\" nor \"worse\" is shown{rest}"
+            ))
+        }
         Judgement::Regressed => {}
     }
     // Within each kind of finding, the largest changes first.
@@ -646,6 +658,48 @@ pub fn judge(
         failures_before,
         failures_after,
         reasons,
+    }
+}
+
+impl JudgeReport {
+    /// The lines a person reads first: the conclusion, then the largest
+    /// comparison of *each* kind of finding present (the two largest of the
+    /// kind that decided the judgement), then how many more there are. A
+    /// short report that listed only the largest findings overall would,
+    /// for an inconclusive speed-up, show the few open tail statistics and
+    /// hide that every other comparison was shown better (CI, 2026-12-05).
+    pub fn summary(&self) -> Vec<String> {
+        let head = self.reasons.len().saturating_sub(self.comparisons.len());
+        let mut lines: Vec<String> = self.reasons[..head].to_vec();
+        let deciding = match self.judgement {
+            Judgement::Regressed => Finding::Regression,
+            Judgement::Inconclusive => Finding::Inconclusive,
+            Judgement::Improved => Finding::Better,
+            Judgement::NotWorse => Finding::NotWorse,
+        };
+        let mut shown = 0;
+        for f in [
+            Finding::Regression,
+            Finding::Inconclusive,
+            Finding::Better,
+            Finding::NotWorse,
+        ] {
+            let mut found: Vec<&Comparison> = self.comparisons.iter().filter(|c| c.finding == f).collect();
+            found.sort_by(|a, b| b.change_pct.abs().total_cmp(&a.change_pct.abs()));
+            let take = if f == deciding { 2 } else { 1 };
+            for c in found.into_iter().take(take) {
+                lines.push(describe(c));
+                shown += 1;
+            }
+        }
+        let more = self.comparisons.len() - shown;
+        if more > 0 {
+            lines.push(format!(
+                "… and {more} more comparison{} (all in `judgement`, and in `pdwarden history`)",
+                if more == 1 { "" } else { "s" }
+            ));
+        }
+        lines
     }
 }
 
@@ -945,6 +999,67 @@ mod tests {
             "{r:#?}"
         );
         assert!(r.reasons[0].contains("inconclusive"), "{:?}", r.reasons);
+    }
+
+    /// CI (2026-12-05): a 15 % speed-up whose tail statistics at one cell
+    /// stayed open after the whole budget was reported as three inconclusive
+    /// lines and "… and 26 more comparisons with the same finding or
+    /// smaller" — the speed-up shown on every other comparison was nowhere
+    /// in the short report. The summary names each kind of finding present.
+    #[test]
+    fn an_inconclusive_summary_still_shows_what_was_shown_better() {
+        let wide = |centre: f64, phase: usize| -> Vec<Vec<f64>> {
+            (0..8)
+                .map(|i| vec![centre * (1.0 + 0.5 * (((i * 5 + phase) % 8) as f64 / 3.5 - 1.0))])
+                .collect()
+        };
+        let faster = |name: &str| {
+            metric(
+                name,
+                Better::Lower,
+                noisy(40.0, 24, 0),
+                scaled(&noisy(40.0, 24, 2), 0.8),
+            )
+        };
+        let r = judge(
+            &[
+                metric("ttft", Better::Lower, wide(40.0, 0), wide(38.0, 3)),
+                metric("queue", Better::Lower, wide(20.0, 1), wide(19.0, 4)),
+                faster("e2e"),
+                faster("tpot"),
+            ],
+            0,
+            0,
+            POLICY,
+            1,
+        );
+        assert_eq!(r.judgement, Judgement::Inconclusive, "{r:#?}");
+        let open = r
+            .comparisons
+            .iter()
+            .filter(|c| c.finding == Finding::Inconclusive)
+            .count();
+        let better = r.comparisons.iter().filter(|c| c.finding == Finding::Better).count();
+        assert!(open >= 3 && better >= 2, "{r:#?}");
+        // The old short report (the first three reasons) showed none of it.
+        assert!(
+            !r.reasons.iter().take(3).any(|l| l.contains("better beyond the margin")),
+            "{:#?}",
+            r.reasons
+        );
+        let s = r.summary();
+        assert!(s[0].contains(&format!("the other {better} shown better")), "{s:?}");
+        assert!(s.iter().any(|l| l.contains("better beyond the margin")), "{s:?}");
+        assert_eq!(
+            s.iter().filter(|l| l.contains("inconclusive: the interval")).count(),
+            2,
+            "{s:?}"
+        );
+        let more = r.comparisons.len() - 3;
+        assert!(
+            s.last().unwrap().starts_with(&format!("… and {more} more comparison")),
+            "{s:?}"
+        );
     }
 
     /// Issue 17: a significant small gain on one metric does not carry a

@@ -1243,15 +1243,9 @@ impl Gate {
                 config::OnInconclusive::Hold => GateVerdict::InconclusiveHeld,
             },
         };
-        // A short report: the largest findings; the rest are in `judgement`.
-        const SHOWN: usize = 3;
-        self.reasons.extend(report.reasons.iter().take(SHOWN).cloned());
-        if report.reasons.len() > SHOWN {
-            self.reasons.push(format!(
-                "… and {} more comparisons with the same finding or smaller (all in `judgement`, and in `pdwarden history`)",
-                report.reasons.len() - SHOWN
-            ));
-        }
+        // A short report: the largest finding of each kind; the rest are in
+        // `judgement`.
+        self.reasons.extend(report.summary());
         let stays = verdict.kept() || verdict == GateVerdict::InconclusiveHeld;
         run.out.judgement = Some(report);
         if verdict == GateVerdict::InconclusiveHeld {
