@@ -649,11 +649,7 @@ pub async fn orchestrator_crash(stack: &mut Stack, json: bool, at: CrashAt) -> a
     .await?;
     let report = record["report"].clone();
     let spawned = spawns_since(&agent_log, log_before);
-    let twice: Vec<String> = spawned
-        .iter()
-        .filter(|(_, n)| **n > 1)
-        .map(|(u, n)| format!("{u} spawned {n} times"))
-        .collect();
+    let twice = spawned_more_than_once(&spawned);
     if !json {
         for r in report["reasons"].as_array().into_iter().flatten() {
             pdwarden_orchestrator::say!("drill: {}", r.as_str().unwrap_or(""));
@@ -704,6 +700,16 @@ pub fn spawns_since(log: &std::path::Path, from: u64) -> std::collections::BTree
         }
     }
     out
+}
+
+/// "UNIT spawned N times" for each unit of `spawns_since` spawned more than
+/// once: a second model load in one operation.
+pub fn spawned_more_than_once(spawned: &std::collections::BTreeMap<String, u64>) -> Vec<String> {
+    spawned
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(u, n)| format!("{u} spawned {n} times"))
+        .collect()
 }
 
 /// Waits until operation `operation_id` of pair `demo` has ended; its record.

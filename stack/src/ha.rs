@@ -20,7 +20,7 @@ use pdwarden_orchestrator::edge::ports::late_bind_port;
 use serde_json::Value;
 
 use crate::demo::DemoArgs;
-use crate::drill::{CrashAt, reached, spawns_since};
+use crate::drill::{CrashAt, reached, spawned_more_than_once, spawns_since};
 use crate::plan::{PAIR, StackPlan, write_configs};
 use crate::process::{Owned, binary, spawn_logged};
 
@@ -503,11 +503,7 @@ pub async fn leader_crash(ha: &mut HaStack, ask: usize, at: CrashAt, json: bool)
     };
     let record = concluded(ha, &op, deadline.saturating_duration_since(Instant::now())).await?;
     let spawned = spawns_since(&agent_log, from);
-    let twice: Vec<String> = spawned
-        .iter()
-        .filter(|(_, n)| **n > 1)
-        .map(|(u, n)| format!("{u} spawned {n} times"))
-        .collect();
+    let twice = spawned_more_than_once(&spawned);
     say(
         json,
         &format!(

@@ -859,6 +859,14 @@ mod tests {
             .collect()
     }
 
+    /// Eight rounds spread ±50 % around `centre`: too few and too wide for
+    /// any interval to clear a 5 % margin.
+    fn wide(centre: f64, phase: usize) -> Vec<Vec<f64>> {
+        (0..8)
+            .map(|i| vec![centre * (1.0 + 0.5 * (((i * 5 + phase) % 8) as f64 / 3.5 - 1.0))])
+            .collect()
+    }
+
     fn scaled(v: &[Vec<f64>], f: f64) -> Vec<Vec<f64>> {
         v.iter().map(|r| r.iter().map(|x| x * f).collect()).collect()
     }
@@ -980,11 +988,6 @@ mod tests {
     /// inconclusive — never "not worse".
     #[test]
     fn a_noisy_regression_is_never_kept() {
-        let wide = |centre: f64, phase: usize| -> Vec<Vec<f64>> {
-            (0..8)
-                .map(|i| vec![centre * (1.0 + 0.5 * (((i * 5 + phase) % 8) as f64 / 3.5 - 1.0))])
-                .collect()
-        };
         let r = judge(
             &[metric("e2e", Better::Lower, wide(40.0, 0), wide(50.0, 3))],
             0,
@@ -1008,11 +1011,6 @@ mod tests {
     /// in the short report. The summary names each kind of finding present.
     #[test]
     fn an_inconclusive_summary_still_shows_what_was_shown_better() {
-        let wide = |centre: f64, phase: usize| -> Vec<Vec<f64>> {
-            (0..8)
-                .map(|i| vec![centre * (1.0 + 0.5 * (((i * 5 + phase) % 8) as f64 / 3.5 - 1.0))])
-                .collect()
-        };
         let faster = |name: &str| {
             metric(
                 name,
@@ -1254,11 +1252,6 @@ mod tests {
             BaselineCheck::Moved,
             "faster is not 'as it was' either"
         );
-        let wide = |centre: f64, phase: usize| -> Vec<Vec<f64>> {
-            (0..8)
-                .map(|i| vec![centre * (1.0 + 0.5 * (((i * 5 + phase) % 8) as f64 / 3.5 - 1.0))])
-                .collect()
-        };
         assert_eq!(check(wide(40.0, 0), wide(46.0, 3)), BaselineCheck::NotShown);
         assert_eq!(
             BaselineCheck::of(&judge(
