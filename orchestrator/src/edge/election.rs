@@ -44,15 +44,6 @@ pub struct Election {
 /// How often a candidate retries etcd when it cannot reach it.
 const RETRY: Duration = Duration::from_millis(500);
 
-// The journal and status show wall-clock times for people.
-#[allow(clippy::disallowed_methods)]
-fn unix_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
-
 impl Election {
     fn url(&self) -> String {
         self.leadership.advertise_url.clone().unwrap_or_default()
@@ -92,11 +83,8 @@ impl Election {
             }
         };
         let why = self.hold(lease).await;
+        // The role goes with the fence (its first reason kept).
         self.fence.lose(why.clone());
-        self.leadership.set(Role::Follower {
-            leader_url: None,
-            why: why.clone(),
-        });
         // Best effort: let a successor start at once instead of at the lease's end.
         let mut c = self.client.clone();
         let _ = tokio::time::timeout(Duration::from_millis(500), c.lease_revoke(lease)).await;
@@ -126,12 +114,10 @@ impl Election {
         };
         if resp.succeeded() {
             let token = resp.header().map(|h| h.revision()).unwrap_or(0) as u64;
-            self.fence.lead(token);
-            self.leadership.set(Role::Leader {
-                token,
-                since_unix_ms: unix_ms(),
-            });
-            tracing::info!(token, url = %self.url(), "leading: this orchestrator holds the etcd leadership");
+            // The fence sets the role with the token (a lost fence leads no more).
+            if self.fence.lead(token) {
+                tracing::info!(token, url = %self.url(), "leading: this orchestrator holds the etcd leadership");
+            }
             return Ok(Some(lease));
         }
         let _ = self.client.lease_revoke(lease).await;

@@ -634,7 +634,13 @@ fn open_journal(config: &OrchestratorConfig, holder: &str) -> Result<Opened, Ser
                     field: "leadership.advertise_url".into(),
                     problem: "required with an etcd journal".into(),
                 })?;
-            let fence = Arc::new(crate::ops::journal::etcd::Fence::default());
+            // An agent that lost the leader waits at a follower for about
+            // two leases: the next leader is elected within one.
+            let leadership = crate::edge::leadership::Leadership::candidate(
+                &l.advertise_url,
+                Duration::from_secs(2 * l.lease_ttl_s + 2),
+            );
+            let fence = Arc::new(crate::ops::journal::etcd::Fence::new(leadership.clone()));
             let store = crate::ops::journal::etcd::EtcdStore::connect(
                 endpoints,
                 &l.prefix,
@@ -642,12 +648,6 @@ fn open_journal(config: &OrchestratorConfig, holder: &str) -> Result<Opened, Ser
                 l.etcd_tls.as_ref(),
                 fence.clone(),
             )?;
-            // An agent that lost the leader waits at a follower for about
-            // two leases: the next leader is elected within one.
-            let leadership = crate::edge::leadership::Leadership::candidate(
-                &l.advertise_url,
-                Duration::from_secs(2 * l.lease_ttl_s + 2),
-            );
             let election = crate::edge::election::Election {
                 client: store.client(),
                 leader_key: store.leader_key(),

@@ -35,10 +35,20 @@ use etcd_client::{
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use super::{JournalError, OperationMeta, OperationRecord, Store};
+use super::{JournalError, OperationMeta, OperationRecord, Store, unix_ms};
+use crate::edge::leadership::{Leadership, Role};
 
 /// The leader's fencing token as this process holds it, and the signal that
 /// it lost the leadership.
+///
+/// It also writes the [`Leadership`] everything else asks (`Fleet::send`
+/// above all), in the same step as the token: a journal write refused by
+/// the fence, or unconfirmed, must stop the very next command. If the role
+/// were left to the election task to flip once it wakes, a leader paused
+/// past its lease would, on waking, have its command's write-ahead entry
+/// refused and still send the command — with its old token, to an agent
+/// still linked to it that has never seen a newer one, which would carry it
+/// out unrecorded.
 pub struct Fence {
     /// The revision at which this orchestrator took the leadership; 0 while
     /// it does not lead (every write is refused).
@@ -47,37 +57,57 @@ pub struct Fence {
     lost: watch::Sender<Option<String>>,
     /// Set once the lease is given back (or could not be).
     released: watch::Sender<bool>,
+    leadership: Leadership,
 }
 
-impl Default for Fence {
-    fn default() -> Self {
+impl Fence {
+    /// The fence of an orchestrator whose part `leadership` shows.
+    pub fn new(leadership: Leadership) -> Self {
         Self {
             token: AtomicU64::new(0),
             lost: watch::Sender::new(None),
             released: watch::Sender::new(false),
+            leadership,
         }
     }
-}
 
-impl Fence {
     pub fn token(&self) -> u64 {
         self.token.load(Ordering::SeqCst)
     }
 
-    /// This orchestrator leads from revision `token` on.
-    pub fn lead(&self, token: u64) {
-        if self.lost.borrow().is_none() {
-            self.token.store(token, Ordering::SeqCst);
-        }
-    }
-
-    /// The leadership is gone: nothing more is written. Only the first
-    /// reason is kept.
-    pub fn lose(&self, why: impl Into<String>) {
-        self.token.store(0, Ordering::SeqCst);
-        let why = why.into();
+    /// This orchestrator leads from revision `token` on — unless the
+    /// leadership was already given up (a resignation during the
+    /// campaign); whether it leads.
+    pub fn lead(&self, token: u64) -> bool {
+        let mut led = false;
+        // Under the `lost` lock, so a concurrent `lose` comes wholly
+        // before or wholly after.
         self.lost.send_if_modified(|l| {
             if l.is_none() {
+                self.token.store(token, Ordering::SeqCst);
+                self.leadership.set(Role::Leader {
+                    token,
+                    since_unix_ms: unix_ms(),
+                });
+                led = true;
+            }
+            false
+        });
+        led
+    }
+
+    /// The leadership is gone: nothing more is written, and nothing more is
+    /// sent (the role is a follower's from here on). Only the first reason
+    /// is kept.
+    pub fn lose(&self, why: impl Into<String>) {
+        let why = why.into();
+        self.lost.send_if_modified(|l| {
+            self.token.store(0, Ordering::SeqCst);
+            if l.is_none() {
+                self.leadership.set(Role::Follower {
+                    leader_url: None,
+                    why: why.clone(),
+                });
                 *l = Some(why);
                 true
             } else {
@@ -764,7 +794,8 @@ mod tests {
         etcd: &LocalEtcd,
         url: &str,
     ) -> (Arc<Journal>, Leadership, Arc<Fence>, tokio::task::JoinHandle<String>) {
-        let fence = Arc::new(Fence::default());
+        let leadership = Leadership::candidate(url, Duration::from_secs(6));
+        let fence = Arc::new(Fence::new(leadership.clone()));
         let store = EtcdStore::connect(
             std::slice::from_ref(&etcd.url),
             "/t",
@@ -773,7 +804,6 @@ mod tests {
             fence.clone(),
         )
         .unwrap();
-        let leadership = Leadership::candidate(url, Duration::from_secs(6));
         let election = Election {
             client: store.client(),
             leader_key: store.leader_key(),
@@ -867,11 +897,16 @@ mod tests {
     /// A led (it took the key at some revision) and was paused past its
     /// lease: no election task of its own runs here, so it still believes
     /// it leads, as a frozen process does. B takes over with a higher token;
-    /// A's next write fails on the fence, changes nothing, and deposes A.
+    /// A's next write fails on the fence, changes nothing, and deposes A —
+    /// at once, not when A's election task next wakes: the write-ahead
+    /// entry of a command refused, the command itself must not leave
+    /// (`Fleet::send` asks `leads()`), or an agent still linked to A, which
+    /// has never seen B's token, would carry it out unrecorded.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_deposed_leaders_write_is_refused_by_the_fence() {
         let etcd = LocalEtcd::start().await;
-        let afence = Arc::new(Fence::default());
+        let al = Leadership::candidate("http://a:1", Duration::from_secs(6));
+        let afence = Arc::new(Fence::new(al.clone()));
         let a = Journal::new(Box::new(
             EtcdStore::connect(
                 std::slice::from_ref(&etcd.url),
@@ -885,7 +920,8 @@ mod tests {
         let mut c = etcd_client::Client::connect([etcd.url.clone()], None).await.unwrap();
         let took = c.put("/t/leader", "http://a:1", None).await.unwrap();
         let a_token = took.header().unwrap().revision() as u64;
-        afence.lead(a_token);
+        assert!(afence.lead(a_token));
+        assert_eq!(al.token(), a_token, "the fence made A the leader");
         a.begin("op-1", "co_restart", "p", None).unwrap();
         // Its lease lapses while it is paused: the key goes.
         c.delete("/t/leader", None).await.unwrap();
@@ -898,6 +934,10 @@ mod tests {
         assert!(matches!(e, JournalError::NotLeader { .. }), "{e}");
         assert!(e.to_string().contains("http://b:1 leads"), "{e}");
         assert!(afence.is_lost());
+        // No await since the refused write: nothing else ran in between.
+        assert!(!al.leads(), "A commands nothing more: {:?}", al.role());
+        assert!(!afence.lead(a_token), "a lost fence does not lead again");
+        assert!(!al.leads());
         assert_eq!(b.entries("op-1").unwrap().len(), before, "nothing of A's was written");
         assert_eq!(b.unfinished().unwrap()[0].state, "started");
         // B, the leader, writes.
@@ -984,7 +1024,7 @@ mod tests {
             "/t",
             Duration::from_millis(500),
             Some(&bad),
-            Arc::new(Fence::default()),
+            Arc::new(Fence::new(Leadership::candidate("http://a:1", Duration::from_secs(6)))),
         )
         .err()
         .expect("a missing key is refused");
