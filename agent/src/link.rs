@@ -69,6 +69,15 @@ use crate::commands::Dispatcher;
 
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(3);
 const ATTACH_TIMEOUT: Duration = Duration::from_secs(5);
+/// The whole connection — TCP, TLS, the HTTP/2 handshake. The endpoint's
+/// own `connect_timeout` bounds only the TCP part, and a frozen
+/// orchestrator (SIGSTOPped, a paused VM, a wedged process) completes that
+/// from its kernel's backlog and then never answers: without this bound an
+/// agent that dialled it would wait there for ever and never reach the
+/// leader (the HA scenario with a frozen leader found it).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(3);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(3);
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// The file in `state_dir` holding the highest fencing token seen.
@@ -88,6 +97,11 @@ pub enum LinkError {
     NoOrchestrator,
     #[error("cannot connect to the orchestrator")]
     Connect(#[source] tonic::transport::Error),
+    #[error(
+        "orchestrator did not complete the connection (TCP, TLS, HTTP/2) within {} ms: hung or overloaded",
+        CONNECT_TIMEOUT.as_millis()
+    )]
+    ConnectTimeout,
     #[error("orchestrator refused the attach stream")]
     Attach(#[source] tonic::Status),
     #[error("orchestrator did not answer the attach within {} ms", ATTACH_TIMEOUT.as_millis())]
@@ -143,8 +157,14 @@ pub(crate) fn endpoint(url: &str, tls: Option<ClientTlsConfig>) -> Result<Endpoi
     }
     Ok(e.connect_timeout(Duration::from_secs(3))
         .tcp_nodelay(true)
-        .http2_keep_alive_interval(Duration::from_secs(10))
-        .keep_alive_timeout(Duration::from_secs(5))
+        // A frozen orchestrator (SIGSTOPped, a paused VM) keeps its TCP
+        // connections open: only an unanswered ping shows it. Every 3 s, 3 s
+        // to answer: the agent leaves a frozen leader within 3-6 s, well
+        // inside the new leader's wait for its agents (`resume_grace_ms`,
+        // 15 s; at 10 s + 5 s the agent reached it after ~20 s, in the HA
+        // scenario with a frozen leader). An HTTP/2 ping is a few bytes.
+        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
         .keep_alive_while_idle(true))
 }
 
@@ -507,7 +527,10 @@ enum SessionEnd {
 }
 
 async fn open_session(endpoint: &Endpoint, register: Register) -> Result<Session, LinkError> {
-    let channel = endpoint.connect().await.map_err(LinkError::Connect)?;
+    let channel = tokio::time::timeout(CONNECT_TIMEOUT, endpoint.connect())
+        .await
+        .map_err(|_| LinkError::ConnectTimeout)?
+        .map_err(LinkError::Connect)?;
     let mut client = AgentLinkClient::new(channel);
     let (tx, rx) = mpsc::channel(256);
     // Queued before the call: a server may wait for Register before it
@@ -753,6 +776,24 @@ mod tests {
         GateAgentStep, GateBenchmark, ProbeRequest, RouterWorkers, ScrapeEngines, StartUnit, StopUnit,
         SuiteStepRequest, UnitConfigChange,
     };
+
+    // Property: a frozen orchestrator over TLS — its kernel completes the
+    // TCP handshake from the listen backlog, the process never answers the
+    // ClientHello (SIGSTOPped, a paused VM) — is given up on within the
+    // connection's bound. The endpoint's connect_timeout covers only TCP:
+    // the agent waited there for ever (the HA scenario with a frozen
+    // leader found it). Paused time: the bound elapses at once.
+    #[tokio::test(start_paused = true)]
+    async fn a_frozen_orchestrator_is_given_up_within_the_connection_bound() {
+        let frozen = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("https://{}", frozen.local_addr().unwrap());
+        let e = endpoint(&url, Some(ClientTlsConfig::new())).unwrap();
+        let r = tokio::time::timeout(Duration::from_secs(600), open_session(&e, Register::default()))
+            .await
+            .expect("the dial to a frozen orchestrator ended");
+        assert!(matches!(r, Err(LinkError::ConnectTimeout)), "{:?}", r.err());
+        drop(frozen);
+    }
 
     // Property (DESIGN.md 15): the floor is the highest token admitted; a
     // lower token is refused and leaves it where it was; an equal one is

@@ -183,6 +183,8 @@ pub struct HaOrchestrator {
     config: PathBuf,
     process: Option<Owned>,
     log_name: &'static str,
+    /// SIGSTOPped ([`HaStack::pause_orchestrator`]): not asked anything.
+    paused: bool,
 }
 
 const ORCH_LOG_NAMES: [&str; 3] = ["orchestrator-0", "orchestrator-1", "orchestrator-2"];
@@ -246,6 +248,7 @@ impl HaStack {
                 config: path,
                 process: None,
                 log_name,
+                paused: false,
             });
             urls.push(url);
         }
@@ -288,6 +291,31 @@ impl HaStack {
         let pid = p.pid();
         o.process = Some(p);
         Ok(pid)
+    }
+
+    /// SIGSTOPs orchestrator `i`: frozen as a paused VM, a long stall or a
+    /// host cut off without a reset would leave it — its sockets open, its
+    /// lease running out, itself believing it leads. Not asked anything
+    /// until [`HaStack::resume_orchestrator`].
+    pub fn pause_orchestrator(&mut self, i: usize) -> Option<u32> {
+        let pid = self.orchestrators[i].process.as_ref()?.pid();
+        kill(Pid::from_raw(pid as i32), Signal::SIGSTOP).ok()?;
+        self.orchestrators[i].paused = true;
+        Some(pid)
+    }
+
+    /// SIGCONTs a paused orchestrator `i`.
+    pub fn resume_orchestrator(&mut self, i: usize) {
+        if let Some(p) = &self.orchestrators[i].process {
+            let _ = kill(Pid::from_raw(p.pid() as i32), Signal::SIGCONT);
+        }
+        self.orchestrators[i].paused = false;
+    }
+
+    /// Whether orchestrator `i` runs and is not paused.
+    fn answering(&self, i: usize) -> bool {
+        let o = &self.orchestrators[i];
+        !o.paused && o.process.as_ref().is_some_and(|p| !exited(p.pid()))
     }
 
     /// SIGKILLs orchestrator `i`; its pid.
@@ -347,7 +375,7 @@ impl HaStack {
     /// The orchestrator that says it leads, with its fencing token.
     pub async fn leader(&self) -> Option<(usize, u64)> {
         for i in 0..self.orchestrators.len() {
-            if self.orchestrators[i].process.is_none() {
+            if !self.answering(i) {
                 continue;
             }
             if let Some(s) = self.status(i).await
@@ -369,18 +397,11 @@ impl HaStack {
             // purpose) is passed over; when none is left — all exited at
             // start (a build without etcd, a bad config) — no use waiting:
             // the last one's log says why.
-            let live: Vec<usize> = (0..self.orchestrators.len())
-                .filter(|i| {
-                    self.orchestrators[*i]
-                        .process
-                        .as_ref()
-                        .is_some_and(|p| !exited(p.pid()))
-                })
-                .collect();
+            let live: Vec<usize> = (0..self.orchestrators.len()).filter(|i| self.answering(*i)).collect();
             if live.is_empty() {
                 let i = self.orchestrators.len() - 1;
                 bail!(
-                    "no orchestrator is running; orchestrator {i} said: {}",
+                    "no orchestrator is running (and not paused); orchestrator {i} said: {}",
                     self.orchestrator_log(i).lines().last().unwrap_or("(no log)")
                 );
             }
@@ -412,7 +433,7 @@ impl HaStack {
 
     /// Any answering orchestrator's connection (history is served by all).
     pub async fn any_connection(&self) -> Option<Connection> {
-        for o in self.orchestrators.iter().filter(|o| o.process.is_some()) {
+        for o in self.orchestrators.iter().filter(|o| o.process.is_some() && !o.paused) {
             if o.connection.connect().await.is_ok() {
                 return Some(o.connection.clone());
             }
@@ -432,6 +453,11 @@ impl HaStack {
     /// Stops everything; keeps the directory if `keep` and says where.
     pub fn stop(mut self, keep: bool) -> Option<PathBuf> {
         self.agent.stop(Duration::from_secs(15));
+        for i in 0..self.orchestrators.len() {
+            if self.orchestrators[i].paused {
+                self.resume_orchestrator(i);
+            }
+        }
         for o in &mut self.orchestrators {
             if let Some(mut p) = o.process.take() {
                 p.stop(Duration::from_secs(5));

@@ -456,6 +456,31 @@ fn fencing_token(state_dir: &Path) -> Option<String> {
     std::fs::read_to_string(state_dir.join("fencing_token")).ok()
 }
 
+// Property: a frozen orchestrator — its kernel completes the TCP handshake
+// from the listen backlog, the process never answers (SIGSTOPped, a paused
+// VM) — does not hold the agent: the connection is given up within its
+// bound and the agent attaches to the next orchestrator. (In plain text the
+// attach's own timeout already ended it; over TLS the handshake waited for
+// ever — `link::tests::a_frozen_orchestrator_is_given_up_within_the_connection_bound`.)
+#[tokio::test]
+async fn a_frozen_orchestrator_does_not_hold_the_agent() {
+    let frozen = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let frozen_url = format!("http://{}", frozen.local_addr().unwrap());
+    let mut b = FakeOrchestrator::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let started = tokio::time::Instant::now();
+    let agent = Agent::start(ha_config(&[&frozen_url, &b.url], dir.path(), "http://127.0.0.1:1"));
+    let mut s = b.accept().await;
+    assert_eq!(register(&mut s).await.host, "test-host");
+    assert!(
+        started.elapsed() >= std::time::Duration::from_secs(4),
+        "the frozen orchestrator was dialled first and given up on: {:?}",
+        started.elapsed()
+    );
+    drop(frozen);
+    agent.shutdown().await;
+}
+
 // Property: a follower's ack (follower = true, leader_url = B) makes the
 // agent leave it and attach to B, even though B is not in its list; B,
 // acking as the leader, commands the agent.

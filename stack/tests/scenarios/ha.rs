@@ -1,7 +1,8 @@
 //! Issue 19: several orchestrators on a real etcd cluster (three members on
 //! loopback, Debian's etcd-server), one leading. Real orchestrator, agent,
 //! pd-sim and sglang-router processes; the leader is SIGKILLed mid
-//! co-restart, etcd loses its quorum mid co-restart.
+//! co-restart, frozen mid co-restart past its lease (SIGSTOP) and woken
+//! after another leads, etcd loses its quorum mid co-restart.
 //!
 //! Built only with `--features pdwarden-stack/etcd` (scripts/test.sh does,
 //! after scripts/setup-etcd.sh installs etcd and protoc).
@@ -219,6 +220,94 @@ fn a_leader_killed_at_each_co_restart_step_is_replaced_and_the_operation_conclud
 /// clear error, no unit is started or stopped meanwhile, the followers say
 /// why none leads and refuse a new restart. Quorum back: an orchestrator
 /// leads, takes the operation over and concludes it, each unit started once.
+/// A partitioned old leader: frozen mid co-restart (SIGSTOP — a paused VM,
+/// a long stall, a host cut off without a reset: its sockets stay open, its
+/// lease runs out, it still believes it leads). A follower leads after the
+/// lease; the agent, its link to the frozen leader dead by HTTP/2
+/// keepalive, attaches to the new leader and takes its higher token; the
+/// new leader takes the operation over and concludes it. Then the old
+/// leader wakes, in the middle of what it was doing: it must not act —
+/// its journal writes are refused by etcd's fence, which makes it a
+/// follower before it can send a command (`Fence::lose`), and any command
+/// of its term would meet an agent that has seen a higher token — so it
+/// exits saying why, and no unit is started twice.
+#[test]
+fn a_frozen_old_leader_wakes_fenced_out_and_the_operation_is_concluded_once() {
+    let _one = exclusive();
+    let rt = runtime();
+    rt.block_on(async {
+        let mut ha = start().await;
+        let (leader, token) = ha.wait_leader_with_agent(3, Duration::from_secs(60)).await.unwrap();
+        let from = agent_log_len(&ha);
+        let op = co_restart_until(&ha, leader, leader, CrashAt::RestartingDecode).await;
+        ha.pause_orchestrator(leader).expect("the leader runs");
+        let paused_at = Instant::now();
+        let (new, new_token) = ha
+            .wait_leader_with_agent(3, Duration::from_secs(60))
+            .await
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        let serving = paused_at.elapsed();
+        assert_ne!(new, leader);
+        assert!(new_token > token, "the new term's token {new_token} is above the old {token}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while ha.agent_fencing_floor() != Some(new_token) {
+            assert!(
+                Instant::now() < deadline,
+                "the agent never persisted the new token {new_token}: {:?}",
+                ha.agent_fencing_floor()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let record = pdwarden_stack::ha::concluded(&ha, &op, Duration::from_secs(120))
+            .await
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        let concluded_after = paused_at.elapsed();
+        assert!(
+            record["verdict"].as_str().unwrap_or("").starts_with("healthy"),
+            "{:#}",
+            record["report"]["reasons"]
+        );
+        let before_wake = spawns_since(&ha.dir.path().join("agent.log"), from);
+        // The old leader wakes.
+        ha.resume_orchestrator(leader);
+        let woke = Instant::now();
+        let status = loop {
+            if let Some(s) = ha.orchestrator_exited(leader) {
+                break s;
+            }
+            assert!(
+                woke.elapsed() < Duration::from_secs(30),
+                "the woken old leader kept running:\n{}",
+                ha.orchestrator_log(leader)
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert!(!status.success(), "a deposed leader exits non-zero: {status}");
+        let log = ha.orchestrator_log(leader);
+        assert!(
+            log.contains("lost the leadership") && log.contains("running units were not touched"),
+            "the old leader says why it stopped: {}",
+            log.lines().rev().take(5).collect::<Vec<_>>().join("\n")
+        );
+        // Nothing it did reached a unit: the spawns are what they were, one each.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let after = spawns_since(&ha.dir.path().join("agent.log"), from);
+        assert_eq!(before_wake, after, "nothing started after the old leader woke");
+        assert_each_unit_started_once(&after, "a frozen leader woken");
+        assert_eq!(ha.agent_fencing_floor(), Some(new_token));
+        let (still, _) = ha.leader().await.expect("a leader");
+        assert_eq!(still, new, "the new leader still leads");
+        eprintln!(
+            "ha: leader {leader} frozen in restarting_decode: orchestrator {new} leads with the agent {} ms after, the operation concluded {} after {} ms; woken, the old leader exited in {} ms ({status})",
+            serving.as_millis(),
+            record["verdict"],
+            concluded_after.as_millis(),
+            woke.elapsed().as_millis()
+        );
+        ha.stop(false);
+    });
+}
+
 #[test]
 fn quorum_lost_mid_co_restart_stops_safely_and_recovers() {
     let _one = exclusive();
