@@ -41,6 +41,9 @@ impl tonic::service::Interceptor for Bearer {
     }
 }
 
+/// How long connecting to an orchestrator may take, all of it.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// A connected `Control` client.
 pub type Client = ControlClient<tonic::service::interceptor::InterceptedService<Channel, Bearer>>;
 
@@ -59,12 +62,13 @@ impl Connection {
         }
     }
 
-    /// Connects (5 s to connect); an `https://` URL needs the CA.
+    /// Connects (5 s for the whole connection: TCP, TLS, HTTP/2); an
+    /// `https://` URL needs the CA.
     pub async fn connect(&self) -> Result<Client, CouldNotRun> {
         let (url, creds) = (&self.url, &self.credentials);
         let mut endpoint = Channel::from_shared(url.to_string())
             .map_err(|e| CouldNotRun(format!("invalid --orchestrator URL {url:?}: {e}")))?
-            .connect_timeout(Duration::from_secs(5));
+            .connect_timeout(CONNECT_TIMEOUT);
         if url.starts_with("https://") {
             let ca = creds.ca.as_ref().ok_or_else(|| {
                 CouldNotRun(format!(
@@ -89,9 +93,17 @@ impl Connection {
             ),
             None => None,
         };
-        let channel = endpoint
-            .connect()
+        // The endpoint's connect_timeout bounds only TCP; a frozen
+        // orchestrator (SIGSTOPped, a paused VM) completes that from its
+        // kernel's backlog and never answers the TLS handshake.
+        let channel = tokio::time::timeout(CONNECT_TIMEOUT, endpoint.connect())
             .await
+            .map_err(|_| {
+                CouldNotRun(format!(
+                    "orchestrator at {url} did not complete the connection (TCP, TLS, HTTP/2) within {} s: hung or overloaded",
+                    CONNECT_TIMEOUT.as_secs()
+                ))
+            })?
             .map_err(|e| CouldNotRun(format!("orchestrator unreachable at {url}: {}", error_chain(&e))))?;
         Ok(ControlClient::with_interceptor(channel, Bearer(bearer)))
     }
@@ -367,4 +379,39 @@ macro_rules! say_part {
     ($($t:tt)*) => {
         $crate::edge::client::say(format_args!($($t)*), false)
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A frozen orchestrator over TLS (its kernel accepts from the backlog,
+    /// the process never answers the ClientHello) is one line naming it
+    /// after the bound, not a CLI that waits for ever. Paused time.
+    #[tokio::test(start_paused = true)]
+    async fn a_frozen_orchestrator_is_a_clear_error_not_a_hang() {
+        let dir = tempfile::tempdir().unwrap();
+        let certs = crate::edge::certs::CertDir(dir.path().to_path_buf());
+        certs.init(&["127.0.0.1".into()]).unwrap();
+        let frozen = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("https://{}", frozen.local_addr().unwrap());
+        let c = Connection::new(
+            url.clone(),
+            Credentials {
+                ca: Some(certs.ca()),
+                ..Default::default()
+            },
+        );
+        let e = tokio::time::timeout(Duration::from_secs(600), c.connect())
+            .await
+            .expect("the connection to a frozen orchestrator ended")
+            .expect_err("a frozen orchestrator is an error");
+        assert_eq!(
+            e.0,
+            format!(
+                "orchestrator at {url} did not complete the connection (TCP, TLS, HTTP/2) within 5 s: hung or overloaded"
+            )
+        );
+        drop(frozen);
+    }
 }
