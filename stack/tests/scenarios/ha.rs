@@ -70,6 +70,30 @@ fn agent_log_len(ha: &HaStack) -> u64 {
     std::fs::metadata(ha.dir.path().join("agent.log")).map_or(0, |m| m.len())
 }
 
+/// Waits (30 s from `since`) until orchestrator `i`, deposed, exits:
+/// non-zero, its log saying why and that running units were not touched.
+async fn exits_saying_why(ha: &mut HaStack, i: usize, since: Instant, what: &str) -> std::process::ExitStatus {
+    let status = loop {
+        if let Some(s) = ha.orchestrator_exited(i) {
+            break s;
+        }
+        assert!(
+            since.elapsed() < Duration::from_secs(30),
+            "{what} kept running:\n{}",
+            ha.orchestrator_log(i)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(!status.success(), "{what}: a deposed leader exits non-zero: {status}");
+    let log = ha.orchestrator_log(i);
+    assert!(
+        log.contains("lost the leadership") && log.contains("running units were not touched"),
+        "{what} says why it stopped: {}",
+        log.lines().rev().take(5).collect::<Vec<_>>().join("\n")
+    );
+    status
+}
+
 /// Each of the pair's units spawned exactly once in `spawned`.
 fn assert_each_unit_started_once(spawned: &BTreeMap<String, u64>, what: &str) {
     let expected: BTreeMap<String, u64> = ["prefill-0", "decode-0", "router-0"]
@@ -271,24 +295,7 @@ fn a_frozen_old_leader_wakes_fenced_out_and_the_operation_is_concluded_once() {
         // The old leader wakes.
         ha.resume_orchestrator(leader);
         let woke = Instant::now();
-        let status = loop {
-            if let Some(s) = ha.orchestrator_exited(leader) {
-                break s;
-            }
-            assert!(
-                woke.elapsed() < Duration::from_secs(30),
-                "the woken old leader kept running:\n{}",
-                ha.orchestrator_log(leader)
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
-        assert!(!status.success(), "a deposed leader exits non-zero: {status}");
-        let log = ha.orchestrator_log(leader);
-        assert!(
-            log.contains("lost the leadership") && log.contains("running units were not touched"),
-            "the old leader says why it stopped: {}",
-            log.lines().rev().take(5).collect::<Vec<_>>().join("\n")
-        );
+        let status = exits_saying_why(&mut ha, leader, woke, "the woken old leader").await;
         // Nothing it did reached a unit: the spawns are what they were, one each.
         tokio::time::sleep(Duration::from_secs(1)).await;
         let after = spawns_since(&ha.dir.path().join("agent.log"), from);
@@ -321,23 +328,7 @@ fn quorum_lost_mid_co_restart_stops_safely_and_recovers() {
         ha.etcd.kill(2);
         let lost_at = Instant::now();
         // The leader stops: it exits, saying why.
-        let status = loop {
-            if let Some(s) = ha.orchestrator_exited(leader) {
-                break s;
-            }
-            assert!(
-                lost_at.elapsed() < Duration::from_secs(30),
-                "the leader kept running without a quorum"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
-        assert!(!status.success(), "a deposed leader exits non-zero");
-        let log = ha.orchestrator_log(leader);
-        assert!(
-            log.contains("lost the leadership") && log.contains("running units were not touched"),
-            "the leader says why it stopped: {}",
-            log.lines().rev().take(5).collect::<Vec<_>>().join("\n")
-        );
+        exits_saying_why(&mut ha, leader, lost_at, "the leader without a quorum").await;
         // The followers say why none leads, and refuse a restart.
         let follower = (0..3).find(|i| *i != leader).unwrap();
         let deadline = Instant::now() + Duration::from_secs(30);
