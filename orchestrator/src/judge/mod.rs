@@ -4,7 +4,9 @@
 //! numbers and cannot depend on which process or clock gathered the
 //! evidence.
 //!
-//! - [`verdict`]: a restart's verdict from start-up evidence and probes.
+//! - [`evidence`]: every layer's evidence of an operation (client, router,
+//!   engines, agents) and the one `conclude` that makes it a verdict.
+//! - [`verdict`]: the start-up and probe-series rules `conclude` applies.
 //! - [`suite`]: the post-restart verification suite's steps.
 //! - [`wedge`]: wedge detection from engine samples, and the recovery
 //!   circuit breaker.
@@ -14,6 +16,7 @@
 //! - [`gate`]: the change gate's statistics (cluster bootstrap, margins,
 //!   sequential looks); [`live`]: whether a change is live in `/proc`.
 
+pub mod evidence;
 pub mod findings;
 pub mod gate;
 pub mod live;

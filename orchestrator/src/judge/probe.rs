@@ -7,6 +7,9 @@
 use pdwarden_proto::v1::{ProbeOutcome as WireOutcome, ProbeResult};
 use serde::Serialize;
 
+use crate::judge::suite::answer_error;
+use crate::judge::verdict::secs;
+
 /// One end-to-end generation through a router, as judged.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
@@ -24,9 +27,17 @@ impl ProbeObservation {
     /// The agent's answer, read once for everyone.
     pub fn from_wire(r: &ProbeResult) -> Self {
         match WireOutcome::try_from(r.outcome).unwrap_or(WireOutcome::Unspecified) {
-            WireOutcome::Ok => Self::Ok {
-                latency_ms: r.latency_ms,
-                tokens: r.tokens,
+            // The client layer (issue 30): an answer that says it was cut
+            // short — `abort`, `error`, fewer tokens than asked without
+            // `stop` or `length` — is an error, not an answer.
+            WireOutcome::Ok => match answer_error(r.tokens, r.tokens_asked, &r.finish_reason, "") {
+                Some(e) => Self::Error {
+                    message: format!("answered in {} but {e}", secs(r.latency_ms)),
+                },
+                None => Self::Ok {
+                    latency_ms: r.latency_ms,
+                    tokens: r.tokens,
+                },
             },
             WireOutcome::Timeout => Self::Timeout { after_ms: r.latency_ms },
             _ => Self::Error {
@@ -64,6 +75,29 @@ impl ProbeObservation {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 30: a 200 answer cut short (`abort`, or fewer tokens than
+    /// asked with no finish reason) is an error; a complete one is not.
+    #[test]
+    fn an_answer_cut_short_is_an_error_not_an_answer() {
+        let r = |tokens: u32, finish: &str| ProbeResult {
+            outcome: WireOutcome::Ok as i32,
+            http_status: 200,
+            latency_ms: 40,
+            tokens,
+            tokens_asked: 8,
+            finish_reason: finish.into(),
+            ..Default::default()
+        };
+        assert!(ProbeObservation::from_wire(&r(8, "length")).is_ok());
+        assert!(ProbeObservation::from_wire(&r(3, "stop")).is_ok());
+        for (tokens, finish) in [(3, ""), (3, "abort"), (8, "error"), (1, "abort")] {
+            match ProbeObservation::from_wire(&r(tokens, finish)) {
+                ProbeObservation::Error { message } => assert!(message.contains("answered in"), "{message}"),
+                other => panic!("{tokens} {finish:?}: {other:?}"),
+            }
+        }
+    }
 
     /// The agent's HTTP error is named once, whether or not its text
     /// already starts with the status.

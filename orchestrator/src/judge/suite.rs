@@ -51,6 +51,13 @@ pub struct SuiteBudgets {
     pub single_request_ms: u64,
     pub single_source: String,
     pub min_batching_gain: f64,
+    /// The most the slowest of N simultaneous requests may take, as a
+    /// multiple of one warm request, from this pair's own healthy history;
+    /// `None` until there is one (then N / `min_batching_gain` holds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batching_ratio: Option<f64>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub batching_source: String,
     /// False: the engines serve one request at a time by design.
     #[serde(default = "yes")]
     pub engines_batch: bool,
@@ -83,6 +90,10 @@ pub struct BudgetInputs {
     /// TPOT (µs) of the pair's last healthy verifications, newest first, with
     /// their operation ids.
     pub history_tpot_us: Vec<(String, u64)>,
+    /// The concurrency step of the pair's last healthy verifications, newest
+    /// first: its slowest request over its one warm request (× the same
+    /// `tpot_history_ratio` margin sets the budget), with operation ids.
+    pub history_batching: Vec<(String, f64)>,
     pub ttft_override_ms: Option<u64>,
     pub tpot_override_ms: Option<f64>,
     pub gap_override_ms: Option<u64>,
@@ -161,7 +172,37 @@ pub fn derive_budgets(i: &BudgetInputs) -> SuiteBudgets {
             format!("this operation's warm answers: {}", summary.describe()),
         )
     };
+    let recent: Vec<&(String, f64)> = i
+        .history_batching
+        .iter()
+        .filter(|(_, r)| r.is_finite() && *r > 0.0)
+        .take(5)
+        .collect();
+    let (batching_ratio, batching_source) = if recent.is_empty() {
+        (None, String::new())
+    } else {
+        let mut ratios: Vec<f64> = recent.iter().map(|(_, r)| *r).collect();
+        ratios.sort_by(f64::total_cmp);
+        let median = ratios[ratios.len() / 2];
+        let margin = if i.tpot_history_ratio.is_finite() && i.tpot_history_ratio >= 1.0 {
+            i.tpot_history_ratio
+        } else {
+            1.0
+        };
+        let ratio = (median * margin).max(1.0);
+        (
+            Some(ratio),
+            format!(
+                "{margin}× the median {median:.1}× one warm request of the last {} healthy verification{} ({})",
+                recent.len(),
+                if recent.len() == 1 { "" } else { "s" },
+                recent.iter().map(|(op, _)| op.as_str()).collect::<Vec<_>>().join(", ")
+            ),
+        )
+    };
     SuiteBudgets {
+        batching_ratio,
+        batching_source,
         ttft_ms,
         ttft_source,
         tpot_us,
@@ -240,12 +281,39 @@ pub enum StepStatus {
     Fail,
 }
 
+/// How one suite request ended at the transport, as the agent saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SampleOutcome {
+    /// An answer arrived (HTTP 2xx and, for a stream, `[DONE]`); what it
+    /// said of itself is judged separately ([`RequestSample::answer_error`]).
+    Ok,
+    /// No complete answer within its limits.
+    Timeout,
+    /// An HTTP error, a broken connection, an error event, no tokens.
+    Error,
+}
+
+impl SampleOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Timeout => "timeout",
+            Self::Error => "error",
+        }
+    }
+}
+
+/// The finish reasons that say an answer ended as asked: at a stop
+/// condition or at `max_tokens`. Anything else (`abort`, `error`, none at
+/// all on a short answer) is an answer cut short.
+pub const COMPLETE_FINISH_REASONS: [&str; 2] = ["stop", "length"];
+
 /// One request's raw sample, as the agent measured it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RequestSample {
     pub index: u32,
-    /// `ok`, `timeout` or `error`.
-    pub outcome: String,
+    pub outcome: SampleOutcome,
     pub latency_ms: u64,
     pub ttft_ms: u64,
     pub tokens: u32,
@@ -257,15 +325,64 @@ pub struct RequestSample {
     pub token_times_ms: Vec<u64>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub request_id: String,
+    /// `max_tokens` of the request (0: not known, an older agent).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub tokens_asked: u32,
+    /// The answer's own `finish_reason` ("" when it carried none).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub finish_reason: String,
+    /// An error event inside a stream that otherwise answered 200.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub stream_error: String,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// What an answer that arrived says against itself: an error event inside
+/// the stream, a finish reason of `abort` or `error`, or fewer tokens than
+/// asked for without `stop` or `length` (a stream cut short). `None` for an
+/// answer complete as far as the client can tell. Shared by the probes and
+/// every suite step, so one rule reads the client layer.
+pub fn answer_error(tokens: u32, tokens_asked: u32, finish_reason: &str, stream_error: &str) -> Option<String> {
+    if !stream_error.is_empty() {
+        return Some(format!(
+            "an error event inside the stream after {tokens} token{}: {stream_error}",
+            if tokens == 1 { "" } else { "s" }
+        ));
+    }
+    if matches!(finish_reason, "abort" | "error") {
+        return Some(format!(
+            "finish_reason \"{finish_reason}\" after {tokens} of {tokens_asked} tokens: the engine ended it, not the request"
+        ));
+    }
+    if tokens_asked > 0 && tokens < tokens_asked && !COMPLETE_FINISH_REASONS.contains(&finish_reason) {
+        let why = if finish_reason.is_empty() {
+            "no finish_reason".to_string()
+        } else {
+            format!("finish_reason \"{finish_reason}\"")
+        };
+        return Some(format!(
+            "a short answer: {tokens} of {tokens_asked} tokens asked for, with {why} (neither stop nor length)"
+        ));
+    }
+    None
 }
 
 impl RequestSample {
+    /// The transport's outcome, and nothing in the answer against it.
     fn ok(&self) -> bool {
-        self.outcome == "ok"
+        self.outcome == SampleOutcome::Ok && self.answer_error().is_none()
+    }
+
+    /// See [`answer_error`].
+    pub fn answer_error(&self) -> Option<String> {
+        answer_error(self.tokens, self.tokens_asked, &self.finish_reason, &self.stream_error)
     }
 
     fn failure_kind(&self) -> VerdictKind {
-        if self.outcome == "timeout" {
+        if self.outcome == SampleOutcome::Timeout {
             VerdictKind::Wedged
         } else {
             VerdictKind::Failed
@@ -273,10 +390,15 @@ impl RequestSample {
     }
 
     fn describe_failure(&self) -> String {
-        if self.error.is_empty() {
-            format!("{} after {}", self.outcome, secs(self.latency_ms))
+        let error = match (self.outcome, self.answer_error()) {
+            (SampleOutcome::Ok, Some(e)) => return format!("answered in {} but {e}", secs(self.latency_ms)),
+            (_, Some(e)) if self.error.is_empty() => e,
+            _ => self.error.clone(),
+        };
+        if error.is_empty() {
+            format!("{} after {}", self.outcome.as_str(), secs(self.latency_ms))
         } else {
-            format!("{} after {} ({})", self.outcome, secs(self.latency_ms), self.error)
+            format!("{} after {} ({error})", self.outcome.as_str(), secs(self.latency_ms))
         }
     }
 }
@@ -372,12 +494,37 @@ pub fn judge_long_generation(samples: Vec<RequestSample>, b: &SuiteBudgets) -> S
         r.fail(s.failure_kind(), format!("no token arrived: {}", s.describe_failure()));
         return r;
     }
-    if max_gap > b.max_token_gap_ms {
-        let after = if after_token == 0 {
-            "before the first token".to_string()
-        } else {
-            format!("after token {after_token}")
-        };
+    // An answer that arrived but says it was cut short (an error event,
+    // `abort`, too few tokens) is a failure whatever its timing.
+    if s.outcome == SampleOutcome::Ok
+        && let Some(e) = s.answer_error()
+    {
+        r.fail(
+            VerdictKind::Failed,
+            format!("answered in {} but {e}", secs(s.latency_ms)),
+        );
+        return r;
+    }
+    let after = if after_token == 0 {
+        "before the first token".to_string()
+    } else {
+        format!("after token {after_token}")
+    };
+    if max_gap > b.max_token_gap_ms && s.ok() {
+        // The stream finished: whatever its pauses, it was slow, not stuck
+        // (a wedge is a stream that never finishes).
+        r.fail(
+            VerdictKind::OverBudget,
+            format!(
+                "a pause of {} {after}, then the answer finished ({} tokens in {}): slow, not stuck; gap budget {} ({})",
+                secs(max_gap),
+                s.tokens,
+                secs(s.latency_ms),
+                secs(b.max_token_gap_ms),
+                b.gap_source
+            ),
+        );
+    } else if max_gap > b.max_token_gap_ms && s.outcome == SampleOutcome::Timeout {
         r.fail(
             VerdictKind::Wedged,
             format!(
@@ -387,7 +534,7 @@ pub fn judge_long_generation(samples: Vec<RequestSample>, b: &SuiteBudgets) -> S
                 b.gap_source
             ),
         );
-    } else if !s.ok() && s.outcome == "timeout" && !times.is_empty() {
+    } else if !s.ok() && s.outcome == SampleOutcome::Timeout && !times.is_empty() {
         // Tokens kept coming, no silence broke the gap budget: the stream is
         // slow, not stuck.
         r.fail(
@@ -537,7 +684,7 @@ pub fn judge_concurrency(samples: Vec<RequestSample>, b: &SuiteBudgets) -> StepR
         .map(|s| s.latency_ms)
         .min()
         .unwrap_or(0);
-    let timeouts = lost.iter().filter(|s| s.outcome == "timeout").count();
+    let timeouts = lost.iter().filter(|s| s.outcome == SampleOutcome::Timeout).count();
     let first_lost = lost.first().map(|s| s.describe_failure());
     let lost_n = lost.len();
     r.figures.insert("requests".into(), n as u64);
@@ -579,19 +726,32 @@ pub fn judge_concurrency(samples: Vec<RequestSample>, b: &SuiteBudgets) -> StepR
             );
         }
     }
-    let batched = (b.single_request_ms as f64 * n as f64 / b.min_batching_gain).ceil() as u64;
+    // The pair's own batching figure once it has one; the configured gain
+    // only until then.
+    let (batched, why) = match b.batching_ratio {
+        Some(ratio) => (
+            (b.single_request_ms as f64 * ratio).ceil() as u64,
+            format!("{ratio:.1}× one warm request: {}", b.batching_source),
+        ),
+        None => (
+            (b.single_request_ms as f64 * n as f64 / b.min_batching_gain).ceil() as u64,
+            format!(
+                "at least {}× faster than one after another; no healthy history yet",
+                b.min_batching_gain
+            ),
+        ),
+    };
     let allowed = batched.max(b.single_request_ms) + b.floor_ms;
     if b.engines_batch && n >= 2 && slowest > allowed {
         r.fail(
             VerdictKind::OverBudget,
             format!(
-                "lost batching: {n} simultaneous requests took {} to finish, {:.1}× one warm request ({}, {}); budget {} (at least {}× faster than one after another, + {} floor)",
+                "lost batching: {n} simultaneous requests took {} to finish, {:.1}× one warm request ({}, {}); budget {} ({why}, + {} floor)",
                 secs(slowest),
                 slowest as f64 / b.single_request_ms.max(1) as f64,
                 secs(b.single_request_ms),
                 b.single_source,
                 secs(allowed),
-                b.min_batching_gain,
                 secs(b.floor_ms)
             ),
         );
@@ -727,7 +887,11 @@ mod tests {
     fn stream(times: &[u64], latency_ms: u64, outcome: &str) -> RequestSample {
         RequestSample {
             index: 0,
-            outcome: outcome.into(),
+            outcome: match outcome {
+                "ok" => SampleOutcome::Ok,
+                "timeout" => SampleOutcome::Timeout,
+                _ => SampleOutcome::Error,
+            },
             latency_ms,
             ttft_ms: times.first().copied().unwrap_or(0),
             tokens: times.len() as u32,
@@ -735,6 +899,9 @@ mod tests {
             aborted: false,
             token_times_ms: times.to_vec(),
             request_id: String::new(),
+            tokens_asked: 0,
+            finish_reason: String::new(),
+            stream_error: String::new(),
         }
     }
 
@@ -776,11 +943,23 @@ mod tests {
         assert_eq!(r.figures["mean_token_gap_ms"], 12);
     }
 
+    /// A pause mid-stream over the gap budget counts; when the stream then
+    /// finished it was slow, not stuck (issue 30): over budget, not wedged.
     #[test]
     fn a_gap_inside_the_stream_counts() {
         let r = judge_long_generation(vec![stream(&[10, 20, 9_000, 9_010], 9_020, "ok")], &budgets(5_000));
         assert_eq!(r.status, StepStatus::Fail);
-        assert!(r.reasons[0].contains("stream silent for 8.98 s after token 2"), "{r:?}");
+        assert_eq!(r.fails_as, Some(VerdictKind::OverBudget));
+        assert!(
+            r.reasons[0].contains("a pause of 8.98 s after token 2, then the answer finished"),
+            "{r:?}"
+        );
+        let cut = judge_long_generation(vec![stream(&[10, 20], 9_020, "timeout")], &budgets(5_000));
+        assert_eq!(cut.fails_as, Some(VerdictKind::Wedged));
+        assert!(
+            cut.reasons[0].contains("stream silent for 9.00 s after token 2"),
+            "{cut:?}"
+        );
     }
 
     /// A broken second transfer: turn 1 answers, turn 2 does not.
@@ -905,6 +1084,7 @@ mod tests {
             probe_max_tokens: 8,
             warm_answers_ms: vec![300, 310, 290],
             history_tpot_us: Vec::new(),
+            history_batching: Vec::new(),
             ttft_override_ms: None,
             tpot_override_ms: None,
             gap_override_ms: None,

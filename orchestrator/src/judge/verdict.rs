@@ -771,57 +771,6 @@ fn failure_reasons(probes: &[ProbeObservation], after_restart: bool) -> Vec<Stri
         .collect()
 }
 
-/// One engine's PD failure counters over the operation's requests: the
-/// value before them (0 for a unit this operation started) and after.
-#[derive(Debug, Clone, PartialEq)]
-pub struct EngineFailures {
-    pub unit: String,
-    pub role: String,
-    pub transfer_failed: Option<(f64, f64)>,
-    pub bootstrap_failed: Option<(f64, f64)>,
-}
-
-/// Rule 4 for what the router hides: a failed KV transfer or bootstrap that
-/// the engine counted while pdwarden's requests ran is an error, even when a
-/// router's retry turned it into a slow success. The verdict becomes
-/// `failed` (a stall stays `wedged`), naming the counters.
-pub fn judge_engine_failures(mut v: Verdict, engines: &[EngineFailures]) -> Verdict {
-    let mut found = Vec::new();
-    for e in engines {
-        for (what, metric, pair) in [
-            (
-                "KV transfers",
-                "sglang:num_transfer_failed_reqs_total",
-                e.transfer_failed,
-            ),
-            (
-                "KV bootstraps",
-                "sglang:num_bootstrap_failed_reqs_total",
-                e.bootstrap_failed,
-            ),
-        ] {
-            if let Some((before, after)) = pair
-                && after > before
-            {
-                found.push(format!(
-                    "{} {}: {} {what} failed while pdwarden's requests ran ({metric} {before} → {after}); a router that retries hides them from the client",
-                    e.role,
-                    e.unit,
-                    after - before
-                ));
-            }
-        }
-    }
-    if found.is_empty() {
-        return v;
-    }
-    if v.kind != VerdictKind::Wedged && v.kind != VerdictKind::Failed {
-        v.kind = VerdictKind::Failed;
-    }
-    v.reasons.splice(0..0, found);
-    v
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1413,33 +1362,5 @@ mod tests {
             let p = ProbePolicy { cold_start_possible: possible, ..policy() };
             prop_assert!(!judge(&pair_ready(), &probes, &p).reasons.is_empty());
         }
-    }
-
-    /// Failed KV transfers the router retried away still fail the pair,
-    /// with the counter's numbers; a counter that did not move changes nothing.
-    #[test]
-    fn engine_counted_transfer_failures_fail_the_pair() {
-        let healthy = Verdict {
-            kind: VerdictKind::HealthyAfterColdStart,
-            reasons: vec!["ok".into()],
-        };
-        let e = |before: f64, after: f64| EngineFailures {
-            unit: "decode-0".into(),
-            role: "decode".into(),
-            transfer_failed: Some((before, after)),
-            bootstrap_failed: None,
-        };
-        assert_eq!(judge_engine_failures(healthy.clone(), &[e(2.0, 2.0)]), healthy);
-        let v = judge_engine_failures(healthy, &[e(0.0, 3.0)]);
-        assert_eq!(v.kind, VerdictKind::Failed);
-        assert_eq!(
-            v.reasons[0],
-            "decode decode-0: 3 KV transfers failed while pdwarden's requests ran (sglang:num_transfer_failed_reqs_total 0 → 3); a router that retries hides them from the client"
-        );
-        let wedged = Verdict {
-            kind: VerdictKind::Wedged,
-            reasons: vec![],
-        };
-        assert_eq!(judge_engine_failures(wedged, &[e(0.0, 1.0)]).kind, VerdictKind::Wedged);
     }
 }

@@ -240,8 +240,19 @@ pub async fn scrape_pair(
     pair: &PairConfig,
     timeout_ms: u64,
 ) -> BTreeMap<String, Option<EngineSample>> {
+    let engines: Vec<UnitRef> = pair.prefill.iter().chain(&pair.decode).cloned().collect();
+    scrape_units(agents, &engines, timeout_ms).await
+}
+
+/// One scrape of each of `units` (engines, or routers: the agent reads a
+/// router's own Prometheus port), one command per host, keyed `host/unit`.
+pub async fn scrape_units(
+    agents: &dyn AgentPort,
+    units: &[UnitRef],
+    timeout_ms: u64,
+) -> BTreeMap<String, Option<EngineSample>> {
     let mut by_host: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for u in pair.prefill.iter().chain(&pair.decode) {
+    for u in units {
         by_host.entry(u.host.clone()).or_default().push(u.unit.clone());
     }
     let scrapes = by_host.into_iter().map(|(host, units)| async move {

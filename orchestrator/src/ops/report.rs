@@ -120,6 +120,14 @@ pub struct EngineCounterRecord {
     pub error: String,
 }
 
+/// A router's own counters of what it hid from its client, per worker, as
+/// read after the operation's requests (issue 30).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RouterCounterRecord {
+    pub unit: String,
+    pub workers: Vec<crate::judge::evidence::RouterWorkerCount>,
+}
+
 /// The final report of a co-restart.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct OperationReport {
@@ -149,6 +157,9 @@ pub struct OperationReport {
     /// The engines' PD failure counters after the requests.
     #[serde(default)]
     pub engine_counters: Vec<EngineCounterRecord>,
+    /// The routers' retry and error counters per worker (issue 30).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub router_counters: Vec<RouterCounterRecord>,
     pub warm_budget_ms: u64,
     pub cold_allowance: ColdAllowance,
     /// What the restart started (its units' config fingerprints, hashed):

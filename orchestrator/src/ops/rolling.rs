@@ -477,6 +477,7 @@ impl Roll {
             warnings: Vec::new(),
             budgets: None,
             engine_counters: Vec::new(),
+            router_counters: Vec::new(),
             warm_budget_ms: self.pair.probe.warm_budget_ms,
             cold_allowance: crate::judge::verdict::ColdAllowance::Configured {
                 ms: self.pair.probe.cold_allowance_ms,

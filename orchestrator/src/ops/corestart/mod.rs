@@ -27,15 +27,22 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::config::{DecodeStartPolicy, PairConfig, UnitRef};
+use crate::judge::evidence::{
+    DrainEvidence, EngineCounters, EngineCounts, Evidence, NotRunning, RouterCounters, RouterWorkerCount,
+    UnreachedProof, conclude,
+};
 use crate::judge::stats::summarize;
+use crate::judge::suite::SampleOutcome;
 use crate::judge::suite::{self, Baseline, BudgetInputs, RequestSample, StepReport, SuiteBudgets, SuiteStep};
+use crate::judge::verdict::VerdictKind;
 use crate::judge::verdict::{
-    ColdSample, EngineFailures, FailedCheck, ProbeObservation, ProbePolicy, ReadinessPhase, UnitStartup,
-    cold_allowance, judge, judge_engine_failures,
+    ColdSample, FailedCheck, ProbeObservation, ProbePolicy, ReadinessPhase, UnitStartup, cold_allowance,
 };
 use crate::ops::journal::{self, CommandAction, CommandEntry, Journal};
 use crate::ops::port::{AGENT_SLACK, AgentPort, AgentReport, phase_name};
-use crate::ops::report::{AttemptRecord, EngineCounterRecord, OperationReport, ProbeRecord, TimelineRecord};
+use crate::ops::report::{
+    AttemptRecord, EngineCounterRecord, OperationReport, ProbeRecord, RouterCounterRecord, TimelineRecord,
+};
 
 pub mod machine;
 
@@ -592,9 +599,10 @@ pub async fn run_operation_from(
     };
     // The engines' PD failure counters before the requests: a unit this
     // operation starts counts from 0; a pair in service is scraped first.
-    let counters_before = match kind {
-        OperationKind::CoRestart => None,
-        OperationKind::Verify { .. } => Some(run.scrape_engines().await),
+    // So are the routers' retry and error counters (issue 30).
+    let (counters_before, routers_before) = match kind {
+        OperationKind::CoRestart => (None, None),
+        OperationKind::Verify { .. } => (Some(run.scrape_engines().await), Some(run.scrape_routers().await)),
     };
     // A pair behind a shared serving router leaves its rotation first
     // (ops::drain). A recovery (its trigger journaled) does not wait for a
@@ -671,110 +679,86 @@ pub async fn run_operation_from(
         cold_answers: run.pair.prefill.len().max(run.pair.decode.len()).max(1) as u32,
         fresh_engine_answers: std::mem::take(&mut run.fresh_engine_answers),
     };
-    let mut verdict = judge(&startups, &run.probes, &policy);
+    // Every layer's evidence into one value (judge::evidence); the driver
+    // asks `conclude` of what it has so far only to decide whether to go on.
+    let mut evidence = Evidence {
+        startups,
+        probes: run.probes.clone(),
+        journal_error: journal_error.as_ref().map(ToString::to_string),
+        drain: DrainEvidence {
+            refused: refused.is_some(),
+            ..DrainEvidence::default()
+        },
+        ..Evidence::default()
+    };
     // xPyD: the router's policy may have sent the whole probe series to one
     // engine of a side (sglang-router's default cache_aware does, for an
     // idle pair's similar prompts). Each engine it did not reach is proven
     // with a PD request straight to it before the suite, which would
     // otherwise meet that engine's cold first answer and call it a relapse.
-    if journal_error.is_none() && verdict.kind.is_healthy() && (run.pair.prefill.len() > 1 || run.pair.decode.len() > 1)
-    {
+    if conclude(&evidence, &policy).kind.is_healthy() && (run.pair.prefill.len() > 1 || run.pair.decode.len() > 1) {
         let now = run.scrape_engines().await;
-        let (lines, failed) = run.prove_unreached(counters_before.as_ref(), &now).await;
-        if failed {
-            verdict.kind = crate::judge::verdict::VerdictKind::Failed;
-        }
-        verdict.reasons.extend(lines);
+        evidence.unreached = run.prove_unreached(counters_before.as_ref(), &now).await;
     }
-    let mut suite_steps = Vec::new();
-    if journal_error.is_none() && verdict.kind.is_healthy() {
+    if conclude(&evidence, &policy).kind.is_healthy() {
         let abort_storm = match kind {
             OperationKind::CoRestart => run.pair.suite.abort_storm.after_restart,
             OperationKind::Verify { include_abort_storm } => include_abort_storm,
         };
         match run.verification_suite(abort_storm).await {
-            Ok(steps) => suite_steps = steps,
-            Err(e) => {
-                verdict.kind = crate::judge::verdict::VerdictKind::Failed;
-                verdict
-                    .reasons
-                    .insert(0, format!("stopped: the journal could not record a step ({e})"));
+            Ok((steps, not_run)) => {
+                evidence.suite = steps;
+                evidence.suite_not_run = not_run;
             }
+            Err(e) => evidence.journal_error = Some(e.to_string()),
         }
-        verdict = suite::overall(verdict, &suite_steps);
     }
-    // What a retrying router hid: failures the engines counted meanwhile.
+    // What a retrying router hid, from the router's own counters and the
+    // engines' (a counter not yet exposed is 0).
     let mut engine_counters = Vec::new();
-    if journal_error.is_none() && !run.probes.is_empty() {
+    if evidence.journal_error.is_none() && !run.probes.is_empty() {
         let after = run.scrape_engines().await;
-        let engines = run.engine_failures(counters_before.as_ref(), &after);
         rec.journal_entry(rec.now_ms(), "engine_counters", &after);
-        verdict = judge_engine_failures(verdict, &engines);
+        evidence.engines = engine_evidence(&run.pair, counters_before.as_ref(), &after);
         engine_counters = after.into_values().collect();
+        let routers_after = run.scrape_routers().await;
+        rec.journal_entry(rec.now_ms(), "router_counters", &routers_after);
+        evidence.routers = router_evidence(&run.pair, routers_before.as_ref(), &routers_after);
     }
     // A unit of the pair not running now is evidence in itself, and the
     // agent said how it ended (issue 16, finding 7: a router killed
     // mid-probe left only the probes' connection errors in the reasons).
-    let mut exits = Vec::new();
     for u in run.pair.prefill.iter().chain(&run.pair.decode).chain(&run.pair.router) {
         if let Some(info) = run.ctx.agents.unit(&u.host, &u.unit)
             && info.phase == Phase::Exited as i32
-            && !verdict
-                .reasons
-                .iter()
-                .any(|r| !info.exit_detail.is_empty() && r.contains(&info.exit_detail))
         {
             // How it ended; its log's tail is in `status` and the unit's log.
             let how = match info.exit_detail.split("; log tail:").next().unwrap_or("") {
                 "" => "exited".to_string(),
                 d => format!("exited: {d}"),
             };
-            exits.push(format!("{} is not running: {how} (its agent's report)", u.unit));
+            evidence.not_running.push(NotRunning {
+                unit: u.unit.clone(),
+                how,
+            });
         }
     }
-    if !exits.is_empty() {
-        // The kind the probes gave stands (a wedge stays a wedge); a pair
-        // that answered while a unit of it is not running under its agent
-        // (someone else's process on its port) is never healthy.
-        if verdict.kind.is_healthy() {
-            verdict.kind = crate::judge::verdict::VerdictKind::Failed;
-        }
-        verdict.reasons.splice(0..0, exits);
-    }
-    if refused.is_some() {
-        verdict.kind = crate::judge::verdict::VerdictKind::Failed;
-        verdict.reasons.insert(
-            0,
-            "not restarted: the pair could not be taken out of its serving router, and nothing was touched".into(),
-        );
-    } else if let Some((d, sr)) = drained.as_mut().filter(|(d, _)| d.error.is_none()) {
+    if let Some((d, sr)) = drained.as_mut().filter(|(d, _)| d.error.is_none()) {
         // (A recovery that could not drain never left the rotation.)
         let _ = rec.transition(CoRestartStep::Rejoining);
-        let healthy = journal_error.is_none() && verdict.kind.is_healthy();
+        let healthy = conclude(&evidence, &policy).kind.is_healthy();
         let r = crate::ops::drain::rejoin(&*run.ctx.agents, &rec, &run.pair, sr, healthy).await;
-        if healthy && !r.put_back {
-            verdict.kind = crate::judge::verdict::VerdictKind::Failed;
-        }
+        evidence.drain.not_put_back = healthy && !r.put_back;
         d.rejoin = Some(r);
     }
     if let Some((d, _)) = &drained {
-        let lines = d.reasons();
-        if refused.is_some() {
-            verdict.reasons.splice(1..1, lines);
-        } else {
-            verdict.reasons.extend(lines);
-        }
+        evidence.drain.lines = d.reasons();
     }
-    if let Some(note) = resume_note {
-        verdict.reasons.push(note);
-    }
-    if let Some(e) = journal_error {
-        verdict.kind = crate::judge::verdict::VerdictKind::Failed;
-        verdict
-            .reasons
-            .insert(0, format!("stopped: the journal could not record a step ({e})"));
-    }
+    evidence.notes.extend(resume_note);
+    let verdict = conclude(&evidence, &policy);
+    let suite_steps = std::mem::take(&mut evidence.suite);
     let _ = rec.transition(CoRestartStep::Concluded);
+    let router_counters = std::mem::take(&mut evidence.routers);
     let evidence = std::mem::take(&mut *rec.lock());
     let report = OperationReport {
         operation_id: operation_id.clone(),
@@ -797,6 +781,15 @@ pub async fn run_operation_from(
         warnings: suite::warnings(&suite_steps),
         budgets: run.budgets.clone(),
         engine_counters,
+        router_counters: router_counters
+            .into_iter()
+            .filter_map(|r| {
+                Some(RouterCounterRecord {
+                    unit: r.unit,
+                    workers: r.after?,
+                })
+            })
+            .collect(),
         suite: suite_steps,
         warm_budget_ms: policy.warm_budget_ms,
         cold_allowance: policy.cold_allowance,
@@ -814,15 +807,80 @@ pub async fn run_operation_from(
     report
 }
 
+/// The engine layer's evidence: each engine's PD failure counters before
+/// (`None`: restarted by this operation, so from nothing) and after. A
+/// scrape that failed says nothing; a counter absent from one that answered
+/// is 0 (SGLang's labelled counters appear at their first increment).
+fn engine_evidence(
+    pair: &PairConfig,
+    before: Option<&BTreeMap<String, EngineCounterRecord>>,
+    after: &BTreeMap<String, EngineCounterRecord>,
+) -> Vec<EngineCounters> {
+    let counts = |r: &EngineCounterRecord| {
+        r.error.is_empty().then_some(EngineCounts {
+            transfer_failed: r.transfer_failed_total,
+            bootstrap_failed: r.bootstrap_failed_total,
+        })
+    };
+    pair.prefill
+        .iter()
+        .chain(&pair.decode)
+        .filter_map(|u| {
+            let a = after.get(&u.unit)?;
+            Some(EngineCounters {
+                unit: a.unit.clone(),
+                role: a.role.clone(),
+                before: match before {
+                    None => Some(EngineCounts::default()),
+                    Some(b) => b.get(&u.unit).and_then(counts),
+                },
+                after: counts(a),
+            })
+        })
+        .collect()
+}
+
+/// The router layer's evidence: each router's counters per worker before
+/// (`None` in `before`: restarted by this operation, so from nothing) and
+/// after; a router whose scrape failed on a side says nothing.
+fn router_evidence(
+    pair: &PairConfig,
+    before: Option<&BTreeMap<String, Vec<RouterWorkerCount>>>,
+    after: &BTreeMap<String, Vec<RouterWorkerCount>>,
+) -> Vec<RouterCounters> {
+    pair.router
+        .iter()
+        .map(|u| {
+            let (retries_metric, errors_metric) = router_metric_names(pair, u);
+            RouterCounters {
+                unit: u.unit.clone(),
+                retries_metric,
+                errors_metric,
+                before: match before {
+                    None => Some(Vec::new()),
+                    Some(b) => b.get(&u.unit).cloned(),
+                },
+                after: after.get(&u.unit).cloned(),
+            }
+        })
+        .collect()
+}
+
+/// The names a router gives its retry and error counters, for the reasons
+/// (the router profiles in `pdwarden_engines`).
+fn router_metric_names(_pair: &PairConfig, _router: &UnitRef) -> (String, String) {
+    ("smg_worker_retries_total".into(), "smg_worker_errors_total".into())
+}
+
 fn sample_from_wire(s: pdwarden_proto::v1::SuiteRequestSample) -> RequestSample {
     let outcome = match ProbeOutcome::try_from(s.outcome).unwrap_or(ProbeOutcome::Unspecified) {
-        ProbeOutcome::Ok => "ok",
-        ProbeOutcome::Timeout => "timeout",
-        _ => "error",
+        ProbeOutcome::Ok => SampleOutcome::Ok,
+        ProbeOutcome::Timeout => SampleOutcome::Timeout,
+        _ => SampleOutcome::Error,
     };
     RequestSample {
         index: s.index,
-        outcome: outcome.into(),
+        outcome,
         latency_ms: s.latency_ms,
         ttft_ms: s.ttft_ms,
         tokens: s.tokens,
@@ -830,6 +888,9 @@ fn sample_from_wire(s: pdwarden_proto::v1::SuiteRequestSample) -> RequestSample 
         aborted: s.aborted,
         token_times_ms: s.token_times_ms,
         request_id: s.request_id,
+        tokens_asked: s.tokens_asked,
+        finish_reason: s.finish_reason,
+        stream_error: s.stream_error,
     }
 }
 
@@ -1412,7 +1473,7 @@ impl CoRestart<'_> {
         &self,
         before: Option<&BTreeMap<String, EngineCounterRecord>>,
         after: &BTreeMap<String, EngineCounterRecord>,
-    ) -> (Vec<String>, bool) {
+    ) -> Vec<UnreachedProof> {
         let unreached = |u: &UnitRef| {
             after.get(&u.unit).and_then(|a| a.requests_total).is_some_and(|now| {
                 let then = before
@@ -1423,9 +1484,9 @@ impl CoRestart<'_> {
             })
         };
         let facts = |u: &UnitRef| self.ctx.agents.unit(&u.host, &u.unit);
-        let (mut lines, mut failed) = (Vec::new(), false);
+        let mut proofs = Vec::new();
         let (Some(p0), Some(d0)) = (self.pair.prefill.first(), self.pair.decode.first()) else {
-            return (lines, failed);
+            return proofs;
         };
         let mut paths: Vec<(&UnitRef, &UnitRef)> = Vec::new();
         for d in self.pair.decode.iter().filter(|d| unreached(d)) {
@@ -1456,49 +1517,41 @@ impl CoRestart<'_> {
                 (_, true) => d.unit.clone(),
                 _ => p.unit.clone(),
             };
-            match crate::ops::drain::pd_probe(&*self.ctx.agents, p, &self.pair, path).await {
-                Ok(()) => lines.push(format!(
-                    "{target} was not reached through the router (its policy sent the verification elsewhere); a PD request straight from {} to {} reached it",
-                    p.unit, d.unit
-                )),
-                Err(e) => {
-                    failed = true;
-                    lines.insert(
-                        0,
-                        format!(
-                            "{target} is unproven: the router never sent it a request, and a PD request straight from {} to {} failed: {e}",
-                            p.unit, d.unit
-                        ),
-                    );
-                }
-            }
+            proofs.push(UnreachedProof {
+                target,
+                prefill: p.unit.clone(),
+                decode: d.unit.clone(),
+                error: crate::ops::drain::pd_probe(&*self.ctx.agents, p, &self.pair, path)
+                    .await
+                    .err()
+                    .map(|e| e.to_string()),
+            });
         }
-        (lines, failed)
+        proofs
     }
 
-    /// Each engine's counters from `before` (None: restarted here, so 0) to `after`.
-    fn engine_failures(
-        &self,
-        before: Option<&BTreeMap<String, EngineCounterRecord>>,
-        after: &BTreeMap<String, EngineCounterRecord>,
-    ) -> Vec<EngineFailures> {
-        after
-            .values()
-            .map(|a| {
-                let b = before.and_then(|m| m.get(&a.unit));
-                let span = |now: Option<f64>, then: Option<Option<f64>>| -> Option<(f64, f64)> {
-                    let now = now?;
-                    match then {
-                        None => Some((0.0, now)),
-                        Some(then) => Some((then?, now)),
-                    }
-                };
-                EngineFailures {
-                    unit: a.unit.clone(),
-                    role: a.role.clone(),
-                    transfer_failed: span(a.transfer_failed_total, b.map(|b| b.transfer_failed_total)),
-                    bootstrap_failed: span(a.bootstrap_failed_total, b.map(|b| b.bootstrap_failed_total)),
-                }
+    /// One scrape of every router of the pair (`ScrapeEngines` to its
+    /// host, the router's own Prometheus port): its retry and error
+    /// counters per worker, by unit. A router whose agent or metrics did
+    /// not answer is missing.
+    async fn scrape_routers(&self) -> BTreeMap<String, Vec<RouterWorkerCount>> {
+        let samples = crate::ops::drain::scrape_units(&*self.ctx.agents, &self.pair.router, 2_000).await;
+        self.pair
+            .router
+            .iter()
+            .filter_map(|u| {
+                let s = samples.get(&u.to_string())?.as_ref().filter(|s| s.metrics_ok)?;
+                let workers = s
+                    .router_workers
+                    .iter()
+                    .map(|w| RouterWorkerCount {
+                        worker: w.worker.clone(),
+                        worker_type: w.worker_type.clone(),
+                        retries: w.retries_total,
+                        errors: w.errors_total,
+                    })
+                    .collect();
+                Some((u.unit.clone(), workers))
             })
             .collect()
     }
@@ -1516,7 +1569,16 @@ impl CoRestart<'_> {
             })
             .filter(|(_, us)| *us > 0)
             .collect();
+        let history_batching = healthy_suites(&self.ctx.journal, &self.pair.name)
+            .into_iter()
+            .filter_map(|(op, steps)| {
+                let c = steps.iter().find(|s| s.step == SuiteStep::Concurrency)?;
+                let (slowest, single) = (*c.figures.get("slowest_ms")?, *c.figures.get("single_request_ms")?);
+                (single > 0).then(|| (op, slowest as f64 / single as f64))
+            })
+            .collect();
         suite::derive_budgets(&BudgetInputs {
+            history_batching,
             warm_budget_ms: warm,
             probe_max_tokens: self.pair.probe.max_tokens,
             warm_answers_ms: self
@@ -1539,10 +1601,13 @@ impl CoRestart<'_> {
         })
     }
 
+    /// Runs the enabled suite steps in order and stops at the first that
+    /// proves a wedge or a failure (issue 30: nine more requests against a
+    /// proven wedge only delay the verdict): the steps run, and those not.
     async fn verification_suite(
         &mut self,
         abort_storm: bool,
-    ) -> Result<Vec<StepReport>, crate::ops::journal::JournalError> {
+    ) -> Result<(Vec<StepReport>, Vec<SuiteStep>), crate::ops::journal::JournalError> {
         let cfg = self.pair.suite.clone();
         let mut plan: Vec<SuiteStep> = Vec::new();
         if cfg.long_generation.enabled {
@@ -1560,7 +1625,7 @@ impl CoRestart<'_> {
         // A pair without a router (a rolling restart's sub-pair): its suite
         // runs with the whole pair's verification, through the router.
         if plan.is_empty() || self.pair.router.is_empty() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), Vec::new()));
         }
         self.rec.transition(CoRestartStep::Verifying)?;
         let baseline = last_healthy_suite(&self.ctx.journal, &self.pair.name);
@@ -1569,8 +1634,9 @@ impl CoRestart<'_> {
         self.budgets = Some(budgets.clone());
         let router = self.pair.router[0].clone();
         let chat = self.chat_probe();
-        let mut steps = Vec::new();
-        for step in plan {
+        let mut steps: Vec<StepReport> = Vec::new();
+        let mut plan = plan.into_iter();
+        for step in plan.by_ref() {
             let (request, timeout_ms) = match step {
                 SuiteStep::LongGeneration => (
                     suite_step_request::Step::LongGeneration(SuiteLongGeneration {
@@ -1647,9 +1713,13 @@ impl CoRestart<'_> {
                 report.reasons.join("; ")
             };
             self.rec.step_ended(step_idx, format!("{status}: {detail}"));
+            let proven = matches!(report.fails_as, Some(VerdictKind::Wedged | VerdictKind::Failed));
             steps.push(report);
+            if proven {
+                break;
+            }
         }
-        Ok(steps)
+        Ok((steps, plan.collect()))
     }
 
     /// Sends one suite step to the router's agent and waits for its samples.
@@ -1671,7 +1741,7 @@ impl CoRestart<'_> {
         let failed = |error: String| {
             vec![RequestSample {
                 index: 0,
-                outcome: "error".into(),
+                outcome: SampleOutcome::Error,
                 latency_ms: 0,
                 ttft_ms: 0,
                 tokens: 0,
@@ -1679,6 +1749,9 @@ impl CoRestart<'_> {
                 aborted: false,
                 token_times_ms: Vec::new(),
                 request_id: String::new(),
+                tokens_asked: 0,
+                finish_reason: String::new(),
+                stream_error: String::new(),
             }]
         };
         let answer = self
@@ -1741,8 +1814,11 @@ impl CoRestart<'_> {
             Ok(r) => {
                 record.request_id = r.request_id.clone();
                 record.tokens = r.tokens;
-                record.error = r.error.clone();
                 let obs = ProbeObservation::from_wire(&r);
+                record.error = match &obs {
+                    ProbeObservation::Error { message } if r.error.is_empty() => message.clone(),
+                    _ => r.error.clone(),
+                };
                 record.outcome = obs.kind().into();
                 record.latency_ms = Some(r.latency_ms);
                 obs

@@ -1,0 +1,806 @@
+//! One conclusion from every layer's evidence (DESIGN.md 16, issue 30).
+//!
+//! A verdict used to be built in steps: the probe series judged, then the
+//! co-restart driver overrode it to `failed` in six places (a unit not
+//! running, an unproven xPyD engine, an engine counter that moved, a pair
+//! that could not rejoin, a journal that failed, a drain refused), each rule
+//! living only in the driver. And the layers nobody read hid failures: an
+//! error event inside a stream that answered 200, errors a router retried
+//! into a slower success, a labelled engine counter that appears only at its
+//! first increment. Now the driver gathers everything into one [`Evidence`]
+//! and [`conclude`] turns it into the verdict; nothing changes a verdict
+//! after it. The driver may call `conclude` on the evidence gathered so far
+//! to decide whether to go on (run the suite, put the pair back): the
+//! verdict it reports is `conclude` of all of it.
+//!
+//! # The rules, written once
+//! Layers, from the outside in: the **client** (every request pdwarden sent:
+//! its HTTP status, tokens asked and received, `finish_reason`, error events
+//! inside a stream, first-token time and gaps, timeouts), the **router** (its
+//! own retry and error counters per worker, read before and after), the
+//! **engines** (their PD failure counters; a counter not exposed is 0: SGLang
+//! declares them as labelled counters, which appear at their first
+//! increment) and the **agents** (whether each unit runs under its agent).
+//!
+//! 1. **An error at any layer is never healthy and never a cold start**: an
+//!    error event in a stream, an answer cut short (`abort`, `error`, fewer
+//!    tokens than asked without `stop` or `length`), a request the router
+//!    retried or a backend error it counted, an engine failure counter that
+//!    moved or appeared. The verdict is `failed` (a wedge stays `wedged`),
+//!    and the reason names the layer and the numbers.
+//! 2. **A complete answer that was only slow is never `wedged`**: a late
+//!    first token or long pauses in a stream that then finished is
+//!    `over_budget`; `wedged` needs a request that never finished.
+//! 3. **A unit not running under its agent is never healthy**, however well
+//!    the pair answered (someone else's process may hold its port).
+//! 4. **The suite stops at the first step that proves a wedge or a
+//!    failure**; the verdict names that step and the steps not run.
+//! 5. A journal that could not record a step, a pair that could not be
+//!    taken out of its serving router, a healthy pair that could not be put
+//!    back: `failed`, saying which.
+//! 6. Otherwise the start-up and probe rules of [`crate::judge::verdict`]
+//!    and the suite's of [`crate::judge::suite`] decide.
+
+use serde::{Deserialize, Serialize};
+
+use crate::judge::suite::{self, StepReport, SuiteStep};
+use crate::judge::verdict::{ProbeObservation, ProbePolicy, UnitStartup, Verdict, VerdictKind, judge};
+
+/// Two PD failure counters of one engine at one scrape. `None` for a
+/// counter the engine did not expose (it counts as 0).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct EngineCounts {
+    pub transfer_failed: Option<f64>,
+    pub bootstrap_failed: Option<f64>,
+}
+
+/// The engine layer: one engine's counters before and after pdwarden's
+/// requests. `before` is `Some(default)` for an engine this operation
+/// started (it counts from nothing); `None` on either side when that
+/// scrape failed, so nothing can be said.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineCounters {
+    pub unit: String,
+    pub role: String,
+    pub before: Option<EngineCounts>,
+    pub after: Option<EngineCounts>,
+}
+
+/// One worker as a router counted it at one scrape.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RouterWorkerCount {
+    /// The worker's URL, or its type when the router labels only that.
+    pub worker: String,
+    pub worker_type: String,
+    pub retries: f64,
+    pub errors: f64,
+}
+
+/// The router layer: one router's counters before and after. A worker
+/// absent on a side has counted nothing there (the counters appear at
+/// their first increment). `before` is `Some(vec![])` for a router this
+/// operation started; `None` on either side when that scrape failed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RouterCounters {
+    pub unit: String,
+    /// The router's metric names for retries and errors, for the reasons.
+    pub retries_metric: String,
+    pub errors_metric: String,
+    pub before: Option<Vec<RouterWorkerCount>>,
+    pub after: Option<Vec<RouterWorkerCount>>,
+}
+
+/// An xPyD engine the router never sent a request to, and the PD request
+/// pdwarden sent straight to it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UnreachedProof {
+    /// What was proven ("decode-1", "decode-1 (and prefill-1)").
+    pub target: String,
+    pub prefill: String,
+    pub decode: String,
+    /// `None`: the direct request answered.
+    pub error: Option<String>,
+}
+
+/// The agent layer: a unit of the pair its agent says is not running.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NotRunning {
+    pub unit: String,
+    /// How it ended, in the agent's words ("exited: exit status 1").
+    pub how: String,
+}
+
+/// Taking the pair out of its serving router and putting it back.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DrainEvidence {
+    /// The pair could not be taken out, and nothing was touched.
+    pub refused: bool,
+    /// A pair that was to be put back (it concluded healthy) was not.
+    pub not_put_back: bool,
+    /// What the drain and rejoin did, for the report.
+    pub lines: Vec<String>,
+}
+
+/// Everything one operation learned, from every layer.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Evidence {
+    /// The agents' start-up reports of the units restarted, in order
+    /// (none for a verification), including units never started.
+    pub startups: Vec<UnitStartup>,
+    /// The probe series through the router (client layer).
+    pub probes: Vec<ProbeObservation>,
+    /// xPyD engines proven by a direct PD request.
+    pub unreached: Vec<UnreachedProof>,
+    /// The suite's steps, each judged from its raw samples, in order.
+    pub suite: Vec<StepReport>,
+    /// Steps not run because an earlier one proved a wedge or a failure.
+    pub suite_not_run: Vec<SuiteStep>,
+    pub engines: Vec<EngineCounters>,
+    pub routers: Vec<RouterCounters>,
+    pub not_running: Vec<NotRunning>,
+    pub drain: DrainEvidence,
+    /// The journal could not record a step: the operation stopped there.
+    pub journal_error: Option<String>,
+    /// Lines that change nothing (a resumed operation's note).
+    pub notes: Vec<String>,
+}
+
+/// The verdict from all the evidence (the module doc's rules).
+pub fn conclude(e: &Evidence, policy: &ProbePolicy) -> Verdict {
+    if e.drain.refused {
+        let mut reasons = vec![
+            "not restarted: the pair could not be taken out of its serving router, and nothing was touched".into(),
+        ];
+        reasons.extend(e.drain.lines.iter().cloned());
+        reasons.extend(e.notes.iter().cloned());
+        return Verdict {
+            kind: VerdictKind::Failed,
+            reasons,
+        };
+    }
+    let mut v = judge(&e.startups, &e.probes, policy);
+    // xPyD engines the router did not reach, proven directly.
+    let mut proofs = Vec::new();
+    for p in &e.unreached {
+        match &p.error {
+            None => proofs.push(format!(
+                "{} was not reached through the router (its policy sent the verification elsewhere); a PD request straight from {} to {} reached it",
+                p.target, p.prefill, p.decode
+            )),
+            Some(err) => {
+                v.kind = worst_of_error(v.kind);
+                proofs.insert(
+                    0,
+                    format!(
+                        "{} is unproven: the router never sent it a request, and a PD request straight from {} to {} failed: {err}",
+                        p.target, p.prefill, p.decode
+                    ),
+                );
+            }
+        }
+    }
+    v.reasons.extend(proofs);
+    // The suite (it ran only after a healthy series).
+    if !e.suite.is_empty() {
+        v = suite::overall(v, &e.suite);
+        if let Some(last) = e.suite.last().filter(|_| !e.suite_not_run.is_empty()) {
+            v.reasons.push(format!(
+                "the suite stopped at its {} step, which proved the pair {}: {} not run against it",
+                last.step.title(),
+                last.fails_as.unwrap_or(VerdictKind::Failed),
+                e.suite_not_run.iter().map(|s| s.title()).collect::<Vec<_>>().join(", ")
+            ));
+        }
+    }
+    // The layers a client never sees: what the router and the engines counted.
+    let mut hidden = router_failures(&e.routers);
+    hidden.extend(engine_failures(&e.engines));
+    if !hidden.is_empty() {
+        v.kind = worst_of_error(v.kind);
+        v.reasons.splice(0..0, hidden);
+    }
+    // The agent layer.
+    if !e.not_running.is_empty() {
+        if v.kind.is_healthy() {
+            v.kind = VerdictKind::Failed;
+        }
+        let lines: Vec<String> = e
+            .not_running
+            .iter()
+            .filter(|n| {
+                // Already told (a start-up that ended the same way).
+                let detail = n.how.strip_prefix("exited: ").unwrap_or("");
+                detail.is_empty() || !v.reasons.iter().any(|r| r.contains(detail))
+            })
+            .map(|n| format!("{} is not running: {} (its agent's report)", n.unit, n.how))
+            .collect();
+        v.reasons.splice(0..0, lines);
+    }
+    if e.drain.not_put_back && v.kind.is_healthy() {
+        v.kind = VerdictKind::Failed;
+    }
+    v.reasons.extend(e.drain.lines.iter().cloned());
+    v.reasons.extend(e.notes.iter().cloned());
+    if let Some(err) = &e.journal_error {
+        v.kind = VerdictKind::Failed;
+        v.reasons
+            .insert(0, format!("stopped: the journal could not record a step ({err})"));
+    }
+    v
+}
+
+/// An error seen at some layer: a wedge stays a wedge, everything else is
+/// `failed` — never healthy, never a cold start, never merely slow.
+fn worst_of_error(kind: VerdictKind) -> VerdictKind {
+    if kind == VerdictKind::Wedged {
+        kind
+    } else {
+        VerdictKind::Failed
+    }
+}
+
+/// Rule 1 for the router layer: every worker whose retries or errors rose.
+fn router_failures(routers: &[RouterCounters]) -> Vec<String> {
+    let mut out = Vec::new();
+    for r in routers {
+        let (Some(before), Some(after)) = (&r.before, &r.after) else {
+            continue;
+        };
+        for w in after {
+            let then = before
+                .iter()
+                .find(|b| b.worker == w.worker && b.worker_type == w.worker_type);
+            let (retries0, errors0) = then.map_or((0.0, 0.0), |b| (b.retries, b.errors));
+            let retried = w.retries - retries0;
+            let errored = w.errors - errors0;
+            if retried <= 0.0 && errored <= 0.0 {
+                continue;
+            }
+            let who = match (w.worker.as_str(), w.worker_type.as_str()) {
+                (w, "") => w.to_string(),
+                ("", t) => format!("its {t} workers"),
+                (w, t) if w == t => format!("its {t} workers"),
+                (w, t) => format!("{t} {w}"),
+            };
+            let mut what = Vec::new();
+            if errored > 0.0 {
+                what.push(format!(
+                    "{errored} backend error{} ({} {errors0} → {})",
+                    if errored == 1.0 { "" } else { "s" },
+                    r.errors_metric,
+                    w.errors
+                ));
+            }
+            if retried > 0.0 {
+                what.push(format!(
+                    "{retried} retr{} ({} {retries0} → {})",
+                    if retried == 1.0 { "y" } else { "ies" },
+                    r.retries_metric,
+                    w.retries
+                ));
+            }
+            out.push(format!(
+                "router {}: counted {} from {who} while pdwarden's requests ran; a retry hides an error from the client, and an error is never a cold start",
+                r.unit,
+                what.join(" and ")
+            ));
+        }
+    }
+    out
+}
+
+/// Rule 1 for the engine layer: a failure counter that moved, or appeared
+/// (absent before: 0).
+fn engine_failures(engines: &[EngineCounters]) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in engines {
+        let (Some(before), Some(after)) = (e.before, e.after) else {
+            continue;
+        };
+        for (what, metric, then, now) in [
+            (
+                "KV transfers",
+                "sglang:num_transfer_failed_reqs_total",
+                before.transfer_failed,
+                after.transfer_failed,
+            ),
+            (
+                "KV bootstraps",
+                "sglang:num_bootstrap_failed_reqs_total",
+                before.bootstrap_failed,
+                after.bootstrap_failed,
+            ),
+        ] {
+            let then_n = then.unwrap_or(0.0);
+            let Some(now) = now.filter(|now| *now > then_n) else {
+                continue;
+            };
+            let was = match then {
+                Some(n) => format!("{n}"),
+                None => "absent (0)".into(),
+            };
+            out.push(format!(
+                "{} {}: {} {what} failed while pdwarden's requests ran ({metric} {was} → {now}); a router that retries hides them from the client",
+                e.role,
+                e.unit,
+                now - then_n
+            ));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::judge::suite::{
+        BudgetInputs, RequestSample, SampleOutcome, StepStatus, derive_budgets, judge_concurrency,
+        judge_long_generation,
+    };
+    use crate::judge::verdict::{ColdAllowance, ReadinessPhase};
+
+    fn policy(cold_start_possible: bool) -> ProbePolicy {
+        ProbePolicy {
+            warm_budget_ms: 1_000,
+            cold_allowance: ColdAllowance::Configured {
+                ms: 30_000,
+                why: String::new(),
+            },
+            cold_start_possible,
+            warm_probes: 3,
+            cold_answers: 1,
+            fresh_engine_answers: Vec::new(),
+        }
+    }
+
+    fn startup(unit: &str, role: &str) -> UnitStartup {
+        UnitStartup {
+            unit: unit.into(),
+            role: role.into(),
+            furthest: Some(ReadinessPhase::Generating),
+            exited: false,
+            lost_contact: false,
+            last_detail: String::new(),
+            waited_ms: 1_000,
+            failed_checks: Vec::new(),
+        }
+    }
+
+    fn ok(latency_ms: u64) -> ProbeObservation {
+        ProbeObservation::Ok { latency_ms, tokens: 8 }
+    }
+
+    fn budgets() -> crate::judge::suite::SuiteBudgets {
+        derive_budgets(&BudgetInputs {
+            warm_budget_ms: 1_000,
+            probe_max_tokens: 8,
+            warm_answers_ms: vec![100, 110, 120],
+            history_tpot_us: Vec::new(),
+            history_batching: Vec::new(),
+            ttft_override_ms: None,
+            tpot_override_ms: None,
+            gap_override_ms: None,
+            slowest_override_ms: None,
+            tpot_history_ratio: 2.0,
+            min_batching_gain: 2.0,
+            engines_batch: true,
+            floor_ms: 50,
+        })
+    }
+
+    /// A streamed sample of `n` tokens, one every `gap` ms after `ttft`.
+    fn streamed(ttft: u64, gap: u64, n: u32, asked: u32, finish: &str, outcome: SampleOutcome) -> RequestSample {
+        let times: Vec<u64> = (0..u64::from(n)).map(|i| ttft + i * gap).collect();
+        RequestSample {
+            index: 0,
+            outcome,
+            latency_ms: times.last().copied().unwrap_or(ttft) + 1,
+            ttft_ms: times.first().copied().unwrap_or(0),
+            tokens: n,
+            error: String::new(),
+            aborted: false,
+            token_times_ms: times,
+            request_id: String::new(),
+            tokens_asked: asked,
+            finish_reason: finish.into(),
+            stream_error: String::new(),
+        }
+    }
+
+    /// A co-restarted 1P1D pair that answered every probe warm and passed
+    /// its suite: healthy. The base every property breaks one layer of.
+    fn healthy_evidence() -> Evidence {
+        let b = budgets();
+        Evidence {
+            startups: vec![startup("prefill-0", "prefill"), startup("decode-0", "decode")],
+            probes: vec![ok(120), ok(110), ok(115)],
+            suite: vec![
+                judge_long_generation(vec![streamed(100, 5, 64, 64, "length", SampleOutcome::Ok)], &b),
+                judge_concurrency(
+                    (0..4)
+                        .map(|i| RequestSample {
+                            index: i,
+                            ..streamed(100, 1, 8, 8, "length", SampleOutcome::Ok)
+                        })
+                        .collect(),
+                    &b,
+                ),
+            ],
+            engines: vec![EngineCounters {
+                unit: "decode-0".into(),
+                role: "decode".into(),
+                before: Some(EngineCounts::default()),
+                after: Some(EngineCounts::default()),
+            }],
+            routers: vec![RouterCounters {
+                unit: "router".into(),
+                retries_metric: "smg_worker_retries_total".into(),
+                errors_metric: "smg_worker_errors_total".into(),
+                before: Some(Vec::new()),
+                after: Some(Vec::new()),
+            }],
+            ..Evidence::default()
+        }
+    }
+
+    #[test]
+    fn the_base_evidence_is_healthy() {
+        let v = conclude(&healthy_evidence(), &policy(true));
+        assert_eq!(v.kind, VerdictKind::Healthy, "{:?}", v.reasons);
+    }
+
+    /// The issue's finding: the decode answered 500 to the first
+    /// generations after the restart, the router retried them, the client
+    /// saw a slower 200 — which the series alone calls a cold start.
+    #[test]
+    fn router_retried_errors_after_a_restart_are_not_a_cold_start() {
+        let mut e = healthy_evidence();
+        e.probes = vec![ok(4_000), ok(120), ok(110), ok(115)];
+        assert_eq!(
+            conclude(&e, &policy(true)).kind,
+            VerdictKind::HealthyAfterColdStart,
+            "the client layer alone"
+        );
+        e.routers[0].after = Some(vec![RouterWorkerCount {
+            worker: "http://127.0.0.1:30002".into(),
+            worker_type: "decode".into(),
+            retries: 3.0,
+            errors: 3.0,
+        }]);
+        let v = conclude(&e, &policy(true));
+        assert_eq!(v.kind, VerdictKind::Failed, "{:?}", v.reasons);
+        assert!(
+            v.reasons[0]
+                .starts_with("router router: counted 3 backend errors (smg_worker_errors_total 0 → 3) and 3 retries"),
+            "{:?}",
+            v.reasons
+        );
+    }
+
+    /// The issue's finding: `verify` of a pair that never failed before
+    /// ignored its first KV-transfer failure, because the labelled counter
+    /// did not exist before it.
+    #[test]
+    fn a_counter_that_appears_is_a_failure() {
+        let mut e = healthy_evidence();
+        e.startups.clear();
+        e.engines[0].after = Some(EngineCounts {
+            transfer_failed: Some(1.0),
+            bootstrap_failed: None,
+        });
+        let v = conclude(&e, &policy(false));
+        assert_eq!(v.kind, VerdictKind::Failed);
+        assert!(
+            v.reasons[0].contains("sglang:num_transfer_failed_reqs_total absent (0) → 1"),
+            "{:?}",
+            v.reasons
+        );
+    }
+
+    /// The issue's finding: a stream that ended early with an error event
+    /// and `[DONE]` passed the long-generation step.
+    #[test]
+    fn an_error_event_inside_a_stream_fails_the_pair() {
+        let mut e = healthy_evidence();
+        let mut s = streamed(100, 5, 3, 64, "", SampleOutcome::Ok);
+        s.stream_error = "Request aborted".into();
+        e.suite[0] = judge_long_generation(vec![s], &budgets());
+        let v = conclude(&e, &policy(true));
+        assert_eq!(v.kind, VerdictKind::Failed, "{:?}", v.reasons);
+        assert!(
+            v.reasons[0].contains("an error event inside the stream after 3 tokens"),
+            "{:?}",
+            v.reasons
+        );
+    }
+
+    /// The issue's finding: a late first token, then a normal stream, is
+    /// over budget — not wedged.
+    #[test]
+    fn a_late_first_token_then_a_normal_stream_is_over_budget() {
+        let mut e = healthy_evidence();
+        e.suite[0] = judge_long_generation(
+            vec![streamed(6_000, 5, 64, 64, "length", SampleOutcome::Ok)],
+            &budgets(),
+        );
+        let v = conclude(&e, &policy(true));
+        assert_eq!(v.kind, VerdictKind::OverBudget, "{:?}", v.reasons);
+    }
+
+    /// Failed KV transfers the router retried away fail the pair with the
+    /// counter's numbers; a wedge stays a wedge.
+    #[test]
+    fn engine_counted_transfer_failures_fail_the_pair_and_a_wedge_stays_one() {
+        let mut e = healthy_evidence();
+        e.engines[0].before = Some(EngineCounts {
+            transfer_failed: Some(0.0),
+            bootstrap_failed: None,
+        });
+        e.engines[0].after = Some(EngineCounts {
+            transfer_failed: Some(3.0),
+            bootstrap_failed: None,
+        });
+        let v = conclude(&e, &policy(true));
+        assert_eq!(v.kind, VerdictKind::Failed);
+        assert_eq!(
+            v.reasons[0],
+            "decode decode-0: 3 KV transfers failed while pdwarden's requests ran (sglang:num_transfer_failed_reqs_total 0 → 3); a router that retries hides them from the client"
+        );
+        e.probes = vec![ProbeObservation::Timeout { after_ms: 30_000 }];
+        assert_eq!(conclude(&e, &policy(true)).kind, VerdictKind::Wedged);
+    }
+
+    #[test]
+    fn a_unit_not_running_is_never_healthy_and_a_journal_failure_is_failed() {
+        let mut e = healthy_evidence();
+        e.not_running.push(NotRunning {
+            unit: "decode-0".into(),
+            how: "exited: exit status 1".into(),
+        });
+        let v = conclude(&e, &policy(true));
+        assert_eq!(v.kind, VerdictKind::Failed);
+        assert_eq!(
+            v.reasons[0],
+            "decode-0 is not running: exited: exit status 1 (its agent's report)"
+        );
+        let mut e = healthy_evidence();
+        e.journal_error = Some("disk full".into());
+        let v = conclude(&e, &policy(true));
+        assert_eq!(v.kind, VerdictKind::Failed);
+        assert!(v.reasons[0].starts_with("stopped: the journal could not record a step (disk full)"));
+    }
+
+    #[test]
+    fn a_suite_stopped_at_a_wedge_names_the_step_and_what_was_not_run() {
+        let mut e = healthy_evidence();
+        let mut frozen = streamed(100, 5, 12, 64, "", SampleOutcome::Timeout);
+        frozen.latency_ms = 60_000;
+        e.suite = vec![judge_long_generation(vec![frozen], &budgets())];
+        e.suite_not_run = vec![SuiteStep::MultiTurn, SuiteStep::Concurrency];
+        let v = conclude(&e, &policy(true));
+        assert_eq!(v.kind, VerdictKind::Wedged, "{:?}", v.reasons);
+        assert!(
+            v.reasons.iter().any(|r| r
+                == "the suite stopped at its long generation step, which proved the pair wedged: multi-turn, concurrency not run against it"),
+            "{:?}",
+            v.reasons
+        );
+    }
+
+    /// One error somewhere in one layer: which layer, and its numbers.
+    #[derive(Debug, Clone)]
+    enum Fault {
+        ErrorEvent {
+            after: u32,
+        },
+        FinishAbort {
+            tokens: u32,
+        },
+        Short {
+            tokens: u32,
+        },
+        RouterRetry {
+            retries: u8,
+            errors: u8,
+            before: Option<u8>,
+        },
+        EngineCounter {
+            before: Option<u8>,
+            rise: u8,
+            bootstrap: bool,
+        },
+        Unproven,
+        NotRunning,
+    }
+
+    fn fault() -> impl Strategy<Value = Fault> {
+        prop_oneof![
+            (0u32..63).prop_map(|after| Fault::ErrorEvent { after }),
+            (0u32..64).prop_map(|tokens| Fault::FinishAbort { tokens }),
+            (0u32..63).prop_map(|tokens| Fault::Short { tokens }),
+            (0u8..5, 0u8..5, proptest::option::of(0u8..5))
+                .prop_filter("something moved", |(r, e, _)| r + e > 0)
+                .prop_map(|(retries, errors, before)| Fault::RouterRetry {
+                    retries,
+                    errors,
+                    before
+                }),
+            (proptest::option::of(0u8..5), 1u8..5, any::<bool>()).prop_map(|(before, rise, bootstrap)| {
+                Fault::EngineCounter {
+                    before,
+                    rise,
+                    bootstrap,
+                }
+            }),
+            Just(Fault::Unproven),
+            Just(Fault::NotRunning),
+        ]
+    }
+
+    /// Applies `f` to otherwise healthy evidence; returns the word the
+    /// verdict's reasons must carry to name the layer.
+    fn inject(e: &mut Evidence, f: &Fault) -> &'static str {
+        let b = budgets();
+        match *f {
+            Fault::ErrorEvent { after } => {
+                let mut s = streamed(100, 5, after, 64, "", SampleOutcome::Ok);
+                s.stream_error = "aborted".into();
+                e.suite[0] = judge_long_generation(vec![s], &b);
+                "error event"
+            }
+            Fault::FinishAbort { tokens } => {
+                e.suite[0] = judge_long_generation(vec![streamed(100, 5, tokens, 64, "abort", SampleOutcome::Ok)], &b);
+                "abort"
+            }
+            Fault::Short { tokens } => {
+                e.suite[0] = judge_long_generation(vec![streamed(100, 5, tokens, 64, "", SampleOutcome::Ok)], &b);
+                "short answer"
+            }
+            Fault::RouterRetry {
+                retries,
+                errors,
+                before,
+            } => {
+                let base = before.map_or(0.0, f64::from);
+                e.routers[0].before = Some(match before {
+                    Some(_) => vec![RouterWorkerCount {
+                        worker: "http://d".into(),
+                        worker_type: "decode".into(),
+                        retries: base,
+                        errors: base,
+                    }],
+                    None => Vec::new(),
+                });
+                e.routers[0].after = Some(vec![RouterWorkerCount {
+                    worker: "http://d".into(),
+                    worker_type: "decode".into(),
+                    retries: base + f64::from(retries),
+                    errors: base + f64::from(errors),
+                }]);
+                "router router"
+            }
+            Fault::EngineCounter {
+                before,
+                rise,
+                bootstrap,
+            } => {
+                let then = before.map(f64::from);
+                let now = Some(then.unwrap_or(0.0) + f64::from(rise));
+                let (b0, a0) = if bootstrap {
+                    (
+                        EngineCounts {
+                            bootstrap_failed: then,
+                            ..Default::default()
+                        },
+                        EngineCounts {
+                            bootstrap_failed: now,
+                            ..Default::default()
+                        },
+                    )
+                } else {
+                    (
+                        EngineCounts {
+                            transfer_failed: then,
+                            ..Default::default()
+                        },
+                        EngineCounts {
+                            transfer_failed: now,
+                            ..Default::default()
+                        },
+                    )
+                };
+                e.engines[0].before = Some(b0);
+                e.engines[0].after = Some(a0);
+                "decode decode-0"
+            }
+            Fault::Unproven => {
+                e.unreached.push(UnreachedProof {
+                    target: "decode-1".into(),
+                    prefill: "prefill-0".into(),
+                    decode: "decode-1".into(),
+                    error: Some("http 500: KV transfer failed".into()),
+                });
+                "unproven"
+            }
+            Fault::NotRunning => {
+                e.not_running.push(NotRunning {
+                    unit: "prefill-0".into(),
+                    how: "exited".into(),
+                });
+                "not running"
+            }
+        }
+    }
+
+    proptest! {
+        /// Rule 1 and 3: an error at any layer — whatever the probe series
+        /// said (warm, or a slow first answer a cold start would explain) —
+        /// is never healthy and never a cold start, and the verdict names
+        /// the layer.
+        #[test]
+        fn an_error_at_any_layer_is_never_healthy_nor_a_cold_start(
+            f in fault(),
+            first_ms in 50u64..20_000,
+            cold in any::<bool>(),
+        ) {
+            let mut e = healthy_evidence();
+            e.probes[0] = ok(first_ms);
+            e.probes.push(ok(100));
+            let series = conclude(&e, &policy(cold)).kind;
+            let layer = inject(&mut e, &f);
+            let v = conclude(&e, &policy(cold));
+            prop_assert!(!v.kind.is_healthy(), "{f:?}: {v:?}");
+            prop_assert_ne!(v.kind, VerdictKind::HealthyAfterColdStart);
+            // The suite runs only after a healthy series: a fault there is
+            // named when the series let it run.
+            let suite_fault = matches!(f, Fault::ErrorEvent { .. } | Fault::FinishAbort { .. } | Fault::Short { .. } | Fault::Unproven);
+            if series.is_healthy() || !suite_fault {
+                prop_assert!(v.reasons.iter().any(|r| r.contains(layer)), "{f:?} not named ({layer}): {:?}", v.reasons);
+            }
+        }
+
+        /// Rule 2: a stream that finished (every token asked, `length`) is
+        /// never wedged, however late its first token or long its pauses.
+        #[test]
+        fn a_complete_answer_that_was_only_slow_is_never_wedged(
+            ttft in 1u64..60_000,
+            gap in 1u64..5_000,
+            n in 2u32..64,
+            finish in prop_oneof![Just("length"), Just("stop")],
+        ) {
+            let mut e = healthy_evidence();
+            let asked = if finish == "length" { n } else { 64 };
+            e.suite[0] = judge_long_generation(vec![streamed(ttft, gap, n, asked, finish, SampleOutcome::Ok)], &budgets());
+            let v = conclude(&e, &policy(true));
+            prop_assert_ne!(v.kind, VerdictKind::Wedged, "{:?}", v.reasons);
+            prop_assert!(matches!(v.kind, VerdictKind::Healthy | VerdictKind::OverBudget | VerdictKind::ColdStartRejected), "{:?}", v);
+        }
+
+        /// Both directions: evidence with no error and every request within
+        /// budget stays healthy whatever the counters' starting values.
+        #[test]
+        fn unmoved_counters_at_any_level_change_nothing(
+            level in 0u8..50,
+            exposed in any::<bool>(),
+        ) {
+            let mut e = healthy_evidence();
+            let n = exposed.then_some(f64::from(level));
+            let counts = EngineCounts { transfer_failed: n, bootstrap_failed: n };
+            e.engines[0].before = Some(counts);
+            e.engines[0].after = Some(counts);
+            let w = vec![RouterWorkerCount { worker: "http://d".into(), worker_type: "decode".into(), retries: f64::from(level), errors: f64::from(level) }];
+            e.routers[0].before = Some(w.clone());
+            e.routers[0].after = Some(w);
+            let v = conclude(&e, &policy(true));
+            prop_assert_eq!(v.kind, VerdictKind::Healthy, "{:?}", v.reasons);
+        }
+    }
+
+    #[test]
+    fn a_passing_step_stays_passing() {
+        let r = judge_long_generation(vec![streamed(100, 5, 64, 64, "length", SampleOutcome::Ok)], &budgets());
+        assert_eq!(r.status, StepStatus::Pass, "{:?}", r.reasons);
+    }
+}
