@@ -8,7 +8,9 @@
 //! flags' own names). A few flags are start-only on purpose: `--max-running` sizes a
 //! semaphore at start, `--cold-first-ms-by-start`/`--start-count-file` describe
 //! *which start* this process is, which no live patch can change, and
-//! `--chunked-prefill-size` is a server argument in SGLang too.
+//! `--chunked-prefill-size` is a server argument in SGLang too, and
+//! `--lazy-failure-counters` chooses how `/metrics` is shaped, which SGLang fixes at start
+//! (how `prometheus_client` exposes a labelled counter; see that flag).
 //!
 //! Every duration here is in *simulated* milliseconds; [`crate::clock::Scale`] turns
 //! them into real time (`--time-scale 0.01` runs a 56 s start-up in 0.56 s).
@@ -319,6 +321,21 @@ pub struct Args {
     /// add one, write it back at start. Goes with --cold-first-ms-by-start.
     #[arg(long)]
     pub start_count_file: Option<PathBuf>,
+    /// Expose `sglang:num_bootstrap_failed_reqs_total` and
+    /// `sglang:num_transfer_failed_reqs_total` only from their first increment, as SGLang
+    /// does (without the flag both are always there, 0 until a failure). SGLang declares
+    /// them as labelled `prometheus_client` Counters (`SchedulerMetricsCollector.__init__`,
+    /// `labelnames=labels.keys()`, in `python/sglang/srt/metrics/collector.py`) and creates
+    /// their one series in `increment_bootstrap_failed_reqs` /
+    /// `increment_transfer_failed_reqs` (`.labels(**self.labels).inc(1)`): a labelled
+    /// counter has no child, hence no sample, before its first `.labels(…)`. SGLang serves
+    /// `/metrics` through `prometheus_client`'s `MultiProcessCollector`
+    /// (`add_prometheus_middleware` in `python/sglang/srt/utils/common.py`, `utils.py` in
+    /// older releases), which only knows the series written to its files, so the family's
+    /// `# HELP`/`# TYPE` lines are missing too. A scrape of an engine that never failed shows no such lines: absent means 0,
+    /// not unknown. Start-only.
+    #[arg(long)]
+    pub lazy_failure_counters: bool,
 }
 
 /// The timing and fault settings `POST /sim/fault` can change live.
@@ -418,6 +435,8 @@ pub struct Config {
     pub cold_by_start: Option<ColdByStart>,
     /// `--chunked-prefill-size` (None = chunking off).
     pub chunked_prefill_size: Option<u64>,
+    /// `--lazy-failure-counters`: the PD failure counters appear at their first increment.
+    pub lazy_failure_counters: bool,
 }
 
 fn check(flag: &'static str, value: f64, min: f64) -> Result<f64, ConfigError> {
@@ -528,6 +547,7 @@ impl Config {
             max_running: args.max_running,
             cold_by_start,
             chunked_prefill_size: u64::try_from(args.chunked_prefill_size).ok().filter(|n| *n > 0),
+            lazy_failure_counters: args.lazy_failure_counters,
         })
     }
 

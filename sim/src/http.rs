@@ -376,7 +376,11 @@ fn sglang_name(signal: Signal) -> &'static str {
 ///   decode) and its bootstrap (prealloc) queue, always 0 here because pd-sim's prefill
 ///   does not wait for its decode's bootstrap before computing; a decode's prealloc
 ///   queue (requests in their bootstrap handshake) and transfer queue (waiting for their
-///   KV); bootstrap and transfer failures on both.
+///   KV); bootstrap and transfer failures on both. With `--lazy-failure-counters` the two
+///   failure counters (families included) are absent until their first increment, as
+///   SGLang's labelled counters are (`SchedulerMetricsCollector` in `collector.py`,
+///   `increment_bootstrap_failed_reqs`/`increment_transfer_failed_reqs`); without it they
+///   read 0 from the start.
 /// - Gauges are current at every scrape; SGLang refreshes them only when it logs stats
 ///   (each prefill batch, every `--decode-log-interval` decode steps, every 30 s idle),
 ///   which pd-sim does not model.
@@ -444,18 +448,25 @@ async fn metrics(State(sim): State<Arc<Sim>>) -> Response {
             )
         }
     };
-    family(
-        sglang_name(Signal::BootstrapFailed),
-        "counter",
-        "The number of bootstrap failed requests.",
-        &[("", n(bootstrap_failed))],
-    );
-    family(
-        sglang_name(Signal::TransferFailed),
-        "counter",
-        "The number of transfer failed requests.",
-        &[("", n(transfer_failed))],
-    );
+    // `--lazy-failure-counters`: a labelled prometheus_client counter has no series
+    // before its first increment (see the flag).
+    let lazy = sim.config.lazy_failure_counters;
+    if !lazy || bootstrap_failed > 0 {
+        family(
+            sglang_name(Signal::BootstrapFailed),
+            "counter",
+            "The number of bootstrap failed requests.",
+            &[("", n(bootstrap_failed))],
+        );
+    }
+    if !lazy || transfer_failed > 0 {
+        family(
+            sglang_name(Signal::TransferFailed),
+            "counter",
+            "The number of transfer failed requests.",
+            &[("", n(transfer_failed))],
+        );
+    }
     family(
         sglang_name(Signal::GenThroughput),
         "gauge",

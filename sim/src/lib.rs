@@ -32,11 +32,14 @@
 //! - [`bootstrap`]: the prefill→decode KV transfer link.
 //! - [`stats`]: `/sim/stats`, the ground truth.
 //! - [`server`]: phases, sockets, [`spawn`]/[`run`].
+//! - [`faultproxy`]: `pd-faultproxy`, a proxy that injects failures in front of any
+//!   engine (pd-sim, SGLang, vLLM), for the faults no simulator author had in mind.
 
 pub mod bootstrap;
 pub mod clock;
 pub mod config;
 pub mod engine;
+pub mod faultproxy;
 pub mod http;
 pub mod server;
 pub mod stats;

@@ -814,6 +814,65 @@ async fn kv_fail_every_fails_the_nth_routed_request() {
     d.shutdown().await.unwrap();
 }
 
+// `--lazy-failure-counters`: like SGLang's labelled prometheus_client Counters
+// (`python/sglang/srt/metrics/collector.py`, whose series is created by the first
+// `.labels(...).inc()`), the PD failure counters are absent from /metrics — family and
+// sample — until they first count a failure; the failed transfer then shows as 1 on the
+// decode and on the prefill, and the bootstrap counter, never incremented, stays absent.
+// Without the flag the same engine shows both at 0 from the start.
+#[tokio::test]
+async fn lazy_failure_counters_appear_at_their_first_increment() {
+    let c = client();
+    let ok = Duration::from_secs(5);
+    let transfer = name(Signal::TransferFailed);
+    let bootstrap = name(Signal::BootstrapFailed);
+    let (plain, plain_b) = start(Config::for_test(Role::Decode)).await;
+    let m = metrics_text(&c, plain_b).await;
+    for counter in [transfer, bootstrap] {
+        assert!(
+            m.contains(&format!("{counter}{{model_name=\"pd-sim/sim-model\"}} 0\n")),
+            "{m}"
+        );
+    }
+    plain.shutdown().await.unwrap();
+
+    let mut pcfg = Config::for_test(Role::Prefill);
+    pcfg.lazy_failure_counters = true;
+    let (p, pb) = start(pcfg).await;
+    let mut dcfg = Config::for_test(Role::Decode);
+    dcfg.lazy_failure_counters = true;
+    dcfg.settings.kv_fail_every = 2;
+    let (d, db) = start(dcfg).await;
+    for b in [pb, db] {
+        let m = metrics_text(&c, b).await;
+        assert!(!m.contains(transfer) && !m.contains(bootstrap), "{m}");
+    }
+    assert_eq!(routed(&c, pb, db, 1, ok).await.unwrap().status(), 200);
+    let m = metrics_text(&c, db).await;
+    assert!(!m.contains(transfer) && !m.contains(bootstrap), "{m}");
+    assert_eq!(routed(&c, pb, db, 2, ok).await.unwrap().status(), 500);
+    let dm = metrics_text(&c, db).await;
+    assert!(
+        dm.contains(&format!(
+            "# TYPE {transfer} counter\n{transfer}{{model_name=\"pd-sim/sim-model\"}} 1\n"
+        )),
+        "{dm}"
+    );
+    assert!(!dm.contains(bootstrap), "{dm}");
+    // The prefill learns of the failed room from its decode.
+    assert!(
+        wait_until(ok, || async {
+            metric(&metrics_text(&c, pb).await, transfer, "") == 1.0
+        })
+        .await,
+        "{}",
+        metrics_text(&c, pb).await
+    );
+    assert!(!metrics_text(&c, pb).await.contains(bootstrap));
+    p.shutdown().await.unwrap();
+    d.shutdown().await.unwrap();
+}
+
 // A relapse over HTTP: after 2 generations every one is charged F× the model, /sim/stats
 // counts them, and health stays 200 (its pass is not slowed).
 #[tokio::test]
