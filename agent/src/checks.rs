@@ -67,11 +67,18 @@ pub struct ChatOutcome {
     /// 0 when no HTTP answer arrived.
     pub http_status: u16,
     pub request_id: String,
+    /// The request's `max_tokens` (issue 30).
+    pub tokens_asked: u32,
+    /// The answer's `choices[0].finish_reason` ("stop", "length", "abort",
+    /// …; an object's `type`, as SGLang sends `{"type": "abort", …}`); ""
+    /// when none arrived. Reported whatever the outcome.
+    pub finish_reason: String,
 }
 
 /// POSTs one probe-tagged, non-streaming, temperature-0 chat completion to
 /// `base_url/v1/chat/completions`. OK requires at least one completion token
-/// within `timeout` (body included).
+/// within `timeout` (body included), and an answer that is not an error in
+/// a 200's clothing (see [`post_generation`]).
 pub async fn chat_probe(client: &reqwest::Client, base_url: &str, chat: &ChatProbe, timeout: Duration) -> ChatOutcome {
     let body = chat_body(chat);
     let url = format!("{}/v1/chat/completions", base_url.trim_end_matches('/'));
@@ -159,6 +166,8 @@ pub async fn engine_completion(client: &reqwest::Client, base_url: &str, timeout
                 error,
                 http_status,
                 request_id: String::new(),
+                tokens_asked: 1,
+                finish_reason: String::new(),
             };
         }
         Err(_) => {
@@ -169,6 +178,8 @@ pub async fn engine_completion(client: &reqwest::Client, base_url: &str, timeout
                 error: format!("GET /v1/models: no answer within {} ms", timeout.as_millis()),
                 http_status: 0,
                 request_id: String::new(),
+                tokens_asked: 1,
+                finish_reason: String::new(),
             };
         }
     };
@@ -187,7 +198,13 @@ pub async fn engine_completion(client: &reqwest::Client, base_url: &str, timeout
 }
 
 /// One probe-tagged generation request: OK requires at least one completion
-/// token within `timeout` (body included).
+/// token within `timeout` (body included). A 200 whose body is an error
+/// (`{"error": …}`, or vLLM's `{"object": "error", …}`) or whose
+/// `finish_reason` is "abort" or "error" (the engine ended the request, not
+/// its length or a stop) is an Error naming it (issue 30). The request's
+/// `max_tokens`, the answer's `finish_reason` and the tokens it counted are
+/// reported whatever the outcome; judging a short answer is the
+/// orchestrator's.
 async fn post_generation(
     client: &reqwest::Client,
     url: &str,
@@ -195,8 +212,14 @@ async fn post_generation(
     timeout: Duration,
 ) -> ChatOutcome {
     let request_id = format!("{REQUEST_ID_PREFIX}{}", uuid::Uuid::new_v4());
+    let tokens_asked = body
+        .get("max_tokens")
+        .and_then(serde_json::Value::as_u64)
+        .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX));
     let started = Instant::now();
     let mut http_status = 0u16;
+    let mut tokens = 0u32;
+    let mut finish_reason = String::new();
     let exchange = async {
         let resp = client
             .post(url)
@@ -214,22 +237,39 @@ async fn post_generation(
         }
         let value: serde_json::Value =
             serde_json::from_str(&text).map_err(|e| format!("response is not JSON ({e}): {}", snippet(&text)))?;
-        let tokens = completion_tokens(&value);
+        tokens = completion_tokens(&value);
+        let finish = value.pointer("/choices/0/finish_reason").and_then(finish_reason_of);
+        if let Some((reason, _)) = &finish {
+            finish_reason.clone_from(reason);
+        }
+        if let Some(message) = error_message_of(&value) {
+            return Err(format!("http {http_status} carrying an error: {message}"));
+        }
+        if let Some((reason, message)) = &finish
+            && is_failed_finish(reason)
+        {
+            return Err(format!(
+                "finish_reason \"{reason}\" after {tokens} of {tokens_asked} tokens{}",
+                message.as_deref().map(|m| format!(": {m}")).unwrap_or_default()
+            ));
+        }
         if tokens == 0 {
             return Err(format!("no completion tokens: {}", snippet(&text)));
         }
-        Ok(tokens)
+        Ok(())
     };
     let result = tokio::time::timeout(timeout, exchange).await;
     let latency = started.elapsed();
-    let (outcome, tokens, error) = match result {
-        Ok(Ok(tokens)) => (ProbeOutcome::Ok, tokens, String::new()),
-        Ok(Err(error)) => (ProbeOutcome::Error, 0, error),
-        Err(_) => (
-            ProbeOutcome::Timeout,
-            0,
-            format!("no answer within {} ms", timeout.as_millis()),
-        ),
+    let (outcome, error) = match result {
+        Ok(Ok(())) => (ProbeOutcome::Ok, String::new()),
+        Ok(Err(error)) => (ProbeOutcome::Error, error),
+        Err(_) => {
+            tokens = 0;
+            (
+                ProbeOutcome::Timeout,
+                format!("no answer within {} ms", timeout.as_millis()),
+            )
+        }
     };
     ChatOutcome {
         outcome,
@@ -238,7 +278,60 @@ async fn post_generation(
         error,
         http_status,
         request_id,
+        tokens_asked,
+        finish_reason,
     }
+}
+
+/// The longest `finish_reason` kept: real ones are a word.
+const MAX_FINISH_REASON_CHARS: usize = 64;
+
+/// A `finish_reason` value: a string, or an object with a string `type`
+/// (SGLang's `{"type": "abort", "message": …}`), with the object's
+/// `message` if any; `None` for null or anything else. Pure, bounded and
+/// panic-free (it reads what engines send, in streams too).
+pub(crate) fn finish_reason_of(v: &serde_json::Value) -> Option<(String, Option<String>)> {
+    let (reason, message) = match v {
+        serde_json::Value::String(s) => (s.as_str(), None),
+        serde_json::Value::Object(o) => (
+            o.get("type").and_then(serde_json::Value::as_str)?,
+            o.get("message")
+                .and_then(serde_json::Value::as_str)
+                .filter(|m| !m.trim().is_empty())
+                .map(snippet),
+        ),
+        _ => return None,
+    };
+    Some((reason.chars().take(MAX_FINISH_REASON_CHARS).collect(), message))
+}
+
+/// A finish reason that says the engine ended the request, not its length
+/// or a stop: SGLang's "abort", vLLM's "error".
+pub(crate) fn is_failed_finish(reason: &str) -> bool {
+    matches!(reason, "abort" | "error")
+}
+
+/// The message of an answer that is an error: `{"error": {"message": …}}`
+/// (SGLang, vLLM, OpenAI), `{"error": "…"}`, or vLLM's ErrorResponse
+/// `{"object": "error", "message": …}`; `None` for anything else. At most
+/// [`snippet`]'s length; pure and panic-free.
+pub(crate) fn error_message_of(v: &serde_json::Value) -> Option<String> {
+    use serde_json::Value;
+    let text = match v.get("error") {
+        Some(Value::String(s)) if !s.trim().is_empty() => s.clone(),
+        Some(Value::Object(e)) => match e.get("message").and_then(Value::as_str) {
+            Some(m) if !m.trim().is_empty() => m.to_owned(),
+            _ => Value::Object(e.clone()).to_string(),
+        },
+        _ if v.get("object").and_then(Value::as_str) == Some("error") => {
+            match v.get("message").and_then(Value::as_str) {
+                Some(m) if !m.trim().is_empty() => m.to_owned(),
+                _ => v.to_string(),
+            }
+        }
+        _ => return None,
+    };
+    Some(snippet(&text))
 }
 
 /// `usage.completion_tokens`, or 1 if it is missing/zero but
@@ -591,6 +684,146 @@ mod tests {
         let empty = json!({"choices": [{"message": {"content": ""}}], "usage": {"completion_tokens": 0}});
         assert_eq!(completion_tokens(&empty), 0);
         assert_eq!(completion_tokens(&json!({})), 0);
+    }
+
+    /// An engine on loopback answering every request 200 with `body` (JSON).
+    async fn answering(body: &'static str) -> String {
+        let head = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            body.len()
+        );
+        hostile_engine(Box::leak(head.into_boxed_str()), body.as_bytes(), false).await
+    }
+
+    fn asking(max_tokens: u32) -> ChatProbe {
+        ChatProbe { max_tokens, ..chat() }
+    }
+
+    /// Property (issue 30): a 200 whose finish_reason says the engine ended
+    /// the request — a string, or SGLang's object with a `type` — is an
+    /// Error naming it, with the tokens asked and received and the reason
+    /// reported; "length" and "stop" answers are OK with theirs.
+    #[tokio::test]
+    async fn an_aborted_or_errored_finish_is_an_error_with_its_evidence() {
+        let url = answering(
+            r#"{"choices":[{"message":{"content":"The"},"finish_reason":{"type":"abort","message":"Abort in waiting queue"}}],"usage":{"completion_tokens":1}}"#,
+        )
+        .await;
+        let r = chat_probe(&http_client(), &url, &asking(16), Duration::from_secs(10)).await;
+        assert_eq!(r.outcome, ProbeOutcome::Error, "{r:?}");
+        assert_eq!((r.tokens, r.tokens_asked, r.finish_reason.as_str()), (1, 16, "abort"));
+        assert_eq!(r.http_status, 200);
+        assert_eq!(
+            r.error,
+            "finish_reason \"abort\" after 1 of 16 tokens: Abort in waiting queue"
+        );
+
+        let url =
+            answering(r#"{"choices":[{"text":"x","finish_reason":"error"}],"usage":{"completion_tokens":3}}"#).await;
+        let r = chat_probe(&http_client(), &url, &asking(8), Duration::from_secs(10)).await;
+        assert_eq!(r.outcome, ProbeOutcome::Error);
+        assert_eq!((r.tokens, r.tokens_asked, r.finish_reason.as_str()), (3, 8, "error"));
+
+        let url = answering(
+            r#"{"choices":[{"message":{"content":"a b"},"finish_reason":"length"}],"usage":{"completion_tokens":8}}"#,
+        )
+        .await;
+        let r = chat_probe(&http_client(), &url, &asking(8), Duration::from_secs(10)).await;
+        assert_eq!(r.outcome, ProbeOutcome::Ok, "{r:?}");
+        assert_eq!((r.tokens, r.tokens_asked, r.finish_reason.as_str()), (8, 8, "length"));
+
+        // A short answer with no finish_reason is reported as it is: OK
+        // here, judged by the orchestrator (tokens < asked, no stop/length).
+        let url = answering(
+            r#"{"choices":[{"message":{"content":"a"},"finish_reason":null}],"usage":{"completion_tokens":2}}"#,
+        )
+        .await;
+        let r = chat_probe(&http_client(), &url, &asking(8), Duration::from_secs(10)).await;
+        assert_eq!(r.outcome, ProbeOutcome::Ok);
+        assert_eq!((r.tokens, r.tokens_asked, r.finish_reason.as_str()), (2, 8, ""));
+    }
+
+    /// Property (issue 30): a 200 whose body is an error — `{"error": …}`
+    /// or vLLM's `{"object": "error", …}` — is an Error carrying its message.
+    #[tokio::test]
+    async fn an_error_body_with_status_200_is_an_error() {
+        for (body, message) in [
+            (
+                r#"{"error":{"message":"KV transfer failed","type":"InternalServerError","code":500}}"#,
+                "KV transfer failed",
+            ),
+            (
+                r#"{"object":"error","message":"The engine is dead","type":"BadRequestError","code":400}"#,
+                "The engine is dead",
+            ),
+            (r#"{"error":"rejected"}"#, "rejected"),
+        ] {
+            let url = answering(body).await;
+            let r = chat_probe(&http_client(), &url, &asking(4), Duration::from_secs(10)).await;
+            assert_eq!(r.outcome, ProbeOutcome::Error, "{body}");
+            assert_eq!(r.error, format!("http 200 carrying an error: {message}"));
+            assert_eq!(r.tokens_asked, 4);
+        }
+    }
+
+    /// The engine check asks for one token; that is what it reports.
+    #[tokio::test]
+    async fn the_engine_completion_reports_one_token_asked() {
+        let url = answering(r#"{"data":[{"id":"m"}],"choices":[{"text":"x","finish_reason":"length"}],"usage":{"completion_tokens":1}}"#).await;
+        let r = engine_completion(&http_client(), &url, Duration::from_secs(10)).await;
+        assert_eq!(r.outcome, ProbeOutcome::Ok, "{r:?}");
+        assert_eq!((r.tokens, r.tokens_asked, r.finish_reason.as_str()), (1, 1, "length"));
+    }
+
+    // Property: finish reasons and error bodies are read whatever shape
+    // they come in; anything else is none, never a panic.
+    #[test]
+    fn finish_reasons_and_error_bodies_are_read_in_every_shape() {
+        assert_eq!(finish_reason_of(&json!("stop")), Some(("stop".into(), None)));
+        assert_eq!(
+            finish_reason_of(&json!({"type": "abort", "message": "client gone"})),
+            Some(("abort".into(), Some("client gone".into())))
+        );
+        assert_eq!(
+            finish_reason_of(&json!({"type": "length", "length": 8})),
+            Some(("length".into(), None))
+        );
+        for v in [
+            json!(null),
+            json!(3),
+            json!({"message": "x"}),
+            json!([]),
+            json!({"type": 1}),
+        ] {
+            assert_eq!(finish_reason_of(&v), None, "{v}");
+        }
+        assert_eq!(
+            finish_reason_of(&json!("x".repeat(1000))).unwrap().0.len(),
+            MAX_FINISH_REASON_CHARS
+        );
+        assert_eq!(
+            error_message_of(&json!({"error": {"message": "boom"}})),
+            Some("boom".into())
+        );
+        assert_eq!(
+            error_message_of(&json!({"error": {"code": 1}})),
+            Some("{\"code\":1}".into())
+        );
+        assert_eq!(
+            error_message_of(&json!({"object": "error", "message": "dead"})),
+            Some("dead".into())
+        );
+        for v in [
+            json!({"error": null}),
+            json!({"error": ""}),
+            json!({"object": "chat.completion"}),
+            json!("error"),
+            json!({"choices": []}),
+        ] {
+            assert_eq!(error_message_of(&v), None, "{v}");
+        }
+        assert!(is_failed_finish("abort") && is_failed_finish("error"));
+        assert!(!is_failed_finish("stop") && !is_failed_finish("length") && !is_failed_finish(""));
     }
 
     #[test]

@@ -261,14 +261,10 @@ impl Dispatcher {
                     .unit_config(&t.unit)
                     .ok_or_else(|| format!("unknown unit {:?}", t.unit))?;
                 let base = u.base_url.trim_end_matches('/');
-                let path = if t.metrics_path.is_empty() {
-                    "/metrics"
-                } else {
-                    t.metrics_path.as_str()
-                };
                 Ok(crate::watch::Target {
                     unit: t.unit.clone(),
-                    metrics_url: format!("{base}{path}"),
+                    // A router's exporter has a port of its own (issue 30).
+                    metrics_url: u.metrics_url_for(&t.metrics_path),
                     health_url: format!("{base}{}", u.health_path()),
                 })
             })
@@ -412,5 +408,7 @@ async fn run_probe(
     result.error = r.error;
     result.http_status = i32::from(r.http_status);
     result.request_id = r.request_id;
+    result.tokens_asked = r.tokens_asked;
+    result.finish_reason = r.finish_reason;
     result
 }

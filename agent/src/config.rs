@@ -230,6 +230,16 @@ pub struct UnitConfig {
     /// Start this unit when the agent starts.
     #[serde(default)]
     pub autostart: bool,
+    /// Where its Prometheus metrics are scraped, a full http(s) URL such as
+    /// `http://127.0.0.1:29000/metrics`. Default: for a router (role
+    /// `router`, or engine `sglang-router` / `vllm-router`), whose exporter
+    /// listens on a port of its own, `http://<host of base_url>:<P>/metrics`
+    /// with P the value of `--prometheus-port` in its argv, else 29000
+    /// (both routers' default; `--prometheus-host`, when it names one
+    /// address, replaces the host); for an engine, `base_url` plus the
+    /// metrics path the orchestrator asks for (`/metrics`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics_url: Option<String>,
 }
 
 fn default_shutdown_grace_ms() -> u64 {
@@ -382,7 +392,78 @@ impl UnitConfig {
             generation_path: None,
             bootstrap_port: None,
             autostart: false,
+            metrics_url: None,
         }
+    }
+
+    /// Whether it is a router (by its role or its engine kind).
+    pub fn is_router(&self) -> bool {
+        self.role == Role::Router || matches!(self.engine_kind(), EngineKind::SglangRouter | EngineKind::VllmRouter)
+    }
+
+    /// The value of `flag` in its argv (`--flag V` or `--flag=V`; the last
+    /// one wins, as the routers' argument parsers take it).
+    fn arg_value(&self, flag: &str) -> Option<&str> {
+        let mut found = None;
+        let mut args = self.argv.iter().skip(1);
+        while let Some(a) = args.next() {
+            if a == flag {
+                found = args.next().map(String::as_str);
+            } else if let Some(v) = a.strip_prefix(flag).and_then(|r| r.strip_prefix('=')) {
+                found = Some(v);
+            }
+        }
+        found
+    }
+
+    /// The port of a router's Prometheus exporter: `--prometheus-port` in
+    /// its argv, else [`pdwarden_engines::ROUTER_PROMETHEUS_PORT`]. An
+    /// error names a value that is not a port.
+    pub fn prometheus_port(&self) -> Result<u16, String> {
+        match self.arg_value("--prometheus-port") {
+            None => Ok(pdwarden_engines::ROUTER_PROMETHEUS_PORT),
+            Some(v) => v
+                .trim()
+                .parse::<u16>()
+                .ok()
+                .filter(|p| *p != 0)
+                .ok_or_else(|| format!("--prometheus-port {v:?} is not a port")),
+        }
+    }
+
+    /// Where the watch scrapes this unit's metrics: `metrics_url` if set;
+    /// for a router its own exporter (see `metrics_url`); for an engine
+    /// `base_url` + `metrics_path` ("" means `/metrics`).
+    pub fn metrics_url_for(&self, metrics_path: &str) -> String {
+        if let Some(url) = &self.metrics_url {
+            return url.clone();
+        }
+        if self.is_router() {
+            let host = self
+                .arg_value("--prometheus-host")
+                .map(str::trim)
+                .filter(|h| !h.is_empty() && !matches!(*h, "0.0.0.0" | "::" | "[::]"))
+                .map(|h| match h.parse::<std::net::Ipv6Addr>() {
+                    Ok(v6) => format!("[{v6}]"),
+                    Err(_) => h.to_owned(),
+                })
+                .or_else(|| {
+                    reqwest::Url::parse(&self.base_url)
+                        .ok()
+                        .and_then(|u| u.host_str().map(str::to_owned))
+                })
+                .unwrap_or_else(|| "127.0.0.1".to_owned());
+            let port = self
+                .prometheus_port()
+                .unwrap_or(pdwarden_engines::ROUTER_PROMETHEUS_PORT);
+            return format!("http://{host}:{port}/metrics");
+        }
+        let path = if metrics_path.is_empty() {
+            "/metrics"
+        } else {
+            metrics_path
+        };
+        format!("{}{path}", self.base_url.trim_end_matches('/'))
     }
 
     /// The kind of server, explicit or implied by the role.
@@ -514,6 +595,21 @@ impl UnitConfig {
         }
         if self.bootstrap_port == Some(0) {
             return Err(invalid(field("bootstrap_port"), "must not be 0"));
+        }
+        match &self.metrics_url {
+            Some(url) => check_http_url(&field("metrics_url"), url)?,
+            None if self.is_router() => {
+                self.prometheus_port().map_err(|reason| {
+                    invalid(
+                        field("argv"),
+                        format!(
+                            "unit {:?}: {reason}; its metrics are scraped on that port (or set metrics_url)",
+                            self.name
+                        ),
+                    )
+                })?;
+            }
+            None => {}
         }
         Ok(())
     }
@@ -664,6 +760,55 @@ mod tests {
 
     const HEAD: &str = "host='h'\norchestrator='http://x:1'\nstate_dir='/tmp'\n";
     const UNIT: &str = "[[unit]]\nname='u'\nrole='decode'\nargv=['sleep','1']\nbase_url='http://127.0.0.1:1'\n";
+    const ROUTER: &str = "[[unit]]\nname='r'\nrole='router'\nargv=['smg','launch','--prometheus-port','9100']\n\
+                          base_url='http://10.1.2.3:30000/'\n";
+
+    /// Property (issue 30): a router's metrics are scraped on its own
+    /// exporter port — `--prometheus-port` in its argv (both spellings, the
+    /// last one winning), else 29000 — at its base URL's host, or where
+    /// `--prometheus-host` names one address; an engine's at its base URL
+    /// plus the path asked; `metrics_url` overrides both and round-trips.
+    #[test]
+    fn metrics_url_defaults_to_the_routers_exporter_port() {
+        let unit = |text: &str| AgentConfig::from_toml_str(&format!("{HEAD}{text}")).unwrap().units[0].clone();
+        let r = unit(ROUTER);
+        assert!(r.is_router());
+        assert_eq!(r.metrics_url_for(""), "http://10.1.2.3:9100/metrics");
+        assert_eq!(r.metrics_url_for("/other"), "http://10.1.2.3:9100/metrics");
+        let r = unit(&ROUTER.replace("'--prometheus-port','9100'", "'--prometheus-port=9200'"));
+        assert_eq!(r.metrics_url_for(""), "http://10.1.2.3:9200/metrics");
+        let r = unit(&ROUTER.replace("'9100'", "'9100','--prometheus-port','9300'"));
+        assert_eq!(r.metrics_url_for(""), "http://10.1.2.3:9300/metrics");
+        let r = unit(&ROUTER.replace("'--prometheus-port','9100'", "'--port','30000'"));
+        assert_eq!(r.metrics_url_for(""), "http://10.1.2.3:29000/metrics");
+        let r = unit(&ROUTER.replace("'9100'", "'9100','--prometheus-host','127.0.0.1'"));
+        assert_eq!(r.metrics_url_for(""), "http://127.0.0.1:9100/metrics");
+        let r = unit(&ROUTER.replace("'9100'", "'9100','--prometheus-host','0.0.0.0'"));
+        assert_eq!(r.metrics_url_for(""), "http://10.1.2.3:9100/metrics");
+        let r = unit(&ROUTER.replace("http://10.1.2.3:30000/", "http://[::1]:30000"));
+        assert_eq!(r.metrics_url_for(""), "http://[::1]:9100/metrics");
+        // A router named by its engine kind, with vllm-router's flag.
+        let v = unit(
+            "[[unit]]\nname='v'\nrole='router'\nengine='vllm-router'\nargv=['vllm-router','--prometheus-port','29500']\n\
+             base_url='http://127.0.0.1:8000'\n",
+        );
+        assert_eq!(v.metrics_url_for(""), "http://127.0.0.1:29500/metrics");
+        let e = unit(UNIT);
+        assert!(!e.is_router());
+        assert_eq!(e.metrics_url_for(""), "http://127.0.0.1:1/metrics");
+        assert_eq!(e.metrics_url_for("/m2"), "http://127.0.0.1:1/m2");
+        let set =
+            AgentConfig::from_toml_str(&format!("{HEAD}{ROUTER}metrics_url='https://prom.example:9443/x'\n")).unwrap();
+        assert_eq!(set.units[0].metrics_url_for(""), "https://prom.example:9443/x");
+        assert_eq!(AgentConfig::from_toml_str(&set.to_toml_string().unwrap()).unwrap(), set);
+        assert!(
+            !AgentConfig::from_toml_str(FULL)
+                .unwrap()
+                .to_toml_string()
+                .unwrap()
+                .contains("metrics_url")
+        );
+    }
 
     // Property: every bad input is rejected with an error that names the field.
     #[test]
@@ -707,6 +852,16 @@ mod tests {
                 "generation_path",
             ),
             (format!("{HEAD}{UNIT}generation_path='/health'\n"), "generation_path"),
+            (format!("{HEAD}{UNIT}metrics_url='nope'\n"), "unit[0].metrics_url"),
+            (
+                format!("{HEAD}{UNIT}metrics_url='ftp://h/metrics'\n"),
+                "unit[0].metrics_url",
+            ),
+            (format!("{HEAD}{UNIT}metrics_url=3\n"), "metrics_url"),
+            (
+                format!("{HEAD}{}", ROUTER.replace("'9100'", "'ninety'")),
+                "unit[0].argv`: unit \"r\": --prometheus-port \"ninety\" is not a port",
+            ),
             // Issue 16: durations past a week, named by their path.
             (
                 format!("shutdown_grace_ms=18446744073709551615\n{HEAD}"),

@@ -245,6 +245,8 @@ async fn stream_one(
     let mut stream = resp.bytes_stream();
     let mut buf = String::new();
     let (mut first, mut last, mut done) = (None, 0u64, false);
+    // An error event inside a 200 stream (issue 30): never an OK sample.
+    let mut stream_error: Option<String> = None;
     while !done {
         match tokio::time::timeout_at(deadline, stream.next()).await {
             Err(_) => {
@@ -283,6 +285,12 @@ async fn stream_one(
                             first.get_or_insert(at);
                             last = at;
                         }
+                        crate::suite::SseEvent::Finish(_) => {}
+                        crate::suite::SseEvent::Error(message) => {
+                            stream_error = Some(message);
+                            done = true;
+                            break;
+                        }
                     }
                 }
             }
@@ -291,7 +299,9 @@ async fn stream_one(
     sample.latency_us = us();
     sample.ttft_us = first.unwrap_or(0);
     sample.decode_us = first.map_or(0, |f| last - f);
-    if done && sample.tokens > 0 {
+    if let Some(message) = stream_error {
+        sample.error = format!("error event in the stream after {} tokens: {message}", sample.tokens);
+    } else if done && sample.tokens > 0 {
         sample.outcome = ProbeOutcome::Ok as i32;
         sample.error.clear();
     } else if done {

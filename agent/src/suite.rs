@@ -19,7 +19,9 @@ use pdwarden_proto::v1::{
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use crate::checks::{PROBE_HEADER, REQUEST_ID_PREFIX, chat_probe, error_chain};
+use crate::checks::{
+    PROBE_HEADER, REQUEST_ID_PREFIX, chat_probe, error_chain, error_message_of, finish_reason_of, is_failed_finish,
+};
 
 /// The longest SSE event accepted: a token chunk is a few hundred bytes; a
 /// stream that never sends an event separator must not grow memory forever.
@@ -30,21 +32,36 @@ pub(crate) const MAX_SSE_EVENT_BYTES: usize = 1 << 20;
 pub enum SseEvent {
     /// A chunk carrying generated text (one token, for SGLang-like engines).
     Content(String),
+    /// A chunk's non-null `choices[0].finish_reason`: the string, or an
+    /// object's `type` (SGLang's `{"type": "abort", …}`). After the
+    /// chunk's content, when it carries both.
+    Finish(String),
+    /// An error event inside the stream, by its message: SGLang's
+    /// serving_chat.py sends `data: {"error": {"message": …}}` (then
+    /// `[DONE]`) for a request aborted mid-generation; vLLM `{"error": …}`
+    /// or an ErrorResponse `{"object": "error", "message": …}`.
+    Error(String),
     /// `data: [DONE]`.
     Done,
 }
 
 /// Removes every complete event (`…\n\n`) from the front of `buf` and returns
-/// the ones that matter; events without content (role, usage, finish chunks,
-/// comments, garbage) are skipped. Pure, so it is fuzzed directly: whatever a
-/// broken engine sends, this never panics.
+/// the ones that matter; events without content, finish reason or error
+/// (role, usage chunks, comments, garbage) are skipped. An event's `data:`
+/// lines are joined, as SSE defines. Pure, so it is fuzzed directly:
+/// whatever a broken engine sends, this never panics.
 pub fn drain_sse_events(buf: &mut String) -> Vec<SseEvent> {
     let mut out = Vec::new();
     while let Some(end) = buf.find("\n\n") {
         let event: String = buf.drain(..end + 2).collect();
-        let Some(data) = event.trim().strip_prefix("data:") else {
+        let mut data_lines = event
+            .lines()
+            .filter_map(|l| l.trim_start().strip_prefix("data:"))
+            .peekable();
+        if data_lines.peek().is_none() {
             continue;
-        };
+        }
+        let data = data_lines.collect::<Vec<_>>().join("\n");
         let data = data.trim();
         if data == "[DONE]" {
             out.push(SseEvent::Done);
@@ -53,10 +70,17 @@ pub fn drain_sse_events(buf: &mut String) -> Vec<SseEvent> {
         let Ok(v) = serde_json::from_str::<Value>(data) else {
             continue;
         };
+        if let Some(message) = error_message_of(&v) {
+            out.push(SseEvent::Error(message));
+            continue;
+        }
         if let Some(piece) = v.pointer("/choices/0/delta/content").and_then(Value::as_str)
             && !piece.is_empty()
         {
             out.push(SseEvent::Content(piece.to_string()));
+        }
+        if let Some((reason, _)) = v.pointer("/choices/0/finish_reason").and_then(finish_reason_of) {
+            out.push(SseEvent::Finish(reason));
         }
     }
     out
@@ -101,15 +125,23 @@ fn chat_or_default(chat: Option<ChatProbe>) -> ChatProbe {
     })
 }
 
-/// Streams one chat completion with `messages`, timing every content chunk.
-/// Ends at `[DONE]`, at `timeout`, or after `silence` without a chunk.
 /// How long a streamed request may take in all, and without a token.
 #[derive(Clone, Copy)]
 struct StreamLimits {
+    /// The whole request, first token included: before its first token a
+    /// stream may be silent this long (a prefill, and through a router the
+    /// prefill's whole answer, comes before it — ROUTER-NOTES.md).
     timeout: Duration,
+    /// The longest gap between two tokens, counted from the first token on.
     silence: Duration,
 }
 
+/// Streams one chat completion with `messages`, timing every content chunk.
+/// Ends at `[DONE]`, at the first error event, at `timeout`, or once
+/// `silence` passes without a token after the first one. Records the tokens
+/// asked for, the last `finish_reason` and the first error event's message
+/// (issue 30): an error event makes the request an Error even if `[DONE]`
+/// follows, as does a finish_reason "abort" or "error".
 async fn stream_chat(
     http: &reqwest::Client,
     base_url: &str,
@@ -123,6 +155,7 @@ async fn stream_chat(
         index,
         request_id: request_id.clone(),
         outcome: ProbeOutcome::Error as i32,
+        tokens_asked: chat.max_tokens,
         ..Default::default()
     };
     let StreamLimits { timeout, silence } = limits;
@@ -173,14 +206,25 @@ async fn stream_chat(
     let mut buf = String::new();
     let mut content = String::new();
     let mut done = false;
+    // When the last token arrived; none yet: the silence limit does not
+    // apply before the first token, only the whole request's.
+    let mut last_token: Option<Instant> = None;
     while !done {
-        let wait_until = (Instant::now() + silence).min(deadline);
+        let wait_until = last_token.map_or(deadline, |t| (t + silence).min(deadline));
         match tokio::time::timeout_at(wait_until, stream.next()).await {
             Err(_) => {
                 sample.outcome = ProbeOutcome::Timeout as i32;
                 let last = sample.token_times_ms.last().copied().unwrap_or(0);
                 sample.error = if Instant::now() >= deadline {
-                    format!("stream not finished within {} ms", timeout.as_millis())
+                    format!(
+                        "stream not finished within {} ms{}",
+                        timeout.as_millis(),
+                        if last_token.is_none() {
+                            " (no token arrived)"
+                        } else {
+                            ""
+                        }
+                    )
                 } else {
                     format!(
                         "stream silent for {} ms after token {}",
@@ -199,6 +243,7 @@ async fn stream_chat(
                 break;
             }
             Ok(Some(Ok(bytes))) => {
+                let now = Instant::now();
                 let at = elapsed_ms();
                 buf.push_str(&String::from_utf8_lossy(&bytes));
                 if buf.len() > MAX_SSE_EVENT_BYTES {
@@ -213,7 +258,16 @@ async fn stream_chat(
                         }
                         SseEvent::Content(piece) => {
                             sample.token_times_ms.push(at);
+                            last_token = Some(now);
                             content.push_str(&piece);
+                        }
+                        SseEvent::Finish(reason) => sample.finish_reason = reason,
+                        SseEvent::Error(message) => {
+                            // The first error ends the read: SGLang sends
+                            // only [DONE] after it.
+                            sample.stream_error = message;
+                            done = true;
+                            break;
                         }
                     }
                 }
@@ -223,7 +277,18 @@ async fn stream_chat(
     sample.latency_ms = elapsed_ms();
     sample.tokens = sample.token_times_ms.len() as u32;
     sample.ttft_ms = sample.token_times_ms.first().copied().unwrap_or(0);
-    if done && sample.tokens > 0 {
+    if !sample.stream_error.is_empty() {
+        sample.outcome = ProbeOutcome::Error as i32;
+        sample.error = format!(
+            "error event in the stream after {} tokens: {}",
+            sample.tokens, sample.stream_error
+        );
+    } else if done && is_failed_finish(&sample.finish_reason) {
+        sample.error = format!(
+            "finish_reason \"{}\" after {} of {} tokens",
+            sample.finish_reason, sample.tokens, sample.tokens_asked
+        );
+    } else if done && sample.tokens > 0 {
         sample.outcome = ProbeOutcome::Ok as i32;
         sample.error.clear();
     } else if done {
@@ -277,6 +342,8 @@ fn probe_sample(index: u32, r: crate::checks::ChatOutcome) -> SuiteRequestSample
         error: r.error,
         http_status: i32::from(r.http_status),
         request_id: r.request_id,
+        tokens_asked: r.tokens_asked,
+        finish_reason: r.finish_reason,
         ..Default::default()
     }
 }
@@ -339,5 +406,178 @@ mod tests {
         assert_eq!(buf, "data: {\"cho");
         buf.push_str("ices\":[]}\n\ndata: [DONE]\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"late\"}}]}\n\n");
         assert_eq!(drain_sse_events(&mut buf), vec![SseEvent::Done]);
+    }
+
+    // Property (issue 30): an error event is read whatever shape it comes in
+    // (SGLang's `{"error": {…}}`, vLLM's ErrorResponse), and [DONE] after it
+    // still ends the stream; a finish reason is read as a string or as an
+    // object's `type`, after the same chunk's content; null is none.
+    #[test]
+    fn error_events_and_finish_reasons_are_drained() {
+        let mut buf = String::from(
+            "data: {\"choices\":[{\"delta\":{\"content\":\"a\"},\"finish_reason\":null}]}\n\n\
+             data: {\"error\": {\"message\": \"Abort in decode\", \"type\": \"BadRequestError\", \"code\": 400}}\n\n\
+             data: {\"object\":\"error\",\"message\":\"engine dead\",\"type\":\"x\",\"code\":500}\n\n\
+             data: [DONE]\n\n",
+        );
+        assert_eq!(
+            drain_sse_events(&mut buf),
+            vec![
+                SseEvent::Content("a".into()),
+                SseEvent::Error("Abort in decode".into()),
+                SseEvent::Error("engine dead".into()),
+                SseEvent::Done
+            ]
+        );
+        let mut buf = String::from(
+            "data: {\"choices\":[{\"delta\":{\"content\":\"z\"},\"finish_reason\":\"length\"}]}\n\n\
+             data: {\"choices\":[{\"delta\":{},\"finish_reason\":{\"type\":\"abort\",\"message\":\"m\"}}]}\n\n\
+             event: error\ndata: {\"error\":\n\
+             data: \"split over two data lines\"}\n\n",
+        );
+        assert_eq!(
+            drain_sse_events(&mut buf),
+            vec![
+                SseEvent::Content("z".into()),
+                SseEvent::Finish("length".into()),
+                SseEvent::Finish("abort".into()),
+                SseEvent::Error("split over two data lines".into())
+            ]
+        );
+        assert!(buf.is_empty());
+    }
+
+    /// A router stand-in on 127.0.0.1:0 answering every chat completion
+    /// with `script`: each chunk sent after its delay (ms), then the end.
+    async fn streaming(script: Vec<(u64, &'static str)>) -> String {
+        let script = std::sync::Arc::new(script);
+        let app = axum::Router::new().route(
+            "/v1/chat/completions",
+            axum::routing::post(move || {
+                let script = script.clone();
+                async move {
+                    let chunks = futures::stream::iter(script.iter().copied().collect::<Vec<_>>()).then(
+                        |(ms, chunk)| async move {
+                            tokio::time::sleep(Duration::from_millis(ms)).await;
+                            Ok::<_, std::convert::Infallible>(chunk)
+                        },
+                    );
+                    (
+                        [("content-type", "text/event-stream")],
+                        axum::body::Body::from_stream(chunks),
+                    )
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        format!("http://{addr}")
+    }
+
+    const TOKEN: &str = "data: {\"choices\":[{\"delta\":{\"content\":\"t\"},\"finish_reason\":null}]}\n\n";
+    const DONE: &str = "data: [DONE]\n\n";
+
+    fn limits(timeout_ms: u64, silence_ms: u64) -> StreamLimits {
+        StreamLimits {
+            timeout: Duration::from_millis(timeout_ms),
+            silence: Duration::from_millis(silence_ms),
+        }
+    }
+
+    async fn run(url: &str, max_tokens: u32, l: StreamLimits) -> SuiteRequestSample {
+        let chat = ChatProbe {
+            max_tokens,
+            ..chat_or_default(None)
+        };
+        let messages = json!([{ "role": "user", "content": "hi" }]);
+        stream_chat(&crate::checks::http_client(), url, &chat, messages, l, 0)
+            .await
+            .0
+    }
+
+    /// Property (issue 30): an error event inside a 200 stream makes the
+    /// request an Error naming it and the tokens before it, even though
+    /// [DONE] follows; the tokens asked and the message are reported.
+    #[tokio::test]
+    async fn an_error_event_then_done_is_an_error() {
+        let url = streaming(vec![
+            (0, TOKEN),
+            (0, TOKEN),
+            (
+                0,
+                "data: {\"error\": {\"message\": \"Abort: KV transfer failed\", \"type\": \"InternalServerError\", \"code\": 500}}\n\n",
+            ),
+            (0, DONE),
+        ])
+        .await;
+        let s = run(&url, 8, limits(10_000, 5_000)).await;
+        assert_eq!(s.outcome, ProbeOutcome::Error as i32, "{s:?}");
+        assert_eq!(s.http_status, 200);
+        assert_eq!((s.tokens, s.tokens_asked), (2, 8));
+        assert_eq!(s.stream_error, "Abort: KV transfer failed");
+        assert_eq!(
+            s.error,
+            "error event in the stream after 2 tokens: Abort: KV transfer failed"
+        );
+    }
+
+    /// Property (issue 30): the last finish_reason is reported, as a string
+    /// or an object's `type`; "length" is OK, "abort" is an Error naming it.
+    #[tokio::test]
+    async fn the_finish_reason_is_reported_string_or_object() {
+        let url = streaming(vec![
+            (0, TOKEN),
+            (
+                0,
+                "data: {\"choices\":[{\"delta\":{\"content\":\"u\"},\"finish_reason\":\"length\"}]}\n\n",
+            ),
+            (0, DONE),
+        ])
+        .await;
+        let s = run(&url, 2, limits(10_000, 5_000)).await;
+        assert_eq!(s.outcome, ProbeOutcome::Ok as i32, "{s:?}");
+        assert_eq!((s.tokens, s.tokens_asked, s.finish_reason.as_str()), (2, 2, "length"));
+        assert_eq!(s.stream_error, "");
+
+        let url = streaming(vec![
+            (0, TOKEN),
+            (
+                0,
+                "data: {\"choices\":[{\"delta\":{},\"finish_reason\":{\"type\":\"abort\",\"message\":\"x\"}}]}\n\n",
+            ),
+            (0, DONE),
+        ])
+        .await;
+        let s = run(&url, 8, limits(10_000, 5_000)).await;
+        assert_eq!(s.outcome, ProbeOutcome::Error as i32, "{s:?}");
+        assert_eq!((s.tokens, s.tokens_asked, s.finish_reason.as_str()), (1, 8, "abort"));
+        assert_eq!(s.error, "finish_reason \"abort\" after 1 of 8 tokens");
+    }
+
+    /// Property: the silence limit is the gap between tokens. A first token
+    /// later than it (a long prefill, or the prefill's whole answer through
+    /// a router) followed by a normal stream is OK; a gap longer than it
+    /// after the first token is a silent stream; before the first token
+    /// only the whole request's timeout applies.
+    #[tokio::test]
+    async fn a_late_first_token_is_not_silence() {
+        let url = streaming(vec![(600, TOKEN), (10, TOKEN), (10, TOKEN), (10, DONE)]).await;
+        let s = run(&url, 3, limits(10_000, 200)).await;
+        assert_eq!(s.outcome, ProbeOutcome::Ok as i32, "{s:?}");
+        assert_eq!(s.tokens, 3);
+        assert!(s.ttft_ms >= 600, "{s:?}");
+
+        let url = streaming(vec![(0, TOKEN), (800, TOKEN), (0, DONE)]).await;
+        let s = run(&url, 3, limits(10_000, 200)).await;
+        assert_eq!(s.outcome, ProbeOutcome::Timeout as i32, "{s:?}");
+        assert!(s.error.starts_with("stream silent for "), "{}", s.error);
+        assert!(s.error.ends_with("after token 1"), "{}", s.error);
+
+        let url = streaming(vec![(5_000, TOKEN), (0, DONE)]).await;
+        let s = run(&url, 3, limits(700, 200)).await;
+        assert_eq!(s.outcome, ProbeOutcome::Timeout as i32, "{s:?}");
+        assert_eq!(s.error, "stream not finished within 700 ms (no token arrived)");
+        assert!(s.latency_ms >= 700, "{s:?}");
     }
 }

@@ -1,5 +1,8 @@
 //! The passive watch of engines: one scrape of `/metrics` and health per
-//! watched unit per interval, each reported up as an `EngineSample`.
+//! watched unit per interval, each reported up as an `EngineSample`. A
+//! router unit is scraped on its own exporter port (`UnitConfig::metrics_url`)
+//! and its sample carries its per-worker retries and errors
+//! (`router_workers`, issue 30).
 //!
 //! The orchestrator asks for a watch (`WatchEngines`) and judges the samples
 //! (DESIGN.md 3); the agent only gathers them, close to the engine, over
@@ -135,6 +138,7 @@ pub(crate) async fn sample_one(
             s.decode_prealloc_queue_reqs = m.decode_prealloc_queue_reqs;
             s.decode_transfer_queue_reqs = m.decode_transfer_queue_reqs;
             s.engine_kind = m.engine.map(|e| e.as_str().to_string()).unwrap_or_default();
+            s.router_workers = m.router_workers;
         }
         Err(e) => s.error = e,
     }

@@ -101,6 +101,12 @@ pub enum Signal {
     TransferFailed,
     /// PD: bootstraps that failed.
     BootstrapFailed,
+    /// A router: attempts it retried against a worker (the client saw one
+    /// request, perhaps a slower 200).
+    RouterRetries,
+    /// A router: errors a worker answered it (backend errors, timeouts,
+    /// connection failures), whether or not the client saw them.
+    RouterErrors,
 }
 
 /// How a metric changes while an engine works.
@@ -115,6 +121,23 @@ pub enum Moves {
     /// A counter that rises only when a request finishes: flat says nothing
     /// about a long request still running.
     AtFinish,
+    /// A counter of discrete failures (a router's retries and backend
+    /// errors): says nothing about progress; read as the difference across
+    /// a verification (a rise is a failure some layer hid).
+    PerFailure,
+}
+
+/// How a router's per-worker counter says which worker it counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct WorkerLabels {
+    /// The label whose value is the worker's URL ("" when it has none).
+    pub worker: &'static str,
+    /// The label whose value is the worker's type, `prefill` or `decode`
+    /// ("" when it has none).
+    pub worker_type: &'static str,
+    /// The worker type the metric's name itself says
+    /// (`vllm_router_pd_decode_errors_total`: "decode"; "" when none).
+    pub implied_type: &'static str,
 }
 
 /// One metric of one engine kind.
@@ -128,6 +151,11 @@ pub struct Metric {
     pub since: &'static str,
     /// Where the engine defines and updates it.
     pub source: &'static str,
+    /// A router's per-worker counter: which labels name the worker. Other
+    /// labels (endpoint, error type, …) are summed over. `None` for an
+    /// engine's metrics, summed over every label set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worker_labels: Option<WorkerLabels>,
 }
 
 /// What an engine's health endpoint means.
@@ -237,6 +265,26 @@ macro_rules! metric {
             moves: Moves::$moves,
             since: $since,
             source: $source,
+            worker_labels: None,
+        }
+    };
+}
+
+/// A router's counter of failures, with the labels that name the worker
+/// (`worker`, `worker_type`, the type the name implies: "" for none).
+macro_rules! router_metric {
+    ($signal:ident, $name:literal, [$worker:literal, $worker_type:literal, $implied:literal], $since:literal, $source:expr) => {
+        Metric {
+            signal: Signal::$signal,
+            name: $name,
+            moves: Moves::PerFailure,
+            since: $since,
+            source: $source,
+            worker_labels: Some(WorkerLabels {
+                worker: $worker,
+                worker_type: $worker_type,
+                implied_type: $implied,
+            }),
         }
     };
 }
@@ -438,11 +486,58 @@ pub const SGLANG_ROUTER: Profile = Profile {
         without generating in 0.3.2 (ROUTER-NOTES.md) and is proxied to a prefill+decode pair in newer gateways; \
         workers: GET /health every 60 s, 5 s timeout, unhealthy after 3 failures, healthy after 2 \
         (core/worker.rs http_health_check) — any SGLang forward over ~5 s fails that check",
-    metrics: &[],
+    metrics: &[
+        router_metric!(
+            RouterRetries,
+            "smg_worker_retries_total",
+            ["", "worker_type", ""],
+            "",
+            "sgl-model-gateway src/observability/metrics.rs (\"Total retry attempts by worker_type and endpoint\"); \
+             observed on sglang-router 0.3.2 (ROUTER-NOTES.md): `smg_worker_retries_total{worker_type=\"decode\",\
+             endpoint=\"chat\"}`, one per re-sent attempt, exposed only from its first increment. In PD mode a \
+             failed attempt is retried as a pair, so prefill and decode rise together whichever one failed"
+        ),
+        router_metric!(
+            RouterErrors,
+            "smg_worker_errors_total",
+            ["", "worker_type", ""],
+            "",
+            "sgl-model-gateway src/observability/metrics.rs (\"Worker-level errors by worker_type, connection_mode, \
+             error_type\"); observed on sglang-router 0.3.2: `smg_worker_errors_total{worker_type=\"decode\",\
+             connection_mode=\"http\",error_type=\"backend_error\"}` for a decode answering 500, and the same \
+             count on worker_type=\"prefill\" although the prefill answered 200 (the pair's attempt failed); \
+             exposed only from its first increment"
+        ),
+        router_metric!(
+            RouterRetries,
+            "sgl_router_retries_total",
+            ["", "", ""],
+            "",
+            "sgl-router src/metrics.rs RouterMetrics::record_retry, labelled by route only: the names before \
+             the smg_* ones (sglang-router before 0.3; none of them is in 0.3.2's binary)"
+        ),
+        router_metric!(
+            RouterErrors,
+            "sgl_router_pd_prefill_errors_total",
+            ["worker", "", "prefill"],
+            "",
+            "sgl-router src/metrics.rs RouterMetrics::record_pd_prefill_error(worker URL) (before 0.3)"
+        ),
+        router_metric!(
+            RouterErrors,
+            "sgl_router_pd_decode_errors_total",
+            ["worker", "", "decode"],
+            "",
+            "sgl-router src/metrics.rs RouterMetrics::record_pd_decode_error(worker URL) (before 0.3)"
+        ),
+    ],
     prefill_progress: PrefillProgress::AtPrefillEnd,
     idle_gauge_refresh_ms: None,
-    refresh: "Prometheus on --prometheus-port 29000 (smg_* names since gateway-v0.3.0, sgl_router_* before); \
-        not read by the watch",
+    refresh: "Prometheus on its own port, --prometheus-port (default 29000: sgl-model-gateway \
+        src/observability/metrics.rs PrometheusConfig::default; ROUTER-NOTES.md), not on the router's base URL \
+        (smg_* names since gateway-v0.3.0, sgl_router_* before). The agent reads the retry and worker-error \
+        counters per worker type (EngineSample.router_workers) when it scrapes a router unit: what the router \
+        retried and hid from its client. They appear only at their first increment: absent is 0",
     fallback: "the router's health is never evidence of a pair's liveness: only a generation through it is",
 };
 
@@ -458,10 +553,46 @@ pub const VLLM_ROUTER: Profile = Profile {
         is_healthy(), else 503; workers checked every 60 s, one after another (src/core/worker_registry.rs), so \
         /health stays 200 for up to a minute after a worker dies (ENGINE-NOTES.md, 0.1.17 observed); the port is \
         refused until both workers are healthy",
-    metrics: &[],
+    metrics: &[
+        router_metric!(
+            RouterRetries,
+            "vllm_router_retries_total",
+            ["", "", ""],
+            "",
+            "src/metrics.rs RouterMetrics::record_retry: `vllm_router_retries_total{route}`, labelled by route \
+             only (no worker), so counted for the router as a whole"
+        ),
+        router_metric!(
+            RouterErrors,
+            "vllm_router_pd_prefill_errors_total",
+            ["worker", "", "prefill"],
+            "",
+            "src/metrics.rs RouterMetrics::record_pd_prefill_error: `vllm_router_pd_prefill_errors_total{worker}` \
+             (worker URL), from src/routers/http/pd_router.rs when the prefill's request fails"
+        ),
+        router_metric!(
+            RouterErrors,
+            "vllm_router_pd_decode_errors_total",
+            ["worker", "", "decode"],
+            "",
+            "src/metrics.rs RouterMetrics::record_pd_decode_error: `vllm_router_pd_decode_errors_total{worker}`, \
+             from src/routers/http/pd_router.rs on a decode answer that is not 2xx or a failed decode request"
+        ),
+        router_metric!(
+            RouterErrors,
+            "vllm_router_pd_stream_errors_total",
+            ["worker", "", "decode"],
+            "",
+            "src/metrics.rs RouterMetrics::record_pd_stream_error: `vllm_router_pd_stream_errors_total{worker}`, \
+             from src/routers/http/pd_router.rs when the decode's stream breaks mid-answer"
+        ),
+    ],
     prefill_progress: PrefillProgress::AtPrefillEnd,
     idle_gauge_refresh_ms: None,
-    refresh: "Prometheus on port 29000 (vllm_router_* names, src/metrics.rs); not read by the watch",
+    refresh: "Prometheus on its own port, --prometheus-port (default 29000: src/metrics.rs \
+        PrometheusConfig::default), not on the router's base URL. The agent reads the retry counter (router-wide) \
+        and the PD prefill/decode/stream error counters per worker URL (EngineSample.router_workers) when it \
+        scrapes a router unit; counters appear only at their first increment: absent is 0",
     fallback: "the router's health is never evidence of a pair's liveness: only a generation through it is",
 };
 
@@ -518,6 +649,25 @@ pub fn sglang_health_generates(version: &str) -> bool {
 /// The engine kinds whose `/metrics` the watch reads.
 pub const ENGINES: [&Profile; 2] = [&SGLANG, &VLLM];
 
+/// The router kinds whose failure counters the agent reads.
+pub const ROUTERS: [&Profile; 2] = [&SGLANG_ROUTER, &VLLM_ROUTER];
+
+/// The default port of both routers' Prometheus exporter (sgl-model-gateway
+/// and vllm-router `src/metrics.rs`, `PrometheusConfig::default`), used when
+/// a router unit's argv names no `--prometheus-port`.
+pub const ROUTER_PROMETHEUS_PORT: u16 = 29_000;
+
+/// The router counter a metric name is (the `smg_`, `sgl_router_` and
+/// `vllm_router_` prefixes never collide), with the labels naming its worker.
+pub fn router_metric_of(name: &str) -> Option<(EngineKind, &'static Metric)> {
+    ROUTERS.iter().find_map(|p| {
+        p.metrics
+            .iter()
+            .find(|m| m.name == name && m.worker_labels.is_some())
+            .map(|m| (p.kind, m))
+    })
+}
+
 /// The signal a metric name carries, in whichever engine uses that name
 /// (the `sglang:` and `vllm:` prefixes never collide).
 pub fn signal_of(name: &str) -> Option<(EngineKind, Signal)> {
@@ -542,6 +692,54 @@ mod tests {
             }
         }
         assert_eq!(signal_of("sglang:unknown"), None);
+    }
+
+    /// Property: every router counter maps back to its own router kind, names
+    /// are unique across routers, each cites a source and says how it names
+    /// its worker; no engine name is a router name, and the names observed on
+    /// sglang-router 0.3.2 are there with their labels.
+    #[test]
+    fn router_counters_are_described_and_round_trip() {
+        for p in ROUTERS {
+            assert!(!p.metrics.is_empty(), "{:?} reads no counter", p.kind);
+            for m in p.metrics {
+                assert_eq!(router_metric_of(m.name), Some((p.kind, m)), "{}", m.name);
+                assert!(
+                    matches!(m.signal, Signal::RouterRetries | Signal::RouterErrors),
+                    "{}",
+                    m.name
+                );
+                assert_eq!(m.moves, Moves::PerFailure, "{}", m.name);
+                assert!(m.worker_labels.is_some(), "{}", m.name);
+                assert!(!m.source.is_empty(), "{} cites no source", m.name);
+                assert_eq!(signal_of(m.name), None, "{}", m.name);
+            }
+            assert!(!p.refresh.contains("not read"), "{}", p.refresh);
+        }
+        for p in ENGINES {
+            for m in p.metrics {
+                assert_eq!(router_metric_of(m.name), None, "{}", m.name);
+            }
+        }
+        let (kind, errors) = router_metric_of("smg_worker_errors_total").unwrap();
+        assert_eq!(kind, EngineKind::SglangRouter);
+        assert_eq!(errors.signal, Signal::RouterErrors);
+        assert_eq!(errors.worker_labels.unwrap().worker_type, "worker_type");
+        let (_, retries) = router_metric_of("smg_worker_retries_total").unwrap();
+        assert_eq!(retries.signal, Signal::RouterRetries);
+        let (kind, decode) = router_metric_of("vllm_router_pd_decode_errors_total").unwrap();
+        assert_eq!(kind, EngineKind::VllmRouter);
+        assert_eq!(
+            decode.worker_labels,
+            Some(WorkerLabels {
+                worker: "worker",
+                worker_type: "",
+                implied_type: "decode"
+            })
+        );
+        // The routers' counters are failures, not progress: the watch's
+        // families never pick them up.
+        assert_eq!(SGLANG_ROUTER.during_work().count(), 0);
     }
 
     /// The facts the watch's rules hinge on, pinned: SGLang's token counters

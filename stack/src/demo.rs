@@ -75,6 +75,14 @@ pub struct DemoArgs {
     /// Extra pd-sim flags for the decode (as --prefill-sim).
     #[arg(long, allow_hyphen_values = true, default_value = "")]
     pub decode_sim: String,
+    /// Put `pd-faultproxy` between the router and the decode, with these
+    /// fault flags (e.g. "--http-500 3", "--error-event-after 20 --match
+    /// stream"; "" for none: faults can then be set while the stack runs,
+    /// `POST /_faultproxy/faults` at `demo.decode_proxy` in --json). The
+    /// router is given the proxy as its decode; the agent and pdwarden keep
+    /// the decode's own URL. With pd-sim or `--engine vllm`.
+    #[arg(long, allow_hyphen_values = true)]
+    pub decode_proxy: Option<String>,
     /// A launcher put in front of both engines' argv, e.g. "env -u KNOB"
     /// (a wrapper that strips a variable: what the change gate must catch).
     /// Split on whitespace.
@@ -383,6 +391,8 @@ pub(crate) fn demo_json(stack: &Stack) -> Value {
         "ca": creds.ca.as_ref().map(|p| p.display().to_string()),
         "token": creds.token,
         "serving_router": stack.plan.serving_router_url,
+        // --decode-proxy: its control endpoint is URL/_faultproxy/faults.
+        "decode_proxy": stack.plan.decode_proxy.as_ref().map(|p| p.url.clone()),
     })
 }
 

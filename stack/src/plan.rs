@@ -62,6 +62,16 @@ pub struct StackPlan {
     pub serving_router_url: Option<String>,
     /// Each pair's engines: (pair, unit, base URL).
     pub engines: Vec<(String, String, String)>,
+    /// `--decode-proxy`: the fault proxy in front of the decode.
+    pub decode_proxy: Option<ProxyPlan>,
+}
+
+/// `pd-faultproxy` between the router and the decode (`--decode-proxy`).
+#[derive(Debug, Clone)]
+pub struct ProxyPlan {
+    pub argv: Vec<String>,
+    /// Where the router reaches the decode through it (and its control endpoint).
+    pub url: String,
 }
 
 impl StackPlan {
@@ -182,6 +192,32 @@ pub fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<Configs> {
         late_bind_port()?,
         late_bind_port()?,
     );
+    // --decode-proxy: the router reaches the decode through pd-faultproxy.
+    let decode_proxy = match &args.decode_proxy {
+        None => None,
+        Some(_) if xpyd || args.shared_router => {
+            bail!(
+                "--decode-proxy: one proxy in front of a 1P1D pair's decode, not with --prefills/--decodes or --shared-router"
+            )
+        }
+        Some(flags) => {
+            let port = late_bind_port()?;
+            let mut argv = vec![
+                binary("pd-faultproxy")?.display().to_string(),
+                "--listen".to_string(),
+                format!("127.0.0.1:{port}"),
+                "--upstream".to_string(),
+                format!("http://127.0.0.1:{decode}"),
+            ];
+            argv.extend(flags.split_whitespace().map(str::to_string));
+            Some(ProxyPlan {
+                argv,
+                url: format!("http://127.0.0.1:{port}"),
+            })
+        }
+    };
+    // The decode as the router sees it.
+    let router_decode = decode_proxy.as_ref().map(|p| p.url.clone());
     // Further prefills (port, bootstrap port) and decodes of an xPyD pair.
     let more_prefills: Vec<(u16, u16)> = (1..args.prefills)
         .map(|_| Ok((late_bind_port()?, late_bind_port()?)))
@@ -254,7 +290,11 @@ pub fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<Configs> {
     for (port, boot) in std::iter::once((prefill, bootstrap)).chain(more_prefills.iter().copied()) {
         router_argv.extend(["--prefill".into(), loopback(port), boot.to_string()]);
     }
-    for port in std::iter::once(decode).chain(more_decodes.iter().copied()) {
+    router_argv.extend([
+        "--decode".into(),
+        router_decode.clone().unwrap_or_else(|| loopback(decode)),
+    ]);
+    for port in more_decodes.iter().copied() {
         router_argv.extend(["--decode".into(), loopback(port)]);
     }
     // cache_aware (the router's default) sends an idle pair's similar
@@ -395,7 +435,13 @@ pub fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<Configs> {
         serving_router_url = Some(loopback(sr));
     }
     if let Some(v) = &vllm {
-        agent.units = v.units([prefill, decode, router, prom], &dir.join("kv")).to_vec();
+        agent.units = v
+            .units(
+                [prefill, decode, router, prom],
+                &dir.join("kv"),
+                router_decode.as_deref(),
+            )
+            .to_vec();
         prefill_argv = agent.units[0].argv.clone();
         decode_argv = agent.units[1].argv.clone();
     }
@@ -576,6 +622,7 @@ pub fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<Configs> {
             agent_metrics_url: loopback(agent_metrics),
             serving_router_url,
             engines,
+            decode_proxy,
         },
     })
 }

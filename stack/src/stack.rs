@@ -20,6 +20,8 @@ use crate::process::{Owned, binary, spawn_logged};
 pub struct Stack {
     agent: Owned,
     orchestrator: Owned,
+    /// `--decode-proxy`: pd-faultproxy between the router and the decode.
+    decode_proxy: Option<Owned>,
     pub dir: tempfile::TempDir,
     /// The stack's orchestrator and the credentials this process's own
     /// requests present.
@@ -43,6 +45,16 @@ impl Stack {
             &["--config".into(), configs.orchestrator_path.display().to_string()],
             dir.path(),
         )?;
+        // Before the agent: the router finds its decode through it.
+        let decode_proxy = match &configs.plan.decode_proxy {
+            Some(p) => Some(spawn_logged(
+                "decode-proxy",
+                std::path::Path::new(&p.argv[0]),
+                &p.argv[1..],
+                dir.path(),
+            )?),
+            None => None,
+        };
         let agent = spawn_logged(
             "agent",
             &binary("pdwarden-agent")?,
@@ -50,6 +62,7 @@ impl Stack {
             dir.path(),
         )?;
         let stack = Stack {
+            decode_proxy,
             dir,
             connection: Connection::new(configs.url, configs.credentials.unwrap_or(given)),
             agent,
@@ -139,6 +152,9 @@ impl Stack {
     pub fn stop(mut self, keep: bool) -> Option<PathBuf> {
         self.agent.stop(Duration::from_secs(15));
         self.orchestrator.stop(Duration::from_secs(5));
+        if let Some(p) = self.decode_proxy.as_mut() {
+            p.stop(Duration::from_secs(5));
+        }
         keep.then(|| self.dir.keep())
     }
 }

@@ -132,7 +132,9 @@ impl VllmStack {
     /// The three units: prefill, decode, and vllm-router in PD mode
     /// (health every 2 s instead of its 60 s default, so its `/health`
     /// follows the workers).
-    pub fn units(&self, ports: [u16; 4], kv_dir: &Path) -> [UnitConfig; 3] {
+    /// `router_decode`: where the router reaches the decode, if not at its
+    /// own URL (a fault proxy in front of it, `--decode-proxy`).
+    pub fn units(&self, ports: [u16; 4], kv_dir: &Path, router_decode: Option<&str>) -> [UnitConfig; 3] {
         let [prefill, decode, router, prom] = ports;
         let url = |p: u16| format!("http://127.0.0.1:{p}");
         let engine = |name: &str, role, port, kv_role| {
@@ -151,7 +153,7 @@ impl VllmStack {
             "--prefill",
             &url(prefill),
             "--decode",
-            &url(decode),
+            &router_decode.map_or_else(|| url(decode), str::to_string),
             "--policy",
             "round_robin",
             "--prometheus-port",

@@ -193,8 +193,9 @@ pub fn conclude(e: &Evidence, policy: &ProbePolicy) -> Verdict {
         }
     }
     // The layers a client never sees: what the router and the engines counted.
-    let mut hidden = router_failures(&e.routers);
-    hidden.extend(engine_failures(&e.engines));
+    // The engines' own count first: it names the cause, the router's the symptom.
+    let mut hidden = engine_failures(&e.engines);
+    hidden.extend(router_failures(&e.routers));
     if !hidden.is_empty() {
         v.kind = worst_of_error(v.kind);
         v.reasons.splice(0..0, hidden);
@@ -240,13 +241,34 @@ fn worst_of_error(kind: VerdictKind) -> VerdictKind {
 }
 
 /// Rule 1 for the router layer: every worker whose retries or errors rose.
+/// sglang-router labels its counters by worker type only and counts a
+/// failed PD request on both sides (observed on 0.3.2: a decode's 500 moves
+/// the prefill's counters by as much): a prefill whose rise only mirrors the
+/// decode's is said so, not blamed on its own.
 fn router_failures(routers: &[RouterCounters]) -> Vec<String> {
     let mut out = Vec::new();
     for r in routers {
         let (Some(before), Some(after)) = (&r.before, &r.after) else {
             continue;
         };
+        let rise = |w: &RouterWorkerCount| {
+            let then = before
+                .iter()
+                .find(|b| b.worker == w.worker && b.worker_type == w.worker_type);
+            let (retries0, errors0) = then.map_or((0.0, 0.0), |b| (b.retries, b.errors));
+            (w.retries - retries0, w.errors - errors0)
+        };
+        let typed_only = |w: &RouterWorkerCount| w.worker.is_empty() || w.worker == w.worker_type;
+        let decode_rise = after
+            .iter()
+            .find(|w| w.worker_type == "decode" && typed_only(w))
+            .map(rise);
+        let mut mirrored = false;
         for w in after {
+            if w.worker_type == "prefill" && typed_only(w) && decode_rise == Some(rise(w)) {
+                mirrored = true;
+                continue;
+            }
             let then = before
                 .iter()
                 .find(|b| b.worker == w.worker && b.worker_type == w.worker_type);
@@ -284,6 +306,11 @@ fn router_failures(routers: &[RouterCounters]) -> Vec<String> {
                 r.unit,
                 what.join(" and ")
             ));
+        }
+        if mirrored && let Some(line) = out.last_mut() {
+            line.push_str(
+                " (its prefill workers' counters rose by as much: it counts a failed PD request on both sides)",
+            );
         }
     }
     out

@@ -15,6 +15,7 @@ mod gate;
 mod ha;
 mod harness;
 mod incidents;
+mod layers;
 mod metrics;
 mod partition;
 mod soak;

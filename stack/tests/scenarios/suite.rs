@@ -46,6 +46,14 @@ fn mid_stream_freeze_fails_long_generation_only() {
         reasons(&r)
     );
     assert!(reasons(&r).contains("after token 12"), "{}", reasons(&r));
+    // Issue 30: the suite stops at the step that proved the wedge (it used
+    // to send nine more requests against it, minutes before the verdict).
+    assert_eq!(r["suite"].as_array().unwrap().len(), 1, "{:#}", r["suite"]);
+    assert!(
+        reasons(&r).contains("the suite stopped at its long generation step, which proved the pair wedged"),
+        "{}",
+        reasons(&r)
+    );
 }
 
 /// A broken prefill→decode transfer (prefill restarted alone) fails the

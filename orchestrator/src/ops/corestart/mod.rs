@@ -830,8 +830,12 @@ fn engine_evidence(
             Some(EngineCounters {
                 unit: a.unit.clone(),
                 role: a.role.clone(),
+                // Restarted here: it counts from 0.
                 before: match before {
-                    None => Some(EngineCounts::default()),
+                    None => Some(EngineCounts {
+                        transfer_failed: Some(0.0),
+                        bootstrap_failed: Some(0.0),
+                    }),
                     Some(b) => b.get(&u.unit).and_then(counts),
                 },
                 after: counts(a),
@@ -845,31 +849,46 @@ fn engine_evidence(
 /// after; a router whose scrape failed on a side says nothing.
 fn router_evidence(
     pair: &PairConfig,
-    before: Option<&BTreeMap<String, Vec<RouterWorkerCount>>>,
-    after: &BTreeMap<String, Vec<RouterWorkerCount>>,
+    before: Option<&BTreeMap<String, RouterScrape>>,
+    after: &BTreeMap<String, RouterScrape>,
 ) -> Vec<RouterCounters> {
     pair.router
         .iter()
         .map(|u| {
-            let (retries_metric, errors_metric) = router_metric_names(pair, u);
+            let now = after.get(&u.unit);
+            let (retries_metric, errors_metric) = router_metric_names(now.map_or("", |s| s.kind.as_str()));
             RouterCounters {
                 unit: u.unit.clone(),
-                retries_metric,
-                errors_metric,
+                retries_metric: retries_metric.into(),
+                errors_metric: errors_metric.into(),
                 before: match before {
                     None => Some(Vec::new()),
-                    Some(b) => b.get(&u.unit).cloned(),
+                    Some(b) => b.get(&u.unit).map(|s| s.workers.clone()),
                 },
-                after: after.get(&u.unit).cloned(),
+                after: now.map(|s| s.workers.clone()),
             }
         })
         .collect()
 }
 
+/// One scrape of a router: the kind its metric names showed, its workers.
+#[derive(Debug, Clone, serde::Serialize)]
+struct RouterScrape {
+    kind: String,
+    workers: Vec<RouterWorkerCount>,
+}
+
 /// The names a router gives its retry and error counters, for the reasons
-/// (the router profiles in `pdwarden_engines`).
-fn router_metric_names(_pair: &PairConfig, _router: &UnitRef) -> (String, String) {
-    ("smg_worker_retries_total".into(), "smg_worker_errors_total".into())
+/// (the router profiles in `pdwarden_engines`: sglang-router 0.3's smg_*,
+/// vllm-router's per-side error counters).
+fn router_metric_names(kind: &str) -> (&'static str, &'static str) {
+    match kind {
+        "vllm-router" => (
+            "vllm_router_retries_total",
+            "vllm_router_pd_{prefill,decode}_errors_total",
+        ),
+        _ => ("smg_worker_retries_total", "smg_worker_errors_total"),
+    }
 }
 
 fn sample_from_wire(s: pdwarden_proto::v1::SuiteRequestSample) -> RequestSample {
@@ -1534,7 +1553,7 @@ impl CoRestart<'_> {
     /// host, the router's own Prometheus port): its retry and error
     /// counters per worker, by unit. A router whose agent or metrics did
     /// not answer is missing.
-    async fn scrape_routers(&self) -> BTreeMap<String, Vec<RouterWorkerCount>> {
+    async fn scrape_routers(&self) -> BTreeMap<String, RouterScrape> {
         let samples = crate::ops::drain::scrape_units(&*self.ctx.agents, &self.pair.router, 2_000).await;
         self.pair
             .router
@@ -1551,7 +1570,13 @@ impl CoRestart<'_> {
                         errors: w.errors_total,
                     })
                     .collect();
-                Some((u.unit.clone(), workers))
+                Some((
+                    u.unit.clone(),
+                    RouterScrape {
+                        kind: s.engine_kind.clone(),
+                        workers,
+                    },
+                ))
             })
             .collect()
     }
