@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::harness::{HeldDemo, Stopped, at, demo, exclusive, must_at, poll, step};
+use crate::harness::{HeldDemo, Stopped, at, exclusive, must_at, poll, reasons, step};
 
 const LIMIT: Duration = Duration::from_secs(400);
 
@@ -14,12 +14,17 @@ const LIMIT: Duration = Duration::from_secs(400);
 /// generation (a one-token completion sent straight to it: vLLM has no
 /// generating GET, and its /health answers without one), the router only
 /// after both, then the probes and the suite through vllm-router.
+///
+/// The same stack then holds two failures pd-sim's author did not write,
+/// injected by `pd-faultproxy` between vllm-router and the real decode
+/// (issue 30): a long generation aborted mid-stream with an error event,
+/// and HTTP 500s from the decode. `verify` must call each `failed`, naming
+/// what it saw.
 #[test]
 fn real_vllm_pair_restarts_in_order_gated_on_real_generation() {
     let _one = exclusive();
-    let out = demo(&["--engine", "vllm", "--json"], LIMIT);
-    let r = out.json();
-    assert_eq!(out.code, 0, "{r:#}\n{}", out.stderr);
+    let held = HeldDemo::start(&["--engine", "vllm", "--no-auto-recover", "--decode-proxy", ""], LIMIT);
+    let r = held.report.clone();
     assert!(r["verdict"].as_str().unwrap().starts_with("healthy"), "{r:#}");
     let prefill_gen = must_at(&r, "prefill-0", "generating");
     let decode_spawned = must_at(&r, "decode-0", "spawned");
@@ -59,6 +64,64 @@ fn real_vllm_pair_restarts_in_order_gated_on_real_generation() {
         r["verdict"],
         r["total_ms"].as_f64().unwrap_or(0.0) / 1000.0
     );
+    let proxy = r["demo"]["decode_proxy"]
+        .as_str()
+        .expect("demo.decode_proxy")
+        .to_string();
+
+    // An error event 20 tokens into the streamed long generation; the short
+    // non-streamed probes pass.
+    set_faults(&proxy, r#"{"error_event_after": 20, "match": "stream"}"#);
+    let out = held.cli_within(&["verify", "demo", "--json"], LIMIT);
+    let v = out.json();
+    assert_eq!(out.code, 2, "{v:#}");
+    assert_eq!(v["verdict"], "failed", "{}", reasons(&v));
+    assert!(
+        reasons(&v).contains("long generation: error after")
+            && reasons(&v).contains("error event in the stream after 20 tokens"),
+        "{}",
+        reasons(&v)
+    );
+    println!(
+        "real vLLM, error event mid-stream: verify {} — {}",
+        v["verdict"],
+        reasons(&v).lines().next().unwrap_or("")
+    );
+
+    // The decode answers HTTP 500 to the next two generations.
+    set_faults(&proxy, r#"{"http_500": 2}"#);
+    let out = held.cli_within(&["verify", "demo", "--json"], LIMIT);
+    let v = out.json();
+    assert_eq!(out.code, 2, "{v:#}");
+    assert_eq!(v["verdict"], "failed", "{}", reasons(&v));
+    let text = reasons(&v);
+    assert!(
+        text.contains("router router-0: counted") || text.contains("http 500"),
+        "neither the router's counters nor the client's error named: {text}"
+    );
+    println!(
+        "real vLLM, two HTTP 500s from the decode: verify {} — {}",
+        v["verdict"],
+        text.lines().next().unwrap_or("")
+    );
+    set_faults(&proxy, "{}");
+}
+
+/// Replaces the fault proxy's faults (`POST /_faultproxy/faults`).
+fn set_faults(proxy: &str, body: &'static str) {
+    let answered = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .unwrap()
+            .post(format!("{proxy}/_faultproxy/faults"))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .map(|r| r.status())
+    });
+    assert!(answered.as_ref().is_ok_and(|s| s.is_success()), "{answered:?}");
 }
 
 /// The child of `parent` whose name starts with `name` (`/proc/*/stat`).
