@@ -1195,6 +1195,37 @@ mod tests {
         );
     }
 
+    /// Issue 30: an unchanged, healthy real pair was judged `over_budget`
+    /// ("lost batching: 8 simultaneous requests … 5.0× one warm request")
+    /// against the fixed N/2 ratio. With the pair's own healthy history
+    /// (about 4.5× one warm request) the budget is 2 × that median: the
+    /// same figure passes, and a pair that really lost batching (8×, 2.4 s
+    /// from history's ~1.4 s) still fails, naming the history.
+    #[test]
+    fn the_concurrency_budget_comes_from_the_pairs_own_history() {
+        let five_x: Vec<RequestSample> = (0..8).map(|k| probe(1_400 + k * 20, "ok")).collect();
+        let b = derive_budgets(&inputs());
+        assert_eq!(
+            judge_concurrency(five_x.clone(), &b).fails_as,
+            Some(VerdictKind::OverBudget),
+            "the configured ratio alone (no history yet)"
+        );
+        let mut i = inputs();
+        i.tpot_history_ratio = 2.0;
+        i.history_batching = vec![("op-3".into(), 4.4), ("op-2".into(), 4.6), ("op-1".into(), 4.5)];
+        let b = derive_budgets(&i);
+        assert_eq!(b.batching_ratio, Some(9.0));
+        let r = judge_concurrency(five_x, &b);
+        assert_eq!(r.status, StepStatus::Pass, "{r:?}");
+        let lost: Vec<RequestSample> = (1..=8).map(|k| probe(300 * k + 600, "ok")).collect();
+        let r = judge_concurrency(lost, &b);
+        assert_eq!(r.fails_as, Some(VerdictKind::OverBudget), "{r:?}");
+        assert!(
+            r.reasons[0].contains("9.0× one warm request: 2× the median 4.5× one warm request of the last 3 healthy verifications (op-3, op-2, op-1)"),
+            "{r:?}"
+        );
+    }
+
     /// A suite request over budget after a cold start was accepted is a
     /// relapse: the cold-start story is rejected; after a warm series it is
     /// over budget.

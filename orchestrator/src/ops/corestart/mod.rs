@@ -2069,6 +2069,49 @@ probe_timeout_ms = 120000
         OrchestratorConfig::from_toml_str(&text).unwrap().pairs.remove(0)
     }
 
+    /// Issue 30: `verify` of a pair that never failed before — its labelled
+    /// failure counter absent from a scrape that answered — must count the
+    /// first failure (the span was built only for a counter that existed
+    /// before). A failed scrape says nothing; a restarted engine counts from 0.
+    #[test]
+    fn an_absent_counter_is_zero_and_a_failed_scrape_says_nothing() {
+        let p = pair("after-prefill-ready");
+        let rec = |unit: &str, role: &str, transfer: Option<f64>, error: &str| EngineCounterRecord {
+            unit: unit.into(),
+            role: role.into(),
+            transfer_failed_total: transfer,
+            bootstrap_failed_total: None,
+            requests_total: Some(5.0),
+            error: error.into(),
+        };
+        let map = |rs: Vec<EngineCounterRecord>| -> BTreeMap<String, EngineCounterRecord> {
+            rs.into_iter().map(|r| (r.unit.clone(), r)).collect()
+        };
+        let before = map(vec![
+            rec("prefill-0", "prefill", None, ""),
+            rec("decode-0", "decode", None, "connection refused"),
+        ]);
+        let after = map(vec![
+            rec("prefill-0", "prefill", Some(1.0), ""),
+            rec("decode-0", "decode", Some(1.0), ""),
+        ]);
+        let e = engine_evidence(&p, Some(&before), &after);
+        assert_eq!(e[0].unit, "prefill-0");
+        assert_eq!(
+            e[0].before,
+            Some(EngineCounts::default()),
+            "absent, from a scrape that answered"
+        );
+        assert_eq!(e[0].after.and_then(|a| a.transfer_failed), Some(1.0));
+        assert_eq!(e[1].before, None, "a failed scrape says nothing");
+        let restarted = engine_evidence(&p, None, &after);
+        assert_eq!(
+            restarted[1].before.and_then(|b| b.transfer_failed),
+            Some(0.0),
+            "a restarted engine counts from 0"
+        );
+    }
+
     /// Issue 14: a resumed operation adopts the starts it had sent that the
     /// agent is still on (same command id), and only those: a start the
     /// agent has since replaced, or never received, is not adopted.
