@@ -322,7 +322,7 @@ fn render_watch(watch: &serde_json::Value) -> Vec<String> {
     for p in watch.as_array().into_iter().flatten() {
         let state = p["state"].as_str().unwrap_or("?");
         let shown = match state {
-            "wedged" | "down" | "held" | "suspect" => state.to_uppercase(),
+            "wedged" | "down" | "held" | "suspect" | "watch_failed" => state.to_uppercase(),
             s => s.to_string(),
         };
         out.push(format!(

@@ -400,7 +400,160 @@ impl Default for WatchConfig {
     }
 }
 
+/// The range of every count of tokens the watch plans with (`max_prompt_tokens`,
+/// `max_output_tokens`, `prefill_chunk_tokens`): ten times the longest context
+/// any model offers today is still a typo, not a plan.
+pub const WATCH_TOKENS: std::ops::RangeInclusive<u64> = 1..=100_000_000;
+
+/// The range of the speeds the watch plans for (`prefill_tok_per_s`,
+/// `decode_tok_per_s`), tokens per second: a decode step of 100 s at the
+/// slowest, and no legitimate work shorter than a millisecond at the fastest.
+pub const WATCH_TOK_PER_S: std::ops::RangeInclusive<f64> = 0.01..=1e9;
+
+/// The range of `scrape_interval_ms`: a scrape a minute apart leaves the watch
+/// blind for minutes (staleness is three scrapes); under 100 ms it is an
+/// engine's load, not its watch.
+pub const WATCH_SCRAPE_MS: std::ops::RangeInclusive<u64> = 100..=60_000;
+
+/// The range of `max_recoveries` per window: past a hundred it is no breaker.
+pub const WATCH_MAX_RECOVERIES: std::ops::RangeInclusive<u32> = 1..=100;
+
 impl WatchConfig {
+    /// Every watch number in a range where nothing the watch computes from
+    /// it can overflow or panic (issue 31, item 4): the durations (each
+    /// `_ms` is also bounded to one week by the config's generic check), the
+    /// token counts, the speeds, and the worst prefill and generation they
+    /// make. The error is (field, problem), the field relative to `watch`.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        let bad = |f: &str, p: String| Err((f.to_string(), p));
+        let week = pdwarden_proto::limits::MAX_DURATION_MS;
+        for (f, v) in [
+            ("stall_budget_ms", self.stall_budget_ms),
+            ("idle_probe_interval_ms", self.idle_probe_interval_ms),
+            ("min_probe_interval_ms", self.min_probe_interval_ms),
+            ("max_probe_timeout_ms", self.max_probe_timeout_ms),
+            ("recovery_window_ms", self.recovery_window_ms),
+            ("max_kv_transfer_ms", self.max_kv_transfer_ms),
+            ("idle_gauge_refresh_ms", self.idle_gauge_refresh_ms.unwrap_or(1)),
+        ] {
+            if v == 0 {
+                return bad(f, "must be greater than 0".into());
+            }
+            if v > week {
+                return bad(f, format!("{v} ms is over the bound of one week ({week} ms)"));
+            }
+        }
+        if !WATCH_SCRAPE_MS.contains(&self.scrape_interval_ms) {
+            return bad(
+                "scrape_interval_ms",
+                format!(
+                    "{} is outside {}..={} ms",
+                    self.scrape_interval_ms,
+                    WATCH_SCRAPE_MS.start(),
+                    WATCH_SCRAPE_MS.end()
+                ),
+            );
+        }
+        for (f, v) in [
+            ("max_prompt_tokens", self.max_prompt_tokens),
+            ("max_output_tokens", self.max_output_tokens),
+            ("prefill_chunk_tokens", self.prefill_chunk_tokens.unwrap_or(1)),
+        ] {
+            if !WATCH_TOKENS.contains(&v) {
+                return bad(
+                    f,
+                    format!(
+                        "{v} is outside {}..={} tokens",
+                        WATCH_TOKENS.start(),
+                        WATCH_TOKENS.end()
+                    ),
+                );
+            }
+        }
+        for (f, v) in [
+            ("prefill_tok_per_s", self.prefill_tok_per_s),
+            ("decode_tok_per_s", self.decode_tok_per_s),
+        ] {
+            // NaN is in no range.
+            if !WATCH_TOK_PER_S.contains(&v) {
+                return bad(
+                    f,
+                    format!(
+                        "{v:?} is outside {:?}..={:?} tokens per second",
+                        WATCH_TOK_PER_S.start(),
+                        WATCH_TOK_PER_S.end()
+                    ),
+                );
+            }
+        }
+        // What the watch derives from them: each worst case within a week.
+        for (f, tokens, rate, what, ms) in [
+            (
+                "prefill_tok_per_s",
+                ("max_prompt_tokens", self.max_prompt_tokens),
+                self.prefill_tok_per_s,
+                "prefill",
+                self.max_prefill_ms(),
+            ),
+            (
+                "decode_tok_per_s",
+                ("max_output_tokens", self.max_output_tokens),
+                self.decode_tok_per_s,
+                "generation",
+                self.max_generation_ms(),
+            ),
+        ] {
+            if ms > week {
+                return bad(
+                    f,
+                    format!(
+                        "{rate:?} makes the worst {what} ({} {} tokens) {ms} ms, over the bound of one week ({week} ms)",
+                        tokens.0, tokens.1
+                    ),
+                );
+            }
+        }
+        if !(0.0..=1.0).contains(&self.gpu_idle_below) {
+            return bad("gpu_idle_below", "must be between 0 and 1".into());
+        }
+        if self.max_recoveries == 0 {
+            return bad(
+                "max_recoveries",
+                "must be at least 1 (set auto_recover = false to never recover automatically)".into(),
+            );
+        }
+        if !WATCH_MAX_RECOVERIES.contains(&self.max_recoveries) {
+            return bad(
+                "max_recoveries",
+                format!(
+                    "{} is outside {}..={} per window",
+                    self.max_recoveries,
+                    WATCH_MAX_RECOVERIES.start(),
+                    WATCH_MAX_RECOVERIES.end()
+                ),
+            );
+        }
+        if self.min_probe_interval_ms > self.idle_probe_interval_ms {
+            return bad(
+                "min_probe_interval_ms",
+                format!(
+                    "{} exceeds idle_probe_interval_ms ({})",
+                    self.min_probe_interval_ms, self.idle_probe_interval_ms
+                ),
+            );
+        }
+        if matches!(
+            self.engine,
+            pdwarden_engines::EngineKind::SglangRouter | pdwarden_engines::EngineKind::VllmRouter
+        ) {
+            return bad(
+                "engine",
+                "names the pair's engines: \"sglang\" or \"vllm\", not a router".into(),
+            );
+        }
+        Ok(())
+    }
+
     /// The worst legitimate prefill, in ms.
     pub fn max_prefill_ms(&self) -> u64 {
         (self.max_prompt_tokens as f64 * 1000.0 / self.prefill_tok_per_s).ceil() as u64
@@ -917,57 +1070,8 @@ impl OrchestratorConfig {
                 ));
             }
             let w = &p.watch;
-            for (f, v) in [
-                ("watch.scrape_interval_ms", w.scrape_interval_ms),
-                ("watch.stall_budget_ms", w.stall_budget_ms),
-                ("watch.max_prompt_tokens", w.max_prompt_tokens),
-                ("watch.idle_probe_interval_ms", w.idle_probe_interval_ms),
-                ("watch.min_probe_interval_ms", w.min_probe_interval_ms),
-                ("watch.max_probe_timeout_ms", w.max_probe_timeout_ms),
-                ("watch.recovery_window_ms", w.recovery_window_ms),
-                ("watch.max_output_tokens", w.max_output_tokens),
-                ("watch.max_kv_transfer_ms", w.max_kv_transfer_ms),
-                ("watch.prefill_chunk_tokens", w.prefill_chunk_tokens.unwrap_or(1)),
-            ] {
-                if v == 0 {
-                    return Err(invalid(at(f), "must be greater than 0"));
-                }
-            }
-            for (f, v) in [
-                ("watch.prefill_tok_per_s", w.prefill_tok_per_s),
-                ("watch.decode_tok_per_s", w.decode_tok_per_s),
-            ] {
-                if !(v > 0.0 && v.is_finite()) {
-                    return Err(invalid(at(f), "must be a finite number > 0"));
-                }
-            }
-            if matches!(
-                w.engine,
-                pdwarden_engines::EngineKind::SglangRouter | pdwarden_engines::EngineKind::VllmRouter
-            ) {
-                return Err(invalid(
-                    at("watch.engine"),
-                    "names the pair's engines: \"sglang\" or \"vllm\", not a router",
-                ));
-            }
-            if !(0.0..=1.0).contains(&w.gpu_idle_below) {
-                return Err(invalid(at("watch.gpu_idle_below"), "must be between 0 and 1"));
-            }
-            if w.max_recoveries == 0 {
-                return Err(invalid(
-                    at("watch.max_recoveries"),
-                    "must be at least 1 (set auto_recover = false to never recover automatically)",
-                ));
-            }
-            if w.min_probe_interval_ms > w.idle_probe_interval_ms {
-                return Err(invalid(
-                    at("watch.min_probe_interval_ms"),
-                    format!(
-                        "{} exceeds idle_probe_interval_ms ({})",
-                        w.min_probe_interval_ms, w.idle_probe_interval_ms
-                    ),
-                ));
-            }
+            w.validate()
+                .map_err(|(f, problem)| invalid(at(&format!("watch.{f}")), problem))?;
             if w.max_probe_timeout_ms < pr.probe_timeout_ms {
                 return Err(invalid(
                     at("watch.max_probe_timeout_ms"),
@@ -1356,5 +1460,106 @@ probe_timeout_ms = 120000
         )
         .unwrap();
         assert_eq!(c.readiness_listen.unwrap().port(), 7071);
+    }
+
+    /// Issue 31, item 4: `decode_tok_per_s = 1e-300` loaded and panicked the
+    /// watch task (`cannot convert float seconds to Duration`). Every watch
+    /// number out of its range is refused at load, in one line naming it.
+    #[test]
+    fn every_watch_number_is_bounded_at_load_naming_its_field() {
+        let with = |section: &str| {
+            OrchestratorConfig::from_toml_str(&format!("{EXAMPLE}[pair.watch]\n{section}\n"))
+                .map(|_| ())
+                .expect_err(section)
+                .to_string()
+        };
+        for (section, field, says) in [
+            (
+                "decode_tok_per_s = 1e-300",
+                "decode_tok_per_s",
+                "1e-300 is outside 0.01..=1000000000.0",
+            ),
+            ("prefill_tok_per_s = 1e-300", "prefill_tok_per_s", "is outside"),
+            ("decode_tok_per_s = 1e300", "decode_tok_per_s", "is outside"),
+            ("prefill_tok_per_s = nan", "prefill_tok_per_s", "NaN is outside"),
+            ("decode_tok_per_s = inf", "decode_tok_per_s", "inf is outside"),
+            (
+                "max_output_tokens = 100000000\ndecode_tok_per_s = 0.1",
+                "decode_tok_per_s",
+                "over the bound of one week",
+            ),
+            (
+                "max_prompt_tokens = 100000000\nprefill_tok_per_s = 0.5",
+                "prefill_tok_per_s",
+                "the worst prefill (max_prompt_tokens 100000000 tokens)",
+            ),
+            (
+                "max_prompt_tokens = 18446744073709551615",
+                "max_prompt_tokens",
+                "is outside 1..=100000000 tokens",
+            ),
+            ("max_output_tokens = 0", "max_output_tokens", "is outside"),
+            ("prefill_chunk_tokens = 0", "prefill_chunk_tokens", "is outside"),
+            (
+                "prefill_chunk_tokens = 1000000000",
+                "prefill_chunk_tokens",
+                "is outside",
+            ),
+            (
+                "scrape_interval_ms = 1",
+                "scrape_interval_ms",
+                "1 is outside 100..=60000 ms",
+            ),
+            ("scrape_interval_ms = 3600000", "scrape_interval_ms", "is outside"),
+            (
+                "idle_gauge_refresh_ms = 0",
+                "idle_gauge_refresh_ms",
+                "must be greater than 0",
+            ),
+            ("max_recoveries = 4294967295", "max_recoveries", "is outside 1..=100"),
+            ("max_recoveries = 0", "max_recoveries", "at least 1"),
+            ("gpu_idle_below = nan", "gpu_idle_below", "between 0 and 1"),
+            ("gpu_idle_below = 1.5", "gpu_idle_below", "between 0 and 1"),
+            ("min_probe_interval_ms = 0", "min_probe_interval_ms", "greater than 0"),
+            (
+                "recovery_window_ms = 18446744073709551615",
+                "recovery_window_ms",
+                "over the bound of one week",
+            ),
+            (
+                "max_kv_transfer_ms = 604800001",
+                "max_kv_transfer_ms",
+                "over the bound of one week",
+            ),
+            ("idle_probe_interval_ms = 0", "idle_probe_interval_ms", "greater than 0"),
+            ("engine = \"sglang-router\"", "engine", "not a router"),
+        ] {
+            let e = with(section);
+            assert!(e.contains(&format!("`pair[0].watch.{field}`: ")), "{section}: {e}");
+            assert!(e.contains(says), "{section}: {e}");
+            assert!(!e.contains('\n'), "one line: {e}");
+            assert!(e.len() < 300, "short: {e}");
+        }
+        // The bounds themselves load.
+        OrchestratorConfig::from_toml_str(&format!(
+            "{EXAMPLE}[pair.watch]\ndecode_tok_per_s = 0.01\nprefill_tok_per_s = 1e9\nscrape_interval_ms = 100\nmax_recoveries = 100\n"
+        ))
+        .unwrap();
+    }
+
+    /// The README's `[pair.watch]` block ("these are the defaults") loads,
+    /// and is what an absent section gives.
+    #[test]
+    fn the_readmes_watch_defaults_load_and_are_the_defaults() {
+        let readme = include_str!("../../README.md");
+        let start = readme
+            .find("\n[pair.watch]")
+            .expect("the README documents [pair.watch]");
+        let block = &readme[start..];
+        let block = &block[..block.find("```").expect("the block ends")];
+        let c = OrchestratorConfig::from_toml_str(&format!("{EXAMPLE}{block}")).unwrap();
+        let json = |w: &WatchConfig| serde_json::to_value(w).unwrap();
+        assert_eq!(json(&c.pairs[0].watch), json(&WatchConfig::default()));
+        WatchConfig::default().validate().unwrap();
     }
 }

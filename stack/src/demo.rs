@@ -83,6 +83,11 @@ pub struct DemoArgs {
     /// the decode's own URL. With pd-sim or `--engine vllm`.
     #[arg(long, allow_hyphen_values = true)]
     pub decode_proxy: Option<String>,
+    /// With `--engine vllm`: the pair's watch at the README's defaults
+    /// (`[pair.watch]` with only `engine = "vllm"`), not the demo's
+    /// faster real-time settings.
+    #[arg(long)]
+    pub watch_defaults: bool,
     /// A launcher put in front of both engines' argv, e.g. "env -u KNOB"
     /// (a wrapper that strips a variable: what the change gate must catch).
     /// Split on whitespace.

@@ -581,6 +581,22 @@ pub fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<Configs> {
     t.check_timeout_ms = scaled(30_000).max(1_000);
     if vllm.is_some() {
         real_time_budgets(&mut pair);
+        if args.watch_defaults {
+            // The README's watch as an operator leaves it: its defaults,
+            // the engine kind and this demo's breaker and auto-recovery.
+            let w = &mut pair.watch;
+            *w = pdwarden_orchestrator::config::WatchConfig {
+                enabled: w.enabled,
+                auto_recover: w.auto_recover,
+                max_recoveries: w.max_recoveries,
+                engine: EngineKind::Vllm,
+                ..Default::default()
+            };
+        }
+    } else if args.watch_defaults {
+        bail!(
+            "--watch-defaults: the watch's defaults are in real time, for --engine vllm; pd-sim's demo scales them with --time-scale"
+        );
     }
     if args.shared_router {
         let mut serving = pdwarden_orchestrator::config::ServingRouterConfig::new(HOST, SERVING_ROUTER);

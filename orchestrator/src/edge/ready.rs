@@ -10,7 +10,8 @@
 //! - `GET /ready/unit/HOST/UNIT` → 200 when that engine serves or idles.
 //! - `GET /ready` → every pair; 200 only if all are ready.
 //! - `GET /metrics` → Prometheus gauges: readiness, held pairs (a held pair
-//!   is an alert), recoveries in the window, probes sent; and the histogram
+//!   is an alert), recoveries in the window, probes sent, the watch's own
+//!   restarts after a panic; and the histogram
 //!   `pdwarden_wedge_detection_seconds{pair,kind}` of time to detect a wedge.
 //!
 //! Deliberately tiny (HTTP/1.1, GET only, `Connection: close`) so it
@@ -30,7 +31,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::ops::telemetry::VERDICTS;
-use crate::ops::watcher::{WATCH_STATES, WatchBoard};
+use crate::ops::watcher::{WATCH_STATES, WatchBoard, WatchPairLabels};
 
 const MAX_HEAD: usize = 8 * 1024;
 const CONNECTION_BUDGET: Duration = Duration::from_secs(5);
@@ -225,8 +226,20 @@ pub fn metrics(board: &WatchBoard) -> String {
     }
     registry.register(
         "pdwarden_pair_watch_state",
-        "The pair's watch state: 1 for the current one (healthy, unproven, suspect, wedged, down, recovering, operation_running, held, starting)",
+        format!(
+            "The pair's watch state: 1 for the current one ({})",
+            WATCH_STATES.join(", ")
+        ),
         states,
+    );
+    // Every watched pair has its series, 0 until its watch first panics.
+    for p in &pairs {
+        let _ = board.restarts.get_or_create(&WatchPairLabels { pair: p.pair.clone() });
+    }
+    registry.register(
+        "pdwarden_watch_restarts",
+        "Times the pair's watch panicked and was restarted (it shows watch_failed meanwhile)",
+        board.restarts.clone(),
     );
     let verdicts = Family::<PairVerdictLabels, Gauge>::default();
     for (pair, last) in board.operations.last_verdicts() {
@@ -338,6 +351,10 @@ mod tests {
                 outcome: "ok".into(),
             })
             .observe(0.08);
+        board
+            .restarts
+            .get_or_create(&crate::ops::watcher::WatchPairLabels { pair: "demo".into() })
+            .inc();
         let report = serde_json::json!({
             "total_ms": 52000,
             "steps": [{"name": "restarting_prefill", "unit": "prefill-0", "started_ms": 0, "ended_ms": 26000, "outcome": "ok"}],
@@ -365,6 +382,7 @@ mod tests {
             r#"pdwarden_watch_probe_duration_seconds_count{pair="demo",outcome="ok"} 1"#,
             "pdwarden_orchestrator_leading 1",
             "pdwarden_orchestrator_fencing_token 42",
+            r#"pdwarden_watch_restarts_total{pair="demo"} 1"#,
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");
         }

@@ -27,8 +27,16 @@
 //!   watch's probes survived is reported as a partial wedge.
 //! - **KV transfer stuck** (seed 004): a prefill holds prefilled requests in
 //!   its inflight queue and the decode holds requests waiting for KV, both
-//!   without a break for the stall budget plus the longest legitimate
-//!   transfer, and the decode has progressed with nothing in that time.
+//!   without a break, and no transfer has been seen to land for the stall
+//!   budget plus the longest legitimate transfer: the prefill's inflight
+//!   count never fell, the decode's KV-wait count never fell and its running
+//!   plus queued count never rose (in PD a request joins the decode's batch
+//!   only once its KV has arrived), and the decode has progressed with
+//!   nothing since its wait began. Queues that merely stay non-empty are no
+//!   evidence: overlapping honest transfers keep both non-empty through a
+//!   burst, each landing showing as one of those moves (issue 31). A landing
+//!   at either end restarts the window, so a decode stuck beside a healthy
+//!   one on a shared prefill is left to the stall rule.
 //! - **Generation silent while health answers 200** (seeds 002, 003): a
 //!   probe whose timeout covered the work ahead of it timed out, and some
 //!   engine has not progressed since it was sent. Discarded only when every
@@ -50,6 +58,26 @@
 //! batch is full), the waves of generations they wait for — so a probe is never
 //! abandoned mid-prefill (INCIDENTS row 4); one that would need more than
 //! `max_probe_timeout` is deferred.
+//!
+//! No blind window (issue 31): the verification that ends a healthy
+//! operation is fresh evidence — the pair is warm, so a probe's own budget is
+//! the warm budget, not the cold allowance; right after the watch starts over
+//! (an operation ended) it probes at the minimum gap, doubling towards the
+//! idle interval, because pairs break most right after a restart; an engine
+//! that has not answered a scrape yet is given its profile's silence
+//! allowance, not the longest request; and a probe still in flight is
+//! re-judged as the gauges arrive: past the budget and the work now known
+//! ahead of it, it counts as timed out, so an outstanding probe never blocks
+//! the rules above.
+//!
+//! The agents' layer, and errors (issue 31): a unit of the pair its agent
+//! reports stopped (never started, or stopped on command) is `down`, never
+//! probed or recovered — the watch does not start what the operator has not;
+//! one that **exited** on its own (the router included, which no engine
+//! sample shows) is a wedge of kind `exited`; probes that fail with an error
+//! twice in a row, at least the minimum gap apart, while not every engine
+//! progresses (a pair whose every request fails its KV transfer, INCIDENTS
+//! row 1) are `failing`. Both are recovered through the breaker.
 //!
 //! [`Breaker`] bounds automatic recoveries per pair per window.
 
@@ -102,6 +130,13 @@ pub struct WatchPolicy {
     /// asks whether the pair generates, not whether it is warm — before the
     /// work ahead of it and one legitimate silence are added.
     pub probe_timeout: Duration,
+    /// The probe's own budget once the pair is proven warm in this watch (a
+    /// healthy operation concluded, or a probe answered, since the engines
+    /// last started over): the warm budget. A cold cost is paid once per
+    /// process start (judge::verdict's physical model), so after that the
+    /// cold allowance only blinds the watch (issue 31: a decode frozen right
+    /// after a healthy restart went unconfirmed for minutes).
+    pub warm_probe_timeout: Duration,
     /// The agent's scrape period: "nothing moved" needs a few scrapes to see.
     pub scrape_interval: Duration,
     /// A probe that would need longer is deferred instead of sent.
@@ -260,6 +295,13 @@ pub struct UnitTrack {
     pub inflight_since: Option<Instant>,
     /// Since when the decode's KV-wait queues have been non-empty.
     pub kv_wait_since: Option<Instant>,
+    /// When this engine's gauges last showed a KV transfer ending: its
+    /// inflight queue (a prefill) or its KV-wait queues (a decode) shrank,
+    /// or its running plus queued count rose while requests waited for KV
+    /// (a decode's request joins its batch only once its KV has arrived).
+    pub last_kv_landing: Option<Instant>,
+    /// The last scrape's (inflight, KV-wait, running + queued) counts.
+    kv_gauges: Option<(f64, f64, f64)>,
     /// Health answered 2xx at least once in this watch.
     pub health_seen_ok: bool,
     /// Since when health has not answered 2xx (after `health_seen_ok`).
@@ -290,6 +332,8 @@ impl UnitTrack {
             work_since: None,
             inflight_since: None,
             kv_wait_since: None,
+            last_kv_landing: None,
+            kv_gauges: None,
             health_seen_ok: false,
             health_bad_since: None,
             scrape_bad_since: None,
@@ -298,6 +342,22 @@ impl UnitTrack {
             credit_expires: None,
             has_work_signal: false,
         }
+    }
+
+    /// Whether the engine has a counter that rises during work: what its
+    /// scrapes showed, or — before any scrape answered (a unit that froze
+    /// right after a restart) — what its profile says, not "unknown, so the
+    /// longest request" (issue 31: a 416 s silence floor for an engine that
+    /// never answered).
+    pub fn work_signal(&self, p: &WatchPolicy) -> bool {
+        if self.counters.is_some() {
+            return self.has_work_signal;
+        }
+        self.engine(p)
+            .profile()
+            .metrics
+            .iter()
+            .any(|m| m.moves == Moves::DuringWork && m.since.is_empty())
     }
 
     /// The engine kind of this unit: what its metrics show, else the pair's.
@@ -352,6 +412,8 @@ impl UnitTrack {
                         self.last_finish_progress = None;
                         self.inflight_since = None;
                         self.kv_wait_since = None;
+                        self.last_kv_landing = None;
+                        self.kv_gauges = None;
                         self.credit = (0.0, 0.0);
                     } else {
                         let delta = |a: Option<f64>, b: Option<f64>| match (a, b) {
@@ -385,6 +447,14 @@ impl UnitTrack {
                     }
                 }
                 self.counters = Some(now);
+                let kv_wait = m.decode_transfer.unwrap_or(0.0) + m.decode_prealloc.unwrap_or(0.0);
+                let gauges = (m.prefill_inflight.unwrap_or(0.0), kv_wait, m.running + m.queued);
+                if let Some((inflight, waiting, batch)) = self.kv_gauges
+                    && (gauges.0 < inflight || gauges.1 < waiting || (waiting > 0.0 && gauges.2 > batch))
+                {
+                    self.last_kv_landing = Some(s.at);
+                }
+                self.kv_gauges = Some(gauges);
                 let since = |slot: &mut Option<Instant>, present: bool| {
                     if present {
                         slot.get_or_insert(s.at);
@@ -394,10 +464,7 @@ impl UnitTrack {
                 };
                 since(&mut self.work_since, m.in_flight() > 0.0);
                 since(&mut self.inflight_since, m.prefill_inflight.unwrap_or(0.0) > 0.0);
-                since(
-                    &mut self.kv_wait_since,
-                    m.decode_transfer.unwrap_or(0.0) + m.decode_prealloc.unwrap_or(0.0) > 0.0,
-                );
+                since(&mut self.kv_wait_since, kv_wait > 0.0);
             }
         }
         self.last = Some(s);
@@ -447,6 +514,55 @@ pub struct PairEvidence {
     pub last_probe_ok: Option<Instant>,
     /// The agent's scrape period (how soon a probe's tokens show).
     pub scrape_interval: Duration,
+    /// The probe in flight, if one was sent with its target
+    /// ([`PairEvidence::probe_sent_to`]): re-judged as samples arrive.
+    pub in_flight: Option<InFlightProbe>,
+    /// The pair answered warm since the engines last started over (a
+    /// healthy operation's verification, or a probe that answered).
+    pub proven_warm: bool,
+    /// Probes sent since the watch last started over (an operation ended,
+    /// or the watch started): right after a restart, when pairs break most,
+    /// the watch probes at the minimum gap and doubles it towards the idle
+    /// interval ([`PairEvidence::idle_interval`]).
+    pub probes_since_reset: u32,
+    /// The agents' facts about every unit of the pair, refreshed each tick.
+    pub lives: Vec<AgentFact>,
+    /// Probes that failed with an error (not a timeout) in a row, and when
+    /// the first of them was sent.
+    pub failed_in_row: u32,
+    pub first_failure_sent: Option<Instant>,
+}
+
+/// What a unit's agent says of its process (DESIGN.md 2: facts from the
+/// agent), for every unit of the pair, the router included.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Life {
+    /// Running, or starting, under its agent.
+    Running,
+    /// Not running: never started, or stopped on command.
+    Stopped,
+    /// Exited on its own; how, in the agent's words.
+    Exited { detail: String },
+    /// Its agent is not connected: nothing is known.
+    Unknown,
+}
+
+/// One unit's [`Life`], as the watch last read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentFact {
+    pub unit: String,
+    pub role: String,
+    pub life: Life,
+}
+
+/// A probe the watch sent and has no answer for yet.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InFlightProbe {
+    pub target: String,
+    pub sent_at: Instant,
+    /// The timeout it was sent with (what was known then).
+    pub timeout: Duration,
+    pub work_ahead: u32,
 }
 
 impl PairEvidence {
@@ -460,6 +576,52 @@ impl PairEvidence {
             last_probe_done: None,
             last_proof: None,
             last_probe_ok: None,
+            in_flight: None,
+            proven_warm: false,
+            probes_since_reset: 0,
+            lives: Vec::new(),
+            failed_in_row: 0,
+            first_failure_sent: None,
+        }
+    }
+
+    /// As [`PairEvidence::probe_sent`], remembering where the probe went
+    /// and the timeout it was sent with, so that a probe sent while the
+    /// work ahead was unknown is re-judged once the gauges show it.
+    pub fn probe_sent_to(&mut self, now: Instant, tokens: f64, target: String, timeout: Duration, work_ahead: u32) {
+        self.probe_sent(now, tokens);
+        self.in_flight = Some(InFlightProbe {
+            target,
+            sent_at: now,
+            timeout,
+            work_ahead,
+        });
+    }
+
+    /// The agents' facts about every unit of the pair (the watcher reads
+    /// them each tick).
+    pub fn set_lives(&mut self, lives: Vec<AgentFact>) {
+        self.lives = lives;
+    }
+
+    /// The idle probe interval in effect: the minimum gap doubled for each
+    /// probe since the watch started over, up to `idle_probe_interval`.
+    pub fn idle_interval(&self, p: &WatchPolicy) -> Duration {
+        let doubled = p
+            .min_probe_interval
+            .saturating_mul(1u32 << self.probes_since_reset.min(16));
+        doubled
+            .min(p.idle_probe_interval)
+            .max(p.min_probe_interval.min(p.idle_probe_interval))
+    }
+
+    /// A probe's own budget before the work ahead: the warm budget once the
+    /// pair has answered warm, else the cold allowance.
+    pub fn probe_budget(&self, p: &WatchPolicy) -> Duration {
+        if self.proven_warm {
+            p.warm_probe_timeout.min(p.probe_timeout)
+        } else {
+            p.probe_timeout
         }
     }
 
@@ -473,6 +635,7 @@ impl PairEvidence {
     pub fn probe_sent(&mut self, now: Instant, tokens: f64) {
         self.probe_in_flight = true;
         self.last_probe_sent = Some(now);
+        self.probes_since_reset = self.probes_since_reset.saturating_add(1);
         for u in &mut self.units {
             u.credit_probe(tokens);
         }
@@ -480,14 +643,28 @@ impl PairEvidence {
 
     pub fn probe_done(&mut self, record: WatchProbe, done_at: Instant) {
         self.probe_in_flight = false;
+        self.in_flight = None;
         for u in &mut self.units {
             if u.credit != (0.0, 0.0) {
                 u.credit_expires = Some(done_at + self.scrape_interval * CREDIT_GRACE_SCRAPES);
             }
         }
-        if matches!(record.outcome, ProbeObservation::Ok { .. }) {
-            self.last_proof = Some((done_at, format!("probe through {} answered", record.target)));
-            self.last_probe_ok = Some(done_at);
+        match record.outcome {
+            ProbeObservation::Ok { .. } => {
+                self.last_proof = Some((done_at, format!("probe through {} answered", record.target)));
+                self.last_probe_ok = Some(done_at);
+                self.proven_warm = true;
+                self.failed_in_row = 0;
+                self.first_failure_sent = None;
+            }
+            ProbeObservation::Error { .. } => {
+                self.failed_in_row = self.failed_in_row.saturating_add(1);
+                self.first_failure_sent.get_or_insert(record.sent_at);
+            }
+            ProbeObservation::Timeout { .. } => {
+                self.failed_in_row = 0;
+                self.first_failure_sent = None;
+            }
         }
         self.last_probe = Some(record);
         self.last_probe_done = Some(done_at);
@@ -499,8 +676,15 @@ impl PairEvidence {
             *u = UnitTrack::new(u.unit.clone(), u.role.clone());
         }
         self.probe_in_flight = false;
+        self.in_flight = None;
         self.last_probe = None;
         self.last_probe_ok = None;
+        // A healthy operation's verification answered warm: fresh evidence
+        // the watch starts from.
+        self.proven_warm = proof.is_some();
+        self.probes_since_reset = 0;
+        self.failed_in_row = 0;
+        self.first_failure_sent = None;
         self.last_proof = proof;
     }
 }
@@ -539,6 +723,15 @@ pub enum WedgeKind {
     /// a probe sent after it went silent failed (issue 15: a stopped
     /// process whose PID lives; a real vLLM decode under SIGSTOP).
     Unresponsive,
+    /// A unit of the pair — the router included, which no engine sample
+    /// shows — exited on its own, by its agent's report (issue 31: a router
+    /// SIGKILLed left the pair `suspect` for ever).
+    Exited,
+    /// Every probe fails with an error, twice in a row at least the minimum
+    /// gap apart, and not every engine progressed since the first (issue 31:
+    /// a co-restart stopped after the prefill — INCIDENTS row 1 — fails every
+    /// request's KV transfer, and was left `suspect` for ever).
+    Failing,
 }
 
 impl WedgeKind {
@@ -550,6 +743,8 @@ impl WedgeKind {
             Self::SilentGeneration => "silent_generation",
             Self::HealthGoneBad => "health_gone_bad",
             Self::Unresponsive => "unresponsive",
+            Self::Exited => "exited",
+            Self::Failing => "failing",
         }
     }
 }
@@ -946,47 +1141,56 @@ fn during_work_names(profile: &pdwarden_engines::Profile) -> String {
 }
 
 /// Seed 004: a prefill's KV never reaches its decode. Both PD queues hold
-/// requests without a break past the budget plus the longest transfer, and
-/// the decode progressed with nothing meanwhile.
+/// requests without a break, no transfer has been seen to land at either end
+/// for the budget plus the longest transfer, and the decode progressed with
+/// nothing since its wait began. A transfer in the inflight queue when the
+/// window opened would have landed within the longest transfer; overlapping
+/// honest transfers keep both queues non-empty but land one after another
+/// (issue 31).
 fn kv_transfer_stuck(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Option<(String, WedgeEvidence)> {
-    let stale = |u: &UnitTrack| {
-        u.last
-            .as_ref()
-            .is_none_or(|s| now.saturating_duration_since(s.at) > p.stale_after)
-    };
+    let fresh: Vec<&UnitTrack> = e
+        .units
+        .iter()
+        .filter(|u| {
+            u.last
+                .as_ref()
+                .is_some_and(|s| now.saturating_duration_since(s.at) <= p.stale_after)
+        })
+        .collect();
     let limit = p.stall_budget + p.max_kv_transfer;
-    let prefill = e
-        .units
+    let latest = |since: Instant, landing: Option<Instant>| landing.map_or(since, |l| l.max(since));
+    // (prefill, its inflight since, decode, its KV wait since, onset): the
+    // window opens at the later queue's start or the last landing.
+    let (prefill, sending, decode, waiting, onset) = fresh
         .iter()
-        .filter(|u| !stale(u))
-        .filter_map(|u| u.inflight_since.map(|t| (u, t)))
-        .filter(|(_, t)| now.saturating_duration_since(*t) >= limit)
-        .min_by_key(|(_, t)| *t)?;
-    let decode = e
-        .units
-        .iter()
-        .filter(|u| !stale(u))
-        .filter_map(|u| u.kv_wait_since.map(|t| (u, t)))
-        .filter(|(u, t)| now.saturating_duration_since(*t) >= limit && !u.progressed_after(*t))
-        .min_by_key(|(_, t)| *t)?;
-    let onset = prefill.1.max(decode.1);
+        .filter_map(|pf| pf.inflight_since.map(|t| (*pf, t)))
+        .flat_map(|(pf, sending)| {
+            fresh.iter().filter(move |dc| dc.unit != pf.unit).filter_map(move |dc| {
+                let waiting = dc.kv_wait_since?;
+                let onset = latest(latest(sending, pf.last_kv_landing), dc.last_kv_landing).max(waiting);
+                (!dc.progressed_after(waiting)).then_some((pf, sending, *dc, waiting, onset))
+            })
+        })
+        .filter(|c| now.saturating_duration_since(c.4) >= limit)
+        .min_by_key(|c| c.4)?;
     let silent = now.saturating_duration_since(onset);
-    let pm = prefill.0.last.as_ref().and_then(|s| s.metrics).unwrap_or_default();
-    let dm = decode.0.last.as_ref().and_then(|s| s.metrics).unwrap_or_default();
+    let pm = prefill.last.as_ref().and_then(|s| s.metrics).unwrap_or_default();
+    let dm = decode.last.as_ref().and_then(|s| s.metrics).unwrap_or_default();
     let reason = format!(
-        "{} has held {} prefilled request(s) sending KV for {} and {} {} waiting for KV for {}, and {} has progressed with nothing since: a KV transfer takes at most {} (stall budget {} + {}); {}, {}",
-        prefill.0.unit,
+        "{} has held {} prefilled request(s) sending KV for {} and {} {} waiting for KV for {}, no KV transfer has landed for {} and {} has progressed with nothing since: a KV transfer takes at most {} (allowed: stall budget {} + {}); {}, {}",
+        prefill.unit,
         num(pm.prefill_inflight),
-        s(now.saturating_duration_since(prefill.1)),
-        decode.0.unit,
+        s(now.saturating_duration_since(sending)),
+        decode.unit,
         num(dm.decode_transfer),
-        s(now.saturating_duration_since(decode.1)),
-        decode.0.unit,
+        s(now.saturating_duration_since(waiting)),
+        s(silent),
+        decode.unit,
         s(p.max_kv_transfer),
         s(p.stall_budget),
         s(p.max_kv_transfer),
-        health_phrase(prefill.0.last.as_ref().map_or(0, |s| s.health_status)),
-        health_phrase(decode.0.last.as_ref().map_or(0, |s| s.health_status)),
+        health_phrase(prefill.last.as_ref().map_or(0, |s| s.health_status)),
+        health_phrase(decode.last.as_ref().map_or(0, |s| s.health_status)),
     );
     let evidence = WedgeEvidence {
         kind: WedgeKind::KvTransfer,
@@ -996,11 +1200,13 @@ fn kv_transfer_stuck(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Option<
             "the prefill finished computing those requests (they are in its inflight queue): no prefill is still running for them"
                 .to_string(),
             format!(
-                "a legitimate transfer ends within {}; both queues stayed non-empty for {}",
+                "a legitimate transfer ends within {}; for {} both queues stayed non-empty and none landed: {}'s inflight count never fell, {}'s KV-wait count never fell and its running plus queued count never rose",
                 s(p.max_kv_transfer),
-                s(silent)
+                s(silent),
+                prefill.unit,
+                decode.unit
             ),
-            format!("{} finished or generated nothing in that time", decode.0.unit),
+            format!("{} finished or generated nothing in that time", decode.unit),
         ],
     };
     Some((reason, evidence))
@@ -1034,8 +1240,27 @@ pub fn judge(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Assessment {
         .max();
     let proof_fresh = |within: Duration| proof_at.is_some_and(|t| now.saturating_duration_since(t) < within);
 
+    // A probe still in flight is re-judged as samples arrive (issue 31: one
+    // sent before the gauges were known carried the worst case, 426 s, and
+    // blinded the watch): once it has waited longer than what the budget
+    // and the work now known ahead of it allow, it counts as timed out, and
+    // the rules below may confirm a wedge on it while its answer is awaited.
+    let overdue = e.in_flight.as_ref().and_then(|f| {
+        let (ahead, allowance) = probe_allowance(e, p, &units);
+        let due = e.probe_budget(p) + allowance;
+        let waited = now.saturating_duration_since(f.sent_at);
+        (due < f.timeout && waited >= due).then(|| WatchProbe {
+            target: f.target.clone(),
+            sent_at: f.sent_at,
+            timeout: due,
+            work_ahead: ahead,
+            outcome: ProbeObservation::Timeout { after_ms: ms(waited) },
+            request_id: OVERDUE.into(),
+        })
+    });
+    let probe_evidence = overdue.or_else(|| e.last_probe.clone());
     // A failed probe stands unless every engine progressed after it was sent.
-    let failed_probe = e.last_probe.as_ref().filter(|r| {
+    let failed_probe = probe_evidence.as_ref().filter(|r| {
         !matches!(r.outcome, ProbeObservation::Ok { .. }) && !e.units.iter().all(|u| u.progressed_after(r.sent_at))
     });
     let served_others = e.last_probe.as_ref().filter(|r| {
@@ -1048,9 +1273,19 @@ pub fn judge(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Assessment {
     // An engine that computed nothing at all since a probe was sent, for
     // longer than a legitimate prefill chunk (or request) that its stale
     // gauges may not show yet.
+    // An engine whose only work is KV in transit is waiting, not silent,
+    // for the stall rule's KV allowance (budget + worst prefill + transfer):
+    // a transfer that never lands is the KV rule's to name.
     let silent_since_sent = |u: &UnitTrack, r: &WatchProbe| {
-        !u.moved_after(r.sent_at)
-            && now.saturating_duration_since(r.sent_at) >= p.silence_allowance(u.engine(p).profile(), u.has_work_signal)
+        let mut allow = p.silence_allowance(u.engine(p).profile(), u.work_signal(p));
+        if u.last
+            .as_ref()
+            .and_then(|s| s.metrics)
+            .is_some_and(|m| m.only_waiting_for_kv())
+        {
+            allow = allow.max(p.stall_budget + p.max_prefill + p.max_kv_transfer);
+        }
+        !u.moved_after(r.sent_at) && now.saturating_duration_since(r.sent_at) >= allow
     };
     let health_line = || {
         units
@@ -1060,8 +1295,107 @@ pub fn judge(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Assessment {
             .join(", ")
     };
 
+    // The agents' layer first. A unit not running on purpose (never
+    // started, or stopped on command) is reported, never started by the
+    // watch: starting what the operator has not is the operator's call
+    // (`restart pd-pair`), and a freshly started orchestrator used to
+    // "recover" units nobody had started.
+    let stopped: Vec<&AgentFact> = e.lives.iter().filter(|f| f.life == Life::Stopped).collect();
+    if !stopped.is_empty() {
+        return Assessment {
+            state: PairState::Down,
+            reasons: stopped
+                .iter()
+                .map(|f| {
+                    format!(
+                        "{} {} is not running: never started, or stopped on purpose (its agent's report); the watch does not start what the operator has not — `restart pd-pair` starts the pair in order",
+                        f.role, f.unit
+                    )
+                })
+                .collect(),
+            units,
+            probe: ProbeDecision::None,
+            wedge: None,
+        };
+    }
+    let exited: Vec<(&AgentFact, &str)> = e
+        .lives
+        .iter()
+        .filter_map(|f| match &f.life {
+            Life::Exited { detail } => Some((f, detail.as_str())),
+            _ => None,
+        })
+        .collect();
+    // Probes failing with errors, twice in a row at least the minimum gap
+    // apart, with not every engine progressing since the first.
+    let failing = e
+        .first_failure_sent
+        .filter(|first| {
+            e.failed_in_row >= 2
+                && e.last_probe
+                    .as_ref()
+                    .is_some_and(|r| r.sent_at.saturating_duration_since(*first) >= p.min_probe_interval)
+                && !e.units.iter().all(|u| u.progressed_after(*first))
+        })
+        .zip(e.last_probe.as_ref());
+
     let mut wedge = None;
-    let (state, reasons) = if any(UnitState::Wedged) {
+    let (state, reasons) = if !exited.is_empty() {
+        let onset = e.last_proof.as_ref().map_or(now, |p| p.0);
+        wedge = Some(WedgeEvidence {
+            kind: WedgeKind::Exited,
+            onset,
+            silent_ms: ms(now.saturating_duration_since(onset)),
+            ruled_out: exited
+                .iter()
+                .map(|(f, d)| {
+                    format!(
+                        "{} {} exited on its own ({d}), outside any operation: nothing of it runs to wait for",
+                        f.role, f.unit
+                    )
+                })
+                .collect(),
+        });
+        (
+            PairState::Wedged,
+            exited
+                .iter()
+                .map(|(f, d)| {
+                    format!(
+                        "{} {} is not running: exited ({d}; its agent's report); the pair cannot serve",
+                        f.role, f.unit
+                    )
+                })
+                .collect(),
+        )
+    } else if let Some((first, last)) = failing {
+        let what = match &last.outcome {
+            ProbeObservation::Error { message } => message.clone(),
+            other => other.kind().to_string(),
+        };
+        wedge = Some(WedgeEvidence {
+            kind: WedgeKind::Failing,
+            onset: first,
+            silent_ms: ms(now.saturating_duration_since(first)),
+            ruled_out: vec![
+                format!(
+                    "{} probes in a row failed with an error over {} (the last: {what}): an error answer is not work in progress",
+                    e.failed_in_row,
+                    s(last.sent_at.saturating_duration_since(first))
+                ),
+                "not every engine progressed since the first: no traffic is being served meanwhile".into(),
+            ],
+        });
+        (
+            PairState::Wedged,
+            vec![format!(
+                "{} probes through {} in a row failed over {} (the last: {what}), and not every engine has progressed since: the pair answers only errors",
+                e.failed_in_row,
+                last.target,
+                s(last.sent_at.saturating_duration_since(first))
+            )],
+        )
+    } else if any(UnitState::Wedged) {
         wedge = units.iter().filter_map(|u| u.wedge.clone()).min_by_key(|w| w.onset);
         (PairState::Wedged, unit_reasons(&[UnitState::Wedged]))
     } else if let Some((reason, evidence)) = kv_transfer_stuck(e, p, now) {
@@ -1122,7 +1456,14 @@ pub fn judge(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Assessment {
             .units
             .iter()
             .zip(&units)
-            .filter(|(t, a)| a.state == UnitState::Down && t.scrape_bad_since.is_some_and(|b| b <= r.sent_at))
+            .filter(|(t, a)| {
+                // Sent after it went silent; or still unanswered, past its
+                // allowance counted from when the silence began.
+                a.state == UnitState::Down
+                    && t.scrape_bad_since.is_some_and(|b| {
+                        b <= r.sent_at || (r.request_id == OVERDUE && now.saturating_duration_since(b) >= r.timeout)
+                    })
+            })
             .min_by_key(|(t, _)| t.scrape_bad_since)
     {
         // A down unit is not one that is busy: the engines' HTTP servers
@@ -1219,7 +1560,7 @@ pub fn judge(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Assessment {
         )
     };
 
-    let probe = decide_probe(e, p, now, state, &units, proof_fresh(p.idle_probe_interval));
+    let probe = decide_probe(e, p, now, state, &units, proof_fresh(e.idle_interval(p)));
     Assessment {
         state,
         reasons,
@@ -1255,6 +1596,29 @@ fn work_ahead(m: &Metrics, p: &WatchPolicy) -> (u32, Duration) {
     }
 }
 
+/// What a probe sent now may wait for beyond its own budget: the work
+/// ahead of it on the busiest engine (it must not be abandoned mid-prefill),
+/// and at least one legitimate silence of the slowest engine — a prefill
+/// chunk in progress that its stale gauges do not show yet — so that a probe
+/// that times out is evidence, not bad luck. With the requests ahead.
+fn probe_allowance(e: &PairEvidence, p: &WatchPolicy, units: &[UnitAssessment]) -> (u32, Duration) {
+    let (work_ahead, ahead) = units
+        .iter()
+        .filter_map(|u| u.metrics.map(|m| work_ahead(&m, p)))
+        .max_by_key(|(_, d)| *d)
+        .unwrap_or((0, Duration::ZERO));
+    let floor = e
+        .units
+        .iter()
+        .map(|u| p.silence_allowance(u.engine(p).profile(), u.work_signal(p)))
+        .max()
+        .unwrap_or(Duration::ZERO);
+    (work_ahead, ahead.max(floor))
+}
+
+/// How a probe still in flight past what its work ahead allows is named.
+const OVERDUE: &str = "(still unanswered, past what the work now known ahead of it allows)";
+
 fn decide_probe(
     e: &PairEvidence,
     p: &WatchPolicy,
@@ -1278,7 +1642,7 @@ fn decide_probe(
                 .as_ref()
                 .is_some_and(|r| !matches!(r.outcome, ProbeObservation::Ok { .. }));
             if since_last.is_some_and(|d| d < p.min_probe_interval)
-                || (failed_last && since_done.is_some_and(|d| d < p.idle_probe_interval))
+                || (failed_last && since_done.is_some_and(|d| d < e.idle_interval(p)))
             {
                 return ProbeDecision::None;
             }
@@ -1292,7 +1656,7 @@ fn decide_probe(
                 .is_some_and(|r| !matches!(r.outcome, ProbeObservation::Ok { .. })) =>
         {
             let since_done = e.last_probe_done.map(|t| now.saturating_duration_since(t));
-            if since_done.is_some_and(|d| d < p.idle_probe_interval) {
+            if since_done.is_some_and(|d| d < e.idle_interval(p).max(p.min_probe_interval)) {
                 return ProbeDecision::None;
             }
             "the last probe failed and nothing has progressed since"
@@ -1311,30 +1675,15 @@ fn decide_probe(
                 .filter_map(|u| u.first_at)
                 .min()
                 .map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
-            if since_last.is_some_and(|d| d < p.idle_probe_interval) || watched_for < p.min_probe_interval {
+            if since_last.is_some_and(|d| d < e.idle_interval(p)) || watched_for < p.min_probe_interval {
                 return ProbeDecision::None;
             }
             "nothing has proved liveness recently"
         }
         _ => return ProbeDecision::None,
     };
-    // A probe must not be abandoned mid-prefill: its timeout covers the work
-    // ahead of it on the busiest engine.
-    let (work_ahead, ahead) = units
-        .iter()
-        .filter_map(|u| u.metrics.map(|m| work_ahead(&m, p)))
-        .max_by_key(|(_, d)| *d)
-        .unwrap_or((0, Duration::ZERO));
-    // And at least one legitimate silence of the slowest engine: a prefill
-    // chunk in progress that its stale gauges do not show yet. A probe that
-    // times out is then evidence, not bad luck.
-    let floor = e
-        .units
-        .iter()
-        .map(|u| p.silence_allowance(u.engine(p).profile(), u.has_work_signal))
-        .max()
-        .unwrap_or(Duration::ZERO);
-    let timeout = p.probe_timeout + ahead.max(floor);
+    let (work_ahead, allowance) = probe_allowance(e, p, units);
+    let timeout = e.probe_budget(p) + allowance;
     let each = if p.serial {
         format!(
             "up to {} each (worst prefill + worst generation: the engines are serial)",
@@ -1510,6 +1859,7 @@ mod tests {
             idle_probe_interval: Duration::from_secs(60),
             min_probe_interval: Duration::from_secs(5),
             probe_timeout: Duration::from_secs(120),
+            warm_probe_timeout: Duration::from_secs(120),
             max_probe_timeout: Duration::from_secs(1_200),
             stale_after: Duration::from_secs(5),
             scrape_interval: Duration::from_secs(1),
@@ -1840,7 +2190,10 @@ mod tests {
                 tokens += 40.0;
             }
         }
-        assert!((59..=60).contains(&sent), "{sent}");
+        // One a minute; the first few after the watch starts at the
+        // minimum gap, doubling (issue 31: right after a start or a
+        // restart, when pairs break most).
+        assert!((59..=64).contains(&sent), "{sent}");
         assert!(
             e.units.iter().all(|u| u.last_progress.is_none()),
             "probe tokens are not progress"
@@ -2120,6 +2473,326 @@ mod tests {
         assert_eq!(a.probe, ProbeDecision::None);
     }
 
+    /// The README's default watch on a vLLM pair (worst prefill 6.6 s, worst
+    /// generation 410 s, cold allowance 60 s, warm budget 2 s).
+    fn readme_vllm_policy() -> WatchPolicy {
+        WatchPolicy {
+            stall_budget: Duration::from_secs(8),
+            max_prefill: Duration::from_millis(6_554),
+            max_generation: Duration::from_secs(410),
+            max_prefill_chunk: Duration::from_millis(6_554),
+            decode_step: Duration::from_millis(100),
+            idle_gauge_refresh: None,
+            max_kv_transfer: Duration::from_secs(10),
+            serial: false,
+            engine: EngineKind::Vllm,
+            idle_probe_interval: Duration::from_secs(60),
+            min_probe_interval: Duration::from_secs(5),
+            probe_timeout: Duration::from_secs(60),
+            warm_probe_timeout: Duration::from_secs(2),
+            max_probe_timeout: Duration::from_secs(600),
+            stale_after: Duration::from_secs(5),
+            scrape_interval: Duration::from_secs(1),
+            gpu_idle_below: 0.05,
+            probe_tokens: 100.0,
+        }
+    }
+
+    /// An idle vLLM engine's sample, its token counters at `tokens`.
+    fn vllm_idle(at: Instant, tokens: f64) -> Sample {
+        Sample {
+            at,
+            health_status: 200,
+            metrics: Some(Metrics {
+                generation_tokens: Some(tokens),
+                prompt_tokens: Some(tokens),
+                engine: Some(EngineKind::Vllm),
+                ..Metrics::default()
+            }),
+            error: String::new(),
+        }
+    }
+
+    /// Plays the watch against a pair restarted healthy at `t0` whose decode
+    /// is `decode(at)` from then on and whose probes are never answered
+    /// until their timeout: one tick a second for `secs`; the seconds after
+    /// `t0` at which the wedge was confirmed, and its assessment.
+    fn frozen_after_restart(
+        p: &WatchPolicy,
+        secs: u64,
+        decode: impl Fn(Instant) -> Sample,
+    ) -> Option<(u64, Assessment)> {
+        let t0 = Instant::now();
+        let mut e = pair();
+        e.reset(Some((t0, "operation op-1 concluded healthy".into())));
+        let mut pending: Option<(Instant, Duration, u32)> = None;
+        for t in 1..=secs {
+            let now = t0 + Duration::from_secs(t);
+            e.observe("prefill-0", vllm_idle(now, 40.0), EngineKind::Vllm);
+            e.observe("decode-0", decode(now), EngineKind::Vllm);
+            if let Some((sent, timeout, ahead)) = pending
+                && now >= sent + timeout
+            {
+                e.probe_done(
+                    WatchProbe {
+                        target: "router:router-0".into(),
+                        sent_at: sent,
+                        timeout,
+                        work_ahead: ahead,
+                        outcome: ProbeObservation::Timeout { after_ms: ms(timeout) },
+                        request_id: "pdwarden-probe-x".into(),
+                    },
+                    now,
+                );
+                pending = None;
+            }
+            let a = judge(&e, p, now);
+            if a.state == PairState::Wedged {
+                return Some((t, a));
+            }
+            if let ProbeDecision::Send {
+                timeout, work_ahead, ..
+            } = a.probe
+            {
+                e.probe_sent_to(now, p.probe_tokens, "router:router-0".into(), timeout, work_ahead);
+                pending = Some((now, timeout, work_ahead));
+            }
+        }
+        None
+    }
+
+    /// Issue 31, finding 1: a whole decode process frozen at once after a
+    /// healthy co-restart (SIGSTOP: neither /metrics nor health answer).
+    /// The watch's first probe went out before any sample with the worst
+    /// case as its timeout (426 s) and nothing else could confirm the wedge
+    /// while it was outstanding. Now the verification is fresh evidence (the
+    /// pair is warm: the warm budget, not the cold allowance), the engine's
+    /// profile gives its silence allowance before any scrape answered, and an
+    /// outstanding probe is re-judged as the gauges arrive: confirmed
+    /// `unresponsive` within 30 s.
+    #[test]
+    fn a_decode_frozen_at_once_after_a_restart_is_confirmed_within_30_s() {
+        let p = readme_vllm_policy();
+        let silent = |at: Instant| Sample {
+            at,
+            health_status: 0,
+            metrics: None,
+            error: "no answer within 2 s".into(),
+        };
+        let (t, a) = frozen_after_restart(&p, 240, silent).expect("confirmed within 240 s");
+        assert!(t <= 30, "confirmed only after {t} s: {:?}", a.reasons);
+        assert_eq!(
+            a.wedge.as_ref().unwrap().kind,
+            WedgeKind::Unresponsive,
+            "{:?}",
+            a.reasons
+        );
+    }
+
+    /// Issue 31, finding 1: only the decode's engine core frozen at once
+    /// after a healthy co-restart: vLLM's API server still answers health
+    /// 200 and /metrics, its counters flat, the pair idle — no passive
+    /// signal at all. Right after a restart the watch probes at the minimum
+    /// gap (doubling towards the idle interval), with the warm budget: the
+    /// probe's timeout and the silent engine confirm it within 30 s, where
+    /// the first probe used to wait for the idle interval (60 s).
+    #[test]
+    fn an_engine_core_frozen_at_once_after_a_restart_is_confirmed_within_30_s() {
+        let p = readme_vllm_policy();
+        let (t, a) = frozen_after_restart(&p, 240, |at| vllm_idle(at, 40.0)).expect("confirmed within 240 s");
+        assert!(t <= 30, "confirmed only after {t} s: {:?}", a.reasons);
+        assert_eq!(
+            a.wedge.as_ref().unwrap().kind,
+            WedgeKind::SilentGeneration,
+            "{:?}",
+            a.reasons
+        );
+    }
+
+    fn fact(unit: &str, role: &str, life: Life) -> AgentFact {
+        AgentFact {
+            unit: unit.into(),
+            role: role.into(),
+            life,
+        }
+    }
+
+    fn error_probe(sent_at: Instant, message: &str) -> WatchProbe {
+        WatchProbe {
+            target: "router:router-0".into(),
+            sent_at,
+            timeout: Duration::from_secs(10),
+            work_ahead: 0,
+            outcome: ProbeObservation::Error {
+                message: message.into(),
+            },
+            request_id: "pdwarden-probe-e".into(),
+        }
+    }
+
+    /// Issue 31, finding 2: the router SIGKILLed — no engine sample shows
+    /// it, every probe fails with a refused connection, and the pair stayed
+    /// `suspect` for ever. Its agent says it exited: the pair is wedged
+    /// (`exited`), to be recovered through the breaker, naming the unit.
+    #[test]
+    fn a_router_that_exited_is_recovered_not_left_suspect() {
+        let p = readme_vllm_policy();
+        let t0 = Instant::now();
+        let mut e = pair();
+        e.reset(Some((t0, "operation op-1 concluded healthy".into())));
+        e.observe("prefill-0", vllm_idle(t0, 40.0), EngineKind::Vllm);
+        e.observe("decode-0", vllm_idle(t0, 40.0), EngineKind::Vllm);
+        let mut lives = vec![
+            fact("prefill-0", "prefill", Life::Running),
+            fact("decode-0", "decode", Life::Running),
+            fact("router-0", "router", Life::Running),
+        ];
+        e.set_lives(lives.clone());
+        assert_ne!(judge(&e, &p, t0).state, PairState::Wedged);
+        lives[2].life = Life::Exited {
+            detail: "killed by signal 9 (SIGKILL)".into(),
+        };
+        e.set_lives(lives);
+        let a = judge(&e, &p, t0 + Duration::from_secs(1));
+        assert_eq!(a.state, PairState::Wedged, "{:?}", a.reasons);
+        assert_eq!(a.wedge.as_ref().unwrap().kind, WedgeKind::Exited);
+        assert_eq!(
+            a.reasons,
+            [
+                "router router-0 is not running: exited (killed by signal 9 (SIGKILL); its agent's report); the pair cannot serve"
+            ]
+        );
+    }
+
+    /// Issue 31, finding 5: a freshly started orchestrator judged units
+    /// nobody had started wedged and co-restarted them itself. A unit its
+    /// agent reports stopped (never started, or stopped on purpose) is
+    /// reported `down` with what to do; never probed, never recovered.
+    #[test]
+    fn a_unit_nobody_started_is_reported_not_recovered() {
+        let p = readme_vllm_policy();
+        let t0 = Instant::now();
+        let mut e = pair();
+        let silent = |at: Instant| Sample {
+            at,
+            health_status: 0,
+            metrics: None,
+            error: "connection refused".into(),
+        };
+        e.set_lives(vec![
+            fact("prefill-0", "prefill", Life::Stopped),
+            fact("decode-0", "decode", Life::Stopped),
+            fact("router-0", "router", Life::Stopped),
+        ]);
+        for t in 0..=120 {
+            let now = t0 + Duration::from_secs(t);
+            e.observe("prefill-0", silent(now), EngineKind::Vllm);
+            e.observe("decode-0", silent(now), EngineKind::Vllm);
+            let a = judge(&e, &p, now);
+            assert_eq!(a.state, PairState::Down, "{:?}", a.reasons);
+            assert_eq!(a.probe, ProbeDecision::None);
+            assert!(a.wedge.is_none());
+            assert!(a.reasons[0].starts_with("prefill prefill-0 is not running: never started, or stopped on purpose"));
+        }
+    }
+
+    /// Issue 31, finding 2: a co-restart stopped after the prefill (INCIDENTS
+    /// row 1: the decode keeps the old bootstrap, every request fails KV
+    /// transfer) left the pair `suspect` for ever. Two probes in a row
+    /// failing with an error, the minimum gap apart, with no engine
+    /// progressing: `failing`, recovered. One failed probe, or failures
+    /// while every engine serves others, are not.
+    #[test]
+    fn a_pair_that_answers_only_errors_is_failing() {
+        let p = readme_vllm_policy();
+        let t0 = Instant::now();
+        let fresh = || {
+            let mut e = pair();
+            e.reset(None);
+            e.observe("prefill-0", vllm_idle(t0, 40.0), EngineKind::Vllm);
+            e.observe("decode-0", vllm_idle(t0, 40.0), EngineKind::Vllm);
+            e
+        };
+        let kv = "http 500: KV transfer failed";
+        let mut e = fresh();
+        e.probe_sent(t0, p.probe_tokens);
+        e.probe_done(error_probe(t0, kv), t0 + Duration::from_millis(50));
+        let a = judge(&e, &p, t0 + Duration::from_secs(1));
+        assert_eq!(a.state, PairState::Suspect, "one failure: {:?}", a.reasons);
+        let second = t0 + Duration::from_secs(6);
+        e.observe("prefill-0", vllm_idle(second, 40.0), EngineKind::Vllm);
+        e.observe("decode-0", vllm_idle(second, 40.0), EngineKind::Vllm);
+        e.probe_sent(second, p.probe_tokens);
+        e.probe_done(error_probe(second, kv), second + Duration::from_millis(50));
+        let a = judge(&e, &p, second + Duration::from_secs(1));
+        assert_eq!(a.state, PairState::Wedged, "{:?}", a.reasons);
+        assert_eq!(a.wedge.as_ref().unwrap().kind, WedgeKind::Failing);
+        assert!(
+            a.reasons[0].starts_with(
+                "2 probes through router:router-0 in a row failed over 6.00 s (the last: http 500: KV transfer failed)"
+            ),
+            "{:?}",
+            a.reasons
+        );
+
+        // Every engine progressed since the first failure: the pair serves
+        // others (a partial failure is judged by other rules).
+        let mut e = fresh();
+        e.probe_sent(t0, p.probe_tokens);
+        e.probe_done(error_probe(t0, kv), t0 + Duration::from_millis(50));
+        for (i, t) in [3u64, 5, 7].iter().enumerate() {
+            let at = t0 + Duration::from_secs(*t);
+            let tokens = 40.0 + 500.0 * (i as f64 + 1.0);
+            e.observe("prefill-0", vllm_idle(at, tokens), EngineKind::Vllm);
+            e.observe("decode-0", vllm_idle(at, tokens), EngineKind::Vllm);
+        }
+        e.probe_sent(second, p.probe_tokens);
+        e.probe_done(error_probe(second, kv), second + Duration::from_millis(50));
+        let a = judge(&e, &p, t0 + Duration::from_secs(8));
+        assert_ne!(a.state, PairState::Wedged, "{:?}", a.reasons);
+    }
+
+    /// Issue 31: a probe sent while the work ahead was unknown (no sample
+    /// yet: the worst case as its timeout) is re-judged once the gauges show
+    /// nothing ahead of it: past its budget and one silence it counts as
+    /// timed out, and a unit that answers nothing is confirmed on it without
+    /// waiting for its 416 s; while within that allowance it is no evidence.
+    #[test]
+    fn an_outstanding_probe_is_rejudged_as_the_gauges_arrive() {
+        let p = readme_vllm_policy();
+        let t0 = Instant::now();
+        let mut e = pair();
+        e.probe_sent_to(
+            t0,
+            p.probe_tokens,
+            "router:router-0".into(),
+            Duration::from_secs(476),
+            0,
+        );
+        let silent = |at: Instant| Sample {
+            at,
+            health_status: 0,
+            metrics: None,
+            error: "no answer within 2 s".into(),
+        };
+        let mut confirmed = None;
+        for t in 1..=120 {
+            let now = t0 + Duration::from_secs(t);
+            e.observe("prefill-0", vllm_idle(now, 40.0), EngineKind::Vllm);
+            e.observe("decode-0", silent(now), EngineKind::Vllm);
+            let a = judge(&e, &p, now);
+            if a.state == PairState::Wedged {
+                confirmed = Some((t, a));
+                break;
+            }
+        }
+        let (t, a) = confirmed.expect("confirmed while the probe is outstanding");
+        // Cold budget 60 s (nothing proved the pair warm) + 6.6 s of silence.
+        assert!((66..=70).contains(&t), "confirmed at {t} s: {:?}", a.reasons);
+        assert_eq!(a.wedge.as_ref().unwrap().kind, WedgeKind::Unresponsive);
+        assert!(a.reasons.iter().any(|r| r.contains(OVERDUE)), "{:?}", a.reasons);
+    }
+
     /// Issue 15: a decode that answers nothing at all while its PID lives
     /// (a real single-process vLLM under SIGSTOP) was shown `down` for
     /// ever and never recovered. Down, it is probed; a probe sent after it
@@ -2391,6 +3064,109 @@ mod tests {
             ]
         });
         assert!(first_wedged(&out).is_none());
+    }
+
+    /// An SGLang sample from before 0.5.7 (no `realtime_tokens_total`: its
+    /// token counters rise only when a request finishes) with its PD queues.
+    fn old_pd_sample(at: Instant, running: f64, queued: f64, finished: f64, inflight: f64, kv_wait: f64) -> Sample {
+        let mut s = sample(at, running, queued, 0.0, finished, None);
+        let m = s.metrics.as_mut().unwrap();
+        m.realtime_tokens = None;
+        m.prefill_inflight = Some(inflight);
+        m.decode_transfer = Some(kv_wait);
+        s
+    }
+
+    /// Issue 31's burst on an SGLang before 0.5.7: ten requests at once on a
+    /// serial prefill that computes each in 4 s; each KV then takes 9 s to
+    /// reach the decode (within the 10 s allowed), which generates 2,000
+    /// tokens at 20 tok/s for each (nothing finishes before 113 s). Request k
+    /// is prefilled over [4k, 4k + 4), sends KV over [4k + 4, 4k + 13) and
+    /// lands at 4k + 13 (the prefill's inflight queue and the decode's KV-wait
+    /// queue fall, the decode's running count rises). From `stall_at` on
+    /// nothing lands any more (the link stalls; the prefill keeps computing).
+    fn kv_burst(t: u64, now: Instant, stall_at: Option<u64>) -> [Sample; 2] {
+        let n = 10u64;
+        let prefilled = (0..n).filter(|k| 4 * k + 4 <= t).count() as f64;
+        let landed = (0..n)
+            .filter(|k| 4 * k + 13 <= t && stall_at.is_none_or(|s| 4 * k + 13 < s))
+            .count() as f64;
+        let computing = if t < 4 * n { 1.0 } else { 0.0 };
+        let waiting = n as f64 - prefilled - computing;
+        [
+            // pd-sim's prefill answers (and counts) a request once its KV is ready.
+            old_pd_sample(now, computing, waiting, 12_000.0 * prefilled, prefilled - landed, 0.0),
+            old_pd_sample(now, landed, 0.0, 0.0, 0.0, n as f64 - landed),
+        ]
+    }
+
+    /// Issue 31's false wedge: overlapping honest transfers keep both PD
+    /// queues non-empty from 4 s to 49 s, far past the budget plus the
+    /// longest transfer (18 s), with the decode finishing nothing — but a
+    /// transfer lands every 4 s (each one lowers the KV-wait count and the
+    /// inflight count and raises the decode's running count), so no transfer
+    /// is stuck: never a wedge (the rule that only asked "were the queues
+    /// never empty?" confirmed one at 22 s and killed all ten requests).
+    #[test]
+    fn overlapping_honest_kv_transfers_in_a_burst_are_not_a_wedge() {
+        let p = policy();
+        let t0 = Instant::now();
+        let mut e = pair();
+        let out = run_with(&mut e, &p, t0, 60, |t, now| kv_burst(t, now, None));
+        for (t, a) in out.iter().enumerate() {
+            assert_ne!(a.state, PairState::Wedged, "at {t} s: {:?}", a.reasons);
+        }
+        // The shape is the finding's: both queues non-empty from 4 s to 49 s.
+        for t in 4..49 {
+            let [pf, dc] = kv_burst(t, t0, None).map(|s| s.metrics.unwrap());
+            assert!(
+                pf.prefill_inflight.unwrap() > 0.0 && dc.decode_transfer.unwrap() > 0.0,
+                "{t}"
+            );
+        }
+    }
+
+    /// Seed 004 on an SGLang before 0.5.7, its decode busy generating two
+    /// earlier requests (2 running, nothing finishing): the prefill's inflight
+    /// queue and the decode's KV-wait queue only grow and the decode's running
+    /// count never rises — nothing lands — so it is confirmed at 1 + 8 + 10 =
+    /// 19 s, as on a current engine. And issue 31's burst whose link stalls
+    /// after its second landing (17 s) is confirmed the budget plus the
+    /// longest transfer after that last landing: at 35 s, not before.
+    #[test]
+    fn stuck_kv_transfer_with_nothing_landing_is_confirmed_from_the_last_landing() {
+        let p = policy();
+        let t0 = Instant::now();
+        let mut e = pair();
+        let out = run_with(&mut e, &p, t0, 40, |t, now| {
+            let held = if t == 0 { 0.0 } else { 1.0 + (t / 2) as f64 };
+            [
+                old_pd_sample(now, 1.0, 0.0, 12_000.0 * t as f64, held, 0.0),
+                old_pd_sample(now, 2.0, 0.0, 0.0, 0.0, held),
+            ]
+        });
+        let first = first_wedged(&out).expect("confirmed");
+        assert_eq!(first, 19, "from the first request in both queues at 1 s: 1 + 8 + 10");
+        let w = out[first].wedge.as_ref().unwrap();
+        assert_eq!(
+            (w.kind, w.onset, w.silent_ms),
+            (WedgeKind::KvTransfer, t0 + Duration::from_secs(1), 18_000)
+        );
+        let r = out[first].reasons.join("\n");
+        assert!(r.contains("sending KV for 18.0 s"), "{r}");
+        assert!(r.contains("no KV transfer has landed for 18.0 s"), "{r}");
+        assert!(
+            w.ruled_out.iter().any(|x| x.contains("never fell")),
+            "{:?}",
+            w.ruled_out
+        );
+
+        let mut e = pair();
+        let out = run_with(&mut e, &p, t0, 60, |t, now| kv_burst(t, now, Some(20)));
+        let first = first_wedged(&out).expect("confirmed");
+        assert_eq!(first, 35, "the last landing at 17 s + 8 + 10");
+        let w = out[first].wedge.as_ref().unwrap();
+        assert_eq!((w.kind, w.onset), (WedgeKind::KvTransfer, t0 + Duration::from_secs(17)));
     }
 
     /// An engine whose health turns bad for the budget while /metrics answers

@@ -10,7 +10,17 @@
 //! same ordered co-restart an operator would run, journaled as an automatic
 //! operation whose `trigger` entry holds the evidence. A [`Breaker`] bounds
 //! the automatic recoveries; past it the pair is held for a human, loudly
-//! (status, readiness endpoint and its metrics, an error log every tick).
+//! (status, readiness endpoint and its metrics, an error log every minute).
+//!
+//! It logs what changed, not every tick ([`LogGate`]): a state change once
+//! with its reasons; a pair held, down or wedged and not recovering again
+//! at most once a minute; the per-tick detail (the same state with new
+//! numbers, the probes it sends or defers) at DEBUG.
+//!
+//! The watch supervises itself ([`supervise`]): a panic in a pair's watch
+//! is caught, logged once, shown as the state `watch_failed` (not ready) and
+//! counted in `pdwarden_watch_restarts_total`, and the watch restarts after
+//! a backoff (1 s doubling to 30 s).
 //!
 //! While any operation runs on the pair (an operator's or its own) the watch
 //! stands aside and forgets its evidence: restarted engines start their
@@ -18,17 +28,24 @@
 //! operation run by a human releases a held pair.
 
 use std::collections::{BTreeMap, HashSet};
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use backon::{BackoffBuilder, ExponentialBuilder};
+use futures::FutureExt;
+
 use pdwarden_proto::v1::{ChatProbe, Command, EngineSample, ProbeRequest, WatchEngines, WatchTarget, command};
 use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use serde::Serialize;
 use serde_json::json;
 use tokio::sync::mpsc;
 use tokio::time::{Instant, MissedTickBehavior};
+use tracing::Level;
 
 use crate::config::{PairConfig, UnitRef, WatchConfig};
 use crate::ops::corestart::{OperationContext, OperationKind, run_operation};
@@ -37,8 +54,9 @@ use crate::ops::port::AgentReport;
 use pdwarden_engines::EngineKind;
 
 use crate::judge::wedge::{
-    Assessment, Breaker, BreakerDecision, Metrics, PairEvidence, PairState, PastOperation, ProbeDecision,
-    ProbeObservation, Sample, UnitAssessment, UnitTrack, WatchPolicy, WatchProbe, judge, recoveries_still_counting,
+    AgentFact, Assessment, Breaker, BreakerDecision, Life, Metrics, PairEvidence, PairState, PastOperation,
+    ProbeDecision, ProbeObservation, Sample, UnitAssessment, UnitTrack, WatchPolicy, WatchProbe, judge,
+    recoveries_still_counting,
 };
 
 /// A host report older than this says nothing about a unit's GPU now (the
@@ -60,7 +78,8 @@ pub fn mono_ms() -> f64 {
 pub struct PairWatchView {
     pub pair: String,
     /// `healthy`, `unproven`, `suspect`, `wedged`, `down`, `recovering`,
-    /// `operation_running`, `held` or `starting`.
+    /// `operation_running`, `held`, `starting` or `watch_failed` (the
+    /// watch panicked and restarts: [`supervise`]).
     pub state: String,
     /// What the readiness endpoint answers: only a `healthy` pair is ready.
     pub ready: bool,
@@ -135,6 +154,14 @@ pub struct WatchBoard {
     /// Whether this orchestrator leads (its `/metrics` says so, for an
     /// alert on "no orchestrator leads").
     pub leadership: crate::edge::leadership::Leadership,
+    /// Times each pair's watch panicked and was restarted ([`supervise`]).
+    pub restarts: Family<WatchPairLabels, Counter>,
+}
+
+/// Labels of the watch's own per-pair counters.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WatchPairLabels {
+    pub pair: String,
 }
 
 impl WatchBoard {
@@ -155,6 +182,7 @@ impl Default for WatchBoard {
             probe_latency: Family::new_with_constructor(probe_histogram),
             operations: Default::default(),
             leadership: Default::default(),
+            restarts: Family::default(),
         }
     }
 }
@@ -170,6 +198,7 @@ pub const WATCH_STATES: &[&str] = &[
     "operation_running",
     "held",
     "starting",
+    "watch_failed",
 ];
 
 /// Labels of the watch's probe-latency histogram.
@@ -221,12 +250,206 @@ impl WatchBoard {
             .unwrap_or_else(|p| p.into_inner())
             .insert(view.pair.clone(), view);
     }
+
+    /// `pair`'s watch panicked: it shows `watch_failed` (not ready) with
+    /// `reason`, keeping the counts of the view before it; its units are
+    /// unknown until the watch is back.
+    fn watch_failed(&self, pair: &PairConfig, reason: String) {
+        let before = self.get(&pair.name);
+        let keep = |f: fn(&PairWatchView) -> u64| before.as_ref().map_or(0, f);
+        self.put(PairWatchView {
+            pair: pair.name.clone(),
+            state: "watch_failed".into(),
+            ready: false,
+            reasons: vec![reason],
+            held: before.as_ref().and_then(|v| v.held.clone()),
+            auto_recover: pair.watch.auto_recover,
+            recoveries_in_window: before.as_ref().map_or(0, |v| v.recoveries_in_window),
+            max_recoveries: pair.watch.max_recoveries,
+            recovery_window_ms: pair.watch.recovery_window_ms,
+            probes_sent: keep(|v| v.probes_sent),
+            probes_deferred: keep(|v| v.probes_deferred),
+            last_probe: before.as_ref().and_then(|v| v.last_probe.clone()),
+            last_recovery: before.and_then(|v| v.last_recovery),
+            units: Vec::new(),
+        });
+    }
 }
 
-/// The pure policy of a pair's watch, from its config.
+/// `tracing`'s macros take their level as a constant: one arm per level.
+macro_rules! log_at {
+    ($level:expr, $($rest:tt)+) => {{
+        let level: Level = $level;
+        if level == Level::ERROR {
+            tracing::error!($($rest)+)
+        } else if level == Level::WARN {
+            tracing::warn!($($rest)+)
+        } else if level == Level::INFO {
+            tracing::info!($($rest)+)
+        } else {
+            tracing::debug!($($rest)+)
+        }
+    }};
+}
+
+/// When a line of the watch is worth a person's attention (issue 31, item 5).
+///
+/// The watch judges every tick and its reasons carry times ("4.50 s ago"):
+/// logged whenever they changed, one healthy pair wrote two lines a second
+/// and a down one two errors a second, which journald rate-limits away
+/// together with what matters. A line is logged at its level when what it
+/// says changed (its key: a state, a refusal, an error, never the
+/// numbers), and again at most once every [`LogGate::REPEAT`] while it
+/// stays worth repeating; otherwise at DEBUG, where the per-tick detail
+/// stays available. Pure: handed `now`.
+#[derive(Debug, Default)]
+pub struct LogGate {
+    /// The key last logged at its level, and when.
+    last: Option<(String, Instant)>,
+}
+
+impl LogGate {
+    /// A line worth repeating is repeated at most this often.
+    pub const REPEAT: Duration = Duration::from_secs(60);
+
+    /// The level to log a line about `key` at `now`: `level` when `key`
+    /// is not the last one logged, or when `repeat` and [`Self::REPEAT`]
+    /// has passed since it was last logged at its level; DEBUG otherwise.
+    pub fn level(&mut self, key: &str, level: Level, repeat: bool, now: Instant) -> Level {
+        let due = match &self.last {
+            Some((last, at)) if last == key => repeat && now.saturating_duration_since(*at) >= Self::REPEAT,
+            _ => true,
+        };
+        if due {
+            self.last = Some((key.to_string(), now));
+            level
+        } else {
+            Level::DEBUG
+        }
+    }
+
+    /// The level of a line announcing the pair's watch `state`: a change
+    /// at its level (ERROR for `wedged`, `down`, `held` and
+    /// `watch_failed`, which are repeated every minute while they last;
+    /// WARN for `suspect`; INFO for the rest), DEBUG for the same state again.
+    pub fn state(&mut self, state: &str, now: Instant) -> Level {
+        let (level, repeat) = match state {
+            "wedged" | "down" | "held" | "watch_failed" => (Level::ERROR, true),
+            "suspect" => (Level::WARN, false),
+            _ => (Level::INFO, false),
+        };
+        self.level(state, level, repeat, now)
+    }
+
+    /// Forgets the last line: the next one is a change.
+    pub fn clear(&mut self) {
+        self.last = None;
+    }
+}
+
+/// The first wait before a panicked watch restarts; it doubles per panic...
+const RESTART_MIN: Duration = Duration::from_secs(1);
+/// ...up to this...
+const RESTART_MAX: Duration = Duration::from_secs(30);
+/// ...and starts over from [`RESTART_MIN`] after a watch ran this long.
+const RESTART_RESET: Duration = Duration::from_secs(60);
+
+/// The waits before each restart of a watch that keeps panicking.
+fn restart_delays() -> impl Iterator<Item = Duration> {
+    ExponentialBuilder::default()
+        .with_min_delay(RESTART_MIN)
+        .with_max_delay(RESTART_MAX)
+        .with_factor(2.0)
+        .without_max_times()
+        .build()
+}
+
+/// A panic's message, as `std` prints it.
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
+}
+
+/// Runs `pair`'s watch (each `watch()` call starts one) until it ends
+/// (shutdown) or `shutdown` turns true. A watch that panics dies alone:
+/// the panic is caught, logged once at ERROR with its message, the pair
+/// shown as `watch_failed` (not ready) on `board` and counted in
+/// `pdwarden_watch_restarts_total{pair}`, and a new watch starts after
+/// [`restart_delays`] (1 s doubling to 30 s; from 1 s again once a watch
+/// ran a minute). Without it a panic left the pair with no watch at all:
+/// no watch line in `status`, `/ready` answering `{"pairs":[]}`.
+pub async fn supervise<F, Fut>(
+    pair: PairConfig,
+    board: WatchBoard,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+    mut watch: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let mut delays = restart_delays();
+    let mut restarts: u64 = 0;
+    loop {
+        let started = Instant::now();
+        let Err(panic) = AssertUnwindSafe(watch()).catch_unwind().await else {
+            return;
+        };
+        if *shutdown.borrow() {
+            return;
+        }
+        if started.elapsed() >= RESTART_RESET {
+            delays = restart_delays();
+        }
+        let delay = delays.next().unwrap_or(RESTART_MAX);
+        restarts += 1;
+        let message = panic_message(&*panic);
+        tracing::error!(pair = %pair.name, panic = %message, restarts, restart_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX), "the pair's watch panicked; restarting it");
+        board
+            .restarts
+            .get_or_create(&WatchPairLabels {
+                pair: pair.name.clone(),
+            })
+            .inc();
+        board.watch_failed(
+            &pair,
+            format!(
+                "the watch panicked ({message}); restart {restarts} in {:.1} s",
+                delay.as_secs_f64()
+            ),
+        );
+        tokio::select! {
+            _ = shutdown.changed() => return,
+            _ = tokio::time::sleep(delay) => {}
+        }
+    }
+}
+
+/// A duration of the policy: at most a week (the config's bound on every
+/// duration), so no sum or product the judge makes of a few can overflow.
+fn bounded_ms(ms: u64) -> Duration {
+    Duration::from_millis(ms.min(pdwarden_proto::limits::MAX_DURATION_MS))
+}
+
+/// `secs` as a bounded duration: negative is zero, NaN or above the bound
+/// is the bound.
+fn bounded_secs(secs: f64) -> Duration {
+    let max = bounded_ms(u64::MAX);
+    if secs <= 0.0 {
+        Duration::ZERO
+    } else {
+        Duration::try_from_secs_f64(secs).map_or(max, |d| d.min(max))
+    }
+}
+
+/// The pure policy of a pair's watch, from its config. It cannot panic,
+/// whatever the config: the config's validation bounds every number
+/// (`WatchConfig::validate`), and every conversion here saturates at the
+/// same bounds in case a config was built without it.
 pub fn policy(pair: &PairConfig) -> WatchPolicy {
     let w = &pair.watch;
-    let ms = Duration::from_millis;
+    let ms = bounded_ms;
     // A probe's tokens as the engine counts them: words are a lower bound,
     // so twice the words, its output, and a chat template's overhead.
     let prompt_words = pair.probe.prompt.split_whitespace().count() as f64;
@@ -235,7 +458,7 @@ pub fn policy(pair: &PairConfig) -> WatchPolicy {
         max_prefill: ms(w.max_prefill_ms()),
         max_generation: ms(w.max_generation_ms()),
         max_prefill_chunk: ms(w.max_prefill_chunk_ms()),
-        decode_step: Duration::from_secs_f64(1.0 / w.decode_tok_per_s),
+        decode_step: bounded_secs(1.0 / w.decode_tok_per_s),
         idle_gauge_refresh: w.idle_gauge_refresh_ms.map(ms),
         max_kv_transfer: ms(w.max_kv_transfer_ms),
         serial: !pair.suite.concurrency.engines_batch,
@@ -244,9 +467,10 @@ pub fn policy(pair: &PairConfig) -> WatchPolicy {
         idle_probe_interval: ms(w.idle_probe_interval_ms),
         min_probe_interval: ms(w.min_probe_interval_ms),
         probe_timeout: ms(pair.probe.cold_allowance_ms.min(pair.probe.probe_timeout_ms)),
+        warm_probe_timeout: ms(pair.probe.warm_budget_ms.min(pair.probe.probe_timeout_ms)),
         scrape_interval: ms(w.scrape_interval_ms),
         max_probe_timeout: ms(w.max_probe_timeout_ms),
-        stale_after: ms(w.scrape_interval_ms * 3 + 2_000),
+        stale_after: ms(w.scrape_interval_ms.saturating_mul(3).saturating_add(2_000)),
         gpu_idle_below: w.gpu_idle_below,
     }
 }
@@ -257,6 +481,8 @@ struct HostWatch {
     reports: Option<mpsc::UnboundedReceiver<AgentReport>>,
     active: bool,
     last_attempt: Option<Instant>,
+    /// The agent's refusals of the watch (retried every second).
+    log: LogGate,
 }
 
 struct PairWatcher {
@@ -271,8 +497,10 @@ struct PairWatcher {
     samples_tx: mpsc::UnboundedSender<EngineSample>,
     probes_tx: mpsc::UnboundedSender<(WatchProbe, Instant)>,
     probes_sent: u64,
-    /// The preflight's last refusal of an automatic recovery (logged once).
-    last_refusal: Option<Vec<String>>,
+    /// The preflight's refusals of an automatic recovery (each logged once).
+    refusal_log: LogGate,
+    /// The journal's read errors (the journal is read every tick).
+    journal_log: LogGate,
     probes_deferred: u64,
     probe_seq: u32,
     /// The router whose probe failed last: the next probe avoids it when it can.
@@ -282,11 +510,26 @@ struct PairWatcher {
     own_ops: HashSet<String>,
     last_recovery: Option<RecoveryView>,
     last_probe_view: Option<serde_json::Value>,
-    last_log: Option<(PairState, Vec<String>)>,
+    /// The judge's state at the last tick it judged (none while an
+    /// operation ran): a wedge's first tick is its detection.
+    last_state: Option<PairState>,
+    /// The published state's lines.
+    log: LogGate,
 }
 
-/// Starts the watch of every pair whose `watch.enabled` is set. The tasks end
-/// when `shutdown` turns true.
+impl Drop for PairWatcher {
+    /// Whatever ends the watch (shutdown, or a panic [`supervise`] caught),
+    /// its hosts' sample routes go with it.
+    fn drop(&mut self) {
+        for h in self.hosts.values() {
+            self.ctx.agents.forget(&h.command_id);
+        }
+    }
+}
+
+/// Starts the watch of every pair whose `watch.enabled` is set, each
+/// [`supervise`]d (a panic restarts it). The tasks end when `shutdown`
+/// turns true.
 pub fn spawn_all(
     ctx: &OperationContext,
     pairs: &[PairConfig],
@@ -296,7 +539,14 @@ pub fn spawn_all(
     pairs
         .iter()
         .filter(|p| p.watch.enabled)
-        .map(|p| tokio::spawn(run(ctx.clone(), p.clone(), board.clone(), shutdown.clone())))
+        .map(|p| {
+            let (ctx, pair, board, shutdown) = (ctx.clone(), p.clone(), board.clone(), shutdown.clone());
+            let watch = {
+                let (pair, board, shutdown) = (pair.clone(), board.clone(), shutdown.clone());
+                move || run(ctx.clone(), pair.clone(), board.clone(), shutdown.clone())
+            };
+            tokio::spawn(supervise(pair, board, shutdown, watch))
+        })
         .collect()
 }
 
@@ -328,7 +578,8 @@ pub async fn run(
         samples_tx,
         probes_tx,
         probes_sent: 0,
-        last_refusal: None,
+        refusal_log: LogGate::default(),
+        journal_log: LogGate::default(),
         probes_deferred: 0,
         probe_seq: 0,
         failed_router: None,
@@ -336,10 +587,12 @@ pub async fn run(
         own_ops: HashSet::new(),
         last_recovery: None,
         last_probe_view: None,
-        last_log: None,
+        last_state: None,
+        log: LogGate::default(),
     };
     w.seed_breaker_from_journal();
-    let period = Duration::from_millis(w.cfg.scrape_interval_ms.min(500));
+    // Never zero: `interval` panics on it.
+    let period = Duration::from_millis(w.cfg.scrape_interval_ms.clamp(1, 500));
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     w.publish("starting", false, vec!["watch starting".into()], Vec::new());
@@ -355,9 +608,6 @@ pub async fn run(
                 }
             }
         }
-    }
-    for h in w.hosts.values() {
-        w.ctx.agents.forget(&h.command_id);
     }
 }
 
@@ -391,6 +641,42 @@ impl PairWatcher {
             tracing::warn!(pair = %self.pair.name, recoveries = ages.len(), max = self.cfg.max_recoveries, "automatic recoveries from before this start still count against the breaker");
             self.breaker.seed(&ages, Instant::now());
         }
+    }
+
+    /// What each unit's agent says of it, every unit of the pair (the
+    /// router too: no engine sample shows it).
+    fn agent_facts(&self) -> Vec<AgentFact> {
+        let roles = [
+            ("prefill", &self.pair.prefill),
+            ("decode", &self.pair.decode),
+            ("router", &self.pair.router),
+        ];
+        roles
+            .into_iter()
+            .flat_map(|(role, units)| units.iter().map(move |u| (role, u)))
+            .map(|(role, u)| {
+                let life = match self.ctx.agents.unit(&u.host, &u.unit) {
+                    _ if !self.ctx.agents.is_connected(&u.host) => Life::Unknown,
+                    None => Life::Unknown,
+                    Some(info) => match pdwarden_proto::v1::Phase::try_from(info.phase) {
+                        Ok(pdwarden_proto::v1::Phase::Stopped) => Life::Stopped,
+                        Ok(pdwarden_proto::v1::Phase::Exited) => Life::Exited {
+                            detail: match info.exit_detail.split("; log tail:").next().unwrap_or("") {
+                                "" => "exited".to_string(),
+                                d => d.to_string(),
+                            },
+                        },
+                        Ok(pdwarden_proto::v1::Phase::Unspecified) | Err(_) => Life::Unknown,
+                        Ok(_) => Life::Running,
+                    },
+                };
+                AgentFact {
+                    unit: u.unit.clone(),
+                    role: role.into(),
+                    life,
+                }
+            })
+            .collect()
     }
 
     fn engine_units(&self) -> Vec<UnitRef> {
@@ -487,13 +773,15 @@ impl PairWatcher {
                 reports: None,
                 active: false,
                 last_attempt: None,
+                log: LogGate::default(),
             });
             if let Some(rx) = h.reports.as_mut() {
                 while let Ok(r) = rx.try_recv() {
                     match r {
                         AgentReport::Disconnected => h.active = false,
                         AgentReport::Result(r) if !r.ok => {
-                            tracing::warn!(pair = %self.pair.name, host, error = %r.error, "agent refused the watch");
+                            let level = h.log.level(&r.error, Level::WARN, true, Instant::now());
+                            log_at!(level, pair = %self.pair.name, host, error = %r.error, "agent refused the watch");
                             h.active = false;
                         }
                         _ => {}
@@ -543,14 +831,18 @@ impl PairWatcher {
 
     /// The operation running on the pair, if any (from the journal, so an
     /// operator's restart through any orchestrator path is seen).
-    fn running_operation(&self) -> Option<(String, Option<String>)> {
+    fn running_operation(&mut self) -> Option<(String, Option<String>)> {
         match self.ctx.journal.history(&self.pair.name, 1) {
-            Ok(h) => h
-                .into_iter()
-                .find(|r| r.ended_unix_ms.is_none())
-                .map(|r| (r.operation_id, None)),
+            Ok(h) => {
+                self.journal_log.clear();
+                h.into_iter()
+                    .find(|r| r.ended_unix_ms.is_none())
+                    .map(|r| (r.operation_id, None))
+            }
             Err(e) => {
-                tracing::warn!(pair = %self.pair.name, error = %e, "cannot read the journal");
+                // Read every tick: once a minute while it fails.
+                let level = self.journal_log.level("journal", Level::WARN, true, Instant::now());
+                log_at!(level, pair = %self.pair.name, error = %e, "cannot read the journal");
                 None
             }
         }
@@ -576,6 +868,7 @@ impl PairWatcher {
         match (self.running_operation(), self.running_op.take()) {
             (Some((id, _)), _) => {
                 self.evidence.reset(None);
+                self.last_state = None;
                 self.publish(
                     "operation_running",
                     false,
@@ -602,14 +895,16 @@ impl PairWatcher {
             (None, None) => {}
         }
         self.ensure_watches().await;
+        let lives = self.agent_facts();
+        self.evidence.set_lives(lives);
         let a = judge(&self.evidence, &self.policy, now);
+        let newly_wedged = a.state == PairState::Wedged && self.last_state != Some(PairState::Wedged);
+        self.last_state = Some(a.state);
         if a.state != PairState::Wedged {
             self.maybe_probe(&a, now);
             self.publish_assessment(&a, now);
             return false;
         }
-        let newly_wedged = self.last_log.as_ref().is_none_or(|(st, _)| *st != PairState::Wedged);
-        self.log_change(&a);
         if !self.cfg.auto_recover {
             if newly_wedged {
                 self.observe_detection(&a, now);
@@ -621,19 +916,21 @@ impl PairWatcher {
         // finding 5): a unit that cannot start now is named, and the pair
         // left as it is.
         if let Err(refusal) = crate::ops::preflight::check(&*self.ctx.agents, &self.pair, true).await {
-            if self.last_refusal.as_ref() != Some(&refusal.reasons) {
-                tracing::error!(pair = %self.pair.name, %refusal, "pair wedged, NOT recovering automatically");
-                self.last_refusal = Some(refusal.reasons.clone());
-            }
+            // Each refusal once; the `wedged` line that follows repeats
+            // every minute with it among its reasons.
+            let level = self
+                .refusal_log
+                .level(&refusal.reasons.join("; "), Level::ERROR, false, now);
+            log_at!(level, pair = %self.pair.name, %refusal, "pair wedged, NOT recovering automatically");
             let mut reasons = vec![format!("not recovering automatically: {refusal}")];
             reasons.extend(a.reasons.clone());
             self.publish("wedged", false, reasons, a.units.clone());
             return false;
         }
-        self.last_refusal = None;
+        self.refusal_log.clear();
         match self.breaker.decide(now) {
             BreakerDecision::Hold { reason } => {
-                tracing::error!(pair = %self.pair.name, reasons = ?a.reasons, "{reason}: pair wedged, NOT recovering automatically");
+                // Logged by `publish`: on change, then once a minute.
                 let mut reasons = vec![reason.clone()];
                 reasons.extend(a.reasons.clone());
                 self.publish("held", false, reasons, a.units.clone());
@@ -648,7 +945,7 @@ impl PairWatcher {
             ProbeDecision::None => {}
             ProbeDecision::Defer { why } => {
                 self.probes_deferred += 1;
-                tracing::info!(pair = %self.pair.name, "probe deferred: {why}");
+                tracing::debug!(pair = %self.pair.name, "probe deferred: {why}");
             }
             ProbeDecision::Send {
                 timeout,
@@ -665,8 +962,14 @@ impl PairWatcher {
                     .clone();
                 self.probe_seq += 1;
                 self.probes_sent += 1;
-                self.evidence.probe_sent(now, self.policy.probe_tokens);
-                tracing::info!(pair = %self.pair.name, router = %router, timeout_ms = timeout.as_millis() as u64, work_ahead, "probe: {why}");
+                self.evidence.probe_sent_to(
+                    now,
+                    self.policy.probe_tokens,
+                    format!("router:{}", router.unit),
+                    *timeout,
+                    *work_ahead,
+                );
+                tracing::debug!(pair = %self.pair.name, router = %router, timeout_ms = timeout.as_millis() as u64, work_ahead, "probe: {why}");
                 let chat = ChatProbe {
                     model: self.pair.probe.model.clone(),
                     prompt: self.pair.probe.prompt.clone(),
@@ -808,24 +1111,7 @@ impl PairWatcher {
         Some(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
     }
 
-    fn log_change(&mut self, a: &Assessment) {
-        let key = (a.state, a.reasons.clone());
-        if self.last_log.as_ref() != Some(&key) {
-            match a.state {
-                PairState::Wedged | PairState::Down => {
-                    tracing::error!(pair = %self.pair.name, state = a.state.as_str(), reasons = ?a.reasons, "watch")
-                }
-                PairState::Suspect => {
-                    tracing::warn!(pair = %self.pair.name, state = a.state.as_str(), reasons = ?a.reasons, "watch")
-                }
-                _ => tracing::info!(pair = %self.pair.name, state = a.state.as_str(), reasons = ?a.reasons, "watch"),
-            }
-            self.last_log = Some(key);
-        }
-    }
-
     fn publish_assessment(&mut self, a: &Assessment, now: Instant) {
-        self.log_change(a);
         let _ = now;
         if let Some(reason) = self.breaker.held() {
             // Held pairs stay loud even when they look fine for a moment.
@@ -842,9 +1128,14 @@ impl PairWatcher {
         );
     }
 
+    /// Shows the pair's watch `state` on the board, and logs it through
+    /// the [`LogGate`]: a change at its level, the same state at DEBUG
+    /// (held, down and wedged again every minute).
     fn publish(&mut self, state: &str, ready: bool, reasons: Vec<String>, units: Vec<UnitAssessment>) {
         let hosts: BTreeMap<String, String> = self.engine_units().into_iter().map(|u| (u.unit, u.host)).collect();
         let now = Instant::now();
+        let level = self.log.state(state, now);
+        log_at!(level, pair = %self.pair.name, state, reasons = ?reasons, "watch");
         self.board.put(PairWatchView {
             pair: self.pair.name.clone(),
             state: state.into(),
@@ -915,4 +1206,257 @@ async fn probe(
         request_id,
     };
     let _ = done.send((record, Instant::now()));
+}
+
+#[cfg(test)]
+mod supervision_tests {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+    use tracing::Level;
+
+    use super::{LogGate, WatchBoard, policy, restart_delays, run, supervise};
+    use crate::judge::wedge::{PairEvidence, UnitTrack, judge};
+    use crate::ops::fake_agent::rig;
+
+    /// The levels a gate gives `state` on every tick (500 ms) for `ticks` ticks.
+    fn loud_lines(gate: &mut LogGate, state: &str, from: Instant, ticks: u32) -> Vec<(Duration, Level)> {
+        (0..ticks)
+            .map(|i| from + Duration::from_millis(500) * i)
+            .map(|at| (at - from, gate.state(state, at)))
+            .filter(|(_, level)| *level != Level::DEBUG)
+            .collect()
+    }
+
+    const HOUR_OF_TICKS: u32 = 2 * 3_600;
+
+    /// Issue 31, item 5: a healthy idle pair judged every tick for an
+    /// hour is one INFO line (it logged two lines a second).
+    #[tokio::test(start_paused = true)]
+    async fn a_healthy_pair_logs_once_an_hour_not_every_tick() {
+        let mut gate = LogGate::default();
+        let lines = loud_lines(&mut gate, "healthy", Instant::now(), HOUR_OF_TICKS);
+        assert_eq!(lines, vec![(Duration::ZERO, Level::INFO)]);
+        // A suspect pair is not repeated either: its change was the news.
+        let lines = loud_lines(&mut gate, "suspect", Instant::now(), HOUR_OF_TICKS);
+        assert_eq!(lines, vec![(Duration::ZERO, Level::WARN)]);
+    }
+
+    /// A down or held pair (and a wedge not recovered) stays loud, at
+    /// most once a minute: ≤ 61 ERROR lines an hour, not 7,200.
+    #[tokio::test(start_paused = true)]
+    async fn a_down_or_held_pair_is_repeated_at_most_once_a_minute() {
+        for state in ["down", "held", "wedged", "watch_failed"] {
+            let mut gate = LogGate::default();
+            let lines = loud_lines(&mut gate, state, Instant::now(), HOUR_OF_TICKS);
+            assert!((60..=61).contains(&lines.len()), "{state}: {lines:?}");
+            assert!(lines.iter().all(|(_, l)| *l == Level::ERROR), "{state}");
+            assert!(
+                lines.windows(2).all(|w| w[1].0 - w[0].0 >= LogGate::REPEAT),
+                "{state}: {lines:?}"
+            );
+        }
+    }
+
+    /// Every change of state is a line at the state's level, whatever came
+    /// before; the same state again is DEBUG.
+    #[tokio::test(start_paused = true)]
+    async fn every_state_change_is_a_line_at_its_level() {
+        let mut gate = LogGate::default();
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        let seen: Vec<(&str, Level)> = [
+            "starting",
+            "unproven",
+            "unproven",
+            "healthy",
+            "suspect",
+            "down",
+            "down",
+            "wedged",
+            "recovering",
+            "operation_running",
+            "healthy",
+            "held",
+            "healthy",
+        ]
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| (s, gate.state(s, ms(500 * i as u64))))
+        .collect();
+        use Level as L;
+        assert_eq!(
+            seen,
+            vec![
+                ("starting", L::INFO),
+                ("unproven", L::INFO),
+                ("unproven", L::DEBUG),
+                ("healthy", L::INFO),
+                ("suspect", L::WARN),
+                ("down", L::ERROR),
+                ("down", L::DEBUG),
+                ("wedged", L::ERROR),
+                ("recovering", L::INFO),
+                ("operation_running", L::INFO),
+                ("healthy", L::INFO),
+                ("held", L::ERROR),
+                ("healthy", L::INFO),
+            ]
+        );
+        // Any line by its key: a refusal once, a new one again; cleared, again.
+        let mut gate = LogGate::default();
+        assert_eq!(gate.level("a", L::ERROR, false, ms(0)), L::ERROR);
+        assert_eq!(gate.level("a", L::ERROR, false, ms(3_600_000)), L::DEBUG);
+        assert_eq!(gate.level("b", L::ERROR, false, ms(3_600_001)), L::ERROR);
+        gate.clear();
+        assert_eq!(gate.level("b", L::ERROR, false, ms(3_600_002)), L::ERROR);
+    }
+
+    /// Issue 31, item 4, second line of defence: a config that bypassed
+    /// validation (`decode_tok_per_s = 1e-300` panicked the watch in
+    /// `Duration::from_secs_f64`) gives a policy of bounded durations that
+    /// the judge uses without panicking.
+    #[tokio::test(start_paused = true)]
+    async fn the_policy_of_any_config_is_bounded_and_never_panics() {
+        let week = Duration::from_millis(pdwarden_proto::limits::MAX_DURATION_MS);
+        for rate in [1e-300, 0.0, -1.0, f64::NAN, f64::INFINITY, 1e300] {
+            let mut pair = rig::pair("after-prefill-ready", "");
+            let w = &mut pair.watch;
+            (w.decode_tok_per_s, w.prefill_tok_per_s) = (rate, rate);
+            (w.max_prompt_tokens, w.max_output_tokens) = (u64::MAX, u64::MAX);
+            w.prefill_chunk_tokens = Some(u64::MAX);
+            for ms in [
+                &mut w.stall_budget_ms,
+                &mut w.scrape_interval_ms,
+                &mut w.max_kv_transfer_ms,
+                &mut w.idle_probe_interval_ms,
+                &mut w.min_probe_interval_ms,
+                &mut w.max_probe_timeout_ms,
+                &mut w.recovery_window_ms,
+            ] {
+                *ms = u64::MAX;
+            }
+            w.idle_gauge_refresh_ms = Some(u64::MAX);
+            let p = policy(&pair);
+            for d in [
+                p.stall_budget,
+                p.max_prefill,
+                p.max_generation,
+                p.max_prefill_chunk,
+                p.decode_step,
+                p.max_kv_transfer,
+                p.idle_probe_interval,
+                p.min_probe_interval,
+                p.scrape_interval,
+                p.max_probe_timeout,
+                p.stale_after,
+                p.idle_gauge_refresh.unwrap(),
+            ] {
+                assert!(d <= week, "{rate}: {d:?}");
+            }
+            let units = vec![
+                UnitTrack::new("prefill-0", "prefill"),
+                UnitTrack::new("decode-0", "decode"),
+            ];
+            let evidence = PairEvidence::new(units, p.scrape_interval);
+            let now = Instant::now();
+            for later in [Duration::ZERO, Duration::from_secs(3_600), week] {
+                let _ = judge(&evidence, &p, now + later);
+            }
+        }
+    }
+
+    /// The waits between restarts of a watch that keeps panicking: 1 s
+    /// doubling, at most 30 s.
+    #[test]
+    fn restarts_back_off_from_one_second_to_thirty() {
+        let secs: Vec<u64> = restart_delays().take(8).map(|d| d.as_secs()).collect();
+        assert_eq!(secs, vec![1, 2, 4, 8, 16, 30, 30, 30]);
+    }
+
+    /// Issue 31, item 4: a panic in a pair's watch killed its task quietly
+    /// (no watch line in `status`, `/ready` answering `{"pairs":[]}`). Now
+    /// the pair shows `watch_failed` (not ready) with the panic's message in
+    /// `status`, `/ready` and the state set, `pdwarden_watch_restarts_total`
+    /// counts it, and the watch restarts after 1 s, then 2 s; the real
+    /// watch then runs until shutdown. The panics come from the test's own
+    /// watch factory, which production cannot reach.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_panicking_watch_is_reported_and_restarted() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = rig::journal(&dir);
+        let agent = rig::agent();
+        let ctx = rig::orchestrator(&journal, &agent).await;
+        let pair = rig::pair("after-prefill-ready", "");
+        let board = WatchBoard::default();
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let starts: Arc<Mutex<Vec<Instant>>> = Arc::default();
+        // The first two watches panic 100 ms in; the third is the real one.
+        let watch = {
+            let (pair, board, stop_rx, starts) = (pair.clone(), board.clone(), stop_rx.clone(), starts.clone());
+            move || {
+                let (ctx, pair, board, stop_rx) = (ctx.clone(), pair.clone(), board.clone(), stop_rx.clone());
+                let nth = {
+                    let mut s = starts.lock().unwrap();
+                    s.push(Instant::now());
+                    s.len()
+                };
+                async move {
+                    if nth <= 2 {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        panic!("test hook: watch {nth} breaks");
+                    }
+                    run(ctx, pair, board, stop_rx).await
+                }
+            }
+        };
+        let task = tokio::spawn(supervise(pair.clone(), board.clone(), stop_rx, watch));
+        let restarts_line = |n: u32| format!(r#"pdwarden_watch_restarts_total{{pair="p"}} {n}"#);
+
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let view = board.get("p").expect("a failed watch stays on the board (status)");
+        assert_eq!((view.state.as_str(), view.ready), ("watch_failed", false));
+        assert!(
+            view.reasons[0].contains("test hook: watch 1 breaks") && view.reasons[0].contains("restart 1 in 1.0 s"),
+            "{:?}",
+            view.reasons
+        );
+        let (status, _, body) = crate::edge::ready::route("/ready", &board);
+        assert_eq!(status, 503, "{body}");
+        assert!(body.contains(r#""state":"watch_failed""#), "{body}");
+        let (status, _, _) = crate::edge::ready::route("/ready/pair/p", &board);
+        assert_eq!(status, 503);
+        let metrics = crate::edge::ready::metrics(&board);
+        for line in [
+            restarts_line(1),
+            r#"pdwarden_pair_watch_state{pair="p",state="watch_failed"} 1"#.to_string(),
+            r#"pdwarden_pair_ready{pair="p"} 0.0"#.to_string(),
+        ] {
+            assert!(metrics.lines().any(|l| l == line), "missing {line}\n{metrics}");
+        }
+
+        // Restarted after 1 s, it panics again: 2 s this time.
+        tokio::time::sleep(Duration::from_millis(1_100)).await;
+        let view = board.get("p").unwrap();
+        assert_eq!(view.state, "watch_failed");
+        assert!(view.reasons[0].contains("restart 2 in 2.0 s"), "{:?}", view.reasons);
+
+        // The third watch is the real one, and it stays.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let starts = starts.lock().unwrap().clone();
+        assert_eq!(starts.len(), 3, "{starts:?}");
+        assert_eq!(starts[1] - starts[0], Duration::from_millis(1_100));
+        assert_eq!(starts[2] - starts[1], Duration::from_millis(2_100));
+        let view = board.get("p").unwrap();
+        assert_ne!(view.state, "watch_failed", "{view:?}");
+        let metrics = crate::edge::ready::metrics(&board);
+        assert!(metrics.lines().any(|l| l == restarts_line(2)), "{metrics}");
+
+        stop_tx.send(true).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("the supervisor ends at shutdown")
+            .unwrap();
+    }
 }

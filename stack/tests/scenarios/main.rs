@@ -18,6 +18,7 @@ mod incidents;
 mod layers;
 mod metrics;
 mod partition;
+mod repair;
 mod soak;
 mod suite;
 mod verdicts;

@@ -124,6 +124,12 @@ fn set_faults(proxy: &str, body: &'static str) {
     assert!(answered.as_ref().is_ok_and(|s| s.is_success()), "{answered:?}");
 }
 
+/// ms on CLOCK_MONOTONIC, the clock the orchestrator's triggers record on.
+fn mono_ms() -> f64 {
+    let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).expect("monotonic clock");
+    ts.tv_sec() as f64 * 1000.0 + ts.tv_nsec() as f64 / 1e6
+}
+
 /// The child of `parent` whose name starts with `name` (`/proc/*/stat`).
 fn child_named(parent: u32, name: &str) -> Option<u32> {
     std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
@@ -143,11 +149,18 @@ fn child_named(parent: u32, name: &str) -> Option<u32> {
 /// counterpart (every generation on the decode hangs, health 200:
 /// `wedges::generation_hang_behind_health_200_is_confirmed_and_recovered`)
 /// runs first in the same test and must get the same conclusion.
+///
+/// Issue 31: with the watch at the README's defaults, the core is frozen at
+/// once after the co-restart, and then the whole decode process at once
+/// after the recovery; each automatic co-restart must begin within 30 s of
+/// its freeze (the watch was blind for minutes right after a restart).
 #[test]
 fn a_real_engine_core_stopped_under_health_200_is_confirmed_and_recovered() {
     let _one = exclusive();
     let sim_kind = crate::wedges::case_outcome("generation_hangs_health_200");
-    let demo = HeldDemo::start(&["--engine", "vllm"], LIMIT);
+    // The README's default watch (issue 31: blind for minutes right after
+    // a restart), and the engine core frozen at once after the co-restart.
+    let demo = HeldDemo::start(&["--engine", "vllm", "--watch-defaults"], LIMIT);
     assert!(
         demo.report["verdict"].as_str().unwrap().starts_with("healthy"),
         "{:#}",
@@ -156,6 +169,7 @@ fn a_real_engine_core_stopped_under_health_200_is_confirmed_and_recovered() {
     let api = demo.unit_pid("decode-0");
     let core = child_named(api, "VLLM::EngineCor").unwrap_or_else(|| panic!("no engine core under pid {api}"));
     let decode_url = demo.unit_url("decode-0");
+    let frozen_at = mono_ms();
     let stopped = Stopped::new(core);
     // What the engine itself says meanwhile: health 200.
     let health = tokio::runtime::Runtime::new().unwrap().block_on(async {
@@ -198,12 +212,67 @@ fn a_real_engine_core_stopped_under_health_200_is_confirmed_and_recovered() {
         matches!(sim_kind.as_deref(), Some("silent_generation" | "kv_transfer")),
         "pd-sim's counterpart concluded {sim_kind:?}, the real engine silent_generation"
     );
+    let core_to_recovery = auto["trigger"]["detected_mono_ms"].as_f64().unwrap_or(f64::NAN) - frozen_at;
+    assert!(
+        core_to_recovery <= 30_000.0,
+        "engine core frozen at once after a healthy co-restart: the automatic co-restart began {core_to_recovery:.0} ms after (> 30 s): {:#}",
+        auto["trigger"]
+    );
     println!(
-        "real vLLM engine core stopped → wedge confirmed in {:.1} s, recovered and verified in {:.1} s (pd-sim's counterpart: {})",
+        "real vLLM engine core stopped at once after a co-restart, README watch defaults → {} confirmed in {:.1} s, automatic co-restart {:.1} s after the freeze, recovered and verified in {:.1} s (pd-sim's counterpart: {})",
+        wedge["kind"],
         wedge["detection_ms"].as_f64().unwrap_or(f64::NAN) / 1000.0,
+        core_to_recovery / 1000.0,
         stopped.since.elapsed().as_secs_f64(),
         sim_kind.unwrap_or_default()
     );
+    drop(stopped);
+
+    // The whole decode process frozen at once after that (healthy)
+    // recovery: neither /metrics nor health answer.
+    let first = recovered["last_recovery"]["operation_id"].clone();
+    let api = demo.unit_pid("decode-0");
+    let frozen_at = mono_ms();
+    let whole = Stopped::new(api);
+    let again = poll(
+        "a second automatic recovery concludes",
+        Duration::from_secs(300),
+        || {
+            let w = demo.watch();
+            let id = &w["last_recovery"]["operation_id"];
+            (*id != first && w["last_recovery"]["verdict"].is_string() && w["state"] == "healthy").then_some(w)
+        },
+    );
+    let id = again["last_recovery"]["operation_id"].clone();
+    let history = demo.cli(&["history", "demo", "--json"]).json();
+    let auto = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|op| op["operation_id"] == id)
+        .cloned()
+        .unwrap_or_else(|| panic!("the automatic operation is not in the history: {history:#}"));
+    assert_eq!(auto["trigger"]["automatic"], true, "{auto:#}");
+    let process_to_recovery = auto["trigger"]["detected_mono_ms"].as_f64().unwrap_or(f64::NAN) - frozen_at;
+    assert!(
+        process_to_recovery <= 30_000.0,
+        "decode process frozen at once after a healthy co-restart: the automatic co-restart began {process_to_recovery:.0} ms after (> 30 s): {:#}",
+        auto["trigger"]
+    );
+    assert!(
+        again["last_recovery"]["verdict"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("healthy"),
+        "{again:#}"
+    );
+    println!(
+        "real vLLM decode process stopped at once after a co-restart, README watch defaults → {} confirmed in {:.1} s, automatic co-restart {:.1} s after the freeze",
+        auto["trigger"]["wedge"]["kind"],
+        auto["trigger"]["wedge"]["detection_ms"].as_f64().unwrap_or(f64::NAN) / 1000.0,
+        process_to_recovery / 1000.0
+    );
+    drop(whole);
 }
 
 /// Real user traffic through vllm-router is never probed or flagged (vLLM's

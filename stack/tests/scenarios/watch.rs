@@ -6,7 +6,8 @@
 //!
 //! Also: a stalled queue with an idle GPU (fake GPU file) is detected by the
 //! stall budget alone; the circuit breaker holds a pair that keeps wedging;
-//! and the probes' cost over a simulated hour of traffic and of idle time.
+//! the probes' cost over a simulated hour of traffic and of idle time; and an
+//! honest burst whose KV transfers overlap is never recovered (issue 31).
 //!
 //! The demo's `[pair.watch]` settings (the defaults, scaled). The figures
 //! (time to detect and to recover, the probes' share of engine time and the
@@ -17,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::harness::{HeldDemo, StopOutcome, exclusive, poll};
+use crate::harness::{HeldDemo, StopOutcome, exclusive, poll, sim_fault};
 
 /// ms on CLOCK_MONOTONIC, the clock pd-sim and the orchestrator also record on.
 fn mono_ms() -> f64 {
@@ -549,4 +550,129 @@ fn probe_cost_over_a_simulated_hour_of_traffic_and_of_idle() {
         assert!(share < 0.5, "{unit}: probes took {share:.3} % of the idle hour");
         assert!(minted <= 1.0, "{unit}: probes minted {minted} sessions in an idle hour");
     }
+}
+
+/// Issue 31's honest KV burst, through the real sglang-router: sixteen long
+/// requests at once (10,000-token prompts, 4,000-token answers) on a serial
+/// prefill at 2,000 tok/s (5 s simulated each) whose KV then takes 7 s
+/// simulated to reach the decode (the watch allows 10 s), both engines
+/// imitating SGLang 0.5.3 (token counters rise only when a request finishes:
+/// the profile's fallback). The transfers overlap, so the prefill's inflight
+/// queue and the decode's KV-wait queue stay non-empty for ~80 s simulated —
+/// past the demo's stall budget plus longest transfer — while the decode
+/// finishes nothing; but a transfer lands every 5 s. With auto-recover on:
+/// zero automatic co-restarts, the watch never says wedged, and every
+/// request is answered 200 with all its tokens (the rule that read "queues
+/// never empty" as one stuck transfer co-restarted the pair mid-burst and
+/// lost them all).
+#[test]
+fn an_honest_burst_of_overlapping_kv_transfers_is_never_recovered() {
+    const REQUESTS: usize = 16;
+    const MAX_TOKENS: u64 = 4_000;
+    // The demo's scaled [pair.watch] (stack/src/plan.rs): stall budget
+    // max(8 s × 0.05, 2 s) + max_kv_transfer 10 s × 0.05.
+    const KV_WINDOW: Duration = Duration::from_millis(2_500);
+    let _one = exclusive();
+    let demo = HeldDemo::start(
+        &[
+            "--engines-serial",
+            "--prefill-sim",
+            "--serial --sglang-version 0.5.3 --prefill-tok-per-s 2000",
+            "--decode-sim",
+            "--sglang-version 0.5.3 --tpot-ms 20",
+        ],
+        Duration::from_secs(180),
+    );
+    assert!(
+        demo.report["verdict"].as_str().unwrap().starts_with("healthy"),
+        "{:#}",
+        demo.report
+    );
+    let w = poll("watch healthy after the restart", Duration::from_secs(30), || {
+        let w = demo.watch();
+        (w["state"] == "healthy").then_some(w)
+    });
+    assert_eq!(w["auto_recover"], true, "{w:#}");
+    let (router, prefill, decode) = (
+        demo.unit_url("router-0"),
+        demo.unit_url("prefill-0"),
+        demo.unit_url("decode-0"),
+    );
+    // The slow link, once the pair is healthy (the demo's own checks ran without it).
+    sim_fault(&decode, r#"{"kv_transfer_ms": 7000}"#);
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let prompt = "tok ".repeat(10_000);
+    let started = Instant::now();
+    let (answers, states, both_held) = rt.block_on(async {
+        let burst = tokio::spawn(futures::future::join_all((0..REQUESTS).map(|i| {
+            let body = json!({
+                "model": "demo-model",
+                "messages": [{"role": "user", "content": format!("honest long request {i}: {prompt}")}],
+                "max_tokens": MAX_TOKENS,
+            });
+            let req = http
+                .post(format!("{router}/v1/chat/completions"))
+                .json(&body)
+                .timeout(Duration::from_secs(60));
+            async move {
+                let r = req.send().await.map_err(|e| e.to_string())?;
+                let status = r.status().as_u16();
+                let v: Value = r.json().await.map_err(|e| e.to_string())?;
+                Ok::<_, String>((status, v["usage"]["completion_tokens"].as_u64()))
+            }
+        })));
+        // Meanwhile: both PD queues every 100 ms (pd-sim's ground truth), the
+        // watch's state every 0.5 s.
+        let (mut states, mut held_since, mut both_held) = (Vec::new(), None::<Instant>, Duration::ZERO);
+        for tick in 1u64.. {
+            if burst.is_finished() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            // An engine that does not answer (restarted by a recovery) holds nothing.
+            let gauge = async |base: &str, key: &str| -> u64 {
+                match http.get(format!("{base}/sim/stats")).send().await {
+                    Ok(r) => r.json::<Value>().await.map_or(0, |v| v[key].as_u64().unwrap_or(0)),
+                    Err(_) => 0,
+                }
+            };
+            let held = gauge(&prefill, "prefill_inflight").await > 0 && gauge(&decode, "transfer_waiting").await > 0;
+            if held {
+                let since = *held_since.get_or_insert_with(Instant::now);
+                both_held = both_held.max(since.elapsed());
+            } else {
+                held_since = None;
+            }
+            if tick % 5 == 0 {
+                let w = tokio::task::block_in_place(|| demo.watch());
+                states.push(w["state"].as_str().unwrap_or("").to_string());
+            }
+        }
+        (burst.await.expect("the burst"), states, both_held)
+    });
+    let burst_s = started.elapsed().as_secs_f64();
+    let history = demo.cli(&["history", "demo", "--json"]).json();
+    let automatic: Vec<&Value> = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|op| op["trigger"]["automatic"] == true)
+        .collect();
+    println!(
+        "honest KV burst: {REQUESTS} requests answered in {burst_s:.1} s; both PD queues held for {:.1} s without a break (the KV rule's window: {:.1} s); watch states {states:?}",
+        both_held.as_secs_f64(),
+        KV_WINDOW.as_secs_f64()
+    );
+    assert!(
+        both_held > KV_WINDOW,
+        "the burst did not hold both queues past the rule's window ({both_held:?}): not the finding's shape"
+    );
+    assert!(automatic.is_empty(), "an honest burst was recovered: {automatic:#?}");
+    assert!(!states.iter().any(|s| s == "wedged" || s == "recovering"), "{states:?}");
+    for (i, a) in answers.iter().enumerate() {
+        assert_eq!(a, &Ok((200, Some(MAX_TOKENS))), "request {i}: {answers:?}");
+    }
+    assert_eq!(demo.watch()["last_recovery"], Value::Null, "{:#}", demo.watch());
 }
