@@ -19,6 +19,8 @@ pub struct Recorder {
     pub journal: Arc<Journal>,
     updates: mpsc::UnboundedSender<OperationUpdate>,
     steps: Mutex<Vec<StepRecord>>,
+    /// The first journal write of this operation that failed, of any kind.
+    failed_write: Mutex<Option<String>>,
 }
 
 impl Recorder {
@@ -29,6 +31,7 @@ impl Recorder {
             journal,
             updates,
             steps: Mutex::default(),
+            failed_write: Mutex::default(),
         }
     }
 
@@ -50,27 +53,54 @@ impl Recorder {
     }
 
     /// Appends an entry at `at_ms`. Evidence, not a step: a failed append
-    /// is logged and the operation goes on (a transition that cannot be
-    /// journaled stops it).
+    /// is logged and remembered ([`Recorder::journal_failure`]) and the
+    /// operation goes on. Never for an entry that a later step or a resumed
+    /// orchestrator relies on: that is [`Recorder::write_ahead`].
     pub fn journal_entry(&self, at_ms: u64, kind: &str, payload: &impl Serialize) {
-        if let Err(e) = self.journal.append(&self.operation_id, at_ms, kind, payload) {
+        if let Err(e) = self.noted(self.journal.append(&self.operation_id, at_ms, kind, payload)) {
             tracing::error!(operation = %self.operation_id, error = %e, "journal append failed");
         }
     }
 
-    /// Appends an entry now.
+    /// Appends an entry now (evidence, as [`Recorder::journal_entry`]).
     pub fn journal(&self, kind: &str, payload: &impl Serialize) {
         self.journal_entry(self.now_ms(), kind, payload);
     }
 
+    /// Appends, now, an entry that a later step or a resumed orchestrator
+    /// relies on — the write-ahead of a command, before it is sent. Must
+    /// write: on an error the caller does not act (the command is not sent)
+    /// and stops the operation (DESIGN.md 17).
+    pub fn write_ahead(&self, kind: &str, payload: &impl Serialize) -> Result<(), JournalError> {
+        self.noted(self.journal.append(&self.operation_id, self.now_ms(), kind, payload))
+    }
+
     /// Moves the operation to `state` (a label only).
     pub fn transition(&self, state: &str) -> Result<(), JournalError> {
-        self.journal.transition(&self.operation_id, self.now_ms(), state)
+        self.noted(self.journal.transition(&self.operation_id, self.now_ms(), state))
     }
 
     /// Moves the operation to `state` with the workflow's typed state.
     pub fn enter(&self, state: &str, data: &impl Serialize) -> Result<(), JournalError> {
-        self.journal.enter(&self.operation_id, self.now_ms(), state, Some(data))
+        self.noted(self.journal.enter(&self.operation_id, self.now_ms(), state, Some(data)))
+    }
+
+    /// The first journal write of this operation that failed (any entry,
+    /// evidence included), if one did: the journal no longer holds the
+    /// whole operation, so it cannot conclude healthy.
+    pub fn journal_failure(&self) -> Option<String> {
+        self.failed_write.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Remembers the first failed write, and hands the result on.
+    fn noted(&self, r: Result<(), JournalError>) -> Result<(), JournalError> {
+        if let Err(e) = &r {
+            self.failed_write
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert_with(|| e.to_string());
+        }
+        r
     }
 
     fn lock_steps(&self) -> std::sync::MutexGuard<'_, Vec<StepRecord>> {

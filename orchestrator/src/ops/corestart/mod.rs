@@ -11,7 +11,10 @@
 //!
 //! The workflow is an explicit state machine ([`CoRestartStep`]); each
 //! transition is journaled before the commands of that step are sent, and
-//! every phase event and probe is journaled as it arrives. The verdict comes
+//! every phase event and probe is journaled as it arrives. A start whose
+//! command cannot be journaled first is not sent: the order stops there,
+//! fails naming the journal, and says which units it left restarted
+//! (DESIGN.md 17). The verdict comes
 //! from the pure [`crate::judge::verdict`] module; this module only gathers evidence.
 
 use std::collections::BTreeMap;
@@ -211,6 +214,9 @@ struct UnitStart {
     unit: UnitRef,
     role: &'static str,
     command_id: String,
+    /// The start command went to the agent (or was adopted): false when it
+    /// could not be journaled first, or the send failed.
+    sent: bool,
     /// When the start command was sent, in operation ms. Agent times are
     /// relative to receipt of the command (DESIGN.md 5); on one host the
     /// transit is negligible, across hosts it is the one-way delay.
@@ -594,6 +600,7 @@ pub async fn run_operation_from(
         budgets: None,
         adopt: Mutex::new(adopt),
         order: None,
+        unjournaled: None,
         fresh_engine_answers: Vec::new(),
         direct: None,
     };
@@ -643,7 +650,7 @@ pub async fn run_operation_from(
     } else {
         Vec::new()
     };
-    for (role, units) in roles {
+    for &(role, units) in &roles {
         for u in units {
             if !run.starts.iter().any(|s| &s.unit == u) && !kept.iter().any(|k| k.unit == u.unit) {
                 startups.push(UnitStartup {
@@ -659,6 +666,25 @@ pub async fn run_operation_from(
             }
         }
     }
+    // What is live when the order stopped part-way: which units this
+    // operation restarted and which it did not (issue 32; INCIDENTS row 1).
+    let live: Vec<(String, &'static str, Restarted)> = roles
+        .iter()
+        .flat_map(|(role, units)| units.iter().map(move |u| (u, *role)))
+        .map(|(u, role)| {
+            let restarted = if kept.iter().any(|k| k.unit == u.unit) {
+                Restarted::Yes
+            } else {
+                match run.starts.iter().find(|s| &s.unit == u) {
+                    Some(s) if s.state.spawned() => Restarted::Yes,
+                    Some(s) if s.sent => Restarted::Unknown,
+                    _ => Restarted::No,
+                }
+            };
+            (u.unit.clone(), role, restarted)
+        })
+        .collect();
+    let live_lines = what_is_live(&live);
     // The allowance is measured from restarts that started the same thing:
     // the fingerprint of what this operation spawned.
     let fingerprint = match kind {
@@ -684,7 +710,13 @@ pub async fn run_operation_from(
     let mut evidence = Evidence {
         startups,
         probes: run.probes.clone(),
-        journal_error: journal_error.as_ref().map(ToString::to_string),
+        // The write that stopped the order, or else the first that failed:
+        // a journal missing part of the operation cannot conclude healthy.
+        journal_error: journal_error
+            .as_ref()
+            .map(ToString::to_string)
+            .or_else(|| rec.journal_failure()),
+        notes: live_lines,
         drain: DrainEvidence {
             refused: refused.is_some(),
             ..DrainEvidence::default()
@@ -725,6 +757,9 @@ pub async fn run_operation_from(
         rec.journal_entry(rec.now_ms(), "router_counters", &routers_after);
         evidence.routers = router_evidence(&run.pair, routers_before.as_ref(), &routers_after);
     }
+    if evidence.journal_error.is_none() {
+        evidence.journal_error = rec.journal_failure();
+    }
     // A unit of the pair not running now is evidence in itself, and the
     // agent said how it ended (issue 16, finding 7: a router killed
     // mid-probe left only the probes' connection errors in the reasons).
@@ -755,12 +790,17 @@ pub async fn run_operation_from(
         evidence.drain.lines = d.reasons();
     }
     evidence.notes.extend(resume_note);
+    // Its failure is noted as any other (no await from here to the
+    // conclusion's write: nothing happens in between).
+    let _ = rec.transition(CoRestartStep::Concluded);
+    if evidence.journal_error.is_none() {
+        evidence.journal_error = rec.journal_failure();
+    }
     let verdict = conclude(&evidence, &policy);
     let suite_steps = std::mem::take(&mut evidence.suite);
-    let _ = rec.transition(CoRestartStep::Concluded);
     let router_counters = std::mem::take(&mut evidence.routers);
     let evidence = std::mem::take(&mut *rec.lock());
-    let report = OperationReport {
+    let mut report = OperationReport {
         operation_id: operation_id.clone(),
         pair: run.pair.name.clone(),
         kind: kind.as_str().into(),
@@ -800,11 +840,82 @@ pub async fn run_operation_from(
     };
     if let Err(e) = rec.journal.conclude(&operation_id, report.verdict.as_str(), &report) {
         tracing::error!(operation = %operation_id, error = %e, "could not journal the verdict");
+        // The verdict stands (it is kept and written once the journal can
+        // be, `Journal::conclude`); whoever reads this report is told.
+        report.reasons.push(format!(
+            "the journal could not record this conclusion ({e}): it is kept and retried, and the pair is not free until it is written"
+        ));
     }
     if let Ok(json) = serde_json::to_string(&report) {
         rec.send(operation_update::Kind::Report(pdwarden_proto::v1::JsonReply { json }));
     }
     report
+}
+
+/// Whether this operation restarted a unit, as far as its driver knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Restarted {
+    /// Its new process was spawned (by this orchestrator, or by the one it
+    /// resumed from).
+    Yes,
+    /// Its start was sent and no new process was reported: the old one may
+    /// have been stopped.
+    Unknown,
+    /// No start was sent: the process from before the operation runs on.
+    No,
+}
+
+/// What a co-restart that stopped part-way left live (issue 32; INCIDENTS
+/// row 1): which units it restarted and which it did not, and — a prefill
+/// restarted under a decode that was not — that the decode still holds the
+/// old prefill's bootstrap, so every request fails its KV transfer until
+/// the pair is co-restarted. `units`: (unit, role, restarted), in the
+/// pair's order. Nothing when every unit or none was restarted. Pure.
+fn what_is_live(units: &[(String, &str, Restarted)]) -> Vec<String> {
+    let named = |which: Restarted, role: Option<&str>| -> Vec<&str> {
+        units
+            .iter()
+            .filter(|(_, r, w)| *w == which && role.is_none_or(|role| role == *r))
+            .map(|(u, _, _)| u.as_str())
+            .collect()
+    };
+    let (yes, unknown, no) = (
+        named(Restarted::Yes, None),
+        named(Restarted::Unknown, None),
+        named(Restarted::No, None),
+    );
+    if yes.is_empty() || yes.len() == units.len() {
+        return Vec::new();
+    }
+    let mut lines = vec![format!(
+        "restarted by this operation (new processes): {}",
+        yes.join(", ")
+    )];
+    if !unknown.is_empty() {
+        lines.push(format!(
+            "started by this operation with no new process reported (the old one may be stopped): {}",
+            unknown.join(", ")
+        ));
+    }
+    if !no.is_empty() {
+        lines.push(format!(
+            "not restarted by this operation (the processes from before it run on): {}",
+            no.join(", ")
+        ));
+    }
+    let prefills = named(Restarted::Yes, Some("prefill"));
+    if !prefills.is_empty() {
+        let old = match prefills.as_slice() {
+            [one] => format!("{one}'s old process"),
+            many => format!("the old processes of {}", many.join(", ")),
+        };
+        for decode in named(Restarted::No, Some("decode")) {
+            lines.push(format!(
+                "{decode} still holds the bootstrap of {old}: every request through this pair will fail its KV transfer until the pair is co-restarted (INCIDENTS row 1)"
+            ));
+        }
+    }
+    lines
 }
 
 /// The engine layer's evidence: each engine's PD failure counters before
@@ -976,6 +1087,9 @@ struct CoRestart<'a> {
     adopt: Mutex<BTreeMap<String, Adopted>>,
     /// Where the order ended (`drive`).
     order: Option<machine::CoRestart>,
+    /// A start's write-ahead that could not be journaled: that start and
+    /// every later one is not sent, and the operation fails naming it.
+    unjournaled: Option<crate::ops::journal::JournalError>,
     /// Probes (1-based) that were, by the engines' counters, the first
     /// request the series sent a fresh engine of an xPyD pair.
     fresh_engine_answers: Vec<usize>,
@@ -1050,12 +1164,29 @@ impl CoRestart<'_> {
             if let machine::CoRestart::Concluded { .. } = state {
                 // Journaled with the verdict, after the suite.
                 self.order = Some(state);
-                return Ok(());
+                return self.unjournaled.take().map_or(Ok(()), Err);
             }
             self.rec.enter(&state)?;
             for start in &starts {
-                let readiness = self.readiness(start.role);
-                let s = self.start_unit(start, readiness).await;
+                // A write-ahead that failed stops the order as a failed
+                // start does: this one and the rest are over, not sent, and
+                // the machine concludes once the starts already sent are.
+                let s = match &self.unjournaled {
+                    Some(e) => self.not_sent(
+                        start,
+                        format!("not started: an earlier start could not be journaled first ({e})"),
+                    ),
+                    None => {
+                        let readiness = self.readiness(start.role);
+                        match self.start_unit(start, readiness).await {
+                            Ok(s) => s,
+                            Err((s, e)) => {
+                                self.unjournaled = Some(e);
+                                s
+                            }
+                        }
+                    }
+                };
                 self.starts.push(s);
             }
             if let machine::CoRestart::Probing { .. } = state {
@@ -1195,8 +1326,14 @@ impl CoRestart<'_> {
     }
 
     /// Sends `start` (journaled first as a typed command), or re-attaches to
-    /// it if the orchestrator that was killed had sent it.
-    async fn start_unit(&self, start: &machine::Start, readiness: ReadinessSpec) -> UnitStart {
+    /// it if the orchestrator that was killed had sent it. A write-ahead
+    /// that fails is the error, with the start over and not sent: a start
+    /// is never sent unrecorded (DESIGN.md 17).
+    async fn start_unit(
+        &self,
+        start: &machine::Start,
+        readiness: ReadinessSpec,
+    ) -> Result<UnitStart, (UnitStart, crate::ops::journal::JournalError)> {
         let unit = &start.unit;
         let role = start.role.as_str();
         let step_idx = self.rec.step_started(&format!("restart-{role}"), &unit.unit);
@@ -1222,23 +1359,12 @@ impl CoRestart<'_> {
                 readiness: Some(readiness),
             })),
         };
-        if adopted.is_none() {
-            self.rec.journal_entry(
-                self.rec.now_ms(),
-                journal::COMMAND,
-                &CommandEntry {
-                    command_id: command_id.clone(),
-                    action: CommandAction::Start,
-                    unit: unit.to_string(),
-                    restart: true,
-                },
-            );
-        }
         let sent_at_ms = self.rec.now_ms();
         let mut s = UnitStart {
             unit: unit.clone(),
             role,
             command_id: command_id.clone(),
+            sent: true,
             sent_at_ms,
             step_idx,
             rx: None,
@@ -1252,6 +1378,23 @@ impl CoRestart<'_> {
             command: cmd.clone(),
             reattached: 0,
         };
+        if adopted.is_none()
+            && let Err(e) = self.rec.write_ahead(
+                journal::COMMAND,
+                &CommandEntry {
+                    command_id: command_id.clone(),
+                    action: CommandAction::Start,
+                    unit: unit.to_string(),
+                    restart: true,
+                },
+            )
+        {
+            s.sent = false;
+            s.state = StartState::Failed { after_spawn: false };
+            s.last_detail = format!("not started: the journal could not record its start command first ({e})");
+            self.rec.step_ended(step_idx, format!("failed: {}", s.last_detail));
+            return Err((s, e));
+        }
         if let Some(a) = &adopted {
             self.rec.journal_entry(
                 sent_at_ms,
@@ -1295,21 +1438,49 @@ impl CoRestart<'_> {
             };
             if s.state.is_over() {
                 self.rec.step_ended(step_idx, s.outcome());
-                return s;
+                return Ok(s);
             }
             if s.rx.is_some() {
-                return s;
+                return Ok(s);
             }
         }
         match self.ctx.agents.send(&unit.host, &unit.unit, cmd).await {
             Ok(rx) => s.rx = Some(rx),
             Err(e) => {
+                s.sent = false;
                 s.state = StartState::Failed { after_spawn: false };
                 s.last_detail = e.to_string();
                 self.rec.step_ended(step_idx, format!("failed: {e}"));
             }
         }
-        s
+        Ok(s)
+    }
+
+    /// `start`, over before it was sent (`detail` says why).
+    fn not_sent(&self, start: &machine::Start, detail: String) -> UnitStart {
+        let step_idx = self
+            .rec
+            .step_started(&format!("restart-{}", start.role.as_str()), &start.unit.unit);
+        self.rec.step_ended(step_idx, format!("failed: {detail}"));
+        let now = self.rec.now_ms();
+        UnitStart {
+            unit: start.unit.clone(),
+            role: start.role.as_str(),
+            command_id: start.command_id.clone(),
+            sent: false,
+            sent_at_ms: now,
+            step_idx,
+            rx: None,
+            deadline: Instant::now(),
+            state: StartState::Failed { after_spawn: false },
+            acked: false,
+            furthest: None,
+            last_detail: detail,
+            generation_attempts: Vec::new(),
+            config_fingerprint: String::new(),
+            command: Command::default(),
+            reattached: 0,
+        }
     }
 
     /// Probe 1 is the router's readiness generation; later probes go through
@@ -2115,6 +2286,39 @@ probe_timeout_ms = 120000
     /// Issue 14: a resumed operation adopts the starts it had sent that the
     /// agent is still on (same command id), and only those: a start the
     /// agent has since replaced, or never received, is not adopted.
+    /// Issue 32 (INCIDENTS row 1): a co-restart stopped after its prefill
+    /// and before its decode says which units it restarted, which not, and
+    /// that the decode still holds the old prefill's bootstrap; one that
+    /// restarted every unit, or none, says nothing of it.
+    #[test]
+    fn a_half_restarted_pair_says_what_is_live() {
+        let unit = |u: &str, role: &'static str, r: Restarted| (u.to_string(), role, r);
+        let lines = what_is_live(&[
+            unit("prefill-0", "prefill", Restarted::Yes),
+            unit("decode-0", "decode", Restarted::No),
+            unit("decode-1", "decode", Restarted::Unknown),
+            unit("router-0", "router", Restarted::No),
+        ]);
+        assert_eq!(lines[0], "restarted by this operation (new processes): prefill-0");
+        assert!(lines[1].ends_with(": decode-1"), "{lines:?}");
+        assert!(lines[2].ends_with(": decode-0, router-0"), "{lines:?}");
+        assert!(
+            lines[3].starts_with("decode-0 still holds the bootstrap of prefill-0's old process"),
+            "{lines:?}"
+        );
+        assert_eq!(lines.len(), 4, "{lines:?}");
+        for all in [Restarted::Yes, Restarted::No] {
+            let units = [unit("prefill-0", "prefill", all), unit("decode-0", "decode", all)];
+            assert!(what_is_live(&units).is_empty());
+        }
+        let router_only = what_is_live(&[
+            unit("prefill-0", "prefill", Restarted::Yes),
+            unit("decode-0", "decode", Restarted::Yes),
+            unit("router-0", "router", Restarted::No),
+        ]);
+        assert!(!router_only.iter().any(|l| l.contains("bootstrap")), "{router_only:?}");
+    }
+
     #[test]
     fn adopts_only_the_starts_the_agent_is_still_on() {
         let cmd = |unit: &str, id: &str, action| CommandEntry {
@@ -2509,5 +2713,97 @@ mod driver_tests {
             "{:?}",
             report.probes
         );
+    }
+
+    /// Issue 32, item 1 (DESIGN.md 17): a journal that fails at any write —
+    /// from the N-th write of the operation on, a full disk staying full —
+    /// is tested like a kill at every point. For every N up to the writes a
+    /// healthy co-restart makes: every start the agent executed has its
+    /// write-ahead command entry in the journal; no unit is started twice;
+    /// the verdict is `failed`, naming the journal, whenever a write before
+    /// the conclusion failed (only the conclusion's own write failing leaves
+    /// the verdict as judged, and the report says the conclusion could not be
+    /// journaled); and a prefill restarted under a decode that was not is
+    /// said to break the pair's KV transfer (INCIDENTS row 1).
+    #[tokio::test(start_paused = true)]
+    async fn a_journal_that_fails_at_any_write_never_starts_a_unit_unrecorded() {
+        struct Run {
+            report: OperationReport,
+            writes: usize,
+            agent: crate::ops::fake_agent::FakeAgent,
+            commands: Vec<CommandEntry>,
+        }
+        async fn run(policy: &str, fail_from: Option<usize>) -> Run {
+            let dir = tempfile::tempdir().unwrap();
+            let journal = journal(&dir);
+            let agent = agent();
+            let ctx = orchestrator(&journal, &agent).await;
+            let id = begin(&journal);
+            // The journal counts writes from its first (the begin): the
+            // operation's own writes are those after.
+            let before = journal.writes_seen();
+            if let Some(n) = fail_from {
+                journal.fail_writes(before + n + 1..=before + n + 100_000);
+            }
+            let (tx, _rx) = mpsc::unbounded_channel();
+            let report = run_operation(ctx, pair(policy), id.clone(), OperationKind::CoRestart, tx).await;
+            let writes = journal.writes_seen() - before;
+            let commands = journal.commands(&id).unwrap();
+            Run {
+                report,
+                writes,
+                agent,
+                commands,
+            }
+        }
+        for policy in ["after-prefill-ready", "overlap"] {
+            let healthy = run(policy, None).await;
+            assert!(healthy.report.verdict.is_healthy(), "{:?}", healthy.report.reasons);
+            let total = healthy.writes;
+            assert!(total > 10, "{total} writes");
+            let mut broken = Vec::new();
+            for n in 0..total {
+                let r = run(policy, Some(n)).await;
+                let at = format!("{policy}, writes failing from write {n} of {total}");
+                let reasons = &r.report.reasons;
+                // (a) Nothing started unrecorded.
+                for e in r.agent.executed() {
+                    if !r.commands.iter().any(|c| c.command_id == e.command_id) {
+                        broken.push(format!("{at}: {} started without its write-ahead entry", e.unit));
+                    }
+                }
+                // (b) No unit started twice.
+                for u in UNITS {
+                    if r.agent.starts_of(u) > 1 {
+                        broken.push(format!("{at}: {u} started {} times", r.agent.starts_of(u)));
+                    }
+                }
+                // (c) A write failed before the conclusion: failed, naming
+                // the journal. Only the conclusion failed: as judged, said.
+                let names_journal = reasons
+                    .iter()
+                    .any(|l| l.starts_with("stopped: the journal could not record a step"));
+                if n + 1 < total {
+                    if r.report.verdict.is_healthy() || !names_journal {
+                        broken.push(format!(
+                            "{at}: {} without naming the journal: {reasons:?}",
+                            r.report.verdict.as_str()
+                        ));
+                    }
+                } else if !reasons.iter().any(|l| l.contains("could not record this conclusion")) {
+                    broken.push(format!("{at}: the unjournaled conclusion is not said: {reasons:?}"));
+                }
+                // (d) A prefill restarted, a decode not: said, with what it does.
+                if r.agent.starts_of("prefill-0") == 1
+                    && r.agent.starts_of("decode-0") == 0
+                    && !reasons
+                        .iter()
+                        .any(|l| l.starts_with("decode-0 still holds the bootstrap of prefill-0's old process"))
+                {
+                    broken.push(format!("{at}: the half-restarted pair is not said: {reasons:?}"));
+                }
+            }
+            assert!(broken.is_empty(), "{broken:#?}");
+        }
     }
 }
