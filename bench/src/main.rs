@@ -12,6 +12,8 @@
 //!   protocol; CPU, RSS, event and `Status` latency.
 //! - [`corestart`]: `restart pd-pair` wall time against the engines' critical path.
 //! - [`watch`]: the continuous watch's probe cost and a wedge's time to detect and recover.
+//! - [`vllm_watch`]: the same on a real vLLM pair at the README's watch defaults
+//!   (opt-in: `--only vllm-watch`; it needs `scripts/setup-vllm.sh`'s stack).
 //! - [`footprint`]: an idle agent's CPU and RSS.
 //! - [`judge`]: the change gate's error rates, a Monte Carlo harness over the pure judge.
 //! - [`stats`], [`procstat`], [`children`]: distributions, `/proc`, child processes.
@@ -30,6 +32,7 @@ mod lag;
 mod procstat;
 mod scale;
 mod stats;
+mod vllm_watch;
 mod watch;
 
 use std::time::Duration;
@@ -44,7 +47,8 @@ struct Cli {
     /// Small numbers (a smoke test): 12 starts, 100 and 500 agents.
     #[arg(long)]
     quick: bool,
-    /// Sections to run, comma-separated: lag, scale, corestart, watch, agent, judge.
+    /// Sections to run, comma-separated: lag, scale, corestart, watch, agent, judge;
+    /// and vllm-watch (the real vLLM tier: only when named, never by default or --quick).
     #[arg(long, default_value = "lag,scale,corestart,watch,agent,judge", value_delimiter = ',')]
     only: Vec<String>,
     /// The agent footprint's GPU source: `fake` (four fake GPUs, the default),
@@ -336,6 +340,56 @@ async fn table(cli: &Cli) -> anyhow::Result<()> {
         println!(
             "**False positives: {false_positives} automatic co-restart(s) over {legit_cases} legitimate long-work cases** (target 0). Target for every wedge kind: confirmed within the stall budget + the worst legitimate prefill from the silence's onset."
         );
+    }
+
+    if want("vllm-watch") {
+        println!();
+        println!(
+            "## 4c. Watch on a real vLLM pair: time to detect each fault (issue 31; `pdwarden demo --engine vllm --watch-defaults --hold`, each fault injected at once after a healthy co-restart)"
+        );
+        println!();
+        match vllm_watch::unavailable() {
+            Some(reason) => println!("NOT RUN: {reason}"),
+            None => {
+                eprintln!("vllm-watch: real vLLM demo, engine core frozen, then the whole decode (minutes)…");
+                let o = vllm_watch::run().await;
+                println!("Watch settings: {}.", vllm_watch::settings());
+                if let Some(s) = o.demo_s {
+                    println!("The demo's start and co-restart took {s:.0} s.");
+                }
+                if !o.rows.is_empty() {
+                    println!();
+                    println!(
+                        "| fault | wedge confirmed as | onset → confirmation | freeze → automatic co-restart (target ≤ {:.0} s) | freeze → recovered and verified | recovery |",
+                        vllm_watch::TARGET_S
+                    );
+                    println!("|---|---|---|---|---|---|");
+                }
+                let s = |v: Option<f64>| v.map_or("n/a".to_owned(), |v| format!("{v:.1} s"));
+                for r in &o.rows {
+                    println!(
+                        "| {} | {} | {} | {} **{}** | {:.1} s | {}{}{} |",
+                        r.fault,
+                        r.kind.as_deref().unwrap_or("n/a"),
+                        s(r.detection_s),
+                        s(r.to_corestart_s),
+                        verdict(r.to_corestart_s.is_some_and(|t| t <= vllm_watch::TARGET_S)),
+                        r.to_recovered_s,
+                        r.verdict,
+                        if r.automatic { "" } else { ", NOT journaled automatic" },
+                        if r.replaced {
+                            ", decode replaced"
+                        } else {
+                            ", decode NOT replaced"
+                        },
+                    );
+                }
+                if let Some(e) = &o.error {
+                    println!();
+                    println!("Stopped early ({} of 2 faults measured): {e}", o.rows.len());
+                }
+            }
+        }
     }
 
     if want("agent") {

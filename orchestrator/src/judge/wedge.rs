@@ -607,6 +607,11 @@ impl PairEvidence {
     /// The idle probe interval in effect: the minimum gap doubled for each
     /// probe since the watch started over, up to `idle_probe_interval`.
     pub fn idle_interval(&self, p: &WatchPolicy) -> Duration {
+        // Real traffic has advanced every engine since the watch started
+        // over: it proves liveness as it goes, no early probes needed.
+        if !self.units.is_empty() && self.units.iter().all(|u| u.last_progress.is_some()) {
+            return p.idle_probe_interval;
+        }
         let doubled = p
             .min_probe_interval
             .saturating_mul(1u32 << self.probes_since_reset.min(16));
@@ -619,7 +624,10 @@ impl PairEvidence {
     /// pair has answered warm, else the cold allowance.
     pub fn probe_budget(&self, p: &WatchPolicy) -> Duration {
         if self.proven_warm {
-            p.warm_probe_timeout.min(p.probe_timeout)
+            // Never shorter than the stall budget: a probe that times out
+            // sooner would outrun the rules that name what is stuck (the
+            // stall, the KV transfer) with a bare "silent".
+            p.warm_probe_timeout.max(p.stall_budget).min(p.probe_timeout)
         } else {
             p.probe_timeout
         }
@@ -1152,9 +1160,12 @@ fn kv_transfer_stuck(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Option<
         .units
         .iter()
         .filter(|u| {
+            // A unit whose scrape fails (a frozen process) shows queues from
+            // before: stale gauges are no evidence of a transfer (its silence
+            // is the unresponsive rule's).
             u.last
                 .as_ref()
-                .is_some_and(|s| now.saturating_duration_since(s.at) <= p.stale_after)
+                .is_some_and(|s| s.metrics.is_some() && now.saturating_duration_since(s.at) <= p.stale_after)
         })
         .collect();
     let limit = p.stall_budget + p.max_kv_transfer;
@@ -1395,8 +1406,16 @@ pub fn judge(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Assessment {
                 s(last.sent_at.saturating_duration_since(first))
             )],
         )
-    } else if any(UnitState::Wedged) {
-        wedge = units.iter().filter_map(|u| u.wedge.clone()).min_by_key(|w| w.onset);
+    } else if let Some(w) = units
+        .iter()
+        .filter(|u| u.state == UnitState::Wedged)
+        // A prefill holding KV for a partner that answers nothing is a
+        // consequence: the unresponsive rule names the cause.
+        .filter(|u| !(any(UnitState::Down) && u.wedge.as_ref().is_some_and(|w| w.kind == WedgeKind::KvTransfer)))
+        .filter_map(|u| u.wedge.clone())
+        .min_by_key(|w| w.onset)
+    {
+        wedge = Some(w);
         (PairState::Wedged, unit_reasons(&[UnitState::Wedged]))
     } else if let Some((reason, evidence)) = kv_transfer_stuck(e, p, now) {
         wedge = Some(evidence);
