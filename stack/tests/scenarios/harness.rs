@@ -301,9 +301,16 @@ impl HeldDemo {
     /// and the watch says healthy again; returns the watch's view and the
     /// recovery as `history` journaled it (with its trigger).
     pub fn automatic_recovery(&self, limit: Duration) -> (Value, Value) {
+        self.automatic_recovery_after(None, limit)
+    }
+
+    /// As [`HeldDemo::automatic_recovery`], for a recovery other than the
+    /// operation `after` (the one before it).
+    pub fn automatic_recovery_after(&self, after: Option<&Value>, limit: Duration) -> (Value, Value) {
         let recovered = poll("an automatic recovery concludes", limit, || {
             let w = self.watch();
-            (w["last_recovery"]["verdict"].is_string() && w["state"] == "healthy").then_some(w)
+            let id = &w["last_recovery"]["operation_id"];
+            (Some(id) != after && w["last_recovery"]["verdict"].is_string() && w["state"] == "healthy").then_some(w)
         });
         let id = recovered["last_recovery"]["operation_id"].clone();
         let history = self.cli(&["history", "demo", "--json"]).json();

@@ -9,31 +9,10 @@ use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use serde_json::Value;
 
 use crate::harness::{HeldDemo, exclusive, poll, sim_fault};
 
 const LIMIT: Duration = Duration::from_secs(180);
-
-/// Waits for an automatic recovery other than `after` to conclude with the
-/// watch healthy again; returns it as `history` journaled it (with its trigger).
-fn next_recovery(held: &HeldDemo, after: Option<&Value>, limit: Duration) -> Value {
-    let w = poll("an automatic recovery concludes", limit, || {
-        let w = held.watch();
-        let id = &w["last_recovery"]["operation_id"];
-        (id.is_string() && Some(id) != after && w["last_recovery"]["verdict"].is_string() && w["state"] == "healthy")
-            .then_some(w)
-    });
-    let id = w["last_recovery"]["operation_id"].clone();
-    let history = held.cli(&["history", "demo", "--json"]).json();
-    history
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|op| op["operation_id"] == id)
-        .cloned()
-        .unwrap_or_else(|| panic!("the automatic operation is not in the history: {history:#}"))
-}
 
 #[test]
 fn a_dead_router_and_a_pair_failing_every_request_are_repaired_by_the_watch() {
@@ -51,7 +30,7 @@ fn a_dead_router_and_a_pair_failing_every_request_are_repaired_by_the_watch() {
     // The router SIGKILLed: no engine sample shows it; its agent does.
     let router = held.unit_pid("router-0");
     kill(Pid::from_raw(router as i32), Signal::SIGKILL).expect("SIGKILL the router");
-    let first = next_recovery(&held, None, LIMIT);
+    let (_, first) = held.automatic_recovery(LIMIT);
     assert_eq!(first["trigger"]["automatic"], true, "{first:#}");
     assert_eq!(first["trigger"]["wedge"]["kind"], "exited", "{first:#}");
     assert!(
@@ -72,7 +51,7 @@ fn a_dead_router_and_a_pair_failing_every_request_are_repaired_by_the_watch() {
     // answers 500, every probe fails with an error.
     let decode = held.unit_url("decode-0");
     sim_fault(&decode, r#"{"kv_fail_every": 1}"#);
-    let second = next_recovery(&held, Some(&first["operation_id"]), LIMIT);
+    let (_, second) = held.automatic_recovery_after(Some(&first["operation_id"]), LIMIT);
     assert_eq!(second["trigger"]["wedge"]["kind"], "failing", "{second:#}");
     let reason = second["trigger"]["reasons"][0].as_str().unwrap_or("");
     assert!(

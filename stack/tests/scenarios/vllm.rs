@@ -234,24 +234,7 @@ fn a_real_engine_core_stopped_under_health_200_is_confirmed_and_recovered() {
     let api = demo.unit_pid("decode-0");
     let frozen_at = mono_ms();
     let whole = Stopped::new(api);
-    let again = poll(
-        "a second automatic recovery concludes",
-        Duration::from_secs(300),
-        || {
-            let w = demo.watch();
-            let id = &w["last_recovery"]["operation_id"];
-            (*id != first && w["last_recovery"]["verdict"].is_string() && w["state"] == "healthy").then_some(w)
-        },
-    );
-    let id = again["last_recovery"]["operation_id"].clone();
-    let history = demo.cli(&["history", "demo", "--json"]).json();
-    let auto = history
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|op| op["operation_id"] == id)
-        .cloned()
-        .unwrap_or_else(|| panic!("the automatic operation is not in the history: {history:#}"));
+    let (again, auto) = demo.automatic_recovery_after(Some(&first), Duration::from_secs(300));
     assert_eq!(auto["trigger"]["automatic"], true, "{auto:#}");
     let process_to_recovery = auto["trigger"]["detected_mono_ms"].as_f64().unwrap_or(f64::NAN) - frozen_at;
     assert!(
