@@ -142,6 +142,11 @@ pub struct DemoArgs {
     /// for an xPyD pair, else the router's own (`cache_aware`).
     #[arg(long)]
     pub router_policy: Option<String>,
+    /// The orchestrator's journal file (default: `journal.sqlite` in the
+    /// demo's directory), e.g. on a small filesystem to see what a journal
+    /// that cannot be written does (README "Faults").
+    #[arg(long)]
+    pub journal: Option<PathBuf>,
 }
 
 /// What a demo concluded: the CLI's exit code and its `--json` object.

@@ -447,7 +447,10 @@ pub fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<Configs> {
     }
 
     // The orchestrator: one pair, its budgets scaled.
-    let mut orchestrator = OrchestratorConfig::new(format!("127.0.0.1:{orch}").parse()?, dir.join("journal.sqlite"));
+    let mut orchestrator = OrchestratorConfig::new(
+        format!("127.0.0.1:{orch}").parse()?,
+        args.journal.clone().unwrap_or_else(|| dir.join("journal.sqlite")),
+    );
     orchestrator.readiness_listen = Some(format!("127.0.0.1:{readiness}").parse()?);
     // Agents re-attach within their reconnect backoff (at most 5 s).
     orchestrator.resume_grace_ms = 20_000;

@@ -15,6 +15,7 @@ mod gate;
 mod ha;
 mod harness;
 mod incidents;
+mod journal_full;
 mod layers;
 mod metrics;
 mod partition;

@@ -1,0 +1,157 @@
+//! A journal that cannot be written, on a real filesystem that fills
+//! (issue 32; issue 31's "a co-restart stopped after the prefill → repaired
+//! by the watch"): the orchestrator's journal on a tmpfs this test mounts,
+//! filled while an operation runs. Write-ahead is must-write (DESIGN.md 17):
+//! the operation stops before it sends a command it cannot record, says
+//! exactly what is live, and once space returns the watch repairs what the
+//! stop left half-done. Needs root (`mount -t tmpfs`): the test fails
+//! saying so where it cannot mount, it never passes without running.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::harness::{HeldDemo, exclusive, poll, reasons};
+
+const LIMIT: Duration = Duration::from_secs(180);
+
+/// A tmpfs mounted for the test, unmounted when dropped.
+pub struct SmallFs {
+    pub dir: tempfile::TempDir,
+    filler: Option<PathBuf>,
+}
+
+impl SmallFs {
+    pub fn mount(size: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0700"), "tmpfs"])
+            .arg(dir.path())
+            .output()
+            .expect("run mount");
+        assert!(
+            out.status.success(),
+            "this scenario needs root to mount a tmpfs for the journal (`mount -t tmpfs`): {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        SmallFs { dir, filler: None }
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// Fills the filesystem to the last byte.
+    pub fn fill(&mut self) {
+        let path = self.path("filler");
+        let mut f = std::fs::File::create(&path).unwrap();
+        let chunk = vec![0u8; 64 * 1024];
+        // Bounded: the filesystem is small.
+        for _ in 0..100_000 {
+            if f.write_all(&chunk).is_err() {
+                break;
+            }
+        }
+        let byte = [0u8; 1];
+        while f.write_all(&byte).is_ok() {}
+        let _ = f.sync_all();
+        self.filler = Some(path);
+    }
+
+    /// Frees what [`SmallFs::fill`] took.
+    pub fn free(&mut self) {
+        if let Some(p) = self.filler.take() {
+            std::fs::remove_file(p).unwrap();
+        }
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(self.dir.path()).status();
+    }
+}
+
+fn gone(pid: u32) -> bool {
+    !Path::new(&format!("/proc/{pid}")).exists()
+}
+
+#[test]
+fn a_co_restart_whose_journal_fills_stops_before_the_decode_says_what_is_live_and_the_watch_repairs_it() {
+    let _one = exclusive();
+    let mut fs = SmallFs::mount("16m");
+    let journal = fs.path("journal.sqlite");
+    let held = HeldDemo::start(&["--journal", journal.to_str().unwrap()], LIMIT);
+    assert!(
+        held.report["verdict"].as_str().unwrap().starts_with("healthy"),
+        "{:#}",
+        held.report
+    );
+    poll("watch healthy after the restart", Duration::from_secs(60), || {
+        (held.watch()["state"] == "healthy").then_some(())
+    });
+    let prefill = held.unit_pid("prefill-0");
+    let decode = held.unit_pid("decode-0");
+
+    // The operator's co-restart; the filesystem fills once the prefill's
+    // old process is gone (its start was journaled), before the decode's.
+    let restart = std::thread::scope(|s| {
+        let cli = s.spawn(|| held.cli_within(&["restart", "pd-pair", "demo", "--json"], LIMIT));
+        let deadline = Instant::now() + LIMIT;
+        while !gone(prefill) {
+            assert!(Instant::now() < deadline, "the prefill was never restarted");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        fs.fill();
+        cli.join().unwrap()
+    });
+    assert_eq!(restart.code, 2, "{}\n{}", restart.stdout, restart.stderr);
+    let report = restart.json();
+    let said = reasons(&report);
+    assert!(report["verdict"] == "failed", "{report:#}");
+    assert!(
+        said.starts_with("stopped: the journal could not record a step"),
+        "the journal named first: {said}"
+    );
+    assert!(
+        said.contains("the journal could not record this conclusion"),
+        "the unwritten conclusion said: {said}"
+    );
+    assert!(
+        said.contains("restarted by this operation (new processes): prefill-0"),
+        "what is live: {report:#}"
+    );
+    assert!(
+        said.contains("decode-0 still holds the bootstrap of prefill-0's old process"),
+        "the half-done pair named: {report:#}"
+    );
+    assert_eq!(held.unit_pid("decode-0"), decode, "no decode start went out unrecorded");
+    assert_ne!(held.unit_pid("prefill-0"), prefill);
+
+    // Space returns: the pending conclusion is written and the watch
+    // repairs the pair the stop left half-done (every KV transfer fails).
+    fs.free();
+    let (_, auto) = held.automatic_recovery(LIMIT);
+    assert_eq!(auto["trigger"]["automatic"], true, "{auto:#}");
+    assert!(
+        auto["verdict"].as_str().unwrap_or("").starts_with("healthy"),
+        "{auto:#}"
+    );
+    assert_ne!(held.unit_pid("decode-0"), decode, "the decode was co-restarted");
+    let history = held.cli(&["history", "demo", "--json"]).json();
+    let stopped = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|op| op["operation_id"] == report["operation_id"])
+        .unwrap_or_else(|| panic!("the stopped co-restart is in the history: {history:#}"));
+    assert_eq!(
+        stopped["verdict"], "failed",
+        "its conclusion was written once space returned: {stopped:#}"
+    );
+    println!(
+        "journal full mid co-restart → {} ({}); freed → automatic {} recovery {}",
+        report["verdict"], report["reasons"][0], auto["trigger"]["wedge"]["kind"], auto["verdict"]
+    );
+}
