@@ -191,6 +191,9 @@ struct State {
     in_flight: Vec<JoinHandle<()>>,
     units: BTreeMap<String, (UnitModel, UnitInfo)>,
     executed: Vec<Executed>,
+    /// Config changes applied (command id, unit), in order; restores are
+    /// not listed.
+    config_applies: Vec<(String, String)>,
     /// Replies by command id (`None` while the command still runs).
     replies: HashMap<String, Option<Kind>>,
     /// The start task under way, by unit.
@@ -507,6 +510,11 @@ impl FakeAgent {
         self.lock().executed.clone()
     }
 
+    /// The config changes (`Apply`) this agent executed: (command id, unit).
+    pub(crate) fn config_applies(&self) -> Vec<(String, String)> {
+        self.lock().config_applies.clone()
+    }
+
     /// How many times `unit` was started.
     pub(crate) fn starts_of(&self, unit: &str) -> usize {
         self.lock().executed.iter().filter(|e| e.unit == unit).count()
@@ -721,7 +729,8 @@ impl FakeAgent {
     }
 
     fn unit_config(&self, id: &str, c: pdwarden_proto::v1::UnitConfigChange) -> UnitConfigResult {
-        let mut st = self.lock();
+        let mut guard = self.lock();
+        let st = &mut *guard;
         let mut r = UnitConfigResult {
             command_id: id.into(),
             unit: c.unit.clone(),
@@ -741,6 +750,7 @@ impl FakeAgent {
                 }
                 cfg.versions.push(env);
                 cfg.current = cfg.versions.len() as u32 - 1;
+                st.config_applies.push((id.to_string(), c.unit.clone()));
             }
             Some(unit_config_change::Change::RestoreVersion(v)) if (v as usize) < cfg.versions.len() => cfg.current = v,
             other => {

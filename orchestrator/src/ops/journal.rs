@@ -399,6 +399,10 @@ impl Journal {
             // Already concluded, its write pending: that conclusion stands.
             return Ok(false);
         }
+        if self.store.meta(operation_id)?.is_some_and(|m| !m.running) {
+            // Concluded: nothing to write (a write that could only fail).
+            return Ok(false);
+        }
         self.conclude_where(operation_id, verdict, report, true)
     }
 

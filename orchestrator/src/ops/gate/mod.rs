@@ -215,6 +215,11 @@ pub enum GateVerdict {
     /// live: the restarted orchestrator rolled it back (verified live, and
     /// measured back at the journaled baseline where one was taken).
     InterruptedRolledBack,
+    /// The journal could not record a step: the gate stopped there and
+    /// rolled back what it had changed (config versions restored, previous
+    /// values verified live in the processes). What is live otherwise is
+    /// `RollbackFailed`.
+    JournalFailedRolledBack,
     /// Nothing changed (baseline unhealthy, apply refused, ...).
     Failed,
 }
@@ -232,6 +237,7 @@ impl GateVerdict {
             Self::RestartFailedRolledBack => "restart_failed_rolled_back",
             Self::RollbackFailed => "rollback_failed",
             Self::InterruptedRolledBack => "interrupted_rolled_back",
+            Self::JournalFailedRolledBack => "journal_failed_rolled_back",
             Self::Failed => "failed",
         }
     }
@@ -480,6 +486,9 @@ impl GateReport {
             GateVerdict::InterruptedRolledBack => {
                 "INTERRUPTED: the orchestrator restarted mid-gate; the change was rolled back, previous values verified live"
             }
+            GateVerdict::JournalFailedRolledBack => {
+                "STOPPED: the journal could not be written; the change was rolled back, previous values verified live"
+            }
             GateVerdict::Failed => "FAILED: nothing was changed",
         };
         let _ = writeln!(s, "gate {} [{}]: {headline}", self.pair, self.change.describe());
@@ -558,7 +567,11 @@ pub async fn run_gate(
         pair: g.pair.name.clone(),
         decode_start_policy: g.pair.decode_start_policy.as_str().into(),
     }));
-    let outcome = g.drive().await;
+    let mut run = Run::default();
+    let outcome = match g.drive(&mut run).await {
+        Ok(verdict) => (verdict, std::mem::take(&mut run.out)),
+        Err(e) => g.stopped_by_the_journal(&e, std::mem::take(&mut run.out)).await,
+    };
     g.finish(outcome)
 }
 
@@ -713,6 +726,10 @@ pub async fn resume_gate(
             })
         }
     };
+    let outcome = match outcome {
+        Ok(done) => done,
+        Err(e) => g.stopped_by_the_journal(&e.to_string(), Partial::default()).await,
+    };
     Ok(g.finish(outcome))
 }
 
@@ -751,18 +768,11 @@ impl Gate {
     }
 
     /// Journals the verdict and the report, and sends the report.
-    fn finish(mut self, outcome: Result<(GateVerdict, Partial), JournalError>) -> GateReport {
+    fn finish(mut self, (verdict, mut report): (GateVerdict, Partial)) -> GateReport {
         let g = &mut self;
-        let (verdict, mut report) = match outcome {
-            Ok(done) => done,
-            Err(e) => {
-                g.reasons
-                    .insert(0, format!("stopped: the journal could not record a step ({e})"));
-                (GateVerdict::Failed, Partial::default())
-            }
-        };
+        // A label only: the conclusion below is what ends the operation.
         let _ = g.transition(GateStep::Concluded);
-        let report = GateReport {
+        let mut report = GateReport {
             operation_id: g.operation_id.clone(),
             pair: g.pair.name.clone(),
             kind: "gate".into(),
@@ -796,6 +806,11 @@ impl Gate {
         };
         if let Err(e) = g.ctx.journal.conclude(&g.operation_id, verdict.as_str(), &report) {
             tracing::error!(operation = %g.operation_id, error = %e, "could not journal the gate's verdict");
+            // The verdict stands (kept and written once the journal can
+            // be); whoever reads this report is told.
+            report.reasons.push(format!(
+                "the journal could not record this conclusion ({e}): it is kept and retried, and the pair is not free until it is written; an orchestrator that takes the journal over before then rolls the change back"
+            ));
         }
         if let Ok(json) = serde_json::to_string(&report) {
             g.send(operation_update::Kind::Report(pdwarden_proto::v1::JsonReply { json }));
@@ -874,6 +889,8 @@ pub enum AgentStepError {
     },
     #[error("{unit}: the agent answered with something else")]
     UnexpectedAnswer { unit: String },
+    #[error("{unit}: not sent, the journal could not record it first ({error})")]
+    Journal { unit: String, error: String },
     #[error("{unit}: {reason}")]
     Refused { unit: String, reason: String },
     /// Several units' (a restore tries every unit).
@@ -1003,22 +1020,100 @@ impl Gate {
         self.rec.step_ended(idx, outcome);
     }
 
+    /// The gate stopped because the journal could not record a step
+    /// (`failed`, its first failed write): nothing it changed may stay
+    /// unverified, so it undoes the change — the config versions (a restore
+    /// puts back a version the journal already holds, so it is sent even
+    /// unrecorded), then the processes, by a co-restart onto the previous
+    /// versions where the journal can record one — and says, from the
+    /// processes themselves, what runs the change if any still does.
+    async fn stopped_by_the_journal(&mut self, failed: &str, mut out: Partial) -> (GateVerdict, Partial) {
+        self.reasons
+            .insert(0, format!("stopped: the journal could not record a step ({failed})"));
+        if self.versions.is_empty() {
+            // No config change was recorded, and none is sent unrecorded.
+            self.reasons
+                .push("no config change was made; nothing was changed".into());
+            return (GateVerdict::Failed, out);
+        }
+        let mut undone = true;
+        match self.restore_versions().await {
+            Ok(()) => {
+                let restored: Vec<String> = self
+                    .versions
+                    .iter()
+                    .map(|v| format!("{} v{}", v.unit, v.restored.unwrap_or(v.previous)))
+                    .collect();
+                self.reasons.push(format!(
+                    "rolled back: the previous config versions are current again ({})",
+                    restored.join(", ")
+                ));
+            }
+            Err(e) => {
+                undone = false;
+                self.reasons.push(format!(
+                    "ROLLBACK FAILED: restoring the config versions: {e}; the change stays in those units' config and is live at their next start"
+                ));
+            }
+        }
+        let mut live = self.verify_live(true).await;
+        if undone && live.iter().any(|c| !c.ok) {
+            match self.child("rollback_restart", OperationKind::CoRestart).await {
+                Ok(r) if r.verdict.is_healthy() => live = self.verify_live(true).await,
+                Ok(r) => self.reasons.push(format!(
+                    "the co-restart onto the previous versions ended {}: {}",
+                    r.verdict.as_str(),
+                    r.reasons.join("; ")
+                )),
+                Err(e) => self.reasons.push(format!(
+                    "the pair could not be co-restarted onto the previous versions: the journal could not record it ({e})"
+                )),
+            }
+        }
+        let still: Vec<&LiveCheck> = live.iter().filter(|c| !c.ok).collect();
+        for c in &still {
+            self.reasons.push(format!(
+                "{} runs the change (pid {}: {}); its next start uses the previous version — co-restart the pair (`pdwarden restart pd-pair {}`, or the watch's recovery once the journal can be written)",
+                c.unit,
+                c.pid,
+                c.problems.join("; "),
+                self.pair.name
+            ));
+        }
+        let verdict = if undone && still.is_empty() {
+            self.reasons.push(format!(
+                "rollback verified: the previous values are live ({})",
+                self.before_summary()
+            ));
+            GateVerdict::JournalFailedRolledBack
+        } else {
+            GateVerdict::RollbackFailed
+        };
+        out.rollback_live = live;
+        (verdict, out)
+    }
+
     /// The state machine; returns the verdict and the evidence.
     /// The state machine: one step at a time, each entered (journaled) by its
     /// step function, each returning what follows from what it found — the
     /// next step, or the verdict. What the steps establish travels in
     /// [`Run`].
-    async fn drive(&mut self) -> Result<(GateVerdict, Partial), JournalError> {
-        let mut run = Run::default();
+    ///
+    /// Any journal write of the gate that failed — a step, a command's
+    /// write-ahead, or evidence — stops it after the step it happened in
+    /// (`Err`, the first failure): the journal no longer holds what the gate
+    /// established, so nothing it measured may keep a change
+    /// ([`Gate::stopped_by_the_journal`] rolls it back).
+    async fn drive(&mut self, run: &mut Run) -> Result<GateVerdict, String> {
         let mut step = GateStep::Baseline;
         loop {
             let next = match step {
-                GateStep::Baseline => self.baseline(&mut run).await?,
-                GateStep::Applying => self.applying(&mut run).await?,
-                GateStep::Restarting => self.restarting(&mut run).await?,
-                GateStep::VerifyingLive => self.verifying_live(&mut run).await?,
+                GateStep::Baseline => self.baseline(run).await,
+                GateStep::Applying => self.applying(run).await,
+                GateStep::Restarting => self.restarting(run).await,
+                GateStep::VerifyingLive => self.verifying_live(run).await,
                 // One look: measured, then judged.
-                GateStep::Measuring | GateStep::Judging => self.measuring(&mut run).await?,
+                GateStep::Measuring | GateStep::Judging => self.measuring(run).await,
                 // The rollback's steps run as one (they are shared with a
                 // gate taken over after an orchestrator restart).
                 GateStep::RollingBack
@@ -1029,21 +1124,30 @@ impl Gate {
                     // Rolling back is only ever decided after the baseline step.
                     let baseline = run.baseline.take().expect("a rollback follows a measured baseline");
                     let change = run.after.take();
-                    let (verdict, out) = self
+                    match self
                         .rollback(verdict, &baseline, change.as_ref(), std::mem::take(&mut run.out))
-                        .await?;
-                    run.out = out;
-                    Next::Done(verdict)
+                        .await
+                    {
+                        Ok((verdict, out)) => {
+                            run.out = out;
+                            Ok(Next::Done(verdict))
+                        }
+                        Err(e) => Err(e),
+                    }
                 }
-                GateStep::Started | GateStep::Concluded => Next::Done(GateVerdict::Failed),
+                GateStep::Started | GateStep::Concluded => Ok(Next::Done(GateVerdict::Failed)),
             };
+            let next = next.map_err(|e| e.to_string())?;
+            if let Some(failed) = self.rec.journal_failure() {
+                return Err(failed);
+            }
             match next {
                 Next::Step(s) => step = s,
                 Next::RollBack(verdict) => {
                     run.rolling_back_for = Some(verdict);
                     step = GateStep::RollingBack;
                 }
-                Next::Done(verdict) => return Ok((verdict, run.out)),
+                Next::Done(verdict) => return Ok(verdict),
             }
         }
     }
@@ -1516,15 +1620,19 @@ impl Gate {
     /// forwarding its live progress.
     async fn child(&mut self, purpose: &str, kind: OperationKind) -> Result<OperationReport, JournalError> {
         let child_pair = format!("{}#gate", self.pair.name);
-        let id = self.ctx.begin(kind.as_str(), &child_pair, None, &[])?;
-        self.journal(
+        // Must-write, before the child exists: a gate taken over reads its
+        // children from here to conclude one left running and to know
+        // whether any unit was restarted (DESIGN.md 17).
+        let id = uuid::Uuid::new_v4().to_string();
+        self.rec.write_ahead(
             entry::CHILD_OPERATION,
             &ChildEntry {
                 purpose: purpose.into(),
                 operation_id: id.clone(),
                 kind: kind.as_str().into(),
             },
-        );
+        )?;
+        self.ctx.journal.begin(&id, kind.as_str(), &child_pair, None)?;
         let (tx, mut rx) = mpsc::unbounded_channel::<OperationUpdate>();
         let fwd = self.rec.follower();
         let forward = tokio::spawn(async move {
@@ -1577,15 +1685,35 @@ impl Gate {
             },
             _ => CommandAction::Other,
         };
-        self.journal(
-            crate::ops::journal::COMMAND,
-            &CommandEntry {
-                command_id: command_id.clone(),
-                action: what,
-                unit: unit.to_string(),
-                restart: false,
-            },
+        let entry = CommandEntry {
+            command_id: command_id.clone(),
+            action: what,
+            unit: unit.to_string(),
+            restart: false,
+        };
+        let changes_config = matches!(
+            &action,
+            command::Action::UnitConfig(UnitConfigChange {
+                change: Some(unit_config_change::Change::Apply(_)),
+                ..
+            })
         );
+        if changes_config {
+            // Must-write: a taken-over gate adopts a change it finds here
+            // by its id; one it cannot find was never sent.
+            self.rec
+                .write_ahead(crate::ops::journal::COMMAND, &entry)
+                .map_err(|e| AgentStepError::Journal {
+                    unit: unit.to_string(),
+                    error: e.to_string(),
+                })?;
+        } else {
+            // Reads (inspection, benchmark) change nothing; a restore puts
+            // back a version the journal already holds and is sent even
+            // when its record fails: a gate taken over restores again
+            // (idempotent).
+            self.journal(crate::ops::journal::COMMAND, &entry);
+        }
         let cmd = Command {
             fencing_token: 0,
             command_id,
@@ -2336,6 +2464,154 @@ mod driver_tests {
         );
         assert!(!report.rollback_live.is_empty());
         assert_eq!(knob_live(&agent), [false, false]);
+    }
+
+    /// Issue 32: the journal fails at every write of a gate that would keep
+    /// its change, and every write after it (a disk that fills). Before, the
+    /// gate stopped "FAILED: nothing was changed" with the knob in the
+    /// prefill's running process and in both units' current config (a later
+    /// plain co-restart started both with it), and the orchestrator that took
+    /// the journal over concluded "nothing changed" too. Now: no config
+    /// change is sent unrecorded; the change is rolled back — config
+    /// versions, and the processes where a co-restart can be journaled — or
+    /// what is live is said; the verdict never says nothing changed when
+    /// something did; and an orchestrator that takes the journal over
+    /// (the pending conclusion lost with the killed one) ends with the
+    /// change undone.
+    #[tokio::test(start_paused = true)]
+    async fn a_journal_that_fails_at_any_write_leaves_no_change_live_unreported() {
+        let total = {
+            let dir = tempfile::tempdir().unwrap();
+            let journal = journal(&dir);
+            let agent = agent(1.0);
+            let id = begin(&journal);
+            let before = journal.writes_seen();
+            let (tx, _rx) = mpsc::unbounded_channel();
+            let r = run_gate(orchestrator(&journal, &agent).await, pair(), id, change(), tx).await;
+            assert_eq!(r.verdict, GateVerdict::KeptNotWorse, "{:?}", r.reasons);
+            journal.writes_seen() - before
+        };
+        assert!(total > 20, "{total} writes");
+        let mut broken = Vec::new();
+        let mut verdicts = std::collections::BTreeMap::new();
+        for n in 0..total {
+            let dir = tempfile::tempdir().unwrap();
+            let journal = journal(&dir);
+            let agent = agent(1.0);
+            let id = begin(&journal);
+            let before = journal.writes_seen();
+            journal.fail_writes(before + n + 1..=before + n + 100_000);
+            let (tx, _rx) = mpsc::unbounded_channel();
+            let report = run_gate(orchestrator(&journal, &agent).await, pair(), id.clone(), change(), tx).await;
+            *verdicts.entry(report.verdict.as_str()).or_insert(0) += 1;
+            let at = format!("writes failing from write {n} of {total}");
+            let reasons = &report.reasons;
+            let commands = journal.commands(&id).unwrap();
+            // (a) No config change sent unrecorded.
+            for (cid, unit) in agent.config_applies() {
+                if !commands.iter().any(|c| c.command_id == cid) {
+                    broken.push(format!("{at}: a change sent to {unit} without its write-ahead entry"));
+                }
+            }
+            let applied = !agent.config_applies().is_empty();
+            // (b) Never "nothing was changed" when something was.
+            if applied && reasons.iter().any(|r| r.contains("nothing was changed")) {
+                broken.push(format!("{at}: 'nothing was changed' after a change: {reasons:?}"));
+            }
+            // The last two writes conclude (the Concluded label, the
+            // conclusion): the verdict stands and is said unwritten.
+            if n + 2 < total && report.verdict.kept() {
+                broken.push(format!("{at}: kept with a journal that failed: {reasons:?}"));
+            }
+            // (c) The change is not left in a unit's current config.
+            if !report.verdict.kept()
+                && report.verdict != GateVerdict::RollbackFailed
+                && knob_current(&agent) != [false, false]
+            {
+                broken.push(format!(
+                    "{at}: the change stays in the current config ({:?}) of a {}: {reasons:?}",
+                    knob_current(&agent),
+                    report.verdict.as_str()
+                ));
+            }
+            // (d) A running process with the change is said.
+            for (unit, live) in ["prefill-0", "decode-0"].into_iter().zip(knob_live(&agent)) {
+                if live
+                    && !report.verdict.kept()
+                    && !reasons
+                        .iter()
+                        .any(|r| r.contains(unit) && r.contains("runs the change"))
+                {
+                    broken.push(format!("{at}: {unit} runs the change, unsaid: {reasons:?}"));
+                }
+            }
+            // (e) The orchestrator is killed (its pending conclusion lost);
+            // one with a working disk takes the journal over.
+            let fresh = std::sync::Arc::new(Journal::open(&dir.path().join("journal.sqlite")).unwrap());
+            if let Some(op) = fresh.unfinished().unwrap().into_iter().find(|o| o.operation_id == id) {
+                let resumed = resume_gate(orchestrator(&fresh, &agent).await, pair(), op)
+                    .await
+                    .unwrap();
+                if applied && resumed.reasons.iter().any(|r| r.contains("nothing was changed")) {
+                    broken.push(format!(
+                        "{at}: taken over, 'nothing was changed' after a change: {:?}",
+                        resumed.reasons
+                    ));
+                }
+                if knob_live(&agent) != [false, false] || knob_current(&agent) != [false, false] {
+                    broken.push(format!(
+                        "{at}: taken over ({}), the change stays: live {:?}, current {:?}: {:?}",
+                        resumed.verdict.as_str(),
+                        knob_live(&agent),
+                        knob_current(&agent),
+                        resumed.reasons
+                    ));
+                }
+            }
+        }
+        // One write fails, the disk has room again at once (the journal
+        // can record the rollback's co-restart): the change is undone in
+        // the processes too, or kept only when no write before the verdict
+        // failed.
+        for n in 0..total {
+            let dir = tempfile::tempdir().unwrap();
+            let journal = journal(&dir);
+            let agent = agent(1.0);
+            let id = begin(&journal);
+            journal.fail_writes([journal.writes_seen() + n + 1]);
+            let (tx, _rx) = mpsc::unbounded_channel();
+            let report = run_gate(orchestrator(&journal, &agent).await, pair(), id, change(), tx).await;
+            let want = if report.verdict.kept() {
+                [true, true]
+            } else {
+                [false, false]
+            };
+            if knob_live(&agent) != want || knob_current(&agent) != want {
+                broken.push(format!(
+                    "write {n} alone failing: {} with the change live {:?}, current {:?}: {:?}",
+                    report.verdict.as_str(),
+                    knob_live(&agent),
+                    knob_current(&agent),
+                    report.reasons
+                ));
+            }
+            // Only a child's own conclusion failed (kept, retried, written
+            // with the next write): the gate's record is whole.
+            let a_child_conclusion = report.operations.iter().any(|o| {
+                o.reasons
+                    .iter()
+                    .any(|r| r.starts_with("the journal could not record this conclusion"))
+            });
+            if n + 2 < total && report.verdict.kept() && !a_child_conclusion {
+                broken.push(format!("write {n} alone failing: kept: {:?}", report.reasons));
+            }
+        }
+        println!("journal failing from each of {total} writes: verdicts {verdicts:?}");
+        assert!(broken.is_empty(), "{} of {total}: {broken:#?}", broken.len());
+        assert!(
+            verdicts.contains_key("journal_failed_rolled_back") && verdicts.contains_key("failed"),
+            "{verdicts:?}"
+        );
     }
 
     /// Issue 14: an orchestrator killed at every point of a gate that would
