@@ -616,18 +616,14 @@ impl Unit {
         !finished
     }
 
-    /// A log line as it may leave the host: `NAME=VALUE` of secret names
-    /// redacted, and the unit's own secret values wherever they appear (an
-    /// engine that prints "using token hf_…" names no variable).
+    /// A log line as it may leave the host: the unit's own secret values
+    /// hidden whole, whatever they contain, wherever they appear (an engine
+    /// that prints "using token hf_…" names no variable), then `NAME=VALUE`
+    /// of secret names (issue 32: the other way round, a value holding a
+    /// separator leaked its tail).
     fn redact_log(&self, text: &str) -> String {
-        let mut out = self.redactor.text(text);
-        for (name, value) in &self.config.env {
-            // Short values would redact ordinary words.
-            if value.len() >= 6 && self.redactor.is_secret(name) {
-                out = out.replace(value.as_str(), crate::redact::REDACTED);
-            }
-        }
-        out
+        let env = self.config.env.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+        self.redactor.text_with_env(text, env)
     }
 
     /// Called by the reaper when spawn `run` exits.
@@ -1180,6 +1176,56 @@ mod tests {
             exited.detail,
             "exit status 4; log tail: HF_TOKEN=[redacted] MODEL=/m | auth with [redacted] failed"
         );
+    }
+
+    // Issue 32 (secrets): a secret whose value held a separator leaked its
+    // tail (`MY_TOKEN=[redacted]],LEAKA`): the NAME=VALUE rule stopped at
+    // the `]`, and the whole-value pass then no longer found the value. The
+    // unit's own secret values go whole, longest first, whatever they hold;
+    // a short one goes whole wherever its name introduces it.
+    #[tokio::test]
+    async fn log_redaction_hides_whole_values_with_separators() {
+        let f = Fixture::from_units_toml(
+            r#"[[unit]]
+name = 'u'
+role = 'prefill'
+base_url = 'http://127.0.0.1:1'
+argv = ['true']
+[unit.env]
+MY_TOKEN = 's3cr3t],LEAKA'
+API_KEY = 'open sesame tail'
+DB_PASSWORD = "p\"w'x\"yz"
+HF_TOKEN = 'hf_abcdef'
+HF_TOKEN_LONG = 'hf_abcdef_and_more'
+SHORT_KEY = 'a,b'
+TINY_TOKEN = 'abc'
+MODEL = 'not secret, shown'
+"#,
+        );
+        let unit = &f.sup.units["u"].unit;
+        let cases = [
+            ("MY_TOKEN=s3cr3t],LEAKA next", "MY_TOKEN=[redacted] next"),
+            ("auth with s3cr3t],LEAKA failed", "auth with [redacted] failed"),
+            ("API_KEY=open sesame tail; done", "API_KEY=[redacted]; done"),
+            ("DB_PASSWORD=p\"w'x\"yz ok", "DB_PASSWORD=[redacted] ok"),
+            ("DB_PASSWORD=\"p\"w'x\"yz\" ok", "DB_PASSWORD=\"[redacted]\" ok"),
+            (
+                "using hf_abcdef_and_more and hf_abcdef",
+                "using [redacted] and [redacted]",
+            ),
+            ("SHORT_KEY=a,b, x a,b", "SHORT_KEY=[redacted], x a,b"),
+            ("SHORT_KEY: a,b end", "SHORT_KEY: [redacted] end"),
+            // Short values are not hunted as words; the NAME=VALUE rule
+            // still applies, and other variables stay.
+            ("abcd TINY_TOKEN=abc", "abcd TINY_TOKEN=[redacted]"),
+            (
+                "MODEL=not secret, shown OTHER_TOKEN=zz",
+                "MODEL=not secret, shown OTHER_TOKEN=[redacted]",
+            ),
+        ];
+        for (text, want) in cases {
+            assert_eq!(unit.redact_log(text), want, "{text}");
+        }
     }
 
     // Property: the readiness watch's check attempts reach the stream as

@@ -12,6 +12,9 @@
 //! agent does not silently start a unit from its TOML again while the gate's
 //! version is the current one. A file whose version 0 no longer matches the
 //! TOML (the operator edited the unit since) is ignored, with a warning.
+//! They hold the gate's environment values (an `HF_TOKEN`), so the
+//! directory is 0700 and each file 0600 whatever the umask; looser ones an
+//! earlier version left are tightened when loaded or saved (issue 32).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -198,6 +201,14 @@ impl Versions {
     pub fn load(state_dir: &Path, config: &UnitConfig) -> Self {
         let fresh = Versions::new(config);
         let path = Self::path(state_dir, &config.name);
+        if path.exists()
+            && let Err(e) = path
+                .parent()
+                .map_or(Ok(()), |d| tighten(d, 0o700))
+                .and_then(|()| tighten(&path, 0o600))
+        {
+            tracing::warn!(unit = %config.name, error = %e, "cannot make {} private to the agent", path.display());
+        }
         let Ok(text) = std::fs::read_to_string(&path) else {
             return fresh;
         };
@@ -219,16 +230,39 @@ impl Versions {
         }
     }
 
-    /// Writes the versions atomically (temp file, then rename).
+    /// Writes the versions atomically (temp file, then rename), 0600 in a
+    /// 0700 directory.
     pub fn save(&self, state_dir: &Path) -> std::io::Result<()> {
+        use std::io::Write;
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
         let path = Self::path(state_dir, &self.unit);
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)?;
+            std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+            tighten(dir, 0o700)?;
         }
         let tmp = path.with_extension("json.tmp");
-        std::fs::write(&tmp, serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?)?;
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        // A temp file left by an earlier version keeps its mode: set it.
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+        file.write_all(&serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?)?;
+        drop(file);
         std::fs::rename(tmp, path)
     }
+}
+
+/// Removes any permission of `path` beyond `mode` (never adds one).
+fn tighten(path: &Path, mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let current = std::fs::metadata(path)?.permissions().mode() & 0o777;
+    if current & !mode != 0 {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(current & mode))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -306,5 +340,39 @@ mod tests {
         let mut changed = unit();
         changed.argv.push("--x".into());
         assert_eq!(Versions::load(dir.path(), &changed).current, 0);
+    }
+
+    /// Issue 32 (secrets): a unit's versions hold its environment (an
+    /// `HF_TOKEN` set by a gate change): `state_dir/config` is 0700 and each
+    /// file 0600, whatever the umask; an earlier version's looser ones are
+    /// tightened when loaded or saved.
+    #[test]
+    fn saved_versions_are_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        let dir = tempfile::tempdir().unwrap();
+        let mut v = Versions::new(&unit());
+        v.apply(&edit(&[("HF_TOKEN", "hf_secret")], &[], &[]), "c1").unwrap();
+        v.save(dir.path()).unwrap();
+        let file = Versions::path(dir.path(), "decode-0");
+        let config_dir = file.parent().unwrap();
+        assert_eq!(mode(config_dir), 0o700);
+        assert_eq!(mode(&file), 0o600);
+
+        let loose = |p: &Path, m| std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+        loose(config_dir, 0o755);
+        loose(&file, 0o644);
+        assert_eq!(Versions::load(dir.path(), &unit()).current, 1);
+        assert_eq!(mode(&file), 0o600, "tightened when loaded");
+        loose(&file, 0o644);
+        v.save(dir.path()).unwrap();
+        assert_eq!(mode(config_dir), 0o700);
+        assert_eq!(mode(&file), 0o600);
+        // Only the versions themselves are left behind.
+        let names: Vec<_> = std::fs::read_dir(config_dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["decode-0.json"]);
     }
 }

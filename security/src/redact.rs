@@ -19,6 +19,11 @@ use serde_json::Value;
 /// What replaces a secret value.
 pub const REDACTED: &str = "[redacted]";
 
+/// A known secret value this long (in characters) is hidden wherever it
+/// appears in a process's text ([`Redactor::text_with_env`]); a shorter one
+/// only where its name introduces it, as it would erase ordinary words.
+pub const MIN_BARE_VALUE: usize = 6;
+
 /// Variable names treated as secret unless configured otherwise.
 pub const DEFAULT_PATTERNS: &[&str] = &["*TOKEN*", "*SECRET*", "*KEY*", "*PASSWORD*", "*PASSWD*", "*CREDENTIAL*"];
 
@@ -98,6 +103,65 @@ impl Redactor {
         let mut out = String::with_capacity(s.len());
         let mut at = 0;
         for r in spans {
+            out.push_str(&s[at..r.start]);
+            out.push_str(REDACTED);
+            at = r.end;
+        }
+        out.push_str(&s[at..]);
+        out
+    }
+
+    /// Free text from a process whose own environment is `env` (its log
+    /// tail), with every secret value hidden whole (issue 32: a value holding
+    /// a separator leaked its tail, `MY_TOKEN=[redacted]],LEAKA`). The known
+    /// values of `env`'s secret variables are found first, as whole strings
+    /// and longest first, whatever characters they hold: anywhere when at
+    /// least [`MIN_BARE_VALUE`] characters long (an engine that prints "using
+    /// token hf_…" names no variable), and, whatever their length, wherever
+    /// their name introduces them (`NAME=VALUE`, `NAME: VALUE`, quoted); the
+    /// [`Redactor::text`] rules then catch any other secret it names. Where
+    /// the two overlap, their union is hidden, so no tail is left over.
+    pub fn text_with_env<'e>(&self, s: &str, env: impl IntoIterator<Item = (&'e str, &'e str)>) -> String {
+        // (needle, bytes of it to keep: the name and separator before the value).
+        let mut needles: Vec<(String, usize)> = Vec::new();
+        for (name, value) in env {
+            if value.is_empty() || !self.is_secret(name) {
+                continue;
+            }
+            if value.chars().count() >= MIN_BARE_VALUE {
+                needles.push((value.to_string(), 0));
+            }
+            for sep in ["=", "=\"", "='", "=\\\"", ": ", ":", ": \"", " \""] {
+                needles.push((format!("{name}{sep}{value}"), name.len() + sep.len()));
+            }
+        }
+        // Longest value first; a value inside a longer one is not a tail of it.
+        needles.sort_by(|(a, ka), (b, kb)| (b.len() - kb).cmp(&(a.len() - ka)).then(b.len().cmp(&a.len())));
+        let mut spans: Vec<std::ops::Range<usize>> = Vec::new();
+        for (needle, keep) in &needles {
+            let mut from = 0;
+            while let Some(o) = s[from..].find(needle.as_str()) {
+                let at = from + o;
+                let value = at + keep..at + needle.len();
+                if !spans.iter().any(|r| r.start < value.end && value.start < r.end) {
+                    spans.push(value);
+                }
+                // Needles start and end on character boundaries.
+                from = at + needle.len();
+            }
+        }
+        spans.extend(self.secret_spans(s));
+        spans.sort_by_key(|r| r.start);
+        let mut merged: Vec<std::ops::Range<usize>> = Vec::with_capacity(spans.len());
+        for r in spans {
+            match merged.last_mut() {
+                Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+                _ => merged.push(r),
+            }
+        }
+        let mut out = String::with_capacity(s.len());
+        let mut at = 0;
+        for r in merged {
             out.push_str(&s[at..r.start]);
             out.push_str(REDACTED);
             at = r.end;
@@ -618,6 +682,63 @@ mod tests {
             let streamed = r.to_json_string(&doc).unwrap();
             proptest::prop_assert!(!walked.contains(&secret), "{}", walked);
             proptest::prop_assert!(!streamed.contains(&secret), "{}", streamed);
+        }
+    }
+
+    /// Issue 32 (secrets): a known value is hidden whole, longest first,
+    /// whatever it holds; a short one where its name introduces it.
+    #[test]
+    fn text_with_env_hides_whole_values() {
+        let r = Redactor::default();
+        let env = [
+            ("MY_TOKEN", "s3cr3t],LEAKA"),
+            ("API_KEY", "a b"),
+            ("HF_TOKEN", "hf_abcdef"),
+            ("HF_TOKEN_2", "hf_abcdef_more"),
+            ("MODEL", "shown, too"),
+        ];
+        let cases = [
+            ("MY_TOKEN=s3cr3t],LEAKA x", "MY_TOKEN=[redacted] x"),
+            ("got 's3cr3t],LEAKA'", "got '[redacted]'"),
+            ("API_KEY=a b, a b", "API_KEY=[redacted], a b"),
+            ("API_KEY=\"a b\"", "API_KEY=\"[redacted]\""),
+            ("hf_abcdef_more/hf_abcdef", "[redacted]/[redacted]"),
+            ("MODEL=shown, too OTHER_KEY=v", "MODEL=shown, too OTHER_KEY=[redacted]"),
+        ];
+        for (text, want) in cases {
+            assert_eq!(r.text_with_env(text, env), want, "{text}");
+        }
+        // Without an environment it is `text`.
+        let t = "set HF_TOKEN=hf_abc, KNOB=512 and 'API_KEY=x y'";
+        assert_eq!(r.text_with_env(t, []), r.text(t));
+    }
+
+    proptest::proptest! {
+        /// Fuzz: a known secret value, whatever characters it holds, never
+        /// survives in part where its name introduces it, nor anywhere once
+        /// it is long enough.
+        #[test]
+        fn a_known_value_never_leaks_in_part(
+            body in "[ -~]{0,30}",
+            form in 0usize..6,
+            noise in "[a-z ]{0,12}",
+        ) {
+            let r = Redactor::default();
+            // `Q` appears nowhere else in the text.
+            let secret = format!("Q{body}");
+            let env = [("MY_TOKEN", secret.as_str()), ("MODEL", "m")];
+            let text = match form {
+                0 => format!("MY_TOKEN={secret}"),
+                1 => format!("MY_TOKEN=\"{secret}\""),
+                2 => format!("MY_TOKEN='{secret}'"),
+                3 => format!("MY_TOKEN: {secret}"),
+                4 => format!("pid 3 has MY_TOKEN \"{secret}\""),
+                _ => format!("using {secret}"),
+            };
+            let out = r.text_with_env(&format!("{noise} {text}, {noise}"), env);
+            if form < 5 || secret.chars().count() >= MIN_BARE_VALUE {
+                proptest::prop_assert!(!out.contains(&secret), "{}", out);
+            }
         }
     }
 

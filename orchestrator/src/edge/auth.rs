@@ -62,6 +62,63 @@ pub struct Actor {
     pub role: &'static str,
 }
 
+impl Actor {
+    /// Whether this caller may see credentials written into URLs (a
+    /// `base_url` of `http://user:pass@host`): one who may operate, or
+    /// anyone when no authentication is configured. A `read` operator sees
+    /// [`hide_url_credentials`]'s version (issue 32).
+    pub fn sees_url_credentials(&self) -> bool {
+        matches!(self.role, "operate" | "insecure")
+    }
+}
+
+/// A JSON document's text (a `status` reply) with the userinfo of every
+/// URL in it replaced: `https://user:pass@host/x` → `https://[redacted]@host/x`.
+/// A URL's authority is what follows `://` up to `/`, `?`, `#` or the end of
+/// its JSON string (an unescaped quote, or an escape other than `\"`); its
+/// userinfo is everything before the authority's last `@`, whatever it holds
+/// (spaces and quotes included: better an address hidden than a password
+/// shown). An `@` in a path, query or fragment, or in text without `://`, is
+/// left alone.
+pub fn hide_url_credentials(json: &str) -> std::borrow::Cow<'_, str> {
+    let b = json.as_bytes();
+    let mut out = String::new();
+    // `json[..copied]` is in `out` (or unchanged, while `out` is empty).
+    let mut copied = 0;
+    let mut from = 0;
+    while let Some(found) = json[from..].find("://") {
+        let start = from + found + 3;
+        let (mut end, mut last_at) = (start, None);
+        while end < b.len() {
+            match b[end] {
+                b'/' | b'?' | b'#' | b'"' => break,
+                b'\\' if b.get(end + 1) == Some(&b'"') => end += 2,
+                b'\\' => break,
+                c if c.is_ascii_control() => break,
+                c => {
+                    if c == b'@' {
+                        last_at = Some(end);
+                    }
+                    end += 1;
+                }
+            }
+        }
+        if let Some(at) = last_at.filter(|&at| at > start) {
+            out.push_str(&json[copied..start]);
+            out.push_str(pdwarden_security::redact::REDACTED);
+            copied = at;
+        }
+        // The next URL may begin inside this one's authority
+        // (`etcd:https://e1,https://u:p@e2`).
+        from = start;
+    }
+    if copied == 0 {
+        return std::borrow::Cow::Borrowed(json);
+    }
+    out.push_str(&json[copied..]);
+    std::borrow::Cow::Owned(out)
+}
+
 /// Lower-case hex SHA-256 of a token.
 pub fn hash_token(token: &str) -> String {
     Sha256::digest(token.as_bytes())
@@ -86,6 +143,9 @@ pub fn required_role(path: &str) -> OperatorRole {
 /// Checks the operators' problems; `(field, problem)` like other config checks.
 pub fn validate(operators: &[OperatorConfig]) -> Result<(), (String, String)> {
     let mut names = std::collections::HashSet::new();
+    // Token hash → the operator holding it: a token is one operator's, or
+    // the first match would decide who acted (issue 32: bob acted as alice).
+    let mut tokens = std::collections::HashMap::new();
     for (i, o) in operators.iter().enumerate() {
         if o.name.trim().is_empty() {
             return Err((format!("operator[{i}].name"), "must not be empty".into()));
@@ -101,6 +161,15 @@ pub fn validate(operators: &[OperatorConfig]) -> Result<(), (String, String)> {
             return Err((
                 format!("operator[{i}].token_sha256"),
                 "must be 64 lower-case hex digits (the SHA-256 of the token, never the token itself)".into(),
+            ));
+        }
+        if let Some(first) = tokens.insert(h.as_str(), o.name.as_str()) {
+            return Err((
+                format!("operator[{i}].token_sha256"),
+                format!(
+                    "operators {first:?} and {:?} have the same token; each operator needs its own (`pdwarden certs token NAME`)",
+                    o.name
+                ),
             ));
         }
     }
@@ -353,5 +422,70 @@ mod tests {
         };
         assert_eq!(validate(&[bad]).unwrap_err().0, "operator[0].token_sha256");
         assert_eq!(hash_token("abc").len(), 64);
+    }
+
+    /// Issue 32 (secrets): two operators with one token hash were both
+    /// accepted and the first match won (bob acted as alice).
+    #[test]
+    fn a_token_hash_belongs_to_one_operator_only() {
+        let op = |name: &str, token: &str| OperatorConfig {
+            name: name.into(),
+            role: OperatorRole::Read,
+            token_sha256: hash_token(token),
+        };
+        let (field, problem) = validate(&[op("alice", "t1"), op("carol", "t2"), op("bob", "t1")]).unwrap_err();
+        assert_eq!(field, "operator[2].token_sha256");
+        assert!(
+            problem.contains("\"alice\"") && problem.contains("\"bob\""),
+            "{problem}"
+        );
+        assert!(!problem.contains(&hash_token("t1")), "{problem}");
+        validate(&[op("alice", "t1"), op("bob", "t2")]).unwrap();
+    }
+
+    /// Issue 32 (secrets): a `base_url` with `user:pass@` was shown to
+    /// read-only operators. Only a caller who may operate (or anyone, with
+    /// no authentication configured) sees the userinfo of a URL.
+    #[test]
+    fn url_credentials_are_hidden_from_read_only_operators() {
+        let actor = |role| Actor { name: "x".into(), role };
+        assert!(!actor("read").sees_url_credentials());
+        assert!(actor("operate").sees_url_credentials());
+        assert!(actor("insecure").sees_url_credentials());
+        let cases = [
+            (
+                r#"{"base_url":"http://svc:s3cr%2Ft,x;y@10.0.0.1:30000/v1?q=a@b"}"#,
+                r#"{"base_url":"http://[redacted]@10.0.0.1:30000/v1?q=a@b"}"#,
+            ),
+            ("https://tok@h", "https://[redacted]@h"),
+            ("https://e1,http://u:p@e2", "https://e1,http://[redacted]@e2"),
+            (
+                r#"{"a":"http://u:p\"a ss'@h/","b":"http://h:1","c":"x@y"}"#,
+                r#"{"a":"http://[redacted]@h/","b":"http://h:1","c":"x@y"}"#,
+            ),
+            ("x https://u:p@h#f@g y", "x https://[redacted]@h#f@g y"),
+            (
+                "etcd:https://root:pw@e1:2379,https://e2:2379,http://a:b@e3",
+                "etcd:https://[redacted]@e1:2379,https://e2:2379,http://[redacted]@e3",
+            ),
+            (
+                r#"["http://u:p@[::1]:8000","http://@h"]"#,
+                r#"["http://[redacted]@[::1]:8000","http://@h"]"#,
+            ),
+            // No userinfo: nothing changes (an `@` in a path or an address
+            // is not a credential).
+            (
+                "http://10.0.0.2:8000/x@y mail a@b.c",
+                "http://10.0.0.2:8000/x@y mail a@b.c",
+            ),
+            ("", ""),
+        ];
+        for (text, want) in cases {
+            assert_eq!(hide_url_credentials(text), want, "{text}");
+        }
+        assert!(matches!(
+            hide_url_credentials("http://h:1"),
+            std::borrow::Cow::Borrowed(_)
+        ));
     }
 }

@@ -53,6 +53,37 @@ pub struct SqliteStore {
 
 impl SqliteStore {
     pub fn open(path: &Path) -> Result<Self, JournalError> {
+        // The journal holds operation reports (a change's environment):
+        // its directory, when made here, is 0700 and its files 0600,
+        // whatever the umask (issue 32). SQLite's unix VFS creates `-wal`
+        // and `-shm` with the database file's mode, so the file is made
+        // (or tightened) before SQLite opens it; a `-wal`/`-shm` an
+        // earlier version left behind is tightened too. Where any of this
+        // fails, SQLite's own open says why (or the file stays as it was).
+        let name = path.as_os_str().as_encoded_bytes();
+        if name != b":memory:" && !name.starts_with(b"file:") {
+            use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty() && !d.exists()) {
+                let _ = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir);
+            }
+            let private = std::fs::Permissions::from_mode(0o600);
+            if let Ok(file) = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600)
+                .open(path)
+                && let Err(e) = file.set_permissions(private.clone())
+            {
+                tracing::warn!(journal = %path.display(), error = %e, "cannot make the journal private (0600)");
+            }
+            for suffix in ["-wal", "-shm"] {
+                let mut name = path.as_os_str().to_os_string();
+                name.push(suffix);
+                let _ = std::fs::set_permissions(PathBuf::from(name), private.clone());
+            }
+        }
         let conn = Connection::open(path)?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         conn.execute_batch(SCHEMA)?;
@@ -73,11 +104,21 @@ impl SqliteStore {
             path: owner_path.clone(),
             error,
         };
+        // Made 0600 (and its directory 0700), like the journal (`open`).
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty() && !d.exists()) {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(io)?;
+        }
         let mut file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
+            .mode(0o600)
             .open(&owner_path)
             .map_err(io)?;
         match file.try_lock() {
@@ -95,6 +136,9 @@ impl SqliteStore {
             }
             Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
         }
+        // Ours now: an earlier version's looser owner file is tightened.
+        let private = std::fs::Permissions::from_mode(0o600);
+        file.set_permissions(private).map_err(io)?;
         file.set_len(0).map_err(io)?;
         file.rewind().map_err(io)?;
         file.write_all(holder.as_bytes()).map_err(io)?;
@@ -301,5 +345,69 @@ impl Store for SqliteStore {
     #[cfg(test)]
     fn as_sqlite(&self) -> Option<&SqliteStore> {
         Some(self)
+    }
+}
+
+/// Issue 32 (secrets): the journal holds operation reports (a change's
+/// environment, an actor's name): it and its `-wal`, `-shm` and `.owner`
+/// files are the service user's alone.
+#[cfg(test)]
+mod secrets_tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    fn mode(p: &Path) -> u32 {
+        std::fs::metadata(p)
+            .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+            .permissions()
+            .mode()
+            & 0o777
+    }
+
+    fn sibling(db: &Path, suffix: &str) -> PathBuf {
+        let mut name = db.as_os_str().to_os_string();
+        name.push(suffix);
+        PathBuf::from(name)
+    }
+
+    /// A new journal, in a directory that does not exist yet: the
+    /// directory is made 0700, the files 0600, whatever the umask.
+    #[test]
+    fn a_new_journal_is_private() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("state").join("journal.sqlite");
+        let store = SqliteStore::own(&db, "pid 1").unwrap();
+        store.insert("op-1", "restart", "pair-a", None, 1).unwrap();
+        let report = "{\"env\":{\"HF_TOKEN\":\"x\"}}";
+        store.append("op-1", 2, "trigger", report).unwrap();
+        assert_eq!(mode(db.parent().unwrap()), 0o700);
+        for p in [db.clone(), sibling(&db, "-wal"), sibling(&db, "-shm"), owner_file(&db)] {
+            assert_eq!(mode(&p), 0o600, "{}", p.display());
+        }
+    }
+
+    /// A journal an earlier version left world-readable is tightened when
+    /// opened (the directory, which may be shared, is left as it is).
+    #[test]
+    fn an_existing_journal_is_tightened() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("journal.sqlite");
+        drop(SqliteStore::own(&db, "pid 1").unwrap());
+        // Closing removed the -wal and -shm files; an earlier version's
+        // crash would have left them.
+        for suffix in ["-wal", "-shm"] {
+            std::fs::write(sibling(&db, suffix), b"").unwrap();
+        }
+        for p in [db.clone(), sibling(&db, "-wal"), sibling(&db, "-shm"), owner_file(&db)] {
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+        }
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let store = SqliteStore::own(&db, "pid 2").unwrap();
+        store.insert("op-1", "restart", "pair-a", None, 1).unwrap();
+        for p in [db.clone(), sibling(&db, "-wal"), sibling(&db, "-shm"), owner_file(&db)] {
+            assert_eq!(mode(&p), 0o600, "{}", p.display());
+        }
+        assert_eq!(mode(dir.path()), 0o755);
     }
 }
