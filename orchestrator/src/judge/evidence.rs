@@ -153,6 +153,9 @@ pub fn conclude(e: &Evidence, policy: &ProbePolicy) -> Verdict {
         ];
         reasons.extend(e.drain.lines.iter().cloned());
         reasons.extend(e.notes.iter().cloned());
+        if let Some(err) = &e.journal_error {
+            reasons.insert(0, format!("stopped: the journal could not record a step ({err})"));
+        }
         return Verdict {
             kind: VerdictKind::Failed,
             reasons,

@@ -541,8 +541,14 @@ pub async fn drain(
         .into_iter()
         .partition(|w| earlier.iter().any(|e| same_url(&e.url, &w.url)));
     out.not_listed = not_listed.into_iter().map(|w| w.unit).collect();
-    // Journaled before the removal goes out: what this operation takes out.
-    rec.journal("drain_removing", &removing);
+    // Must-write, before the removal goes out: what this operation takes
+    // out, which a resumed drain reads back (DESIGN.md 17).
+    if let Err(e) = rec.write_ahead("drain_removing", &removing) {
+        out.error = Some(format!(
+            "the journal could not record what it takes out of rotation ({e}); nothing was taken out"
+        ));
+        return end(rec, step, out);
+    }
     out.removed = removing.clone();
     out.removed.extend(out_before);
     if !removing.is_empty() {

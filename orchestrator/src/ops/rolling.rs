@@ -298,6 +298,13 @@ impl Roll {
         self.reasons.push(reason);
     }
 
+    /// Stopped by the journal: failed, said first.
+    fn stopped_by_the_journal(&mut self, e: &str) {
+        self.verdict = VerdictKind::Failed;
+        self.reasons
+            .insert(0, format!("stopped: the journal could not record a step ({e})"));
+    }
+
     /// Runs sub-pairs `first..`, one at a time, stopping at the first that
     /// is not healthy and back in rotation; then the whole pair's
     /// verification (index = the number of sub-pairs).
@@ -322,11 +329,18 @@ impl Roll {
                     } else {
                         "the whole pair's verification".into()
                     };
-                    self.fail(format!("stopped: {what} could not be journaled ({e})"));
+                    self.stopped_by_the_journal(&format!("{what}: {e}"));
                     return;
                 }
             };
             if !self.record(i, kind.as_str(), report) {
+                return;
+            }
+            // A write of the roll's that failed (its record of a child's
+            // conclusion): the journal no longer holds the roll, so it goes
+            // no further (DESIGN.md 17).
+            if let Some(e) = self.rec.journal_failure() {
+                self.stopped_by_the_journal(&e);
                 return;
             }
         }
@@ -419,10 +433,11 @@ impl Roll {
         config: PairConfig,
     ) -> Result<OperationReport, JournalError> {
         let child_pair = format!("{}{CHILD_SUFFIX}", self.pair.name);
-        let id = self.ctx.begin(kind.as_str(), &child_pair, None, &[])?;
-        self.rec.journal.append(
-            &self.rec.operation_id,
-            self.rec.now_ms(),
+        // Must-write, before the child exists: a resumed roll finds its
+        // child here (one begun unrecorded would hold `PAIR#roll` busy, its
+        // starts unknown to the roll).
+        let id = uuid::Uuid::new_v4().to_string();
+        self.rec.write_ahead(
             entry::CHILD_OPERATION,
             &ChildEntry {
                 index,
@@ -430,6 +445,7 @@ impl Roll {
                 kind: kind.as_str().into(),
             },
         )?;
+        self.ctx.journal.begin(&id, kind.as_str(), &child_pair, None)?;
         let (tx, mut rx) = mpsc::unbounded_channel::<OperationUpdate>();
         let fwd = self.rec.follower();
         let forward = tokio::spawn(async move {
@@ -461,7 +477,12 @@ impl Roll {
         if let Some(note) = note {
             self.reasons.push(note);
         }
-        let report = OperationReport {
+        if let Some(e) = self.rec.journal_failure()
+            && self.verdict.is_healthy()
+        {
+            self.stopped_by_the_journal(&e);
+        }
+        let mut report = OperationReport {
             operation_id: self.rec.operation_id.clone(),
             pair: self.pair.name.clone(),
             kind: KIND.into(),
@@ -494,6 +515,9 @@ impl Roll {
             .conclude(&report.operation_id, report.verdict.as_str(), &report)
         {
             tracing::error!(operation = %report.operation_id, error = %e, "could not journal the roll's verdict");
+            report.reasons.push(format!(
+                "the journal could not record this conclusion ({e}): it is kept and retried, and the pair is not free until it is written"
+            ));
         }
         if let Ok(json) = serde_json::to_string(&report) {
             self.rec
@@ -608,6 +632,121 @@ enabled = false
     fn sorted(mut v: Vec<String>) -> Vec<String> {
         v.sort();
         v
+    }
+
+    /// Issue 32: the journal fails at every write of a roll, and every
+    /// write after it (a disk that fills), then has room again. No unit is
+    /// started and no worker taken out of the router without its
+    /// write-ahead entry, none is started twice, the roll is never healthy
+    /// with a write failed before its conclusion and says so first, and
+    /// once the disk has room every operation concludes (no `p#roll` child
+    /// left holding the pair) with every engine running and listed by the
+    /// router or said to be left out.
+    #[tokio::test(start_paused = true)]
+    async fn a_journal_that_fails_at_any_write_of_a_roll_leaves_nothing_unrecorded() {
+        async fn one(
+            fail_from: Option<usize>,
+        ) -> (
+            OperationReport,
+            usize,
+            FakeAgent,
+            std::sync::Arc<Journal>,
+            tempfile::TempDir,
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let journal = journal(&dir);
+            let agent = agent();
+            let ctx = orchestrator(&journal, &agent).await;
+            let id = begin(&journal);
+            let before = journal.writes_seen();
+            if let Some(n) = fail_from {
+                journal.fail_writes(before + n + 1..=before + n + 100_000);
+            }
+            let (tx, _rx) = mpsc::unbounded_channel();
+            let report = run(ctx, pair(), id, tx).await;
+            let writes = journal.writes_seen() - before;
+            (report, writes, agent, journal, dir)
+        }
+        let (clean, total, ..) = one(None).await;
+        assert!(clean.verdict.is_healthy(), "{:?}", clean.reasons);
+        assert!(total > 30, "{total} writes");
+        let mut broken = Vec::new();
+        for n in 0..total {
+            let (report, _, agent, journal, _dir) = one(Some(n)).await;
+            let at = format!("writes failing from write {n} of {total}");
+            let reasons = &report.reasons;
+            let ops = journal.history("p#roll", 100).unwrap();
+            let commands: Vec<String> = ops
+                .iter()
+                .flat_map(|o| journal.commands(&o.operation_id).unwrap())
+                .map(|c| c.command_id)
+                .collect();
+            for e in agent.executed() {
+                if !commands.contains(&e.command_id) {
+                    broken.push(format!("{at}: {} started without its write-ahead entry", e.unit));
+                }
+            }
+            let recorded_out: Vec<String> = ops
+                .iter()
+                .flat_map(|o| {
+                    journal
+                        .read::<Vec<crate::ops::drain::PairWorker>>(&o.operation_id, "drain_removing")
+                        .unwrap()
+                })
+                .flatten()
+                .map(|w| w.url)
+                .collect();
+            for (op, urls, _) in agent.router_calls() {
+                if op == RouterWorkersOp::Remove as i32 {
+                    for u in urls.iter().filter(|u| !recorded_out.contains(u)) {
+                        broken.push(format!("{at}: {u} taken out of rotation unrecorded"));
+                    }
+                }
+            }
+            for u in ENGINES {
+                if agent.starts_of(u) > 1 {
+                    broken.push(format!("{at}: {u} started {} times", agent.starts_of(u)));
+                }
+            }
+            // The roll's or the child's it stopped at.
+            let names_journal = reasons.iter().any(|l| {
+                l.trim_start()
+                    .starts_with("stopped: the journal could not record a step")
+            });
+            if n + 1 < total && (report.verdict.is_healthy() || !names_journal) {
+                broken.push(format!(
+                    "{at}: {} without naming the journal: {reasons:?}",
+                    report.verdict.as_str()
+                ));
+            }
+            journal.heal();
+            journal.flush_pending();
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            let open: Vec<String> = journal.unfinished().unwrap().into_iter().map(|o| o.pair).collect();
+            if !open.is_empty() {
+                broken.push(format!("{at}: left running once the disk had room: {open:?}"));
+            }
+            for u in ENGINES {
+                if agent.unit_phase(u) != pdwarden_proto::v1::Phase::Generating {
+                    broken.push(format!("{at}: {u} left {:?}", agent.unit_phase(u)));
+                }
+                let listed = agent.router_lists().contains(&url(u));
+                if !listed
+                    && !reasons.iter().any(|r| {
+                        r.contains("left out of the serving router")
+                            || r.contains("out of rotation")
+                            || r.contains("not put back")
+                    })
+                {
+                    broken.push(format!("{at}: {u} out of the router, unsaid: {reasons:?}"));
+                }
+            }
+        }
+        assert!(
+            broken.is_empty(),
+            "{} violations of {total} runs: {broken:#?}",
+            broken.len()
+        );
     }
 
     /// One sub-pair at a time: out of the router, restarted (prefill, then
