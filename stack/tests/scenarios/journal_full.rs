@@ -155,3 +155,109 @@ fn a_co_restart_whose_journal_fills_stops_before_the_decode_says_what_is_live_an
         report["verdict"], report["reasons"][0], auto["trigger"]["wedge"]["kind"], auto["verdict"]
     );
 }
+
+/// `settings.knob_live` of each engine, from pd-sim itself.
+fn knob_live(held: &HeldDemo) -> Vec<bool> {
+    ["prefill-0", "decode-0"]
+        .iter()
+        .map(|u| {
+            let url = held.unit_url(u);
+            let stats: serde_json::Value = tokio::runtime::Runtime::new()
+                .unwrap()
+                .block_on(async { reqwest::get(format!("{url}/sim/stats")).await?.json().await })
+                .unwrap();
+            stats["settings"]["knob_live"].as_bool().unwrap()
+        })
+        .collect()
+}
+
+/// The gate's half (issue 32's first finding): the journal fills once the
+/// gate's co-restart onto the knob has replaced the prefill. Before, the
+/// gate said "FAILED: nothing was changed" with the knob live in the
+/// prefill and current in both units' config (the next plain restart
+/// started both with it). Now it rolls back what it can without a journal
+/// (the config versions), says which process runs the change, and once
+/// space returns the watch's co-restart starts both engines on the
+/// previous version: nothing is left half-done.
+#[test]
+fn a_gate_whose_journal_fills_rolls_back_says_what_runs_the_change_and_ends_with_nothing_live() {
+    let _one = exclusive();
+    let mut fs = SmallFs::mount("16m");
+    let journal = fs.path("journal.sqlite");
+    let knob = "--tpot-ms 24 --knob-env PDW_KNOB --knob-value on --knob-slowdown 1.0";
+    let held = HeldDemo::start(
+        &[
+            "--journal",
+            journal.to_str().unwrap(),
+            "--prefill-sim",
+            knob,
+            "--decode-sim",
+            knob,
+        ],
+        LIMIT,
+    );
+    assert!(
+        held.report["verdict"].as_str().unwrap().starts_with("healthy"),
+        "{:#}",
+        held.report
+    );
+    poll("watch healthy after the restart", Duration::from_secs(60), || {
+        (held.watch()["state"] == "healthy").then_some(())
+    });
+    let prefill = held.unit_pid("prefill-0");
+    let gate = std::thread::scope(|s| {
+        let cli = s.spawn(|| held.cli_within(&["gate", "demo", "--set-env", "PDW_KNOB=on", "--json"], LIMIT));
+        let deadline = Instant::now() + LIMIT;
+        while !gone(prefill) {
+            assert!(Instant::now() < deadline, "the gate never restarted the prefill");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        fs.fill();
+        cli.join().unwrap()
+    });
+    let report = gate.json();
+    let said = reasons(&report);
+    println!("gate with its journal full:\n{said}");
+    assert_eq!(report["verdict"], "rollback_failed", "{report:#}");
+    assert!(
+        said.starts_with("stopped: the journal could not record a step"),
+        "{said}"
+    );
+    assert!(!said.contains("nothing was changed"), "{said}");
+    assert!(
+        said.contains("rolled back: the previous config versions are current again"),
+        "{said}"
+    );
+    assert!(said.contains("prefill-0 runs the change"), "{said}");
+    assert_eq!(
+        knob_live(&held),
+        [true, false],
+        "pd-sim's own view: the prefill alone has the knob"
+    );
+
+    // Space returns: the watch repairs the half-done pair, and its
+    // co-restart starts both on the previous config.
+    fs.free();
+    let (_, auto) = held.automatic_recovery(LIMIT);
+    assert_eq!(auto["trigger"]["automatic"], true, "{auto:#}");
+    assert!(
+        auto["verdict"].as_str().unwrap_or("").starts_with("healthy"),
+        "{auto:#}"
+    );
+    assert_eq!(knob_live(&held), [false, false], "nothing of the change is live");
+    let history = held.cli(&["history", "demo", "--json"]).json();
+    let concluded = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|op| op["operation_id"] == report["operation_id"])
+        .unwrap_or_else(|| panic!("the gate is in the history: {history:#}"));
+    assert_eq!(concluded["verdict"], "rollback_failed", "{concluded:#}");
+    println!(
+        "journal full mid-gate → {}; freed → automatic {} recovery {}, knob live {:?}",
+        report["verdict"],
+        auto["trigger"]["wedge"]["kind"],
+        auto["verdict"],
+        knob_live(&held)
+    );
+}
