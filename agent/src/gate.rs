@@ -284,6 +284,17 @@ async fn stream_one(
                             sample.tokens += 1;
                             first.get_or_insert(at);
                             last = at;
+                            if u64::from(sample.tokens) > crate::suite::runaway_limit(b.max_tokens) {
+                                // Cut: a stream past max_tokens is a
+                                // finding, not a longer benchmark.
+                                stream_error = Some(format!(
+                                    "a runaway stream: more than {} tokens for max_tokens {}; cut",
+                                    crate::suite::runaway_limit(b.max_tokens),
+                                    b.max_tokens
+                                ));
+                                done = true;
+                                break;
+                            }
                         }
                         crate::suite::SseEvent::Finish(_) => {}
                         crate::suite::SseEvent::Error(message) => {

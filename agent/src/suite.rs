@@ -125,6 +125,15 @@ fn chat_or_default(chat: Option<ChatProbe>) -> ChatProbe {
     })
 }
 
+/// The most tokens read from a stream that asked for `max_tokens` before it
+/// is cut as a runaway: twice the ask, and never fewer than 64 over it
+/// (an engine may count a piece or two differently; a stream that ignores
+/// `max_tokens` is cut long before its timings weigh on a report).
+pub fn runaway_limit(max_tokens: u32) -> u64 {
+    let asked = u64::from(max_tokens);
+    (asked * 2).max(asked + 64)
+}
+
 /// How long a streamed request may take in all, and without a token.
 #[derive(Clone, Copy)]
 struct StreamLimits {
@@ -209,7 +218,8 @@ async fn stream_chat(
     // When the last token arrived; none yet: the silence limit does not
     // apply before the first token, only the whole request's.
     let mut last_token: Option<Instant> = None;
-    while !done {
+    let mut runaway = false;
+    while !done && !runaway {
         let wait_until = last_token.map_or(deadline, |t| (t + silence).min(deadline));
         match tokio::time::timeout_at(wait_until, stream.next()).await {
             Err(_) => {
@@ -260,6 +270,18 @@ async fn stream_chat(
                             sample.token_times_ms.push(at);
                             last_token = Some(now);
                             content.push_str(&piece);
+                            if sample.token_times_ms.len() as u64 > runaway_limit(chat.max_tokens) {
+                                // Too many tokens is a finding, not a bigger
+                                // report (issue 32: a stream past max_tokens
+                                // grew a report to 8 MB and broke history).
+                                sample.error = format!(
+                                    "a runaway stream: more than {} tokens for max_tokens {}; cut (the engine or router ignores max_tokens)",
+                                    runaway_limit(chat.max_tokens),
+                                    chat.max_tokens
+                                );
+                                runaway = true;
+                                break;
+                            }
                         }
                         SseEvent::Finish(reason) => sample.finish_reason = reason,
                         SseEvent::Error(message) => {
@@ -553,6 +575,24 @@ mod tests {
         assert_eq!(s.outcome, ProbeOutcome::Error as i32, "{s:?}");
         assert_eq!((s.tokens, s.tokens_asked, s.finish_reason.as_str()), (1, 8, "abort"));
         assert_eq!(s.error, "finish_reason \"abort\" after 1 of 8 tokens");
+    }
+
+    /// Issue 32: a stream that ignores max_tokens is cut at the runaway
+    /// limit and is an Error saying so — its timings stay bounded (before:
+    /// every token of ~1.5 M went into the report, 8 MB, and `history`
+    /// broke for everyone).
+    #[tokio::test]
+    async fn a_runaway_stream_is_cut_and_an_error() {
+        let url = streaming(vec![(0, TOKEN); 500]).await;
+        let s = run(&url, 8, limits(10_000, 5_000)).await;
+        assert_eq!(s.outcome, ProbeOutcome::Error as i32, "{s:?}");
+        assert_eq!(u64::from(s.tokens), runaway_limit(8) + 1, "{s:?}");
+        assert!(
+            s.error
+                .starts_with("a runaway stream: more than 72 tokens for max_tokens 8; cut"),
+            "{}",
+            s.error
+        );
     }
 
     /// Property: the silence limit is the gap between tokens. A first token

@@ -357,6 +357,11 @@ pub fn answer_error(tokens: u32, tokens_asked: u32, finish_reason: &str, stream_
             "finish_reason \"{finish_reason}\" after {tokens} of {tokens_asked} tokens: the engine ended it, not the request"
         ));
     }
+    if tokens_asked > 0 && tokens > tokens_asked {
+        return Some(format!(
+            "a runaway answer: {tokens} tokens for max_tokens {tokens_asked} (the engine or router ignores max_tokens)"
+        ));
+    }
     if tokens_asked > 0 && tokens < tokens_asked && !COMPLETE_FINISH_REASONS.contains(&finish_reason) {
         let why = if finish_reason.is_empty() {
             "no finish_reason".to_string()
@@ -882,6 +887,23 @@ pub fn warnings(steps: &[StepReport]) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
+    /// Issue 32: more tokens than asked for is a finding (the stream was
+    /// cut at the agent), never an answer.
+    #[test]
+    fn more_tokens_than_asked_is_a_runaway_answer() {
+        let e = super::answer_error(73, 8, "", "").expect("a runaway is an error");
+        assert_eq!(
+            e,
+            "a runaway answer: 73 tokens for max_tokens 8 (the engine or router ignores max_tokens)"
+        );
+        assert_eq!(super::answer_error(8, 8, "length", ""), None);
+        assert_eq!(
+            super::answer_error(3, 0, "", ""),
+            None,
+            "nothing asked: nothing to compare"
+        );
+    }
+
     use super::*;
 
     fn stream(times: &[u64], latency_ms: u64, outcome: &str) -> RequestSample {
