@@ -101,6 +101,14 @@ impl CommandContext {
     }
 }
 
+/// The wall clock in unix ms (a pid file outlives the agent's monotonic
+/// clock).
+fn unix_ms_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, duration_ms)
+}
+
 fn duration_ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
@@ -185,6 +193,10 @@ struct UnitState {
     /// The start command that spawned the current (or last) instance; ""
     /// after a plain stop.
     start_command: String,
+    /// When the agent that spawned the adopted instance received its start
+    /// (unix ms, from the pid file): a followed start's phases count from
+    /// there, not from the adoption.
+    start_received_unix_ms: Option<u64>,
     /// How the last instance ended, while the phase is exited (reported in
     /// `UnitInfo.exit_detail` to an orchestrator that attaches later).
     exit_detail: String,
@@ -237,6 +249,7 @@ impl Unit {
                 watch: None,
                 spawned_version: None,
                 start_command: String::new(),
+                start_received_unix_ms: None,
                 exit_detail: String::new(),
                 adopted_start: false,
             }),
@@ -403,9 +416,11 @@ impl Unit {
             format!("pid {pid} (config version {version})")
         };
         let ctx_id = ctx.id.clone();
+        let ctx_received = ctx.received_at;
         let run = self.begin_run(ctx, pid, exit_rx, params, detail, spec.fingerprint());
         self.lock().spawned_version = Some(version);
-        self.write_pid_file(pid, &ctx_id, version);
+        let received_unix_ms = unix_ms_now().saturating_sub(duration_ms(ctx_received.elapsed()));
+        self.write_pid_file(pid, &ctx_id, version, received_unix_ms);
         tokio::spawn(reap(Arc::clone(self), run, child, exit_tx));
         Ok(pid)
     }
@@ -475,6 +490,20 @@ impl Unit {
             w.abort();
         }
         st.adopted_start = false;
+        // The start's zero is when the first agent received it (issue 32:
+        // the timeline said the prefill generated 110 ms after a start
+        // that took 3 s, counted from the adoption).
+        let ctx = match st.start_received_unix_ms.take() {
+            Some(received) => {
+                let ago = Duration::from_millis(unix_ms_now().saturating_sub(received));
+                CommandContext::new(
+                    ctx.id.clone(),
+                    Instant::now().checked_sub(ago).unwrap_or(ctx.received_at),
+                )
+            }
+            None => ctx.clone(),
+        };
+        let ctx = &ctx;
         st.attribution = Attribution::Starting(ctx.clone());
         // No second `spawned`: nothing was spawned. The start's readiness
         // phases follow under its id, from where the process is now.
@@ -488,7 +517,7 @@ impl Unit {
     /// agent restarted after `leave-running` (or killed) can adopt it and
     /// knows which start it belongs to. Best effort: without it the unit
     /// still runs, unadoptable.
-    fn write_pid_file(&self, pid: u32, command_id: &str, version: u32) {
+    fn write_pid_file(&self, pid: u32, command_id: &str, version: u32, received_unix_ms: u64) {
         let Some(start) = process_start_time(pid) else {
             return;
         };
@@ -498,7 +527,7 @@ impl Unit {
             }
             std::fs::write(
                 &self.pid_path,
-                format!("{pid} {start} command={command_id} version={version}\n"),
+                format!("{pid} {start} command={command_id} version={version} received_unix_ms={received_unix_ms}\n"),
             )
         };
         if let Err(e) = write() {
@@ -531,6 +560,7 @@ impl Unit {
         };
         let command_id = field("command=").unwrap_or_default();
         let version: Option<u32> = field("version=").and_then(|v| v.parse().ok());
+        let received_unix_ms: Option<u64> = field("received_unix_ms=").and_then(|v| v.parse().ok());
         let mut fields = text.split_whitespace().take(2).map(str::parse::<u64>);
         let (Some(Ok(pid)), Some(Ok(start))) = (fields.next(), fields.next()) else {
             self.remove_pid_file();
@@ -556,6 +586,7 @@ impl Unit {
             st.adopted_start = !command_id.is_empty();
             st.start_command = command_id.clone();
             st.spawned_version = version;
+            st.start_received_unix_ms = received_unix_ms;
         }
         info!(unit = %self.config.name, pid, start_command = %command_id, "adopted a running unit");
         tokio::spawn(watch_adopted(Arc::clone(self), run, pid, start, exit_tx));
@@ -1437,7 +1468,10 @@ MODEL = 'not secret, shown'
         let pid_file = f.dir.path().join("run/s.pid");
         let text = std::fs::read_to_string(&pid_file).unwrap();
         let start = process_start_time(pid).unwrap();
-        assert_eq!(text, format!("{pid} {start} command=c1 version=0\n"));
+        assert!(
+            text.starts_with(&format!("{pid} {start} command=c1 version=0 received_unix_ms=")),
+            "{text}"
+        );
         f.sup
             .stop("s", CommandContext::new("c2", Instant::now()), Duration::from_secs(5))
             .await
@@ -1460,7 +1494,9 @@ MODEL = 'not secret, shown'
     async fn a_start_a_killed_agent_ran_is_followed_not_run_again() {
         let mut first = Fixture::new(&[("s", &["sleep", "30"])]);
         let pid = first.start("s", "c1").await;
-        // The agent dies (its units live on: they are not killed with it).
+        // The agent dies (its units live on: they are not killed with it),
+        // and the next one starts a while later.
+        tokio::time::sleep(Duration::from_millis(400)).await;
         let config = AgentConfig::from_toml_str(&format!(
             "host='t'\norchestrator='http://127.0.0.1:1'\nstate_dir={:?}\n[[unit]]\nname='s'\nrole='prefill'\nargv=['sleep','30']\nbase_url='http://127.0.0.1:1'\n",
             first.dir.path()
@@ -1507,6 +1543,9 @@ MODEL = 'not secret, shown'
             }
         };
         assert_eq!(followed.pid, pid, "{followed:?}");
+        // Issue 32: counted from the command the first agent received, not
+        // from the adoption.
+        assert!(followed.ms_since_command >= 400, "{followed:?}");
         assert!(process_start_time(pid).is_some(), "the instance lives");
         // Another start is a start.
         let fresh = restart(&again.sup, "c2").await.unwrap();
