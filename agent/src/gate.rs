@@ -124,6 +124,7 @@ fn facts(pid: u32, ppid: u32, env_keys: &[String]) -> ProcessFacts {
     match std::fs::read(format!("/proc/{pid}/environ")) {
         Ok(raw) => {
             let vars = split_nul(&raw);
+            f.environ_blank = !vars.iter().any(|v| v.contains('='));
             f.env = env_keys
                 .iter()
                 .map(|k| {

@@ -21,6 +21,10 @@ pub struct ProcessView {
     pub cmdline: Vec<String>,
     /// Requested variables: Some(value) when present.
     pub env: BTreeMap<String, Option<String>>,
+    /// Its environment holds no variable at all (overwritten by the
+    /// process: nothing can be confirmed in it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub environ_blank: bool,
 }
 
 /// A unit's live state as inspected.
@@ -173,6 +177,7 @@ mod tests {
 
     fn proc_(pid: u32, cmd: &[&str], env: &[(&str, Option<&str>)]) -> ProcessView {
         ProcessView {
+            environ_blank: false,
             pid,
             cmdline: cmd.iter().map(|s| s.to_string()).collect(),
             env: env

@@ -194,6 +194,8 @@ struct State {
     /// Config changes applied (command id, unit), in order; restores are
     /// not listed.
     config_applies: Vec<(String, String)>,
+    /// Units whose process overwrote its environment (sglang-router).
+    blank_environ: std::collections::BTreeSet<String>,
     /// Replies by command id (`None` while the command still runs).
     replies: HashMap<String, Option<Kind>>,
     /// The start task under way, by unit.
@@ -476,6 +478,13 @@ impl FakeAgent {
         result.ok = true;
         result.workers = st.router_workers.clone();
         result
+    }
+
+    /// `unit`'s process shows no environment (sglang-router's
+    /// setproctitle overwrites it).
+    pub(crate) fn with_blank_environ(self, unit: &str) -> Self {
+        self.lock().blank_environ.insert(unit.into());
+        self
     }
 
     pub(crate) fn with_knob_slowdown(self, factor: f64) -> Self {
@@ -774,6 +783,7 @@ impl FakeAgent {
             };
         };
         let env = &cfg.versions[cfg.running as usize];
+        let blank = st.blank_environ.contains(unit);
         ProcessInspection {
             error: String::new(),
             config_version: cfg.running,
@@ -784,10 +794,11 @@ impl FakeAgent {
                     .iter()
                     .map(|k| ProcessEnvValue {
                         key: k.clone(),
-                        present: env.contains_key(k),
+                        present: !blank && env.contains_key(k),
                         value: env.get(k).cloned().unwrap_or_default(),
                     })
                     .collect(),
+                environ_blank: blank,
                 ..Default::default()
             }],
         }

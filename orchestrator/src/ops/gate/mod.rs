@@ -1195,6 +1195,22 @@ impl Gate {
                 return Ok(Next::Done(GateVerdict::Failed));
             }
         }
+        // An environment change where no variable can be seen is refused
+        // before anything is measured: it could never be confirmed live.
+        if !self.change.env_keys().is_empty()
+            && let Some((unit, pid)) = self.before_views.iter().find_map(|v| {
+                v.processes
+                    .first()
+                    .filter(|p| p.environ_blank)
+                    .map(|p| (v.unit.clone(), p.pid))
+            })
+        {
+            self.end(idx, format!("refused: {unit}'s environment cannot be read"));
+            self.reasons.push(format!(
+                "{unit}: /proc/{pid}/environ holds no variable (the process overwrote it, as sglang-router's setproctitle does), so an environment change there can never be confirmed live; name the engines with --units, or change its argv; nothing was changed"
+            ));
+            return Ok(Next::Done(GateVerdict::Failed));
+        }
         let mut baseline = self.measure("baseline").await;
         for _ in 1..self.policy.max_looks {
             if baseline.failures() > 0 {
@@ -1901,6 +1917,7 @@ impl Gate {
                 .processes
                 .into_iter()
                 .map(|f| ProcessView {
+                    environ_blank: f.environ_blank,
                     pid: f.pid,
                     cmdline: f.cmdline,
                     env: f
@@ -2464,6 +2481,38 @@ mod driver_tests {
         );
         assert!(!report.rollback_live.is_empty());
         assert_eq!(knob_live(&agent), [false, false]);
+    }
+
+    /// Issue 32: an environment change on a unit whose process overwrote
+    /// its environment (sglang-router) could never be confirmed live: it is
+    /// refused up front — before the baseline is measured, nothing applied,
+    /// nothing restarted.
+    #[tokio::test(start_paused = true)]
+    async fn an_env_change_on_a_unit_with_a_blank_environ_is_refused_before_measuring() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = journal(&dir);
+        let agent = agent(1.0).with_blank_environ("router-0");
+        let id = begin(&journal);
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let change = ChangeSpec {
+            units: vec!["router-0".into()],
+            ..change()
+        };
+        let report = run_gate(orchestrator(&journal, &agent).await, pair(), id, change, tx).await;
+        assert_eq!(report.verdict, GateVerdict::Failed, "{:?}", report.reasons);
+        assert!(
+            report.reasons[0].starts_with("router-0: /proc/")
+                && report.reasons[0].contains("environ holds no variable")
+                && report.reasons[0].ends_with("nothing was changed"),
+            "{:?}",
+            report.reasons
+        );
+        assert!(
+            report.measurements.is_empty(),
+            "nothing measured: {:?}",
+            report.measurements
+        );
+        assert!(agent.config_applies().is_empty() && agent.executed().is_empty());
     }
 
     /// Issue 32: the journal fails at every write of a gate that would keep
