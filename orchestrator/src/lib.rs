@@ -10,6 +10,8 @@
 //! - [`edge`]: where the orchestrator meets agents, operators and the clock
 //!   (gRPC server, fleet, auth, TLS, certificates, readiness endpoint).
 //! - [`config`]: the static TOML (pairs, budgets, timeouts), read by all three.
+//! - [`model`]: the ground floor — records and views the layers share (data
+//!   only, importing nothing of the crate).
 //!
 //! The binaries `pdwarden-orchestrator` (the daemon) and `pdwarden` (the CLI)
 //! are thin wrappers over this library.
@@ -17,4 +19,5 @@
 pub mod config;
 pub mod edge;
 pub mod judge;
+pub mod model;
 pub mod ops;

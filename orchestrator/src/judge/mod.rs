@@ -11,11 +11,13 @@
 //! - [`wedge`]: wedge detection from engine samples, and the recovery
 //!   circuit breaker.
 //! - [`findings`]: GPU and host findings (foreign processes, Xid/ECC, …).
-//! - [`probe`]: what one end-to-end probe found, in one vocabulary.
+//! - [`probe`]: what one end-to-end probe found, in one vocabulary;
+//!   [`answer`]: what one answer says against itself (the client layer).
 //! - [`stats`]: latency summaries that check for bimodality first.
 //! - [`gate`]: the change gate's statistics (cluster bootstrap, margins,
 //!   sequential looks); [`live`]: whether a change is live in `/proc`.
 
+pub mod answer;
 pub mod evidence;
 pub mod findings;
 pub mod gate;

@@ -7,8 +7,8 @@
 use pdwarden_proto::v1::{ProbeOutcome as WireOutcome, ProbeResult};
 use serde::Serialize;
 
-use crate::judge::suite::answer_error;
-use crate::judge::verdict::secs;
+use crate::judge::answer::answer_error;
+use crate::judge::stats::secs;
 
 /// One end-to-end generation through a router, as judged.
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -95,7 +95,6 @@ pub fn summarize(samples: &[u64]) -> LatencySummary {
 impl LatencySummary {
     /// One line for people: "median 0.31 s (n=12, 0.25–0.40 s)" or the two modes.
     pub fn describe(&self) -> String {
-        use crate::judge::verdict::secs;
         match self {
             Self::Empty => "no samples".into(),
             Self::Unimodal {
@@ -121,6 +120,15 @@ impl LatencySummary {
                 secs(high.max_ms)
             ),
         }
+    }
+}
+
+/// Formats milliseconds the way the incident reports quote them ("17.9 s").
+pub fn secs(ms: u64) -> String {
+    if ms < 10_000 {
+        format!("{:.2} s", ms as f64 / 1000.0)
+    } else {
+        format!("{:.1} s", ms as f64 / 1000.0)
     }
 }
 

@@ -48,6 +48,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::judge::stats::secs;
 use crate::judge::stats::{LatencySummary, summarize};
 
 /// The outcome of one restart, as an operator reads it.
@@ -264,15 +265,6 @@ pub struct ProbePolicy {
     /// the series: such a probe's slow answer is that engine's cold start,
     /// not a relapse — within the allowance (each engine is fresh once).
     pub fresh_engine_answers: Vec<usize>,
-}
-
-/// Formats milliseconds the way the incident reports quote them ("17.9 s").
-pub fn secs(ms: u64) -> String {
-    if ms < 10_000 {
-        format!("{:.2} s", ms as f64 / 1000.0)
-    } else {
-        format!("{:.1} s", ms as f64 / 1000.0)
-    }
 }
 
 /// Judges a co-restart from its start-ups (in restart order) and its

@@ -48,116 +48,14 @@ use pdwarden_proto::v1::{
     ChatProbe, Command, EngineSample, PdPath, ProbeOutcome, ProbeRequest, RouterWorker, RouterWorkers, RouterWorkersOp,
     RouterWorkersResult, ScrapeEngines, WatchTarget, command,
 };
-use serde::{Deserialize, Serialize};
 
 use crate::config::{PairConfig, ServingRouterConfig, UnitRef};
 use crate::ops::port::{AgentPort, AgentReport, AskError};
 use crate::ops::recorder::Recorder;
+pub use crate::ops::report::{DrainRecord, PairWorker, RejoinRecord};
 
 /// Timeout of one request the agent makes to the router, or of one scrape.
 const REQUEST_TIMEOUT_MS: u64 = 5_000;
-
-/// One engine of the pair as the serving router knows it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PairWorker {
-    /// "host/unit".
-    pub unit: String,
-    pub url: String,
-    /// "prefill" or "decode".
-    pub worker_type: String,
-    /// A prefill's KV bootstrap port (0: none).
-    pub bootstrap_port: u32,
-}
-
-/// What the drain and the rejoin did: the report's `drain` section.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct DrainRecord {
-    /// The serving router ("host/unit").
-    pub router: String,
-    /// The pair's engines the router listed, taken out of its rotation.
-    #[serde(default)]
-    pub removed: Vec<PairWorker>,
-    /// The pair's engines the router did not list (not in rotation before).
-    #[serde(default)]
-    pub not_listed: Vec<String>,
-    /// When the router's list no longer showed the pair (operation ms).
-    pub out_at_ms: Option<u64>,
-    /// When every engine read idle twice in a row (operation ms).
-    pub drained_at_ms: Option<u64>,
-    /// Whether the drain waited for the engines' work at all (not for the
-    /// recovery of a wedge).
-    pub waited: bool,
-    /// The wait ran out: the engines still in flight then, in words.
-    #[serde(default)]
-    pub timed_out: bool,
-    #[serde(default)]
-    pub in_flight_left: Vec<String>,
-    /// Why the pair could not be drained (nothing was restarted then,
-    /// except for a recovery).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rejoin: Option<RejoinRecord>,
-}
-
-/// Whether the pair went back into the serving router.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct RejoinRecord {
-    /// Put back (the verdict was healthy).
-    pub put_back: bool,
-    /// When the router listed every engine of the pair healthy (operation ms).
-    pub healthy_at_ms: Option<u64>,
-    /// In words, for the report's reasons.
-    pub detail: String,
-    /// The KV paths to the other engines behind the router, checked before
-    /// the pair went back ("prefill url → decode url").
-    #[serde(default)]
-    pub paths_checked: Vec<String>,
-}
-
-impl DrainRecord {
-    /// The report's reason lines for the drain (and the rejoin, once done).
-    pub fn reasons(&self) -> Vec<String> {
-        let mut out = Vec::new();
-        if let Some(e) = &self.error {
-            out.push(format!("drain through the serving router {}: {e}", self.router));
-            return out;
-        }
-        let units = |w: &[PairWorker]| {
-            w.iter()
-                .map(|w| w.unit.split_once('/').map_or(w.unit.as_str(), |x| x.1).to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        if self.removed.is_empty() {
-            out.push(format!(
-                "the serving router {} listed none of the pair's engines at their agents' URLs: nothing was taken out of its rotation",
-                self.router
-            ));
-        } else {
-            let wait = match (self.waited, self.timed_out, self.drained_at_ms, self.out_at_ms) {
-                (false, ..) => " without waiting for its work (a wedged pair's requests do not finish)".to_string(),
-                (true, true, ..) => format!(
-                    "; the drain timed out with work still in flight ({}): the restart went on",
-                    self.in_flight_left.join("; ")
-                ),
-                (true, false, Some(d), Some(o)) => {
-                    format!("; its engines read idle {} ms later", d.saturating_sub(o))
-                }
-                _ => String::new(),
-            };
-            out.push(format!(
-                "taken out of the serving router {} ({}) before the restart{wait}",
-                self.router,
-                units(&self.removed)
-            ));
-        }
-        if let Some(r) = &self.rejoin {
-            out.push(r.detail.clone());
-        }
-        out
-    }
-}
 
 /// Requests and KV transfers one engine's sample shows in flight (`None`:
 /// the sample cannot tell). An engine whose port refuses has nothing in

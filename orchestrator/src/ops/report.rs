@@ -168,11 +168,11 @@ pub struct OperationReport {
     pub fingerprint: String,
     /// Out of the shared serving router and back (`[pair.serving_router]`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub drain: Option<crate::ops::drain::DrainRecord>,
+    pub drain: Option<DrainRecord>,
     /// A rolling restart's children (`ops::rolling`): each sub-pair's
     /// co-restart and the whole pair's verification, in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub sub_operations: Vec<crate::ops::gate::ChildOperation>,
+    pub sub_operations: Vec<ChildOperation>,
     pub total_ms: u64,
 }
 
@@ -357,6 +357,121 @@ pub fn render_summary(r: &OperationReport) -> String {
         let _ = writeln!(out, "   - {reason}");
     }
     out
+}
+
+/// One engine of the pair as the serving router knows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PairWorker {
+    /// "host/unit".
+    pub unit: String,
+    pub url: String,
+    /// "prefill" or "decode".
+    pub worker_type: String,
+    /// A prefill's KV bootstrap port (0: none).
+    pub bootstrap_port: u32,
+}
+
+/// What the drain and the rejoin did: the report's `drain` section.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct DrainRecord {
+    /// The serving router ("host/unit").
+    pub router: String,
+    /// The pair's engines the router listed, taken out of its rotation.
+    #[serde(default)]
+    pub removed: Vec<PairWorker>,
+    /// The pair's engines the router did not list (not in rotation before).
+    #[serde(default)]
+    pub not_listed: Vec<String>,
+    /// When the router's list no longer showed the pair (operation ms).
+    pub out_at_ms: Option<u64>,
+    /// When every engine read idle twice in a row (operation ms).
+    pub drained_at_ms: Option<u64>,
+    /// Whether the drain waited for the engines' work at all (not for the
+    /// recovery of a wedge).
+    pub waited: bool,
+    /// The wait ran out: the engines still in flight then, in words.
+    #[serde(default)]
+    pub timed_out: bool,
+    #[serde(default)]
+    pub in_flight_left: Vec<String>,
+    /// Why the pair could not be drained (nothing was restarted then,
+    /// except for a recovery).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rejoin: Option<RejoinRecord>,
+}
+
+/// Whether the pair went back into the serving router.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RejoinRecord {
+    /// Put back (the verdict was healthy).
+    pub put_back: bool,
+    /// When the router listed every engine of the pair healthy (operation ms).
+    pub healthy_at_ms: Option<u64>,
+    /// In words, for the report's reasons.
+    pub detail: String,
+    /// The KV paths to the other engines behind the router, checked before
+    /// the pair went back ("prefill url → decode url").
+    #[serde(default)]
+    pub paths_checked: Vec<String>,
+}
+
+impl DrainRecord {
+    /// The report's reason lines for the drain (and the rejoin, once done).
+    pub fn reasons(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if let Some(e) = &self.error {
+            out.push(format!("drain through the serving router {}: {e}", self.router));
+            return out;
+        }
+        let units = |w: &[PairWorker]| {
+            w.iter()
+                .map(|w| w.unit.split_once('/').map_or(w.unit.as_str(), |x| x.1).to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        if self.removed.is_empty() {
+            out.push(format!(
+                "the serving router {} listed none of the pair's engines at their agents' URLs: nothing was taken out of its rotation",
+                self.router
+            ));
+        } else {
+            let wait = match (self.waited, self.timed_out, self.drained_at_ms, self.out_at_ms) {
+                (false, ..) => " without waiting for its work (a wedged pair's requests do not finish)".to_string(),
+                (true, true, ..) => format!(
+                    "; the drain timed out with work still in flight ({}): the restart went on",
+                    self.in_flight_left.join("; ")
+                ),
+                (true, false, Some(d), Some(o)) => {
+                    format!("; its engines read idle {} ms later", d.saturating_sub(o))
+                }
+                _ => String::new(),
+            };
+            out.push(format!(
+                "taken out of the serving router {} ({}) before the restart{wait}",
+                self.router,
+                units(&self.removed)
+            ));
+        }
+        if let Some(r) = &self.rejoin {
+            out.push(r.detail.clone());
+        }
+        out
+    }
+}
+
+/// A co-restart or verification run by a gate or a rolling restart (its
+/// child operations, on `PAIR#gate` / `PAIR#roll`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChildOperation {
+    /// "baseline", "restart", "rollback_restart".
+    pub purpose: String,
+    pub operation_id: String,
+    pub kind: String,
+    pub verdict: String,
+    pub reasons: Vec<String>,
+    pub total_ms: u64,
 }
 
 #[cfg(test)]

@@ -62,6 +62,7 @@ use crate::ops::corestart::{OperationContext, OperationKind, run_operation};
 use crate::ops::journal::JournalError;
 use crate::ops::journal::{CommandAction, CommandEntry};
 use crate::ops::port::AgentReport;
+pub use crate::ops::report::ChildOperation;
 use crate::ops::report::{OperationReport, StepRecord};
 use config::Cell;
 use judge::{BaselineCheck, Better, JudgePolicy, JudgeReport, Judgement, MetricSamples};
@@ -259,18 +260,6 @@ pub struct VersionRecord {
     pub restored: Option<u32>,
     pub argv: Vec<String>,
     pub env: BTreeMap<String, String>,
-}
-
-/// A co-restart or verification run by the gate.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ChildOperation {
-    /// "baseline", "restart", "rollback_restart".
-    pub purpose: String,
-    pub operation_id: String,
-    pub kind: String,
-    pub verdict: String,
-    pub reasons: Vec<String>,
-    pub total_ms: u64,
 }
 
 /// The kinds of the gate's journal entries its resume reads back (typed:
