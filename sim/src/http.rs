@@ -82,7 +82,7 @@ use crate::bootstrap::FAKE_BOOTSTRAP_HOST;
 use crate::clock::far_after;
 use crate::config::{FaultPatch, Role, Settings};
 use crate::engine::{Admission, EngineState, Part, Plan, Shape, count_tokens};
-use crate::server::Sim;
+use crate::state::Sim;
 use crate::stats::{Counters, Phase};
 
 /// The request-id prefix that marks a pdwarden probe.

@@ -42,6 +42,7 @@ pub mod engine;
 pub mod faultproxy;
 pub mod http;
 pub mod server;
+pub mod state;
 pub mod stats;
 pub mod watch_cases;
 

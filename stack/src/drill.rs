@@ -10,7 +10,6 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use clap::ValueEnum;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use pdwarden_orchestrator::ops::report::OperationReport;
@@ -19,117 +18,9 @@ use serde_json::{Value, json};
 
 use pdwarden_orchestrator::edge::client::{Connection, new_request_id};
 
+pub use crate::args::{CrashAt, Incident};
 use crate::process::Owned;
 use crate::stack::Stack;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Incident {
-    /// Row 1: a decode restarted alone against a long-running prefill.
-    DecodeAloneRestart,
-    /// A prefill restarted alone under a running decode (SGLang issue 36029):
-    /// the decode's cached bootstrap identity is stale, every transfer fails.
-    PrefillAloneRestart,
-    /// Row 2: 17.9 s, 106.4 s, 10.5 s, then no answer, called "cold start".
-    ColdStartLie,
-    /// Row 3: health 200 while every generation hangs.
-    ShallowHealth,
-    /// Row 4: a serial engine leaks its slot when a client gives up mid-prefill.
-    SlotLeak,
-    /// A real, small cold start: slow first probe, then warm.
-    GenuineColdStart,
-    /// The orchestrator is SIGKILLed in the middle of a co-restart (during
-    /// decode's step) and started again: the journal says where to resume.
-    OrchestratorCrash,
-    /// The orchestrator is SIGKILLed while a change gate measures a change
-    /// it has made live, and started again: it must not leave the change
-    /// half-done (it rolls it back and verifies the old values live).
-    OrchestratorCrashMidGate,
-    /// Row 5: naive probes (a fresh prompt each, two alternating prompts)
-    /// against pdwarden's one fixed prompt, over one simulated hour.
-    ProbeStorm,
-    /// Three orchestrators on a real three-member etcd cluster (issue 19):
-    /// the leader is SIGKILLed during a co-restart; a follower must take it
-    /// over and conclude it, no unit started twice. Needs etcd and an
-    /// orchestrator built with the `etcd` feature.
-    LeaderCrash,
-}
-
-impl Incident {
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::DecodeAloneRestart => "decode-alone-restart",
-            Self::PrefillAloneRestart => "prefill-alone-restart",
-            Self::ColdStartLie => "cold-start-lie",
-            Self::ShallowHealth => "shallow-health",
-            Self::SlotLeak => "slot-leak",
-            Self::GenuineColdStart => "genuine-cold-start",
-            Self::OrchestratorCrash => "orchestrator-crash",
-            Self::OrchestratorCrashMidGate => "orchestrator-crash-mid-gate",
-            Self::ProbeStorm => "probe-storm",
-            Self::LeaderCrash => "leader-crash",
-        }
-    }
-
-    pub fn description(self) -> &'static str {
-        match self {
-            Self::DecodeAloneRestart => {
-                "ask for a decode-only restart (pdwarden refuses), then force one behind pdwarden's back and verify the pair (INCIDENTS row 1)"
-            }
-            Self::PrefillAloneRestart => {
-                "ask for a prefill-only restart (pdwarden refuses), then force one behind pdwarden's back and verify the pair (the decode's cached bootstrap goes stale)"
-            }
-            Self::ColdStartLie => {
-                "after the restart the decode answers in 17.9 s, 106.4 s, 10.5 s, then never (INCIDENTS row 2)"
-            }
-            Self::ShallowHealth => "health answers 200 while every generation hangs (INCIDENTS row 3)",
-            Self::SlotLeak => {
-                "a client gives up on a 41,818-token prompt mid-prefill on a serial prefill that leaks its slot; then verify the pair (INCIDENTS row 4)"
-            }
-            Self::GenuineColdStart => "a genuine cold start: one slow first generation, then warm",
-            Self::OrchestratorCrash => {
-                "the orchestrator is SIGKILLed during decode's step of a co-restart and started again; it must resume (or conclude) the operation from its journal"
-            }
-            Self::OrchestratorCrashMidGate => {
-                "a change gate sets PDW_KNOB=on on both engines; the orchestrator is SIGKILLed while it measures the change and started again; it must roll the change back, not leave it half-done"
-            }
-            Self::ProbeStorm => {
-                "one simulated hour of probes at 1/min against three engines with sessions: a fresh prompt each, two alternating prompts, and pdwarden's one fixed prompt (INCIDENTS row 5)"
-            }
-            Self::LeaderCrash => {
-                "three orchestrators on a three-member etcd cluster; the restart is asked of a follower (sent to the leader), the leader is SIGKILLed mid co-restart; a follower must take the operation over and conclude it, each unit started once"
-            }
-        }
-    }
-
-    /// pd-sim flags for the prefill (before any --prefill-sim of the user).
-    pub fn prefill_sim(self) -> &'static str {
-        match self {
-            // Seed 001: 200–330 tok/s prefill, one request at a time.
-            Self::SlotLeak => "--serial --leak-slot-on-disconnect --prefill-tok-per-s 250",
-            Self::OrchestratorCrashMidGate => GATE_KNOB,
-            _ => "",
-        }
-    }
-
-    /// pd-sim flags for the decode (before any --decode-sim of the user).
-    pub fn decode_sim(self) -> &'static str {
-        match self {
-            Self::ColdStartLie => "--cold-first-ms 0 --latency-script 17900,106400,10500,hang",
-            Self::ShallowHealth => "--latency-script hang,hang,hang,hang,hang,hang,hang,hang,hang,hang",
-            Self::GenuineColdStart => "--cold-first-ms 6000",
-            Self::OrchestratorCrashMidGate => GATE_KNOB,
-            _ => "",
-        }
-    }
-}
-
-/// The knob the mid-gate drill flips (no effect on speed: this drill is
-/// about where the gate is when the orchestrator dies, not the verdict), on
-/// engines at twice the demo's time per token, as the gate scenarios run
-/// them: the resumed rollback is measured against the baseline, and at the
-/// demo's default speed (~30 ms a request) one busy moment on a 2-core host
-/// moves a p90 by 6 ms, 20 %.
-const GATE_KNOB: &str = "--tpot-ms 24 --knob-env PDW_KNOB --knob-value on --knob-slowdown 1.0";
 
 /// What a drill did after the restart, and the verification that concluded it.
 pub struct FollowUp {
@@ -535,29 +426,6 @@ async fn wait_healthy(http: &reqwest::Client, url: &str) -> anyhow::Result<()> {
             bail!("engine {url} not healthy within 30 s");
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// The co-restart step during which the orchestrator-crash drill kills the
-/// orchestrator (the journal's state names). `probing` lasts ~40 ms at the
-/// demo's time scale, too short to hit reliably; a kill in `verifying`
-/// resumes at the probes too, and `resume_point`'s unit tests cover it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum CrashAt {
-    RestartingPrefill,
-    RestartingDecode,
-    RestartingRouter,
-    Verifying,
-}
-
-impl CrashAt {
-    pub fn state(self) -> &'static str {
-        match self {
-            Self::RestartingPrefill => "restarting_prefill",
-            Self::RestartingDecode => "restarting_decode",
-            Self::RestartingRouter => "restarting_router",
-            Self::Verifying => "verifying",
-        }
     }
 }
 

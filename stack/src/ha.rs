@@ -19,7 +19,7 @@ use pdwarden_orchestrator::edge::client::{Connection, Credentials};
 use pdwarden_orchestrator::edge::ports::late_bind_port;
 use serde_json::Value;
 
-use crate::demo::DemoArgs;
+use crate::args::DemoArgs;
 use crate::drill::{CrashAt, reached, spawned_more_than_once, spawns_since};
 use crate::plan::{PAIR, StackPlan, write_configs};
 use crate::process::{Owned, binary, spawn_logged};

@@ -26,6 +26,7 @@
 // the wall clock (clippy.toml bans that elsewhere).
 #![allow(clippy::disallowed_methods)]
 
+pub mod args;
 pub mod demo;
 pub mod drill;
 pub mod ha;

@@ -22,8 +22,7 @@ use pdwarden_orchestrator::edge::client::Credentials;
 use pdwarden_orchestrator::edge::ports::late_bind_port;
 use pdwarden_security::tls::TlsFiles;
 
-use crate::demo::{DemoArgs, DemoEngine};
-use crate::drill::Incident;
+use crate::args::{DemoArgs, DemoEngine, Incident};
 use crate::process::{binary, find_router};
 use crate::vllm::VllmStack;
 

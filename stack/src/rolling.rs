@@ -35,9 +35,10 @@ use pdwarden_orchestrator::ops::report::OperationReport;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::demo::{DemoArgs, DemoOutcome, demo_json};
+use crate::args::{DemoArgs, DemoOutcome};
 use crate::plan::{MODEL, PAIR, PAIR_B};
 use crate::stack::Stack;
+use crate::stack::demo_json;
 
 /// What the clients saw.
 #[derive(Debug, Default, Clone, Serialize)]

@@ -27,7 +27,7 @@ use pdwarden_proto::v1::{GatePairRequest, StatusRequest, operation_update};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::demo::DemoArgs;
+use crate::args::DemoArgs;
 use crate::plan::PAIR;
 use crate::stack::Stack;
 

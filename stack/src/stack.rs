@@ -10,7 +10,9 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use pdwarden_orchestrator::edge::client::{Connection, CouldNotRun, Credentials};
 
-use crate::demo::DemoArgs;
+use serde_json::{Value, json};
+
+use crate::args::DemoArgs;
 use crate::plan::{StackPlan, write_configs};
 use crate::process::{Owned, binary, spawn_logged};
 
@@ -157,4 +159,22 @@ impl Stack {
         }
         keep.then(|| self.dir.keep())
     }
+}
+
+/// How to reach the demo's stack (`demo` in its `--json`).
+pub(crate) fn demo_json(stack: &Stack) -> Value {
+    let creds = &stack.connection.credentials;
+    json!({
+        "orchestrator": stack.connection.url,
+        "readiness": stack.plan.readiness_url,
+        "agent_metrics": stack.plan.agent_metrics_url,
+        "dir": stack.dir.path().display().to_string(),
+        // For `pdwarden --ca CA --token TOKEN` against the held stack (a
+        // throw-away token for this demo only).
+        "ca": creds.ca.as_ref().map(|p| p.display().to_string()),
+        "token": creds.token,
+        "serving_router": stack.plan.serving_router_url,
+        // --decode-proxy: its control endpoint is URL/_faultproxy/faults.
+        "decode_proxy": stack.plan.decode_proxy.as_ref().map(|p| p.url.clone()),
+    })
 }
