@@ -23,6 +23,7 @@
 //! - `fake_agent` (tests only): an in-memory agent the drivers' unit tests
 //!   run against at paused time.
 
+pub mod child;
 pub mod corestart;
 pub mod drain;
 #[cfg(test)]

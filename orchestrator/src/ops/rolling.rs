@@ -33,7 +33,7 @@ use tokio::sync::mpsc;
 use crate::config::{PairConfig, ServingRouterConfig};
 use crate::judge::verdict::VerdictKind;
 use crate::ops::OperationContext;
-use crate::ops::corestart::{OperationKind, run_operation};
+use crate::ops::corestart::OperationKind;
 use crate::ops::gate::ChildOperation;
 use crate::ops::journal::{JournalError, OperationRecord};
 use crate::ops::recorder::Recorder;
@@ -433,43 +433,20 @@ impl Roll {
         config: PairConfig,
     ) -> Result<OperationReport, JournalError> {
         let child_pair = format!("{}{CHILD_SUFFIX}", self.pair.name);
-        // Must-write, before the child exists: a resumed roll finds its
-        // child here (one begun unrecorded would hold `PAIR#roll` busy, its
-        // starts unknown to the roll).
-        let id = uuid::Uuid::new_v4().to_string();
-        self.rec.write_ahead(
+        crate::ops::child::run(
+            &self.ctx,
+            &self.rec,
+            &child_pair,
             entry::CHILD_OPERATION,
-            &ChildEntry {
+            |id| ChildEntry {
                 index,
-                operation_id: id.clone(),
+                operation_id: id.into(),
                 kind: kind.as_str().into(),
             },
-        )?;
-        self.ctx.journal.begin(&id, kind.as_str(), &child_pair, None)?;
-        let (tx, mut rx) = mpsc::unbounded_channel::<OperationUpdate>();
-        let fwd = self.rec.follower();
-        let forward = tokio::spawn(async move {
-            while let Some(u) = rx.recv().await {
-                if matches!(
-                    u.kind,
-                    Some(
-                        operation_update::Kind::Step(_)
-                            | operation_update::Kind::Phase(_)
-                            | operation_update::Kind::Probe(_)
-                    )
-                ) {
-                    let _ = fwd.send(u);
-                }
-            }
-        });
-        let task = run_operation(self.ctx.clone(), config, id.clone(), kind, tx);
-        let report = match crate::ops::guarded(&self.ctx.journal, &id, task).await {
-            Ok(r) => r,
-            // The child is concluded; the roll's own guard concludes the roll.
-            Err(panic) => std::panic::resume_unwind(Box::new(panic)),
-        };
-        let _ = forward.await;
-        Ok(report)
+            kind,
+            config,
+        )
+        .await
     }
 
     /// The roll's report, journaled and sent.

@@ -58,7 +58,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::config::{PairConfig, UnitRef};
-use crate::ops::corestart::{OperationContext, OperationKind, run_operation};
+use crate::ops::corestart::{OperationContext, OperationKind};
 use crate::ops::journal::JournalError;
 use crate::ops::journal::{CommandAction, CommandEntry};
 use crate::ops::port::AgentReport;
@@ -1625,45 +1625,23 @@ impl Gate {
     /// forwarding its live progress.
     async fn child(&mut self, purpose: &str, kind: OperationKind) -> Result<OperationReport, JournalError> {
         let child_pair = format!("{}#gate", self.pair.name);
-        // Must-write, before the child exists: a gate taken over reads its
-        // children from here to conclude one left running and to know
-        // whether any unit was restarted (DESIGN.md 17).
-        let id = uuid::Uuid::new_v4().to_string();
-        self.rec.write_ahead(
+        let report = crate::ops::child::run(
+            &self.ctx,
+            &self.rec,
+            &child_pair,
             entry::CHILD_OPERATION,
-            &ChildEntry {
+            |id| ChildEntry {
                 purpose: purpose.into(),
-                operation_id: id.clone(),
+                operation_id: id.into(),
                 kind: kind.as_str().into(),
             },
-        )?;
-        self.ctx.journal.begin(&id, kind.as_str(), &child_pair, None)?;
-        let (tx, mut rx) = mpsc::unbounded_channel::<OperationUpdate>();
-        let fwd = self.rec.follower();
-        let forward = tokio::spawn(async move {
-            while let Some(u) = rx.recv().await {
-                if matches!(
-                    u.kind,
-                    Some(
-                        operation_update::Kind::Step(_)
-                            | operation_update::Kind::Phase(_)
-                            | operation_update::Kind::Probe(_)
-                    )
-                ) {
-                    let _ = fwd.send(u);
-                }
-            }
-        });
-        let child = run_operation(self.ctx.clone(), self.pair.clone(), id.clone(), kind, tx);
-        let report = match crate::ops::guarded(&self.ctx.journal, &id, child).await {
-            Ok(r) => r,
-            // The child is concluded; the gate's own guard concludes the gate.
-            Err(panic) => std::panic::resume_unwind(Box::new(panic)),
-        };
-        let _ = forward.await;
+            kind,
+            self.pair.clone(),
+        )
+        .await?;
         let rec = ChildOperation {
             purpose: purpose.into(),
-            operation_id: id,
+            operation_id: report.operation_id.clone(),
             kind: kind.as_str().into(),
             verdict: report.verdict.as_str().into(),
             reasons: report.reasons.clone(),

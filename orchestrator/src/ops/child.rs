@@ -1,0 +1,63 @@
+//! Running a child operation — a co-restart or verification that a gate
+//! (`PAIR#gate`) or a rolling restart (`PAIR#roll`) runs as its own
+//! journaled operation. One runner for both (issue 33: it was written twice
+//! and had drifted: the gate swallowed a failed write-ahead, the roll
+//! propagated it).
+//!
+//! The parent's entry naming the child is must-write and written before the
+//! child exists (DESIGN.md 17): a parent taken over after a kill reads its
+//! children from there, to conclude one left running and to know whether
+//! any unit was restarted. The child's live progress (steps, phases,
+//! probes) is forwarded to whoever follows the parent.
+
+use pdwarden_proto::v1::{OperationUpdate, operation_update};
+use serde::Serialize;
+use tokio::sync::mpsc;
+
+use crate::config::PairConfig;
+use crate::ops::corestart::{OperationContext, OperationKind, run_operation};
+use crate::ops::journal::JournalError;
+use crate::ops::recorder::Recorder;
+use crate::ops::report::OperationReport;
+
+/// Runs `kind` on `config` as a child of `parent` on pair `child_pair`:
+/// journals `entry(id)` under `entry_kind` in the parent (must-write), then
+/// begins the child and runs it to its conclusion. A child that panicked is
+/// concluded by its guard, and the panic goes on to the parent's guard.
+pub async fn run<E: Serialize>(
+    ctx: &OperationContext,
+    parent: &Recorder,
+    child_pair: &str,
+    entry_kind: &str,
+    entry: impl FnOnce(&str) -> E,
+    kind: OperationKind,
+    config: PairConfig,
+) -> Result<OperationReport, JournalError> {
+    let id = uuid::Uuid::new_v4().to_string();
+    parent.write_ahead(entry_kind, &entry(&id))?;
+    ctx.journal.begin(&id, kind.as_str(), child_pair, None)?;
+    let (tx, mut rx) = mpsc::unbounded_channel::<OperationUpdate>();
+    let fwd = parent.follower();
+    let forward = tokio::spawn(async move {
+        while let Some(u) = rx.recv().await {
+            if matches!(
+                u.kind,
+                Some(
+                    operation_update::Kind::Step(_)
+                        | operation_update::Kind::Phase(_)
+                        | operation_update::Kind::Probe(_)
+                )
+            ) {
+                let _ = fwd.send(u);
+            }
+        }
+    });
+    let child = run_operation(ctx.clone(), config, id.clone(), kind, tx);
+    let report = match crate::ops::guarded(&ctx.journal, &id, child).await {
+        Ok(r) => r,
+        // The child is concluded; the parent's own guard concludes the parent.
+        Err(panic) => std::panic::resume_unwind(Box::new(panic)),
+    };
+    let _ = forward.await;
+    Ok(report)
+}
