@@ -102,6 +102,22 @@ pub enum JournalError {
     Owned { path: PathBuf, holder: String },
     #[error("cannot take ownership of journal {path}: {error}")]
     OwnerFile { path: PathBuf, error: std::io::Error },
+    /// The journal's path names a file that is not a pdwarden journal
+    /// (issue 32: an empty or foreign file silently became a new journal,
+    /// its operations forgotten). Nothing was written to it.
+    #[error(
+        "journal {path} exists but is not a pdwarden journal ({what}); nothing was written to it: move it away (or point `journal` elsewhere) to start a new one"
+    )]
+    NotAJournal { path: PathBuf, what: String },
+    /// A new journal could not be made at its path.
+    #[error("cannot create journal {path}: {error}")]
+    Create { path: PathBuf, error: std::io::Error },
+    /// A conclusion is written once (issue 32: a second one overwrote the
+    /// verdict that stands).
+    #[error(
+        "operation {operation_id} was already concluded ({verdict}); a conclusion is never overwritten: this one was not written"
+    )]
+    AlreadyConcluded { operation_id: String, verdict: String },
     /// The pair's last operation ended, but its conclusion could not be
     /// written (issue 16, finding 2: reported as "busy" until a restart).
     #[error(
@@ -179,8 +195,13 @@ pub trait Store: Send + Sync {
     fn append(&self, operation_id: &str, at_ms: u64, kind: &str, payload: &str) -> Result<(), JournalError>;
     /// Sets the operation's state and appends its `transition` entry, atomically.
     fn enter(&self, operation_id: &str, at_ms: u64, state: &str, payload: &str) -> Result<(), JournalError>;
-    /// Writes the verdict and report; `only_if_running` leaves a concluded
-    /// operation as it is. Says whether it wrote.
+    /// Writes the verdict and report of a running operation; says whether
+    /// it wrote. A conclusion is written once, never over another: a
+    /// concluded operation is left as it is — with `only_if_running`,
+    /// `Ok(false)`; otherwise `Ok(false)` if it was concluded with this
+    /// very verdict and report (an earlier try of this write, which
+    /// reported an error after it was applied), else
+    /// [`JournalError::AlreadyConcluded`]. An unknown operation: `Ok(false)`.
     fn write_conclusion(
         &self,
         operation_id: &str,
@@ -202,6 +223,22 @@ pub trait Store: Send + Sync {
     #[cfg(test)]
     fn as_sqlite(&self) -> Option<&sqlite::SqliteStore> {
         None
+    }
+}
+
+impl JournalError {
+    /// The report's line for a conclusion that was not written: kept and
+    /// retried, or refused because another conclusion stands (issue 32: a
+    /// conclusion is never written over another).
+    pub fn unwritten_conclusion(&self) -> String {
+        match self {
+            JournalError::AlreadyConcluded { verdict, .. } => format!(
+                "this conclusion was not written: the operation was already concluded ({verdict}), and that conclusion stands"
+            ),
+            e => format!(
+                "the journal could not record this conclusion ({e}): it is kept and retried, and the pair is not free until it is written"
+            ),
+        }
     }
 }
 
@@ -377,7 +414,9 @@ impl Journal {
     /// Concludes an operation with its verdict and final report. A write
     /// that fails (a full disk) is kept and retried: the error is returned,
     /// and until the write succeeds `begin` on the pair says why the pair
-    /// is not free, and `pending_conclusions` lists it.
+    /// is not free, and `pending_conclusions` lists it. An operation
+    /// already concluded keeps its conclusion, and this one is refused
+    /// ([`JournalError::AlreadyConcluded`], logged).
     pub fn conclude(&self, operation_id: &str, verdict: &str, report: &impl Serialize) -> Result<(), JournalError> {
         self.conclude_where(operation_id, verdict, report, false).map(|_| ())
     }
@@ -424,6 +463,15 @@ impl Journal {
                     self.observe(operation_id, verdict, &report);
                 }
                 Ok(wrote)
+            }
+            Err(e @ JournalError::AlreadyConcluded { .. }) => {
+                // Someone else's conclusion stands; nothing to retry.
+                tracing::warn!(operation = %operation_id, %verdict, error = %e, "conclusion not written");
+                self.pending
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(operation_id);
+                Err(e)
             }
             Err(e) => {
                 let pair = self
@@ -483,6 +531,12 @@ impl Journal {
                     map.remove(&p.operation_id);
                     drop(map);
                     self.observe(&p.operation_id, &p.verdict, &p.report);
+                }
+                Err(e @ JournalError::AlreadyConcluded { .. }) => {
+                    // Concluded meanwhile by another writer: that
+                    // conclusion stands, this one is dropped.
+                    tracing::error!(operation = %p.operation_id, pair = %p.pair, verdict = %p.verdict, error = %e, "pending conclusion dropped; pair released");
+                    map.remove(&p.operation_id);
                 }
                 Err(e) => {
                     if let Some(entry) = map.get_mut(&p.operation_id) {
@@ -746,5 +800,189 @@ mod tests {
             .unwrap();
         let j = Journal::open(&path).unwrap();
         assert_eq!(j.unfinished().unwrap()[0].operation_id, "op-1");
+    }
+
+    /// Issue 32, one owner for real: the owner lock was `<path as
+    /// given>.owner`, so a second orchestrator given a symlink, another
+    /// spelling or a hard link of a live journal started, "resumed" the
+    /// first one's running operation and overwrote its conclusion. The lock
+    /// is the journal file's own (its inode): every name of it is refused,
+    /// naming the holder.
+    #[test]
+    fn one_owner_whatever_name_the_journal_is_given() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.sqlite");
+        let first = Journal::own(&path, "pid 101, listening on 127.0.0.1:7070").unwrap();
+        first.begin("op-1", "co_restart", "a", None).unwrap();
+        let symlink = dir.path().join("link.sqlite");
+        std::os::unix::fs::symlink(&path, &symlink).unwrap();
+        std::fs::create_dir(dir.path().join("x")).unwrap();
+        let dotted = dir.path().join("x").join("..").join("j.sqlite");
+        let hardlink = dir.path().join("hard.sqlite");
+        std::fs::hard_link(&path, &hardlink).unwrap();
+        for (other, holder) in [
+            (&symlink, "pid 101, listening on 127.0.0.1:7070".to_string()),
+            (&dotted, "pid 101, listening on 127.0.0.1:7070".to_string()),
+            // Another name of the same file: its holder is found by its lock.
+            (&hardlink, format!("pid {}", std::process::id())),
+        ] {
+            let e = Journal::own(other, "pid 202")
+                .err()
+                .unwrap_or_else(|| panic!("{} is refused", other.display()));
+            assert!(matches!(e, JournalError::Owned { .. }), "{e}");
+            let said = e.to_string();
+            assert!(
+                said.contains(&format!("is owned by another orchestrator ({holder}")),
+                "{}: {said}",
+                other.display()
+            );
+            assert!(!said.contains('\n'));
+        }
+        assert_eq!(first.unfinished().unwrap().len(), 1, "the first's operation untouched");
+        first.conclude("op-1", "healthy", &serde_json::json!({})).unwrap();
+        drop(first);
+        let second = Journal::own(&symlink, "pid 202").expect("free once the first is gone");
+        assert_eq!(second.history("a", 5).unwrap()[0].verdict.as_deref(), Some("healthy"));
+        drop(second);
+        Journal::own(&hardlink, "pid 303").expect("by any name");
+    }
+
+    /// Issue 32: a conclusion overwrote one already written (a second
+    /// owner's "interrupted" over the first one's verdict). A conclusion is
+    /// written once: a second one is refused, saying which stands.
+    #[test]
+    fn a_conclusion_is_never_overwritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open(&dir.path().join("j.sqlite")).unwrap();
+        j.begin("op-1", "co_restart", "a", None).unwrap();
+        j.conclude("op-1", "healthy", &serde_json::json!({"verdict": "healthy"}))
+            .unwrap();
+        match j.conclude("op-1", "failed", &serde_json::json!({"verdict": "failed"})) {
+            Err(e @ JournalError::AlreadyConcluded { .. }) => {
+                let said = e.to_string();
+                assert!(
+                    said.contains("operation op-1 was already concluded (healthy)"),
+                    "{said}"
+                );
+                assert!(!said.contains('\n'));
+            }
+            other => panic!("expected AlreadyConcluded, got {other:?}"),
+        }
+        assert!(j.pending_conclusions().is_empty(), "nothing to retry");
+        assert!(!j.conclude_if_running("op-1", "failed", &serde_json::json!({})).unwrap());
+        let op1 = &j.history("a", 5).unwrap()[0];
+        assert_eq!(op1.verdict.as_deref(), Some("healthy"));
+        assert_eq!(op1.report.as_ref().unwrap()["verdict"], "healthy");
+        j.begin("op-2", "co_restart", "a", None).expect("the pair is free");
+    }
+
+    /// A pending conclusion (its write failed) whose operation was
+    /// concluded meanwhile by another writer is dropped, not written over
+    /// that conclusion, and the pair is free; one whose own write had in
+    /// fact been applied is retried idempotently.
+    #[test]
+    fn a_pending_conclusion_never_overwrites_one_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open(&dir.path().join("j.sqlite")).unwrap();
+        // Another writer's conclusion landed first.
+        j.begin("op-1", "co_restart", "a", None).unwrap();
+        j.fail_writes([j.writes_seen() + 1]);
+        j.conclude("op-1", "healthy", &serde_json::json!({"verdict": "healthy"}))
+            .unwrap_err();
+        assert_eq!(j.pending_conclusions().len(), 1);
+        j.store
+            .write_conclusion("op-1", "failed", "{\"verdict\":\"failed\"}", 1, true)
+            .unwrap();
+        assert_eq!(j.flush_pending(), 0, "dropped, not retried for ever");
+        assert_eq!(j.history("a", 5).unwrap()[0].verdict.as_deref(), Some("failed"));
+        j.begin("op-2", "co_restart", "a", None).expect("the pair is free");
+        // Its own write had been applied (the error came after it): the
+        // retry of the very same conclusion is no error.
+        j.fail_writes([j.writes_seen() + 1]);
+        let report = serde_json::json!({"verdict": "healthy"});
+        j.conclude("op-2", "healthy", &report).unwrap_err();
+        j.store
+            .write_conclusion("op-2", "healthy", &serde_json::to_string(&report).unwrap(), 1, true)
+            .unwrap();
+        assert_eq!(j.flush_pending(), 0);
+        assert_eq!(j.history("a", 5).unwrap()[0].verdict.as_deref(), Some("healthy"));
+    }
+
+    /// Issue 32: a file that is not a pdwarden journal (empty, no
+    /// `operations` table, not SQLite at all) started a fresh journal
+    /// without a word. It is refused, as owner or not, naming the path and
+    /// how to start a new journal, and left as it was; a path that does not
+    /// exist is a new journal.
+    #[test]
+    fn a_file_that_is_not_a_journal_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let empty = dir.path().join("empty.sqlite");
+        std::fs::write(&empty, b"").unwrap();
+        let other = dir.path().join("other.sqlite");
+        rusqlite::Connection::open(&other)
+            .unwrap()
+            .execute_batch("CREATE TABLE t (x INTEGER); INSERT INTO t VALUES (1);")
+            .unwrap();
+        let bare = dir.path().join("bare.sqlite");
+        rusqlite::Connection::open(&bare)
+            .unwrap()
+            .execute_batch("PRAGMA user_version = 7;")
+            .unwrap();
+        let text = dir.path().join("notes.txt");
+        std::fs::write(
+            &text,
+            "not a database at all, but long enough to have a header and more",
+        )
+        .unwrap();
+        for path in [&empty, &other, &bare, &text] {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).unwrap();
+            let before = std::fs::read(path).unwrap();
+            for (how, opened) in [
+                ("open", Journal::open(path).err()),
+                ("own", Journal::own(path, "pid 1").err()),
+            ] {
+                let e = opened.unwrap_or_else(|| panic!("{how} {} is refused", path.display()));
+                assert!(matches!(e, JournalError::NotAJournal { .. }), "{e}");
+                let said = e.to_string();
+                assert!(
+                    said.starts_with(&format!(
+                        "journal {} exists but is not a pdwarden journal (",
+                        path.display()
+                    )),
+                    "{said}"
+                );
+                assert!(said.contains("move it away"), "{said}");
+                assert!(!said.contains('\n'));
+            }
+            assert_eq!(
+                std::fs::read(path).unwrap(),
+                before,
+                "{} left as it was",
+                path.display()
+            );
+            let mode = std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o644, "{}", path.display());
+            assert!(!sqlite::owner_file(path).exists(), "nothing written beside it");
+        }
+        // A new journal, and nothing else beside it (its directory must
+        // exist: a mistyped path is refused, not made).
+        std::fs::create_dir(dir.path().join("state")).unwrap();
+        let fresh = dir.path().join("state").join("j.sqlite");
+        let j = Journal::own(&fresh, "pid 1").unwrap();
+        j.begin("op-1", "co_restart", "a", None).unwrap();
+        drop(j);
+        let left: Vec<String> = std::fs::read_dir(fresh.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| !n.ends_with(".owner"))
+            .collect();
+        assert_eq!(left, vec!["j.sqlite"]);
+        assert_eq!(Journal::open(&fresh).unwrap().unfinished().unwrap().len(), 1);
+        let fresh2 = dir.path().join("j2.sqlite");
+        Journal::open(&fresh2)
+            .unwrap()
+            .begin("op-1", "co_restart", "a", None)
+            .unwrap();
     }
 }

@@ -492,9 +492,7 @@ impl Roll {
             .conclude(&report.operation_id, report.verdict.as_str(), &report)
         {
             tracing::error!(operation = %report.operation_id, error = %e, "could not journal the roll's verdict");
-            report.reasons.push(format!(
-                "the journal could not record this conclusion ({e}): it is kept and retried, and the pair is not free until it is written"
-            ));
+            report.reasons.push(e.unwritten_conclusion());
         }
         if let Ok(json) = serde_json::to_string(&report) {
             self.rec

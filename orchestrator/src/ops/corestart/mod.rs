@@ -842,9 +842,7 @@ pub async fn run_operation_from(
         tracing::error!(operation = %operation_id, error = %e, "could not journal the verdict");
         // The verdict stands (it is kept and written once the journal can
         // be, `Journal::conclude`); whoever reads this report is told.
-        report.reasons.push(format!(
-            "the journal could not record this conclusion ({e}): it is kept and retried, and the pair is not free until it is written"
-        ));
+        report.reasons.push(e.unwritten_conclusion());
     }
     if let Ok(json) = serde_json::to_string(&report) {
         rec.send(operation_update::Kind::Report(pdwarden_proto::v1::JsonReply { json }));

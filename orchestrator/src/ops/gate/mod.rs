@@ -797,9 +797,11 @@ impl Gate {
             tracing::error!(operation = %g.operation_id, error = %e, "could not journal the gate's verdict");
             // The verdict stands (kept and written once the journal can
             // be); whoever reads this report is told.
-            report.reasons.push(format!(
-                "the journal could not record this conclusion ({e}): it is kept and retried, and the pair is not free until it is written; an orchestrator that takes the journal over before then rolls the change back"
-            ));
+            let mut line = e.unwritten_conclusion();
+            if !matches!(e, JournalError::AlreadyConcluded { .. }) {
+                line.push_str("; an orchestrator that takes the journal over before then rolls the change back");
+            }
+            report.reasons.push(line);
         }
         if let Ok(json) = serde_json::to_string(&report) {
             g.send(operation_update::Kind::Report(pdwarden_proto::v1::JsonReply { json }));

@@ -622,8 +622,18 @@ impl Store for EtcdStore {
         let Some((mut row, rev)) = self.row(operation_id)? else {
             return Ok(false);
         };
-        if only_if_running && row.ended_unix_ms.is_some() {
-            return Ok(false);
+        // A conclusion is written once (the row's revision is compared when
+        // it is written, so one that lands in between is not overwritten
+        // either: `put_row`).
+        if row.ended_unix_ms.is_some() {
+            if only_if_running || (row.verdict.as_deref() == Some(verdict) && row.report.as_deref() == Some(report)) {
+                // Or this very conclusion, by an earlier try of it.
+                return Ok(false);
+            }
+            return Err(JournalError::AlreadyConcluded {
+                operation_id: operation_id.to_string(),
+                verdict: row.verdict.unwrap_or_else(|| "no verdict".into()),
+            });
         }
         let running = self.running_key(&row.pair);
         row.state = "concluded".into();
@@ -864,6 +874,20 @@ mod tests {
         j.conclude("op-1", "healthy", &serde_json::json!({"verdict": "healthy"}))
             .unwrap();
         assert!(!j.conclude_if_running("op-1", "failed", &serde_json::json!({})).unwrap());
+        // A conclusion is never overwritten (issue 32); the same one again
+        // (a retried write) is no error.
+        match j.conclude("op-1", "failed", &serde_json::json!({"verdict": "failed"})) {
+            Err(e @ JournalError::AlreadyConcluded { .. }) => {
+                assert!(
+                    e.to_string().contains("operation op-1 was already concluded (healthy)"),
+                    "{e}"
+                )
+            }
+            other => panic!("expected AlreadyConcluded, got {other:?}"),
+        }
+        j.conclude("op-1", "healthy", &serde_json::json!({"verdict": "healthy"}))
+            .unwrap();
+        assert!(leadership.leads(), "a refused conclusion does not depose");
         match j.begin("op-6", "co_restart", "a", Some("r1")) {
             Err(e @ JournalError::DuplicateRequest { .. }) => assert!(e.to_string().contains("ended: healthy"), "{e}"),
             other => panic!("expected DuplicateRequest, got {other:?}"),
