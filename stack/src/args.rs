@@ -92,7 +92,7 @@ pub struct DemoArgs {
     #[arg(long, allow_hyphen_values = true, default_value = "")]
     pub engine_wrapper: String,
     /// The agent reads its GPUs from this fake GPU file (`gpu_source =
-    /// "fake:PATH"`, see README "GPU"), sampled every 250 ms; default: none.
+    /// "fake:PATH"`, see docs/configuration.md, GPU), sampled every 250 ms; default: none.
     #[arg(long)]
     pub gpu_fake: Option<PathBuf>,
     /// The watch's circuit breaker: automatic recoveries allowed per hour
@@ -142,7 +142,7 @@ pub struct DemoArgs {
     pub router_policy: Option<String>,
     /// The orchestrator's journal file (default: `journal.sqlite` in the
     /// demo's directory), e.g. on a small filesystem to see what a journal
-    /// that cannot be written does (README "Faults").
+    /// that cannot be written does (docs/operating.md, Faults).
     #[arg(long)]
     pub journal: Option<PathBuf>,
 }

@@ -498,7 +498,7 @@ pub fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<Configs> {
     suite.long_generation.max_token_gap_ms = Some(scaled(2_000));
     suite.long_generation.timeout_ms = probe_timeout;
     // TTFT, TPOT, end-to-end and batching budgets are derived from the
-    // pair's own warm figures (README "Verdicts"); only the stream-silence
+    // pair's own warm figures (docs/verdicts.md); only the stream-silence
     // budget is absolute here, above what two shared CPUs can jitter.
     suite.multi_turn.timeout_ms = probe_timeout;
     suite.concurrency.requests = 8;

@@ -2,7 +2,7 @@
 //! and gates on the local stack with the orchestrator and the agent
 //! SIGKILLed at random mid-operation (seed 7: several of each), every
 //! invariant checked after each operation (`pdwarden_stack::soak`). The
-//! long form is `pdwarden soak --seconds 3600` (README, Faults).
+//! long form is `pdwarden soak --seconds 3600` (docs/operating.md, Faults).
 
 use crate::harness::exclusive;
 

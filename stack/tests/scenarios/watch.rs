@@ -12,7 +12,7 @@
 //! The demo's `[pair.watch]` settings (the defaults, scaled). The figures
 //! (time to detect and to recover, the probes' share of engine time and the
 //! sessions they mint) are printed, and asserted only against the issue's
-//! targets: run with `--nocapture` to see them (README, wedge watch).
+//! targets: run with `--nocapture` to see them (docs/operating.md, wedge watch).
 
 use std::time::{Duration, Instant};
 
