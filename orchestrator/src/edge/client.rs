@@ -41,6 +41,11 @@ impl tonic::service::Interceptor for Bearer {
     }
 }
 
+/// The largest reply the CLI reads (issue 32: a report of 8 MB made the
+/// CLI lose the operation's stream and `history` fail for everyone; the
+/// journal now bounds each report, and a history of them fits here).
+pub const MAX_REPLY_BYTES: usize = 64 << 20;
+
 /// How long connecting to an orchestrator may take, all of it.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -105,7 +110,9 @@ impl Connection {
                 ))
             })?
             .map_err(|e| CouldNotRun(format!("orchestrator unreachable at {url}: {}", error_chain(&e))))?;
-        Ok(ControlClient::with_interceptor(channel, Bearer(bearer)))
+        // A history of many operations is many reports, each bounded by the
+        // journal (`MAX_REPORT_BYTES`): more than tonic's 4 MiB default.
+        Ok(ControlClient::with_interceptor(channel, Bearer(bearer)).max_decoding_message_size(MAX_REPLY_BYTES))
     }
 
     /// Starts a co-restart of `pair` (or, with `verify` =

@@ -226,6 +226,81 @@ pub trait Store: Send + Sync {
     }
 }
 
+/// The most a conclusion's report may hold, serialised (issue 32: a stream
+/// past `max_tokens` made an 8 MB report, and `history` broke for every
+/// operator). A report over it keeps its verdict, reasons and every scalar;
+/// its long lists are cut to their first [`KEPT_PER_LIST`] entries, and it
+/// says so.
+pub const MAX_REPORT_BYTES: usize = 1 << 20;
+/// Entries a list keeps in a report cut to size.
+pub const KEPT_PER_LIST: usize = 64;
+
+/// `report` as text, within [`MAX_REPORT_BYTES`].
+fn bounded_report(mut report: serde_json::Value) -> Result<String, JournalError> {
+    let text = serde_json::to_string(&report)?;
+    if text.len() <= MAX_REPORT_BYTES {
+        return Ok(text);
+    }
+    fn cut(v: &mut serde_json::Value) -> usize {
+        match v {
+            serde_json::Value::Array(items) => {
+                let mut dropped = items.len().saturating_sub(KEPT_PER_LIST);
+                items.truncate(KEPT_PER_LIST);
+                for i in items.iter_mut() {
+                    dropped += cut(i);
+                }
+                dropped
+            }
+            serde_json::Value::Object(map) => map.values_mut().map(cut).sum(),
+            serde_json::Value::String(s) if s.len() > 4096 => {
+                let mut end = 4096;
+                while !s.is_char_boundary(end) {
+                    end -= 1;
+                }
+                s.truncate(end);
+                s.push('…');
+                1
+            }
+            _ => 0,
+        }
+    }
+    let note = |dropped: usize, was: usize| {
+        format!(
+            "this report was {was} bytes, over the journal's bound of {MAX_REPORT_BYTES}: {dropped} list entries and long texts were cut to keep it"
+        )
+    };
+    let was = text.len();
+    let reasons = report.get("reasons").cloned();
+    let dropped = cut(&mut report);
+    if let Some(obj) = report.as_object_mut() {
+        // The reasons are the verdict's: kept whole where they fit.
+        if let Some(r) = reasons.filter(|r| r.to_string().len() < MAX_REPORT_BYTES / 4) {
+            obj.insert("reasons".into(), r);
+        }
+        let line = serde_json::Value::String(note(dropped, was));
+        match obj.get_mut("reasons").and_then(|r| r.as_array_mut()) {
+            Some(r) => r.push(line),
+            None => {
+                obj.insert("reasons".into(), serde_json::Value::Array(vec![line]));
+            }
+        }
+    }
+    let text = serde_json::to_string(&report)?;
+    if text.len() <= MAX_REPORT_BYTES {
+        return Ok(text);
+    }
+    // Still over (a very wide object): its scalars and reasons only.
+    let mut kept = serde_json::Map::new();
+    if let Some(obj) = report.as_object() {
+        for (k, v) in obj {
+            if !(v.is_array() || v.is_object()) || k == "reasons" {
+                kept.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    Ok(serde_json::to_string(&serde_json::Value::Object(kept))?)
+}
+
 impl JournalError {
     /// The report's line for a conclusion that was not written: kept and
     /// retried, or refused because another conclusion stands (issue 32: a
@@ -452,7 +527,7 @@ impl Journal {
         report: &impl Serialize,
         only_if_running: bool,
     ) -> Result<bool, JournalError> {
-        let report = serde_json::to_string(report)?;
+        let report = bounded_report(serde_json::to_value(report)?)?;
         match self.write_conclusion(operation_id, verdict, &report, only_if_running) {
             Ok(wrote) => {
                 self.pending
@@ -688,6 +763,39 @@ mod tests {
             .find(|o| o.operation_id == "op-1")
             .unwrap();
         assert_eq!(op1.verdict.as_deref(), Some("healthy"));
+    }
+
+    /// Issue 32: a runaway report (every token's timing of a stream past
+    /// max_tokens: 8 MB) broke `history` for every operator. A report over
+    /// the bound is cut to it, keeping its verdict and reasons and saying so.
+    #[test]
+    fn a_report_over_the_bound_is_cut_and_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open(&dir.path().join("j.sqlite")).unwrap();
+        j.begin("op-1", "co_restart", "a", None).unwrap();
+        let times: Vec<u64> = (0..1_500_000).collect();
+        let report = serde_json::json!({
+            "verdict": "failed",
+            "reasons": ["a runaway answer: 1500000 tokens for max_tokens 32"],
+            "suite": [{"step": "long_generation", "samples": [{"token_times_ms": times}]}],
+        });
+        assert!(report.to_string().len() > 8 * MAX_REPORT_BYTES);
+        j.conclude("op-1", "failed", &report).unwrap();
+        let op = j.history("a", 5).unwrap().remove(0);
+        let stored = serde_json::to_string(&op.report).unwrap();
+        assert!(stored.len() <= MAX_REPORT_BYTES, "{} bytes", stored.len());
+        let reasons = op.report.as_ref().unwrap()["reasons"].as_array().unwrap().clone();
+        assert_eq!(reasons[0], "a runaway answer: 1500000 tokens for max_tokens 32");
+        assert!(
+            reasons
+                .last()
+                .unwrap()
+                .as_str()
+                .unwrap()
+                .contains("over the journal's bound"),
+            "{reasons:?}"
+        );
+        assert_eq!(op.verdict.as_deref(), Some("failed"));
     }
 
     /// Issue 16, finding 3: a second orchestrator on the same journal is
