@@ -822,56 +822,13 @@ mod tests {
         assert_eq!(std::fs::read_to_string(sqlite::owner_file(&path)).unwrap(), "pid 202");
     }
 
-    /// One running operation per pair is enforced by the file itself, and
-    /// concluding frees the pair.
+    /// The journal's rules on the SQLite store (the contract suite; the
+    /// etcd store runs the same one).
     #[test]
     fn one_running_operation_per_pair() {
         let dir = tempfile::tempdir().unwrap();
         let j = Journal::open(&dir.path().join("j.sqlite")).unwrap();
-        j.begin("op-1", "co_restart", "a", Some("r1")).unwrap();
-        match j.begin("op-2", "co_restart", "a", Some("r2")) {
-            Err(JournalError::PairBusy { operation_id, .. }) => assert_eq!(operation_id, "op-1"),
-            other => panic!("expected PairBusy, got {other:?}"),
-        }
-        j.begin("op-3", "co_restart", "b", None).unwrap();
-        // The same request again (a retry after a lost reply) starts nothing
-        // and names the operation it started, here or on another pair.
-        match j.begin("op-4", "co_restart", "a", Some("r1")) {
-            Err(e @ JournalError::DuplicateRequest { .. }) => {
-                let text = e.to_string();
-                assert!(
-                    text.contains("operation op-1") && text.contains("still running"),
-                    "{text}"
-                );
-            }
-            other => panic!("expected DuplicateRequest, got {other:?}"),
-        }
-        match j.begin("op-5", "verify", "c", Some("r1")) {
-            Err(JournalError::DuplicateRequest { operation_id, .. }) => assert_eq!(operation_id, "op-1"),
-            other => panic!("expected DuplicateRequest, got {other:?}"),
-        }
-        j.transition("op-1", 5, "restarting_prefill").unwrap();
-        j.append("op-1", 7, "phase", &serde_json::json!({"phase": "spawned"}))
-            .unwrap();
-        j.conclude("op-1", "healthy", &serde_json::json!({"verdict": "healthy"}))
-            .unwrap();
-        match j.begin("op-6", "co_restart", "a", Some("r1")) {
-            Err(e @ JournalError::DuplicateRequest { .. }) => assert!(e.to_string().contains("ended: healthy"), "{e}"),
-            other => panic!("expected DuplicateRequest, got {other:?}"),
-        }
-        j.begin("op-4", "co_restart", "a", None).unwrap();
-        let e = j.entries("op-1").unwrap();
-        assert_eq!(e.len(), 2);
-        assert_eq!(e[0].1, "transition");
-        assert_eq!(e[1].2["phase"], "spawned");
-        let h = j.history("a", 10).unwrap();
-        assert_eq!(h.len(), 2);
-        assert_eq!(
-            h.iter().find(|r| r.operation_id == "op-1").unwrap().verdict.as_deref(),
-            Some("healthy")
-        );
-        let unfinished: Vec<String> = j.unfinished().unwrap().into_iter().map(|r| r.operation_id).collect();
-        assert_eq!(unfinished, vec!["op-3", "op-4"]);
+        contract::keeps_the_journal_rules(&j);
     }
 
     /// The journal survives reopening (it is a real file, not memory).
@@ -1092,5 +1049,91 @@ mod tests {
             .unwrap()
             .begin("op-1", "co_restart", "a", None)
             .unwrap();
+    }
+}
+
+/// The journal's rules, whatever its store: one suite, run on SQLite
+/// (`tests::one_running_operation_per_pair`) and on etcd
+/// (`etcd::tests::the_etcd_journal_keeps_the_journal_rules`) — issue 33:
+/// it was written once per store and the copies drifted.
+#[cfg(test)]
+pub(crate) mod contract {
+    use super::*;
+
+    /// One running operation per pair; a request id runs at most once
+    /// (named whether still running or ended); states and entries read
+    /// back in order, the last typed state included; a conclusion is
+    /// written once (the same one again is no error, another is refused)
+    /// and frees the pair; history and the unfinished list say the same.
+    pub(crate) fn keeps_the_journal_rules(j: &Journal) {
+        j.begin("op-1", "co_restart", "a", Some("r1")).unwrap();
+        match j.begin("op-2", "co_restart", "a", Some("r2")) {
+            Err(JournalError::PairBusy { operation_id, .. }) => assert_eq!(operation_id, "op-1"),
+            other => panic!("expected PairBusy, got {other:?}"),
+        }
+        j.begin("op-3", "co_restart", "b", None).unwrap();
+        // The same request again (a retry after a lost reply) starts nothing
+        // and names the operation it started, here or on another pair.
+        match j.begin("op-4", "co_restart", "a", Some("r1")) {
+            Err(e @ JournalError::DuplicateRequest { .. }) => {
+                let text = e.to_string();
+                assert!(
+                    text.contains("operation op-1") && text.contains("still running"),
+                    "{text}"
+                );
+            }
+            other => panic!("expected DuplicateRequest, got {other:?}"),
+        }
+        match j.begin("op-5", "verify", "c", Some("r1")) {
+            Err(JournalError::DuplicateRequest { operation_id, .. }) => assert_eq!(operation_id, "op-1"),
+            other => panic!("expected DuplicateRequest, got {other:?}"),
+        }
+        j.transition("op-1", 5, "restarting_prefill").unwrap();
+        j.append("op-1", 7, "phase", &serde_json::json!({"phase": "spawned"}))
+            .unwrap();
+        j.enter("op-1", 8, "restarting_decode", Some(&vec!["c1"])).unwrap();
+        j.transition("op-1", 9, "verifying").unwrap();
+        assert_eq!(
+            j.last_state::<Vec<String>>("op-1").unwrap(),
+            Some(vec!["c1".to_string()])
+        );
+        let unfinished: Vec<String> = j.unfinished().unwrap().into_iter().map(|r| r.operation_id).collect();
+        assert_eq!(unfinished, vec!["op-1", "op-3"]);
+        assert_eq!(j.unfinished().unwrap()[0].state, "verifying");
+        j.conclude("op-1", "healthy", &serde_json::json!({"verdict": "healthy"}))
+            .unwrap();
+        assert!(!j.conclude_if_running("op-1", "failed", &serde_json::json!({})).unwrap());
+        // A conclusion is never overwritten (issue 32); the same one again
+        // (a retried write) is no error.
+        match j.conclude("op-1", "failed", &serde_json::json!({"verdict": "failed"})) {
+            Err(e @ JournalError::AlreadyConcluded { .. }) => assert!(
+                e.to_string().contains("operation op-1 was already concluded (healthy)"),
+                "{e}"
+            ),
+            other => panic!("expected AlreadyConcluded, got {other:?}"),
+        }
+        j.conclude("op-1", "healthy", &serde_json::json!({"verdict": "healthy"}))
+            .unwrap();
+        match j.begin("op-6", "co_restart", "a", Some("r1")) {
+            Err(e @ JournalError::DuplicateRequest { .. }) => assert!(e.to_string().contains("ended: healthy"), "{e}"),
+            other => panic!("expected DuplicateRequest, got {other:?}"),
+        }
+        j.begin("op-4", "co_restart", "a", None).unwrap();
+        let e = j.entries("op-1").unwrap();
+        assert_eq!(
+            e.iter().map(|(at, k, _)| (*at, k.as_str())).collect::<Vec<_>>(),
+            vec![(5, "transition"), (7, "phase"), (8, "transition"), (9, "transition")]
+        );
+        assert_eq!(e[1].2["phase"], "spawned");
+        let h = j.history("a", 10).unwrap();
+        assert_eq!(
+            h.iter().map(|r| r.operation_id.as_str()).collect::<Vec<_>>(),
+            vec!["op-4", "op-1"],
+            "newest first"
+        );
+        assert_eq!(h[1].verdict.as_deref(), Some("healthy"));
+        assert_eq!(h[1].report.as_ref().unwrap()["verdict"], "healthy");
+        let unfinished: Vec<String> = j.unfinished().unwrap().into_iter().map(|r| r.operation_id).collect();
+        assert_eq!(unfinished, vec!["op-3", "op-4"]);
     }
 }
