@@ -532,18 +532,38 @@ impl UnitConfig {
             }
             Some(_) => {}
         }
-        for key in self.env.keys() {
+        // A NUL cannot reach a process (argv and the environment are C
+        // strings): the spawn would fail, or cut the value, long after load.
+        if let Some(i) = self.argv.iter().position(|a| a.contains('\0')) {
+            return Err(invalid(
+                field("argv"),
+                format!("unit {:?}: argv[{i}] contains a NUL byte", self.name),
+            ));
+        }
+        for (key, value) in &self.env {
             if key.is_empty() || key.contains('=') || key.contains('\0') {
                 return Err(invalid(
                     field("env"),
                     format!("unit {:?}: invalid variable name {key:?}", self.name),
                 ));
             }
+            if value.contains('\0') {
+                return Err(invalid(
+                    field("env"),
+                    format!("unit {:?}: the value of {key:?} contains a NUL byte", self.name),
+                ));
+            }
         }
-        if let Some(cwd) = &self.cwd
-            && cwd.as_os_str().is_empty()
-        {
-            return Err(invalid(field("cwd"), "must not be empty when set"));
+        if let Some(cwd) = &self.cwd {
+            if cwd.as_os_str().is_empty() {
+                return Err(invalid(field("cwd"), "must not be empty when set"));
+            }
+            if cwd.as_os_str().as_encoded_bytes().contains(&0) {
+                return Err(invalid(
+                    field("cwd"),
+                    format!("unit {:?}: contains a NUL byte", self.name),
+                ));
+            }
         }
         check_http_url(&field("base_url"), &self.base_url)?;
         for (f, path) in [
@@ -881,6 +901,39 @@ mod tests {
             let e = err(&text);
             assert!(e.contains(field), "error for {field}: {e}\n--- config:\n{text}");
             assert!(!e.contains('\n'), "one line: {e}");
+        }
+    }
+
+    /// Issue 32, finding 2: a NUL byte in a unit's argv or in its
+    /// environment loaded, and the spawn failed later (or the value was cut
+    /// at the NUL). Refused at load, in one line naming the unit and field.
+    #[test]
+    fn a_nul_in_argv_or_env_is_refused_naming_the_unit_and_field() {
+        for (text, says) in [
+            (
+                UNIT.replace("['sleep','1']", "['sleep',\"1\\u0000\"]"),
+                "field `unit[0].argv`: unit \"u\": argv[1] contains a NUL byte",
+            ),
+            (
+                UNIT.replace("['sleep','1']", "[\"sl\\u0000eep\"]"),
+                "field `unit[0].argv`: unit \"u\": argv[0] contains a NUL byte",
+            ),
+            (
+                format!("{UNIT}env={{\"A\\u0000\"='c'}}\n"),
+                "field `unit[0].env`: unit \"u\": invalid variable name \"A\\0\"",
+            ),
+            (
+                format!("{UNIT}env={{A=\"c\\u0000d\"}}\n"),
+                "field `unit[0].env`: unit \"u\": the value of \"A\" contains a NUL byte",
+            ),
+            (
+                format!("{UNIT}cwd=\"/tmp\\u0000x\"\n"),
+                "field `unit[0].cwd`: unit \"u\": contains a NUL byte",
+            ),
+        ] {
+            let e = err(&format!("{HEAD}{text}"));
+            assert!(e.contains(says), "want {says:?} in: {e}");
+            assert!(!e.contains('\n') && !e.contains('\0'), "one line: {e:?}");
         }
     }
 

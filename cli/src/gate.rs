@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 use pdwarden_orchestrator::ops::gate::GateReport;
+use pdwarden_orchestrator::ops::gate::config::ChangeArgs;
 use pdwarden_proto::v1::{GatePairRequest, operation_update};
 
 use crate::{Connection, CouldNotRun, could_not_run, print_json, progress_line};
@@ -62,22 +63,47 @@ pub async fn run(conn: &Connection, args: GateArgs) -> ExitCode {
     }
 }
 
-async fn follow(conn: &Connection, args: GateArgs) -> Result<GateReport, CouldNotRun> {
-    let mut request = GatePairRequest {
+impl GateArgs {
+    pub fn json(&self) -> bool {
+        self.json
+    }
+}
+
+/// The gate request `args` ask for, refused in one line naming the flag
+/// before anything is sent (issue 32): the orchestrator's own check of a
+/// change (`ChangeArgs::validate`), on the flags as given, so that a key
+/// given twice is refused rather than one of them silently kept.
+fn request(args: &GateArgs) -> Result<GatePairRequest, String> {
+    crate::check_name("pair", &args.name)?;
+    let set_env = args
+        .set_env
+        .iter()
+        .map(|s| split_kv("--set-env", s))
+        .collect::<Result<Vec<_>, _>>()?;
+    let set_args = args
+        .set_arg
+        .iter()
+        .map(|s| split_kv("--set-arg", s))
+        .collect::<Result<Vec<_>, _>>()?;
+    ChangeArgs {
+        set_env: set_env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect(),
+        unset_env: args.unset_env.iter().map(String::as_str).collect(),
+        set_args: set_args.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect(),
+        units: args.units.iter().map(String::as_str).collect(),
+    }
+    .validate()?;
+    Ok(GatePairRequest {
         pair: args.name.clone(),
         request_id: crate::request_id_or_new(args.request_id.clone()),
+        set_env: set_env.into_iter().collect(),
         unset_env: args.unset_env.clone(),
+        set_args: set_args.into_iter().collect(),
         units: args.units.clone(),
-        ..Default::default()
-    };
-    for s in &args.set_env {
-        let (k, v) = split_kv("--set-env", s).map_err(CouldNotRun)?;
-        request.set_env.insert(k, v);
-    }
-    for s in &args.set_arg {
-        let (k, v) = split_kv("--set-arg", s).map_err(CouldNotRun)?;
-        request.set_args.insert(k, v);
-    }
+    })
+}
+
+async fn follow(conn: &Connection, args: GateArgs) -> Result<GateReport, CouldNotRun> {
+    let request = request(&args).map_err(CouldNotRun)?;
     // A follower (several orchestrators on etcd) names the leader: asked
     // once more there, with the same request id (it runs at most once).
     let mut at = conn.clone();
@@ -125,6 +151,87 @@ async fn follow(conn: &Connection, args: GateArgs) -> Result<GateReport, CouldNo
         if let (Some(line), false) = (line, args.json) {
             let _ = writeln!(out, "{line}");
             let _ = out.flush();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Gate {
+        #[command(flatten)]
+        gate: GateArgs,
+    }
+
+    fn request_of(args: &[&str]) -> Result<GatePairRequest, String> {
+        let parsed = Gate::try_parse_from(std::iter::once("gate").chain(args.iter().copied())).unwrap();
+        request(&parsed.gate)
+    }
+
+    /// Issue 32, finding 3: the gate's arguments are checked before
+    /// anything is sent (the orchestrator checks them again as the request
+    /// arrives), in one line naming the flag.
+    #[test]
+    fn gate_arguments_are_checked_before_sending() {
+        let r = request_of(&[
+            "demo",
+            "--set-env",
+            "A=1",
+            "--unset-env",
+            "B",
+            "--set-arg",
+            "--x=2",
+            "--unit",
+            "decode-0",
+            "--request-id",
+            "id-1",
+        ])
+        .unwrap();
+        assert_eq!(
+            (
+                r.set_env["A"].as_str(),
+                r.unset_env,
+                r.set_args["--x"].as_str(),
+                r.units,
+                r.request_id
+            ),
+            (
+                "1",
+                vec!["B".to_string()],
+                "2",
+                vec!["decode-0".to_string()],
+                "id-1".to_string()
+            )
+        );
+        for (args, says) in [
+            (
+                &["demo", "--set-env", "A=1", "--unset-env", "A"][..],
+                "--unset-env \"A\": also given to --set-env",
+            ),
+            (
+                &["demo", "--set-env", "A=1", "--set-env", "A=2"],
+                "--set-env \"A\": given twice",
+            ),
+            (&["demo"], "nothing to change"),
+            (&["demo", "--set-env", "=1"], "--set-env \"=1\": expected KEY=VALUE"),
+            (
+                &["demo#gate", "--set-env", "A=1"],
+                "pair: \"demo#gate\" has '#' at byte 4",
+            ),
+            (
+                &["demo", "--set-env", "A=1", "--unit", "a/b"],
+                "--unit: \"a/b\" has '/'",
+            ),
+            (
+                &["demo", "--set-arg", "x=1"],
+                "--set-arg \"x\": the flag must start with '-'",
+            ),
+        ] {
+            let e = request_of(args).unwrap_err();
+            assert!(e.starts_with(says), "{args:?}: {e:?} should start with {says:?}");
         }
     }
 }

@@ -157,12 +157,66 @@ enum RestartWhat {
     },
 }
 
-/// `--request-id`: printable, no spaces, at most 128 characters.
+/// `--request-id`: printable, no spaces, at most 128 characters (the
+/// orchestrator's rule, `edge::fields`).
 pub fn request_id_arg(s: &str) -> Result<String, String> {
-    if s.is_empty() || s.len() > 128 || !s.chars().all(|c| c.is_ascii_graphic()) {
-        return Err("expected 1 to 128 printable ASCII characters without spaces".into());
-    }
+    pdwarden_orchestrator::edge::fields::check_request_id(s)?;
     Ok(s.to_string())
+}
+
+/// A pair, unit or host name given as `what`, by the orchestrator's rule.
+pub fn check_name(what: &str, name: &str) -> Result<(), String> {
+    pdwarden_orchestrator::edge::fields::check_name(name).map_err(|e| format!("{what}: {e}"))
+}
+
+/// What can be refused before anything is sent (issue 32): the names the
+/// command gives and a `--ca` file with no PEM certificate (it would fail
+/// every handshake with "UnknownIssuer"). One line naming the argument.
+fn check_before_sending(cli: &Cli) -> Result<(), String> {
+    let connects = match &cli.command {
+        Cmd::Restart {
+            what: RestartWhat::PdPair { name, .. },
+        }
+        | Cmd::Verify { name, .. }
+        | Cmd::History { pair: name, .. } => {
+            check_name("pair", name)?;
+            true
+        }
+        Cmd::Restart {
+            what: RestartWhat::Unit { name, host, .. },
+        } => {
+            check_name("unit", name)?;
+            if let Some(h) = host {
+                check_name("--host", h)?;
+            }
+            true
+        }
+        Cmd::Status { hosts, .. } => {
+            hosts.iter().try_for_each(|h| check_name("--host", h))?;
+            true
+        }
+        // `gate::run` checks its arguments itself, before connecting.
+        Cmd::Gate(_) => true,
+        Cmd::Certs(_) | Cmd::Demo(_) | Cmd::Soak(_) | Cmd::Completions { .. } => false,
+    };
+    if let (true, Some(ca)) = (connects, &cli.ca) {
+        pdwarden_orchestrator::edge::tls::check_ca_file("--ca", ca)?;
+    }
+    Ok(())
+}
+
+/// Whether the command answers in JSON (its refusals too).
+fn wants_json(cmd: &Cmd) -> bool {
+    match cmd {
+        Cmd::Restart {
+            what: RestartWhat::PdPair { json, .. } | RestartWhat::Unit { json, .. },
+        }
+        | Cmd::Verify { json, .. }
+        | Cmd::Status { json, .. }
+        | Cmd::History { json, .. } => *json,
+        Cmd::Gate(args) => args.json(),
+        _ => false,
+    }
 }
 
 /// The given idempotency key, or a fresh one.
@@ -215,9 +269,6 @@ async fn restart_unit(conn: &Connection, name: &str, host: Option<String>, json:
 }
 
 async fn status(conn: &Connection, json: bool, hosts: Vec<String>) -> anyhow::Result<()> {
-    if let Some(bad) = hosts.iter().find(|h| h.trim().is_empty()) {
-        anyhow::bail!("--host: {bad:?} is not a host name");
-    }
     let mut client = conn.connect().await.map_err(|e| anyhow::anyhow!(e.0))?;
     let reply = client
         .status(StatusRequest { hosts })
@@ -410,6 +461,9 @@ async fn history(conn: &Connection, pair: &str, limit: u32, json: bool) -> anyho
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Err(reason) = check_before_sending(&cli) {
+        return could_not_run(&reason, wants_json(&cli.command));
+    }
     let conn = Connection::new(
         cli.orchestrator.clone(),
         Credentials {
@@ -519,5 +573,78 @@ mod tests {
         );
         assert_eq!(lines.len(), 4, "{lines:?}");
         assert!(render_watch(&serde_json::Value::Null).is_empty());
+    }
+
+    /// Issue 32: a pair, unit or host name out of bounds, and a `--ca` file
+    /// with no PEM certificate in it ("UnknownIssuer" once connected), are
+    /// refused before anything is sent, in one line naming the argument.
+    #[test]
+    fn names_and_the_ca_are_checked_before_anything_is_sent() {
+        let dir = tempfile::tempdir().unwrap();
+        let certs = pdwarden_orchestrator::edge::certs::CertDir(dir.path().join("pki"));
+        certs.init(&["localhost".into()]).unwrap();
+        let passwd = dir.path().join("passwd");
+        std::fs::write(&passwd, "root:x:0:0:root:/root:/bin/bash\n").unwrap();
+        let ca = certs.ca().display().to_string();
+        let passwd = passwd.display().to_string();
+        let missing = dir.path().join("missing.pem").display().to_string();
+        let check = |args: &[&str]| {
+            let cli = Cli::try_parse_from(std::iter::once("pdwarden").chain(args.iter().copied())).unwrap();
+            check_before_sending(&cli)
+        };
+        let names = "expected 1 to 128 letters, digits, '.', '_' and '-'";
+        let big = "p".repeat(100 * 1024);
+        for ok in [
+            &["restart", "pd-pair", "demo"][..],
+            &["verify", "demo"],
+            &["history", "demo"],
+            &["status", "--host", "gpu-1"],
+            &["restart", "unit", "decode-0", "--host", "gpu-1"],
+            &["--ca", &ca, "status"],
+        ] {
+            check(ok).unwrap_or_else(|e| panic!("{ok:?}: {e}"));
+        }
+        for (args, says) in [
+            (
+                &["restart", "pd-pair", &big][..],
+                format!("pair: 102400 bytes: {names}"),
+            ),
+            (
+                &["verify", "demo#gate"],
+                format!("pair: \"demo#gate\" has '#' at byte 4: {names}"),
+            ),
+            (
+                &["history", "../../etc"],
+                format!("pair: \"../../etc\" has '/' at byte 2: {names}"),
+            ),
+            (
+                &["status", "--host", "a b"],
+                format!("--host: \"a b\" has ' ' at byte 1: {names}"),
+            ),
+            (
+                &["restart", "unit", "a/b"],
+                format!("unit: \"a/b\" has '/' at byte 1: {names}"),
+            ),
+            (
+                &["restart", "unit", "decode-0", "--host", ""],
+                format!("--host: empty: {names}"),
+            ),
+            (
+                &["--ca", &passwd, "status"],
+                format!("--ca {passwd}: no PEM certificate in the file"),
+            ),
+            (
+                &["--ca", &missing, "history", "demo"],
+                format!("--ca {missing}: cannot read the file"),
+            ),
+        ] {
+            let e = check(args).unwrap_err();
+            assert!(
+                e.starts_with(&says),
+                "{:?}: {e:?} should start with {says:?}",
+                &args[..args.len().min(3)]
+            );
+            assert!(!e.contains('\n'), "{e}");
+        }
     }
 }

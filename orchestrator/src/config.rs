@@ -679,6 +679,72 @@ fn default_max_probes() -> u32 {
     5
 }
 
+/// The most tokens a probe may ask for (`probe.max_tokens`): a probe is a
+/// short answer, and its budget a warm one.
+pub const PROBE_MAX_TOKENS: u32 = 4_096;
+/// The most warm probes that end a series (`probe.warm_probes`).
+pub const PROBE_MAX_WARM_PROBES: u32 = 100;
+/// The most probes one series sends (`probe.max_probes`): a series ends at
+/// its warm answers, and each probe may take `probe_timeout_ms`.
+pub const PROBE_MAX_PROBES: u32 = 1_000;
+/// The largest ratio (`probe.cold_allowance_margin`, the suite's
+/// `baseline_warning_ratio`, `tpot_history_ratio`, `min_batching_gain`).
+pub const MAX_RATIO: f64 = 1_000.0;
+/// The most requests of the suite's concurrency step and abort storm, each
+/// sent at once.
+pub const SUITE_MAX_REQUESTS: u32 = 1_024;
+/// The most tokens of the suite's long generation.
+pub const SUITE_MAX_TOKENS: u32 = 131_072;
+/// The longest prompt of the abort storm, in tokens (words).
+pub const SUITE_MAX_PROMPT_TOKENS: u32 = 1_000_000;
+
+/// Every number of `probe` and `suite` within its bound (issue 32:
+/// `suite.concurrency.requests = 1e6` and `max_probes = 1e9` loaded). The
+/// error is (field, problem), the field relative to the pair.
+fn probe_and_suite_bounds(pr: &ProbeConfig, su: &SuiteConfig) -> Result<(), (&'static str, String)> {
+    for (f, v, max) in [
+        ("probe.max_tokens", pr.max_tokens, PROBE_MAX_TOKENS),
+        ("probe.warm_probes", pr.warm_probes, PROBE_MAX_WARM_PROBES),
+        ("probe.max_probes", pr.max_probes, PROBE_MAX_PROBES),
+        (
+            "suite.concurrency.requests",
+            su.concurrency.requests,
+            SUITE_MAX_REQUESTS,
+        ),
+        (
+            "suite.abort_storm.requests",
+            su.abort_storm.requests,
+            SUITE_MAX_REQUESTS,
+        ),
+        (
+            "suite.long_generation.max_tokens",
+            su.long_generation.max_tokens,
+            SUITE_MAX_TOKENS,
+        ),
+        (
+            "suite.abort_storm.prompt_tokens",
+            su.abort_storm.prompt_tokens,
+            SUITE_MAX_PROMPT_TOKENS,
+        ),
+    ] {
+        if v > max {
+            return Err((f, format!("{v} is over the bound of {max}")));
+        }
+    }
+    for (f, v) in [
+        ("probe.cold_allowance_margin", pr.cold_allowance_margin),
+        ("suite.baseline_warning_ratio", su.baseline_warning_ratio),
+        ("suite.tpot_history_ratio", su.tpot_history_ratio),
+        ("suite.min_batching_gain", su.min_batching_gain),
+    ] {
+        // NaN and infinities are refused by the checks of their lower bound.
+        if v > MAX_RATIO {
+            return Err((f, format!("{v:?} is over the bound of {MAX_RATIO:?}")));
+        }
+    }
+    Ok(())
+}
+
 /// The post-restart verification suite. Every step uses the pair's probe
 /// model and fixed prompt; budgets are in ms.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -1005,6 +1071,9 @@ impl OrchestratorConfig {
             if p.name.trim().is_empty() {
                 return Err(invalid(at("name"), "must not be empty"));
             }
+            // The edge's rule (issue 32): `demo#gate` is the journal's name
+            // of a gate's children, `../../etc` a path.
+            crate::edge::fields::check_name(&p.name).map_err(|problem| invalid(at("name"), problem))?;
             if !names.insert(p.name.as_str()) {
                 return Err(invalid(at("name"), format!("duplicate pair name {:?}", p.name)));
             }
@@ -1144,6 +1213,7 @@ impl OrchestratorConfig {
             if pr.warm_probes == 0 {
                 return Err(invalid(at("probe.warm_probes"), "must be at least 1"));
             }
+            probe_and_suite_bounds(pr, su).map_err(|(f, problem)| invalid(at(f), problem))?;
             // One cold answer per fresh engine a series can meet in turn
             // (the larger of the prefill and decode counts), then the warm ones.
             let cold = p.prefill.len().max(p.decode.len()).max(1) as u32;
@@ -1414,6 +1484,78 @@ probe_timeout_ms = 120000
         OrchestratorConfig::from_toml_str(&with(5)).unwrap();
     }
 
+    /// Issue 32, finding 2: pair names such as `demo#gate` (the journal's
+    /// name of a gate's children) and `../../etc` loaded, and so did
+    /// `suite.concurrency.requests = 1e6` and `max_probes = 1e9`. Names
+    /// follow the edge's rule and every number of the probe and the suite
+    /// has a bound; each refusal is one line naming the field.
+    #[test]
+    fn pair_names_and_every_probe_and_suite_number_are_bounded() {
+        let named = |name: &str| {
+            OrchestratorConfig::from_toml_str(&EXAMPLE.replace("name = \"pair-a\"", &format!("name = {name:?}")))
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        named("pair_a.2-b").unwrap();
+        for (name, says) in [
+            ("demo#gate", "\"demo#gate\" has '#' at byte 4"),
+            ("../../etc", "\"../../etc\" has '/' at byte 2"),
+            ("..", "\"..\" is not a name"),
+            ("a b", "\"a b\" has ' '"),
+        ] {
+            let e = named(name).unwrap_err();
+            assert!(
+                e.starts_with(&format!("invalid config: field `pair[0].name`: {says}")),
+                "{e}"
+            );
+        }
+        let e = named(&"p".repeat(129)).unwrap_err();
+        assert!(e.contains("`pair[0].name`: 129 bytes"), "{e}");
+        let with = |section: &str, key: &str, value: &str| {
+            let text = format!("{EXAMPLE}[pair.{section}]\n{key} = {value}\n");
+            OrchestratorConfig::from_toml_str(&text)
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        // The probe's own table is EXAMPLE's: its keys are added to it.
+        let probe = |key: &str, value: &str| {
+            OrchestratorConfig::from_toml_str(
+                &EXAMPLE.replace("[pair.probe]\n", &format!("[pair.probe]\n{key} = {value}\n")),
+            )
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+        };
+        for (key, bad, good) in [
+            ("max_probes", "1000000000", "1000"),
+            ("warm_probes", "1000000", "100\nmax_probes = 101"),
+            ("max_tokens", "1000000000", "4096"),
+            ("cold_allowance_margin", "1e300", "100.0"),
+        ] {
+            let e = probe(key, bad).unwrap_err();
+            assert!(
+                e.starts_with(&format!("invalid config: field `pair[0].probe.{key}`: ")) && !e.contains('\n'),
+                "{key}: {e}"
+            );
+            probe(key, good).unwrap_or_else(|e| panic!("{key} = {good}: {e}"));
+        }
+        for (section, key, bad, good) in [
+            ("suite.concurrency", "requests", "1000000", "1024"),
+            ("suite.abort_storm", "requests", "1000000", "1024"),
+            ("suite.abort_storm", "prompt_tokens", "4000000000", "1000000"),
+            ("suite.long_generation", "max_tokens", "4000000000", "131072"),
+            ("suite", "baseline_warning_ratio", "1e300", "1000.0"),
+            ("suite", "tpot_history_ratio", "1e300", "1000.0"),
+            ("suite", "min_batching_gain", "1e300", "1000.0"),
+        ] {
+            let e = with(section, key, bad).unwrap_err();
+            assert!(
+                e.starts_with(&format!("invalid config: field `pair[0].{section}.{key}`: ")) && !e.contains('\n'),
+                "{section}.{key}: {e}"
+            );
+            with(section, key, good).unwrap_or_else(|e| panic!("{section}.{key} = {good}: {e}"));
+        }
+    }
+
     #[test]
     fn gate_errors_name_the_field() {
         let c = OrchestratorConfig::from_toml_str(EXAMPLE).unwrap();
@@ -1561,5 +1703,32 @@ probe_timeout_ms = 120000
         let json = |w: &WatchConfig| serde_json::to_value(w).unwrap();
         assert_eq!(json(&c.pairs[0].watch), json(&WatchConfig::default()));
         WatchConfig::default().validate().unwrap();
+    }
+
+    /// Issue 32 (secrets): two operators with one token hash were both
+    /// accepted and the first match won (bob acted as alice). Refused at
+    /// load: one line naming both operators and the field.
+    #[test]
+    fn a_token_hash_belongs_to_one_operator_only() {
+        let hash = crate::edge::auth::hash_token("pdw_shared");
+        let other = crate::edge::auth::hash_token("pdw_other");
+        let operators = |second: &str| {
+            format!(
+                "insecure_plaintext = true\n{EXAMPLE}[[operator]]\nname = \"alice\"\nrole = \"operate\"\ntoken_sha256 = \"{hash}\"\n\
+                 [[operator]]\nname = \"carol\"\nrole = \"read\"\ntoken_sha256 = \"{other}\"\n\
+                 [[operator]]\nname = \"bob\"\nrole = \"read\"\ntoken_sha256 = \"{second}\"\n"
+            )
+        };
+        let e = OrchestratorConfig::from_toml_str(&operators(&hash))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`operator[2].token_sha256`"), "{e}");
+        assert!(e.contains("\"alice\"") && e.contains("\"bob\""), "{e}");
+        assert!(!e.contains("carol") && !e.contains(&hash), "{e}");
+        assert!(!e.contains('\n'), "one line: {e}");
+        // Distinct hashes load.
+        let distinct = crate::edge::auth::hash_token("pdw_bob");
+        let c = OrchestratorConfig::from_toml_str(&operators(&distinct)).unwrap();
+        assert_eq!(c.operators.len(), 3);
     }
 }

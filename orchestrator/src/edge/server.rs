@@ -18,9 +18,12 @@ use pdwarden_proto::v1::{
     operation_update,
 };
 use serde::Serialize;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::{TcpListenerStream, UnboundedReceiverStream};
+use tokio_stream::Stream;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tonic::transport::server::Connected;
 use tonic::{Request, Response, Status};
 
 use crate::config::{OrchestratorConfig, PairConfig, UnitRef};
@@ -37,6 +40,8 @@ pub enum ServeError {
     Config(#[from] crate::config::ConfigError),
     #[error(transparent)]
     Tls(#[from] pdwarden_security::tls::TlsError),
+    #[error(transparent)]
+    ServerTls(#[from] crate::edge::tls::ServerTlsError),
     #[error(transparent)]
     Journal(#[from] JournalError),
     #[error("gRPC server failed: {0}")]
@@ -165,6 +170,28 @@ pub struct PairStatus {
 
 fn internal(e: impl std::fmt::Display) -> Status {
     Status::internal(e.to_string())
+}
+
+/// The most hosts one `status` may name.
+pub const MAX_STATUS_HOSTS: usize = 1024;
+
+/// A request field out of bounds (issue 32): `field: problem`, one line
+/// that never quotes the value whole, as the caller's error.
+fn bounded(field: &str, checked: Result<(), String>) -> Result<(), Status> {
+    checked.map_err(|problem| Status::invalid_argument(format!("{field}: {problem}")))
+}
+
+/// A request's idempotency key: empty is "none"; otherwise the CLI's rule.
+fn check_request_id(request_id: &str) -> Result<(), Status> {
+    if request_id.is_empty() {
+        return Ok(());
+    }
+    bounded("request_id", crate::edge::fields::check_request_id(request_id))
+}
+
+/// A request's pair name (the config's rule).
+fn check_pair(pair: &str) -> Result<(), Status> {
+    bounded("pair", crate::edge::fields::check_name(pair))
 }
 
 impl ControlService {
@@ -332,9 +359,16 @@ impl Control for ControlService {
         &self,
         request: Request<pdwarden_proto::v1::GatePairRequest>,
     ) -> Result<Response<Self::GatePairStream>, Status> {
-        self.leads()?;
         let actor = actor(&request);
         let req = request.into_inner();
+        // Everything the request alone can be refused for, before the
+        // preflight and before anything is measured (issue 32, finding 3).
+        check_pair(&req.pair)?;
+        check_request_id(&req.request_id)?;
+        crate::ops::gate::config::ChangeArgs::of(&req.set_env, &req.unset_env, &req.set_args, &req.units)
+            .validate()
+            .map_err(Status::invalid_argument)?;
+        self.leads()?;
         let pair = self
             .config
             .pair(&req.pair)
@@ -371,6 +405,8 @@ impl Control for ControlService {
     ) -> Result<Response<Self::RestartPairStream>, Status> {
         let actor = actor(&request);
         let req = request.into_inner();
+        check_pair(&req.pair)?;
+        check_request_id(&req.request_id)?;
         if req.rolling {
             return self.start_rolling(&req.pair, &req.request_id, actor).await;
         }
@@ -384,6 +420,8 @@ impl Control for ControlService {
     ) -> Result<Response<Self::VerifyPairStream>, Status> {
         let actor = actor(&request);
         let req = request.into_inner();
+        check_pair(&req.pair)?;
+        check_request_id(&req.request_id)?;
         let kind = OperationKind::Verify {
             include_abort_storm: req.include_abort_storm,
         };
@@ -396,6 +434,11 @@ impl Control for ControlService {
     ) -> Result<Response<Self::RestartUnitStream>, Status> {
         let actor = actor(&request);
         let req = request.into_inner();
+        if !req.host.is_empty() {
+            bounded("host", crate::edge::fields::check_name(&req.host))?;
+        }
+        bounded("unit", crate::edge::fields::check_name(&req.unit))?;
+        check_request_id(&req.request_id)?;
         tracing::info!(unit = %req.unit, host = %req.host, actor = ?actor, "restart unit requested");
         for pair in &self.config.pairs {
             let is = |units: &[crate::config::UnitRef]| {
@@ -429,7 +472,18 @@ impl Control for ControlService {
     }
 
     async fn status(&self, request: Request<StatusRequest>) -> Result<Response<JsonReply>, Status> {
+        // A `base_url` with `user:pass@` is for those who may operate (issue 32).
+        let sees_credentials = actor(&request).is_some_and(|a| a.sees_url_credentials());
         let req = request.into_inner();
+        if req.hosts.len() > MAX_STATUS_HOSTS {
+            return Err(Status::invalid_argument(format!(
+                "hosts: {} given; at most {MAX_STATUS_HOSTS}",
+                req.hosts.len()
+            )));
+        }
+        for h in &req.hosts {
+            bounded("hosts", crate::edge::fields::check_name(h))?;
+        }
         let hosts: Option<BTreeSet<String>> = (!req.hosts.is_empty()).then(|| req.hosts.into_iter().collect());
         if let Some(hosts) = &hosts
             && let Some(unknown) = hosts.iter().find(|h| !self.fleet.knows_host(h))
@@ -441,14 +495,25 @@ impl Control for ControlService {
         // A fleet-wide status is megabytes of JSON: built off the runtime's
         // workers, so the agents' streams are not held up behind it.
         let this = self.clone();
-        let json = tokio::task::spawn_blocking(move || this.status_json(hosts.as_ref()))
-            .await
-            .map_err(internal)??;
+        let json = tokio::task::spawn_blocking(move || {
+            let json = this.status_json(hosts.as_ref())?;
+            if sees_credentials {
+                return Ok(json);
+            }
+            let hidden = match crate::edge::auth::hide_url_credentials(&json) {
+                std::borrow::Cow::Owned(hidden) => Some(hidden),
+                std::borrow::Cow::Borrowed(_) => None,
+            };
+            Ok::<_, Status>(hidden.unwrap_or(json))
+        })
+        .await
+        .map_err(internal)??;
         Ok(Response::new(JsonReply { json }))
     }
 
     async fn history(&self, request: Request<HistoryRequest>) -> Result<Response<JsonReply>, Status> {
         let req = request.into_inner();
+        check_pair(&req.pair)?;
         if self.config.pair(&req.pair).is_none() {
             return Err(Status::not_found(format!("unknown pair {:?}", req.pair)));
         }
@@ -710,21 +775,273 @@ fn take_over(
     Ok(tasks)
 }
 
+/// Bounds on the connections the gRPC server holds (issue 32, finding 4):
+/// 260 idle TCP connections and half-finished TLS handshakes under a
+/// 256-descriptor limit once left `pdwarden status` unable to connect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// A TLS handshake not finished within this is dropped.
+    pub tls_handshake: Duration,
+    /// A connection nothing is read from for this long is closed: one that
+    /// never speaks, or stops mid-handshake. A live HTTP/2 peer is read
+    /// from at least every `http2_keepalive_interval` (the answers to the
+    /// server's pings), so this must be longer than the interval plus its
+    /// timeout; `serve_with_limits` raises it to that if it is not.
+    pub idle: Duration,
+    /// HTTP/2 pings after this long without a frame from the peer…
+    pub http2_keepalive_interval: Duration,
+    /// …and the connection closed when one is not answered within this.
+    pub http2_keepalive_timeout: Duration,
+    /// TCP keepalive probes after this long idle (a peer that vanished
+    /// without a FIN, before HTTP/2 is up).
+    pub tcp_keepalive: Duration,
+    /// At most this many connections at once: past it, a connection is
+    /// closed as it is accepted, so the orchestrator never runs out of
+    /// descriptors (its journal and readiness endpoint need some too).
+    pub max_connections: usize,
+    /// Concurrent requests (HTTP/2 streams) on one connection.
+    pub per_connection_requests: usize,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        ConnectionLimits {
+            tls_handshake: Duration::from_secs(10),
+            idle: Duration::from_secs(30),
+            http2_keepalive_interval: Duration::from_secs(10),
+            http2_keepalive_timeout: Duration::from_secs(5),
+            tcp_keepalive: Duration::from_secs(30),
+            max_connections: max_connections_for(open_files_limit()),
+            per_connection_requests: 256,
+        }
+    }
+}
+
+/// This process's soft limit on open descriptors (`RLIMIT_NOFILE`), read
+/// from `/proc/self/limits`; `None` where unreadable or unlimited.
+fn open_files_limit() -> Option<usize> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line.split_whitespace().nth(3)?.parse().ok()
+}
+
+/// The connection cap for a descriptor limit: a quarter of it (at least 64)
+/// kept for everything else, between 16 and 16384 connections; 4096 when
+/// the limit is unknown.
+fn max_connections_for(open_files: Option<usize>) -> usize {
+    match open_files {
+        Some(n) => n.saturating_sub((n / 4).max(64)).clamp(16, 16_384),
+        None => 4_096,
+    }
+}
+
+/// The accepted connections, within [`ConnectionLimits`]: each holds a
+/// permit of the cap while it lives, and is closed once idle too long.
+struct Incoming {
+    accept: tonic::transport::server::TcpIncoming,
+    permits: Arc<tokio::sync::Semaphore>,
+    idle: Duration,
+    /// After an accept failed for want of descriptors or memory: the
+    /// pending connection stays queued and would fail again at once.
+    pause: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    /// Connections closed at the cap, for the log.
+    refused: u64,
+}
+
+impl Incoming {
+    fn new(listener: TcpListener, limits: &ConnectionLimits) -> Self {
+        Incoming {
+            accept: tonic::transport::server::TcpIncoming::from(listener)
+                .with_nodelay(Some(true))
+                .with_keepalive(Some(limits.tcp_keepalive))
+                .with_keepalive_interval(Some(Duration::from_secs(10)))
+                .with_keepalive_retries(Some(3)),
+            permits: Arc::new(tokio::sync::Semaphore::new(limits.max_connections)),
+            idle: limits.idle,
+            pause: None,
+            refused: 0,
+        }
+    }
+}
+
+impl Stream for Incoming {
+    type Item = std::io::Result<Guarded>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        use std::task::{Poll, ready};
+        let this = &mut *self;
+        loop {
+            if let Some(pause) = &mut this.pause {
+                ready!(pause.as_mut().poll(cx));
+                this.pause = None;
+            }
+            match ready!(std::pin::Pin::new(&mut this.accept).poll_next(cx)) {
+                None => return Poll::Ready(None),
+                Some(Ok(tcp)) => match this.permits.clone().try_acquire_owned() {
+                    Ok(permit) => return Poll::Ready(Some(Ok(Guarded::new(tcp, permit, this.idle)))),
+                    Err(_) => {
+                        this.refused += 1;
+                        if this.refused.is_power_of_two() {
+                            tracing::warn!(
+                                peer = ?tcp.peer_addr().ok(),
+                                refused = this.refused,
+                                "connection cap reached: closing new connections until some close"
+                            );
+                        }
+                        drop(tcp);
+                    }
+                },
+                Some(Err(e)) => {
+                    use std::io::ErrorKind::{ConnectionAborted, ConnectionReset, Interrupted, WouldBlock};
+                    if !matches!(e.kind(), ConnectionAborted | ConnectionReset | Interrupted | WouldBlock) {
+                        tracing::warn!(error = %e, "cannot accept a connection; pausing accepts for 100 ms");
+                        this.pause = Some(Box::pin(tokio::time::sleep(Duration::from_millis(100))));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// An accepted TCP connection that holds a permit of the connection cap and
+/// fails its reads once nothing was read from the peer for `idle`.
+struct Guarded {
+    io: tokio::net::TcpStream,
+    idle: Duration,
+    last_read: tokio::time::Instant,
+    /// Wakes the reader when `idle` may have passed; re-armed from
+    /// `last_read` rather than on every read.
+    deadline: std::pin::Pin<Box<tokio::time::Sleep>>,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Guarded {
+    fn new(io: tokio::net::TcpStream, permit: tokio::sync::OwnedSemaphorePermit, idle: Duration) -> Self {
+        let now = tokio::time::Instant::now();
+        Guarded {
+            io,
+            idle,
+            last_read: now,
+            deadline: Box::pin(tokio::time::sleep_until(now + idle)),
+            _permit: permit,
+        }
+    }
+}
+
+impl Connected for Guarded {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.io.connect_info()
+    }
+}
+
+impl AsyncRead for Guarded {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        use std::task::Poll;
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        match std::pin::Pin::new(&mut this.io).poll_read(cx, buf) {
+            Poll::Ready(r) => {
+                if buf.filled().len() > before {
+                    this.last_read = tokio::time::Instant::now();
+                }
+                Poll::Ready(r)
+            }
+            Poll::Pending => loop {
+                if this.deadline.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                let due = this.last_read + this.idle;
+                if tokio::time::Instant::now() >= due {
+                    return Poll::Ready(Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("nothing read from the peer for {:?}: closed", this.idle),
+                    )));
+                }
+                this.deadline.as_mut().reset(due);
+            },
+        }
+    }
+}
+
+impl AsyncWrite for Guarded {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
 /// How long after the shutdown signal open streams (attached agents,
 /// followed operations) may take to end before the server drops them.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// Runs the orchestrator on `listener` until `shutdown` resolves, then at
-/// most [`SHUTDOWN_GRACE`] more.
+/// most [`SHUTDOWN_GRACE`] more, within the default [`ConnectionLimits`].
 pub async fn serve(
     listener: TcpListener,
     config: OrchestratorConfig,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
+    serve_with_limits(listener, config, ConnectionLimits::default(), shutdown).await
+}
+
+/// [`serve`] within `limits` (tests shorten them).
+pub async fn serve_with_limits(
+    listener: TcpListener,
+    config: OrchestratorConfig,
+    mut limits: ConnectionLimits,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
+    // A live peer answers a ping within interval + timeout: never idle longer.
+    limits.idle = limits
+        .idle
+        .max(limits.http2_keepalive_interval + limits.http2_keepalive_timeout + Duration::from_millis(100));
+    limits.max_connections = limits.max_connections.max(1);
+    limits.per_connection_requests = limits.per_connection_requests.max(1);
     // Plain text only when the config says so (issue 8); check before anything starts.
     let transport = config.transport()?;
     let (server_tls, agent_auth) = match &transport {
-        Transport::Tls(files) => (Some(crate::edge::tls::server_config(files)?), AgentAuth::Certificate),
+        Transport::Tls(files) => (
+            Some(crate::edge::tls::server_config(files, limits.tls_handshake)?),
+            AgentAuth::Certificate,
+        ),
         Transport::InsecurePlaintext => (None, AgentAuth::Insecure),
     };
     let auth = if config.operators.is_empty() {
@@ -833,18 +1150,23 @@ pub async fn serve(
     // FIN, and without them an agent cut off mid-operation would look
     // attached until TCP gave up, minutes later. With them the agent's
     // stream ends within ~15 s, its waiting operation fails with "agent
-    // disconnected", and `status` says so.
+    // disconnected", and `status` says so. The connections themselves are
+    // capped and closed when silent (`Incoming`), and a TLS handshake is
+    // dropped after `tls_handshake` (issue 32).
+    let per_connection = u32::try_from(limits.per_connection_requests).unwrap_or(u32::MAX);
     let mut builder = tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(Duration::from_secs(10)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(5)));
+        .http2_keepalive_interval(Some(limits.http2_keepalive_interval))
+        .http2_keepalive_timeout(Some(limits.http2_keepalive_timeout))
+        .max_concurrent_streams(Some(per_connection))
+        .concurrency_limit_per_connection(limits.per_connection_requests);
     if let Some(tls) = server_tls {
         builder = builder.tls_config(tls)?;
     }
     // Everything is loaded (TLS files, the journal, its ownership): only now
     // say so (issue 16, finding 10).
     match listener.local_addr() {
-        Ok(addr) => tracing::info!(%addr, "orchestrator listening"),
-        Err(e) => tracing::info!(error = %e, "orchestrator listening"),
+        Ok(addr) => tracing::info!(%addr, max_connections = limits.max_connections, "orchestrator listening"),
+        Err(e) => tracing::info!(error = %e, max_connections = limits.max_connections, "orchestrator listening"),
     }
     let watchdog = crate::edge::service_manager::ready_and_watch(control.ctx.journal.clone());
     // Graceful shutdown waits for every stream to end, and an attached
@@ -878,7 +1200,7 @@ pub async fn serve(
     let served = builder
         .add_service(AgentLinkServer::new(AgentLinkService { fleet, agent_auth }))
         .add_service(crate::edge::auth::Authorized::new(ControlServer::new(control), auth))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown);
+        .serve_with_incoming_shutdown(Incoming::new(listener, &limits), shutdown);
     tokio::pin!(served);
     // Losing the leadership by resigning is the planned shutdown, not an error.
     let mut deposed: Task<String> = {
@@ -922,4 +1244,401 @@ pub async fn serve(
     }
     served?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pdwarden_proto::v1::{GatePairRequest, control_client::ControlClient};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    /// A config with pair `p` on host `gpu-1`: `top` holds top-level keys,
+    /// `tables` is appended.
+    fn config(dir: &std::path::Path, top: &str, tables: &str) -> String {
+        format!(
+            r#"listen = "127.0.0.1:0"
+journal = {journal:?}
+{top}
+[[pair]]
+name = "p"
+prefill = [{{ host = "gpu-1", unit = "prefill-0" }}]
+decode = [{{ host = "gpu-1", unit = "decode-0" }}]
+router = [{{ host = "gpu-1", unit = "router-0" }}]
+[pair.probe]
+model = "m"
+prompt = "hi"
+warm_budget_ms = 1000
+cold_allowance_ms = 2000
+probe_timeout_ms = 2000
+[pair.watch]
+enabled = false
+{tables}"#,
+            journal = dir.join("journal.sqlite"),
+        )
+    }
+
+    fn plaintext(dir: &std::path::Path) -> String {
+        config(dir, "insecure_plaintext = true", "")
+    }
+
+    /// The real server on loopback until the sender is dropped.
+    async fn start(config: &str, limits: ConnectionLimits) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let config = OrchestratorConfig::from_toml_str(config).unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let served = serve_with_limits(listener, config, limits, async move {
+                let _ = stopped.await;
+            })
+            .await;
+            if let Err(e) = served {
+                panic!("serve: {e}");
+            }
+        });
+        (addr, stop)
+    }
+
+    async fn plain_client(addr: std::net::SocketAddr) -> ControlClient<tonic::transport::Channel> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            match ControlClient::connect(format!("http://{addr}")).await {
+                Ok(c) => return c,
+                Err(e) => assert!(tokio::time::Instant::now() < deadline, "{e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The refusal's code and its one line.
+    fn refusal<T: std::fmt::Debug>(r: Result<T, Status>) -> (tonic::Code, String) {
+        let s = r.unwrap_err();
+        (s.code(), s.message().to_string())
+    }
+
+    /// Issue 32, finding 1: the server took any `request_id` and any name
+    /// (the CLI checked, the server did not): 1 MB ids broke `history`,
+    /// and a 100 KB pair name came back as "h2 protocol error" (the name
+    /// quoted whole in the error's header). Each is one line naming the
+    /// field, before anything else is looked at.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_request_field_is_bounded_in_one_line_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (addr, _stop) = start(&plaintext(dir.path()), ConnectionLimits::default()).await;
+        let mut c = plain_client(addr).await;
+        let mb = "r".repeat(1 << 20);
+        let big_pair = "p".repeat(100 * 1024);
+        let ids = "expected 1 to 128 printable ASCII characters without spaces";
+        let names = "expected 1 to 128 letters, digits, '.', '_' and '-'";
+        let check = |(code, line): (tonic::Code, String), says: &str| {
+            assert_eq!(code, tonic::Code::InvalidArgument, "{line}");
+            assert!(line.starts_with(says), "{line:?} should start with {says:?}");
+            assert!(line.len() < 300 && !line.contains('\n'), "{line}");
+        };
+        let restart = |pair: &str, request_id: &str| RestartPairRequest {
+            pair: pair.into(),
+            request_id: request_id.into(),
+            rolling: false,
+        };
+        check(
+            refusal(c.restart_pair(restart("p", &mb)).await),
+            &format!("request_id: 1048576 bytes: {ids}"),
+        );
+        check(
+            refusal(c.restart_pair(restart("p", "a\u{1}b")).await),
+            "request_id: \"a\\u{1}b\" has '\\u{1}' at byte 1",
+        );
+        check(
+            refusal(c.restart_pair(restart("p", "has space")).await),
+            "request_id: \"has space\" has ' ' at byte 3",
+        );
+        check(
+            refusal(c.restart_pair(restart(&big_pair, "id-1")).await),
+            &format!("pair: 102400 bytes: {names}"),
+        );
+        check(
+            refusal(c.restart_pair(restart("p#gate", "id-1")).await),
+            "pair: \"p#gate\" has '#' at byte 1",
+        );
+        check(
+            refusal(
+                c.verify_pair(VerifyPairRequest {
+                    pair: "p".into(),
+                    request_id: mb.clone(),
+                    include_abort_storm: false,
+                })
+                .await,
+            ),
+            "request_id: 1048576 bytes",
+        );
+        check(
+            refusal(
+                c.history(HistoryRequest {
+                    pair: big_pair.clone(),
+                    limit: 5,
+                })
+                .await,
+            ),
+            "pair: 102400 bytes",
+        );
+        check(
+            refusal(
+                c.history(HistoryRequest {
+                    pair: "../../etc".into(),
+                    limit: 5,
+                })
+                .await,
+            ),
+            "pair: \"../../etc\" has '/'",
+        );
+        check(
+            refusal(
+                c.restart_unit(RestartUnitRequest {
+                    host: "gpu 1".into(),
+                    unit: "decode-0".into(),
+                    request_id: "id-2".into(),
+                })
+                .await,
+            ),
+            "host: \"gpu 1\" has ' '",
+        );
+        check(
+            refusal(
+                c.restart_unit(RestartUnitRequest {
+                    host: String::new(),
+                    unit: big_pair.clone(),
+                    request_id: "id-2".into(),
+                })
+                .await,
+            ),
+            "unit: 102400 bytes",
+        );
+        check(
+            refusal(
+                c.restart_unit(RestartUnitRequest {
+                    host: String::new(),
+                    unit: "decode-0".into(),
+                    request_id: mb.clone(),
+                })
+                .await,
+            ),
+            "request_id: 1048576 bytes",
+        );
+        check(
+            refusal(
+                c.status(StatusRequest {
+                    hosts: vec!["gpu-1".into(), "a\0b".into()],
+                })
+                .await,
+            ),
+            "hosts: \"a\\0b\" has '\\0'",
+        );
+        check(
+            refusal(
+                c.gate_pair(GatePairRequest {
+                    pair: "p".into(),
+                    request_id: mb.clone(),
+                    set_env: [("K".to_string(), "1".to_string())].into(),
+                    ..Default::default()
+                })
+                .await,
+            ),
+            "request_id: 1048576 bytes",
+        );
+        // Still answered as before: an empty request id is "none", a
+        // well-formed unknown pair is not found, the known one reaches the
+        // preflight (no agent attached here).
+        let (code, line) = refusal(c.restart_pair(restart("nope", "")).await);
+        assert_eq!(code, tonic::Code::NotFound, "{line}");
+        let (code, line) = refusal(c.restart_pair(restart("p", "")).await);
+        assert_eq!(code, tonic::Code::Unavailable, "{line}");
+        c.history(HistoryRequest {
+            pair: "p".into(),
+            limit: 5,
+        })
+        .await
+        .unwrap();
+    }
+
+    /// Issue 32, finding 3: a gate's arguments (a NUL in a key, one key
+    /// both set and unset) were refused only after the whole baseline was
+    /// measured. The server checks them as the request arrives: before the
+    /// preflight (no agent is attached here, so anything later would say
+    /// so instead).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn gate_arguments_are_refused_as_the_request_arrives() {
+        let dir = tempfile::tempdir().unwrap();
+        let (addr, _stop) = start(&plaintext(dir.path()), ConnectionLimits::default()).await;
+        let mut c = plain_client(addr).await;
+        let gate = |set_env: &[(&str, &str)], unset_env: &[&str], units: &[&str]| GatePairRequest {
+            pair: "p".into(),
+            request_id: "g-1".into(),
+            set_env: set_env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            unset_env: unset_env.iter().map(|k| k.to_string()).collect(),
+            set_args: Default::default(),
+            units: units.iter().map(|u| u.to_string()).collect(),
+        };
+        for (req, says) in [
+            (
+                gate(&[("K\0EY", "1")], &[], &[]),
+                "--set-env \"K\\0EY\": the variable name contains a NUL byte",
+            ),
+            (
+                gate(&[("K", "1\0 2")], &[], &[]),
+                "--set-env \"K\": the value contains a NUL byte",
+            ),
+            (
+                gate(&[("K", "1")], &["K"], &[]),
+                "--unset-env \"K\": also given to --set-env",
+            ),
+            (gate(&[("K", "1")], &[], &["a/b"]), "--unit: \"a/b\" has '/'"),
+            (gate(&[], &[], &[]), "nothing to change"),
+        ] {
+            let (code, line) = refusal(c.gate_pair(req).await);
+            assert_eq!(code, tonic::Code::InvalidArgument, "{line}");
+            assert!(line.starts_with(says), "{line:?} should start with {says:?}");
+        }
+        // A valid change goes on to the preflight.
+        let (code, line) = refusal(c.gate_pair(gate(&[("K", "1")], &[], &[])).await);
+        assert_eq!(code, tonic::Code::Unavailable, "{line}");
+    }
+
+    /// Whether the server closed `conn` within `within` (EOF or an error);
+    /// what it sent first (its HTTP/2 settings) is read past.
+    async fn closed_within(conn: &mut TcpStream, within: Duration) -> bool {
+        let mut buf = [0u8; 1024];
+        tokio::time::timeout(within, async {
+            loop {
+                match conn.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await
+        .is_ok()
+    }
+
+    async fn silent_connections(addr: std::net::SocketAddr, n: usize) -> Vec<TcpStream> {
+        let mut out = Vec::new();
+        for _ in 0..n {
+            out.push(TcpStream::connect(addr).await.unwrap());
+        }
+        out
+    }
+
+    fn short(idle: Duration, max_connections: usize) -> ConnectionLimits {
+        ConnectionLimits {
+            tls_handshake: Duration::from_millis(500),
+            idle,
+            http2_keepalive_interval: Duration::from_millis(200),
+            http2_keepalive_timeout: Duration::from_millis(300),
+            max_connections,
+            ..ConnectionLimits::default()
+        }
+    }
+
+    /// Issue 32, finding 4: idle TCP connections were never timed out (260
+    /// of them under a 256-descriptor limit made `pdwarden status` fail).
+    /// Connections that never speak are closed after the idle timeout; a
+    /// real request meanwhile succeeds, and a real client's connection,
+    /// idle for longer than that, stays open (the HTTP/2 pings read from it).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn silent_connections_are_closed_after_the_idle_timeout() {
+        let dir = tempfile::tempdir().unwrap();
+        let idle = Duration::from_millis(1_000);
+        let (addr, _stop) = start(&plaintext(dir.path()), short(idle, 64)).await;
+        let mut c = plain_client(addr).await;
+        let opened = tokio::time::Instant::now();
+        let mut silent = silent_connections(addr, 20).await;
+        c.status(StatusRequest::default()).await.unwrap();
+        for conn in &mut silent {
+            assert!(
+                closed_within(conn, idle * 10).await,
+                "a silent connection is still open {:?} after it was opened",
+                opened.elapsed()
+            );
+        }
+        assert!(
+            opened.elapsed() >= idle,
+            "closed before the idle timeout: {:?}",
+            opened.elapsed()
+        );
+        // The real client's connection, idle for twice the timeout, still serves.
+        tokio::time::sleep(idle * 2).await;
+        c.status(StatusRequest::default()).await.unwrap();
+    }
+
+    /// The connection cap: past it a connection is closed as it is
+    /// accepted (not left to hold a descriptor); once connections close,
+    /// requests are served again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn connections_past_the_cap_are_closed_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let (addr, _stop) = start(&plaintext(dir.path()), short(Duration::from_secs(60), 4)).await;
+        // The server is up (this client's connection closes with it).
+        plain_client(addr).await.status(StatusRequest::default()).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut held = silent_connections(addr, 4).await;
+        for conn in &mut held {
+            assert!(
+                !closed_within(conn, Duration::from_millis(200)).await,
+                "under the cap: held"
+            );
+        }
+        let mut over = silent_connections(addr, 3).await;
+        for conn in &mut over {
+            assert!(
+                closed_within(conn, Duration::from_secs(5)).await,
+                "over the cap: closed"
+            );
+        }
+        drop(held);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        plain_client(addr).await.status(StatusRequest::default()).await.unwrap();
+    }
+
+    /// Half-finished TLS handshakes (a connection that never speaks, one
+    /// that sent part of a ClientHello) are dropped after the handshake
+    /// timeout; a real client meanwhile connects and is served.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn unfinished_tls_handshakes_are_dropped_after_the_timeout() {
+        let dir = tempfile::tempdir().unwrap();
+        let certs = crate::edge::certs::CertDir(dir.path().join("pki"));
+        certs.init(&["localhost".into(), "127.0.0.1".into()]).unwrap();
+        let token = crate::edge::auth::new_token();
+        let files = certs.orchestrator();
+        let tables = format!(
+            "[[operator]]\nname = \"rita\"\nrole = \"read\"\ntoken_sha256 = \"{}\"\n[tls]\nca = {:?}\ncert = {:?}\nkey = {:?}\n",
+            crate::edge::auth::hash_token(&token),
+            files.ca,
+            files.cert,
+            files.key
+        );
+        // The idle timeout is long: only the handshake's closes these.
+        let (addr, _stop) = start(&config(dir.path(), "", &tables), short(Duration::from_secs(60), 64)).await;
+        let opened = tokio::time::Instant::now();
+        let mut silent = silent_connections(addr, 10).await;
+        let mut partial = TcpStream::connect(addr).await.unwrap();
+        partial.write_all(&[0x16, 0x03, 0x01, 0x01, 0x00, 0x01]).await.unwrap();
+        let connection = crate::edge::client::Connection::new(
+            format!("https://127.0.0.1:{}", addr.port()),
+            crate::edge::client::Credentials {
+                ca: Some(files.ca.clone()),
+                token: Some(token),
+                ..Default::default()
+            },
+        );
+        let mut c = connection.connect().await.unwrap();
+        c.status(StatusRequest::default()).await.unwrap();
+        for conn in silent.iter_mut().chain([&mut partial]) {
+            assert!(
+                closed_within(conn, Duration::from_secs(10)).await,
+                "an unfinished handshake is still open {:?} after it began",
+                opened.elapsed()
+            );
+        }
+        assert!(opened.elapsed() >= Duration::from_millis(500));
+    }
 }

@@ -8,16 +8,70 @@
 //! `agent:HOST` identity from the verified chain, and `AgentLink.Attach`
 //! refuses a stream without one, or whose `Register.host` is another host.
 
+use std::path::Path;
+use std::time::Duration;
+
 use pdwarden_security::tls::{TlsError, TlsFiles, host_of_identity};
 use tonic::Status;
 use tonic::transport::{Certificate, ServerTlsConfig};
 
-/// TLS for the gRPC server: our identity, client certs checked against the CA.
-pub fn server_config(files: &TlsFiles) -> Result<ServerTlsConfig, TlsError> {
+/// Why the server's TLS could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerTlsError {
+    #[error(transparent)]
+    Files(#[from] TlsError),
+    /// One line: the field, the file and what is wrong with it.
+    #[error("{0}")]
+    Pem(String),
+}
+
+/// How many X.509 certificates `pem` holds in PEM blocks (`-----BEGIN
+/// CERTIFICATE-----`); anything else in the file (comments, keys) is skipped.
+pub fn pem_certificates(pem: &[u8]) -> usize {
+    x509_parser::pem::Pem::iter_from_buffer(pem)
+        .filter_map(Result::ok)
+        .filter(|p| p.label == "CERTIFICATE" && p.parse_x509().is_ok())
+        .count()
+}
+
+/// Reads a CA file given as `what` (`--ca`, `tls.ca`), refusing in one line
+/// a file with no PEM certificate: rustls would take it as an empty trust
+/// store, and every handshake would fail later with "UnknownIssuer".
+pub fn check_ca_file(what: &str, path: &Path) -> Result<Vec<u8>, String> {
+    let pem = std::fs::read(path).map_err(|e| format!("{what} {}: cannot read the file: {e}", path.display()))?;
+    if pem_certificates(&pem) == 0 {
+        return Err(format!("{what} {}: no PEM certificate in the file", path.display()));
+    }
+    Ok(pem)
+}
+
+/// TLS for the gRPC server: our identity, client certs checked against the
+/// CA, and a handshake not finished within `handshake_timeout` dropped (a
+/// half-open handshake holds a descriptor).
+pub fn server_config(files: &TlsFiles, handshake_timeout: Duration) -> Result<ServerTlsConfig, ServerTlsError> {
+    let ca = files.ca_pem()?;
+    if pem_certificates(&ca) == 0 {
+        return Err(ServerTlsError::Pem(format!(
+            "tls.ca {}: no PEM certificate in the file",
+            files.ca.display()
+        )));
+    }
+    let cert = std::fs::read(&files.cert).map_err(|source| TlsError::Read {
+        field: "tls.cert",
+        path: files.cert.clone(),
+        source,
+    })?;
+    if pem_certificates(&cert) == 0 {
+        return Err(ServerTlsError::Pem(format!(
+            "tls.cert {}: no PEM certificate in the file",
+            files.cert.display()
+        )));
+    }
     Ok(ServerTlsConfig::new()
         .identity(files.identity()?)
-        .client_ca_root(Certificate::from_pem(files.ca_pem()?))
-        .client_auth_optional(true))
+        .client_ca_root(Certificate::from_pem(ca))
+        .client_auth_optional(true)
+        .timeout(handshake_timeout))
 }
 
 /// Whether agents must prove their host with a certificate (always, except
@@ -69,5 +123,52 @@ pub fn check_register(certified: Option<&str>, registered: &str) -> Result<(), S
             "agent certificate is for host {host:?} but Register.host is {registered:?}; refused"
         ))),
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 32, finding 5: `ca = "/etc/passwd"` started, and every
+    /// handshake then failed with "UnknownIssuer". A CA file with no PEM
+    /// certificate is refused at start, in one line naming it.
+    #[test]
+    fn a_ca_file_without_a_pem_certificate_is_refused_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let certs = crate::edge::certs::CertDir(dir.path().join("pki"));
+        certs.init(&["localhost".into()]).unwrap();
+        let mut files = certs.orchestrator();
+        server_config(&files, std::time::Duration::from_secs(10)).unwrap();
+        assert!(
+            check_ca_file("--ca", &files.ca)
+                .unwrap()
+                .starts_with(b"-----BEGIN CERTIFICATE-----")
+        );
+        let passwd = dir.path().join("passwd");
+        std::fs::write(&passwd, "root:x:0:0:root:/root:/bin/bash\n").unwrap();
+        assert_eq!(
+            check_ca_file("--ca", &passwd).unwrap_err(),
+            format!("--ca {}: no PEM certificate in the file", passwd.display())
+        );
+        // A key is PEM, but no certificate.
+        assert_eq!(
+            check_ca_file("--ca", &certs.ca_key()).unwrap_err(),
+            format!("--ca {}: no PEM certificate in the file", certs.ca_key().display())
+        );
+        let missing = dir.path().join("missing.pem");
+        assert!(
+            check_ca_file("--ca", &missing)
+                .unwrap_err()
+                .starts_with(&format!("--ca {}: cannot read the file: ", missing.display()))
+        );
+        files.ca = passwd.clone();
+        let e = server_config(&files, std::time::Duration::from_secs(10))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            format!("tls.ca {}: no PEM certificate in the file", passwd.display())
+        );
     }
 }

@@ -79,6 +79,21 @@ impl Default for GateConfig {
     }
 }
 
+/// The largest prompt of the gate's benchmark, in tokens (words).
+pub const GATE_MAX_PROMPT_TOKENS: u32 = 1_000_000;
+/// The longest output of the gate's benchmark, in tokens.
+pub const GATE_MAX_OUTPUT_TOKENS: u32 = 131_072;
+/// The most values of `prompt_tokens`, `output_tokens` and `concurrency` each.
+pub const GATE_MAX_VALUES: usize = 16;
+/// The most benchmark cells (their product).
+pub const GATE_MAX_CELLS: usize = 64;
+/// The most requests per cell in one look.
+pub const GATE_MAX_REQUESTS_PER_CELL: u32 = 10_000;
+/// The most bootstrap resamples (CPU for every judgement).
+pub const GATE_MAX_BOOTSTRAP_RESAMPLES: u32 = 100_000;
+/// The largest margin, percent of the baseline.
+pub const GATE_MAX_PCT: f64 = 1_000.0;
+
 impl GateConfig {
     /// Checks what types cannot; errors are (field, problem), the field
     /// relative to `[pair.gate]`.
@@ -98,6 +113,53 @@ impl GateConfig {
         }
         if self.concurrency.iter().any(|&c| c > 256) {
             return bad("concurrency", "values above 256 are not a short benchmark");
+        }
+        // Issue 32: every number bounded, so that no typo becomes a
+        // benchmark of days or a prompt of gigabytes.
+        for (f, v, max) in [
+            ("prompt_tokens", &self.prompt_tokens, GATE_MAX_PROMPT_TOKENS),
+            ("output_tokens", &self.output_tokens, GATE_MAX_OUTPUT_TOKENS),
+        ] {
+            if let Some(t) = v.iter().find(|&&t| t > max) {
+                return Err((f.to_string(), format!("{t} is over {max} tokens")));
+            }
+        }
+        for (f, n) in [
+            ("prompt_tokens", self.prompt_tokens.len()),
+            ("output_tokens", self.output_tokens.len()),
+            ("concurrency", self.concurrency.len()),
+        ] {
+            if n > GATE_MAX_VALUES {
+                return Err((f.to_string(), format!("{n} values; at most {GATE_MAX_VALUES}")));
+            }
+        }
+        let cells = self.prompt_tokens.len() * self.output_tokens.len() * self.concurrency.len();
+        if cells > GATE_MAX_CELLS {
+            return Err((
+                "concurrency".to_string(),
+                format!("prompt_tokens × output_tokens × concurrency make {cells} cells; at most {GATE_MAX_CELLS}"),
+            ));
+        }
+        if self.requests_per_cell > GATE_MAX_REQUESTS_PER_CELL {
+            return Err((
+                "requests_per_cell".to_string(),
+                format!("{} is over {GATE_MAX_REQUESTS_PER_CELL}", self.requests_per_cell),
+            ));
+        }
+        if self.bootstrap_resamples > GATE_MAX_BOOTSTRAP_RESAMPLES {
+            return Err((
+                "bootstrap_resamples".to_string(),
+                format!("{} is over {GATE_MAX_BOOTSTRAP_RESAMPLES}", self.bootstrap_resamples),
+            ));
+        }
+        for (f, v) in [
+            ("tolerance_pct", self.tolerance_pct),
+            ("rollback_tolerance_pct", self.rollback_tolerance_pct),
+            ("min_effect_max_pct", self.min_effect_max_pct),
+        ] {
+            if v > GATE_MAX_PCT {
+                return Err((f.to_string(), format!("{v} is over {GATE_MAX_PCT} %")));
+            }
         }
         if self.requests_per_cell < 8 {
             return bad(
@@ -162,6 +224,149 @@ impl GateConfig {
             }
         }
         out
+    }
+}
+
+/// The most entries of each list of a gate request (`--set-env`,
+/// `--unset-env`, `--set-arg`, `--unit`).
+pub const MAX_CHANGE_ENTRIES: usize = 64;
+/// The longest environment variable name or flag of a gate request, in bytes.
+pub const MAX_CHANGE_KEY_BYTES: usize = 256;
+/// The longest value of a gate request, in bytes.
+pub const MAX_CHANGE_VALUE_BYTES: usize = 32 * 1024;
+
+/// A gate request's arguments as the operator gave them, in order (the
+/// CLI's flags; the server's request maps), checked by [`ChangeArgs::validate`]
+/// before anything is measured: the CLI before sending, the server as the
+/// request arrives. The pair-dependent checks (the units exist in the pair)
+/// are `gate::validate_request`'s.
+#[derive(Debug, Clone, Default)]
+pub struct ChangeArgs<'a> {
+    pub set_env: Vec<(&'a str, &'a str)>,
+    pub unset_env: Vec<&'a str>,
+    pub set_args: Vec<(&'a str, &'a str)>,
+    pub units: Vec<&'a str>,
+}
+
+impl<'a> ChangeArgs<'a> {
+    /// The arguments of a change already in maps (a request, a journaled change).
+    pub fn of(
+        set_env: impl IntoIterator<Item = (&'a String, &'a String)>,
+        unset_env: &'a [String],
+        set_args: impl IntoIterator<Item = (&'a String, &'a String)>,
+        units: &'a [String],
+    ) -> Self {
+        ChangeArgs {
+            set_env: set_env.into_iter().map(|(k, v)| (k.as_str(), v.as_str())).collect(),
+            unset_env: unset_env.iter().map(String::as_str).collect(),
+            set_args: set_args.into_iter().map(|(k, v)| (k.as_str(), v.as_str())).collect(),
+            units: units.iter().map(String::as_str).collect(),
+        }
+    }
+
+    /// Everything about the change that needs no pair: not empty, each list
+    /// bounded, no NUL anywhere, variable names without '=', flags starting
+    /// with '-', no key given twice or both set and unset, unit names by the
+    /// edge's rule. The error is one line naming the flag.
+    pub fn validate(&self) -> Result<(), String> {
+        use crate::edge::fields::shown;
+        if self.set_env.is_empty() && self.unset_env.is_empty() && self.set_args.is_empty() {
+            return Err("nothing to change: give --set-env, --unset-env or --set-arg".into());
+        }
+        for (flag, n) in [
+            ("--set-env", self.set_env.len()),
+            ("--unset-env", self.unset_env.len()),
+            ("--set-arg", self.set_args.len()),
+            ("--unit", self.units.len()),
+        ] {
+            if n > MAX_CHANGE_ENTRIES {
+                return Err(format!("{flag}: given {n} times; at most {MAX_CHANGE_ENTRIES}"));
+            }
+        }
+        let key = |flag: &str, k: &str, what: &str| -> Result<(), String> {
+            if k.len() > MAX_CHANGE_KEY_BYTES {
+                return Err(format!(
+                    "{flag} {}: the {what} is over {MAX_CHANGE_KEY_BYTES} bytes",
+                    shown(k)
+                ));
+            }
+            if k.contains('\0') {
+                return Err(format!("{flag} {}: the {what} contains a NUL byte", shown(k)));
+            }
+            Ok(())
+        };
+        let value = |flag: &str, k: &str, v: &str| -> Result<(), String> {
+            if v.len() > MAX_CHANGE_VALUE_BYTES {
+                return Err(format!(
+                    "{flag} {}: the value is {} bytes; at most {MAX_CHANGE_VALUE_BYTES}",
+                    shown(k),
+                    v.len()
+                ));
+            }
+            if v.contains('\0') {
+                return Err(format!("{flag} {}: the value contains a NUL byte", shown(k)));
+            }
+            Ok(())
+        };
+        let env_name = |flag: &str, k: &str| -> Result<(), String> {
+            key(flag, k, "variable name")?;
+            if k.is_empty() || k.contains('=') {
+                return Err(format!(
+                    "{flag} {}: invalid environment variable name (empty, or with '=')",
+                    shown(k)
+                ));
+            }
+            Ok(())
+        };
+        let mut set = std::collections::BTreeSet::new();
+        for (k, v) in &self.set_env {
+            env_name("--set-env", k)?;
+            value("--set-env", k, v)?;
+            if !set.insert(*k) {
+                return Err(format!("--set-env {}: given twice", shown(k)));
+            }
+        }
+        let mut unset = std::collections::BTreeSet::new();
+        for k in &self.unset_env {
+            env_name("--unset-env", k)?;
+            if set.contains(k) {
+                return Err(format!(
+                    "--unset-env {}: also given to --set-env; set it or unset it, not both",
+                    shown(k)
+                ));
+            }
+            if !unset.insert(*k) {
+                return Err(format!("--unset-env {}: given twice", shown(k)));
+            }
+        }
+        let mut flags = std::collections::BTreeSet::new();
+        for (f, v) in &self.set_args {
+            key("--set-arg", f, "flag")?;
+            value("--set-arg", f, v)?;
+            if !f.starts_with('-') || f.trim_start_matches('-').is_empty() {
+                return Err(format!(
+                    "--set-arg {}: the flag must start with '-' and name one",
+                    shown(f)
+                ));
+            }
+            if f.contains('=') {
+                return Err(format!(
+                    "--set-arg {}: the flag must not contain '=' (give --set-arg FLAG=VALUE)",
+                    shown(f)
+                ));
+            }
+            if !flags.insert(*f) {
+                return Err(format!("--set-arg {}: given twice", shown(f)));
+            }
+        }
+        let mut units = std::collections::BTreeSet::new();
+        for u in &self.units {
+            crate::edge::fields::check_name(u).map_err(|e| format!("--unit: {e}"))?;
+            if !units.insert(*u) {
+                return Err(format!("--unit {}: given twice", shown(u)));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -232,5 +437,152 @@ mod tests {
         c.max_requests_per_cell = 8;
         c.alpha = 0.0;
         assert_eq!(c.validate().unwrap_err().0, "alpha");
+    }
+
+    /// Issue 32: every number of `[pair.gate]` is bounded, the error naming it.
+    #[test]
+    fn every_gate_number_is_bounded() {
+        let field = |c: GateConfig| c.validate().unwrap_err().0;
+        let d = GateConfig::default;
+        assert_eq!(
+            field(GateConfig {
+                prompt_tokens: vec![16, 1_000_000_000],
+                ..d()
+            }),
+            "prompt_tokens"
+        );
+        assert_eq!(
+            field(GateConfig {
+                output_tokens: vec![u32::MAX],
+                ..d()
+            }),
+            "output_tokens"
+        );
+        assert_eq!(
+            field(GateConfig {
+                prompt_tokens: (1..=17).collect(),
+                ..d()
+            }),
+            "prompt_tokens"
+        );
+        assert_eq!(
+            field(GateConfig {
+                prompt_tokens: (1..=16).collect(),
+                output_tokens: (1..=16).collect(),
+                ..d()
+            }),
+            "concurrency",
+            "512 cells"
+        );
+        assert_eq!(
+            field(GateConfig {
+                requests_per_cell: 1_000_000,
+                max_requests_per_cell: 1_000_000,
+                ..d()
+            }),
+            "requests_per_cell"
+        );
+        assert_eq!(
+            field(GateConfig {
+                bootstrap_resamples: 1_000_000_000,
+                ..d()
+            }),
+            "bootstrap_resamples"
+        );
+        assert_eq!(
+            field(GateConfig {
+                tolerance_pct: 1e9,
+                ..d()
+            }),
+            "tolerance_pct"
+        );
+    }
+
+    /// Issue 32, finding 3: a NUL in a key, or one key both set and unset,
+    /// was refused by the agent after the whole baseline was measured. The
+    /// arguments are checked on their own, before anything, in one line
+    /// naming the flag.
+    #[test]
+    fn change_arguments_are_refused_in_one_line_naming_the_flag() {
+        let args = |set_env: &[(&'static str, &'static str)],
+                    unset_env: &[&'static str],
+                    set_args: &[(&'static str, &'static str)],
+                    units: &[&'static str]| ChangeArgs {
+            set_env: set_env.to_vec(),
+            unset_env: unset_env.to_vec(),
+            set_args: set_args.to_vec(),
+            units: units.to_vec(),
+        };
+        args(&[("KNOB", "1")], &["OLD"], &[("--flag", "v")], &["decode-0"])
+            .validate()
+            .unwrap();
+        let long = "x".repeat(MAX_CHANGE_VALUE_BYTES + 1);
+        let long: &'static str = Box::leak(long.into_boxed_str());
+        for (a, says) in [
+            (args(&[], &[], &[], &[]), "nothing to change"),
+            (
+                args(&[("A\0B", "1")], &[], &[], &[]),
+                "--set-env \"A\\0B\": the variable name contains a NUL byte",
+            ),
+            (
+                args(&[("A", "1\0 2")], &[], &[], &[]),
+                "--set-env \"A\": the value contains a NUL byte",
+            ),
+            (
+                args(&[], &["A\0"], &[], &[]),
+                "--unset-env \"A\\0\": the variable name contains a NUL byte",
+            ),
+            (
+                args(&[("A", "1")], &["A"], &[], &[]),
+                "--unset-env \"A\": also given to --set-env",
+            ),
+            (
+                args(&[("A", "1"), ("A", "2")], &[], &[], &[]),
+                "--set-env \"A\": given twice",
+            ),
+            (
+                args(&[("", "1")], &[], &[], &[]),
+                "--set-env \"\": invalid environment variable name",
+            ),
+            (
+                args(&[("A=B", "1")], &[], &[], &[]),
+                "--set-env \"A=B\": invalid environment variable name",
+            ),
+            (
+                args(&[], &[], &[("flag", "1")], &[]),
+                "--set-arg \"flag\": the flag must start with '-'",
+            ),
+            (
+                args(&[], &[], &[("--", "1")], &[]),
+                "--set-arg \"--\": the flag must start with '-' and name one",
+            ),
+            (
+                args(&[], &[], &[("--f\0", "1")], &[]),
+                "--set-arg \"--f\\0\": the flag contains a NUL byte",
+            ),
+            (
+                args(&[], &[], &[("--f", "\0")], &[]),
+                "--set-arg \"--f\": the value contains a NUL byte",
+            ),
+            (
+                args(&[], &[], &[("--f", long)], &[]),
+                "--set-arg \"--f\": the value is 32769 bytes",
+            ),
+            (
+                args(&[("A", "1")], &[], &[], &["../x"]),
+                "--unit: \"../x\" has '/' at byte 2",
+            ),
+            (args(&[("A", "1")], &[], &[], &["u", "u"]), "--unit \"u\": given twice"),
+        ] {
+            let e = a.validate().unwrap_err();
+            assert!(e.starts_with(says), "{e:?} should start with {says:?}");
+            assert!(!e.contains('\n') && !e.contains('\0'), "{e:?}");
+        }
+        let many: Vec<&str> = vec!["u"; MAX_CHANGE_ENTRIES + 1];
+        let e = args(&[("A", "1")], &[], &[], &many).validate().unwrap_err();
+        assert_eq!(e, "--unit: given 65 times; at most 64");
+        let huge_key: &'static str = Box::leak("K".repeat(100 * 1024).into_boxed_str());
+        let e = args(&[(huge_key, "1")], &[], &[], &[]).validate().unwrap_err();
+        assert!(e.starts_with("--set-env \"KKK") && e.len() < 200, "{e}");
     }
 }
