@@ -38,18 +38,25 @@ pub const MAX_ANSWER_BYTES: usize = 4 << 20;
 /// The most of a health or generation-check answer the agent reads.
 pub const MAX_HEALTH_BYTES: usize = 64 << 10;
 
+/// Why a response body could not be read ([`read_body_limited`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BodyError {
+    /// The body broke off: the HTTP client's error, with its causes.
+    #[error("reading response: {0}")]
+    Read(String),
+    /// The body is larger than the limit; it was not read further.
+    #[error("response larger than {limit} bytes; not read further")]
+    TooLarge { limit: usize },
+}
+
 /// Reads a response body of at most `limit` bytes, as text (invalid UTF-8 is
 /// replaced, never a panic). A larger body is an error and is not read
 /// further, so an oversized or endless answer costs bounded memory.
-pub async fn read_body_limited(mut resp: reqwest::Response, limit: usize) -> Result<String, String> {
+pub async fn read_body_limited(mut resp: reqwest::Response, limit: usize) -> Result<String, BodyError> {
     let mut body = Vec::new();
-    while let Some(chunk) = resp
-        .chunk()
-        .await
-        .map_err(|e| format!("reading response: {}", error_chain(&e)))?
-    {
+    while let Some(chunk) = resp.chunk().await.map_err(|e| BodyError::Read(error_chain(&e)))? {
         if body.len() + chunk.len() > limit {
-            return Err(format!("response larger than {limit} bytes; not read further"));
+            return Err(BodyError::TooLarge { limit });
         }
         body.extend_from_slice(&chunk);
     }
@@ -145,7 +152,7 @@ pub async fn engine_completion(client: &reqwest::Client, base_url: &str, timeout
         let status = resp.status().as_u16();
         let text = read_body_limited(resp, MAX_HEALTH_BYTES)
             .await
-            .map_err(|e| (status, e))?;
+            .map_err(|e| (status, e.to_string()))?;
         if !(200..300).contains(&status) {
             return Err((status, format!("GET /v1/models answered {status}: {}", snippet(&text))));
         }
@@ -231,7 +238,9 @@ async fn post_generation(
             .map_err(|e| format!("request failed: {}", error_chain(&e)))?;
         http_status = resp.status().as_u16();
         let ok = resp.status().is_success();
-        let text = read_body_limited(resp, MAX_ANSWER_BYTES).await?;
+        let text = read_body_limited(resp, MAX_ANSWER_BYTES)
+            .await
+            .map_err(|e| e.to_string())?;
         if !ok {
             return Err(format!("http {http_status}: {}", snippet(&text)));
         }
@@ -558,7 +567,9 @@ impl Checker for HttpChecker {
                     http_status = status.as_u16();
                     // Read the body so the check covers the whole answer
                     // (bounded: a broken engine must not fill our memory).
-                    read_body_limited(resp, MAX_HEALTH_BYTES).await?;
+                    read_body_limited(resp, MAX_HEALTH_BYTES)
+                        .await
+                        .map_err(|e| e.to_string())?;
                     Ok::<_, String>(status)
                 };
                 let result = tokio::time::timeout(self.check_timeout, exchange).await;

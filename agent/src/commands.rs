@@ -318,11 +318,14 @@ impl Dispatcher {
                     unset_env: edit.unset_env,
                     set_args: edit.set_args.into_iter().collect(),
                 };
-                self.supervisor.change_config(&change.unit, |v| v.apply(&edit, &id))
+                self.supervisor
+                    .change_config(&change.unit, |v| v.apply(&edit, &id))
+                    .map_err(|e| e.to_string())
             }
-            Some(Change::RestoreVersion(version)) => {
-                self.supervisor.change_config(&change.unit, |v| v.restore(version))
-            }
+            Some(Change::RestoreVersion(version)) => self
+                .supervisor
+                .change_config(&change.unit, |v| v.restore(version))
+                .map_err(|e| e.to_string()),
             None => Err("unit config change has no change".to_string()),
         };
         match outcome {

@@ -241,10 +241,27 @@ fn split_name(line: &str) -> Option<(&str, &str)> {
     }
 }
 
+/// Why a scrape of an engine's `/metrics` gave no metrics.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ScrapeError {
+    /// The request failed: the HTTP client's error, with its causes.
+    #[error("{0}")]
+    Request(String),
+    /// The answer's body could not be read.
+    #[error(transparent)]
+    Body(#[from] crate::checks::BodyError),
+    /// The engine answered with this non-success HTTP status.
+    #[error("http {0}")]
+    Status(u16),
+    /// No answer within the timeout (ms).
+    #[error("no answer within {0} ms")]
+    TimedOut(u128),
+}
+
 /// One scrape's outcome.
 #[derive(Debug, Clone)]
 pub struct Scrape {
-    pub metrics: Result<EngineMetrics, String>,
+    pub metrics: Result<EngineMetrics, ScrapeError>,
     pub latency: Duration,
 }
 
@@ -252,18 +269,22 @@ pub struct Scrape {
 pub async fn scrape(client: &reqwest::Client, url: &str, timeout: Duration) -> Scrape {
     let started = Instant::now();
     let exchange = async {
-        let resp = client.get(url).send().await.map_err(|e| error_chain(&e))?;
+        let resp = client
+            .get(url)
+            .send()
+            .await
+            .map_err(|e| ScrapeError::Request(error_chain(&e)))?;
         let status = resp.status();
         // SGLang's /metrics is a few tens of KiB; anything past this is broken.
         let text = crate::checks::read_body_limited(resp, 8 << 20).await?;
         if !status.is_success() {
-            return Err(format!("http {}", status.as_u16()));
+            return Err(ScrapeError::Status(status.as_u16()));
         }
         Ok(parse(&text))
     };
     let metrics = match tokio::time::timeout(timeout, exchange).await {
         Ok(r) => r,
-        Err(_) => Err(format!("no answer within {} ms", timeout.as_millis())),
+        Err(_) => Err(ScrapeError::TimedOut(timeout.as_millis())),
     };
     Scrape {
         metrics,

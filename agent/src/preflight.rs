@@ -71,9 +71,20 @@ pub fn problems(unit: &UnitConfig, spec: &LaunchSpec, running: bool) -> Vec<Stri
     out
 }
 
+/// Why a unit's program does not resolve to an executable ([`resolve`]).
+#[derive(Debug, thiserror::Error)]
+enum ResolveError {
+    #[error("is not an executable file ({})", .0.display())]
+    NotExecutable(PathBuf),
+    #[error("does not exist")]
+    Missing,
+    #[error("is not on PATH")]
+    NotOnPath,
+}
+
 /// The executable `program` resolves to, as the spawn would find it: a
 /// path (relative to `cwd` when given) or a name looked up on `path_var`.
-fn resolve(program: &str, path_var: &str, cwd: Option<&Path>) -> Result<PathBuf, String> {
+fn resolve(program: &str, path_var: &str, cwd: Option<&Path>) -> Result<PathBuf, ResolveError> {
     let candidates: Vec<PathBuf> = if program.contains('/') {
         let p = PathBuf::from(program);
         vec![match cwd {
@@ -93,9 +104,9 @@ fn resolve(program: &str, path_var: &str, cwd: Option<&Path>) -> Result<PathBuf,
         }
     }
     Err(match (seen, program.contains('/')) {
-        (Some(p), _) => format!("is not an executable file ({})", p.display()),
-        (None, true) => "does not exist".into(),
-        (None, false) => "is not on PATH".into(),
+        (Some(p), _) => ResolveError::NotExecutable(p),
+        (None, true) => ResolveError::Missing,
+        (None, false) => ResolveError::NotOnPath,
     })
 }
 

@@ -203,7 +203,7 @@ async fn stream_chat(
         sample.latency_ms = elapsed_ms();
         let text = crate::checks::read_body_limited(resp, 64 << 10)
             .await
-            .unwrap_or_else(|e| e);
+            .unwrap_or_else(|e| e.to_string());
         sample.error = format!(
             "http {}: {}",
             sample.http_status,

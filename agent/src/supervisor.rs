@@ -80,6 +80,24 @@ pub enum SupervisorError {
     ShuttingDown,
 }
 
+/// Why a unit's config change ([`Supervisor::change_config`]) was refused.
+#[derive(Debug, Error)]
+pub enum ConfigChangeError {
+    /// No such unit.
+    #[error(transparent)]
+    Unit(#[from] SupervisorError),
+    /// The change itself is refused (a bad edit, an unknown version).
+    #[error(transparent)]
+    Version(#[from] crate::unitconfig::VersionError),
+    /// The new versions could not be saved; nothing changed.
+    #[error("cannot save config versions of {unit}: {source}")]
+    Save {
+        unit: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 /// The command a unit's events belong to, and when the agent received it
 /// (the zero of `ms_since_command`).
 #[derive(Debug, Clone)]
@@ -923,13 +941,15 @@ impl Supervisor {
         &self,
         name: &str,
         change: impl FnOnce(&mut crate::unitconfig::Versions) -> Result<(u32, u32), crate::unitconfig::VersionError>,
-    ) -> Result<(u32, u32, crate::unitconfig::LaunchSpec), String> {
-        let unit = &self.handle(name).map_err(|e| e.to_string())?.unit;
+    ) -> Result<(u32, u32, crate::unitconfig::LaunchSpec), ConfigChangeError> {
+        let unit = &self.handle(name)?.unit;
         let mut v = unit.versions();
         let mut next = v.clone();
-        let (previous, current) = change(&mut next).map_err(|e| e.to_string())?;
-        next.save(&unit.state_dir)
-            .map_err(|e| format!("cannot save config versions of {name}: {e}"))?;
+        let (previous, current) = change(&mut next)?;
+        next.save(&unit.state_dir).map_err(|source| ConfigChangeError::Save {
+            unit: name.to_owned(),
+            source,
+        })?;
         *v = next;
         Ok((previous, current, v.current_spec().clone()))
     }

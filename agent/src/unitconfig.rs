@@ -29,7 +29,18 @@ pub enum VersionError {
     #[error("unit {unit} has no config version {version} (versions 0..={latest})")]
     UnknownVersion { unit: String, version: u32, latest: u32 },
     #[error("unit {unit}: {reason}")]
-    BadEdit { unit: String, reason: String },
+    BadEdit { unit: String, reason: EditError },
+}
+
+/// Why an [`Edit`] cannot be applied ([`LaunchSpec::edited`]).
+#[derive(Debug, Error, PartialEq)]
+pub enum EditError {
+    #[error("invalid environment variable {0:?}")]
+    InvalidEnv(String),
+    #[error("{0} is both set and unset")]
+    SetAndUnset(String),
+    #[error("argument {0:?} is not a flag (must start with '-')")]
+    NotAFlag(String),
 }
 
 /// What a process is launched with.
@@ -77,25 +88,25 @@ impl LaunchSpec {
     }
 
     /// This spec with `edit` applied. Pure.
-    pub fn edited(&self, edit: &Edit) -> Result<Self, String> {
+    pub fn edited(&self, edit: &Edit) -> Result<Self, EditError> {
         let mut next = self.clone();
         for (k, v) in &edit.set_env {
             if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
-                return Err(format!("invalid environment variable {k:?}"));
+                return Err(EditError::InvalidEnv(k.clone()));
             }
             next.unset_env.remove(k);
             next.env.insert(k.clone(), v.clone());
         }
         for k in &edit.unset_env {
             if edit.set_env.contains_key(k) {
-                return Err(format!("{k} is both set and unset"));
+                return Err(EditError::SetAndUnset(k.clone()));
             }
             next.env.remove(k);
             next.unset_env.insert(k.clone());
         }
         for (flag, value) in &edit.set_args {
             if !flag.starts_with('-') {
-                return Err(format!("argument {flag:?} is not a flag (must start with '-')"));
+                return Err(EditError::NotAFlag(flag.clone()));
             }
             let joined = format!("{flag}=");
             if let Some(i) = next.argv.iter().skip(1).position(|a| a == flag).map(|i| i + 1) {

@@ -140,7 +140,7 @@ pub(crate) async fn sample_one(
             s.engine_kind = m.engine.map(|e| e.as_str().to_string()).unwrap_or_default();
             s.router_workers = m.router_workers;
         }
-        Err(e) => s.error = e,
+        Err(e) => s.error = e.to_string(),
     }
     s
 }

@@ -865,13 +865,22 @@ async fn whole_answer(
     respond(status, headers, Body::from(body))
 }
 
-async fn read_bounded(answer: reqwest::Response, limit: usize) -> Result<Bytes, String> {
+/// Why an upstream answer to rewrite could not be read ([`read_bounded`]).
+#[derive(Debug, thiserror::Error)]
+enum ReadAnswerError {
+    #[error("reading the upstream answer failed: {0}")]
+    Read(#[source] reqwest::Error),
+    #[error("the upstream answer is over {limit} bytes; not rewritten")]
+    TooLarge { limit: usize },
+}
+
+async fn read_bounded(answer: reqwest::Response, limit: usize) -> Result<Bytes, ReadAnswerError> {
     let mut out = Vec::new();
     let mut stream = answer.bytes_stream();
     while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| format!("reading the upstream answer failed: {e}"))?;
+        let chunk = chunk.map_err(ReadAnswerError::Read)?;
         if out.len() + chunk.len() > limit {
-            return Err(format!("the upstream answer is over {limit} bytes; not rewritten"));
+            return Err(ReadAnswerError::TooLarge { limit });
         }
         out.extend_from_slice(&chunk);
     }

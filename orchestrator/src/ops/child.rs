@@ -56,7 +56,7 @@ pub async fn run<E: Serialize>(
     let report = match crate::ops::guarded(&ctx.journal, &id, child).await {
         Ok(r) => r,
         // The child is concluded; the parent's own guard concludes the parent.
-        Err(panic) => std::panic::resume_unwind(Box::new(panic)),
+        Err(panic) => std::panic::resume_unwind(Box::new(panic.0)),
     };
     let _ = forward.await;
     Ok(report)

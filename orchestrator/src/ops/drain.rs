@@ -259,7 +259,7 @@ async fn check_paths(agents: &dyn AgentPort, router: &UnitRef, pair: &PairConfig
                     ok = true;
                     break;
                 }
-                Err(e) => last = e,
+                Err(e) => last = e.to_string(),
             }
         }
         if !ok {
@@ -269,7 +269,12 @@ async fn check_paths(agents: &dyn AgentPort, router: &UnitRef, pair: &PairConfig
     broken
 }
 
-async fn path_probe(agents: &dyn AgentPort, router: &UnitRef, pair: &PairConfig, path: &KvPath) -> Result<(), String> {
+async fn path_probe(
+    agents: &dyn AgentPort,
+    router: &UnitRef,
+    pair: &PairConfig,
+    path: &KvPath,
+) -> Result<(), ProbeError> {
     pd_probe(
         agents,
         router,
@@ -284,10 +289,29 @@ async fn path_probe(agents: &dyn AgentPort, router: &UnitRef, pair: &PairConfig,
     .await
 }
 
+/// Why a probe over a prefill → decode path failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// The agent of the probing unit did not answer.
+    #[error(transparent)]
+    Ask(#[from] AskError),
+    /// The probe failed and the agent said nothing more.
+    #[error("no answer")]
+    NoAnswer,
+    /// The probe failed: the agent's error.
+    #[error("{0}")]
+    Failed(String),
+}
+
 /// One probe over a prefill → decode path (`ProbeRequest.pd_path`), sent
 /// by the agent of `via` (the prefill itself when `path.prefill_url` is
 /// empty), with the pair's probe prompt and timeout.
-pub async fn pd_probe(agents: &dyn AgentPort, via: &UnitRef, pair: &PairConfig, path: PdPath) -> Result<(), String> {
+pub async fn pd_probe(
+    agents: &dyn AgentPort,
+    via: &UnitRef,
+    pair: &PairConfig,
+    path: PdPath,
+) -> Result<(), ProbeError> {
     let timeout_ms = pair.probe.probe_timeout_ms;
     let cmd = Command {
         fencing_token: 0,
@@ -315,16 +339,13 @@ pub async fn pd_probe(agents: &dyn AgentPort, via: &UnitRef, pair: &PairConfig, 
                 _ => None,
             },
         )
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     if answer.outcome == ProbeOutcome::Ok as i32 {
         Ok(())
+    } else if answer.error.is_empty() {
+        Err(ProbeError::NoAnswer)
     } else {
-        Err(if answer.error.is_empty() {
-            "no answer".into()
-        } else {
-            answer.error
-        })
+        Err(ProbeError::Failed(answer.error))
     }
 }
 

@@ -87,6 +87,17 @@ impl OperationContext {
     }
 }
 
+/// An operation's task panicked: the panic's message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Panicked(pub String);
+
+impl PartialEq<&str> for Panicked {
+    fn eq(&self, other: &&str) -> bool {
+        self.0 == *other
+    }
+}
+
 /// Runs an operation's task so that it cannot end — by a panic, or by
 /// returning without a conclusion — with its operation still running in the
 /// journal, which would hold its pair "busy" for ever and be resumed (and
@@ -94,11 +105,11 @@ impl OperationContext {
 /// running is concluded `failed`, saying why; a panic is returned as its
 /// message, for the caller to end its own work (a gate whose child panicked
 /// is concluded by its own guard in turn).
-pub async fn guarded<T>(journal: &Journal, operation_id: &str, task: impl Future<Output = T>) -> Result<T, String> {
+pub async fn guarded<T>(journal: &Journal, operation_id: &str, task: impl Future<Output = T>) -> Result<T, Panicked> {
     let outcome = AssertUnwindSafe(task)
         .catch_unwind()
         .await
-        .map_err(|p| panic_message(&*p));
+        .map_err(|p| Panicked(panic_message(&*p)));
     let why = match &outcome {
         Ok(_) => "its task ended without concluding it (an internal error)".to_string(),
         Err(msg) => format!("its task panicked: {msg} (an internal error)"),
@@ -120,7 +131,7 @@ pub fn spawn_guarded<T: Send + 'static>(
     journal: Arc<Journal>,
     operation_id: String,
     task: impl Future<Output = T> + Send + 'static,
-) -> tokio::task::JoinHandle<Result<T, String>> {
+) -> tokio::task::JoinHandle<Result<T, Panicked>> {
     tokio::spawn(async move { guarded(&journal, &operation_id, task).await })
 }
 
@@ -128,6 +139,7 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
     p.downcast_ref::<&str>()
         .map(|s| (*s).to_string())
         .or_else(|| p.downcast_ref::<String>().cloned())
+        .or_else(|| p.downcast_ref::<Panicked>().map(|p| p.0.clone()))
         .unwrap_or_else(|| "a panic without a message".into())
 }
 

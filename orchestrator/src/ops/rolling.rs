@@ -205,7 +205,7 @@ pub async fn resume(ctx: OperationContext, pair: PairConfig, op: OperationRecord
                     let task = crate::ops::corestart::resume(roll.ctx.clone(), child_config, child);
                     match crate::ops::guarded(&roll.ctx.journal, &last.operation_id, task).await {
                         Ok(r) => Some(r),
-                        Err(panic) => std::panic::resume_unwind(Box::new(panic)),
+                        Err(panic) => std::panic::resume_unwind(Box::new(panic.0)),
                     }
                 }
                 // Concluded before the roll journaled it: its report.

@@ -559,7 +559,7 @@ pub async fn run_gate(
     let mut run = Run::default();
     let outcome = match g.drive(&mut run).await {
         Ok(verdict) => (verdict, std::mem::take(&mut run.out)),
-        Err(e) => g.stopped_by_the_journal(&e, std::mem::take(&mut run.out)).await,
+        Err(JournalStopped(e)) => g.stopped_by_the_journal(&e, std::mem::take(&mut run.out)).await,
     };
     g.finish(outcome)
 }
@@ -1095,7 +1095,7 @@ impl Gate {
     /// (`Err`, the first failure): the journal no longer holds what the gate
     /// established, so nothing it measured may keep a change
     /// ([`Gate::stopped_by_the_journal`] rolls it back).
-    async fn drive(&mut self, run: &mut Run) -> Result<GateVerdict, String> {
+    async fn drive(&mut self, run: &mut Run) -> Result<GateVerdict, JournalStopped> {
         let mut step = GateStep::Baseline;
         loop {
             let next = match step {
@@ -1128,9 +1128,9 @@ impl Gate {
                 }
                 GateStep::Started | GateStep::Concluded => Ok(Next::Done(GateVerdict::Failed)),
             };
-            let next = next.map_err(|e| e.to_string())?;
+            let next = next.map_err(|e| JournalStopped(e.to_string()))?;
             if let Some(failed) = self.rec.journal_failure() {
-                return Err(failed);
+                return Err(JournalStopped(failed));
             }
             match next {
                 Next::Step(s) => step = s,
@@ -2064,6 +2064,12 @@ pub fn start(
     );
     Ok(rx)
 }
+
+/// A gate stopped by its journal: the first of its journal writes that
+/// failed ([`Gate::drive`]).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct JournalStopped(String);
 
 #[derive(Debug, thiserror::Error)]
 pub enum GateStartError {
