@@ -342,7 +342,8 @@ impl AgentConfig {
         if self.state_dir.as_os_str().is_empty() {
             return Err(invalid("state_dir", "must not be empty"));
         }
-        crate::gpu::GpuSourceSpec::parse(&self.gpu_source).map_err(|reason| invalid("gpu_source", reason))?;
+        crate::gpu::GpuSourceSpec::parse(&self.gpu_source)
+            .map_err(|reason| invalid("gpu_source", reason.to_string()))?;
         if self.gpu_sample_interval_ms == 0 {
             return Err(invalid("gpu_sample_interval_ms", "must be at least 1"));
         }

@@ -51,20 +51,27 @@ pub enum GpuSourceSpec {
 
 impl GpuSourceSpec {
     /// Parses `auto`, `nvml`, `none` or `fake:PATH` (PATH absolute or relative, not empty).
-    pub fn parse(value: &str) -> Result<Self, String> {
+    pub fn parse(value: &str) -> Result<Self, BadGpuSource> {
         match value {
             "auto" => Ok(Self::Auto),
             "nvml" => Ok(Self::Nvml),
             "none" => Ok(Self::None),
             other => match other.strip_prefix("fake:") {
-                Some("") => Err("\"fake:\" needs a path: \"fake:/path/to/gpus.json\"".to_owned()),
+                Some("") => Err(BadGpuSource::FakeWithoutPath),
                 Some(path) => Ok(Self::Fake(path.into())),
-                None => Err(format!(
-                    "{other:?} is not a GPU source: use \"auto\", \"nvml\", \"none\" or \"fake:PATH\""
-                )),
+                None => Err(BadGpuSource::Unknown(other.to_owned())),
             },
         }
     }
+}
+
+/// A `gpu_source` that is none of the known ones.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadGpuSource {
+    #[error("\"fake:\" needs a path: \"fake:/path/to/gpus.json\"")]
+    FakeWithoutPath,
+    #[error("{0:?} is not a GPU source: use \"auto\", \"nvml\", \"none\" or \"fake:PATH\"")]
+    Unknown(String),
 }
 
 /// One GPU as a source reads it (also the fake file's per-GPU object).
@@ -308,8 +315,13 @@ mod tests {
             GpuSourceSpec::parse("fake:/tmp/g.json"),
             Ok(GpuSourceSpec::Fake("/tmp/g.json".into()))
         );
-        assert!(GpuSourceSpec::parse("fake:").unwrap_err().contains("path"));
-        assert!(GpuSourceSpec::parse("NVML").unwrap_err().contains("fake:PATH"));
+        assert!(GpuSourceSpec::parse("fake:").unwrap_err().to_string().contains("path"));
+        assert!(
+            GpuSourceSpec::parse("NVML")
+                .unwrap_err()
+                .to_string()
+                .contains("fake:PATH")
+        );
     }
 
     // Property: `none` never reads and says it is off by config.

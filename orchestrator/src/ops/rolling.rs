@@ -70,33 +70,50 @@ pub struct ChildConcluded {
 
 /// Whether `pair` can be rolled: refused in one line naming what is wrong,
 /// before anything is journaled.
-pub fn check(pair: &PairConfig) -> Result<(), String> {
+pub fn check(pair: &PairConfig) -> Result<(), NotRollable> {
     let (p, d) = (pair.prefill.len(), pair.decode.len());
+    let name = pair.name.clone();
     if pair.router.is_empty() {
-        return Err(format!(
-            "--rolling: pair {} has no router to route to its other sub-pairs",
-            pair.name
-        ));
+        return Err(NotRollable::NoRouter { pair: name });
     }
     if pair.serving_router.is_some() {
-        return Err(format!(
-            "--rolling: pair {} is behind a serving router ([pair.serving_router]); a rolling restart takes sub-pairs out of the pair's own router only: restart it whole",
-            pair.name
-        ));
+        return Err(NotRollable::BehindServingRouter { pair: name });
     }
     if p != d {
-        return Err(format!(
-            "--rolling: pair {} has {p} prefill(s) and {d} decode(s); a rolling restart restarts prefill i with decode i, so it needs as many of each",
-            pair.name
-        ));
+        return Err(NotRollable::Unbalanced {
+            pair: name,
+            prefills: p,
+            decodes: d,
+        });
     }
     if p < 2 {
-        return Err(format!(
-            "--rolling: pair {} has one prefill and one decode: there is no other sub-pair to serve while it restarts; restart it without --rolling",
-            pair.name
-        ));
+        return Err(NotRollable::OneSubPair { pair: name });
     }
     Ok(())
+}
+
+/// Why a pair cannot be restarted `--rolling` (refused before anything
+/// is journaled).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotRollable {
+    #[error("--rolling: pair {pair} has no router to route to its other sub-pairs")]
+    NoRouter { pair: String },
+    #[error(
+        "--rolling: pair {pair} is behind a serving router ([pair.serving_router]); a rolling restart takes sub-pairs out of the pair's own router only: restart it whole"
+    )]
+    BehindServingRouter { pair: String },
+    #[error(
+        "--rolling: pair {pair} has {prefills} prefill(s) and {decodes} decode(s); a rolling restart restarts prefill i with decode i, so it needs as many of each"
+    )]
+    Unbalanced {
+        pair: String,
+        prefills: usize,
+        decodes: usize,
+    },
+    #[error(
+        "--rolling: pair {pair} has one prefill and one decode: there is no other sub-pair to serve while it restarts; restart it without --rolling"
+    )]
+    OneSubPair { pair: String },
 }
 
 /// Sub-pair `i` of `pair` as a pair of its own: prefill i and decode i, no
@@ -834,7 +851,7 @@ enabled = false
                 "is behind a serving router",
             ),
         ] {
-            let e = check(&p).unwrap_err();
+            let e = check(&p).unwrap_err().to_string();
             assert!(
                 e.starts_with("--rolling: pair p ") && e.contains(says) && !e.contains('\n'),
                 "{e}"
