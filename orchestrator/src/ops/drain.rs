@@ -745,7 +745,7 @@ mod driver_tests {
     use crate::ops::fake_agent::rig::{UNITS, journal, kill_after_entry, orchestrator};
     use crate::ops::fake_agent::{FakeAgent, UnitModel};
     use crate::ops::journal::Journal;
-    use crate::ops::report::OperationReport;
+    use crate::ops::report::{OperationReport, PairWorker};
 
     const OURS: [&str; 2] = ["http://fake/prefill-0", "http://fake/decode-0"];
     const THEIRS: [&str; 2] = ["http://fake/other-prefill", "http://fake/other-decode"];
@@ -908,6 +908,120 @@ mod driver_tests {
                 .any(|r| r.contains("the drain timed out with work still in flight")),
             "{:?}",
             report.reasons
+        );
+    }
+
+    /// Issue 32: the journal fails at every write of a co-restart behind a
+    /// serving router (drain, restart, rejoin), and every write after it,
+    /// then has room again. No engine is taken out of rotation and no unit
+    /// started without its write-ahead entry; never healthy with a write
+    /// failed before the conclusion, naming the journal; once the disk has
+    /// room the operation concludes, every unit runs, and each engine of
+    /// the pair is back in the serving router or the report says it is
+    /// left out.
+    #[tokio::test(start_paused = true)]
+    async fn a_journal_that_fails_at_any_write_of_a_drained_co_restart_leaves_nothing_unrecorded() {
+        async fn one(
+            fail_from: Option<usize>,
+        ) -> (
+            OperationReport,
+            usize,
+            FakeAgent,
+            std::sync::Arc<Journal>,
+            tempfile::TempDir,
+            String,
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let journal = journal(&dir);
+            let agent = agent();
+            let ctx = orchestrator(&journal, &agent).await;
+            let id = begin(&journal, None);
+            let before = journal.writes_seen();
+            if let Some(n) = fail_from {
+                journal.fail_writes(before + n + 1..=before + n + 100_000);
+            }
+            let (tx, _rx) = mpsc::unbounded_channel();
+            let report = run_operation(
+                ctx,
+                pair("shared-router", 60_000),
+                id.clone(),
+                OperationKind::CoRestart,
+                tx,
+            )
+            .await;
+            let writes = journal.writes_seen() - before;
+            (report, writes, agent, journal, dir, id)
+        }
+        let (clean, total, ..) = one(None).await;
+        assert!(clean.verdict.is_healthy(), "{:?}", clean.reasons);
+        assert!(
+            clean.drain.as_ref().is_some_and(|d| d.removed.len() == 2),
+            "{:?}",
+            clean.drain
+        );
+        let mut broken = Vec::new();
+        for n in 0..total {
+            let (report, _, agent, journal, _dir, id) = one(Some(n)).await;
+            let at = format!("writes failing from write {n} of {total}");
+            let reasons = &report.reasons;
+            let commands: Vec<String> = journal
+                .commands(&id)
+                .unwrap()
+                .into_iter()
+                .map(|c| c.command_id)
+                .collect();
+            for e in agent.executed() {
+                if !commands.contains(&e.command_id) {
+                    broken.push(format!("{at}: {} started without its write-ahead entry", e.unit));
+                }
+            }
+            let recorded_out: Vec<String> = journal
+                .read::<Vec<PairWorker>>(&id, "drain_removing")
+                .unwrap()
+                .into_iter()
+                .flatten()
+                .map(|w| w.url)
+                .collect();
+            for (op, urls, _) in agent.router_calls() {
+                if op == RouterWorkersOp::Remove as i32 {
+                    for u in urls.iter().filter(|u| !recorded_out.contains(u)) {
+                        broken.push(format!("{at}: {u} taken out of rotation unrecorded"));
+                    }
+                }
+            }
+            let names_journal = reasons
+                .iter()
+                .any(|l| l.starts_with("stopped: the journal could not record a step"));
+            if n + 1 < total && (report.verdict.is_healthy() || !names_journal) {
+                broken.push(format!(
+                    "{at}: {} without naming the journal: {reasons:?}",
+                    report.verdict.as_str()
+                ));
+            }
+            journal.heal();
+            journal.flush_pending();
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            if !journal.unfinished().unwrap().is_empty() {
+                broken.push(format!("{at}: left running once the disk had room"));
+            }
+            for u in UNITS {
+                if agent.unit_phase(u) != Phase::Generating {
+                    broken.push(format!("{at}: {u} left {:?}", agent.unit_phase(u)));
+                }
+                if agent.starts_of(u) > 1 {
+                    broken.push(format!("{at}: {u} started {} times", agent.starts_of(u)));
+                }
+            }
+            let listed = agent.router_lists();
+            let out: Vec<&str> = OURS.into_iter().filter(|u| !listed.iter().any(|l| l == u)).collect();
+            if !out.is_empty() && !reasons.iter().any(|r| r.contains("left out of the serving router")) {
+                broken.push(format!("{at}: {out:?} out of the serving router, unsaid: {reasons:?}"));
+            }
+        }
+        assert!(
+            broken.is_empty(),
+            "{} violations of {total} runs: {broken:#?}",
+            broken.len()
         );
     }
 
