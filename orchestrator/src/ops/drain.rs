@@ -745,7 +745,7 @@ mod driver_tests {
     use crate::ops::fake_agent::rig::{UNITS, journal, kill_after_entry, orchestrator};
     use crate::ops::fake_agent::{FakeAgent, UnitModel};
     use crate::ops::journal::Journal;
-    use crate::ops::report::{OperationReport, PairWorker};
+    use crate::ops::report::OperationReport;
 
     const OURS: [&str; 2] = ["http://fake/prefill-0", "http://fake/decode-0"];
     const THEIRS: [&str; 2] = ["http://fake/other-prefill", "http://fake/other-decode"];
@@ -964,31 +964,11 @@ mod driver_tests {
             let (report, _, agent, journal, _dir, id) = one(Some(n)).await;
             let at = format!("writes failing from write {n} of {total}");
             let reasons = &report.reasons;
-            let commands: Vec<String> = journal
-                .commands(&id)
-                .unwrap()
-                .into_iter()
-                .map(|c| c.command_id)
-                .collect();
-            for e in agent.executed() {
-                if !commands.contains(&e.command_id) {
-                    broken.push(format!("{at}: {} started without its write-ahead entry", e.unit));
-                }
-            }
-            let recorded_out: Vec<String> = journal
-                .read::<Vec<PairWorker>>(&id, "drain_removing")
-                .unwrap()
-                .into_iter()
-                .flatten()
-                .map(|w| w.url)
-                .collect();
-            for (op, urls, _) in agent.router_calls() {
-                if op == RouterWorkersOp::Remove as i32 {
-                    for u in urls.iter().filter(|u| !recorded_out.contains(u)) {
-                        broken.push(format!("{at}: {u} taken out of rotation unrecorded"));
-                    }
-                }
-            }
+            broken.extend(
+                crate::ops::fake_agent::rig::done_unrecorded(&journal, std::slice::from_ref(&id), &agent)
+                    .into_iter()
+                    .map(|d| format!("{at}: {d}")),
+            );
             let names_journal = reasons
                 .iter()
                 .any(|l| l.starts_with("stopped: the journal could not record a step"));

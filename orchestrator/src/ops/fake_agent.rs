@@ -988,6 +988,44 @@ enabled = false
         Arc::new(Journal::open(&dir.path().join("journal.sqlite")).unwrap())
     }
 
+    /// What `agent` did that no write-ahead entry of operations `ops`
+    /// records (issue 32's fail-at-every-write tests): each start whose
+    /// command no `command` entry names, and each worker the serving router
+    /// was told to remove that no `drain_removing` entry names.
+    pub(crate) fn done_unrecorded(journal: &Journal, ops: &[String], agent: &FakeAgent) -> Vec<String> {
+        let commands: Vec<String> = ops
+            .iter()
+            .flat_map(|o| journal.commands(o).unwrap())
+            .map(|c| c.command_id)
+            .collect();
+        let taken_out: Vec<String> = ops
+            .iter()
+            .flat_map(|o| {
+                journal
+                    .read::<Vec<crate::ops::report::PairWorker>>(o, "drain_removing")
+                    .unwrap()
+            })
+            .flatten()
+            .map(|w| w.url)
+            .collect();
+        let mut out: Vec<String> = agent
+            .executed()
+            .into_iter()
+            .filter(|e| !commands.contains(&e.command_id))
+            .map(|e| format!("{} started without its write-ahead entry", e.unit))
+            .collect();
+        for (op, urls, _) in agent.router_calls() {
+            if op == pdwarden_proto::v1::RouterWorkersOp::Remove as i32 {
+                out.extend(
+                    urls.iter()
+                        .filter(|u| !taken_out.contains(u))
+                        .map(|u| format!("{u} taken out of rotation unrecorded")),
+                );
+            }
+        }
+        out
+    }
+
     /// A new orchestrator's view: a fresh port the agent (re-)attaches to,
     /// over the journal that survives.
     pub(crate) async fn orchestrator(journal: &Arc<Journal>, agent: &FakeAgent) -> OperationContext {

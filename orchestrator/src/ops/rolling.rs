@@ -667,34 +667,17 @@ enabled = false
             let (report, _, agent, journal, _dir) = one(Some(n)).await;
             let at = format!("writes failing from write {n} of {total}");
             let reasons = &report.reasons;
-            let ops = journal.history("p#roll", 100).unwrap();
-            let commands: Vec<String> = ops
-                .iter()
-                .flat_map(|o| journal.commands(&o.operation_id).unwrap())
-                .map(|c| c.command_id)
+            let ops: Vec<String> = journal
+                .history("p#roll", 100)
+                .unwrap()
+                .into_iter()
+                .map(|o| o.operation_id)
                 .collect();
-            for e in agent.executed() {
-                if !commands.contains(&e.command_id) {
-                    broken.push(format!("{at}: {} started without its write-ahead entry", e.unit));
-                }
-            }
-            let recorded_out: Vec<String> = ops
-                .iter()
-                .flat_map(|o| {
-                    journal
-                        .read::<Vec<crate::ops::drain::PairWorker>>(&o.operation_id, "drain_removing")
-                        .unwrap()
-                })
-                .flatten()
-                .map(|w| w.url)
-                .collect();
-            for (op, urls, _) in agent.router_calls() {
-                if op == RouterWorkersOp::Remove as i32 {
-                    for u in urls.iter().filter(|u| !recorded_out.contains(u)) {
-                        broken.push(format!("{at}: {u} taken out of rotation unrecorded"));
-                    }
-                }
-            }
+            broken.extend(
+                crate::ops::fake_agent::rig::done_unrecorded(&journal, &ops, &agent)
+                    .into_iter()
+                    .map(|d| format!("{at}: {d}")),
+            );
             for u in ENGINES {
                 if agent.starts_of(u) > 1 {
                     broken.push(format!("{at}: {u} started {} times", agent.starts_of(u)));

@@ -77,12 +77,13 @@ fn gone(pid: u32) -> bool {
     !Path::new(&format!("/proc/{pid}")).exists()
 }
 
-#[test]
-fn a_co_restart_whose_journal_fills_stops_before_the_decode_says_what_is_live_and_the_watch_repairs_it() {
-    let _one = exclusive();
-    let mut fs = SmallFs::mount("16m");
+/// A held demo whose journal is on `fs`, healthy and watched (`extra`:
+/// more demo flags).
+fn held_on(fs: &SmallFs, extra: &[&str]) -> HeldDemo {
     let journal = fs.path("journal.sqlite");
-    let held = HeldDemo::start(&["--journal", journal.to_str().unwrap()], LIMIT);
+    let mut args = vec!["--journal", journal.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let held = HeldDemo::start(&args, LIMIT);
     assert!(
         held.report["verdict"].as_str().unwrap().starts_with("healthy"),
         "{:#}",
@@ -91,13 +92,19 @@ fn a_co_restart_whose_journal_fills_stops_before_the_decode_says_what_is_live_an
     poll("watch healthy after the restart", Duration::from_secs(60), || {
         (held.watch()["state"] == "healthy").then_some(())
     });
-    let prefill = held.unit_pid("prefill-0");
-    let decode = held.unit_pid("decode-0");
+    held
+}
 
-    // The operator's co-restart; the filesystem fills once the prefill's
-    // old process is gone (its start was journaled), before the decode's.
-    let restart = std::thread::scope(|s| {
-        let cli = s.spawn(|| held.cli_within(&["restart", "pd-pair", "demo", "--json"], LIMIT));
+/// Runs the CLI with `args` and fills `fs` once the prefill's process
+/// `prefill` is gone (its start was journaled), before anything after it.
+fn fill_once_the_prefill_is_replaced(
+    held: &HeldDemo,
+    fs: &mut SmallFs,
+    prefill: u32,
+    args: &[&str],
+) -> crate::harness::Output {
+    std::thread::scope(|s| {
+        let cli = s.spawn(|| held.cli_within(args, LIMIT));
         let deadline = Instant::now() + LIMIT;
         while !gone(prefill) {
             assert!(Instant::now() < deadline, "the prefill was never restarted");
@@ -105,7 +112,20 @@ fn a_co_restart_whose_journal_fills_stops_before_the_decode_says_what_is_live_an
         }
         fs.fill();
         cli.join().unwrap()
-    });
+    })
+}
+
+#[test]
+fn a_co_restart_whose_journal_fills_stops_before_the_decode_says_what_is_live_and_the_watch_repairs_it() {
+    let _one = exclusive();
+    let mut fs = SmallFs::mount("16m");
+    let held = held_on(&fs, &[]);
+    let prefill = held.unit_pid("prefill-0");
+    let decode = held.unit_pid("decode-0");
+
+    // The operator's co-restart; the filesystem fills once the prefill's
+    // old process is gone, before the decode's start.
+    let restart = fill_once_the_prefill_is_replaced(&held, &mut fs, prefill, &["restart", "pd-pair", "demo", "--json"]);
     assert_eq!(restart.code, 2, "{}\n{}", restart.stdout, restart.stderr);
     let report = restart.json();
     let said = reasons(&report);
@@ -183,38 +203,15 @@ fn knob_live(held: &HeldDemo) -> Vec<bool> {
 fn a_gate_whose_journal_fills_rolls_back_says_what_runs_the_change_and_ends_with_nothing_live() {
     let _one = exclusive();
     let mut fs = SmallFs::mount("16m");
-    let journal = fs.path("journal.sqlite");
     let knob = "--tpot-ms 24 --knob-env PDW_KNOB --knob-value on --knob-slowdown 1.0";
-    let held = HeldDemo::start(
-        &[
-            "--journal",
-            journal.to_str().unwrap(),
-            "--prefill-sim",
-            knob,
-            "--decode-sim",
-            knob,
-        ],
-        LIMIT,
-    );
-    assert!(
-        held.report["verdict"].as_str().unwrap().starts_with("healthy"),
-        "{:#}",
-        held.report
-    );
-    poll("watch healthy after the restart", Duration::from_secs(60), || {
-        (held.watch()["state"] == "healthy").then_some(())
-    });
+    let held = held_on(&fs, &["--prefill-sim", knob, "--decode-sim", knob]);
     let prefill = held.unit_pid("prefill-0");
-    let gate = std::thread::scope(|s| {
-        let cli = s.spawn(|| held.cli_within(&["gate", "demo", "--set-env", "PDW_KNOB=on", "--json"], LIMIT));
-        let deadline = Instant::now() + LIMIT;
-        while !gone(prefill) {
-            assert!(Instant::now() < deadline, "the gate never restarted the prefill");
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        fs.fill();
-        cli.join().unwrap()
-    });
+    let gate = fill_once_the_prefill_is_replaced(
+        &held,
+        &mut fs,
+        prefill,
+        &["gate", "demo", "--set-env", "PDW_KNOB=on", "--json"],
+    );
     let report = gate.json();
     let said = reasons(&report);
     println!("gate with its journal full:\n{said}");
