@@ -280,14 +280,35 @@ type UpdateStream = UnboundedReceiverStream<Result<OperationUpdate, Status>>;
 /// The gRPC metadata key a follower's refusal carries the leader's URL in.
 pub const LEADER_METADATA: &str = "pdwarden-leader";
 
+/// A journal refusal as the operator sees it (one mapping for every
+/// operation start).
+fn begin_refused(e: JournalError) -> Status {
+    match e {
+        e @ JournalError::PairBusy { .. } => Status::failed_precondition(e.to_string()),
+        e @ JournalError::DuplicateRequest { .. } => Status::already_exists(e.to_string()),
+        e @ JournalError::ConclusionPending { .. } => Status::unavailable(e.to_string()),
+        e => internal(e),
+    }
+}
+
+/// What an operation start runs: a co-restart or verification, or a
+/// rolling restart.
+enum Started {
+    Operation(OperationKind),
+    Rolling,
+}
+
 impl ControlService {
     /// Validates, journals and spawns an operation on a pair; returns its
-    /// live update stream.
+    /// live update stream. The one start path of co-restarts,
+    /// verifications and rolling restarts (a rolling restart is refused in
+    /// one line when the pair cannot be rolled, before anything is
+    /// journaled).
     async fn start_operation(
         &self,
         pair: &str,
         request_id: &str,
-        kind: OperationKind,
+        what: Started,
         actor: Option<crate::edge::auth::Actor>,
     ) -> Result<Response<UpdateStream>, Status> {
         self.leads()?;
@@ -295,55 +316,32 @@ impl ControlService {
             let known: Vec<&str> = self.config.pairs.iter().map(|p| p.name.as_str()).collect();
             Status::not_found(format!("unknown pair {:?} (configured: {})", pair, known.join(", ")))
         })?;
-        self.preflight(&pair, matches!(kind, OperationKind::CoRestart)).await?;
-        let request_id = (!request_id.is_empty()).then_some(request_id);
-        let operation_id = match self.ctx.begin(kind.as_str(), &pair.name, request_id, &[]) {
-            Ok(id) => id,
-            Err(e @ JournalError::PairBusy { .. }) => return Err(Status::failed_precondition(e.to_string())),
-            Err(e @ JournalError::DuplicateRequest { .. }) => return Err(Status::already_exists(e.to_string())),
-            Err(e @ JournalError::ConclusionPending { .. }) => return Err(Status::unavailable(e.to_string())),
-            Err(e) => return Err(internal(e)),
+        if let Started::Rolling = what {
+            crate::ops::rolling::check(&pair).map_err(|e| Status::failed_precondition(e.to_string()))?;
+        }
+        let restarts = matches!(what, Started::Rolling | Started::Operation(OperationKind::CoRestart));
+        self.preflight(&pair, restarts).await?;
+        let kind = match &what {
+            Started::Operation(kind) => kind.as_str(),
+            Started::Rolling => crate::ops::rolling::KIND,
         };
+        let request_id = (!request_id.is_empty()).then_some(request_id);
+        let operation_id = self
+            .ctx
+            .begin(kind, &pair.name, request_id, &[])
+            .map_err(begin_refused)?;
         let (tx, rx) = mpsc::unbounded_channel();
         // The operation runs on its own task: a CLI that disconnects does not
         // cancel a half-done restart.
-        crate::ops::spawn_guarded(
-            self.ctx.journal.clone(),
-            operation_id.clone(),
-            run_operation(self.ctx.clone(), pair, operation_id, kind, tx),
-        );
-        Ok(Response::new(forward(&self.ctx, &self.redactor, actor, rx)))
-    }
-
-    /// A rolling restart (`ops::rolling`): refused in one line when the pair
-    /// cannot be rolled, before anything is journaled.
-    async fn start_rolling(
-        &self,
-        pair: &str,
-        request_id: &str,
-        actor: Option<crate::edge::auth::Actor>,
-    ) -> Result<Response<UpdateStream>, Status> {
-        self.leads()?;
-        let pair = self.config.pair(pair).cloned().ok_or_else(|| {
-            let known: Vec<&str> = self.config.pairs.iter().map(|p| p.name.as_str()).collect();
-            Status::not_found(format!("unknown pair {:?} (configured: {})", pair, known.join(", ")))
-        })?;
-        crate::ops::rolling::check(&pair).map_err(|e| Status::failed_precondition(e.to_string()))?;
-        self.preflight(&pair, true).await?;
-        let request_id = (!request_id.is_empty()).then_some(request_id);
-        let operation_id = match self.ctx.begin(crate::ops::rolling::KIND, &pair.name, request_id, &[]) {
-            Ok(id) => id,
-            Err(e @ JournalError::PairBusy { .. }) => return Err(Status::failed_precondition(e.to_string())),
-            Err(e @ JournalError::DuplicateRequest { .. }) => return Err(Status::already_exists(e.to_string())),
-            Err(e @ JournalError::ConclusionPending { .. }) => return Err(Status::unavailable(e.to_string())),
-            Err(e) => return Err(internal(e)),
-        };
-        let (tx, rx) = mpsc::unbounded_channel();
-        crate::ops::spawn_guarded(
-            self.ctx.journal.clone(),
-            operation_id.clone(),
-            crate::ops::rolling::run(self.ctx.clone(), pair, operation_id, tx),
-        );
+        let (ctx, journal, id) = (self.ctx.clone(), self.ctx.journal.clone(), operation_id.clone());
+        match what {
+            Started::Operation(kind) => {
+                crate::ops::spawn_guarded(journal, id, run_operation(ctx, pair, operation_id, kind, tx));
+            }
+            Started::Rolling => {
+                crate::ops::spawn_guarded(journal, id, crate::ops::rolling::run(ctx, pair, operation_id, tx));
+            }
+        }
         Ok(Response::new(forward(&self.ctx, &self.redactor, actor, rx)))
     }
 }
@@ -385,16 +383,7 @@ impl Control for ControlService {
         let rx = match crate::ops::gate::start(&self.ctx, &pair, request_id, change) {
             Ok(rx) => rx,
             Err(crate::ops::gate::GateStartError::Invalid(e)) => return Err(Status::invalid_argument(e.to_string())),
-            Err(crate::ops::gate::GateStartError::Journal(e @ JournalError::PairBusy { .. })) => {
-                return Err(Status::failed_precondition(e.to_string()));
-            }
-            Err(crate::ops::gate::GateStartError::Journal(e @ JournalError::DuplicateRequest { .. })) => {
-                return Err(Status::already_exists(e.to_string()));
-            }
-            Err(crate::ops::gate::GateStartError::Journal(e @ JournalError::ConclusionPending { .. })) => {
-                return Err(Status::unavailable(e.to_string()));
-            }
-            Err(crate::ops::gate::GateStartError::Journal(e)) => return Err(internal(e)),
+            Err(crate::ops::gate::GateStartError::Journal(e)) => return Err(begin_refused(e)),
         };
         Ok(Response::new(forward(&self.ctx, &self.redactor, actor, rx)))
     }
@@ -407,11 +396,12 @@ impl Control for ControlService {
         let req = request.into_inner();
         check_pair(&req.pair)?;
         check_request_id(&req.request_id)?;
-        if req.rolling {
-            return self.start_rolling(&req.pair, &req.request_id, actor).await;
-        }
-        self.start_operation(&req.pair, &req.request_id, OperationKind::CoRestart, actor)
-            .await
+        let what = if req.rolling {
+            Started::Rolling
+        } else {
+            Started::Operation(OperationKind::CoRestart)
+        };
+        self.start_operation(&req.pair, &req.request_id, what, actor).await
     }
 
     async fn verify_pair(
@@ -425,7 +415,8 @@ impl Control for ControlService {
         let kind = OperationKind::Verify {
             include_abort_storm: req.include_abort_storm,
         };
-        self.start_operation(&req.pair, &req.request_id, kind, actor).await
+        self.start_operation(&req.pair, &req.request_id, Started::Operation(kind), actor)
+            .await
     }
 
     async fn restart_unit(
