@@ -15,7 +15,6 @@
 
 use std::time::Duration;
 
-use futures::StreamExt;
 use pdwarden_proto::v1::{
     GateAgentResult, GateAgentStep, GateBenchmark, GateBenchmarkResult, GateRequestSample, ProbeOutcome,
     ProcessEnvValue, ProcessFacts, ProcessInspection, gate_agent_result, gate_agent_step,
@@ -243,71 +242,25 @@ async fn stream_one(
         sample.error = format!("http {}", resp.status().as_u16());
         return sample;
     }
-    let mut stream = resp.bytes_stream();
-    let mut buf = String::new();
-    let (mut first, mut last, mut done) = (None, 0u64, false);
-    // An error event inside a 200 stream (issue 30): never an OK sample.
-    let mut stream_error: Option<String> = None;
-    while !done {
-        match tokio::time::timeout_at(deadline, stream.next()).await {
-            Err(_) => {
-                sample.outcome = ProbeOutcome::Timeout as i32;
-                sample.error = format!("stream not finished within {} ms", timeout.as_millis());
-                break;
-            }
-            Ok(None) => {
-                sample.error = "stream ended without [DONE]".into();
-                break;
-            }
-            Ok(Some(Err(e))) => {
-                sample.error = error_chain(&e);
-                break;
-            }
-            Ok(Some(Ok(bytes))) => {
-                let at = us();
-                buf.push_str(&String::from_utf8_lossy(&bytes));
-                // The suite's reader and bound: an engine that never ends an
-                // event must not grow this buffer without limit.
-                if buf.len() > crate::suite::MAX_SSE_EVENT_BYTES {
-                    sample.error = format!(
-                        "an SSE event exceeded {} bytes; stream abandoned",
-                        crate::suite::MAX_SSE_EVENT_BYTES
-                    );
-                    break;
-                }
-                for event in crate::suite::drain_sse_events(&mut buf) {
-                    match event {
-                        crate::suite::SseEvent::Done => {
-                            done = true;
-                            break;
-                        }
-                        crate::suite::SseEvent::Content(_) => {
-                            sample.tokens += 1;
-                            first.get_or_insert(at);
-                            last = at;
-                            if u64::from(sample.tokens) > crate::suite::runaway_limit(b.max_tokens) {
-                                // Cut: a stream past max_tokens is a
-                                // finding, not a longer benchmark.
-                                stream_error = Some(format!(
-                                    "a runaway stream: more than {} tokens for max_tokens {}; cut",
-                                    crate::suite::runaway_limit(b.max_tokens),
-                                    b.max_tokens
-                                ));
-                                done = true;
-                                break;
-                            }
-                        }
-                        crate::suite::SseEvent::Finish(_) => {}
-                        crate::suite::SseEvent::Error(message) => {
-                            stream_error = Some(message);
-                            done = true;
-                            break;
-                        }
-                    }
-                }
-            }
-        }
+    // The suite's reader (one for both): the whole request's timeout, no
+    // silence limit of its own.
+    let (mut first, mut last) = (None, 0u64);
+    let limits = crate::suite::StreamLimits {
+        timeout,
+        silence: timeout,
+    };
+    let read = crate::suite::read_stream(resp, started, limits, b.max_tokens, |now, _| {
+        let at = u64::try_from(now.saturating_duration_since(started).as_micros()).unwrap_or(u64::MAX);
+        sample.tokens += 1;
+        first.get_or_insert(at);
+        last = at;
+    })
+    .await;
+    if read.timed_out {
+        sample.outcome = ProbeOutcome::Timeout as i32;
     }
+    sample.error = read.error;
+    let (done, stream_error) = (read.done, read.stream_error);
     sample.latency_us = us();
     sample.ttft_us = first.unwrap_or(0);
     sample.decode_us = first.map_or(0, |f| last - f);

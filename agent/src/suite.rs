@@ -136,13 +136,13 @@ pub fn runaway_limit(max_tokens: u32) -> u64 {
 
 /// How long a streamed request may take in all, and without a token.
 #[derive(Clone, Copy)]
-struct StreamLimits {
+pub(crate) struct StreamLimits {
     /// The whole request, first token included: before its first token a
     /// stream may be silent this long (a prefill, and through a router the
     /// prefill's whole answer, comes before it — ROUTER-NOTES.md).
-    timeout: Duration,
+    pub timeout: Duration,
     /// The longest gap between two tokens, counted from the first token on.
-    silence: Duration,
+    pub silence: Duration,
 }
 
 /// Streams one chat completion with `messages`, timing every content chunk.
@@ -167,7 +167,7 @@ async fn stream_chat(
         tokens_asked: chat.max_tokens,
         ..Default::default()
     };
-    let StreamLimits { timeout, silence } = limits;
+    let timeout = limits.timeout;
     let body = json!({
         "model": chat.model,
         "messages": messages,
@@ -211,91 +211,21 @@ async fn stream_chat(
         );
         return (sample, String::new());
     }
-    let mut stream = resp.bytes_stream();
-    let mut buf = String::new();
     let mut content = String::new();
-    let mut done = false;
-    // When the last token arrived; none yet: the silence limit does not
-    // apply before the first token, only the whole request's.
-    let mut last_token: Option<Instant> = None;
-    let mut runaway = false;
-    while !done && !runaway {
-        let wait_until = last_token.map_or(deadline, |t| (t + silence).min(deadline));
-        match tokio::time::timeout_at(wait_until, stream.next()).await {
-            Err(_) => {
-                sample.outcome = ProbeOutcome::Timeout as i32;
-                let last = sample.token_times_ms.last().copied().unwrap_or(0);
-                sample.error = if Instant::now() >= deadline {
-                    format!(
-                        "stream not finished within {} ms{}",
-                        timeout.as_millis(),
-                        if last_token.is_none() {
-                            " (no token arrived)"
-                        } else {
-                            ""
-                        }
-                    )
-                } else {
-                    format!(
-                        "stream silent for {} ms after token {}",
-                        elapsed_ms().saturating_sub(last),
-                        sample.token_times_ms.len()
-                    )
-                };
-                break;
-            }
-            Ok(None) => {
-                sample.error = "stream ended without [DONE]".into();
-                break;
-            }
-            Ok(Some(Err(e))) => {
-                sample.error = error_chain(&e);
-                break;
-            }
-            Ok(Some(Ok(bytes))) => {
-                let now = Instant::now();
-                let at = elapsed_ms();
-                buf.push_str(&String::from_utf8_lossy(&bytes));
-                if buf.len() > MAX_SSE_EVENT_BYTES {
-                    sample.error = format!("an SSE event exceeded {MAX_SSE_EVENT_BYTES} bytes; stream abandoned");
-                    break;
-                }
-                for event in drain_sse_events(&mut buf) {
-                    match event {
-                        SseEvent::Done => {
-                            done = true;
-                            break;
-                        }
-                        SseEvent::Content(piece) => {
-                            sample.token_times_ms.push(at);
-                            last_token = Some(now);
-                            content.push_str(&piece);
-                            if sample.token_times_ms.len() as u64 > runaway_limit(chat.max_tokens) {
-                                // Too many tokens is a finding, not a bigger
-                                // report (issue 32: a stream past max_tokens
-                                // grew a report to 8 MB and broke history).
-                                sample.error = format!(
-                                    "a runaway stream: more than {} tokens for max_tokens {}; cut (the engine or router ignores max_tokens)",
-                                    runaway_limit(chat.max_tokens),
-                                    chat.max_tokens
-                                );
-                                runaway = true;
-                                break;
-                            }
-                        }
-                        SseEvent::Finish(reason) => sample.finish_reason = reason,
-                        SseEvent::Error(message) => {
-                            // The first error ends the read: SGLang sends
-                            // only [DONE] after it.
-                            sample.stream_error = message;
-                            done = true;
-                            break;
-                        }
-                    }
-                }
-            }
-        }
+    let read = read_stream(resp, started, limits, chat.max_tokens, |now, piece| {
+        sample
+            .token_times_ms
+            .push(duration_ms(now.saturating_duration_since(started)));
+        content.push_str(piece);
+    })
+    .await;
+    if read.timed_out {
+        sample.outcome = ProbeOutcome::Timeout as i32;
     }
+    sample.error = read.error;
+    sample.finish_reason = read.finish_reason;
+    sample.stream_error = read.stream_error.unwrap_or_default();
+    let done = read.done;
     sample.latency_ms = elapsed_ms();
     sample.tokens = sample.token_times_ms.len() as u32;
     sample.ttft_ms = sample.token_times_ms.first().copied().unwrap_or(0);
@@ -317,6 +247,132 @@ async fn stream_chat(
         sample.error = "stream finished without a token".into();
     }
     (sample, content)
+}
+
+fn duration_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// How a streamed answer ended, as [`read_stream`] read it.
+pub(crate) struct StreamRead {
+    /// `[DONE]` arrived, or the first error event (SGLang sends only
+    /// `[DONE]` after it).
+    pub done: bool,
+    /// The last `finish_reason` the answer carried ("" when none).
+    pub finish_reason: String,
+    /// The first error event's message.
+    pub stream_error: Option<String>,
+    /// Why the read stopped short, in words ("" when it did not).
+    pub error: String,
+    /// It stopped at the deadline or the silence limit.
+    pub timed_out: bool,
+}
+
+/// The one reader of a streamed chat completion (the suite's requests and
+/// the gate's benchmark; issue 33: there were two): reads SSE events until
+/// `[DONE]`, the first error event, `limits.timeout` after `started`, a
+/// gap of `limits.silence` between tokens (not before the first), an event
+/// over [`MAX_SSE_EVENT_BYTES`], or a runaway past `max_tokens`
+/// ([`runaway_limit`]: cut, a finding rather than a bigger report).
+/// `on_token` sees each content piece with its arrival time.
+pub(crate) async fn read_stream(
+    resp: reqwest::Response,
+    started: Instant,
+    limits: StreamLimits,
+    max_tokens: u32,
+    mut on_token: impl FnMut(Instant, &str),
+) -> StreamRead {
+    let StreamLimits { timeout, silence } = limits;
+    let deadline = started + timeout;
+    let elapsed_ms = || duration_ms(started.elapsed());
+    let mut read = StreamRead {
+        done: false,
+        finish_reason: String::new(),
+        stream_error: None,
+        error: String::new(),
+        timed_out: false,
+    };
+    let mut stream = resp.bytes_stream();
+    let mut buf = String::new();
+    let mut tokens: u64 = 0;
+    // When the last token arrived, and ms after `started`; none yet: the
+    // silence limit does not apply before the first token, only the whole
+    // request's.
+    let mut last_token: Option<(Instant, u64)> = None;
+    'read: while !read.done {
+        let wait_until = last_token.map_or(deadline, |(t, _)| (t + silence).min(deadline));
+        match tokio::time::timeout_at(wait_until, stream.next()).await {
+            Err(_) => {
+                read.timed_out = true;
+                read.error = if Instant::now() >= deadline {
+                    format!(
+                        "stream not finished within {} ms{}",
+                        timeout.as_millis(),
+                        if last_token.is_none() {
+                            " (no token arrived)"
+                        } else {
+                            ""
+                        }
+                    )
+                } else {
+                    let last = last_token.map_or(0, |(_, ms)| ms);
+                    format!(
+                        "stream silent for {} ms after token {tokens}",
+                        elapsed_ms().saturating_sub(last)
+                    )
+                };
+                break;
+            }
+            Ok(None) => {
+                read.error = "stream ended without [DONE]".into();
+                break;
+            }
+            Ok(Some(Err(e))) => {
+                read.error = error_chain(&e);
+                break;
+            }
+            Ok(Some(Ok(bytes))) => {
+                let now = Instant::now();
+                buf.push_str(&String::from_utf8_lossy(&bytes));
+                if buf.len() > MAX_SSE_EVENT_BYTES {
+                    read.error = format!("an SSE event exceeded {MAX_SSE_EVENT_BYTES} bytes; stream abandoned");
+                    break;
+                }
+                for event in drain_sse_events(&mut buf) {
+                    match event {
+                        SseEvent::Done => {
+                            read.done = true;
+                            break;
+                        }
+                        SseEvent::Content(piece) => {
+                            tokens += 1;
+                            last_token = Some((now, duration_ms(now.saturating_duration_since(started))));
+                            on_token(now, &piece);
+                            if tokens > runaway_limit(max_tokens) {
+                                // Too many tokens is a finding, not a bigger
+                                // report (issue 32: a stream past max_tokens
+                                // grew a report to 8 MB and broke history).
+                                read.error = format!(
+                                    "a runaway stream: more than {} tokens for max_tokens {max_tokens}; cut (the engine or router ignores max_tokens)",
+                                    runaway_limit(max_tokens)
+                                );
+                                break 'read;
+                            }
+                        }
+                        SseEvent::Finish(reason) => read.finish_reason = reason,
+                        SseEvent::Error(message) => {
+                            // The first error ends the read: SGLang sends
+                            // only [DONE] after it.
+                            read.stream_error = Some(message);
+                            read.done = true;
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    read
 }
 
 async fn long_generation(http: &reqwest::Client, base_url: &str, s: &SuiteLongGeneration) -> SuiteRequestSample {
