@@ -331,10 +331,16 @@ impl SqliteStore {
 /// another name of the file (a hard link) — the process the kernel names
 /// (`/proc/locks`).
 fn holder_of(journal: &Path, file: &std::fs::File) -> String {
-    if let Ok(held) = std::fs::read_to_string(owner_file(journal))
-        && !held.trim().is_empty()
-    {
-        return held.trim().to_string();
+    // The holder writes its description just after it takes the lock (and
+    // has opened the journal): a refusal in between waits a moment for it
+    // (bounded: a holder of an earlier version never writes it here).
+    for _ in 0..50 {
+        if let Ok(held) = std::fs::read_to_string(owner_file(journal))
+            && !held.trim().is_empty()
+        {
+            return held.trim().to_string();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
     match flock_holder(file) {
         Some(pid) => format!("pid {pid}"),
