@@ -158,15 +158,15 @@ enum RestartWhat {
 }
 
 /// `--request-id`: printable, no spaces, at most 128 characters (the
-/// orchestrator's rule, `edge::fields`).
+/// orchestrator's rule, `model::fields`).
 pub fn request_id_arg(s: &str) -> Result<String, String> {
-    pdwarden_orchestrator::edge::fields::check_request_id(s)?;
+    pdwarden_orchestrator::model::fields::check_request_id(s).map_err(|e| e.to_string())?;
     Ok(s.to_string())
 }
 
 /// A pair, unit or host name given as `what`, by the orchestrator's rule.
 pub fn check_name(what: &str, name: &str) -> Result<(), String> {
-    pdwarden_orchestrator::edge::fields::check_name(name).map_err(|e| format!("{what}: {e}"))
+    pdwarden_orchestrator::model::fields::check_name(name).map_err(|e| format!("{what}: {e}"))
 }
 
 /// What can be refused before anything is sent (issue 32): the names the

@@ -1073,7 +1073,7 @@ impl OrchestratorConfig {
             }
             // The edge's rule (issue 32): `demo#gate` is the journal's name
             // of a gate's children, `../../etc` a path.
-            crate::edge::fields::check_name(&p.name).map_err(|problem| invalid(at("name"), problem))?;
+            crate::model::fields::check_name(&p.name).map_err(|problem| invalid(at("name"), problem.to_string()))?;
             if !names.insert(p.name.as_str()) {
                 return Err(invalid(at("name"), format!("duplicate pair name {:?}", p.name)));
             }

@@ -14,8 +14,6 @@
 //! - [`ready`]: the plain-HTTP readiness endpoint for gateways (and `/metrics`).
 //! - [`service_manager`]: systemd readiness and watchdog (`sd-notify`).
 //! - [`ports`]: choosing loopback ports for a local stack.
-//! - [`fields`]: the bounds on request ids and pair, host and unit names
-//!   (the CLI and the server share them).
 //! - [`leadership`]: whether this orchestrator acts (sole, leader, follower)
 //!   and its fencing token; `election` (feature `etcd`): the lease-based
 //!   election on etcd that sets it (issue 19).
@@ -25,7 +23,6 @@ pub mod certs;
 pub mod client;
 #[cfg(feature = "etcd")]
 pub mod election;
-pub mod fields;
 pub mod fleet;
 pub mod hoststate;
 pub mod leadership;

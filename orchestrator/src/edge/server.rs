@@ -177,7 +177,7 @@ pub const MAX_STATUS_HOSTS: usize = 1024;
 
 /// A request field out of bounds (issue 32): `field: problem`, one line
 /// that never quotes the value whole, as the caller's error.
-fn bounded(field: &str, checked: Result<(), String>) -> Result<(), Status> {
+fn bounded(field: &str, checked: Result<(), crate::model::fields::FieldError>) -> Result<(), Status> {
     checked.map_err(|problem| Status::invalid_argument(format!("{field}: {problem}")))
 }
 
@@ -186,12 +186,12 @@ fn check_request_id(request_id: &str) -> Result<(), Status> {
     if request_id.is_empty() {
         return Ok(());
     }
-    bounded("request_id", crate::edge::fields::check_request_id(request_id))
+    bounded("request_id", crate::model::fields::check_request_id(request_id))
 }
 
 /// A request's pair name (the config's rule).
 fn check_pair(pair: &str) -> Result<(), Status> {
-    bounded("pair", crate::edge::fields::check_name(pair))
+    bounded("pair", crate::model::fields::check_name(pair))
 }
 
 impl ControlService {
@@ -426,9 +426,9 @@ impl Control for ControlService {
         let actor = actor(&request);
         let req = request.into_inner();
         if !req.host.is_empty() {
-            bounded("host", crate::edge::fields::check_name(&req.host))?;
+            bounded("host", crate::model::fields::check_name(&req.host))?;
         }
-        bounded("unit", crate::edge::fields::check_name(&req.unit))?;
+        bounded("unit", crate::model::fields::check_name(&req.unit))?;
         check_request_id(&req.request_id)?;
         tracing::info!(unit = %req.unit, host = %req.host, actor = ?actor, "restart unit requested");
         for pair in &self.config.pairs {
@@ -473,7 +473,7 @@ impl Control for ControlService {
             )));
         }
         for h in &req.hosts {
-            bounded("hosts", crate::edge::fields::check_name(h))?;
+            bounded("hosts", crate::model::fields::check_name(h))?;
         }
         let hosts: Option<BTreeSet<String>> = (!req.hosts.is_empty()).then(|| req.hosts.into_iter().collect());
         if let Some(hosts) = &hosts

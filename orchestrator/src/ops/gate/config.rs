@@ -269,7 +269,7 @@ impl<'a> ChangeArgs<'a> {
     /// with '-', no key given twice or both set and unset, unit names by the
     /// edge's rule. The error is one line naming the flag.
     pub fn validate(&self) -> Result<(), String> {
-        use crate::edge::fields::shown;
+        use crate::model::fields::shown;
         if self.set_env.is_empty() && self.unset_env.is_empty() && self.set_args.is_empty() {
             return Err("nothing to change: give --set-env, --unset-env or --set-arg".into());
         }
@@ -361,7 +361,7 @@ impl<'a> ChangeArgs<'a> {
         }
         let mut units = std::collections::BTreeSet::new();
         for u in &self.units {
-            crate::edge::fields::check_name(u).map_err(|e| format!("--unit: {e}"))?;
+            crate::model::fields::check_name(u).map_err(|e| format!("--unit: {e}"))?;
             if !units.insert(*u) {
                 return Err(format!("--unit {}: given twice", shown(u)));
             }

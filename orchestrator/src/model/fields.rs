@@ -27,42 +27,76 @@ pub fn shown(s: &str) -> String {
 /// An idempotency key: 1 to 128 printable ASCII characters, no spaces (the
 /// edge takes an empty one as "none" before asking this). The error is the
 /// problem in words, without the field's name.
-pub fn check_request_id(s: &str) -> Result<(), String> {
+pub fn check_request_id(s: &str) -> Result<(), FieldError> {
     const RULE: &str = "expected 1 to 128 printable ASCII characters without spaces";
     if s.is_empty() {
-        return Err(format!("empty: {RULE}"));
+        return Err(FieldError::Empty { rule: RULE });
     }
     if s.len() > MAX_REQUEST_ID_BYTES {
-        return Err(format!("{} bytes: {RULE}", s.len()));
+        return Err(FieldError::TooLong {
+            bytes: s.len(),
+            rule: RULE,
+        });
     }
     match s.char_indices().find(|(_, c)| !c.is_ascii_graphic()) {
-        Some((i, c)) => Err(format!("{} has {c:?} at byte {i}: {RULE}", shown(s))),
+        Some((at, c)) => Err(FieldError::Char {
+            shown: shown(s),
+            c,
+            at,
+            rule: RULE,
+        }),
         None => Ok(()),
     }
 }
 
-/// A pair, host or unit name: 1 to 128 letters, digits, '.', '_' and '-',
-/// and not "." or ".." (the agent's rule for unit names, which name files).
-/// `demo#gate` (the journal's name of a gate's children) and `../../etc`
-/// are refused.
-pub fn check_name(s: &str) -> Result<(), String> {
+pub fn check_name(s: &str) -> Result<(), FieldError> {
     const RULE: &str = "expected 1 to 128 letters, digits, '.', '_' and '-'";
     if s.is_empty() {
-        return Err(format!("empty: {RULE}"));
+        return Err(FieldError::Empty { rule: RULE });
     }
     if s.len() > MAX_NAME_BYTES {
-        return Err(format!("{} bytes: {RULE}", s.len()));
+        return Err(FieldError::TooLong {
+            bytes: s.len(),
+            rule: RULE,
+        });
     }
-    if let Some((i, c)) = s
+    if let Some((at, c)) = s
         .char_indices()
         .find(|(_, c)| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
     {
-        return Err(format!("{} has {c:?} at byte {i}: {RULE}", shown(s)));
+        return Err(FieldError::Char {
+            shown: shown(s),
+            c,
+            at,
+            rule: RULE,
+        });
     }
     if s == "." || s == ".." {
-        return Err(format!("{s:?} is not a name: {RULE}"));
+        return Err(FieldError::Dots {
+            name: s.to_string(),
+            rule: RULE,
+        });
     }
     Ok(())
+}
+
+/// Why a request id or a name is refused (one line; the field it is in is
+/// the caller's to name).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FieldError {
+    #[error("empty: {rule}")]
+    Empty { rule: &'static str },
+    #[error("{bytes} bytes: {rule}")]
+    TooLong { bytes: usize, rule: &'static str },
+    #[error("{shown} has {c:?} at byte {at}: {rule}")]
+    Char {
+        shown: String,
+        c: char,
+        at: usize,
+        rule: &'static str,
+    },
+    #[error("{name:?} is not a name: {rule}")]
+    Dots { name: String, rule: &'static str },
 }
 
 #[cfg(test)]
@@ -73,18 +107,19 @@ mod tests {
     fn request_ids_are_bounded_printable_ascii() {
         check_request_id("change-4711").unwrap();
         check_request_id(&"x".repeat(128)).unwrap();
-        let e = check_request_id(&"x".repeat(1 << 20)).unwrap_err();
+        let e = check_request_id(&"x".repeat(1 << 20)).unwrap_err().to_string();
         assert_eq!(
             e,
             "1048576 bytes: expected 1 to 128 printable ASCII characters without spaces"
         );
         for bad in ["has space", "tab\t", "nul\0", "é", ""] {
-            let e = check_request_id(bad).unwrap_err();
+            let e = check_request_id(bad).unwrap_err().to_string();
             assert!(e.ends_with("printable ASCII characters without spaces"), "{e}");
         }
         assert!(
             check_request_id("a\nb")
                 .unwrap_err()
+                .to_string()
                 .starts_with("\"a\\nb\" has '\\n' at byte 1")
         );
     }
@@ -97,9 +132,9 @@ mod tests {
         for bad in ["", ".", "..", "demo#gate", "../../etc", "a b", "a\0", "ü"] {
             assert!(check_name(bad).is_err(), "{bad:?}");
         }
-        let e = check_name(&"p".repeat(100 * 1024)).unwrap_err();
+        let e = check_name(&"p".repeat(100 * 1024)).unwrap_err().to_string();
         assert_eq!(e, "102400 bytes: expected 1 to 128 letters, digits, '.', '_' and '-'");
-        let e = check_name(&format!("{}#", "a".repeat(100))).unwrap_err();
+        let e = check_name(&format!("{}#", "a".repeat(100))).unwrap_err().to_string();
         assert!(
             e.contains("… (101 bytes) has '#' at byte 100"),
             "the value is not repeated whole: {e}"
