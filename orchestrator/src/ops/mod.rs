@@ -11,6 +11,9 @@
 //!   co-restart, back in after a healthy verdict.
 //! - [`rolling`]: an xPyD pair restarted one P/D sub-pair at a time, each
 //!   out of the pair's own router while it restarts.
+//! - [`machine`]: the one runtime of the operations written as machines
+//!   (a pure step per workflow; each state and write-ahead journaled,
+//!   must-write, before the effect is carried out).
 //! - [`watcher`]: the continuous per-pair watch and automatic recovery.
 //! - [`preflight`]: what is checked before an operation touches any unit.
 //! - [`port`]: the agent port — the runtime's only way to reach agents
@@ -32,6 +35,7 @@ pub(crate) mod fake_agent;
 mod fault_tests;
 pub mod gate;
 pub mod journal;
+pub mod machine;
 pub mod port;
 pub mod preflight;
 pub mod recorder;

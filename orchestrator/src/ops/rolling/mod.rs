@@ -34,10 +34,15 @@ use crate::config::{PairConfig, ServingRouterConfig};
 use crate::judge::verdict::VerdictKind;
 use crate::ops::OperationContext;
 use crate::ops::corestart::OperationKind;
-use crate::ops::gate::ChildOperation;
 use crate::ops::journal::{JournalError, OperationRecord};
+use crate::ops::machine::{Machine, Transition};
 use crate::ops::recorder::Recorder;
+use crate::ops::report::ChildOperation;
 use crate::ops::report::OperationReport;
+
+pub mod machine;
+
+use machine::{Roll, RollEffect, RollEvent, Rolling, SoFar};
 
 /// The journal's kind of a rolling restart.
 pub const KIND: &str = "rolling";
@@ -154,9 +159,9 @@ pub async fn run(
     operation_id: String,
     updates: mpsc::UnboundedSender<OperationUpdate>,
 ) -> OperationReport {
-    let mut roll = Roll::new(ctx, pair, operation_id, updates);
-    roll.from(0).await;
-    roll.conclude(None)
+    let roller = Roller::new(ctx, pair, operation_id, updates);
+    let so_far = roller.drive(roller.from(0, SoFar::default())).await;
+    roller.conclude(so_far, None)
 }
 
 /// Takes over a roll an earlier orchestrator left running: the children it
@@ -166,30 +171,34 @@ pub async fn run(
 /// the roll goes on. Nobody follows it live; its report is journaled.
 pub async fn resume(ctx: OperationContext, pair: PairConfig, op: OperationRecord) -> OperationReport {
     let (tx, _rx) = mpsc::unbounded_channel();
-    let mut roll = Roll::new(ctx, pair, op.operation_id.clone(), tx);
+    let roller = Roller::new(ctx, pair, op.operation_id.clone(), tx);
     let note = format!(
         "resumed after an orchestrator restart: the roll was in state {}",
         op.state
     );
-    roll.rec.journal("resumed", &serde_json::json!({ "note": note }));
+    roller.rec.journal("resumed", &serde_json::json!({ "note": note }));
     let read = (|| -> Result<(Vec<ChildEntry>, Vec<ChildConcluded>), JournalError> {
         Ok((
-            roll.rec.journal.read(&op.operation_id, entry::CHILD_OPERATION)?,
-            roll.rec.journal.read(&op.operation_id, entry::CHILD_CONCLUDED)?,
+            roller.rec.journal.read(&op.operation_id, entry::CHILD_OPERATION)?,
+            roller.rec.journal.read(&op.operation_id, entry::CHILD_CONCLUDED)?,
         ))
     })();
+    let mut so_far = SoFar::default();
     let (children, concluded) = match read {
         Ok(r) => r,
         Err(e) => {
-            roll.fail(format!("its journal could not be read ({e}); check the pair's units"));
-            return roll.conclude(Some(note));
+            so_far.verdict = VerdictKind::Failed;
+            so_far
+                .reasons
+                .push(format!("its journal could not be read ({e}); check the pair's units"));
+            return roller.conclude(so_far, Some(note));
         }
     };
-    roll.children = concluded.iter().map(|c| c.child.clone()).collect();
+    so_far.children = concluded.iter().map(|c| c.child.clone()).collect();
     // A child begun but killed before the roll named it: nothing was sent
     // for it (its entry comes before its first command).
-    let child_pair = format!("{}{CHILD_SUFFIX}", roll.pair.name);
-    let unfinished = roll.rec.journal.unfinished().unwrap_or_default();
+    let child_pair = format!("{}{CHILD_SUFFIX}", roller.pair.name);
+    let unfinished = roller.rec.journal.unfinished().unwrap_or_default();
     for orphan in unfinished
         .iter()
         .filter(|o| o.pair == child_pair && !children.iter().any(|c| c.operation_id == o.operation_id))
@@ -198,35 +207,39 @@ pub async fn resume(ctx: OperationContext, pair: PairConfig, op: OperationRecord
             "operation_id": orphan.operation_id, "pair": orphan.pair, "kind": orphan.kind, "verdict": "failed",
             "reasons": ["begun by a rolling restart killed before it named it; nothing was sent for it"],
         });
-        let _ = roll.rec.journal.conclude(&orphan.operation_id, "failed", &report);
+        let _ = roller.rec.journal.conclude(&orphan.operation_id, "failed", &report);
     }
+    let machine = Rolling { pair: &roller.pair };
     if let Some(stopped) = concluded
         .iter()
         .find(|c| !verdict_of(&c.child).is_some_and(VerdictKind::is_healthy))
     {
-        roll.stopped_at(stopped.index, &stopped.child);
-        return roll.conclude(Some(note));
+        machine.stopped_at(&mut so_far, stopped.index, &stopped.child);
+        return roller.conclude(so_far, Some(note));
     }
-    let next = match children.last() {
-        None => 0,
-        Some(last) if concluded.iter().any(|c| c.child.operation_id == last.operation_id) => last.index + 1,
+    let n = roller.pair.prefill.len();
+    let start = match children.last() {
+        None => roller.from(0, so_far),
+        Some(last) if concluded.iter().any(|c| c.child.operation_id == last.operation_id) => {
+            roller.from(last.index + 1, so_far)
+        }
         Some(last) => {
             let in_flight = unfinished.into_iter().find(|o| o.operation_id == last.operation_id);
             let report = match in_flight {
                 Some(child) => {
-                    let child_config = if last.index < roll.pair.prefill.len() {
-                        sub_pair(&roll.pair, last.index)
+                    let child_config = if last.index < n {
+                        sub_pair(&roller.pair, last.index)
                     } else {
-                        roll.pair.clone()
+                        roller.pair.clone()
                     };
-                    let task = crate::ops::corestart::resume(roll.ctx.clone(), child_config, child);
-                    match crate::ops::guarded(&roll.ctx.journal, &last.operation_id, task).await {
+                    let task = crate::ops::corestart::resume(roller.ctx.clone(), child_config, child);
+                    match crate::ops::guarded(&roller.ctx.journal, &last.operation_id, task).await {
                         Ok(r) => Some(r),
                         Err(panic) => std::panic::resume_unwind(Box::new(panic.0)),
                     }
                 }
                 // Concluded before the roll journaled it: its report.
-                None => roll
+                None => roller
                     .rec
                     .journal
                     .history(&child_pair, 100)
@@ -236,25 +249,23 @@ pub async fn resume(ctx: OperationContext, pair: PairConfig, op: OperationRecord
                     .and_then(|r| serde_json::from_value::<OperationReport>(r).ok()),
             };
             match report {
-                Some(r) => {
-                    if !roll.record(last.index, &last.kind, r) {
-                        return roll.conclude(Some(note));
-                    }
-                }
+                // The child in flight concluded: the step on its report.
+                Some(report) => machine.step(
+                    Roll::running(n, last.index, so_far),
+                    RollEvent::ChildConcluded {
+                        index: last.index,
+                        report: Box::new(report),
+                    },
+                    roller.rec.now_ms(),
+                ),
                 // Unreadable: that sub-pair is run again (restarting a
                 // generating unit is safe; trusting an unknown one is not).
-                None => {
-                    return {
-                        roll.from(last.index).await;
-                        roll.conclude(Some(note))
-                    };
-                }
+                None => roller.from(last.index, so_far),
             }
-            last.index + 1
         }
     };
-    roll.from(next).await;
-    roll.conclude(Some(note))
+    let so_far = roller.drive(start).await;
+    roller.conclude(so_far, Some(note))
 }
 
 /// Concludes `failed` whatever of `pair`'s roll is still running on
@@ -277,17 +288,14 @@ pub fn abandon(journal: &crate::ops::journal::Journal, pair: &PairConfig, why: &
     }
 }
 
-/// A roll under way: its recorder, and the children it ran.
-struct Roll {
+/// A roll under way: what carries out its machine's effects.
+struct Roller {
     ctx: OperationContext,
     pair: PairConfig,
     rec: Recorder,
-    children: Vec<ChildOperation>,
-    verdict: VerdictKind,
-    reasons: Vec<String>,
 }
 
-impl Roll {
+impl Roller {
     fn new(
         ctx: OperationContext,
         pair: PairConfig,
@@ -300,155 +308,54 @@ impl Roll {
             pair: pair.name.clone(),
             decode_start_policy: pair.decode_start_policy.as_str().into(),
         }));
-        Roll {
-            ctx,
-            pair,
-            rec,
-            children: Vec::new(),
-            verdict: VerdictKind::Healthy,
-            reasons: Vec::new(),
-        }
+        Roller { ctx, pair, rec }
     }
 
-    fn fail(&mut self, reason: String) {
-        self.verdict = VerdictKind::Failed;
-        self.reasons.push(reason);
+    /// The roll from child `first` on.
+    fn from(&self, first: usize, so_far: SoFar) -> Transition<Roll, RollEffect> {
+        Transition::then(
+            Roll::running(self.pair.prefill.len(), first, so_far),
+            RollEffect::RunChild { index: first },
+        )
     }
 
-    /// Stopped by the journal: failed, said first.
-    fn stopped_by_the_journal(&mut self, e: &str) {
-        self.verdict = VerdictKind::Failed;
-        self.reasons
-            .insert(0, format!("stopped: the journal could not record a step ({e})"));
-    }
-
-    /// Runs sub-pairs `first..`, one at a time, stopping at the first that
-    /// is not healthy and back in rotation; then the whole pair's
-    /// verification (index = the number of sub-pairs).
-    async fn from(&mut self, first: usize) {
-        let n = self.pair.prefill.len();
-        for i in first..=n {
-            let (kind, config) = if i < n {
-                (OperationKind::CoRestart, sub_pair(&self.pair, i))
-            } else {
-                (
-                    OperationKind::Verify {
-                        include_abort_storm: false,
+    /// Runs the roll's machine from `start` to its end.
+    async fn drive(&self, start: Transition<Roll, RollEffect>) -> SoFar {
+        let machine = Rolling { pair: &self.pair };
+        crate::ops::machine::run(&machine, &self.rec, start, |effect| async move {
+            match effect {
+                RollEffect::RunChild { index } => Some(match self.child(index).await {
+                    Ok(report) => RollEvent::ChildConcluded {
+                        index,
+                        report: Box::new(report),
                     },
-                    self.pair.clone(),
-                )
-            };
-            let report = match self.child(i, kind, config).await {
-                Ok(r) => r,
-                Err(e) => {
-                    let what = if i < n {
-                        describe(&self.pair, i)
-                    } else {
-                        "the whole pair's verification".into()
-                    };
-                    self.stopped_by_the_journal(&format!("{what}: {e}"));
-                    return;
-                }
-            };
-            if !self.record(i, kind.as_str(), report) {
-                return;
+                    Err(e) => RollEvent::ChildNotBegun {
+                        index,
+                        error: e.to_string(),
+                    },
+                }),
+                // Its write-ahead is the record.
+                RollEffect::Record(_) => None,
             }
-            // A write of the roll's that failed (its record of a child's
-            // conclusion): the journal no longer holds the roll, so it goes
-            // no further (DESIGN.md 17).
-            if let Some(e) = self.rec.journal_failure() {
-                self.stopped_by_the_journal(&e);
-                return;
-            }
-        }
+        })
+        .await
+        .into_so_far()
     }
 
-    /// Files child `i`'s report: its reasons into the roll's, its
-    /// conclusion into the journal. False when the roll stops here.
-    fn record(&mut self, i: usize, kind: &str, report: OperationReport) -> bool {
-        let n = self.pair.prefill.len();
-        let child = ChildOperation {
-            purpose: if i < n {
-                describe(&self.pair, i)
-            } else {
-                "verification".into()
-            },
-            operation_id: report.operation_id.clone(),
-            kind: kind.into(),
-            verdict: report.verdict.as_str().into(),
-            reasons: report.reasons.clone(),
-            total_ms: report.total_ms,
+    /// Runs child `index` (sub-pair `index`, or the whole pair's
+    /// verification) on `PAIR#roll`, forwarding its live progress;
+    /// journaled as child `index` before it runs.
+    async fn child(&self, index: usize) -> Result<OperationReport, JournalError> {
+        let (kind, config) = if index < self.pair.prefill.len() {
+            (OperationKind::CoRestart, sub_pair(&self.pair, index))
+        } else {
+            (
+                OperationKind::Verify {
+                    include_abort_storm: false,
+                },
+                self.pair.clone(),
+            )
         };
-        self.rec.journal(
-            entry::CHILD_CONCLUDED,
-            &ChildConcluded {
-                index: i,
-                child: child.clone(),
-            },
-        );
-        self.children.push(child.clone());
-        let healthy = report.verdict.is_healthy();
-        if i == n {
-            self.verdict = report.verdict;
-            self.reasons.push(format!(
-                "the whole pair through its router: {} (operation {})",
-                report.verdict.as_str(),
-                report.operation_id
-            ));
-            if !healthy {
-                self.reasons
-                    .extend(report.reasons.iter().take(3).map(|r| format!("  {r}")));
-            }
-            return healthy;
-        }
-        if healthy {
-            self.reasons.push(format!(
-                "{}: {}, back in rotation (operation {})",
-                child.purpose,
-                report.verdict.as_str(),
-                report.operation_id
-            ));
-            true
-        } else {
-            self.verdict = report.verdict;
-            self.stopped_at(i, &child);
-            false
-        }
-    }
-
-    /// The roll stopped at sub-pair `i` (its child's conclusion `child`).
-    fn stopped_at(&mut self, i: usize, child: &ChildOperation) {
-        let n = self.pair.prefill.len();
-        if let Some(kind) = verdict_of(child).filter(|k| !k.is_healthy()) {
-            self.verdict = kind;
-        } else {
-            self.verdict = VerdictKind::Failed;
-        }
-        self.reasons.insert(
-            0,
-            format!(
-                "the roll stopped at {}: {} (operation {}); {}",
-                child.purpose,
-                child.verdict,
-                child.operation_id,
-                if i + 1 < n {
-                    format!("sub-pairs {}..{} were not restarted and kept serving", i + 2, n)
-                } else {
-                    "it was the last".into()
-                }
-            ),
-        );
-        self.reasons.extend(child.reasons.iter().map(|r| format!("  {r}")));
-    }
-
-    /// Runs one child operation on `PAIR#roll`, forwarding its live
-    /// progress; journaled as sub-pair `index` before it runs.
-    async fn child(
-        &self,
-        index: usize,
-        kind: OperationKind,
-        config: PairConfig,
-    ) -> Result<OperationReport, JournalError> {
         let child_pair = format!("{}{CHILD_SUFFIX}", self.pair.name);
         crate::ops::child::run(
             &self.ctx,
@@ -467,22 +374,22 @@ impl Roll {
     }
 
     /// The roll's report, journaled and sent.
-    fn conclude(mut self, note: Option<String>) -> OperationReport {
+    fn conclude(&self, mut so_far: SoFar, note: Option<String>) -> OperationReport {
         if let Some(note) = note {
-            self.reasons.push(note);
+            so_far.reasons.push(note);
         }
         if let Some(e) = self.rec.journal_failure()
-            && self.verdict.is_healthy()
+            && so_far.verdict.is_healthy()
         {
-            self.stopped_by_the_journal(&e);
+            machine::stopped_by_the_journal(&mut so_far, &e);
         }
         let mut report = OperationReport {
             operation_id: self.rec.operation_id.clone(),
             pair: self.pair.name.clone(),
             kind: KIND.into(),
             decode_start_policy: self.pair.decode_start_policy.as_str().into(),
-            verdict: self.verdict,
-            reasons: std::mem::take(&mut self.reasons),
+            verdict: so_far.verdict,
+            reasons: so_far.reasons,
             steps: self.rec.steps(),
             timeline: Vec::new(),
             probes: Vec::new(),
@@ -500,7 +407,7 @@ impl Roll {
             },
             fingerprint: String::new(),
             drain: None,
-            sub_operations: std::mem::take(&mut self.children),
+            sub_operations: so_far.children,
             total_ms: self.rec.now_ms(),
         };
         if let Err(e) = self
@@ -522,7 +429,7 @@ impl Roll {
 /// The roll over the in-memory agent at paused time: a 2P2D pair whose
 /// router has the worker API (the fake models sglang-router's contract).
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::time::Duration;
 
     use pdwarden_proto::v1::{Role, RouterWorkersOp};
@@ -571,7 +478,7 @@ enabled = false
         OrchestratorConfig::from_toml_str(&text).unwrap().pairs.remove(0)
     }
 
-    fn pair() -> PairConfig {
+    pub(crate) fn pair() -> PairConfig {
         pair_with(2, 2, "")
     }
 
