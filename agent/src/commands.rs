@@ -17,6 +17,7 @@ use std::time::Duration;
 use pdwarden_proto::v1::{
     AgentMessage, Command, CommandResult, ProbeOutcome, ProbeRequest, ProbeResult, agent_message::Kind, command::Action,
 };
+use thiserror::Error;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::info;
@@ -32,6 +33,15 @@ pub const REMEMBERED_COMMANDS: usize = 4096;
 pub const DEFAULT_PROBE_TIMEOUT_MS: u64 = 30_000;
 
 type Reply = watch::Receiver<Option<AgentMessage>>;
+
+/// A watch or scrape target that is not a unit of this agent; the command is
+/// refused (its result's `error` says which).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("unknown unit {unit:?}")]
+pub struct UnknownUnit {
+    /// The unit the command named.
+    pub unit: String,
+}
 
 /// Recent command ids, oldest first, with their (eventual) replies.
 #[derive(Default)]
@@ -252,14 +262,17 @@ impl Dispatcher {
 
 impl Dispatcher {
     /// Resolves watch/scrape targets against this agent's units.
-    fn resolve_targets(&self, wanted: &[pdwarden_proto::v1::WatchTarget]) -> Result<Vec<crate::watch::Target>, String> {
+    fn resolve_targets(
+        &self,
+        wanted: &[pdwarden_proto::v1::WatchTarget],
+    ) -> Result<Vec<crate::watch::Target>, UnknownUnit> {
         wanted
             .iter()
             .map(|t| {
                 let u = self
                     .supervisor
                     .unit_config(&t.unit)
-                    .ok_or_else(|| format!("unknown unit {:?}", t.unit))?;
+                    .ok_or_else(|| UnknownUnit { unit: t.unit.clone() })?;
                 let base = u.base_url.trim_end_matches('/');
                 Ok(crate::watch::Target {
                     unit: t.unit.clone(),

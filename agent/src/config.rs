@@ -46,6 +46,14 @@ pub enum ConfigError {
     Invalid { field: String, reason: String },
 }
 
+/// A router's `--prometheus-port` whose value is not a port (1 to 65535).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("--prometheus-port {value:?} is not a port")]
+pub struct NotAPort {
+    /// The value as written in the argv.
+    pub value: String,
+}
+
 /// What happens to running units when the agent itself shuts down.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -100,6 +108,13 @@ pub struct AgentConfig {
     /// `nvml`, `none` or `fake:PATH` (a JSON file, for hosts without a GPU).
     #[serde(default = "default_gpu_source")]
     pub gpu_source: String,
+    /// The NVML library (`libnvidia-ml.so`) that `nvml` and `auto` load, an
+    /// absolute path, for a driver outside the system's library search;
+    /// absent: the system's search. A file that is missing or cannot be
+    /// loaded is no config error: GPU reporting says why, as for a missing
+    /// driver.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvml_library: Option<PathBuf>,
     /// How often GPUs and the host are sampled; a material change (a process
     /// appears, an ECC count moves) is sent at the next sample.
     #[serde(default = "default_gpu_sample_interval_ms")]
@@ -278,6 +293,7 @@ impl AgentConfig {
             shutdown_grace_ms: default_shutdown_grace_ms(),
             units: Vec::new(),
             gpu_source: default_gpu_source(),
+            nvml_library: None,
             gpu_sample_interval_ms: default_gpu_sample_interval_ms(),
             gpu_snapshot_interval_ms: default_gpu_snapshot_interval_ms(),
             metrics_listen: None,
@@ -311,9 +327,12 @@ impl AgentConfig {
         Self::from_toml_str(&text)
     }
 
-    /// The parsed `gpu_source` (`auto` if it does not parse: `validate` rejects that).
+    /// The parsed `gpu_source` (`auto` if it does not parse: `validate`
+    /// rejects that), loading NVML from `nvml_library` when set.
     pub fn gpu_source_spec(&self) -> crate::gpu::GpuSourceSpec {
-        crate::gpu::GpuSourceSpec::parse(&self.gpu_source).unwrap_or_default()
+        crate::gpu::GpuSourceSpec::parse(&self.gpu_source)
+            .unwrap_or_default()
+            .with_nvml_library(self.nvml_library.clone())
     }
 
     /// The orchestrators' URLs, in the order written (one for a single
@@ -344,6 +363,20 @@ impl AgentConfig {
         }
         crate::gpu::GpuSourceSpec::parse(&self.gpu_source)
             .map_err(|reason| invalid("gpu_source", reason.to_string()))?;
+        if let Some(library) = &self.nvml_library {
+            // Relative would depend on the agent's working directory; a NUL
+            // cannot reach dlopen. Whether the file is there is checked when
+            // NVML is opened, and reported like a missing driver.
+            if !library.is_absolute() {
+                return Err(invalid(
+                    "nvml_library",
+                    format!("{library:?} must be an absolute path to libnvidia-ml.so"),
+                ));
+            }
+            if library.as_os_str().as_encoded_bytes().contains(&0) {
+                return Err(invalid("nvml_library", "contains a NUL byte"));
+            }
+        }
         if self.gpu_sample_interval_ms == 0 {
             return Err(invalid("gpu_sample_interval_ms", "must be at least 1"));
         }
@@ -420,7 +453,7 @@ impl UnitConfig {
     /// The port of a router's Prometheus exporter: `--prometheus-port` in
     /// its argv, else [`pdwarden_engines::ROUTER_PROMETHEUS_PORT`]. An
     /// error names a value that is not a port.
-    pub fn prometheus_port(&self) -> Result<u16, String> {
+    pub fn prometheus_port(&self) -> Result<u16, NotAPort> {
         match self.arg_value("--prometheus-port") {
             None => Ok(pdwarden_engines::ROUTER_PROMETHEUS_PORT),
             Some(v) => v
@@ -428,7 +461,7 @@ impl UnitConfig {
                 .parse::<u16>()
                 .ok()
                 .filter(|p| *p != 0)
-                .ok_or_else(|| format!("--prometheus-port {v:?} is not a port")),
+                .ok_or_else(|| NotAPort { value: v.to_owned() }),
         }
     }
 
@@ -716,10 +749,11 @@ mod tests {
         assert_eq!(c.host, "local");
         assert_eq!(c.on_exit, OnExit::StopUnits);
         assert_eq!(c.shutdown_grace_ms, DEFAULT_SHUTDOWN_GRACE_MS);
-        assert_eq!(c.gpu_source_spec(), crate::gpu::GpuSourceSpec::Auto);
+        assert_eq!(c.gpu_source_spec(), crate::gpu::GpuSourceSpec::default());
         assert_eq!(c.gpu_sample_interval_ms, DEFAULT_GPU_SAMPLE_INTERVAL_MS);
         assert_eq!(c.gpu_snapshot_interval_ms, DEFAULT_GPU_SNAPSHOT_INTERVAL_MS);
         assert_eq!(c.metrics_listen, None);
+        assert_eq!(c.nvml_library, None);
         let p = c.unit("prefill-0").unwrap();
         assert_eq!(p.role, Role::Prefill);
         assert_eq!(p.env.get("KEY").map(String::as_str), Some("V"));
@@ -765,6 +799,39 @@ mod tests {
         .unwrap();
         assert_eq!(r.units[0].health_path(), "/health");
         assert_eq!(r.units[0].generation_check(), GenerationCheckSpec::ThroughRouter);
+    }
+
+    // Property: `nvml_library` reaches the GPU source that tries NVML; a
+    // file that is not there is no config error (GPU reporting says why at
+    // run time, as for a missing driver); it round-trips, and an absent one
+    // is not written.
+    #[test]
+    fn nvml_library_is_passed_to_nvml() {
+        let c = AgentConfig::from_toml_str(&format!(
+            "{HEAD}gpu_source='nvml'\nnvml_library='/nonexistent/libnvidia-ml.so.1'\n"
+        ))
+        .unwrap();
+        assert_eq!(
+            c.gpu_source_spec(),
+            crate::gpu::GpuSourceSpec::Nvml {
+                nvml_library: Some("/nonexistent/libnvidia-ml.so.1".into())
+            }
+        );
+        assert_eq!(AgentConfig::from_toml_str(&c.to_toml_string().unwrap()).unwrap(), c);
+        let auto = AgentConfig::from_toml_str(&format!("{HEAD}nvml_library='/opt/nv/libnvidia-ml.so'\n")).unwrap();
+        assert_eq!(
+            auto.gpu_source_spec(),
+            crate::gpu::GpuSourceSpec::Auto {
+                nvml_library: Some("/opt/nv/libnvidia-ml.so".into())
+            }
+        );
+        assert!(
+            !AgentConfig::from_toml_str(HEAD)
+                .unwrap()
+                .to_toml_string()
+                .unwrap()
+                .contains("nvml_library")
+        );
     }
 
     // Property: on_exit defaults to leaving units running.
@@ -866,6 +933,16 @@ mod tests {
                 "gpu_snapshot_interval_ms",
             ),
             (format!("{HEAD}metrics_listen='localhost'\n"), "metrics_listen"),
+            (
+                format!("{HEAD}nvml_library='libnvidia-ml.so.1'\n"),
+                "field `nvml_library`: \"libnvidia-ml.so.1\" must be an absolute path",
+            ),
+            (format!("{HEAD}nvml_library=''\n"), "field `nvml_library`"),
+            (
+                format!("{HEAD}nvml_library=\"/lib/nv\\u0000.so\"\n"),
+                "field `nvml_library`: contains a NUL byte",
+            ),
+            (format!("{HEAD}nvml_library=3\n"), "nvml_library"),
             (format!("{HEAD}{UNIT}engine='tgi'\n"), "engine"),
             (format!("{HEAD}{UNIT}engine='vllm-router'\n"), "engine"),
             (

@@ -42,11 +42,47 @@ pub fn prometheus_text(openmetrics: &str) -> String {
     out
 }
 
+/// Why [`promtool_check`] did not pass: promtool could not be run, or it
+/// found problems in the text.
+#[derive(Debug, thiserror::Error)]
+pub enum PromtoolError {
+    /// `promtool` is not installed (or cannot be started).
+    #[error("cannot run promtool ({source}): run scripts/setup-checks.sh (Debian's prometheus package)")]
+    CannotRun {
+        #[source]
+        source: std::io::Error,
+    },
+    /// The text could not be written to promtool.
+    #[error("promtool's stdin: {source}")]
+    Stdin {
+        #[source]
+        source: std::io::Error,
+    },
+    /// promtool's output or exit status could not be read.
+    #[error("promtool: {source}")]
+    Wait {
+        #[source]
+        source: std::io::Error,
+    },
+    /// promtool ran and found problems (or failed): what it said, trimmed.
+    #[error("promtool check metrics (exit {exit:?}): {said}")]
+    Problems { exit: Option<i32>, said: String },
+}
+
+/// Equal when the same kind of failure says the same thing (an
+/// `io::Error` has no equality of its own), so the tests that serve
+/// `/metrics` can write `assert_eq!(promtool_check(&text), Ok(()))`.
+impl PartialEq for PromtoolError {
+    fn eq(&self, other: &Self) -> bool {
+        std::mem::discriminant(self) == std::mem::discriminant(other) && self.to_string() == other.to_string()
+    }
+}
+
 /// `promtool check metrics` (Debian's `prometheus` package, which
 /// `scripts/setup-checks.sh` installs) on `text`: `Err` with what it
 /// said when it finds a problem, or when it cannot be run. For the tests of
 /// the crates that serve `/metrics`.
-pub fn promtool_check(text: &str) -> Result<(), String> {
+pub fn promtool_check(text: &str) -> Result<(), PromtoolError> {
     use std::io::Write as _;
     use std::process::{Command, Stdio};
     let mut child = Command::new("promtool")
@@ -55,13 +91,15 @@ pub fn promtool_check(text: &str) -> Result<(), String> {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("cannot run promtool ({e}): run scripts/setup-checks.sh (Debian's prometheus package)"))?;
+        .map_err(|source| PromtoolError::CannotRun { source })?;
     if let Some(mut stdin) = child.stdin.take() {
         stdin
             .write_all(text.as_bytes())
-            .map_err(|e| format!("promtool's stdin: {e}"))?;
+            .map_err(|source| PromtoolError::Stdin { source })?;
     }
-    let out = child.wait_with_output().map_err(|e| format!("promtool: {e}"))?;
+    let out = child
+        .wait_with_output()
+        .map_err(|source| PromtoolError::Wait { source })?;
     let said = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -70,11 +108,10 @@ pub fn promtool_check(text: &str) -> Result<(), String> {
     if out.status.success() && said.trim().is_empty() {
         Ok(())
     } else {
-        Err(format!(
-            "promtool check metrics (exit {:?}): {}",
-            out.status.code(),
-            said.trim()
-        ))
+        Err(PromtoolError::Problems {
+            exit: out.status.code(),
+            said: said.trim().to_owned(),
+        })
     }
 }
 
@@ -99,7 +136,8 @@ mod tests {
     fn promtool_finds_what_the_text_format_gets_wrong() {
         let om = "# HELP a_events Things that happened.\n# TYPE a_events counter\na_events_total 2\n# EOF\n";
         let e = promtool_check(om).unwrap_err();
-        assert!(e.contains("no help text"), "{e}");
+        assert!(matches!(e, PromtoolError::Problems { .. }), "{e:?}");
+        assert!(e.to_string().contains("no help text"), "{e}");
         assert_eq!(promtool_check(&prometheus_text(om)), Ok(()));
     }
 }

@@ -21,8 +21,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use pdwarden_orchestrator::edge::client::{Connection, new_request_id, status_reason};
-use pdwarden_orchestrator::ops::journal::Journal;
+use pdwarden_orchestrator::edge::client::{Connection, CouldNotRun, new_request_id, status_reason};
+use pdwarden_orchestrator::ops::journal::{Journal, JournalError};
 use pdwarden_proto::v1::{GatePairRequest, StatusRequest, operation_update};
 use serde::Serialize;
 use serde_json::Value;
@@ -30,6 +30,46 @@ use serde_json::Value;
 use crate::args::DemoArgs;
 use crate::plan::PAIR;
 use crate::stack::Stack;
+
+/// Why an operation could not be run, or the stack could not be looked at
+/// after one. Not a verdict: the soak counts it as refused, as a fault's
+/// consequence or as a violation (see [`SoakError::refused`]).
+#[derive(Debug, thiserror::Error)]
+pub enum SoakError {
+    /// The CLI's client could not connect or follow the operation.
+    #[error(transparent)]
+    CouldNotRun(#[from] CouldNotRun),
+    /// The orchestrator answered a call with an error status.
+    #[error("{}", status_reason(.0))]
+    Status(tonic::Status),
+    /// The gate's update stream failed before its report.
+    #[error("lost the gate's stream: {}", status_reason(.0))]
+    StreamLost(tonic::Status),
+    /// The gate's update stream ended before its report.
+    #[error("the gate's stream ended without a report")]
+    StreamEnded,
+    /// A report or status that is not the JSON expected.
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    /// The stack's journal could not be read.
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+    /// The blocking read of the journal did not finish (it panicked).
+    #[error(transparent)]
+    Join(#[from] tokio::task::JoinError),
+    /// Some of the pair's units have no process.
+    #[error("units not all running: {stopped:?} of {reported} reported")]
+    UnitsNotRunning { stopped: Vec<String>, reported: usize },
+}
+
+impl SoakError {
+    /// The orchestrator turned the operation away (the pair busy, the agent
+    /// not connected): no fault of the operation, counted apart.
+    fn refused(&self) -> bool {
+        let said = self.to_string();
+        said.contains("busy") || said.contains("not connected")
+    }
+}
 
 /// `pdwarden soak`'s flags.
 #[derive(clap::Args, Debug, Clone)]
@@ -175,7 +215,7 @@ pub async fn run(args: &SoakArgs) -> anyhow::Result<SoakReport> {
             .await
             .map_err(|_| anyhow::anyhow!("a {op:?} did not end within 900 s"))??;
         match (&outcome, fault) {
-            (Err(refused), _) if refused.contains("busy") || refused.contains("not connected") => {
+            (Err(refused), _) if refused.refused() => {
                 report.refused.push(format!("{op:?}: {refused}"));
             }
             // The stream of a killed orchestrator ends; its operation goes on.
@@ -259,15 +299,14 @@ fn acceptable(op: Op, verdict: &str) -> bool {
 }
 
 /// Runs one operation to its verdict (or the reason it could not run).
-async fn one(conn: Connection, op: Op, gate_n: u64) -> Result<(String, Vec<String>), String> {
+async fn one(conn: Connection, op: Op, gate_n: u64) -> Result<(String, Vec<String>), SoakError> {
     match op {
-        Op::Restart | Op::Verify => conn
+        Op::Restart | Op::Verify => Ok(conn
             .follow(PAIR, (op == Op::Verify).then_some(false), new_request_id(), |_| {})
             .await
-            .map(|r| (r.verdict.as_str().to_string(), r.reasons))
-            .map_err(|e| e.0),
+            .map(|r| (r.verdict.as_str().to_string(), r.reasons))?),
         Op::Gate => {
-            let mut client = conn.connect().await.map_err(|e| e.0)?;
+            let mut client = conn.connect().await?;
             let mut stream = client
                 .gate_pair(GatePairRequest {
                     pair: PAIR.into(),
@@ -278,13 +317,13 @@ async fn one(conn: Connection, op: Op, gate_n: u64) -> Result<(String, Vec<Strin
                     ..Default::default()
                 })
                 .await
-                .map_err(|s| status_reason(&s))?
+                .map_err(SoakError::Status)?
                 .into_inner();
             loop {
                 match stream.message().await {
                     Ok(Some(u)) => {
                         if let Some(operation_update::Kind::Report(r)) = u.kind {
-                            let v: Value = serde_json::from_str(&r.json).map_err(|e| e.to_string())?;
+                            let v: Value = serde_json::from_str(&r.json)?;
                             let reasons = v["reasons"]
                                 .as_array()
                                 .into_iter()
@@ -294,8 +333,8 @@ async fn one(conn: Connection, op: Op, gate_n: u64) -> Result<(String, Vec<Strin
                             return Ok((v["verdict"].as_str().unwrap_or("?").to_string(), reasons));
                         }
                     }
-                    Ok(None) => return Err("the gate's stream ended without a report".into()),
-                    Err(s) => return Err(format!("lost the gate's stream: {}", status_reason(&s))),
+                    Ok(None) => return Err(SoakError::StreamEnded),
+                    Err(s) => return Err(SoakError::StreamLost(s)),
                 }
             }
         }
@@ -311,7 +350,7 @@ async fn settle(stack: &Stack, report: &mut SoakReport, seen: &mut BTreeSet<Stri
         match quiet(stack).await {
             Ok(Some(h)) => break Some(h),
             Ok(None) => last = "an operation still running".into(),
-            Err(e) => last = e,
+            Err(e) => last = e.to_string(),
         }
         if Instant::now() > deadline {
             report
@@ -349,43 +388,42 @@ async fn settle(stack: &Stack, report: &mut SoakReport, seen: &mut BTreeSet<Stri
 /// unit has a process; `None` while something still runs. Read from the
 /// stack's journal itself (a gate's children, `PAIR#gate`, are no pair the
 /// orchestrator's `history` knows).
-async fn quiet(stack: &Stack) -> Result<Option<Vec<Value>>, String> {
+async fn quiet(stack: &Stack) -> Result<Option<Vec<Value>>, SoakError> {
     let path = stack.dir.path().join("journal.sqlite");
-    let all = tokio::task::spawn_blocking(move || -> Result<Option<Vec<Value>>, String> {
-        let journal = Journal::open(&path).map_err(|e| e.to_string())?;
-        if !journal.unfinished().map_err(|e| e.to_string())?.is_empty() {
+    let all = tokio::task::spawn_blocking(move || -> Result<Option<Vec<Value>>, SoakError> {
+        let journal = Journal::open(&path)?;
+        if !journal.unfinished()?.is_empty() {
             return Ok(None);
         }
         let mut all = Vec::new();
         for pair in [PAIR.to_string(), format!("{PAIR}#gate")] {
-            for op in journal.history(&pair, 50).map_err(|e| e.to_string())? {
-                all.push(serde_json::to_value(op).map_err(|e| e.to_string())?);
+            for op in journal.history(&pair, 50)? {
+                all.push(serde_json::to_value(op)?);
             }
         }
         Ok(Some(all))
     })
-    .await
-    .map_err(|e| e.to_string())??;
+    .await??;
     let Some(all) = all else { return Ok(None) };
-    let mut client = stack.connection.connect().await.map_err(|e| e.0)?;
+    let mut client = stack.connection.connect().await?;
     let status = client
         .status(StatusRequest::default())
         .await
-        .map_err(|s| status_reason(&s))?
+        .map_err(SoakError::Status)?
         .into_inner()
         .json;
-    let status: Value = serde_json::from_str(&status).map_err(|e| e.to_string())?;
+    let status: Value = serde_json::from_str(&status)?;
     let units = status["agents"][0]["units"].as_array().cloned().unwrap_or_default();
-    let stopped: Vec<&str> = units
+    let stopped: Vec<String> = units
         .iter()
         .filter(|u| u["pid"].as_u64().unwrap_or(0) == 0)
-        .filter_map(|u| u["name"].as_str())
+        .filter_map(|u| u["name"].as_str().map(str::to_owned))
         .collect();
     if units.len() != 3 || !stopped.is_empty() {
-        return Err(format!(
-            "units not all running: {stopped:?} of {} reported",
-            units.len()
-        ));
+        return Err(SoakError::UnitsNotRunning {
+            stopped,
+            reported: units.len(),
+        });
     }
     Ok(Some(all))
 }

@@ -22,6 +22,11 @@ struct Args {
     /// fixture the fake source can replay.
     #[arg(long, value_name = "SOURCE", conflicts_with = "config")]
     gpu_report: Option<String>,
+    /// With `--gpu-report`: the NVML library (`libnvidia-ml.so`) to load
+    /// instead of the system's search, as the config's `nvml_library`
+    /// (a relative path is taken from the current directory).
+    #[arg(long, value_name = "PATH", requires = "gpu_report")]
+    nvml_library: Option<PathBuf>,
     /// `human` (default) or `json`: one JSON object per line (timestamp,
     /// level, target, message and fields) for a log shipper.
     #[arg(long, value_enum, env = "PDWARDEN_LOG_FORMAT", default_value = "human")]
@@ -78,8 +83,17 @@ async fn agent() -> anyhow::Result<()> {
         LogFormat::Json => logs.json().init(),
     }
     if let Some(source) = &args.gpu_report {
-        let spec =
-            pdwarden_agent::gpu::GpuSourceSpec::parse(source).map_err(|e| anyhow::anyhow!("--gpu-report: {e}"))?;
+        // Absolute, so a bare file name is that file here, not a name for
+        // the system's library search.
+        let library = args
+            .nvml_library
+            .as_deref()
+            .map(std::path::absolute)
+            .transpose()
+            .context("--nvml-library")?;
+        let spec = pdwarden_agent::gpu::GpuSourceSpec::parse(source)
+            .map_err(|e| anyhow::anyhow!("--gpu-report: {e}"))?
+            .with_nvml_library(library);
         let json = tokio::task::spawn_blocking(move || pdwarden_agent::gpu::report_json(&spec))
             .await?
             .with_context(|| format!("--gpu-report {source}"))?;

@@ -13,6 +13,10 @@
 //!   [`GpuReading`], re-read when it changes, with an `events` list;
 //! - `none`: GPU reporting off.
 //!
+//! NVML's library is the system's `libnvidia-ml.so` unless the agent's
+//! `nvml_library` names a file; the spec carries it, so the reporter and
+//! `--gpu-report` open the same library.
+//!
 //! `auto` tries NVML and falls back to none, saying once why. Every source
 //! returns the same [`GpuReading`]s, so mapping processes to units
 //! ([`mapping`]), foreign processes and events are one code path, tested here
@@ -22,6 +26,8 @@ pub mod fake;
 pub mod mapping;
 pub mod nvml;
 pub(crate) mod reporter;
+
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -38,29 +44,53 @@ pub enum GpuError {
     ReadFailed { reason: String },
 }
 
-/// Which GPU source the config asks for (`gpu_source`).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+/// Which GPU source the config asks for (`gpu_source`), with the NVML
+/// library to load (`nvml_library`) where NVML is tried.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GpuSourceSpec {
     /// NVML if it loads, else none (saying why).
-    #[default]
-    Auto,
-    Nvml,
+    Auto {
+        /// The `libnvidia-ml.so` to load; `None`: the system's search.
+        nvml_library: Option<PathBuf>,
+    },
+    /// NVML, or a source that says why it cannot be used.
+    Nvml {
+        /// The `libnvidia-ml.so` to load; `None`: the system's search.
+        nvml_library: Option<PathBuf>,
+    },
     None,
-    Fake(std::path::PathBuf),
+    Fake(PathBuf),
+}
+
+impl Default for GpuSourceSpec {
+    fn default() -> Self {
+        Self::Auto { nvml_library: None }
+    }
 }
 
 impl GpuSourceSpec {
-    /// Parses `auto`, `nvml`, `none` or `fake:PATH` (PATH absolute or relative, not empty).
+    /// Parses `auto`, `nvml`, `none` or `fake:PATH` (PATH absolute or
+    /// relative, not empty); NVML from the system's search.
     pub fn parse(value: &str) -> Result<Self, BadGpuSource> {
         match value {
-            "auto" => Ok(Self::Auto),
-            "nvml" => Ok(Self::Nvml),
+            "auto" => Ok(Self::Auto { nvml_library: None }),
+            "nvml" => Ok(Self::Nvml { nvml_library: None }),
             "none" => Ok(Self::None),
             other => match other.strip_prefix("fake:") {
                 Some("") => Err(BadGpuSource::FakeWithoutPath),
                 Some(path) => Ok(Self::Fake(path.into())),
                 None => Err(BadGpuSource::Unknown(other.to_owned())),
             },
+        }
+    }
+
+    /// The same source, loading NVML from `library` (`None`: the system's
+    /// search). A source that never tries NVML is left as it is.
+    pub fn with_nvml_library(self, library: Option<PathBuf>) -> Self {
+        match self {
+            Self::Auto { .. } => Self::Auto { nvml_library: library },
+            Self::Nvml { .. } => Self::Nvml { nvml_library: library },
+            other => other,
         }
     }
 }
@@ -259,11 +289,11 @@ pub fn open(spec: &GpuSourceSpec) -> Box<dyn GpuSource> {
             "none",
             "GPU reporting is off (gpu_source = \"none\")",
         )),
-        GpuSourceSpec::Nvml => match nvml::NvmlSource::open() {
+        GpuSourceSpec::Nvml { nvml_library } => match nvml::NvmlSource::open(nvml_library.as_deref()) {
             Ok(s) => Box::new(s),
             Err(e) => Box::new(UnavailableSource::new("nvml", e.to_string())),
         },
-        GpuSourceSpec::Auto => match nvml::NvmlSource::open() {
+        GpuSourceSpec::Auto { nvml_library } => match nvml::NvmlSource::open(nvml_library.as_deref()) {
             Ok(s) => Box::new(s),
             Err(e) => Box::new(UnavailableSource::new(
                 "none",
@@ -308,8 +338,11 @@ mod tests {
     // Property: every documented source parses; anything else is an error that says what is allowed.
     #[test]
     fn source_spec_parses() {
-        assert_eq!(GpuSourceSpec::parse("auto"), Ok(GpuSourceSpec::Auto));
-        assert_eq!(GpuSourceSpec::parse("nvml"), Ok(GpuSourceSpec::Nvml));
+        assert_eq!(GpuSourceSpec::parse("auto"), Ok(GpuSourceSpec::default()));
+        assert_eq!(
+            GpuSourceSpec::parse("nvml"),
+            Ok(GpuSourceSpec::Nvml { nvml_library: None })
+        );
         assert_eq!(GpuSourceSpec::parse("none"), Ok(GpuSourceSpec::None));
         assert_eq!(
             GpuSourceSpec::parse("fake:/tmp/g.json"),
@@ -322,6 +355,72 @@ mod tests {
                 .to_string()
                 .contains("fake:PATH")
         );
+    }
+
+    // Property: `nvml_library` reaches the sources that try NVML and no
+    // other; a library that cannot be loaded is the reason every sample
+    // gives (`nvml`) or the reason GPU reporting is off (`auto`), naming the
+    // file, on any host, driver or not.
+    #[test]
+    fn a_missing_nvml_library_is_the_reason_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("libnvidia-ml.so.1");
+        let with = |spec: &str| {
+            GpuSourceSpec::parse(spec)
+                .unwrap()
+                .with_nvml_library(Some(missing.clone()))
+        };
+        assert_eq!(with("fake:/g.json"), GpuSourceSpec::Fake("/g.json".into()));
+        assert_eq!(with("none"), GpuSourceSpec::None);
+        let named = format!("cannot load the NVML library {}", missing.display());
+
+        let mut nvml = open(&with("nvml"));
+        assert_eq!(nvml.kind(), "nvml");
+        let e = nvml.sample().unwrap_err();
+        assert!(matches!(e, GpuError::Unavailable { .. }), "{e:?}");
+        assert!(e.to_string().starts_with(&named), "{e}");
+
+        let mut auto = open(&with("auto"));
+        assert_eq!(auto.kind(), "none");
+        let e = auto.sample().unwrap_err().to_string();
+        assert!(
+            e.starts_with(&format!("GPU reporting is off: NVML is not available ({named}")),
+            "{e}"
+        );
+    }
+
+    /// A shared library that loads but is not NVML: the C library this test
+    /// process runs on (from /proc/self/maps).
+    fn a_library_that_is_not_nvml() -> PathBuf {
+        std::fs::read_to_string("/proc/self/maps")
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(5))
+            .find(|p| {
+                std::path::Path::new(p)
+                    .file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("libc.so"))
+            })
+            .map(PathBuf::from)
+            .expect("the C library in /proc/self/maps")
+    }
+
+    // Property: the configured library is the one NVML is loaded from, on
+    // any host, driver or not: a library that loads but is not NVML fails on
+    // its first NVML symbol, which the system's search never would.
+    #[test]
+    fn the_configured_library_is_the_one_loaded() {
+        let libc = a_library_that_is_not_nvml();
+        let named = format!("the NVML library {} is too old or broken: missing", libc.display());
+        for (spec, kind) in [("nvml", "nvml"), ("auto", "none")] {
+            let spec = GpuSourceSpec::parse(spec)
+                .unwrap()
+                .with_nvml_library(Some(libc.clone()));
+            let mut source = open(&spec);
+            assert_eq!(source.kind(), kind);
+            let e = source.sample().unwrap_err().to_string();
+            assert!(e.contains(&named) && e.contains("nvmlInit_v2"), "{e}");
+        }
     }
 
     // Property: `none` never reads and says it is off by config.

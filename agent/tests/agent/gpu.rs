@@ -294,19 +294,28 @@ async fn h200_nvml_reading_replays_through_the_fake_source() {
     rig.finish().await;
 }
 
-// Property: with `gpu_source = "nvml"` on a host without the NVIDIA driver, the
-// agent says why GPU reporting is unavailable, keeps reporting host figures and
-// serving /metrics, and still executes commands.
+/// A `libnvidia-ml.so` that is not there, under `dir`: NVML cannot load, so
+/// the no-driver path runs on every host, driver or not.
+fn missing_nvml_library(dir: &Path) -> std::path::PathBuf {
+    dir.join("no-driver").join("libnvidia-ml.so.1")
+}
+
+/// What the agent says when NVML cannot be loaded from `library`.
+fn cannot_load(library: &Path) -> String {
+    format!("cannot load the NVML library {}", library.display())
+}
+
+// Property: with `gpu_source = "nvml"` where the NVIDIA driver cannot be
+// loaded, the agent says why GPU reporting is unavailable (naming the
+// library), keeps reporting host figures and serving /metrics, and still
+// executes commands.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_driver_reports_why_and_keeps_running() {
-    if nvml_present() {
-        eprintln!("an NVIDIA driver is present; the no-driver path is not exercised here");
-        return;
-    }
     let mut orch = FakeOrchestrator::start().await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port().await;
-    let extra = format!("gpu_source = \"nvml\"\nmetrics_listen = \"127.0.0.1:{port}\"");
+    let library = missing_nvml_library(dir.path());
+    let extra = format!("gpu_source = \"nvml\"\nnvml_library = {library:?}\nmetrics_listen = \"127.0.0.1:{port}\"");
     let unit = "[[unit]]\nname = \"idle-0\"\nrole = \"decode\"\nargv = [\"sleep\", \"30\"]\nbase_url = \"http://127.0.0.1:9\"\n";
     let agent = Agent::start(config(&orch.url, dir.path(), &extra, unit));
     let mut s = orch.accept().await;
@@ -314,7 +323,7 @@ async fn no_driver_reports_why_and_keeps_running() {
     assert_eq!(snap.gpu_source, "nvml");
     assert!(snap.gpus.is_empty());
     assert!(
-        snap.gpu_unavailable.contains("libnvidia-ml.so") || snap.gpu_unavailable.contains("driver"),
+        snap.gpu_unavailable.starts_with(&cannot_load(&library)),
         "reason: {}",
         snap.gpu_unavailable
     );
@@ -354,32 +363,26 @@ async fn no_driver_reports_why_and_keeps_running() {
     agent.shutdown().await;
 }
 
-// Property: `auto` without a driver falls back to no GPU reporting and says why.
+// Property: `auto` without a driver falls back to no GPU reporting and says
+// why, naming the library it could not load.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auto_without_driver_is_none_with_reason() {
-    if nvml_present() {
-        return;
-    }
     let mut orch = FakeOrchestrator::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let agent = Agent::start(config(&orch.url, dir.path(), "gpu_source = \"auto\"", ""));
+    let library = missing_nvml_library(dir.path());
+    let extra = format!("gpu_source = \"auto\"\nnvml_library = {library:?}");
+    let agent = Agent::start(config(&orch.url, dir.path(), &extra, ""));
     let mut s = orch.accept().await;
     let snap = snapshot_where(&mut s, |_| true).await;
     assert_eq!(snap.gpu_source, "none");
-    assert!(
-        snap.gpu_unavailable.contains("NVML is not available"),
-        "{}",
-        snap.gpu_unavailable
-    );
+    let want = format!("GPU reporting is off: NVML is not available ({}", cannot_load(&library));
+    assert!(snap.gpu_unavailable.starts_with(&want), "{}", snap.gpu_unavailable);
     agent.shutdown().await;
 }
 
-fn nvml_present() -> bool {
-    pdwarden_agent::gpu::nvml::NvmlSource::open().is_ok()
-}
-
 // Property: `pdwarden-agent --gpu-report` prints a reading a fake source can
-// replay, and without a driver `--gpu-report nvml` fails with the reason.
+// replay, and where the driver cannot be loaded `--gpu-report nvml` fails
+// with the reason, naming the library (`--nvml-library`).
 #[test]
 fn gpu_report_flag() {
     let dir = tempfile::tempdir().unwrap();
@@ -397,17 +400,40 @@ fn gpu_report_flag() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["gpus"][0]["processes"][0]["pid"], 7);
-    if nvml_present() {
-        return;
-    }
+    let library = missing_nvml_library(dir.path());
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_pdwarden-agent"))
-        .args(["--gpu-report", "nvml"])
+        .args(["--gpu-report", "nvml", "--nvml-library"])
+        .arg(&library)
         .output()
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("--gpu-report nvml") && err.contains("libnvidia-ml.so"),
+        err.contains("--gpu-report nvml") && err.contains(&cannot_load(&library)),
+        "{err}"
+    );
+
+    // `--nvml-library` is the library loaded, driver or not: one that loads
+    // but is not NVML (the C library) lacks NVML's first symbol.
+    let libc = std::fs::read_to_string("/proc/self/maps")
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|p| {
+            Path::new(p)
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("libc.so"))
+        })
+        .map(str::to_owned)
+        .expect("the C library in /proc/self/maps");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pdwarden-agent"))
+        .args(["--gpu-report", "nvml", "--nvml-library", &libc])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("the NVML library {libc} is too old or broken: missing")),
         "{err}"
     );
 }

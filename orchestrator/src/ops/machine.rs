@@ -80,6 +80,14 @@ pub trait Machine {
     /// The operation's state label for `state` (`history`; the serde tag).
     fn label(state: &Self::State) -> &'static str;
 
+    /// Where the states are journaled: `None` (a workflow that is the
+    /// operation) as the operation's state (`Journal::enter`, which a
+    /// resume reads back with `Journal::last_state`); `Some(kind)` (a
+    /// workflow inside another's operation, e.g. the drain inside a
+    /// co-restart) as an entry of that kind, leaving the operation's own
+    /// state alone.
+    const STATE_ENTRY: Option<&'static str> = None;
+
     /// The pure step: the next state and what it asks for.
     fn step(&self, state: Self::State, event: Self::Event, now_ms: u64) -> Transition<Self::State, Self::Effect>;
 
@@ -103,7 +111,7 @@ where
     Fut: Future<Output = Option<M::Event>>,
 {
     let mut state = start.next;
-    if let Err(e) = rec.enter(M::label(&state), &state) {
+    if let Err(e) = enter::<M>(rec, &state) {
         return machine.stopped_by_the_journal(state, &e);
     }
     let mut queue: VecDeque<M::Effect> = start.effects.into();
@@ -118,7 +126,7 @@ where
         };
         let t = machine.step(state.clone(), event, rec.now_ms());
         if t.next != state
-            && let Err(e) = rec.enter(M::label(&t.next), &t.next)
+            && let Err(e) = enter::<M>(rec, &t.next)
         {
             return machine.stopped_by_the_journal(t.next, &e);
         }
@@ -126,6 +134,14 @@ where
         queue = t.effects.into();
     }
     state
+}
+
+/// Journals `state` as `M` says (must-write).
+fn enter<M: Machine>(rec: &Recorder, state: &M::State) -> Result<(), JournalError> {
+    match M::STATE_ENTRY {
+        None => rec.enter(M::label(state), state),
+        Some(kind) => rec.write_ahead(kind, state),
+    }
 }
 
 #[cfg(test)]
