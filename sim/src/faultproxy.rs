@@ -2106,11 +2106,21 @@ mod tests {
         assert_eq!(first_words("w0 w1", 0), (String::new(), 0));
     }
 
-    fn flags(extra: &[&str]) -> Result<ProxyConfig, String> {
+    /// Why [`flags`] refused an argv: clap's parse (as the binary prints
+    /// it, one line) or the config's validation.
+    #[derive(Debug, thiserror::Error)]
+    enum BadFlags {
+        #[error("{}", one_line_clap_error(.0))]
+        Parse(clap::Error),
+        #[error(transparent)]
+        Invalid(#[from] FaultError),
+    }
+
+    fn flags(extra: &[&str]) -> Result<ProxyConfig, BadFlags> {
         let mut argv = vec!["pd-faultproxy"];
         argv.extend_from_slice(extra);
-        let args = Args::try_parse_from(argv).map_err(|e| one_line_clap_error(&e))?;
-        args.validate().map_err(|e| e.to_string())
+        let args = Args::try_parse_from(argv).map_err(BadFlags::Parse)?;
+        Ok(args.validate()?)
     }
 
     // Every bad flag is one line naming the flag.
@@ -2168,7 +2178,7 @@ mod tests {
             ),
         ];
         for (argv, flag) in cases {
-            let e = flags(argv).unwrap_err();
+            let e = flags(argv).unwrap_err().to_string();
             assert!(e.contains(flag) && !e.contains('\n'), "{argv:?}: {e}");
         }
     }

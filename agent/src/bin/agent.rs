@@ -25,7 +25,9 @@ struct Args {
     /// With `--gpu-report`: the NVML library (`libnvidia-ml.so`) to load
     /// instead of the system's search, as the config's `nvml_library`
     /// (a relative path is taken from the current directory).
-    #[arg(long, value_name = "PATH", requires = "gpu_report")]
+    // `conflicts_with` too: clap waives `requires` for an argument that
+    // conflicts with one given (`--gpu-report` with `--config`).
+    #[arg(long, value_name = "PATH", requires = "gpu_report", conflicts_with = "config")]
     nvml_library: Option<PathBuf>,
     /// `human` (default) or `json`: one JSON object per line (timestamp,
     /// level, target, message and fields) for a log shipper.

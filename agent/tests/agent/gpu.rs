@@ -436,4 +436,17 @@ fn gpu_report_flag() {
         err.contains(&format!("the NVML library {libc} is too old or broken: missing")),
         "{err}"
     );
+
+    // The flag goes with `--gpu-report` only: an agent run by `--config`
+    // takes the config's `nvml_library`, never a flag it would ignore.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pdwarden-agent"))
+        .args(["--config", "/nonexistent/agent.toml", "--nvml-library", &libc])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("'--config <PATH>' cannot be used with '--nvml-library <PATH>'"),
+        "{err}"
+    );
 }
