@@ -31,8 +31,7 @@ use tokio::time::Instant;
 
 use crate::config::{DecodeStartPolicy, PairConfig, UnitRef};
 use crate::judge::evidence::{
-    DrainEvidence, EngineCounters, EngineCounts, Evidence, NotRunning, RouterCounters, RouterWorkerCount,
-    UnreachedProof, conclude,
+    EngineCounters, EngineCounts, NotRunning, RouterCounters, RouterWorkerCount, UnreachedProof, conclude,
 };
 use crate::judge::stats::summarize;
 use crate::judge::suite::SampleOutcome;
@@ -48,8 +47,10 @@ use crate::ops::report::{
 };
 
 pub mod machine;
+pub mod stages;
 
 use machine::{Progress, Step};
+use stages::{Assessment, Stage, StageEffect, StageEvent, Stages};
 
 /// What an operation does to a pair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,8 +71,12 @@ impl OperationKind {
     }
 }
 
-/// The steps of a co-restart, in order. Each is journaled on entry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The steps of a co-restart, in order: the operation's state labels, and
+/// where a resume continues. (The stages and the order journal typed
+/// states, `stages::Stage` and `machine::CoRestart`; these are their
+/// labels.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 #[repr(u8)]
 pub enum CoRestartStep {
     /// The operation exists in the journal; nothing has been sent.
@@ -156,10 +161,6 @@ impl std::ops::Deref for Recorder {
 impl Recorder {
     fn lock(&self) -> std::sync::MutexGuard<'_, RecordedEvidence> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn transition(&self, step: CoRestartStep) -> Result<(), crate::ops::journal::JournalError> {
-        self.base.transition(step.as_str())
     }
 
     /// Journals the co-restart's typed state as it is entered.
@@ -469,6 +470,20 @@ pub fn resume_point(
     (wanted, kept)
 }
 
+/// The step a journaled typed state names: the order's own state
+/// ([`machine::CoRestart`]) or a stage's ([`Stage`]); `None` for one this
+/// version cannot read (a resume then starts over: restarting a
+/// generating unit again is safe).
+fn journaled_step(state: serde_json::Value) -> Option<CoRestartStep> {
+    let step = if state.get("stage").is_some() {
+        serde_json::from_value::<Stage>(state).map(|s| s.resume_step())
+    } else {
+        serde_json::from_value::<machine::CoRestart>(state).map(|s| s.step())
+    };
+    step.inspect_err(|e| tracing::warn!(error = %e, "the journaled co-restart state cannot be read; starting over"))
+        .ok()
+}
+
 /// Takes over an interrupted co-restart or verification (DESIGN.md 4) once
 /// its agents have re-attached: where it resumes is decided from the
 /// journaled state and the agents' current facts ([`resume_point`]), and the
@@ -492,8 +507,8 @@ pub async fn resume(
         // The typed state it last entered; the label for an operation
         // journaled before states were typed. One that cannot be read
         // starts over (restarting a generating unit again is safe).
-        let journaled = match ctx.journal.last_state::<machine::CoRestart>(&op.operation_id) {
-            Ok(Some(state)) => Some(state.step()),
+        let journaled = match ctx.journal.last_state::<serde_json::Value>(&op.operation_id) {
+            Ok(Some(state)) => journaled_step(state),
             Ok(None) => CoRestartStep::parse(&op.state),
             Err(e) => {
                 tracing::warn!(operation = %op.operation_id, error = %e, "the journaled co-restart state cannot be read; starting over");
@@ -591,7 +606,7 @@ pub async fn run_operation_from(
         }
         None => (CoRestartStep::RestartingPrefill, Vec::new(), BTreeMap::new(), None),
     };
-    let mut run = CoRestart {
+    let run = CoRestart {
         ctx,
         pair,
         rec: &rec,
@@ -611,191 +626,78 @@ pub async fn run_operation_from(
         OperationKind::CoRestart => (None, None),
         OperationKind::Verify { .. } => (Some(run.scrape_engines().await), Some(run.scrape_routers().await)),
     };
-    // A pair behind a shared serving router leaves its rotation first
-    // (ops::drain). A recovery (its trigger journaled) does not wait for a
-    // wedged pair's work, and goes on if the drain cannot be done; any
-    // other co-restart touches nothing then.
+    // A recovery (its trigger journaled) does not wait for a wedged pair's
+    // work, and goes on if the drain cannot be done.
     let recovery = kind == OperationKind::CoRestart
         && !rec
             .journal
             .read::<serde_json::Value>(&operation_id, "trigger")
             .unwrap_or_default()
             .is_empty();
-    let mut drained = match (kind, run.pair.serving_router.clone()) {
-        (OperationKind::CoRestart, Some(sr)) => {
-            let _ = rec.transition(CoRestartStep::Draining);
-            Some((
-                crate::ops::drain::drain(&*run.ctx.agents, &rec, &run.pair, &sr, !recovery).await,
-                sr,
-            ))
+    let stages = Stages {
+        kind,
+        recovery,
+        serving_router: run.pair.serving_router.is_some(),
+        xpyd: run.pair.prefill.len() > 1 || run.pair.decode.len() > 1,
+        abort_storm: match kind {
+            OperationKind::CoRestart => run.pair.suite.abort_storm.after_restart,
+            OperationKind::Verify { include_abort_storm } => include_abort_storm,
+        },
+    };
+    // The stages' effects, carried out one at a time (the runtime awaits
+    // each before the next: the lock is never contended).
+    let shared = tokio::sync::Mutex::new(run);
+    let (kept_ref, before) = (&kept, &counters_before);
+    let end = crate::ops::machine::run(&stages, &rec, stages.start(from), |effect| {
+        let shared = &shared;
+        let routers_before = &routers_before;
+        async move {
+            let mut run = shared.lock().await;
+            run.carry(effect, kind, kept_ref, before.as_ref(), routers_before.as_ref())
+                .await
         }
-        _ => None,
-    };
-    let refused = drained
-        .as_ref()
-        .and_then(|(d, _)| d.error.clone())
-        .filter(|_| !recovery);
-    let journal_error = match (kind, &refused) {
-        (_, Some(_)) => None,
-        (OperationKind::CoRestart, None) => run.drive(from).await.err(),
-        (OperationKind::Verify { .. }, None) => run.verify().await.err(),
-    };
-
-    let now = rec.now_ms();
-    let mut startups: Vec<UnitStartup> = kept.clone();
-    startups.extend(run.starts.iter().map(|s| s.evidence(now)));
-    // Units never started (gated behind one that failed) are evidence too.
-    let roles = if kind == OperationKind::CoRestart {
-        run.roles().to_vec()
-    } else {
-        Vec::new()
-    };
-    for &(role, units) in &roles {
-        for u in units {
-            if !run.starts.iter().any(|s| &s.unit == u) && !kept.iter().any(|k| k.unit == u.unit) {
-                startups.push(UnitStartup {
-                    unit: u.unit.clone(),
-                    role: role.into(),
-                    furthest: None,
-                    exited: false,
-                    lost_contact: false,
-                    last_detail: "not started".into(),
-                    waited_ms: 0,
-                    failed_checks: Vec::new(),
-                });
-            }
-        }
+    })
+    .await;
+    let mut run = shared.into_inner();
+    let mut so_far = end.into_so_far();
+    // Stopped by the journal: what the run did not get to is gathered
+    // without sending anything.
+    if !so_far.assessed {
+        let a = run.assess(kind, &kept);
+        so_far.assess(a);
     }
-    // What is live when the order stopped part-way: which units this
-    // operation restarted and which it did not (issue 32; INCIDENTS row 1).
-    let live: Vec<(String, &'static str, Restarted)> = roles
-        .iter()
-        .flat_map(|(role, units)| units.iter().map(move |u| (u, *role)))
-        .map(|(u, role)| {
-            let restarted = if kept.iter().any(|k| k.unit == u.unit) {
-                Restarted::Yes
-            } else {
-                match run.starts.iter().find(|s| &s.unit == u) {
-                    Some(s) if s.state.spawned() => Restarted::Yes,
-                    Some(s) if s.sent => Restarted::Unknown,
-                    _ => Restarted::No,
-                }
-            };
-            (u.unit.clone(), role, restarted)
-        })
-        .collect();
-    let live_lines = what_is_live(&live);
-    // The allowance is measured from restarts that started the same thing:
-    // the fingerprint of what this operation spawned.
+    if !so_far.counted {
+        let not_running = run.not_running();
+        so_far.count(not_running, rec.journal_failure());
+    }
+    if let (Some(d), Some(sr)) = (
+        so_far
+            .drain
+            .as_mut()
+            .filter(|d| d.error.is_none() && d.rejoin.is_none()),
+        run.pair.serving_router.clone(),
+    ) {
+        // Out of the rotation when the journal stopped the run: said as
+        // left out (nothing is sent for a pair that is not healthy).
+        d.rejoin = Some(crate::ops::drain::rejoin(&*run.ctx.agents, &rec, &run.pair, &sr, false).await);
+    }
+    if let Some(d) = &so_far.drain {
+        so_far.evidence.drain.lines = d.reasons();
+    }
+    so_far.evidence.notes.extend(resume_note);
+    if so_far.evidence.journal_error.is_none() {
+        so_far.evidence.journal_error = rec.journal_failure();
+    }
     let fingerprint = match kind {
         OperationKind::CoRestart => run.fingerprint(),
         OperationKind::Verify { .. } => String::new(),
     };
-    let policy = ProbePolicy {
-        warm_budget_ms: run.pair.probe.warm_budget_ms,
-        cold_allowance: cold_allowance(
-            &accepted_cold_samples(&run.ctx.journal, &run.pair.name),
-            &fingerprint,
-            run.pair.probe.cold_allowance_margin,
-            run.pair.probe.cold_allowance_ms,
-            run.pair.probe.warm_budget_ms,
-        ),
-        cold_start_possible: kind == OperationKind::CoRestart,
-        warm_probes: run.pair.probe.warm_probes,
-        cold_answers: run.pair.prefill.len().max(run.pair.decode.len()).max(1) as u32,
-        fresh_engine_answers: std::mem::take(&mut run.fresh_engine_answers),
+    let mut evidence = std::mem::take(&mut so_far.evidence);
+    let policy = match so_far.policy.take() {
+        Some(p) => p,
+        None => run.assess(kind, &kept).policy,
     };
-    // Every layer's evidence into one value (judge::evidence); the driver
-    // asks `conclude` of what it has so far only to decide whether to go on.
-    let mut evidence = Evidence {
-        startups,
-        probes: run.probes.clone(),
-        // The write that stopped the order, or else the first that failed:
-        // a journal missing part of the operation cannot conclude healthy.
-        journal_error: journal_error
-            .as_ref()
-            .map(ToString::to_string)
-            .or_else(|| rec.journal_failure()),
-        notes: live_lines,
-        drain: DrainEvidence {
-            refused: refused.is_some(),
-            ..DrainEvidence::default()
-        },
-        ..Evidence::default()
-    };
-    // xPyD: the router's policy may have sent the whole probe series to one
-    // engine of a side (sglang-router's default cache_aware does, for an
-    // idle pair's similar prompts). Each engine it did not reach is proven
-    // with a PD request straight to it before the suite, which would
-    // otherwise meet that engine's cold first answer and call it a relapse.
-    if conclude(&evidence, &policy).kind.is_healthy() && (run.pair.prefill.len() > 1 || run.pair.decode.len() > 1) {
-        let now = run.scrape_engines().await;
-        evidence.unreached = run.prove_unreached(counters_before.as_ref(), &now).await;
-    }
-    if conclude(&evidence, &policy).kind.is_healthy() {
-        let abort_storm = match kind {
-            OperationKind::CoRestart => run.pair.suite.abort_storm.after_restart,
-            OperationKind::Verify { include_abort_storm } => include_abort_storm,
-        };
-        match run.verification_suite(abort_storm).await {
-            Ok((steps, not_run)) => {
-                evidence.suite = steps;
-                evidence.suite_not_run = not_run;
-            }
-            Err(e) => evidence.journal_error = Some(e.to_string()),
-        }
-    }
-    // What a retrying router hid, from the router's own counters and the
-    // engines' (a counter not yet exposed is 0).
-    let mut engine_counters = Vec::new();
-    if evidence.journal_error.is_none() && !run.probes.is_empty() {
-        let after = run.scrape_engines().await;
-        rec.journal_entry(rec.now_ms(), "engine_counters", &after);
-        evidence.engines = engine_evidence(&run.pair, counters_before.as_ref(), &after);
-        engine_counters = after.into_values().collect();
-        let routers_after = run.scrape_routers().await;
-        rec.journal_entry(rec.now_ms(), "router_counters", &routers_after);
-        evidence.routers = router_evidence(&run.pair, routers_before.as_ref(), &routers_after);
-    }
-    if evidence.journal_error.is_none() {
-        evidence.journal_error = rec.journal_failure();
-    }
-    // A unit of the pair not running now is evidence in itself, and the
-    // agent said how it ended (issue 16, finding 7: a router killed
-    // mid-probe left only the probes' connection errors in the reasons).
-    for u in run.pair.prefill.iter().chain(&run.pair.decode).chain(&run.pair.router) {
-        if let Some(info) = run.ctx.agents.unit(&u.host, &u.unit)
-            && info.phase == Phase::Exited as i32
-        {
-            // How it ended; its log's tail is in `status` and the unit's log.
-            let how = match info.exit_detail.split("; log tail:").next().unwrap_or("") {
-                "" => "exited".to_string(),
-                d => format!("exited: {d}"),
-            };
-            evidence.not_running.push(NotRunning {
-                unit: u.unit.clone(),
-                how,
-            });
-        }
-    }
-    if let Some((d, sr)) = drained.as_mut().filter(|(d, _)| d.error.is_none()) {
-        // (A recovery that could not drain never left the rotation.)
-        let _ = rec.transition(CoRestartStep::Rejoining);
-        let healthy = conclude(&evidence, &policy).kind.is_healthy();
-        let r = crate::ops::drain::rejoin(&*run.ctx.agents, &rec, &run.pair, sr, healthy).await;
-        evidence.drain.not_put_back = healthy && !r.put_back;
-        d.rejoin = Some(r);
-    }
-    if let Some((d, _)) = &drained {
-        evidence.drain.lines = d.reasons();
-    }
-    evidence.notes.extend(resume_note);
-    // Its failure is noted as any other (no await from here to the
-    // conclusion's write: nothing happens in between).
-    let _ = rec.transition(CoRestartStep::Concluded);
-    if evidence.journal_error.is_none() {
-        evidence.journal_error = rec.journal_failure();
-    }
+    let engine_counters = std::mem::take(&mut so_far.engine_counters);
     let verdict = conclude(&evidence, &policy);
     let suite_steps = std::mem::take(&mut evidence.suite);
     let router_counters = std::mem::take(&mut evidence.routers);
@@ -834,7 +736,7 @@ pub async fn run_operation_from(
         warm_budget_ms: policy.warm_budget_ms,
         cold_allowance: policy.cold_allowance,
         fingerprint,
-        drain: drained.map(|(d, _)| d),
+        drain: so_far.drain.take(),
         sub_operations: Vec::new(),
         total_ms: rec.now_ms(),
     };
@@ -1207,6 +1109,182 @@ impl CoRestart<'_> {
         }
     }
 
+    /// Carries out one effect of the stages (`stages::Stages`) and says
+    /// what it found. `kept`: units a resume found generating; `before`:
+    /// the counters a verification read before its requests.
+    async fn carry(
+        &mut self,
+        effect: StageEffect,
+        kind: OperationKind,
+        kept: &[UnitStartup],
+        before: Option<&BTreeMap<String, EngineCounterRecord>>,
+        routers_before: Option<&BTreeMap<String, RouterScrape>>,
+    ) -> Option<StageEvent> {
+        let rec = self.rec;
+        Some(match effect {
+            StageEffect::Drain { wait } => {
+                let record = match self.pair.serving_router.clone() {
+                    Some(sr) => crate::ops::drain::drain(&*self.ctx.agents, rec, &self.pair, &sr, wait).await,
+                    None => crate::ops::report::DrainRecord {
+                        error: Some("the pair has no serving router".into()),
+                        ..Default::default()
+                    },
+                };
+                StageEvent::Drained(Box::new(record))
+            }
+            StageEffect::RunOrder { from } => StageEvent::OrderRan {
+                journal_error: match kind {
+                    OperationKind::CoRestart => self.drive(from).await.err().map(|e| e.to_string()),
+                    OperationKind::Verify { .. } => {
+                        self.verify().await;
+                        None
+                    }
+                },
+            },
+            StageEffect::Assess => StageEvent::Assessed(Box::new(self.assess(kind, kept))),
+            StageEffect::ProveUnreached => {
+                let now = self.scrape_engines().await;
+                StageEvent::Proven(self.prove_unreached(before, &now).await)
+            }
+            StageEffect::RunSuite { abort_storm } => {
+                StageEvent::SuiteRan(self.verification_suite(abort_storm).await.map_err(|e| e.to_string()))
+            }
+            StageEffect::ReadCounters { scrape } => {
+                // What a retrying router hid, from the router's own
+                // counters and the engines' (a counter not yet exposed is 0).
+                let (mut engines, mut routers, mut engine_counters) = (Vec::new(), Vec::new(), Vec::new());
+                if scrape {
+                    let after = self.scrape_engines().await;
+                    rec.journal_entry(rec.now_ms(), "engine_counters", &after);
+                    engines = engine_evidence(&self.pair, before, &after);
+                    engine_counters = after.into_values().collect();
+                    let routers_after = self.scrape_routers().await;
+                    rec.journal_entry(rec.now_ms(), "router_counters", &routers_after);
+                    routers = router_evidence(&self.pair, routers_before, &routers_after);
+                }
+                StageEvent::Counted {
+                    engines,
+                    routers,
+                    engine_counters,
+                    not_running: self.not_running(),
+                    journal_failure: rec.journal_failure(),
+                }
+            }
+            StageEffect::Rejoin { healthy } => {
+                let record = match self.pair.serving_router.clone() {
+                    Some(sr) => crate::ops::drain::rejoin(&*self.ctx.agents, rec, &self.pair, &sr, healthy).await,
+                    None => crate::ops::report::RejoinRecord::default(),
+                };
+                StageEvent::Rejoined(Box::new(record))
+            }
+        })
+    }
+
+    /// The order's evidence, once it is over or stopped (reads only): the
+    /// units' start-ups (those never started too), what is live if it
+    /// stopped part-way, the probes, and the budgets they are judged by.
+    fn assess(&mut self, kind: OperationKind, kept: &[UnitStartup]) -> Assessment {
+        let now = self.rec.now_ms();
+        let mut startups: Vec<UnitStartup> = kept.to_vec();
+        startups.extend(self.starts.iter().map(|s| s.evidence(now)));
+        // Units never started (gated behind one that failed) are evidence too.
+        let roles = if kind == OperationKind::CoRestart {
+            self.roles().to_vec()
+        } else {
+            Vec::new()
+        };
+        for &(role, units) in &roles {
+            for u in units {
+                if !self.starts.iter().any(|s| &s.unit == u) && !kept.iter().any(|k| k.unit == u.unit) {
+                    startups.push(UnitStartup {
+                        unit: u.unit.clone(),
+                        role: role.into(),
+                        furthest: None,
+                        exited: false,
+                        lost_contact: false,
+                        last_detail: "not started".into(),
+                        waited_ms: 0,
+                        failed_checks: Vec::new(),
+                    });
+                }
+            }
+        }
+        // What is live when the order stopped part-way: which units this
+        // operation restarted and which it did not (issue 32; INCIDENTS row 1).
+        let live: Vec<(String, &'static str, Restarted)> = roles
+            .iter()
+            .flat_map(|(role, units)| units.iter().map(move |u| (u, *role)))
+            .map(|(u, role)| {
+                let restarted = if kept.iter().any(|k| k.unit == u.unit) {
+                    Restarted::Yes
+                } else {
+                    match self.starts.iter().find(|s| &s.unit == u) {
+                        Some(s) if s.state.spawned() => Restarted::Yes,
+                        Some(s) if s.sent => Restarted::Unknown,
+                        _ => Restarted::No,
+                    }
+                };
+                (u.unit.clone(), role, restarted)
+            })
+            .collect();
+        // The allowance is measured from restarts that started the same
+        // thing: the fingerprint of what this operation spawned.
+        let fingerprint = match kind {
+            OperationKind::CoRestart => self.fingerprint(),
+            OperationKind::Verify { .. } => String::new(),
+        };
+        let policy = ProbePolicy {
+            warm_budget_ms: self.pair.probe.warm_budget_ms,
+            cold_allowance: cold_allowance(
+                &accepted_cold_samples(&self.ctx.journal, &self.pair.name),
+                &fingerprint,
+                self.pair.probe.cold_allowance_margin,
+                self.pair.probe.cold_allowance_ms,
+                self.pair.probe.warm_budget_ms,
+            ),
+            cold_start_possible: kind == OperationKind::CoRestart,
+            warm_probes: self.pair.probe.warm_probes,
+            cold_answers: self.pair.prefill.len().max(self.pair.decode.len()).max(1) as u32,
+            fresh_engine_answers: std::mem::take(&mut self.fresh_engine_answers),
+        };
+        Assessment {
+            startups,
+            probes: self.probes.clone(),
+            live: what_is_live(&live),
+            policy,
+            journal_failure: self.rec.journal_failure(),
+        }
+    }
+
+    /// The pair's units not running now, with how each ended by its agent
+    /// (issue 16, finding 7: a router killed mid-probe left only the
+    /// probes' connection errors in the reasons).
+    fn not_running(&self) -> Vec<NotRunning> {
+        let mut out = Vec::new();
+        for u in self
+            .pair
+            .prefill
+            .iter()
+            .chain(&self.pair.decode)
+            .chain(&self.pair.router)
+        {
+            if let Some(info) = self.ctx.agents.unit(&u.host, &u.unit)
+                && info.phase == Phase::Exited as i32
+            {
+                // How it ended; its log's tail is in `status` and the unit's log.
+                let how = match info.exit_detail.split("; log tail:").next().unwrap_or("") {
+                    "" => "exited".to_string(),
+                    d => format!("exited: {d}"),
+                };
+                out.push(NotRunning {
+                    unit: u.unit.clone(),
+                    how,
+                });
+            }
+        }
+        out
+    }
+
     /// How far the start `command_id` has got, for the machine.
     fn progress(&self, command_id: &str) -> Progress {
         let Some(s) = self.starts.iter().find(|s| s.command_id == command_id) else {
@@ -1530,10 +1608,8 @@ impl CoRestart<'_> {
 
     /// A verification: the probe series through the first router (over the
     /// pair's own KV path without one), nothing restarted.
-    async fn verify(&mut self) -> Result<(), crate::ops::journal::JournalError> {
-        self.rec.transition(CoRestartStep::Probing)?;
+    async fn verify(&mut self) {
         self.probe().await;
-        Ok(())
     }
 
     /// Probes through `router`. `readiness` is the router's readiness
@@ -1821,7 +1897,6 @@ impl CoRestart<'_> {
         if plan.is_empty() || self.pair.router.is_empty() {
             return Ok((Vec::new(), Vec::new()));
         }
-        self.rec.transition(CoRestartStep::Verifying)?;
         let baseline = last_healthy_suite(&self.ctx.journal, &self.pair.name);
         let budgets = self.suite_budgets();
         self.rec.journal_entry(self.rec.now_ms(), "suite_budgets", &budgets);
