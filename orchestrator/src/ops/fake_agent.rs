@@ -1059,4 +1059,48 @@ enabled = false
         let _ = task.await;
         true
     }
+
+    /// The one kill-at-every-point harness (issue 33: the loop was written
+    /// once per workflow). `fresh` makes a new world (a journal, an agent,
+    /// the operation begun); `run` the workflow's future over it; `entries`
+    /// counts the journal entries it has written so far (its children's
+    /// too, where it has some). One whole run counts the points; then, for
+    /// each point `k`, a fresh world whose workflow is killed at the first
+    /// await after its `k`-th entry is handed to `check` (which takes it
+    /// over and asserts). A run that finished before entry `k` is skipped.
+    /// Returns the number of entries of a whole run.
+    pub(crate) async fn kill_at_every_point<W, F>(
+        fresh: impl AsyncFn() -> W,
+        run: impl Fn(&W) -> F,
+        entries: impl Fn(&W) -> usize,
+        mut check: impl AsyncFnMut(usize, W),
+    ) -> usize
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        let whole = {
+            let world = fresh().await;
+            run(&world).await;
+            entries(&world)
+        };
+        for k in 1..whole {
+            let world = fresh().await;
+            let task = tokio::spawn(run(&world));
+            // Bounded: a whole run takes a few simulated seconds.
+            for _ in 0..600_000 {
+                if task.is_finished() || entries(&world) >= k {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            if task.is_finished() {
+                continue;
+            }
+            task.abort();
+            let _ = task.await;
+            check(k, world).await;
+        }
+        whole
+    }
 }

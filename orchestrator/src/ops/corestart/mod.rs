@@ -2483,7 +2483,7 @@ probe_timeout_ms = 120000
 #[cfg(test)]
 mod driver_tests {
     use super::*;
-    use crate::ops::fake_agent::rig::{UNITS, agent, journal, kill_after_entry, orchestrator};
+    use crate::ops::fake_agent::rig::{UNITS, agent, journal, kill_at_every_point, orchestrator};
 
     fn pair(policy: &str) -> PairConfig {
         crate::ops::fake_agent::rig::pair(policy, "")
@@ -2673,67 +2673,52 @@ mod driver_tests {
             let automatic = policy.contains("recovery");
             let policy_name = policy;
             let policy = policy.split(',').next().unwrap();
-            let entries_of_a_whole_run = {
-                let dir = tempfile::tempdir().unwrap();
-                let journal = journal(&dir);
-                let agent = agent();
-                let id = begin(&journal);
-                let (tx, _rx) = mpsc::unbounded_channel();
-                run_operation(
-                    orchestrator(&journal, &agent).await,
-                    pair(policy),
-                    id.clone(),
-                    OperationKind::CoRestart,
-                    tx,
-                )
-                .await;
-                journal.entries(&id).unwrap().len()
-            };
-            assert!(entries_of_a_whole_run > 10);
             let mut states_killed_in = std::collections::BTreeSet::new();
-            for k in 1..entries_of_a_whole_run {
-                let dir = tempfile::tempdir().unwrap();
-                let journal = journal(&dir);
-                let agent = agent();
-                let id = begin(&journal);
-                let (tx, _rx) = mpsc::unbounded_channel();
-                let first = run_operation(
-                    orchestrator(&journal, &agent).await,
-                    pair(policy),
-                    id.clone(),
-                    OperationKind::CoRestart,
-                    tx,
-                );
-                if !kill_after_entry(&journal, &id, k, first).await {
-                    continue;
-                }
-                let op = journal
-                    .unfinished()
-                    .unwrap()
-                    .pop()
-                    .expect("the killed operation is unfinished");
-                states_killed_in.insert(op.state.clone());
-                let state = op.state.clone();
-                let report = resume(orchestrator(&journal, &agent).await, pair(policy), op).await;
-                let at = format!("{policy_name}, killed after entry {k} in state {state}");
-                if automatic {
-                    let op = journal.history("p", 1).unwrap().pop().unwrap();
-                    assert!(op.trigger.is_some(), "{at}: the recovery's trigger is kept");
-                    assert_eq!(op.request_id.as_deref(), Some(format!("auto-{id}").as_str()), "{at}");
-                }
-                assert!(report.verdict.is_healthy(), "{at}: {:?}", report.reasons);
-                for u in UNITS {
-                    assert_eq!(agent.starts_of(u), 1, "{at}: {u} started again: {:?}", agent.executed());
-                }
-                assert!(
-                    report
-                        .reasons
-                        .iter()
-                        .any(|r| r.starts_with("resumed after an orchestrator restart")),
-                    "{at}: {:?}",
-                    report.reasons
-                );
-            }
+            let entries_of_a_whole_run = kill_at_every_point(
+                async || {
+                    let dir = tempfile::tempdir().unwrap();
+                    let journal = journal(&dir);
+                    let agent = agent();
+                    let id = begin(&journal);
+                    let ctx = orchestrator(&journal, &agent).await;
+                    (dir, journal, agent, id, ctx)
+                },
+                |(_, _, _, id, ctx)| {
+                    let (tx, _rx) = mpsc::unbounded_channel();
+                    run_operation(ctx.clone(), pair(policy), id.clone(), OperationKind::CoRestart, tx)
+                },
+                |(_, journal, _, id, _)| journal.entries(id).unwrap().len(),
+                async |k, (_dir, journal, agent, id, _)| {
+                    let op = journal
+                        .unfinished()
+                        .unwrap()
+                        .pop()
+                        .expect("the killed operation is unfinished");
+                    states_killed_in.insert(op.state.clone());
+                    let state = op.state.clone();
+                    let report = resume(orchestrator(&journal, &agent).await, pair(policy), op).await;
+                    let at = format!("{policy_name}, killed after entry {k} in state {state}");
+                    if automatic {
+                        let op = journal.history("p", 1).unwrap().pop().unwrap();
+                        assert!(op.trigger.is_some(), "{at}: the recovery's trigger is kept");
+                        assert_eq!(op.request_id.as_deref(), Some(format!("auto-{id}").as_str()), "{at}");
+                    }
+                    assert!(report.verdict.is_healthy(), "{at}: {:?}", report.reasons);
+                    for u in UNITS {
+                        assert_eq!(agent.starts_of(u), 1, "{at}: {u} started again: {:?}", agent.executed());
+                    }
+                    assert!(
+                        report
+                            .reasons
+                            .iter()
+                            .any(|r| r.starts_with("resumed after an orchestrator restart")),
+                        "{at}: {:?}",
+                        report.reasons
+                    );
+                },
+            )
+            .await;
+            assert!(entries_of_a_whole_run > 10);
             for s in ["restarting_prefill", "restarting_router", "probing"] {
                 assert!(
                     states_killed_in.contains(s),

@@ -236,7 +236,7 @@ mod driver_tests {
     use tokio::sync::mpsc;
 
     use crate::ops::corestart::{OperationContext, OperationKind, resume, run_operation};
-    use crate::ops::fake_agent::rig::{UNITS, journal, kill_after_entry, orchestrator};
+    use crate::ops::fake_agent::rig::{UNITS, journal, kill_at_every_point, orchestrator};
     use crate::ops::fake_agent::{FakeAgent, UnitModel};
     use crate::ops::journal::Journal;
     use crate::ops::report::OperationReport;
@@ -636,57 +636,48 @@ mod driver_tests {
     /// end, and never in rotation while one of its units restarts.
     #[tokio::test(start_paused = true)]
     async fn killed_at_every_point_a_drained_co_restart_starts_each_unit_once_and_rejoins() {
-        let entries_of_a_whole_run = {
-            let dir = tempfile::tempdir().unwrap();
-            let journal = journal(&dir);
-            let agent = agent();
-            let id = begin(&journal, None);
-            let (tx, _rx) = mpsc::unbounded_channel();
-            run_operation(
-                orchestrator(&journal, &agent).await,
-                pair("shared-router", 60_000),
-                id.clone(),
-                OperationKind::CoRestart,
-                tx,
-            )
-            .await;
-            journal.entries(&id).unwrap().len()
-        };
         let mut states = std::collections::BTreeSet::new();
-        for k in 1..entries_of_a_whole_run {
-            let dir = tempfile::tempdir().unwrap();
-            let journal = journal(&dir);
-            let agent = agent();
-            let id = begin(&journal, None);
-            let (tx, _rx) = mpsc::unbounded_channel();
-            let first = run_operation(
-                orchestrator(&journal, &agent).await,
-                pair("shared-router", 60_000),
-                id.clone(),
-                OperationKind::CoRestart,
-                tx,
-            );
-            if !kill_after_entry(&journal, &id, k, first).await {
-                continue;
-            }
-            let op = journal.unfinished().unwrap().pop().unwrap();
-            let at = format!("killed after entry {k} in state {}", op.state);
-            states.insert(op.state.clone());
-            let resumed = tokio::spawn(resume(
-                orchestrator(&journal, &agent).await,
-                pair("shared-router", 60_000),
-                op,
-            ));
-            let rotation = watch_rotation(&agent, &resumed);
-            let report = resumed.await.unwrap();
-            assert!(report.verdict.is_healthy(), "{at}: {:?}", report.reasons);
-            for u in UNITS {
-                assert_eq!(agent.starts_of(u), 1, "{at}: {:?}", agent.executed());
-            }
-            let listed = agent.router_lists();
-            assert!(OURS.iter().all(|u| listed.iter().any(|l| l == u)), "{at}: {listed:?}");
-            assert!(rotation.await.unwrap().is_empty(), "{at}: in rotation while restarting");
-        }
+        kill_at_every_point(
+            async || {
+                let dir = tempfile::tempdir().unwrap();
+                let journal = journal(&dir);
+                let agent = agent();
+                let id = begin(&journal, None);
+                let ctx = orchestrator(&journal, &agent).await;
+                (dir, journal, agent, id, ctx)
+            },
+            |(_, _, _, id, ctx)| {
+                let (tx, _rx) = mpsc::unbounded_channel();
+                run_operation(
+                    ctx.clone(),
+                    pair("shared-router", 60_000),
+                    id.clone(),
+                    OperationKind::CoRestart,
+                    tx,
+                )
+            },
+            |(_, journal, _, id, _)| journal.entries(id).unwrap().len(),
+            async |k, (_dir, journal, agent, _, _)| {
+                let op = journal.unfinished().unwrap().pop().unwrap();
+                let at = format!("killed after entry {k} in state {}", op.state);
+                states.insert(op.state.clone());
+                let resumed = tokio::spawn(resume(
+                    orchestrator(&journal, &agent).await,
+                    pair("shared-router", 60_000),
+                    op,
+                ));
+                let rotation = watch_rotation(&agent, &resumed);
+                let report = resumed.await.unwrap();
+                assert!(report.verdict.is_healthy(), "{at}: {:?}", report.reasons);
+                for u in UNITS {
+                    assert_eq!(agent.starts_of(u), 1, "{at}: {:?}", agent.executed());
+                }
+                let listed = agent.router_lists();
+                assert!(OURS.iter().all(|u| listed.iter().any(|l| l == u)), "{at}: {listed:?}");
+                assert!(rotation.await.unwrap().is_empty(), "{at}: in rotation while restarting");
+            },
+        )
+        .await;
         for s in ["draining", "restarting_prefill", "probing", "rejoining"] {
             assert!(states.contains(s), "never killed in {s}: {states:?}");
         }

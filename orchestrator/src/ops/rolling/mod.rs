@@ -765,66 +765,56 @@ enabled = false
     /// exactly once, the router lists every engine, nothing is left running.
     #[tokio::test(start_paused = true)]
     async fn killed_at_every_point_the_roll_starts_each_engine_once() {
-        let whole = {
-            let dir = tempfile::tempdir().unwrap();
-            let journal = journal(&dir);
-            let agent = agent();
-            let id = begin(&journal);
-            let (tx, _rx) = mpsc::unbounded_channel();
-            run(orchestrator(&journal, &agent).await, pair(), id.clone(), tx).await;
-            entries_so_far(&journal, &id)
-        };
-        assert!(whole > 30, "{whole}");
         let mut killed_in = std::collections::BTreeSet::new();
-        for k in 1..whole {
-            let dir = tempfile::tempdir().unwrap();
-            let journal = journal(&dir);
-            let agent = agent();
-            let id = begin(&journal);
-            let (tx, _rx) = mpsc::unbounded_channel();
-            let task = tokio::spawn(run(orchestrator(&journal, &agent).await, pair(), id.clone(), tx));
-            for _ in 0..600_000 {
-                if task.is_finished() || entries_so_far(&journal, &id) >= k {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-            if task.is_finished() {
-                continue;
-            }
-            task.abort();
-            let _ = task.await;
-            let unfinished = journal.unfinished().unwrap();
-            let op = unfinished
-                .iter()
-                .find(|o| o.kind == KIND)
-                .expect("the roll is unfinished")
-                .clone();
-            if let Some(child) = unfinished.iter().find(|o| o.pair == "p#roll") {
-                killed_in.insert(format!("{} {}", child.kind, child.state));
-            }
-            let report = resume(orchestrator(&journal, &agent).await, pair(), op).await;
-            let at = format!("killed after entry {k} of {whole}");
-            assert!(report.verdict.is_healthy(), "{at}: {:#?}", report.reasons);
-            for u in ENGINES {
-                assert_eq!(agent.starts_of(u), 1, "{at}: {u} started again: {:?}", agent.executed());
-            }
-            assert_eq!(agent.starts_of("router-0"), 0, "{at}");
-            assert_eq!(
-                sorted(agent.router_lists()),
-                sorted(ENGINES.iter().map(|u| url(u)).collect()),
-                "{at}"
-            );
-            assert!(journal.unfinished().unwrap().is_empty(), "{at}");
-            assert!(
-                report
-                    .reasons
+        let whole = crate::ops::fake_agent::rig::kill_at_every_point(
+            async || {
+                let dir = tempfile::tempdir().unwrap();
+                let journal = journal(&dir);
+                let agent = agent();
+                let id = begin(&journal);
+                let ctx = orchestrator(&journal, &agent).await;
+                (dir, journal, agent, id, ctx)
+            },
+            |(_, _, _, id, ctx)| {
+                let (tx, _rx) = mpsc::unbounded_channel();
+                run(ctx.clone(), pair(), id.clone(), tx)
+            },
+            |(_, journal, _, id, _)| entries_so_far(journal, id),
+            async |k, (_dir, journal, agent, _, _)| {
+                let unfinished = journal.unfinished().unwrap();
+                let op = unfinished
                     .iter()
-                    .any(|r| r.starts_with("resumed after an orchestrator restart")),
-                "{at}: {:#?}",
-                report.reasons
-            );
-        }
+                    .find(|o| o.kind == KIND)
+                    .expect("the roll is unfinished")
+                    .clone();
+                if let Some(child) = unfinished.iter().find(|o| o.pair == "p#roll") {
+                    killed_in.insert(format!("{} {}", child.kind, child.state));
+                }
+                let report = resume(orchestrator(&journal, &agent).await, pair(), op).await;
+                let at = format!("killed after entry {k}");
+                assert!(report.verdict.is_healthy(), "{at}: {:#?}", report.reasons);
+                for u in ENGINES {
+                    assert_eq!(agent.starts_of(u), 1, "{at}: {u} started again: {:?}", agent.executed());
+                }
+                assert_eq!(agent.starts_of("router-0"), 0, "{at}");
+                assert_eq!(
+                    sorted(agent.router_lists()),
+                    sorted(ENGINES.iter().map(|u| url(u)).collect()),
+                    "{at}"
+                );
+                assert!(journal.unfinished().unwrap().is_empty(), "{at}");
+                assert!(
+                    report
+                        .reasons
+                        .iter()
+                        .any(|r| r.starts_with("resumed after an orchestrator restart")),
+                    "{at}: {:#?}",
+                    report.reasons
+                );
+            },
+        )
+        .await;
+        assert!(whole > 30, "{whole}");
         for s in [
             "co_restart restarting_prefill",
             "co_restart draining",
