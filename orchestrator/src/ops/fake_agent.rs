@@ -1037,6 +1037,61 @@ enabled = false
         }
     }
 
+    /// Makes every write of `journal` fail from the operation's own
+    /// `fail_from`-th write on (0-based, counted from now; `None`: none
+    /// fails). Returns the writes so far, to count the operation's own.
+    pub(crate) fn fail_writes_from(journal: &Journal, fail_from: Option<usize>) -> usize {
+        let before = journal.writes_seen();
+        if let Some(n) = fail_from {
+            journal.fail_writes(before + n + 1..=before + n + 100_000);
+        }
+        before
+    }
+
+    /// The one fail-from-every-write harness (issue 32's tests, written
+    /// once per workflow before issue 33): `attempt(fail_from)` runs the
+    /// workflow in a fresh world whose journal fails from its own
+    /// `fail_from`-th write on ([`fail_writes_from`]) and returns the world
+    /// and the operation's own writes. The clean run is handed to `clean`;
+    /// then every write in turn is the first to fail, and `check` returns
+    /// what that run broke. Asserts nothing was; returns the clean run's
+    /// number of writes.
+    pub(crate) async fn fail_from_every_write<W>(
+        attempt: impl AsyncFn(Option<usize>) -> (W, usize),
+        clean: impl FnOnce(&W, usize),
+        mut check: impl AsyncFnMut(usize, usize, W) -> Vec<String>,
+    ) -> usize {
+        let (world, total) = attempt(None).await;
+        clean(&world, total);
+        drop(world);
+        let mut broken = Vec::new();
+        for n in 0..total {
+            let (world, _) = attempt(Some(n)).await;
+            broken.extend(check(n, total, world).await);
+        }
+        assert!(
+            broken.is_empty(),
+            "{} violations of {total} runs: {broken:#?}",
+            broken.len()
+        );
+        total
+    }
+
+    /// After a run whose journal failed: the disk has room again, the
+    /// pending conclusions are written, and a while later nothing of it
+    /// may be left running. What was, as violations.
+    pub(crate) async fn healed_nothing_running(journal: &Journal, at: &str) -> Vec<String> {
+        journal.heal();
+        journal.flush_pending();
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        let open: Vec<String> = journal.unfinished().unwrap().into_iter().map(|o| o.pair).collect();
+        if open.is_empty() {
+            Vec::new()
+        } else {
+            vec![format!("{at}: left running once the disk had room: {open:?}")]
+        }
+    }
+
     /// Runs `op` (operation `id`) and kills it at the first await after its
     /// `k`-th journal entry. False when it finished before that.
     pub(crate) async fn kill_after_entry<F>(journal: &Journal, id: &str, k: usize, op: F) -> bool

@@ -1148,83 +1148,84 @@ mod driver_tests {
     /// said to break the pair's KV transfer (INCIDENTS row 1).
     #[tokio::test(start_paused = true)]
     async fn a_journal_that_fails_at_any_write_never_starts_a_unit_unrecorded() {
+        use crate::ops::fake_agent::rig::{fail_from_every_write, fail_writes_from};
         struct Run {
             report: OperationReport,
-            writes: usize,
             agent: crate::ops::fake_agent::FakeAgent,
             commands: Vec<CommandEntry>,
         }
-        async fn run(policy: &str, fail_from: Option<usize>) -> Run {
-            let dir = tempfile::tempdir().unwrap();
-            let journal = journal(&dir);
-            let agent = agent();
-            let ctx = orchestrator(&journal, &agent).await;
-            let id = begin(&journal);
-            // The journal counts writes from its first (the begin): the
-            // operation's own writes are those after.
-            let before = journal.writes_seen();
-            if let Some(n) = fail_from {
-                journal.fail_writes(before + n + 1..=before + n + 100_000);
-            }
-            let (tx, _rx) = mpsc::unbounded_channel();
-            let report = run_operation(ctx, pair(policy), id.clone(), OperationKind::CoRestart, tx).await;
-            let writes = journal.writes_seen() - before;
-            let commands = journal.commands(&id).unwrap();
-            Run {
-                report,
-                writes,
-                agent,
-                commands,
-            }
-        }
         for policy in ["after-prefill-ready", "overlap"] {
-            let healthy = run(policy, None).await;
-            assert!(healthy.report.verdict.is_healthy(), "{:?}", healthy.report.reasons);
-            let total = healthy.writes;
-            assert!(total > 10, "{total} writes");
-            let mut broken = Vec::new();
-            for n in 0..total {
-                let r = run(policy, Some(n)).await;
-                let at = format!("{policy}, writes failing from write {n} of {total}");
-                let reasons = &r.report.reasons;
-                // (a) Nothing started unrecorded.
-                for e in r.agent.executed() {
-                    if !r.commands.iter().any(|c| c.command_id == e.command_id) {
-                        broken.push(format!("{at}: {} started without its write-ahead entry", e.unit));
+            fail_from_every_write(
+                async |fail_from| {
+                    let dir = tempfile::tempdir().unwrap();
+                    let journal = journal(&dir);
+                    let agent = agent();
+                    let ctx = orchestrator(&journal, &agent).await;
+                    let id = begin(&journal);
+                    // The journal counts writes from its first (the begin):
+                    // the operation's own writes are those after.
+                    let before = fail_writes_from(&journal, fail_from);
+                    let (tx, _rx) = mpsc::unbounded_channel();
+                    let report = run_operation(ctx, pair(policy), id.clone(), OperationKind::CoRestart, tx).await;
+                    let writes = journal.writes_seen() - before;
+                    let commands = journal.commands(&id).unwrap();
+                    (
+                        Run {
+                            report,
+                            agent,
+                            commands,
+                        },
+                        writes,
+                    )
+                },
+                |healthy, total| {
+                    assert!(healthy.report.verdict.is_healthy(), "{:?}", healthy.report.reasons);
+                    assert!(total > 10, "{total} writes");
+                },
+                async |n, total, r| {
+                    let mut broken = Vec::new();
+                    let at = format!("{policy}, writes failing from write {n} of {total}");
+                    let reasons = &r.report.reasons;
+                    // (a) Nothing started unrecorded.
+                    for e in r.agent.executed() {
+                        if !r.commands.iter().any(|c| c.command_id == e.command_id) {
+                            broken.push(format!("{at}: {} started without its write-ahead entry", e.unit));
+                        }
                     }
-                }
-                // (b) No unit started twice.
-                for u in UNITS {
-                    if r.agent.starts_of(u) > 1 {
-                        broken.push(format!("{at}: {u} started {} times", r.agent.starts_of(u)));
+                    // (b) No unit started twice.
+                    for u in UNITS {
+                        if r.agent.starts_of(u) > 1 {
+                            broken.push(format!("{at}: {u} started {} times", r.agent.starts_of(u)));
+                        }
                     }
-                }
-                // (c) A write failed before the conclusion: failed, naming
-                // the journal. Only the conclusion failed: as judged, said.
-                let names_journal = reasons
-                    .iter()
-                    .any(|l| l.starts_with("stopped: the journal could not record a step"));
-                if n + 1 < total {
-                    if r.report.verdict.is_healthy() || !names_journal {
-                        broken.push(format!(
-                            "{at}: {} without naming the journal: {reasons:?}",
-                            r.report.verdict.as_str()
-                        ));
-                    }
-                } else if !reasons.iter().any(|l| l.contains("could not record this conclusion")) {
-                    broken.push(format!("{at}: the unjournaled conclusion is not said: {reasons:?}"));
-                }
-                // (d) A prefill restarted, a decode not: said, with what it does.
-                if r.agent.starts_of("prefill-0") == 1
-                    && r.agent.starts_of("decode-0") == 0
-                    && !reasons
+                    // (c) A write failed before the conclusion: failed, naming
+                    // the journal. Only the conclusion failed: as judged, said.
+                    let names_journal = reasons
                         .iter()
-                        .any(|l| l.starts_with("decode-0 still holds the bootstrap of prefill-0's old process"))
-                {
-                    broken.push(format!("{at}: the half-restarted pair is not said: {reasons:?}"));
-                }
-            }
-            assert!(broken.is_empty(), "{broken:#?}");
+                        .any(|l| l.starts_with("stopped: the journal could not record a step"));
+                    if n + 1 < total {
+                        if r.report.verdict.is_healthy() || !names_journal {
+                            broken.push(format!(
+                                "{at}: {} without naming the journal: {reasons:?}",
+                                r.report.verdict.as_str()
+                            ));
+                        }
+                    } else if !reasons.iter().any(|l| l.contains("could not record this conclusion")) {
+                        broken.push(format!("{at}: the unjournaled conclusion is not said: {reasons:?}"));
+                    }
+                    // (d) A prefill restarted, a decode not: said, with what it does.
+                    if r.agent.starts_of("prefill-0") == 1
+                        && r.agent.starts_of("decode-0") == 0
+                        && !reasons
+                            .iter()
+                            .any(|l| l.starts_with("decode-0 still holds the bootstrap of prefill-0's old process"))
+                    {
+                        broken.push(format!("{at}: the half-restarted pair is not said: {reasons:?}"));
+                    }
+                    broken
+                },
+            )
+            .await;
         }
     }
 }

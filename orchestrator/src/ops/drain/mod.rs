@@ -236,7 +236,10 @@ mod driver_tests {
     use tokio::sync::mpsc;
 
     use crate::ops::corestart::{OperationContext, OperationKind, resume, run_operation};
-    use crate::ops::fake_agent::rig::{UNITS, journal, kill_at_every_point, orchestrator};
+    use crate::ops::fake_agent::rig::{
+        UNITS, fail_from_every_write, fail_writes_from, healed_nothing_running, journal, kill_at_every_point,
+        orchestrator,
+    };
     use crate::ops::fake_agent::{FakeAgent, UnitModel};
     use crate::ops::journal::Journal;
     use crate::ops::report::OperationReport;
@@ -415,88 +418,70 @@ mod driver_tests {
     /// left out.
     #[tokio::test(start_paused = true)]
     async fn a_journal_that_fails_at_any_write_of_a_drained_co_restart_leaves_nothing_unrecorded() {
-        async fn one(
-            fail_from: Option<usize>,
-        ) -> (
-            OperationReport,
-            usize,
-            FakeAgent,
-            std::sync::Arc<Journal>,
-            tempfile::TempDir,
-            String,
-        ) {
-            let dir = tempfile::tempdir().unwrap();
-            let journal = journal(&dir);
-            let agent = agent();
-            let ctx = orchestrator(&journal, &agent).await;
-            let id = begin(&journal, None);
-            let before = journal.writes_seen();
-            if let Some(n) = fail_from {
-                journal.fail_writes(before + n + 1..=before + n + 100_000);
-            }
-            let (tx, _rx) = mpsc::unbounded_channel();
-            let report = run_operation(
-                ctx,
-                pair("shared-router", 60_000),
-                id.clone(),
-                OperationKind::CoRestart,
-                tx,
-            )
-            .await;
-            let writes = journal.writes_seen() - before;
-            (report, writes, agent, journal, dir, id)
-        }
-        let (clean, total, ..) = one(None).await;
-        assert!(clean.verdict.is_healthy(), "{:?}", clean.reasons);
-        assert!(
-            clean.drain.as_ref().is_some_and(|d| d.removed.len() == 2),
-            "{:?}",
-            clean.drain
-        );
-        let mut broken = Vec::new();
-        for n in 0..total {
-            let (report, _, agent, journal, _dir, id) = one(Some(n)).await;
-            let at = format!("writes failing from write {n} of {total}");
-            let reasons = &report.reasons;
-            broken.extend(
-                crate::ops::fake_agent::rig::done_unrecorded(&journal, std::slice::from_ref(&id), &agent)
-                    .into_iter()
-                    .map(|d| format!("{at}: {d}")),
-            );
-            let names_journal = reasons
-                .iter()
-                .any(|l| l.starts_with("stopped: the journal could not record a step"));
-            if n + 1 < total && (report.verdict.is_healthy() || !names_journal) {
-                broken.push(format!(
-                    "{at}: {} without naming the journal: {reasons:?}",
-                    report.verdict.as_str()
-                ));
-            }
-            journal.heal();
-            journal.flush_pending();
-            tokio::time::sleep(Duration::from_secs(30)).await;
-            if !journal.unfinished().unwrap().is_empty() {
-                broken.push(format!("{at}: left running once the disk had room"));
-            }
-            for u in UNITS {
-                if agent.unit_phase(u) != Phase::Generating {
-                    broken.push(format!("{at}: {u} left {:?}", agent.unit_phase(u)));
+        fail_from_every_write(
+            async |fail_from| {
+                let dir = tempfile::tempdir().unwrap();
+                let journal = journal(&dir);
+                let agent = agent();
+                let ctx = orchestrator(&journal, &agent).await;
+                let id = begin(&journal, None);
+                let before = fail_writes_from(&journal, fail_from);
+                let (tx, _rx) = mpsc::unbounded_channel();
+                let report = run_operation(
+                    ctx,
+                    pair("shared-router", 60_000),
+                    id.clone(),
+                    OperationKind::CoRestart,
+                    tx,
+                )
+                .await;
+                let writes = journal.writes_seen() - before;
+                ((report, agent, journal, dir, id), writes)
+            },
+            |(clean, ..), _| {
+                assert!(clean.verdict.is_healthy(), "{:?}", clean.reasons);
+                assert!(
+                    clean.drain.as_ref().is_some_and(|d| d.removed.len() == 2),
+                    "{:?}",
+                    clean.drain
+                );
+            },
+            async |n, total, (report, agent, journal, _dir, id)| {
+                let mut broken = Vec::new();
+                let at = format!("writes failing from write {n} of {total}");
+                let reasons = &report.reasons;
+                broken.extend(
+                    crate::ops::fake_agent::rig::done_unrecorded(&journal, std::slice::from_ref(&id), &agent)
+                        .into_iter()
+                        .map(|d| format!("{at}: {d}")),
+                );
+                let names_journal = reasons
+                    .iter()
+                    .any(|l| l.starts_with("stopped: the journal could not record a step"));
+                if n + 1 < total && (report.verdict.is_healthy() || !names_journal) {
+                    broken.push(format!(
+                        "{at}: {} without naming the journal: {reasons:?}",
+                        report.verdict.as_str()
+                    ));
                 }
-                if agent.starts_of(u) > 1 {
-                    broken.push(format!("{at}: {u} started {} times", agent.starts_of(u)));
+                broken.extend(healed_nothing_running(&journal, &at).await);
+                for u in UNITS {
+                    if agent.unit_phase(u) != Phase::Generating {
+                        broken.push(format!("{at}: {u} left {:?}", agent.unit_phase(u)));
+                    }
+                    if agent.starts_of(u) > 1 {
+                        broken.push(format!("{at}: {u} started {} times", agent.starts_of(u)));
+                    }
                 }
-            }
-            let listed = agent.router_lists();
-            let out: Vec<&str> = OURS.into_iter().filter(|u| !listed.iter().any(|l| l == u)).collect();
-            if !out.is_empty() && !reasons.iter().any(|r| r.contains("left out of the serving router")) {
-                broken.push(format!("{at}: {out:?} out of the serving router, unsaid: {reasons:?}"));
-            }
-        }
-        assert!(
-            broken.is_empty(),
-            "{} violations of {total} runs: {broken:#?}",
-            broken.len()
-        );
+                let listed = agent.router_lists();
+                let out: Vec<&str> = OURS.into_iter().filter(|u| !listed.iter().any(|l| l == u)).collect();
+                if !out.is_empty() && !reasons.iter().any(|r| r.contains("left out of the serving router")) {
+                    broken.push(format!("{at}: {out:?} out of the serving router, unsaid: {reasons:?}"));
+                }
+                broken
+            },
+        )
+        .await;
     }
 
     /// A pair that is not healthy after its restart stays out of rotation.

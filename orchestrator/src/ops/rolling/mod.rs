@@ -430,7 +430,6 @@ impl Roller {
 /// router has the worker API (the fake models sglang-router's contract).
 #[cfg(test)]
 pub(crate) mod tests {
-    use std::time::Duration;
 
     use pdwarden_proto::v1::{Role, RouterWorkersOp};
 
@@ -543,92 +542,75 @@ enabled = false
     /// router or said to be left out.
     #[tokio::test(start_paused = true)]
     async fn a_journal_that_fails_at_any_write_of_a_roll_leaves_nothing_unrecorded() {
-        async fn one(
-            fail_from: Option<usize>,
-        ) -> (
-            OperationReport,
-            usize,
-            FakeAgent,
-            std::sync::Arc<Journal>,
-            tempfile::TempDir,
-        ) {
-            let dir = tempfile::tempdir().unwrap();
-            let journal = journal(&dir);
-            let agent = agent();
-            let ctx = orchestrator(&journal, &agent).await;
-            let id = begin(&journal);
-            let before = journal.writes_seen();
-            if let Some(n) = fail_from {
-                journal.fail_writes(before + n + 1..=before + n + 100_000);
-            }
-            let (tx, _rx) = mpsc::unbounded_channel();
-            let report = run(ctx, pair(), id, tx).await;
-            let writes = journal.writes_seen() - before;
-            (report, writes, agent, journal, dir)
-        }
-        let (clean, total, ..) = one(None).await;
-        assert!(clean.verdict.is_healthy(), "{:?}", clean.reasons);
-        assert!(total > 30, "{total} writes");
-        let mut broken = Vec::new();
-        for n in 0..total {
-            let (report, _, agent, journal, _dir) = one(Some(n)).await;
-            let at = format!("writes failing from write {n} of {total}");
-            let reasons = &report.reasons;
-            let ops: Vec<String> = journal
-                .history("p#roll", 100)
-                .unwrap()
-                .into_iter()
-                .map(|o| o.operation_id)
-                .collect();
-            broken.extend(
-                crate::ops::fake_agent::rig::done_unrecorded(&journal, &ops, &agent)
+        use crate::ops::fake_agent::rig::{fail_from_every_write, fail_writes_from};
+        fail_from_every_write(
+            async |fail_from| {
+                let dir = tempfile::tempdir().unwrap();
+                let journal = journal(&dir);
+                let agent = agent();
+                let ctx = orchestrator(&journal, &agent).await;
+                let id = begin(&journal);
+                let before = fail_writes_from(&journal, fail_from);
+                let (tx, _rx) = mpsc::unbounded_channel();
+                let report = run(ctx, pair(), id, tx).await;
+                let writes = journal.writes_seen() - before;
+                ((report, agent, journal, dir), writes)
+            },
+            |(clean, ..), total| {
+                assert!(clean.verdict.is_healthy(), "{:?}", clean.reasons);
+                assert!(total > 30, "{total} writes");
+            },
+            async |n, total, (report, agent, journal, _dir)| {
+                let mut broken = Vec::new();
+                let at = format!("writes failing from write {n} of {total}");
+                let reasons = &report.reasons;
+                let ops: Vec<String> = journal
+                    .history("p#roll", 100)
+                    .unwrap()
                     .into_iter()
-                    .map(|d| format!("{at}: {d}")),
-            );
-            for u in ENGINES {
-                if agent.starts_of(u) > 1 {
-                    broken.push(format!("{at}: {u} started {} times", agent.starts_of(u)));
+                    .map(|o| o.operation_id)
+                    .collect();
+                broken.extend(
+                    crate::ops::fake_agent::rig::done_unrecorded(&journal, &ops, &agent)
+                        .into_iter()
+                        .map(|d| format!("{at}: {d}")),
+                );
+                for u in ENGINES {
+                    if agent.starts_of(u) > 1 {
+                        broken.push(format!("{at}: {u} started {} times", agent.starts_of(u)));
+                    }
                 }
-            }
-            // The roll's or the child's it stopped at.
-            let names_journal = reasons.iter().any(|l| {
-                l.trim_start()
-                    .starts_with("stopped: the journal could not record a step")
-            });
-            if n + 1 < total && (report.verdict.is_healthy() || !names_journal) {
-                broken.push(format!(
-                    "{at}: {} without naming the journal: {reasons:?}",
-                    report.verdict.as_str()
-                ));
-            }
-            journal.heal();
-            journal.flush_pending();
-            tokio::time::sleep(Duration::from_secs(30)).await;
-            let open: Vec<String> = journal.unfinished().unwrap().into_iter().map(|o| o.pair).collect();
-            if !open.is_empty() {
-                broken.push(format!("{at}: left running once the disk had room: {open:?}"));
-            }
-            for u in ENGINES {
-                if agent.unit_phase(u) != pdwarden_proto::v1::Phase::Generating {
-                    broken.push(format!("{at}: {u} left {:?}", agent.unit_phase(u)));
+                // The roll's or the child's it stopped at.
+                let names_journal = reasons.iter().any(|l| {
+                    l.trim_start()
+                        .starts_with("stopped: the journal could not record a step")
+                });
+                if n + 1 < total && (report.verdict.is_healthy() || !names_journal) {
+                    broken.push(format!(
+                        "{at}: {} without naming the journal: {reasons:?}",
+                        report.verdict.as_str()
+                    ));
                 }
-                let listed = agent.router_lists().contains(&url(u));
-                if !listed
-                    && !reasons.iter().any(|r| {
-                        r.contains("left out of the serving router")
-                            || r.contains("out of rotation")
-                            || r.contains("not put back")
-                    })
-                {
-                    broken.push(format!("{at}: {u} out of the router, unsaid: {reasons:?}"));
+                broken.extend(crate::ops::fake_agent::rig::healed_nothing_running(&journal, &at).await);
+                for u in ENGINES {
+                    if agent.unit_phase(u) != pdwarden_proto::v1::Phase::Generating {
+                        broken.push(format!("{at}: {u} left {:?}", agent.unit_phase(u)));
+                    }
+                    let listed = agent.router_lists().contains(&url(u));
+                    if !listed
+                        && !reasons.iter().any(|r| {
+                            r.contains("left out of the serving router")
+                                || r.contains("out of rotation")
+                                || r.contains("not put back")
+                        })
+                    {
+                        broken.push(format!("{at}: {u} out of the router, unsaid: {reasons:?}"));
+                    }
                 }
-            }
-        }
-        assert!(
-            broken.is_empty(),
-            "{} violations of {total} runs: {broken:#?}",
-            broken.len()
-        );
+                broken
+            },
+        )
+        .await;
     }
 
     /// One sub-pair at a time: out of the router, restarted (prefill, then
