@@ -1092,29 +1092,6 @@ enabled = false
         }
     }
 
-    /// Runs `op` (operation `id`) and kills it at the first await after its
-    /// `k`-th journal entry. False when it finished before that.
-    pub(crate) async fn kill_after_entry<F>(journal: &Journal, id: &str, k: usize, op: F) -> bool
-    where
-        F: Future + Send + 'static,
-        F::Output: Send + 'static,
-    {
-        let task = tokio::spawn(op);
-        // Bounded: a whole run takes a few simulated seconds.
-        for _ in 0..600_000 {
-            if task.is_finished() || journal.entries(id).unwrap().len() >= k {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        if task.is_finished() {
-            return false;
-        }
-        task.abort();
-        let _ = task.await;
-        true
-    }
-
     /// The one kill-at-every-point harness (issue 33: the loop was written
     /// once per workflow). `fresh` makes a new world (a journal, an agent,
     /// the operation begun); `run` the workflow's future over it; `entries`
