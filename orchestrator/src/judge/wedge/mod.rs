@@ -80,22 +80,40 @@
 //! row 1) are `failing`. Both are recovered through the breaker.
 //!
 //! [`Breaker`] bounds automatic recoveries per pair per window.
+//!
+//! Layout: this module holds the verdict's types, the [`WatchPolicy`] it
+//! is judged against, and [`judge`], which applies the pair-level rules in
+//! order (the agents' facts, errors, a unit's wedge, the KV transfer, the
+//! silent generation, the unresponsive unit, then down, suspect, healthy or
+//! unproven), each one a named step.
+//! - `evidence.rs`: what the watch gathers and folds, sample by sample
+//!   ([`PairEvidence`], [`UnitTrack`], [`Metrics`], the probes, the
+//!   agents' [`Life`] facts).
+//! - `rules.rs`: the unit rules (missing evidence, stall, health gone bad)
+//!   and the stuck KV transfer, with the phrases their reasons share.
+//! - `probe.rs`: when to probe and with what timeout ([`ProbeDecision`]),
+//!   and the re-judging of a probe still in flight.
+//! - `breaker.rs`: the recovery [`Breaker`] and its seeding from the
+//!   journal ([`recoveries_still_counting`]).
 
-use std::collections::VecDeque;
 use std::time::Duration;
 
-use pdwarden_engines::{EngineKind, Health, Moves, PrefillProgress, Signal};
+use pdwarden_engines::{EngineKind, PrefillProgress};
 use serde::Serialize;
 use tokio::time::Instant;
 
-pub use crate::judge::probe::ProbeObservation;
+mod breaker;
+mod evidence;
+mod probe;
+mod rules;
 
-/// A finished probe's tokens show in an engine's counters by the next
-/// scrape (SGLang counts them per prefill batch and decode step, and at
-/// finish); its credit lapses after this many scrapes. Longer would let the
-/// credit swallow real traffic's progress — and then the watch probes a pair
-/// that traffic proves alive (found on the real stack: 12 % probe share).
-const CREDIT_GRACE_SCRAPES: u32 = 2;
+pub use crate::judge::probe::ProbeObservation;
+pub use breaker::{Breaker, BreakerDecision, PastOperation, recoveries_still_counting};
+pub use evidence::{AgentFact, InFlightProbe, Life, Metrics, PairEvidence, Sample, UnitTrack, WatchProbe};
+pub use probe::ProbeDecision;
+
+use probe::{OVERDUE, decide_probe, overdue};
+use rules::{assess_unit, kv_transfer_stuck};
 
 /// Budgets and rates of a pair's watch (from `[pair.watch]`).
 #[derive(Debug, Clone, PartialEq)]
@@ -190,510 +208,6 @@ impl WatchPolicy {
             self.max_request()
         };
         legit.max(self.scrape_interval * 3)
-    }
-}
-
-/// The numbers of one scrape that judgement uses (`None`: not exposed).
-#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
-pub struct Metrics {
-    pub running: f64,
-    pub queued: f64,
-    pub generation_tokens: Option<f64>,
-    pub prompt_tokens: Option<f64>,
-    pub realtime_tokens: Option<f64>,
-    pub prefill_prealloc: Option<f64>,
-    pub prefill_inflight: Option<f64>,
-    pub decode_prealloc: Option<f64>,
-    pub decode_transfer: Option<f64>,
-    pub transfer_failed: Option<f64>,
-    pub bootstrap_failed: Option<f64>,
-    pub gpu_util: Option<f64>,
-    /// The engine whose metric names the scrape found.
-    pub engine: Option<EngineKind>,
-}
-
-impl Metrics {
-    fn counter(&self, s: Signal) -> Option<f64> {
-        match s {
-            Signal::GenerationTokens => self.generation_tokens,
-            Signal::PromptTokens => self.prompt_tokens,
-            Signal::RealtimeTokens => self.realtime_tokens,
-            _ => None,
-        }
-    }
-
-    /// Requests the engine holds in any queue: running, waiting, or in a PD queue.
-    pub fn in_flight(&self) -> f64 {
-        self.running
-            + self.queued
-            + [
-                self.prefill_prealloc,
-                self.prefill_inflight,
-                self.decode_prealloc,
-                self.decode_transfer,
-            ]
-            .iter()
-            .map(|v| v.unwrap_or(0.0).max(0.0))
-            .sum::<f64>()
-    }
-
-    /// The engine's only work is KV in transit: a decode's requests waiting
-    /// for KV, or a prefill's prefilled requests waiting for their decode to
-    /// take it.
-    fn only_waiting_for_kv(&self) -> bool {
-        self.running + self.queued <= 0.0
-            && self.decode_transfer.unwrap_or(0.0)
-                + self.decode_prealloc.unwrap_or(0.0)
-                + self.prefill_inflight.unwrap_or(0.0)
-                > 0.0
-    }
-}
-
-/// One engine sample, stamped on arrival.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Sample {
-    pub at: Instant,
-    /// Health path's HTTP status; 0 when it did not answer.
-    pub health_status: u16,
-    /// `None` when the metrics scrape failed.
-    pub metrics: Option<Metrics>,
-    pub error: String,
-}
-
-/// The token counters of one family (during work, or at finish), summed.
-fn family(m: &Metrics, profile: &pdwarden_engines::Profile, moves: Moves) -> Option<f64> {
-    let mut any = false;
-    let mut sum = 0.0;
-    for metric in profile.metrics.iter().filter(|x| x.moves == moves) {
-        if let Some(v) = m.counter(metric.signal) {
-            any = true;
-            sum += v;
-        }
-    }
-    any.then_some(sum)
-}
-
-/// What the watch knows of one engine, folded sample by sample.
-#[derive(Debug, Clone)]
-pub struct UnitTrack {
-    pub unit: String,
-    pub role: String,
-    pub last: Option<Sample>,
-    /// The first sample of this watch.
-    pub first_at: Option<Instant>,
-    /// When a counter last rose beyond the probes' credit (never the first sample).
-    pub last_progress: Option<Instant>,
-    /// When an at-finish counter last rose beyond the probes' credit (a
-    /// request finished).
-    pub last_finish_progress: Option<Instant>,
-    /// When any counter last rose at all, the probes' own tokens included
-    /// (an engine that computed its part of a probe is not silent).
-    pub last_moved: Option<Instant>,
-    /// Since when requests have been in flight without a break.
-    pub work_since: Option<Instant>,
-    /// Since when the prefill's inflight queue (KV being sent) has been non-empty.
-    pub inflight_since: Option<Instant>,
-    /// Since when the decode's KV-wait queues have been non-empty.
-    pub kv_wait_since: Option<Instant>,
-    /// When this engine's gauges last showed a KV transfer ending: its
-    /// inflight queue (a prefill) or its KV-wait queues (a decode) shrank,
-    /// or its running plus queued count rose while requests waited for KV
-    /// (a decode's request joins its batch only once its KV has arrived).
-    pub last_kv_landing: Option<Instant>,
-    /// The last scrape's (inflight, KV-wait, running + queued) counts.
-    kv_gauges: Option<(f64, f64, f64)>,
-    /// Health answered 2xx at least once in this watch.
-    pub health_seen_ok: bool,
-    /// Since when health has not answered 2xx (after `health_seen_ok`).
-    pub health_bad_since: Option<Instant>,
-    /// Since when the metrics scrape has failed.
-    pub scrape_bad_since: Option<Instant>,
-    /// The last sample's counter families: (during work, at finish).
-    counters: Option<(Option<f64>, Option<f64>)>,
-    /// Tokens the watch's probes may still add to each family.
-    credit: (f64, f64),
-    /// The credit lapses after this (a probe's tokens show within a scrape
-    /// of its answer); `None` while a probe is in flight.
-    credit_expires: Option<Instant>,
-    /// The last sample carried a counter that rises during work.
-    pub has_work_signal: bool,
-}
-
-impl UnitTrack {
-    pub fn new(unit: impl Into<String>, role: impl Into<String>) -> Self {
-        UnitTrack {
-            unit: unit.into(),
-            role: role.into(),
-            last: None,
-            first_at: None,
-            last_progress: None,
-            last_moved: None,
-            last_finish_progress: None,
-            work_since: None,
-            inflight_since: None,
-            kv_wait_since: None,
-            last_kv_landing: None,
-            kv_gauges: None,
-            health_seen_ok: false,
-            health_bad_since: None,
-            scrape_bad_since: None,
-            counters: None,
-            credit: (0.0, 0.0),
-            credit_expires: None,
-            has_work_signal: false,
-        }
-    }
-
-    /// Whether the engine has a counter that rises during work: what its
-    /// scrapes showed, or — before any scrape answered (a unit that froze
-    /// right after a restart) — what its profile says, not "unknown, so the
-    /// longest request" (issue 31: a 416 s silence floor for an engine that
-    /// never answered).
-    pub fn work_signal(&self, p: &WatchPolicy) -> bool {
-        if self.counters.is_some() {
-            return self.has_work_signal;
-        }
-        self.engine(p)
-            .profile()
-            .metrics
-            .iter()
-            .any(|m| m.moves == Moves::DuringWork && m.since.is_empty())
-    }
-
-    /// The engine kind of this unit: what its metrics show, else the pair's.
-    pub fn engine(&self, p: &WatchPolicy) -> EngineKind {
-        self.last
-            .as_ref()
-            .and_then(|s| s.metrics)
-            .and_then(|m| m.engine)
-            .unwrap_or(p.engine)
-    }
-
-    /// A probe was sent: it may add up to `tokens` to each counter family.
-    pub fn credit_probe(&mut self, tokens: f64) {
-        let cap = tokens * 4.0;
-        self.credit = ((self.credit.0 + tokens).min(cap), (self.credit.1 + tokens).min(cap));
-        self.credit_expires = None;
-    }
-
-    /// Folds one sample in; `engine` is the pair's engine kind.
-    pub fn observe(&mut self, s: Sample, engine: EngineKind) {
-        self.first_at.get_or_insert(s.at);
-        let health_ok = (200..300).contains(&s.health_status);
-        if health_ok {
-            self.health_seen_ok = true;
-            self.health_bad_since = None;
-        } else if self.health_seen_ok && self.health_bad_since.is_none() {
-            self.health_bad_since = Some(s.at);
-        }
-        match &s.metrics {
-            None => {
-                self.scrape_bad_since.get_or_insert(s.at);
-            }
-            Some(m) => {
-                self.scrape_bad_since = None;
-                if self.credit_expires.is_some_and(|t| s.at > t) {
-                    self.credit = (0.0, 0.0);
-                    self.credit_expires = None;
-                }
-                let profile = m.engine.unwrap_or(engine).profile();
-                let now = (
-                    family(m, profile, Moves::DuringWork),
-                    family(m, profile, Moves::AtFinish),
-                );
-                self.has_work_signal = now.0.is_some();
-                if let Some(prev) = self.counters {
-                    let back = |a: Option<f64>, b: Option<f64>| matches!((a, b), (Some(a), Some(b)) if a < b);
-                    if back(now.0, prev.0) || back(now.1, prev.1) {
-                        // Counters went backwards: a new process. Start over.
-                        self.work_since = None;
-                        self.last_progress = None;
-                        self.last_moved = None;
-                        self.last_finish_progress = None;
-                        self.inflight_since = None;
-                        self.kv_wait_since = None;
-                        self.last_kv_landing = None;
-                        self.kv_gauges = None;
-                        self.credit = (0.0, 0.0);
-                    } else {
-                        let delta = |a: Option<f64>, b: Option<f64>| match (a, b) {
-                            (Some(a), Some(b)) => a - b,
-                            _ => 0.0,
-                        };
-                        let (dw, df) = (delta(now.0, prev.0), delta(now.1, prev.1));
-                        if dw > 0.0 || df > 0.0 {
-                            self.last_moved = Some(s.at);
-                        }
-                        let beyond = |d: f64, credit: &mut f64| {
-                            if d <= 0.0 {
-                                return false;
-                            }
-                            if d <= *credit {
-                                *credit -= d;
-                                false
-                            } else {
-                                *credit = 0.0;
-                                true
-                            }
-                        };
-                        let work = beyond(dw, &mut self.credit.0);
-                        let finish = beyond(df, &mut self.credit.1);
-                        if finish {
-                            self.last_finish_progress = Some(s.at);
-                        }
-                        if work || finish {
-                            self.last_progress = Some(s.at);
-                        }
-                    }
-                }
-                self.counters = Some(now);
-                let kv_wait = m.decode_transfer.unwrap_or(0.0) + m.decode_prealloc.unwrap_or(0.0);
-                let gauges = (m.prefill_inflight.unwrap_or(0.0), kv_wait, m.running + m.queued);
-                if let Some((inflight, waiting, batch)) = self.kv_gauges
-                    && (gauges.0 < inflight || gauges.1 < waiting || (waiting > 0.0 && gauges.2 > batch))
-                {
-                    self.last_kv_landing = Some(s.at);
-                }
-                self.kv_gauges = Some(gauges);
-                let since = |slot: &mut Option<Instant>, present: bool| {
-                    if present {
-                        slot.get_or_insert(s.at);
-                    } else {
-                        *slot = None;
-                    }
-                };
-                since(&mut self.work_since, m.in_flight() > 0.0);
-                since(&mut self.inflight_since, m.prefill_inflight.unwrap_or(0.0) > 0.0);
-                since(&mut self.kv_wait_since, kv_wait > 0.0);
-            }
-        }
-        self.last = Some(s);
-    }
-
-    /// Since when work has been present without progress.
-    fn silent_since(&self) -> Option<Instant> {
-        let since = self.work_since?;
-        Some(self.last_progress.map_or(since, |p| p.max(since)))
-    }
-
-    /// Whether a counter rose beyond the probes' credit after `t`.
-    fn progressed_after(&self, t: Instant) -> bool {
-        self.last_progress.is_some_and(|p| p > t)
-    }
-
-    /// Whether any counter rose after `t`, the probes' own tokens included.
-    fn moved_after(&self, t: Instant) -> bool {
-        self.last_moved.is_some_and(|p| p > t)
-    }
-}
-
-/// A finished probe.
-#[derive(Debug, Clone, PartialEq)]
-pub struct WatchProbe {
-    pub target: String,
-    pub sent_at: Instant,
-    pub timeout: Duration,
-    /// Requests ahead of it (running + queued) its timeout had to cover.
-    pub work_ahead: u32,
-    pub outcome: ProbeObservation,
-    pub request_id: String,
-}
-
-/// Everything judged for one pair.
-#[derive(Debug, Clone)]
-pub struct PairEvidence {
-    pub units: Vec<UnitTrack>,
-    pub probe_in_flight: bool,
-    pub last_probe_sent: Option<Instant>,
-    pub last_probe: Option<WatchProbe>,
-    /// When the last probe's result arrived.
-    pub last_probe_done: Option<Instant>,
-    /// When liveness was last proven by a probe or a healthy operation, and how.
-    pub last_proof: Option<(Instant, String)>,
-    /// When a probe last succeeded (a stall it survived is a partial wedge).
-    pub last_probe_ok: Option<Instant>,
-    /// The agent's scrape period (how soon a probe's tokens show).
-    pub scrape_interval: Duration,
-    /// The probe in flight, if one was sent with its target
-    /// ([`PairEvidence::probe_sent_to`]): re-judged as samples arrive.
-    pub in_flight: Option<InFlightProbe>,
-    /// The pair answered warm since the engines last started over (a
-    /// healthy operation's verification, or a probe that answered).
-    pub proven_warm: bool,
-    /// Probes sent since the watch last started over (an operation ended,
-    /// or the watch started): right after a restart, when pairs break most,
-    /// the watch probes at the minimum gap and doubles it towards the idle
-    /// interval ([`PairEvidence::idle_interval`]).
-    pub probes_since_reset: u32,
-    /// The agents' facts about every unit of the pair, refreshed each tick.
-    pub lives: Vec<AgentFact>,
-    /// Probes that failed with an error (not a timeout) in a row, and when
-    /// the first of them was sent.
-    pub failed_in_row: u32,
-    pub first_failure_sent: Option<Instant>,
-}
-
-/// What a unit's agent says of its process (DESIGN.md 2: facts from the
-/// agent), for every unit of the pair, the router included.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Life {
-    /// Running, or starting, under its agent.
-    Running,
-    /// Not running: never started, or stopped on command.
-    Stopped,
-    /// Exited on its own; how, in the agent's words.
-    Exited { detail: String },
-    /// Its agent is not connected: nothing is known.
-    Unknown,
-}
-
-/// One unit's [`Life`], as the watch last read it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AgentFact {
-    pub unit: String,
-    pub role: String,
-    pub life: Life,
-}
-
-/// A probe the watch sent and has no answer for yet.
-#[derive(Debug, Clone, PartialEq)]
-pub struct InFlightProbe {
-    pub target: String,
-    pub sent_at: Instant,
-    /// The timeout it was sent with (what was known then).
-    pub timeout: Duration,
-    pub work_ahead: u32,
-}
-
-impl PairEvidence {
-    pub fn new(units: Vec<UnitTrack>, scrape_interval: Duration) -> Self {
-        PairEvidence {
-            scrape_interval,
-            units,
-            probe_in_flight: false,
-            last_probe_sent: None,
-            last_probe: None,
-            last_probe_done: None,
-            last_proof: None,
-            last_probe_ok: None,
-            in_flight: None,
-            proven_warm: false,
-            probes_since_reset: 0,
-            lives: Vec::new(),
-            failed_in_row: 0,
-            first_failure_sent: None,
-        }
-    }
-
-    /// As [`PairEvidence::probe_sent`], remembering where the probe went
-    /// and the timeout it was sent with, so that a probe sent while the
-    /// work ahead was unknown is re-judged once the gauges show it.
-    pub fn probe_sent_to(&mut self, now: Instant, tokens: f64, target: String, timeout: Duration, work_ahead: u32) {
-        self.probe_sent(now, tokens);
-        self.in_flight = Some(InFlightProbe {
-            target,
-            sent_at: now,
-            timeout,
-            work_ahead,
-        });
-    }
-
-    /// The agents' facts about every unit of the pair (the watcher reads
-    /// them each tick).
-    pub fn set_lives(&mut self, lives: Vec<AgentFact>) {
-        self.lives = lives;
-    }
-
-    /// The idle probe interval in effect: the minimum gap doubled for each
-    /// probe since the watch started over, up to `idle_probe_interval`.
-    pub fn idle_interval(&self, p: &WatchPolicy) -> Duration {
-        // Real traffic has advanced every engine since the watch started
-        // over: it proves liveness as it goes, no early probes needed.
-        if !self.units.is_empty() && self.units.iter().all(|u| u.last_progress.is_some()) {
-            return p.idle_probe_interval;
-        }
-        let doubled = p
-            .min_probe_interval
-            .saturating_mul(1u32 << self.probes_since_reset.min(16));
-        doubled
-            .min(p.idle_probe_interval)
-            .max(p.min_probe_interval.min(p.idle_probe_interval))
-    }
-
-    /// A probe's own budget before the work ahead: the warm budget once the
-    /// pair has answered warm, else the cold allowance.
-    pub fn probe_budget(&self, p: &WatchPolicy) -> Duration {
-        if self.proven_warm {
-            // Never shorter than the stall budget: a probe that times out
-            // sooner would outrun the rules that name what is stuck (the
-            // stall, the KV transfer) with a bare "silent".
-            p.warm_probe_timeout.max(p.stall_budget).min(p.probe_timeout)
-        } else {
-            p.probe_timeout
-        }
-    }
-
-    pub fn observe(&mut self, unit: &str, sample: Sample, engine: EngineKind) {
-        if let Some(u) = self.units.iter_mut().find(|u| u.unit == unit) {
-            u.observe(sample, engine);
-        }
-    }
-
-    /// A probe leaves: every engine is credited with the tokens it may add.
-    pub fn probe_sent(&mut self, now: Instant, tokens: f64) {
-        self.probe_in_flight = true;
-        self.last_probe_sent = Some(now);
-        self.probes_since_reset = self.probes_since_reset.saturating_add(1);
-        for u in &mut self.units {
-            u.credit_probe(tokens);
-        }
-    }
-
-    pub fn probe_done(&mut self, record: WatchProbe, done_at: Instant) {
-        self.probe_in_flight = false;
-        self.in_flight = None;
-        for u in &mut self.units {
-            if u.credit != (0.0, 0.0) {
-                u.credit_expires = Some(done_at + self.scrape_interval * CREDIT_GRACE_SCRAPES);
-            }
-        }
-        match record.outcome {
-            ProbeObservation::Ok { .. } => {
-                self.last_proof = Some((done_at, format!("probe through {} answered", record.target)));
-                self.last_probe_ok = Some(done_at);
-                self.proven_warm = true;
-                self.failed_in_row = 0;
-                self.first_failure_sent = None;
-            }
-            ProbeObservation::Error { .. } => {
-                self.failed_in_row = self.failed_in_row.saturating_add(1);
-                self.first_failure_sent.get_or_insert(record.sent_at);
-            }
-            ProbeObservation::Timeout { .. } => {
-                self.failed_in_row = 0;
-                self.first_failure_sent = None;
-            }
-        }
-        self.last_probe = Some(record);
-        self.last_probe_done = Some(done_at);
-    }
-
-    /// Forgets everything but the proof (after a restart of the pair's units).
-    pub fn reset(&mut self, proof: Option<(Instant, String)>) {
-        for u in &mut self.units {
-            *u = UnitTrack::new(u.unit.clone(), u.role.clone());
-        }
-        self.probe_in_flight = false;
-        self.in_flight = None;
-        self.last_probe = None;
-        self.last_probe_ok = None;
-        // A healthy operation's verification answered warm: fresh evidence
-        // the watch starts from.
-        self.proven_warm = proof.is_some();
-        self.probes_since_reset = 0;
-        self.failed_in_row = 0;
-        self.first_failure_sent = None;
-        self.last_proof = proof;
     }
 }
 
@@ -810,19 +324,6 @@ impl PairState {
 }
 
 #[derive(Debug, Clone, PartialEq)]
-pub enum ProbeDecision {
-    /// Not needed (traffic or a recent probe proves liveness), or not allowed yet.
-    None,
-    Send {
-        timeout: Duration,
-        work_ahead: u32,
-        why: String,
-    },
-    /// Needed, but its timeout would have to exceed `max_probe_timeout`.
-    Defer { why: String },
-}
-
-#[derive(Debug, Clone, PartialEq)]
 pub struct Assessment {
     pub state: PairState,
     pub reasons: Vec<String>,
@@ -832,462 +333,189 @@ pub struct Assessment {
     pub wedge: Option<WedgeEvidence>,
 }
 
+/// A duration as reasons show it, in seconds.
 fn s(d: Duration) -> String {
     let ms = d.as_millis() as u64;
     crate::judge::verdict::secs(ms)
 }
 
+/// A duration in whole milliseconds, as evidence records it.
 fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-fn health_phrase(status: u16) -> String {
-    if status == 0 {
-        "health does not answer".into()
+/// "probe pdwarden-probe-7", or just "probe" for one that never got a
+/// request id (its agent was not connected, so it was not sent).
+fn probe_name(r: &WatchProbe) -> String {
+    if r.request_id.is_empty() {
+        "probe".into()
     } else {
-        format!("health answers {status}")
+        format!("probe {}", r.request_id)
     }
 }
 
-fn num(v: Option<f64>) -> String {
-    v.map_or("?".into(), |v| format!("{v}"))
-}
-
-fn assess_unit(u: &UnitTrack, p: &WatchPolicy, now: Instant, last_probe_ok: Option<Instant>) -> UnitAssessment {
-    let mut a = UnitAssessment {
-        unit: u.unit.clone(),
-        role: u.role.clone(),
-        state: UnitState::Unknown,
-        reasons: Vec::new(),
-        metrics: u.last.as_ref().and_then(|s| s.metrics),
-        health_status: u.last.as_ref().map_or(0, |s| s.health_status),
-        wedge: None,
-    };
-    let Some(last) = &u.last else {
-        a.reasons.push(format!("{}: no sample yet", u.unit));
-        return a;
-    };
-    let age = now.saturating_duration_since(last.at);
-    if age > p.stale_after {
-        a.reasons.push(format!(
-            "{}: no sample for {} (passive evidence missing)",
-            u.unit,
-            s(age)
-        ));
-        return a;
-    }
-    let Some(m) = last.metrics else {
-        let bad_for = u
-            .scrape_bad_since
-            .map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
-        if last.health_status == 0 && bad_for >= p.stall_budget {
-            a.state = UnitState::Down;
-            a.reasons.push(format!(
-                "{}: neither /metrics nor health answer for {} ({})",
-                u.unit,
-                s(bad_for),
-                last.error
-            ));
-        } else {
-            a.reasons.push(format!(
-                "{}: /metrics unreadable for {} ({}); {}",
-                u.unit,
-                s(bad_for),
-                last.error,
-                health_phrase(last.health_status)
-            ));
-        }
-        return a;
-    };
-    let engine = u.engine(p);
-    let profile = engine.profile();
-    let gpu_idle = m.gpu_util.is_some_and(|g| g < p.gpu_idle_below);
-    let gpu = match m.gpu_util {
-        Some(g) => format!("GPU utilisation {:.0} %", g * 100.0),
-        None => "GPU utilisation unknown".into(),
-    };
-    let queues = format!(
-        "{} running, {} queued{}",
-        m.running,
-        m.queued,
-        match (m.prefill_inflight, m.decode_transfer) {
-            (Some(i), _) if i > 0.0 => format!(", {i} sending KV"),
-            (_, Some(t)) if t > 0.0 => format!(", {t} waiting for KV"),
-            _ => String::new(),
-        }
-    );
-
-    // Stall: work present, no progress beyond the probes' credit.
-    let mut stall_state = None;
-    if let Some(silent_since) = u.silent_since() {
-        let stalled = now.saturating_duration_since(silent_since);
-        let kv_only = m.only_waiting_for_kv();
-        let (allowance, why_allowance, ruled_out) = if gpu_idle {
-            (
-                Duration::ZERO,
-                format!("stall budget {} with the GPU idle", s(p.stall_budget)),
-                format!("{gpu} < {:.0} %: nothing is computing", p.gpu_idle_below * 100.0),
-            )
-        } else if u.has_work_signal {
-            let after_finish = u.last_finish_progress.is_some() && u.last_finish_progress == u.last_progress;
-            let gap = p.work_gap(profile, after_finish);
-            let mut allow = gap;
-            let mut why = format!(
-                "stall budget {} + {} that {} may legitimately stay flat ({})",
-                s(p.stall_budget),
-                s(gap),
-                during_work_names(profile),
-                match (profile.prefill_progress, after_finish) {
-                    (PrefillProgress::PerChunk, false) => "one prefill chunk at the slowest speed",
-                    (PrefillProgress::PerChunk, true) =>
-                        "one prefill chunk at the slowest speed, or the gauges' idle refresh after a request finished",
-                    (PrefillProgress::AtPrefillEnd, _) => "the worst prefill: it counts nothing until the prefill ends",
-                }
-            );
-            if kv_only {
-                allow = allow.max(p.max_prefill + p.max_kv_transfer);
-                why = format!(
-                    "stall budget {} + worst prefill {} + KV transfer {} (its only work is KV in transit, which may wait for the prefill's compute and the transfer)",
-                    s(p.stall_budget),
-                    s(p.max_prefill),
-                    s(p.max_kv_transfer)
-                );
-            }
-            (
-                allow,
-                why,
-                format!(
-                    "{} rises during work and has not risen beyond the probes' own tokens for {} > {} it can legitimately stay flat",
-                    during_work_names(profile),
-                    s(stalled),
-                    s(allow)
-                ),
-            )
-        } else {
-            let mut allow = p.max_request();
-            if kv_only {
-                allow += p.max_kv_transfer;
-            }
-            (
-                allow,
-                format!(
-                    "stall budget {} + the longest legitimate request {} (worst prefill {} + worst generation {}); this engine exposes no counter that rises during work",
-                    s(p.stall_budget),
-                    s(p.max_request()),
-                    s(p.max_prefill),
-                    s(p.max_generation)
-                ),
-                format!(
-                    "no request finished for {}, longer than any legitimate prefill plus generation",
-                    s(stalled)
-                ),
-            )
-        };
-        let line = format!(
-            "{}: {queues}, generation_tokens_total {} prompt_tokens_total {} realtime_tokens_total {}, no progress for {} ({gpu}; {why_allowance}); {}",
-            u.unit,
-            num(m.generation_tokens),
-            num(m.prompt_tokens),
-            num(m.realtime_tokens),
-            s(stalled),
-            health_phrase(last.health_status)
-        );
-        if stalled >= p.stall_budget + allowance {
-            let partial = last_probe_ok.is_some_and(|t| t > silent_since);
-            a.state = UnitState::Wedged;
-            let mut ruled = vec![ruled_out];
-            if kv_only {
-                ruled.push(format!(
-                    "its only work is KV in transit ({queues}) for longer than the worst prefill {} plus the longest transfer {}",
-                    s(p.max_prefill),
-                    s(p.max_kv_transfer)
-                ));
-            }
-            if partial {
-                ruled.push(format!(
-                    "the watch's own short probe was answered during the stall: the engine serves a probe but not its {queues}"
-                ));
-            }
-            a.wedge = Some(WedgeEvidence {
-                kind: if kv_only {
-                    WedgeKind::KvTransfer
-                } else if partial {
-                    WedgeKind::PartialStall
-                } else {
-                    WedgeKind::Stall
-                },
-                onset: silent_since,
-                silent_ms: ms(stalled),
-                ruled_out: ruled,
-            });
-            a.reasons.push(format!(
-                "{line}: {}",
-                if partial {
-                    "wedged (partial: probes pass, real requests stall)"
-                } else {
-                    "wedged"
-                }
-            ));
-            return a;
-        }
-        if stalled >= p.stall_budget {
-            stall_state = Some(UnitState::Stalled);
-            a.reasons
-                .push(format!("{line}: past the stall budget, within the allowance"));
-        } else {
-            stall_state = Some(UnitState::Serving);
-        }
-    }
-
-    // Health gone bad with /metrics answering, and nothing progressing since.
-    if let Some(bad) = u.health_bad_since {
-        let bad_for = now.saturating_duration_since(bad);
-        let busy = m.in_flight() > 0.0 && !gpu_idle;
-        let scheduler = profile.health_waits_for_scheduler();
-        let allowance = match scheduler {
-            Some(_) if busy => p.max_prefill,
-            _ => Duration::ZERO,
-        };
-        let last_status = if last.health_status == 0 {
-            "no answer".to_string()
-        } else {
-            last.health_status.to_string()
-        };
-        let progressed = u.progressed_after(bad);
-        if bad_for >= p.stall_budget + allowance && !progressed {
-            a.state = UnitState::Wedged;
-            let meaning = match profile.health {
-                Health::ThroughScheduler { timeout_ms, .. } => format!(
-                    "{} health runs a generation through the scheduler and fails after {} without scheduler output",
-                    engine.as_str(),
-                    s(Duration::from_millis(timeout_ms))
-                ),
-                Health::EngineAlive => format!("{} health fails only once the engine core has died", engine.as_str()),
-                Health::RouterProcess => "a router's health".into(),
-            };
-            let mut ruled = vec![
-                meaning,
-                format!("no counter rose in the {} since health failed", s(bad_for)),
-            ];
-            if allowance > Duration::ZERO {
-                ruled.push(format!(
-                    "with {queues} a prefill may keep health failing for at most the worst prefill {}; that has passed",
-                    s(p.max_prefill)
-                ));
-            }
-            // Probes answered while health failed: the engine serves a short
-            // probe but not its real requests.
-            let window = u.silent_since().map_or(bad, |t| t.min(bad));
-            let partial = last_probe_ok.is_some_and(|t| t > window);
-            if partial {
-                ruled.push(format!(
-                    "the watch's own short probe was answered meanwhile: the engine serves a probe but not its {queues}"
-                ));
-            }
-            a.wedge = Some(WedgeEvidence {
-                kind: if partial {
-                    WedgeKind::PartialStall
-                } else {
-                    WedgeKind::HealthGoneBad
-                },
-                onset: bad,
-                silent_ms: ms(bad_for),
-                ruled_out: ruled,
-            });
-            a.reasons.push(format!(
-                "{}: health answered 200 earlier but has not for {} (last: {}) while /metrics answers ({queues}) and nothing progressed since (allowed: stall budget {}{})",
-                u.unit,
-                s(bad_for),
-                last_status,
-                s(p.stall_budget),
-                if allowance > Duration::ZERO {
-                    format!(" + worst prefill {} while work is present", s(p.max_prefill))
-                } else {
-                    String::new()
-                }
-            ));
-            return a;
-        }
-        if bad_for >= p.stall_budget {
-            a.state = UnitState::Stalled;
-            a.reasons.push(if progressed {
-                format!(
-                    "{}: health has not answered 200 for {} (last: {last_status}) but counters rose since: the engine works",
-                    u.unit,
-                    s(bad_for)
-                )
-            } else {
-                format!(
-                    "{}: health has not answered 200 for {} (last: {last_status}) with {queues}: an engine busy with a prefill answers health late; within the worst prefill {}",
-                    u.unit,
-                    s(bad_for),
-                    s(p.max_prefill)
-                )
-            });
-            return a;
-        }
-    }
-    if let Some(st) = stall_state {
-        a.state = st;
-        return a;
-    }
-    let recent = u
-        .last_progress
-        .is_some_and(|t| now.saturating_duration_since(t) < p.idle_probe_interval);
-    a.state = if recent { UnitState::Serving } else { UnitState::Idle };
-    a
-}
-
-fn during_work_names(profile: &pdwarden_engines::Profile) -> String {
-    profile
-        .metrics
-        .iter()
-        .filter(|m| m.moves == Moves::DuringWork)
-        .map(|m| m.name)
-        .collect::<Vec<_>>()
-        .join(" + ")
-}
-
-/// Seed 004: a prefill's KV never reaches its decode. Both PD queues hold
-/// requests without a break, no transfer has been seen to land at either end
-/// for the budget plus the longest transfer, and the decode progressed with
-/// nothing since its wait began. A transfer in the inflight queue when the
-/// window opened would have landed within the longest transfer; overlapping
-/// honest transfers keep both queues non-empty but land one after another
-/// (issue 31).
-fn kv_transfer_stuck(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Option<(String, WedgeEvidence)> {
-    let fresh: Vec<&UnitTrack> = e
-        .units
-        .iter()
-        .filter(|u| {
-            // A unit whose scrape fails (a frozen process) shows queues from
-            // before: stale gauges are no evidence of a transfer (its silence
-            // is the unresponsive rule's).
-            u.last
-                .as_ref()
-                .is_some_and(|s| s.metrics.is_some() && now.saturating_duration_since(s.at) <= p.stale_after)
-        })
-        .collect();
-    let limit = p.stall_budget + p.max_kv_transfer;
-    let latest = |since: Instant, landing: Option<Instant>| landing.map_or(since, |l| l.max(since));
-    // (prefill, its inflight since, decode, its KV wait since, onset): the
-    // window opens at the later queue's start or the last landing.
-    let (prefill, sending, decode, waiting, onset) = fresh
-        .iter()
-        .filter_map(|pf| pf.inflight_since.map(|t| (*pf, t)))
-        .flat_map(|(pf, sending)| {
-            fresh.iter().filter(move |dc| dc.unit != pf.unit).filter_map(move |dc| {
-                let waiting = dc.kv_wait_since?;
-                let onset = latest(latest(sending, pf.last_kv_landing), dc.last_kv_landing).max(waiting);
-                (!dc.progressed_after(waiting)).then_some((pf, sending, *dc, waiting, onset))
-            })
-        })
-        .filter(|c| now.saturating_duration_since(c.4) >= limit)
-        .min_by_key(|c| c.4)?;
-    let silent = now.saturating_duration_since(onset);
-    let pm = prefill.last.as_ref().and_then(|s| s.metrics).unwrap_or_default();
-    let dm = decode.last.as_ref().and_then(|s| s.metrics).unwrap_or_default();
-    let reason = format!(
-        "{} has held {} prefilled request(s) sending KV for {} and {} {} waiting for KV for {}, no KV transfer has landed for {} and {} has progressed with nothing since: a KV transfer takes at most {} (allowed: stall budget {} + {}); {}, {}",
-        prefill.unit,
-        num(pm.prefill_inflight),
-        s(now.saturating_duration_since(sending)),
-        decode.unit,
-        num(dm.decode_transfer),
-        s(now.saturating_duration_since(waiting)),
-        s(silent),
-        decode.unit,
-        s(p.max_kv_transfer),
-        s(p.stall_budget),
-        s(p.max_kv_transfer),
-        health_phrase(prefill.last.as_ref().map_or(0, |s| s.health_status)),
-        health_phrase(decode.last.as_ref().map_or(0, |s| s.health_status)),
-    );
-    let evidence = WedgeEvidence {
-        kind: WedgeKind::KvTransfer,
-        onset,
-        silent_ms: ms(silent),
-        ruled_out: vec![
-            "the prefill finished computing those requests (they are in its inflight queue): no prefill is still running for them"
-                .to_string(),
-            format!(
-                "a legitimate transfer ends within {}; for {} both queues stayed non-empty and none landed: {}'s inflight count never fell, {}'s KV-wait count never fell and its running plus queued count never rose",
-                s(p.max_kv_transfer),
-                s(silent),
-                prefill.unit,
-                decode.unit
-            ),
-            format!("{} finished or generated nothing in that time", decode.unit),
-        ],
-    };
-    Some((reason, evidence))
-}
-
-/// Judges a pair at `now`.
+/// Judges a pair at `now`: every unit by the unit rules, then the pair by
+/// the pair-level rules in order — the agents' facts (a unit stopped on
+/// purpose, one that exited), probes that answer only errors, a unit's
+/// wedge, the stuck KV transfer, a silent generation, an unresponsive unit —
+/// the first that holds deciding; short of a wedge, what is down or
+/// suspicious, else whether liveness was proven lately. Then whether to
+/// probe.
 pub fn judge(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Assessment {
     let units: Vec<UnitAssessment> = e
         .units
         .iter()
         .map(|u| assess_unit(u, p, now, e.last_probe_ok))
         .collect();
-    let any = |st: UnitState| units.iter().any(|u| u.state == st);
-    let unit_reasons = |st: &[UnitState]| -> Vec<String> {
-        units
+    let j = Judging::new(e, p, now, &units);
+    if let Some(stopped) = j.stopped_on_purpose() {
+        return Assessment {
+            state: stopped.state,
+            reasons: stopped.reasons,
+            units,
+            probe: ProbeDecision::None,
+            wedge: None,
+        };
+    }
+    let ruling = j
+        .exited()
+        .or_else(|| j.failing())
+        .or_else(|| j.unit_wedged())
+        .or_else(|| j.kv_transfer())
+        .or_else(|| j.silent_generation())
+        .or_else(|| j.unresponsive())
+        .or_else(|| j.down())
+        .or_else(|| j.probe_failed())
+        .or_else(|| j.serves_others())
+        .or_else(|| j.suspicious_units())
+        .or_else(|| j.healthy())
+        .unwrap_or_else(|| j.unproven());
+    let proof_fresh = j.proof_fresh(e.idle_interval(p));
+    let probe = decide_probe(e, p, now, ruling.state, &units, proof_fresh);
+    Assessment {
+        state: ruling.state,
+        reasons: ruling.reasons,
+        units,
+        probe,
+        wedge: ruling.wedge,
+    }
+}
+
+/// One pair-level rule's finding: the pair's state, why, and the evidence
+/// when it is wedged.
+struct Ruling {
+    state: PairState,
+    reasons: Vec<String>,
+    wedge: Option<WedgeEvidence>,
+}
+
+impl Ruling {
+    fn new(state: PairState, reasons: Vec<String>) -> Self {
+        Ruling {
+            state,
+            reasons,
+            wedge: None,
+        }
+    }
+
+    fn wedged(reasons: Vec<String>, evidence: WedgeEvidence) -> Self {
+        Ruling {
+            state: PairState::Wedged,
+            reasons,
+            wedge: Some(evidence),
+        }
+    }
+}
+
+/// What the pair-level rules read: the evidence, the policy, the moment,
+/// the units as judged, and what proved liveness last.
+struct Judging<'a> {
+    e: &'a PairEvidence,
+    p: &'a WatchPolicy,
+    now: Instant,
+    units: &'a [UnitAssessment],
+    /// The latest moment every engine had made progress: traffic's proof.
+    traffic_proof: Option<Instant>,
+    /// The latest proof of liveness: traffic's, or a probe's or healthy
+    /// operation's.
+    proof_at: Option<Instant>,
+    /// The probe the rules judge on: one still in flight past what its work
+    /// ahead allows ([`probe::overdue`]), else the last one answered.
+    probe_evidence: Option<WatchProbe>,
+}
+
+impl<'a> Judging<'a> {
+    fn new(e: &'a PairEvidence, p: &'a WatchPolicy, now: Instant, units: &'a [UnitAssessment]) -> Self {
+        let traffic_proof = e
+            .units
+            .iter()
+            .map(|u| u.last_progress)
+            .collect::<Option<Vec<_>>>()
+            .and_then(|v| v.into_iter().min());
+        let proof_at = [traffic_proof, e.last_proof.as_ref().map(|p| p.0)]
+            .into_iter()
+            .flatten()
+            .max();
+        let probe_evidence = overdue(e, p, now, units).or_else(|| e.last_probe.clone());
+        Judging {
+            e,
+            p,
+            now,
+            units,
+            traffic_proof,
+            proof_at,
+            probe_evidence,
+        }
+    }
+
+    fn any(&self, st: UnitState) -> bool {
+        self.units.iter().any(|u| u.state == st)
+    }
+
+    /// The reasons of the units in these states.
+    fn unit_reasons(&self, st: &[UnitState]) -> Vec<String> {
+        self.units
             .iter()
             .filter(|u| st.contains(&u.state))
             .flat_map(|u| u.reasons.clone())
             .collect()
-    };
-    // The latest moment every engine had made progress: traffic's proof.
-    let traffic_proof = e
-        .units
-        .iter()
-        .map(|u| u.last_progress)
-        .collect::<Option<Vec<_>>>()
-        .and_then(|v| v.into_iter().min());
-    let proof_at = [traffic_proof, e.last_proof.as_ref().map(|p| p.0)]
-        .into_iter()
-        .flatten()
-        .max();
-    let proof_fresh = |within: Duration| proof_at.is_some_and(|t| now.saturating_duration_since(t) < within);
+    }
 
-    // A probe still in flight is re-judged as samples arrive (issue 31: one
-    // sent before the gauges were known carried the worst case, 426 s, and
-    // blinded the watch): once it has waited longer than what the budget
-    // and the work now known ahead of it allow, it counts as timed out, and
-    // the rules below may confirm a wedge on it while its answer is awaited.
-    let overdue = e.in_flight.as_ref().and_then(|f| {
-        let (ahead, allowance) = probe_allowance(e, p, &units);
-        let due = e.probe_budget(p) + allowance;
-        let waited = now.saturating_duration_since(f.sent_at);
-        (due < f.timeout && waited >= due).then(|| WatchProbe {
-            target: f.target.clone(),
-            sent_at: f.sent_at,
-            timeout: due,
-            work_ahead: ahead,
-            outcome: ProbeObservation::Timeout { after_ms: ms(waited) },
-            request_id: OVERDUE.into(),
+    /// Whether liveness was proven within `within` of now.
+    fn proof_fresh(&self, within: Duration) -> bool {
+        self.proof_at
+            .is_some_and(|t| self.now.saturating_duration_since(t) < within)
+    }
+
+    /// A failed probe stands unless every engine progressed after it was sent.
+    fn failed_probe(&self) -> Option<&WatchProbe> {
+        self.probe_evidence.as_ref().filter(|r| {
+            !matches!(r.outcome, ProbeObservation::Ok { .. })
+                && !self.e.units.iter().all(|u| u.progressed_after(r.sent_at))
         })
-    });
-    let probe_evidence = overdue.or_else(|| e.last_probe.clone());
-    // A failed probe stands unless every engine progressed after it was sent.
-    let failed_probe = probe_evidence.as_ref().filter(|r| {
-        !matches!(r.outcome, ProbeObservation::Ok { .. }) && !e.units.iter().all(|u| u.progressed_after(r.sent_at))
-    });
-    let served_others = e.last_probe.as_ref().filter(|r| {
-        !matches!(r.outcome, ProbeObservation::Ok { .. })
-            && !e.units.is_empty()
-            && e.units.iter().all(|u| u.progressed_after(r.sent_at))
-            && e.last_probe_done
-                .is_some_and(|d| now.saturating_duration_since(d) < p.idle_probe_interval)
-    });
-    // An engine that computed nothing at all since a probe was sent, for
-    // longer than a legitimate prefill chunk (or request) that its stale
-    // gauges may not show yet.
-    // An engine whose only work is KV in transit is waiting, not silent,
-    // for the stall rule's KV allowance (budget + worst prefill + transfer):
-    // a transfer that never lands is the KV rule's to name.
-    let silent_since_sent = |u: &UnitTrack, r: &WatchProbe| {
+    }
+
+    /// The last probe failed lately, yet every engine progressed since it
+    /// was sent: the pair serves others.
+    fn served_others(&self) -> Option<&WatchProbe> {
+        let (e, p, now) = (self.e, self.p, self.now);
+        e.last_probe.as_ref().filter(|r| {
+            !matches!(r.outcome, ProbeObservation::Ok { .. })
+                && !e.units.is_empty()
+                && e.units.iter().all(|u| u.progressed_after(r.sent_at))
+                && e.last_probe_done
+                    .is_some_and(|d| now.saturating_duration_since(d) < p.idle_probe_interval)
+        })
+    }
+
+    /// An engine that computed nothing at all since a probe was sent, for
+    /// longer than a legitimate prefill chunk (or request) that its stale
+    /// gauges may not show yet.
+    /// An engine whose only work is KV in transit is waiting, not silent,
+    /// for the stall rule's KV allowance (budget + worst prefill + transfer):
+    /// a transfer that never lands is the KV rule's to name.
+    fn silent_since_sent(&self, u: &UnitTrack, r: &WatchProbe) -> bool {
+        let (p, now) = (self.p, self.now);
         let mut allow = p.silence_allowance(u.engine(p).profile(), u.work_signal(p));
         if u.last
             .as_ref()
@@ -1297,25 +525,30 @@ pub fn judge(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Assessment {
             allow = allow.max(p.stall_budget + p.max_prefill + p.max_kv_transfer);
         }
         !u.moved_after(r.sent_at) && now.saturating_duration_since(r.sent_at) >= allow
-    };
-    let health_line = || {
-        units
+    }
+
+    /// "prefill-0 health 200, decode-0 health 200".
+    fn health_line(&self) -> String {
+        self.units
             .iter()
             .map(|u| format!("{} health {}", u.unit, u.health_status))
             .collect::<Vec<_>>()
             .join(", ")
-    };
+    }
 
-    // The agents' layer first. A unit not running on purpose (never
-    // started, or stopped on command) is reported, never started by the
-    // watch: starting what the operator has not is the operator's call
-    // (`restart pd-pair`), and a freshly started orchestrator used to
-    // "recover" units nobody had started.
-    let stopped: Vec<&AgentFact> = e.lives.iter().filter(|f| f.life == Life::Stopped).collect();
-    if !stopped.is_empty() {
-        return Assessment {
-            state: PairState::Down,
-            reasons: stopped
+    /// The agents' layer first. A unit not running on purpose (never
+    /// started, or stopped on command) is reported, never started by the
+    /// watch: starting what the operator has not is the operator's call
+    /// (`restart pd-pair`), and a freshly started orchestrator used to
+    /// "recover" units nobody had started.
+    fn stopped_on_purpose(&self) -> Option<Ruling> {
+        let stopped: Vec<&AgentFact> = self.e.lives.iter().filter(|f| f.life == Life::Stopped).collect();
+        if stopped.is_empty() {
+            return None;
+        }
+        Some(Ruling::new(
+            PairState::Down,
+            stopped
                 .iter()
                 .map(|f| {
                     format!(
@@ -1324,36 +557,27 @@ pub fn judge(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Assessment {
                     )
                 })
                 .collect(),
-            units,
-            probe: ProbeDecision::None,
-            wedge: None,
-        };
+        ))
     }
-    let exited: Vec<(&AgentFact, &str)> = e
-        .lives
-        .iter()
-        .filter_map(|f| match &f.life {
-            Life::Exited { detail } => Some((f, detail.as_str())),
-            _ => None,
-        })
-        .collect();
-    // Probes failing with errors, twice in a row at least the minimum gap
-    // apart, with not every engine progressing since the first.
-    let failing = e
-        .first_failure_sent
-        .filter(|first| {
-            e.failed_in_row >= 2
-                && e.last_probe
-                    .as_ref()
-                    .is_some_and(|r| r.sent_at.saturating_duration_since(*first) >= p.min_probe_interval)
-                && !e.units.iter().all(|u| u.progressed_after(*first))
-        })
-        .zip(e.last_probe.as_ref());
 
-    let mut wedge = None;
-    let (state, reasons) = if !exited.is_empty() {
+    /// A unit of the pair exited on its own, by its agent's report (the
+    /// router included, which no engine sample shows): wedged, so that it is
+    /// recovered through the breaker, not left suspect (issue 31).
+    fn exited(&self) -> Option<Ruling> {
+        let (e, now) = (self.e, self.now);
+        let exited: Vec<(&AgentFact, &str)> = e
+            .lives
+            .iter()
+            .filter_map(|f| match &f.life {
+                Life::Exited { detail } => Some((f, detail.as_str())),
+                _ => None,
+            })
+            .collect();
+        if exited.is_empty() {
+            return None;
+        }
         let onset = e.last_proof.as_ref().map_or(now, |p| p.0);
-        wedge = Some(WedgeEvidence {
+        let evidence = WedgeEvidence {
             kind: WedgeKind::Exited,
             onset,
             silent_ms: ms(now.saturating_duration_since(onset)),
@@ -1366,9 +590,8 @@ pub fn judge(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Assessment {
                     )
                 })
                 .collect(),
-        });
-        (
-            PairState::Wedged,
+        };
+        Some(Ruling::wedged(
             exited
                 .iter()
                 .map(|(f, d)| {
@@ -1378,13 +601,31 @@ pub fn judge(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Assessment {
                     )
                 })
                 .collect(),
-        )
-    } else if let Some((first, last)) = failing {
+            evidence,
+        ))
+    }
+
+    /// Probes failing with errors, twice in a row at least the minimum gap
+    /// apart, with not every engine progressing since the first: the pair
+    /// answers only errors (INCIDENTS row 1: every KV transfer fails), and
+    /// an error answer is not work in progress.
+    fn failing(&self) -> Option<Ruling> {
+        let (e, p, now) = (self.e, self.p, self.now);
+        let (first, last) = e
+            .first_failure_sent
+            .filter(|first| {
+                e.failed_in_row >= 2
+                    && e.last_probe
+                        .as_ref()
+                        .is_some_and(|r| r.sent_at.saturating_duration_since(*first) >= p.min_probe_interval)
+                    && !e.units.iter().all(|u| u.progressed_after(*first))
+            })
+            .zip(e.last_probe.as_ref())?;
         let what = match &last.outcome {
             ProbeObservation::Error { message } => message.clone(),
             other => other.kind().to_string(),
         };
-        wedge = Some(WedgeEvidence {
+        let evidence = WedgeEvidence {
             kind: WedgeKind::Failing,
             onset: first,
             silent_ms: ms(now.saturating_duration_since(first)),
@@ -1396,43 +637,64 @@ pub fn judge(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Assessment {
                 ),
                 "not every engine progressed since the first: no traffic is being served meanwhile".into(),
             ],
-        });
-        (
-            PairState::Wedged,
+        };
+        Some(Ruling::wedged(
             vec![format!(
                 "{} probes through {} in a row failed over {} (the last: {what}), and not every engine has progressed since: the pair answers only errors",
                 e.failed_in_row,
                 last.target,
                 s(last.sent_at.saturating_duration_since(first))
             )],
-        )
-    } else if let Some(w) = units
-        .iter()
-        .filter(|u| u.state == UnitState::Wedged)
-        // A prefill holding KV for a partner that answers nothing is a
-        // consequence: the unresponsive rule names the cause.
-        .filter(|u| !(any(UnitState::Down) && u.wedge.as_ref().is_some_and(|w| w.kind == WedgeKind::KvTransfer)))
-        .filter_map(|u| u.wedge.clone())
-        .min_by_key(|w| w.onset)
-    {
-        wedge = Some(w);
-        (PairState::Wedged, unit_reasons(&[UnitState::Wedged]))
-    } else if let Some((reason, evidence)) = kv_transfer_stuck(e, p, now) {
-        wedge = Some(evidence);
-        (PairState::Wedged, vec![reason])
-    } else if let Some(
-        r @ WatchProbe {
-            outcome: ProbeObservation::Timeout { after_ms },
-            ..
-        },
-    ) = failed_probe
-        && units.iter().all(|u| (200..300).contains(&u.health_status))
-        && e.units.iter().any(|u| silent_since_sent(u, r))
-    {
+            evidence,
+        ))
+    }
+
+    /// A unit the unit rules found wedged, the earliest onset first.
+    fn unit_wedged(&self) -> Option<Ruling> {
+        let w = self
+            .units
+            .iter()
+            .filter(|u| u.state == UnitState::Wedged)
+            // A prefill holding KV for a partner that answers nothing is a
+            // consequence: the unresponsive rule names the cause.
+            .filter(|u| {
+                !(self.any(UnitState::Down) && u.wedge.as_ref().is_some_and(|w| w.kind == WedgeKind::KvTransfer))
+            })
+            .filter_map(|u| u.wedge.clone())
+            .min_by_key(|w| w.onset)?;
+        Some(Ruling::wedged(self.unit_reasons(&[UnitState::Wedged]), w))
+    }
+
+    /// Seed 004: a KV transfer that never lands ([`kv_transfer_stuck`]).
+    fn kv_transfer(&self) -> Option<Ruling> {
+        let (reason, evidence) = kv_transfer_stuck(self.e, self.p, self.now)?;
+        Some(Ruling::wedged(vec![reason], evidence))
+    }
+
+    /// Generation silent while health answers 200 (seeds 002, 003): a probe
+    /// whose timeout covered the work ahead of it timed out, every health
+    /// answers 2xx, and some engine computed nothing at all since it was
+    /// sent — health 200 does not prove generation.
+    fn silent_generation(&self) -> Option<Ruling> {
+        let (e, p, now) = (self.e, self.p, self.now);
+        let Some(
+            r @ WatchProbe {
+                outcome: ProbeObservation::Timeout { after_ms },
+                ..
+            },
+        ) = self.failed_probe()
+        else {
+            return None;
+        };
+        if !self.units.iter().all(|u| (200..300).contains(&u.health_status))
+            || !e.units.iter().any(|u| self.silent_since_sent(u, r))
+        {
+            return None;
+        }
         let silent: Vec<&str> = e
             .units
             .iter()
-            .filter(|u| silent_since_sent(u, r))
+            .filter(|u| self.silent_since_sent(u, r))
             .map(|u| u.unit.as_str())
             .collect();
         let covered = format!(
@@ -1446,7 +708,7 @@ pub fn judge(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Assessment {
                 ""
             }
         );
-        wedge = Some(WedgeEvidence {
+        let evidence = WedgeEvidence {
             kind: WedgeKind::SilentGeneration,
             onset: r.sent_at,
             silent_ms: ms(now.saturating_duration_since(r.sent_at)),
@@ -1458,23 +720,30 @@ pub fn judge(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Assessment {
                 ),
                 "health 200 does not prove generation (INCIDENTS row 3)".into(),
             ],
-        });
-        (
-            PairState::Wedged,
+        };
+        Some(Ruling::wedged(
             vec![format!(
                 "{} through {} timed out after {} ({covered}); {} produced nothing since it was sent, while {}",
                 probe_name(r),
                 r.target,
                 s(Duration::from_millis(*after_ms)),
                 silent.join(", "),
-                health_line()
+                self.health_line()
             )],
-        )
-    } else if let Some(r) = failed_probe
-        && let Some((track, assessed)) = e
+            evidence,
+        ))
+    }
+
+    /// A unit that answers nothing at all (issue 15), with a probe through
+    /// the router failing after it went silent: stuck, not working — the
+    /// engines' HTTP servers answer /metrics while their schedulers compute.
+    fn unresponsive(&self) -> Option<Ruling> {
+        let (e, p, now) = (self.e, self.p, self.now);
+        let r = self.failed_probe()?;
+        let (track, assessed) = e
             .units
             .iter()
-            .zip(&units)
+            .zip(self.units)
             .filter(|(t, a)| {
                 // Sent after it went silent; or still unanswered, past its
                 // allowance counted from when the silence began.
@@ -1483,8 +752,7 @@ pub fn judge(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Assessment {
                         b <= r.sent_at || (r.request_id == OVERDUE && now.saturating_duration_since(b) >= r.timeout)
                     })
             })
-            .min_by_key(|(t, _)| t.scrape_bad_since)
-    {
+            .min_by_key(|(t, _)| t.scrape_bad_since)?;
         // A down unit is not one that is busy: the engines' HTTP servers
         // answer /metrics while their schedulers compute (SGLang's
         // tokenizer manager, vLLM's API server: ENGINE-NOTES.md). One that
@@ -1499,7 +767,7 @@ pub fn judge(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Assessment {
             ProbeObservation::Error { message } => format!("failed ({message})"),
             ProbeObservation::Ok { .. } => unreachable!("a failed probe"),
         };
-        wedge = Some(WedgeEvidence {
+        let evidence = WedgeEvidence {
             kind: WedgeKind::Unresponsive,
             onset,
             silent_ms: ms(now.saturating_duration_since(onset)),
@@ -1516,7 +784,7 @@ pub fn judge(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Assessment {
                     r.target
                 ),
             ],
-        });
+        };
         let mut reasons = assessed.reasons.clone();
         reasons.push(format!(
             "{} through {} sent after {} went silent {what}",
@@ -1524,10 +792,20 @@ pub fn judge(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Assessment {
             r.target,
             track.unit
         ));
-        (PairState::Wedged, reasons)
-    } else if any(UnitState::Down) {
-        (PairState::Down, unit_reasons(&[UnitState::Down]))
-    } else if let Some(r) = failed_probe {
+        Some(Ruling::wedged(reasons, evidence))
+    }
+
+    /// A unit answers neither /metrics nor health, with no failed probe to
+    /// show the pair stuck: down, not a wedge, and not recovered here.
+    fn down(&self) -> Option<Ruling> {
+        self.any(UnitState::Down)
+            .then(|| Ruling::new(PairState::Down, self.unit_reasons(&[UnitState::Down])))
+    }
+
+    /// A failed probe stands while not every engine has progressed since:
+    /// suspect, short of the rules that would make it a wedge.
+    fn probe_failed(&self) -> Option<Ruling> {
+        let r = self.failed_probe()?;
         let what = match &r.outcome {
             ProbeObservation::Timeout { after_ms } => {
                 format!("timed out after {}", s(Duration::from_millis(*after_ms)))
@@ -1535,325 +813,71 @@ pub fn judge(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Assessment {
             ProbeObservation::Error { message } => format!("failed ({message})"),
             ProbeObservation::Ok { .. } => unreachable!("filtered"),
         };
-        (
+        Some(Ruling::new(
             PairState::Suspect,
             vec![format!(
                 "{} through {} {what}; not every engine has progressed since",
                 probe_name(r),
                 r.target
             )],
-        )
-    } else if let Some(r) = served_others {
-        (
+        ))
+    }
+
+    /// A probe failed, yet every engine progressed since: the pair serves
+    /// other requests — suspect only (a partial wedge is the stall rule's).
+    fn serves_others(&self) -> Option<Ruling> {
+        let r = self.served_others()?;
+        Some(Ruling::new(
             PairState::Suspect,
             vec![format!(
                 "{} through {} failed, yet every engine progressed since: the pair serves other requests (a partial wedge is judged by the stall rule)",
                 probe_name(r),
                 r.target
             )],
-        )
-    } else if any(UnitState::Stalled) || any(UnitState::Unknown) {
-        (
-            PairState::Suspect,
-            unit_reasons(&[UnitState::Stalled, UnitState::Unknown]),
-        )
-    } else if proof_fresh(p.idle_probe_interval * 2) {
-        let how = match (&e.last_proof, traffic_proof) {
+        ))
+    }
+
+    /// A unit stalled past the budget, or with its passive evidence
+    /// missing: suspect.
+    fn suspicious_units(&self) -> Option<Ruling> {
+        (self.any(UnitState::Stalled) || self.any(UnitState::Unknown)).then(|| {
+            Ruling::new(
+                PairState::Suspect,
+                self.unit_reasons(&[UnitState::Stalled, UnitState::Unknown]),
+            )
+        })
+    }
+
+    /// Nothing suspicious and liveness proven within twice the idle probe
+    /// interval, by traffic or by a probe or healthy operation: healthy.
+    fn healthy(&self) -> Option<Ruling> {
+        let (e, now) = (self.e, self.now);
+        if !self.proof_fresh(self.p.idle_probe_interval * 2) {
+            return None;
+        }
+        let how = match (&e.last_proof, self.traffic_proof) {
             (Some((t, how)), tp) if tp.is_none_or(|tp| *t >= tp) => how.clone(),
             _ => "real traffic advances every engine's token counters".into(),
         };
-        (
+        Some(Ruling::new(
             PairState::Healthy,
             vec![format!(
                 "{how} ({} ago)",
-                s(now.saturating_duration_since(proof_at.unwrap_or(now)))
+                s(now.saturating_duration_since(self.proof_at.unwrap_or(now)))
             )],
-        )
-    } else {
-        (
+        ))
+    }
+
+    /// Nothing suspicious, but nothing has proved liveness lately: unproven.
+    fn unproven(&self) -> Ruling {
+        Ruling::new(
             PairState::Unproven,
-            vec![match proof_at {
-                Some(t) => format!("liveness last proven {} ago", s(now.saturating_duration_since(t))),
+            vec![match self.proof_at {
+                Some(t) => format!("liveness last proven {} ago", s(self.now.saturating_duration_since(t))),
                 None => "liveness not proven yet in this watch".into(),
             }],
         )
-    };
-
-    let probe = decide_probe(e, p, now, state, &units, proof_fresh(e.idle_interval(p)));
-    Assessment {
-        state,
-        reasons,
-        units,
-        probe,
-        wedge,
     }
-}
-
-/// The requests ahead of a probe on one engine, and the time they may
-/// legitimately take: on a serial engine each runs its whole prefill and
-/// generation first; on a batching one the queued ones are prefilled first,
-/// at most one running prefill holds the batch, and queued requests wait
-/// for running ones to finish.
-fn work_ahead(m: &Metrics, p: &WatchPolicy) -> (u32, Duration) {
-    let count = |v: f64| v.max(0.0).ceil() as u32;
-    let running = count(m.running);
-    let queued = count(m.queued + m.prefill_prealloc.unwrap_or(0.0) + m.decode_prealloc.unwrap_or(0.0));
-    if p.serial {
-        let n = running + queued;
-        (n, p.max_request() * n)
-    } else {
-        // Requests queue on a batching engine only while its batch is full
-        // (`--max-running-requests`, or KV memory): the probe then waits for
-        // ceil((queued + 1) / running) waves of generations to end as well.
-        let prefills = queued + u32::from(running > 0);
-        let waves = if queued > 0 {
-            (queued + 1).div_ceil(running.max(1))
-        } else {
-            0
-        };
-        (running + queued, p.max_prefill * prefills + p.max_generation * waves)
-    }
-}
-
-/// What a probe sent now may wait for beyond its own budget: the work
-/// ahead of it on the busiest engine (it must not be abandoned mid-prefill),
-/// and at least one legitimate silence of the slowest engine — a prefill
-/// chunk in progress that its stale gauges do not show yet — so that a probe
-/// that times out is evidence, not bad luck. With the requests ahead.
-fn probe_allowance(e: &PairEvidence, p: &WatchPolicy, units: &[UnitAssessment]) -> (u32, Duration) {
-    let (work_ahead, ahead) = units
-        .iter()
-        .filter_map(|u| u.metrics.map(|m| work_ahead(&m, p)))
-        .max_by_key(|(_, d)| *d)
-        .unwrap_or((0, Duration::ZERO));
-    let floor = e
-        .units
-        .iter()
-        .map(|u| p.silence_allowance(u.engine(p).profile(), u.work_signal(p)))
-        .max()
-        .unwrap_or(Duration::ZERO);
-    (work_ahead, ahead.max(floor))
-}
-
-/// How a probe still in flight past what its work ahead allows is named.
-const OVERDUE: &str = "(still unanswered, past what the work now known ahead of it allows)";
-
-fn decide_probe(
-    e: &PairEvidence,
-    p: &WatchPolicy,
-    now: Instant,
-    state: PairState,
-    units: &[UnitAssessment],
-    proof_fresh: bool,
-) -> ProbeDecision {
-    if e.probe_in_flight || state == PairState::Wedged {
-        return ProbeDecision::None;
-    }
-    let since_last = e.last_probe_sent.map(|t| now.saturating_duration_since(t));
-    let why = match state {
-        // A unit answers nothing: does the pair still generate? Asked at
-        // the minimum gap, and not again soon after a failed probe (its
-        // failure is the evidence the wedge is judged on).
-        PairState::Down => {
-            let since_done = e.last_probe_done.map(|t| now.saturating_duration_since(t));
-            let failed_last = e
-                .last_probe
-                .as_ref()
-                .is_some_and(|r| !matches!(r.outcome, ProbeObservation::Ok { .. }));
-            if since_last.is_some_and(|d| d < p.min_probe_interval)
-                || (failed_last && since_done.is_some_and(|d| d < e.idle_interval(p)))
-            {
-                return ProbeDecision::None;
-            }
-            "a unit answers neither /metrics nor health"
-        }
-        // Evidence missing or suspicious: probe, at the minimum gap, but
-        // never again soon after a failed probe (that unit just failed).
-        PairState::Suspect
-            if e.last_probe
-                .as_ref()
-                .is_some_and(|r| !matches!(r.outcome, ProbeObservation::Ok { .. })) =>
-        {
-            let since_done = e.last_probe_done.map(|t| now.saturating_duration_since(t));
-            if since_done.is_some_and(|d| d < e.idle_interval(p).max(p.min_probe_interval)) {
-                return ProbeDecision::None;
-            }
-            "the last probe failed and nothing has progressed since"
-        }
-        PairState::Suspect => {
-            if since_last.is_some_and(|d| d < p.min_probe_interval) {
-                return ProbeDecision::None;
-            }
-            "passive evidence is missing or suspicious"
-        }
-        PairState::Unproven | PairState::Healthy if !proof_fresh => {
-            // Give real traffic a chance to prove liveness first.
-            let watched_for = e
-                .units
-                .iter()
-                .filter_map(|u| u.first_at)
-                .min()
-                .map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
-            if since_last.is_some_and(|d| d < e.idle_interval(p)) || watched_for < p.min_probe_interval {
-                return ProbeDecision::None;
-            }
-            "nothing has proved liveness recently"
-        }
-        _ => return ProbeDecision::None,
-    };
-    let (work_ahead, allowance) = probe_allowance(e, p, units);
-    let timeout = e.probe_budget(p) + allowance;
-    let each = if p.serial {
-        format!(
-            "up to {} each (worst prefill + worst generation: the engines are serial)",
-            s(p.max_request())
-        )
-    } else {
-        format!(
-            "up to {} of prefill each, and the generations queued requests wait for",
-            s(p.max_prefill)
-        )
-    };
-    if timeout > p.max_probe_timeout {
-        return ProbeDecision::Defer {
-            why: format!(
-                "{why}, but {work_ahead} request(s) are ahead of a probe: covering them at {each} needs {} (> max {}); waiting instead of risking an abandoned prefill",
-                s(timeout),
-                s(p.max_probe_timeout)
-            ),
-        };
-    }
-    ProbeDecision::Send {
-        timeout,
-        work_ahead,
-        why: why.into(),
-    }
-}
-
-/// At most `max` automatic recoveries per pair per `window`; the next
-/// confirmed wedge holds the pair for a human.
-#[derive(Debug, Clone)]
-pub struct Breaker {
-    pub max: u32,
-    pub window: Duration,
-    recoveries: VecDeque<Instant>,
-    held: Option<String>,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub enum BreakerDecision {
-    /// Go ahead; this is the `nth` recovery in the window.
-    Recover { nth: u32 },
-    /// Held for a human; the reason says why.
-    Hold { reason: String },
-}
-
-impl Breaker {
-    pub fn new(max: u32, window: Duration) -> Self {
-        Breaker {
-            max,
-            window,
-            recoveries: VecDeque::new(),
-            held: None,
-        }
-    }
-
-    fn prune(&mut self, now: Instant) {
-        while self
-            .recoveries
-            .front()
-            .is_some_and(|t| now.saturating_duration_since(*t) >= self.window)
-        {
-            self.recoveries.pop_front();
-        }
-    }
-
-    /// Recoveries counted in the window ending at `now`.
-    pub fn in_window(&mut self, now: Instant) -> u32 {
-        self.prune(now);
-        self.recoveries.len() as u32
-    }
-
-    /// Called for a confirmed wedge: allows (and counts) a recovery, or holds.
-    pub fn decide(&mut self, now: Instant) -> BreakerDecision {
-        self.prune(now);
-        if let Some(reason) = &self.held {
-            return BreakerDecision::Hold { reason: reason.clone() };
-        }
-        if self.recoveries.len() as u32 >= self.max {
-            let reason = format!(
-                "held for a human: {} automatic recoveries within {} and the pair wedged again",
-                self.recoveries.len(),
-                s(self.window)
-            );
-            self.held = Some(reason.clone());
-            return BreakerDecision::Hold { reason };
-        }
-        self.recoveries.push_back(now);
-        BreakerDecision::Recover {
-            nth: self.recoveries.len() as u32,
-        }
-    }
-
-    pub fn held(&self) -> Option<&str> {
-        self.held.as_deref()
-    }
-
-    /// Counts recoveries that happened before this breaker existed (a
-    /// restarted orchestrator), `ages` before `now`; those older than the
-    /// window are ignored. Without this, an orchestrator that restarts
-    /// between recoveries would recover a wedging pair without bound.
-    pub fn seed(&mut self, ages: &[Duration], now: Instant) {
-        let mut at: Vec<Instant> = ages
-            .iter()
-            .filter(|a| **a < self.window)
-            // A monotonic clock younger than the age (the host rebooted):
-            // counted as recent, erring on the side of holding.
-            .map(|a| now.checked_sub(*a).unwrap_or(now))
-            .collect();
-        at.sort();
-        self.recoveries.extend(at);
-    }
-
-    /// A human took over (e.g. an operator's co-restart ended healthy).
-    pub fn release(&mut self) {
-        self.held = None;
-        self.recoveries.clear();
-    }
-}
-
-/// "probe pdwarden-probe-7", or just "probe" for one that never got a
-/// request id (its agent was not connected, so it was not sent).
-fn probe_name(r: &WatchProbe) -> String {
-    if r.request_id.is_empty() {
-        "probe".into()
-    } else {
-        format!("probe {}", r.request_id)
-    }
-}
-
-/// One earlier operation of a pair, as the breaker's seeding needs it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PastOperation {
-    pub started_unix_ms: u64,
-    /// Started by the watch (request id `auto-…`).
-    pub automatic: bool,
-    /// A human's co-restart that ended healthy: it releases the breaker.
-    pub human_healthy_restart: bool,
-}
-
-/// The ages of the automatic recoveries a new breaker must still count:
-/// those within `window` of `now_unix_ms` and after the newest healthy
-/// co-restart by a human (which released the breaker). `history` is newest
-/// first, as the journal returns it.
-pub fn recoveries_still_counting(history: &[PastOperation], now_unix_ms: u64, window: Duration) -> Vec<Duration> {
-    history
-        .iter()
-        .take_while(|op| !op.human_healthy_restart)
-        .filter(|op| op.automatic)
-        .map(|op| Duration::from_millis(now_unix_ms.saturating_sub(op.started_unix_ms)))
-        .filter(|age| *age < window)
-        .collect()
 }
 
 #[cfg(test)]
@@ -1864,7 +888,7 @@ mod tests {
     /// to 50,000 tokens at 250 tok/s → a worst prefill of 200 s (chunking
     /// unknown, so a chunk is the whole prefill); outputs up to 1,000 tokens
     /// at 10 tok/s → a worst generation of 100 s.
-    fn policy() -> WatchPolicy {
+    pub(super) fn policy() -> WatchPolicy {
         WatchPolicy {
             stall_budget: Duration::from_secs(8),
             max_prefill: Duration::from_secs(200),
@@ -1889,7 +913,14 @@ mod tests {
 
     /// An SGLang sample: `realtime` is `realtime_tokens_total` (rises during
     /// work), `finished` the at-finish token counters' sum.
-    fn sample(at: Instant, running: f64, queued: f64, realtime: f64, finished: f64, gpu: Option<f64>) -> Sample {
+    pub(super) fn sample(
+        at: Instant,
+        running: f64,
+        queued: f64,
+        realtime: f64,
+        finished: f64,
+        gpu: Option<f64>,
+    ) -> Sample {
         Sample {
             at,
             health_status: 200,
@@ -1906,7 +937,7 @@ mod tests {
         }
     }
 
-    fn pair() -> PairEvidence {
+    pub(super) fn pair() -> PairEvidence {
         PairEvidence::new(
             vec![
                 UnitTrack::new("prefill-0", "prefill"),
@@ -1916,14 +947,14 @@ mod tests {
         )
     }
 
-    fn observe(e: &mut PairEvidence, unit: &str, s: Sample) {
+    pub(super) fn observe(e: &mut PairEvidence, unit: &str, s: Sample) {
         e.observe(unit, s, EngineKind::Sglang);
     }
 
     /// Feeds one sample per second to both units from `from` for `secs` s;
     /// `f(t)` gives (prefill, decode) samples. Returns every assessment, one
     /// per second.
-    fn run_with(
+    pub(super) fn run_with(
         e: &mut PairEvidence,
         p: &WatchPolicy,
         t0: Instant,
@@ -1957,7 +988,7 @@ mod tests {
         })
     }
 
-    fn first_wedged(out: &[Assessment]) -> Option<usize> {
+    pub(super) fn first_wedged(out: &[Assessment]) -> Option<usize> {
         out.iter().position(|a| a.state == PairState::Wedged)
     }
 
@@ -2246,63 +1277,6 @@ mod tests {
         );
         let a = judge(&e, &p, t0 + Duration::from_secs(4));
         assert_eq!(a.state, PairState::Healthy, "{:?}", a.reasons);
-    }
-
-    /// Row 4 and issue 13: a probe's timeout covers the work ahead of it. On
-    /// a serial engine each request ahead runs its whole prefill and
-    /// generation first (200 s + 100 s); if that needs more than
-    /// max_probe_timeout the probe waits.
-    #[test]
-    fn probe_timeout_covers_the_work_ahead_or_the_probe_waits() {
-        let p = policy();
-        let t0 = Instant::now();
-        let mut e = pair();
-        // 1 running + 1 queued, stalled past the budget: suspicious.
-        for t in 0..=10u64 {
-            let now = t0 + Duration::from_secs(t);
-            observe(&mut e, "prefill-0", sample(now, 1.0, 1.0, 50.0, 41_918.0, None));
-            observe(&mut e, "decode-0", sample(now, 0.0, 0.0, 400.0, 18.0, None));
-        }
-        let a = judge(&e, &p, t0 + Duration::from_secs(10));
-        assert_eq!(a.state, PairState::Suspect);
-        assert_eq!(
-            a.probe,
-            ProbeDecision::Send {
-                timeout: Duration::from_secs(120 + 2 * 300),
-                work_ahead: 2,
-                why: "passive evidence is missing or suspicious".into()
-            }
-        );
-        // Three requests ahead would need 1,020 s > 1,200 s? No: 120 + 900 = 1,020 s fits;
-        // four need 1,320 s > 1,200 s: deferred.
-        let now = t0 + Duration::from_secs(11);
-        observe(&mut e, "prefill-0", sample(now, 1.0, 3.0, 50.0, 41_918.0, None));
-        observe(&mut e, "decode-0", sample(now, 0.0, 0.0, 400.0, 18.0, None));
-        match judge(&e, &p, now).probe {
-            ProbeDecision::Defer { why } => assert!(why.contains("4 request(s)") && why.contains("1320.0 s"), "{why}"),
-            other => panic!("{other:?}"),
-        }
-        // A batching engine: queued prefills plus one running prefill, and
-        // with requests queued (the batch is full: 1 running) the 4 waves
-        // of generations they wait for.
-        let mut b = policy();
-        b.serial = false;
-        b.max_probe_timeout = Duration::from_secs(2_000);
-        let a = judge(&e, &b, now);
-        match a.probe {
-            ProbeDecision::Send {
-                timeout, work_ahead, ..
-            } => {
-                assert_eq!((timeout, work_ahead), (Duration::from_secs(120 + 4 * 200 + 4 * 100), 4))
-            }
-            other => panic!("{other:?}"),
-        }
-        // Nothing queued on a batching engine: one running prefill only.
-        observe(&mut e, "prefill-0", sample(now, 5.0, 0.0, 50.0, 41_918.0, None));
-        match judge(&e, &b, now).probe {
-            ProbeDecision::Send { timeout, .. } => assert_eq!(timeout, Duration::from_secs(120 + 200)),
-            other => panic!("{other:?}"),
-        }
     }
 
     /// Issue 13's false wedge, end to end in the judge: an SGLang-like serial
@@ -3186,229 +2160,5 @@ mod tests {
         assert_eq!(first, 35, "the last landing at 17 s + 8 + 10");
         let w = out[first].wedge.as_ref().unwrap();
         assert_eq!((w.kind, w.onset), (WedgeKind::KvTransfer, t0 + Duration::from_secs(17)));
-    }
-
-    /// An engine whose health turns bad for the budget while /metrics answers
-    /// and nothing progresses is wedged; one that never answered health yet
-    /// (still loading) is not; one whose counters rise while health fails
-    /// (SGLang under a long chunked prefill) works.
-    #[test]
-    fn health_gone_bad_is_wedged_but_loading_and_working_are_not() {
-        let p = policy();
-        let t0 = Instant::now();
-        let mut loading = UnitTrack::new("decode-0", "decode");
-        let mut gone = UnitTrack::new("decode-0", "decode");
-        let mut working = UnitTrack::new("decode-0", "decode");
-        for t in 0..=20u64 {
-            let now = t0 + Duration::from_secs(t);
-            let mut s = sample(now, 0.0, 0.0, 5.0, 5.0, None);
-            s.health_status = 503;
-            loading.observe(s.clone(), EngineKind::Sglang);
-            let mut w = sample(now, 0.0, 0.0, 5.0 + 100.0 * t as f64, 5.0, None);
-            if t == 0 {
-                s.health_status = 200;
-            } else {
-                w.health_status = 503;
-            }
-            gone.observe(s, EngineKind::Sglang);
-            working.observe(w, EngineKind::Sglang);
-        }
-        let now = t0 + Duration::from_secs(20);
-        assert_ne!(assess_unit(&loading, &p, now, None).state, UnitState::Wedged);
-        assert_ne!(assess_unit(&working, &p, now, None).state, UnitState::Wedged);
-        let a = assess_unit(&gone, &p, now, None);
-        assert_eq!(a.state, UnitState::Wedged);
-        assert!(
-            a.reasons[0].contains("has not for 19.0 s (last: 503)"),
-            "{:?}",
-            a.reasons
-        );
-        assert_eq!(a.wedge.unwrap().kind, WedgeKind::HealthGoneBad);
-    }
-
-    /// Issue 13's first finding: a serial prefill busy with a 40 s prefill (1
-    /// running, counters flat) whose SGLang health answers 503 after 20 s is
-    /// not wedged while the worst legitimate prefill has not passed; a health
-    /// that stays bad past it with nothing progressing is.
-    #[test]
-    fn health_503_during_a_long_prefill_is_not_a_wedge() {
-        let mut p = policy();
-        // Allow longer than the health rule: this test is about health alone.
-        p.max_prefill_chunk = Duration::from_secs(900);
-        let t0 = Instant::now();
-        let mut busy = UnitTrack::new("prefill-0", "prefill");
-        for t in 0..=40u64 {
-            let mut s = sample(t0 + Duration::from_secs(t), 1.0, 0.0, 5.0, 5.0, None);
-            if t >= 20 {
-                s.health_status = 503;
-            }
-            busy.observe(s, EngineKind::Sglang);
-        }
-        let a = assess_unit(&busy, &p, t0 + Duration::from_secs(40), None);
-        assert_ne!(a.state, UnitState::Wedged, "{:?}", a.reasons);
-        assert!(
-            a.reasons
-                .iter()
-                .any(|r| r.contains("health has not answered 200 for 20.0 s")),
-            "{:?}",
-            a.reasons
-        );
-        // Past stall budget + worst prefill (8 + 200 s) with health still bad: wedged.
-        for t in 41..=230u64 {
-            let mut s = sample(t0 + Duration::from_secs(t), 1.0, 0.0, 5.0, 5.0, None);
-            s.health_status = 503;
-            busy.observe(s, EngineKind::Sglang);
-        }
-        let a = assess_unit(&busy, &p, t0 + Duration::from_secs(230), None);
-        assert_eq!(a.state, UnitState::Wedged);
-        assert!(
-            a.reasons
-                .iter()
-                .any(|r| r.contains("health answered 200 earlier but has not for 210.0 s")),
-            "{:?}",
-            a.reasons
-        );
-    }
-
-    /// vLLM's profile: the prompt counter rises only when a prefill ends and
-    /// health never waits for the scheduler. A 150 s prefill with nothing
-    /// moving is allowed the whole worst prefill even with a chunk size
-    /// configured (vLLM counts nothing per chunk); health 503 is the engine
-    /// core dead, a wedge after the budget alone.
-    #[test]
-    fn vllm_long_prefill_is_allowed_and_dead_health_is_not() {
-        let mut p = policy();
-        p.engine = EngineKind::Vllm;
-        p.max_prefill_chunk = Duration::from_secs(10);
-        let t0 = Instant::now();
-        let vllm = |at: Instant, running: f64, generated: f64, prompt: f64| Sample {
-            at,
-            health_status: 200,
-            metrics: Some(Metrics {
-                running,
-                generation_tokens: Some(generated),
-                prompt_tokens: Some(prompt),
-                engine: Some(EngineKind::Vllm),
-                ..Metrics::default()
-            }),
-            error: String::new(),
-        };
-        let mut e = pair();
-        let out = run_with(&mut e, &p, t0, 200, |t, now| {
-            let done = t >= 150;
-            [
-                vllm(
-                    now,
-                    if done { 0.0 } else { 1.0 },
-                    5.0,
-                    if done { 45_000.0 } else { 5.0 },
-                ),
-                vllm(
-                    now,
-                    if done { 1.0 } else { 0.0 },
-                    5.0 + t.saturating_sub(150) as f64,
-                    5.0,
-                ),
-            ]
-        });
-        assert!(
-            first_wedged(&out).is_none(),
-            "{:?}",
-            out.iter().find(|a| a.state == PairState::Wedged)
-        );
-        let mut dead = UnitTrack::new("decode-0", "decode");
-        for t in 0..=10u64 {
-            let mut s = vllm(t0 + Duration::from_secs(t), 1.0, 5.0, 5.0);
-            if t > 0 {
-                s.health_status = 503;
-            }
-            dead.observe(s, EngineKind::Vllm);
-        }
-        let a = assess_unit(&dead, &p, t0 + Duration::from_secs(10), None);
-        assert_eq!(a.state, UnitState::Wedged, "{:?}", a.reasons);
-        assert!(a.wedge.unwrap().ruled_out[0].contains("vllm health fails only once the engine core has died"));
-    }
-
-    /// A restarted orchestrator's breaker counts the recoveries the journal
-    /// holds: within the window, after the last human's healthy restart.
-    #[test]
-    fn breaker_seeded_from_the_journal_survives_an_orchestrator_restart() {
-        let op = |ago_s: u64, automatic: bool, human: bool| PastOperation {
-            started_unix_ms: 10_000_000 - ago_s * 1000,
-            automatic,
-            human_healthy_restart: human,
-        };
-        // Newest first: two recent recoveries, a verify, one recovery before
-        // a human's healthy restart (released), one older still.
-        let history = [
-            op(100, true, false),
-            op(700, true, false),
-            op(800, false, false),
-            op(900, true, false),
-            op(1_000, false, true),
-            op(1_100, true, false),
-        ];
-        let ages = recoveries_still_counting(&history, 10_000_000, Duration::from_secs(3_600));
-        assert_eq!(
-            ages,
-            [100, 700, 900].map(Duration::from_secs).to_vec(),
-            "the released one does not count"
-        );
-        assert_eq!(
-            recoveries_still_counting(&history, 10_000_000, Duration::from_secs(750)),
-            [100, 700].map(Duration::from_secs).to_vec()
-        );
-        let mut b = Breaker::new(3, Duration::from_secs(3_600));
-        let now = Instant::now() + Duration::from_secs(10_000);
-        b.seed(&ages, now);
-        assert_eq!(b.in_window(now), 3);
-        assert!(
-            matches!(b.decide(now), BreakerDecision::Hold { .. }),
-            "a 4th within the hour is held"
-        );
-        // The oldest falls out of the window 2700 s later: one more allowed.
-        let mut b = Breaker::new(3, Duration::from_secs(3_600));
-        b.seed(&ages, now);
-        assert_eq!(
-            b.decide(now + Duration::from_secs(2_701)),
-            BreakerDecision::Recover { nth: 3 }
-        );
-    }
-
-    /// The breaker: N recoveries per window, then the pair is held until a
-    /// human releases it; recoveries older than the window stop counting.
-    #[test]
-    fn breaker_holds_after_n_recoveries_in_the_window() {
-        let mut b = Breaker::new(3, Duration::from_secs(3_600));
-        let t0 = Instant::now();
-        for n in 1..=3 {
-            assert_eq!(
-                b.decide(t0 + Duration::from_secs(600 * n as u64)),
-                BreakerDecision::Recover { nth: n }
-            );
-        }
-        match b.decide(t0 + Duration::from_secs(2_400)) {
-            BreakerDecision::Hold { reason } => {
-                assert!(reason.contains("3 automatic recoveries within 3600.0 s"), "{reason}")
-            }
-            other => panic!("{other:?}"),
-        }
-        // Held stays held, even once the window has passed, until released.
-        assert!(matches!(
-            b.decide(t0 + Duration::from_secs(9_000)),
-            BreakerDecision::Hold { .. }
-        ));
-        b.release();
-        assert_eq!(
-            b.decide(t0 + Duration::from_secs(9_001)),
-            BreakerDecision::Recover { nth: 1 }
-        );
-        // Without a hold, old recoveries fall out of the window.
-        let mut b = Breaker::new(1, Duration::from_secs(60));
-        assert_eq!(b.decide(t0), BreakerDecision::Recover { nth: 1 });
-        assert_eq!(
-            b.decide(t0 + Duration::from_secs(61)),
-            BreakerDecision::Recover { nth: 1 }
-        );
     }
 }
