@@ -200,7 +200,7 @@ fn check_before_sending(cli: &Cli) -> Result<(), String> {
         Cmd::Certs(_) | Cmd::Demo(_) | Cmd::Soak(_) | Cmd::Completions { .. } => false,
     };
     if let (true, Some(ca)) = (connects, &cli.ca) {
-        pdwarden_orchestrator::edge::tls::check_ca_file("--ca", ca)?;
+        pdwarden_orchestrator::edge::tls::check_ca_file("--ca", ca).map_err(|e| e.to_string())?;
     }
     Ok(())
 }

@@ -84,36 +84,48 @@ pub enum JournalSpec {
     Etcd(Vec<String>),
 }
 
+/// Why a `journal` string names no store; each is one line, which the TOML
+/// error then places on the `journal` line of the file.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum JournalSpecError {
+    /// `etcd:` with no endpoint, or an empty one between commas.
+    #[error(
+        "{text:?}: an etcd journal needs its endpoints, comma-separated: etcd:http://10.0.0.1:2379,http://10.0.0.2:2379"
+    )]
+    EtcdEndpointsMissing { text: String },
+    #[error("etcd endpoint {url:?} must be an http:// or https:// URL (e.g. http://10.0.0.1:2379)")]
+    EtcdEndpointNotHttp { url: String },
+    #[error("etcd endpoint {url:?} is given twice")]
+    EtcdEndpointTwice { url: String },
+    /// `sqlite:` (or an empty string) with no path.
+    #[error("needs a path: sqlite:/var/lib/pdwarden/journal.sqlite, or etcd:URL,... for several orchestrators")]
+    SqlitePathMissing,
+}
+
 impl JournalSpec {
     /// Reads `sqlite:PATH`, `etcd:URL,...` or a bare path; the error says
     /// what is wrong in one line.
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub fn parse(text: &str) -> Result<Self, JournalSpecError> {
         if let Some(list) = text.strip_prefix("etcd:") {
             let urls: Vec<String> = list.split(',').map(|u| u.trim().to_string()).collect();
             if urls.iter().any(String::is_empty) {
-                return Err(format!(
-                    "{text:?}: an etcd journal needs its endpoints, comma-separated: etcd:http://10.0.0.1:2379,http://10.0.0.2:2379"
-                ));
+                return Err(JournalSpecError::EtcdEndpointsMissing { text: text.to_string() });
             }
-            for u in &urls {
-                if !(u.starts_with("http://") || u.starts_with("https://")) {
-                    return Err(format!(
-                        "etcd endpoint {u:?} must be an http:// or https:// URL (e.g. http://10.0.0.1:2379)"
-                    ));
-                }
+            if let Some(u) = urls
+                .iter()
+                .find(|u| !(u.starts_with("http://") || u.starts_with("https://")))
+            {
+                return Err(JournalSpecError::EtcdEndpointNotHttp { url: u.clone() });
             }
             let mut seen = HashSet::new();
             if let Some(d) = urls.iter().find(|u| !seen.insert(u.as_str())) {
-                return Err(format!("etcd endpoint {d:?} is given twice"));
+                return Err(JournalSpecError::EtcdEndpointTwice { url: d.clone() });
             }
             return Ok(Self::Etcd(urls));
         }
         let path = text.strip_prefix("sqlite:").unwrap_or(text);
         if path.trim().is_empty() {
-            return Err(
-                "needs a path: sqlite:/var/lib/pdwarden/journal.sqlite, or etcd:URL,... for several orchestrators"
-                    .into(),
-            );
+            return Err(JournalSpecError::SqlitePathMissing);
         }
         Ok(Self::Sqlite(PathBuf::from(path)))
     }
@@ -991,262 +1003,35 @@ impl OrchestratorConfig {
         Ok(t)
     }
 
+    /// Every rule a loaded config must meet, section by section, in a fixed
+    /// order: the first broken rule is the one reported, as one line naming
+    /// its field.
     fn validate(&self) -> Result<(), ConfigError> {
-        // Every duration, by its name (issue 16): none above a week.
+        self.check_durations()?;
+        crate::edge::auth::validate(&self.operators).map_err(|(f, problem)| invalid(f, problem))?;
+        check_journal(&self.journal, self.leadership.as_ref())?;
+        let mut names = HashSet::new();
+        let mut owners: HashSet<&UnitRef> = HashSet::new();
+        for (i, p) in self.pairs.iter().enumerate() {
+            check_pair(PairAt(i), p, &mut names, &mut owners)?;
+        }
+        self.check_serving_routers_outside_pairs(&owners)
+    }
+
+    /// Every duration, by its name (issue 16): none above a week.
+    fn check_durations(&self) -> Result<(), ConfigError> {
         let tree = serde_json::to_value(self).map_err(|e| invalid("config", e.to_string()))?;
         if let Some((field, problem)) = pdwarden_proto::limits::duration_over_bound(&tree) {
             return Err(invalid(field, problem));
         }
-        crate::edge::auth::validate(&self.operators).map_err(|(f, problem)| invalid(f, problem))?;
-        match (&self.journal, &self.leadership) {
-            (JournalSpec::Etcd(_), None) => {
-                return Err(invalid(
-                    "leadership.advertise_url",
-                    "required with an etcd journal: the URL agents and the CLI reach this orchestrator at",
-                ));
-            }
-            (JournalSpec::Sqlite(_), Some(_)) => {
-                return Err(invalid(
-                    "leadership",
-                    "only with an etcd journal (journal = \"etcd:URL,...\"); a SQLite journal has one orchestrator",
-                ));
-            }
-            (JournalSpec::Etcd(endpoints), Some(l)) => {
-                let https = endpoints.iter().filter(|u| u.starts_with("https://")).count();
-                match (https, &l.etcd_tls) {
-                    (0, Some(_)) => {
-                        return Err(invalid(
-                            "leadership.etcd_tls",
-                            "given, but the journal's etcd endpoints are http://: use https:// endpoints with TLS",
-                        ));
-                    }
-                    (n, None) if n > 0 => {
-                        return Err(invalid(
-                            "leadership.etcd_tls",
-                            "required for https:// etcd endpoints: ca (etcd's CA), cert and key (a client certificate etcd accepts)",
-                        ));
-                    }
-                    (n, _) if n > 0 && n < endpoints.len() => {
-                        return Err(invalid(
-                            "journal",
-                            "mixes http:// and https:// etcd endpoints: one cluster, one scheme",
-                        ));
-                    }
-                    _ => {}
-                }
-                if !(l.advertise_url.starts_with("http://") || l.advertise_url.starts_with("https://")) {
-                    return Err(invalid(
-                        "leadership.advertise_url",
-                        format!("{:?} must be an http:// or https:// URL", l.advertise_url),
-                    ));
-                }
-                if !(2..=60).contains(&l.lease_ttl_s) {
-                    return Err(invalid(
-                        "leadership.lease_ttl_s",
-                        format!("{} is outside 2..=60 seconds", l.lease_ttl_s),
-                    ));
-                }
-                if !l.prefix.starts_with('/') || l.prefix.len() < 2 || l.prefix.ends_with('/') {
-                    return Err(invalid(
-                        "leadership.prefix",
-                        format!("{:?} must start with / and not end with one, e.g. /pdwarden", l.prefix),
-                    ));
-                }
-                if l.etcd_timeout_ms < 100 || l.etcd_timeout_ms >= l.lease_ttl_s * 1000 {
-                    return Err(invalid(
-                        "leadership.etcd_timeout_ms",
-                        format!(
-                            "{} must be at least 100 and below the lease ({} s)",
-                            l.etcd_timeout_ms, l.lease_ttl_s
-                        ),
-                    ));
-                }
-            }
-            (JournalSpec::Sqlite(_), None) => {}
-        }
-        let mut names = HashSet::new();
-        let mut owners: HashSet<&UnitRef> = HashSet::new();
-        for (i, p) in self.pairs.iter().enumerate() {
-            let at = |f: &str| format!("pair[{i}].{f}");
-            if p.name.trim().is_empty() {
-                return Err(invalid(at("name"), "must not be empty"));
-            }
-            // The edge's rule (issue 32): `demo#gate` is the journal's name
-            // of a gate's children, `../../etc` a path.
-            crate::model::fields::check_name(&p.name).map_err(|problem| invalid(at("name"), problem.to_string()))?;
-            if !names.insert(p.name.as_str()) {
-                return Err(invalid(at("name"), format!("duplicate pair name {:?}", p.name)));
-            }
-            for (field, units) in [("prefill", &p.prefill), ("decode", &p.decode), ("router", &p.router)] {
-                if units.is_empty() {
-                    return Err(invalid(at(field), "needs at least one unit"));
-                }
-                for u in units {
-                    if u.host.is_empty() || u.unit.is_empty() {
-                        return Err(invalid(at(field), "host and unit must not be empty"));
-                    }
-                    if !owners.insert(u) {
-                        return Err(invalid(
-                            at(field),
-                            format!("unit {u} belongs to more than one pair role"),
-                        ));
-                    }
-                }
-            }
-            let pr = &p.probe;
-            if pr.prompt.trim().is_empty() {
-                return Err(invalid(at("probe.prompt"), "must not be empty"));
-            }
-            if pr.max_tokens == 0 {
-                return Err(invalid(at("probe.max_tokens"), "must be at least 1"));
-            }
-            for (f, v) in [
-                ("probe.warm_budget_ms", pr.warm_budget_ms),
-                ("probe.cold_allowance_ms", pr.cold_allowance_ms),
-                ("probe.probe_timeout_ms", pr.probe_timeout_ms),
-                ("timeouts.prefill_ready_ms", p.timeouts.prefill_ready_ms),
-                ("timeouts.decode_ready_ms", p.timeouts.decode_ready_ms),
-                ("timeouts.router_ready_ms", p.timeouts.router_ready_ms),
-                ("timeouts.poll_interval_ms", p.timeouts.poll_interval_ms),
-                ("timeouts.check_timeout_ms", p.timeouts.check_timeout_ms),
-            ] {
-                if v == 0 {
-                    return Err(invalid(at(f), "must be greater than 0"));
-                }
-            }
-            if pr.cold_allowance_ms < pr.warm_budget_ms {
-                return Err(invalid(
-                    at("probe.cold_allowance_ms"),
-                    format!(
-                        "{} is below warm_budget_ms ({})",
-                        pr.cold_allowance_ms, pr.warm_budget_ms
-                    ),
-                ));
-            }
-            if pr.probe_timeout_ms < pr.cold_allowance_ms {
-                return Err(invalid(
-                    at("probe.probe_timeout_ms"),
-                    format!(
-                        "{} is below cold_allowance_ms ({}): a probe must be able to observe a cold start it would accept",
-                        pr.probe_timeout_ms, pr.cold_allowance_ms
-                    ),
-                ));
-            }
-            if !(pr.cold_allowance_margin >= 1.0 && pr.cold_allowance_margin.is_finite()) {
-                return Err(invalid(
-                    at("probe.cold_allowance_margin"),
-                    "must be a finite number >= 1",
-                ));
-            }
-            let w = &p.watch;
-            w.validate()
-                .map_err(|(f, problem)| invalid(at(&format!("watch.{f}")), problem))?;
-            if w.max_probe_timeout_ms < pr.probe_timeout_ms {
-                return Err(invalid(
-                    at("watch.max_probe_timeout_ms"),
-                    format!(
-                        "{} is below probe.probe_timeout_ms ({}): no probe could ever be sent",
-                        w.max_probe_timeout_ms, pr.probe_timeout_ms
-                    ),
-                ));
-            }
-            let su = &p.suite;
-            for (f, v) in [
-                (
-                    "suite.long_generation.max_tokens",
-                    u64::from(su.long_generation.max_tokens),
-                ),
-                (
-                    "suite.long_generation.max_token_gap_ms",
-                    su.long_generation.max_token_gap_ms.unwrap_or(1),
-                ),
-                ("suite.long_generation.timeout_ms", su.long_generation.timeout_ms),
-                (
-                    "suite.multi_turn.ttft_budget_ms",
-                    su.multi_turn.ttft_budget_ms.unwrap_or(1),
-                ),
-                ("suite.ttft_budget_ms", su.ttft_budget_ms.unwrap_or(1)),
-                ("suite.multi_turn.timeout_ms", su.multi_turn.timeout_ms),
-                ("suite.concurrency.requests", u64::from(su.concurrency.requests)),
-                (
-                    "suite.concurrency.slowest_budget_ms",
-                    su.concurrency.slowest_budget_ms.unwrap_or(1),
-                ),
-                ("suite.concurrency.timeout_ms", su.concurrency.timeout_ms),
-                ("suite.abort_storm.requests", u64::from(su.abort_storm.requests)),
-                (
-                    "suite.abort_storm.prompt_tokens",
-                    u64::from(su.abort_storm.prompt_tokens),
-                ),
-                ("suite.abort_storm.abort_after_ms", su.abort_storm.abort_after_ms),
-                ("suite.abort_storm.probe_timeout_ms", su.abort_storm.probe_timeout_ms),
-            ] {
-                if v == 0 {
-                    return Err(invalid(at(f), "must be greater than 0"));
-                }
-            }
-            if su.multi_turn.second_prompt.trim().is_empty() {
-                return Err(invalid(at("suite.multi_turn.second_prompt"), "must not be empty"));
-            }
-            if let Some(t) = su.tpot_budget_ms
-                && !(t.is_finite() && t > 0.0)
-            {
-                return Err(invalid(at("suite.tpot_budget_ms"), "must be a finite number > 0"));
-            }
-            for (f, v) in [
-                ("suite.tpot_history_ratio", su.tpot_history_ratio),
-                ("suite.min_batching_gain", su.min_batching_gain),
-            ] {
-                if !(v.is_finite() && v >= 1.0) {
-                    return Err(invalid(at(f), "must be a finite number >= 1"));
-                }
-            }
-            if !(su.baseline_warning_ratio > 1.0 && su.baseline_warning_ratio.is_finite()) {
-                return Err(invalid(
-                    at("suite.baseline_warning_ratio"),
-                    "must be a finite number > 1",
-                ));
-            }
-            p.gate
-                .validate()
-                .map_err(|(f, problem)| invalid(at(&format!("gate.{f}")), problem))?;
-            if pr.warm_probes == 0 {
-                return Err(invalid(at("probe.warm_probes"), "must be at least 1"));
-            }
-            probe_and_suite_bounds(pr, su).map_err(|(f, problem)| invalid(at(f), problem))?;
-            // One cold answer per fresh engine a series can meet in turn
-            // (the larger of the prefill and decode counts), then the warm ones.
-            let cold = p.prefill.len().max(p.decode.len()).max(1) as u32;
-            if pr.max_probes < pr.warm_probes.saturating_add(cold) {
-                return Err(invalid(
-                    at("probe.max_probes"),
-                    format!(
-                        "must be at least warm_probes + {cold} ({}): a series needs room for {cold} slow first answer{} (one per fresh {}) and {} warm ones",
-                        pr.warm_probes.saturating_add(cold),
-                        if cold == 1 { "" } else { "s" },
-                        if cold == 1 { "pair" } else { "engine of the larger side" },
-                        pr.warm_probes
-                    ),
-                ));
-            }
-            if let Some(sr) = &p.serving_router {
-                if sr.host.is_empty() || sr.unit.is_empty() {
-                    return Err(invalid(at("serving_router"), "host and unit must not be empty"));
-                }
-                for (f, v) in [
-                    ("serving_router.drain_timeout_ms", sr.drain_timeout_ms),
-                    ("serving_router.rejoin_timeout_ms", sr.rejoin_timeout_ms),
-                    ("serving_router.poll_ms", sr.poll_ms),
-                ] {
-                    if v == 0 {
-                        return Err(invalid(at(f), "must be greater than 0"));
-                    }
-                }
-            }
-        }
-        // The serving router is the clients' router, outside every pair: a
-        // pair's own router is restarted with its pair (and would cut the
-        // traffic of every other pair behind it).
+        Ok(())
+    }
+
+    /// The serving router is the clients' router, outside every pair: a
+    /// pair's own router is restarted with its pair (and would cut the
+    /// traffic of every other pair behind it). `owners` holds every unit of
+    /// every pair's roles.
+    fn check_serving_routers_outside_pairs(&self, owners: &HashSet<&UnitRef>) -> Result<(), ConfigError> {
         for (i, p) in self.pairs.iter().enumerate() {
             if let Some(sr) = &p.serving_router
                 && owners.contains(&sr.unit_ref())
@@ -1262,6 +1047,319 @@ impl OrchestratorConfig {
         }
         Ok(())
     }
+}
+
+/// The journal and `[leadership]` go together: an etcd journal needs a
+/// leadership (and TLS to etcd exactly when its endpoints are `https://`),
+/// a SQLite journal has one orchestrator and none.
+fn check_journal(journal: &JournalSpec, leadership: Option<&LeadershipConfig>) -> Result<(), ConfigError> {
+    match (journal, leadership) {
+        (JournalSpec::Etcd(_), None) => Err(invalid(
+            "leadership.advertise_url",
+            "required with an etcd journal: the URL agents and the CLI reach this orchestrator at",
+        )),
+        (JournalSpec::Sqlite(_), Some(_)) => Err(invalid(
+            "leadership",
+            "only with an etcd journal (journal = \"etcd:URL,...\"); a SQLite journal has one orchestrator",
+        )),
+        (JournalSpec::Etcd(endpoints), Some(l)) => check_etcd_leadership(endpoints, l),
+        (JournalSpec::Sqlite(_), None) => Ok(()),
+    }
+}
+
+/// `[leadership]` on an etcd journal: TLS to etcd matching the endpoints'
+/// one scheme, an `http(s)://` advertised URL, and a lease, prefix and etcd
+/// timeout a leader can keep.
+fn check_etcd_leadership(endpoints: &[String], l: &LeadershipConfig) -> Result<(), ConfigError> {
+    let https = endpoints.iter().filter(|u| u.starts_with("https://")).count();
+    match (https, &l.etcd_tls) {
+        (0, Some(_)) => {
+            return Err(invalid(
+                "leadership.etcd_tls",
+                "given, but the journal's etcd endpoints are http://: use https:// endpoints with TLS",
+            ));
+        }
+        (n, None) if n > 0 => {
+            return Err(invalid(
+                "leadership.etcd_tls",
+                "required for https:// etcd endpoints: ca (etcd's CA), cert and key (a client certificate etcd accepts)",
+            ));
+        }
+        (n, _) if n > 0 && n < endpoints.len() => {
+            return Err(invalid(
+                "journal",
+                "mixes http:// and https:// etcd endpoints: one cluster, one scheme",
+            ));
+        }
+        _ => {}
+    }
+    if !(l.advertise_url.starts_with("http://") || l.advertise_url.starts_with("https://")) {
+        return Err(invalid(
+            "leadership.advertise_url",
+            format!("{:?} must be an http:// or https:// URL", l.advertise_url),
+        ));
+    }
+    if !(2..=60).contains(&l.lease_ttl_s) {
+        return Err(invalid(
+            "leadership.lease_ttl_s",
+            format!("{} is outside 2..=60 seconds", l.lease_ttl_s),
+        ));
+    }
+    if !l.prefix.starts_with('/') || l.prefix.len() < 2 || l.prefix.ends_with('/') {
+        return Err(invalid(
+            "leadership.prefix",
+            format!("{:?} must start with / and not end with one, e.g. /pdwarden", l.prefix),
+        ));
+    }
+    if l.etcd_timeout_ms < 100 || l.etcd_timeout_ms >= l.lease_ttl_s * 1000 {
+        return Err(invalid(
+            "leadership.etcd_timeout_ms",
+            format!(
+                "{} must be at least 100 and below the lease ({} s)",
+                l.etcd_timeout_ms, l.lease_ttl_s
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The `i`th `[[pair]]`, which names its fields in errors as `pair[i].FIELD`.
+#[derive(Debug, Clone, Copy)]
+struct PairAt(usize);
+
+impl PairAt {
+    fn field(self, f: &str) -> String {
+        format!("pair[{}].{f}", self.0)
+    }
+
+    fn invalid(self, f: &str, problem: impl Into<String>) -> ConfigError {
+        invalid(self.field(f), problem)
+    }
+}
+
+/// One pair, section by section. `names` and `owners` gather the pair
+/// names and role units seen so far: both must be unique across pairs.
+fn check_pair<'a>(
+    at: PairAt,
+    p: &'a PairConfig,
+    names: &mut HashSet<&'a str>,
+    owners: &mut HashSet<&'a UnitRef>,
+) -> Result<(), ConfigError> {
+    check_pair_name(at, &p.name, names)?;
+    check_pair_units(at, p, owners)?;
+    check_probe_budgets(at, &p.probe, &p.timeouts)?;
+    check_pair_watch(at, &p.watch, &p.probe)?;
+    check_suite(at, &p.suite)?;
+    p.gate
+        .validate()
+        .map_err(|(f, problem)| at.invalid(&format!("gate.{f}"), problem))?;
+    check_probe_series(at, p)?;
+    if let Some(sr) = &p.serving_router {
+        check_serving_router(at, sr)?;
+    }
+    Ok(())
+}
+
+/// A pair's name: not empty, by the edge's rule (issue 32: `demo#gate` is
+/// the journal's name of a gate's children, `../../etc` a path), and unique.
+fn check_pair_name<'a>(at: PairAt, name: &'a str, names: &mut HashSet<&'a str>) -> Result<(), ConfigError> {
+    if name.trim().is_empty() {
+        return Err(at.invalid("name", "must not be empty"));
+    }
+    crate::model::fields::check_name(name).map_err(|problem| at.invalid("name", problem.to_string()))?;
+    if !names.insert(name) {
+        return Err(at.invalid("name", format!("duplicate pair name {name:?}")));
+    }
+    Ok(())
+}
+
+/// Each role (prefill, decode, router) has at least one unit, each unit a
+/// host and a name, and no unit serves two roles or two pairs.
+fn check_pair_units<'a>(at: PairAt, p: &'a PairConfig, owners: &mut HashSet<&'a UnitRef>) -> Result<(), ConfigError> {
+    for (field, units) in [("prefill", &p.prefill), ("decode", &p.decode), ("router", &p.router)] {
+        if units.is_empty() {
+            return Err(at.invalid(field, "needs at least one unit"));
+        }
+        for u in units {
+            if u.host.is_empty() || u.unit.is_empty() {
+                return Err(at.invalid(field, "host and unit must not be empty"));
+            }
+            if !owners.insert(u) {
+                return Err(at.invalid(field, format!("unit {u} belongs to more than one pair role")));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The probe and the restart's deadlines: a prompt, no zero budget or
+/// deadline, and warm budget ≤ cold allowance ≤ probe timeout (a probe must
+/// be able to observe a cold start it would accept).
+fn check_probe_budgets(at: PairAt, pr: &ProbeConfig, timeouts: &TimeoutConfig) -> Result<(), ConfigError> {
+    if pr.prompt.trim().is_empty() {
+        return Err(at.invalid("probe.prompt", "must not be empty"));
+    }
+    if pr.max_tokens == 0 {
+        return Err(at.invalid("probe.max_tokens", "must be at least 1"));
+    }
+    for (f, v) in [
+        ("probe.warm_budget_ms", pr.warm_budget_ms),
+        ("probe.cold_allowance_ms", pr.cold_allowance_ms),
+        ("probe.probe_timeout_ms", pr.probe_timeout_ms),
+        ("timeouts.prefill_ready_ms", timeouts.prefill_ready_ms),
+        ("timeouts.decode_ready_ms", timeouts.decode_ready_ms),
+        ("timeouts.router_ready_ms", timeouts.router_ready_ms),
+        ("timeouts.poll_interval_ms", timeouts.poll_interval_ms),
+        ("timeouts.check_timeout_ms", timeouts.check_timeout_ms),
+    ] {
+        if v == 0 {
+            return Err(at.invalid(f, "must be greater than 0"));
+        }
+    }
+    if pr.cold_allowance_ms < pr.warm_budget_ms {
+        return Err(at.invalid(
+            "probe.cold_allowance_ms",
+            format!(
+                "{} is below warm_budget_ms ({})",
+                pr.cold_allowance_ms, pr.warm_budget_ms
+            ),
+        ));
+    }
+    if pr.probe_timeout_ms < pr.cold_allowance_ms {
+        return Err(at.invalid(
+            "probe.probe_timeout_ms",
+            format!(
+                "{} is below cold_allowance_ms ({}): a probe must be able to observe a cold start it would accept",
+                pr.probe_timeout_ms, pr.cold_allowance_ms
+            ),
+        ));
+    }
+    if !(pr.cold_allowance_margin >= 1.0 && pr.cold_allowance_margin.is_finite()) {
+        return Err(at.invalid("probe.cold_allowance_margin", "must be a finite number >= 1"));
+    }
+    Ok(())
+}
+
+/// The watch's own bounds ([`WatchConfig::validate`]), and a probe timeout
+/// it allows: else no probe could ever be sent.
+fn check_pair_watch(at: PairAt, w: &WatchConfig, pr: &ProbeConfig) -> Result<(), ConfigError> {
+    w.validate()
+        .map_err(|(f, problem)| at.invalid(&format!("watch.{f}"), problem))?;
+    if w.max_probe_timeout_ms < pr.probe_timeout_ms {
+        return Err(at.invalid(
+            "watch.max_probe_timeout_ms",
+            format!(
+                "{} is below probe.probe_timeout_ms ({}): no probe could ever be sent",
+                w.max_probe_timeout_ms, pr.probe_timeout_ms
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The verification suite: no zero count, budget or timeout, a second
+/// prompt, and ratios that are finite and can be met. Its upper bounds are
+/// checked with the probe's ([`check_probe_series`]).
+fn check_suite(at: PairAt, su: &SuiteConfig) -> Result<(), ConfigError> {
+    for (f, v) in [
+        (
+            "suite.long_generation.max_tokens",
+            u64::from(su.long_generation.max_tokens),
+        ),
+        (
+            "suite.long_generation.max_token_gap_ms",
+            su.long_generation.max_token_gap_ms.unwrap_or(1),
+        ),
+        ("suite.long_generation.timeout_ms", su.long_generation.timeout_ms),
+        (
+            "suite.multi_turn.ttft_budget_ms",
+            su.multi_turn.ttft_budget_ms.unwrap_or(1),
+        ),
+        ("suite.ttft_budget_ms", su.ttft_budget_ms.unwrap_or(1)),
+        ("suite.multi_turn.timeout_ms", su.multi_turn.timeout_ms),
+        ("suite.concurrency.requests", u64::from(su.concurrency.requests)),
+        (
+            "suite.concurrency.slowest_budget_ms",
+            su.concurrency.slowest_budget_ms.unwrap_or(1),
+        ),
+        ("suite.concurrency.timeout_ms", su.concurrency.timeout_ms),
+        ("suite.abort_storm.requests", u64::from(su.abort_storm.requests)),
+        (
+            "suite.abort_storm.prompt_tokens",
+            u64::from(su.abort_storm.prompt_tokens),
+        ),
+        ("suite.abort_storm.abort_after_ms", su.abort_storm.abort_after_ms),
+        ("suite.abort_storm.probe_timeout_ms", su.abort_storm.probe_timeout_ms),
+    ] {
+        if v == 0 {
+            return Err(at.invalid(f, "must be greater than 0"));
+        }
+    }
+    if su.multi_turn.second_prompt.trim().is_empty() {
+        return Err(at.invalid("suite.multi_turn.second_prompt", "must not be empty"));
+    }
+    if let Some(t) = su.tpot_budget_ms
+        && !(t.is_finite() && t > 0.0)
+    {
+        return Err(at.invalid("suite.tpot_budget_ms", "must be a finite number > 0"));
+    }
+    for (f, v) in [
+        ("suite.tpot_history_ratio", su.tpot_history_ratio),
+        ("suite.min_batching_gain", su.min_batching_gain),
+    ] {
+        if !(v.is_finite() && v >= 1.0) {
+            return Err(at.invalid(f, "must be a finite number >= 1"));
+        }
+    }
+    if !(su.baseline_warning_ratio > 1.0 && su.baseline_warning_ratio.is_finite()) {
+        return Err(at.invalid("suite.baseline_warning_ratio", "must be a finite number > 1"));
+    }
+    Ok(())
+}
+
+/// A probe series that can end: at least one warm probe, every probe and
+/// suite number within its bound ([`probe_and_suite_bounds`]), and room for
+/// one cold answer per fresh engine a series can meet in turn (the larger of
+/// the prefill and decode counts), then the warm ones.
+fn check_probe_series(at: PairAt, p: &PairConfig) -> Result<(), ConfigError> {
+    let pr = &p.probe;
+    if pr.warm_probes == 0 {
+        return Err(at.invalid("probe.warm_probes", "must be at least 1"));
+    }
+    probe_and_suite_bounds(pr, &p.suite).map_err(|(f, problem)| at.invalid(f, problem))?;
+    let cold = p.prefill.len().max(p.decode.len()).max(1) as u32;
+    if pr.max_probes < pr.warm_probes.saturating_add(cold) {
+        return Err(at.invalid(
+            "probe.max_probes",
+            format!(
+                "must be at least warm_probes + {cold} ({}): a series needs room for {cold} slow first answer{} (one per fresh {}) and {} warm ones",
+                pr.warm_probes.saturating_add(cold),
+                if cold == 1 { "" } else { "s" },
+                if cold == 1 { "pair" } else { "engine of the larger side" },
+                pr.warm_probes
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `[pair.serving_router]`'s own fields: a unit, and no zero drain, rejoin
+/// or poll time. (That it is outside every pair is checked once all pairs
+/// are known.)
+fn check_serving_router(at: PairAt, sr: &ServingRouterConfig) -> Result<(), ConfigError> {
+    if sr.host.is_empty() || sr.unit.is_empty() {
+        return Err(at.invalid("serving_router", "host and unit must not be empty"));
+    }
+    for (f, v) in [
+        ("serving_router.drain_timeout_ms", sr.drain_timeout_ms),
+        ("serving_router.rejoin_timeout_ms", sr.rejoin_timeout_ms),
+        ("serving_router.poll_ms", sr.poll_ms),
+    ] {
+        if v == 0 {
+            return Err(at.invalid(f, "must be greater than 0"));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -1380,6 +1478,40 @@ probe_timeout_ms = 120000
             assert!(e.contains(says), "{journal} {extra}: {e}");
             assert!(!e.contains('\n'), "one line: {e}");
         }
+    }
+
+    /// The journal's refusals are typed, and each keeps its one line word
+    /// for word (it is what the TOML error quotes on the `journal` line).
+    #[test]
+    fn journal_spec_refusals_keep_their_words() {
+        for (text, says) in [
+            (
+                "etcd:http://a:1,",
+                "\"etcd:http://a:1,\": an etcd journal needs its endpoints, comma-separated: etcd:http://10.0.0.1:2379,http://10.0.0.2:2379",
+            ),
+            (
+                "etcd:http://a:1,a:2,b:3",
+                "etcd endpoint \"a:2\" must be an http:// or https:// URL (e.g. http://10.0.0.1:2379)",
+            ),
+            (
+                "etcd:http://a:1, http://a:1",
+                "etcd endpoint \"http://a:1\" is given twice",
+            ),
+            (
+                "sqlite: ",
+                "needs a path: sqlite:/var/lib/pdwarden/journal.sqlite, or etcd:URL,... for several orchestrators",
+            ),
+            (
+                "",
+                "needs a path: sqlite:/var/lib/pdwarden/journal.sqlite, or etcd:URL,... for several orchestrators",
+            ),
+        ] {
+            assert_eq!(JournalSpec::parse(text).unwrap_err().to_string(), says, "{text:?}");
+        }
+        assert_eq!(
+            JournalSpec::parse("etcd:http://a:1").unwrap(),
+            JournalSpec::Etcd(vec!["http://a:1".into()])
+        );
     }
 
     /// The shipped example must stay valid.

@@ -15,7 +15,10 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use pdwarden_agent::{AgentConfig, OnExit, Role, UnitConfig};
 use pdwarden_engines::EngineKind;
-use pdwarden_orchestrator::config::{DecodeStartPolicy, OrchestratorConfig, PairConfig, ProbeConfig, UnitRef};
+use pdwarden_orchestrator::config::{
+    DecodeStartPolicy, OrchestratorConfig, PairConfig, ProbeConfig, ServingRouterConfig, SuiteConfig, TimeoutConfig,
+    UnitRef, WatchConfig,
+};
 use pdwarden_orchestrator::edge::auth::{OperatorConfig, OperatorRole, hash_token, new_token};
 use pdwarden_orchestrator::edge::certs::CertDir;
 use pdwarden_orchestrator::edge::client::Credentials;
@@ -121,10 +124,119 @@ fn flag_value(argv: &[String], name: &str) -> Option<f64> {
 
 /// Builds both configs for `args`, writes them into `dir` and reads them
 /// back through the loaders.
+///
+/// The order of the steps is the order of the refusals a user sees (the
+/// flags first, then the binaries, then the engines' own flags) and of the
+/// ports taken.
 pub fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<Configs> {
-    // A real engine runs in real time, on its own command line.
-    let vllm = match args.engine {
-        DemoEngine::PdSim => None,
+    let vllm = vllm_stack(args)?;
+    let scale = time_scale(args, vllm.is_some())?;
+    let policy = decode_start_policy(args)?;
+    let xpyd = args.prefills > 1 || args.decodes > 1;
+    check_stack_shape(args, xpyd)?;
+    let sim = SimLauncher {
+        wrapper: &args.engine_wrapper,
+        pd_sim: binary("pd-sim")?,
+        scale,
+    };
+    let smg = match vllm {
+        None => find_router(args.router_bin.as_deref())?,
+        Some(_) => PathBuf::new(),
+    };
+    let ports = Ports::take()?;
+    let decode_proxy = decode_proxy(args, xpyd, ports.decode)?;
+    // The decode as the router sees it.
+    let router_decode = decode_proxy.as_ref().map(|p| p.url.clone());
+    let extra = ExtraEngines::take(args)?;
+    let mut prefill_argv = sim.argv(
+        "prefill",
+        ports.prefill,
+        ports.bootstrap,
+        &PREFILL_TIMING,
+        &format!(
+            "{} {}",
+            args.incident.map_or("", Incident::prefill_sim),
+            args.prefill_sim
+        ),
+    )?;
+    let mut decode_argv = sim.argv(
+        "decode",
+        ports.decode,
+        0,
+        &DECODE_TIMING,
+        &format!("{} {}", args.incident.map_or("", Incident::decode_sim), args.decode_sim),
+    )?;
+    let router_argv = pair_router_argv(args, &smg, &ports, &extra, router_decode.as_deref(), xpyd);
+    let (scheme, tls, credentials) = security(args, dir)?;
+    let url = format!("{scheme}://127.0.0.1:{}", ports.orchestrator);
+
+    let mut agent = agent_config(args, dir, &url, ports.agent_metrics, tls.as_ref());
+    agent.units = pair_units(
+        args,
+        &sim,
+        &ports,
+        &extra,
+        [prefill_argv.clone(), decode_argv.clone(), router_argv],
+    )?;
+    let mut engines = vec![
+        (PAIR.to_string(), "prefill-0".to_string(), loopback(ports.prefill)),
+        (PAIR.to_string(), "decode-0".to_string(), loopback(ports.decode)),
+    ];
+    let mut serving_router_url = None;
+    if args.shared_router {
+        let shared = SharedRouter::take(args, &sim, &smg)?;
+        agent.units.extend(shared.units);
+        engines.extend(shared.engines);
+        serving_router_url = Some(shared.url);
+    }
+    if let Some(v) = &vllm {
+        agent.units = v
+            .units(
+                [ports.prefill, ports.decode, ports.router, ports.prometheus],
+                &dir.join("kv"),
+                router_decode.as_deref(),
+            )
+            .to_vec();
+        prefill_argv = agent.units[0].argv.clone();
+        decode_argv = agent.units[1].argv.clone();
+    }
+
+    let mut orchestrator = orchestrator_config(args, dir, &ports, tls)?;
+    orchestrator.pairs = demo_pairs(args, Scale(scale), policy, &prefill_argv, &decode_argv, vllm.is_some())?;
+
+    let written = write_and_read_back(dir, &agent, &orchestrator)?;
+    Ok(Configs {
+        orchestrator: written.orchestrator,
+        agent: written.agent,
+        orchestrator_path: written.orchestrator_path,
+        agent_path: written.agent_path,
+        url,
+        credentials,
+        plan: StackPlan {
+            time_scale: scale,
+            prefill_argv,
+            decode_argv,
+            router_url: loopback(ports.router),
+            readiness_url: loopback(ports.readiness),
+            agent_metrics_url: loopback(ports.agent_metrics),
+            serving_router_url,
+            engines,
+            decode_proxy,
+        },
+    })
+}
+
+/// `http://127.0.0.1:PORT`: every process of the stack is on loopback.
+fn loopback(port: u16) -> String {
+    format!("http://127.0.0.1:{port}")
+}
+
+/// With `--engine vllm`, the installed vLLM stack; pd-sim's own flags are
+/// refused with it, since a real engine runs in real time, on its own
+/// command line.
+fn vllm_stack(args: &DemoArgs) -> anyhow::Result<Option<VllmStack>> {
+    match args.engine {
+        DemoEngine::PdSim => Ok(None),
         DemoEngine::Vllm => {
             for (given, flag) in [
                 (args.time_scale.is_some(), "--time-scale"),
@@ -143,10 +255,15 @@ pub fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<Configs> {
                     bail!("{flag} is pd-sim's: not with --engine vllm");
                 }
             }
-            Some(VllmStack::find()?)
+            Ok(Some(VllmStack::find()?))
         }
-    };
-    let scale = if vllm.is_some() {
+    }
+}
+
+/// The stack's time scale: 1 for a real engine, else `--time-scale` (by
+/// default [`DEFAULT_TIME_SCALE`]), in (0, 1].
+fn time_scale(args: &DemoArgs, real_engine: bool) -> anyhow::Result<f64> {
+    let scale = if real_engine {
         1.0
     } else {
         args.time_scale.unwrap_or(DEFAULT_TIME_SCALE)
@@ -154,13 +271,22 @@ pub fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<Configs> {
     if !(scale > 0.0 && scale <= 1.0) {
         bail!("--time-scale must be in (0, 1], got {scale}");
     }
-    let policy = match args.decode_start_policy.as_str() {
+    Ok(scale)
+}
+
+/// `--decode-start-policy`, by its config name.
+fn decode_start_policy(args: &DemoArgs) -> anyhow::Result<DecodeStartPolicy> {
+    Ok(match args.decode_start_policy.as_str() {
         "after-prefill-ready" => DecodeStartPolicy::AfterPrefillReady,
         "overlap" => DecodeStartPolicy::Overlap,
         other => bail!("--decode-start-policy must be `after-prefill-ready` or `overlap`, got {other:?}"),
-    };
-    let scaled = |ms: u64| ((ms as f64 * scale).round() as u64).max(1);
-    let xpyd = args.prefills > 1 || args.decodes > 1;
+    })
+}
+
+/// The stack's shapes that do not combine: the incident drills run on a
+/// 1P1D pair, `--shared-router` is two 1P1D pairs, and `--rolling` needs N
+/// prefills and N decodes (N >= 2) of one pair.
+fn check_stack_shape(args: &DemoArgs, xpyd: bool) -> anyhow::Result<()> {
     if xpyd && args.incident.is_some() {
         bail!("--prefills/--decodes: the incident drills run on a 1P1D pair, not with --incident");
     }
@@ -176,24 +302,46 @@ pub fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<Configs> {
             args.decodes
         );
     }
-    let pd_sim = binary("pd-sim")?;
-    let smg = match vllm {
-        None => find_router(args.router_bin.as_deref())?,
-        Some(_) => PathBuf::new(),
-    };
-    let (orch, prefill, bootstrap, decode, router, prom, readiness, agent_metrics) = (
-        late_bind_port()?,
-        late_bind_port()?,
-        late_bind_port()?,
-        late_bind_port()?,
-        late_bind_port()?,
-        late_bind_port()?,
-        late_bind_port()?,
-        late_bind_port()?,
-    );
-    // --decode-proxy: the router reaches the decode through pd-faultproxy.
-    let decode_proxy = match &args.decode_proxy {
-        None => None,
+    Ok(())
+}
+
+/// The loopback ports of the first prefill and decode, the pair's router
+/// and the stack's own endpoints, taken in the order of the fields.
+struct Ports {
+    orchestrator: u16,
+    prefill: u16,
+    /// The first prefill's KV bootstrap port.
+    bootstrap: u16,
+    decode: u16,
+    router: u16,
+    /// The pair router's Prometheus port.
+    prometheus: u16,
+    /// The orchestrator's readiness endpoint.
+    readiness: u16,
+    agent_metrics: u16,
+}
+
+impl Ports {
+    fn take() -> std::io::Result<Self> {
+        // A struct expression evaluates its fields in the order written.
+        Ok(Ports {
+            orchestrator: late_bind_port()?,
+            prefill: late_bind_port()?,
+            bootstrap: late_bind_port()?,
+            decode: late_bind_port()?,
+            router: late_bind_port()?,
+            prometheus: late_bind_port()?,
+            readiness: late_bind_port()?,
+            agent_metrics: late_bind_port()?,
+        })
+    }
+}
+
+/// `--decode-proxy`: `pd-faultproxy` on a port of its own in front of a
+/// 1P1D pair's decode, with the given fault flags.
+fn decode_proxy(args: &DemoArgs, xpyd: bool, decode: u16) -> anyhow::Result<Option<ProxyPlan>> {
+    match &args.decode_proxy {
+        None => Ok(None),
         Some(_) if xpyd || args.shared_router => {
             bail!(
                 "--decode-proxy: one proxy in front of a 1P1D pair's decode, not with --prefills/--decodes or --shared-router"
@@ -209,116 +357,158 @@ pub fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<Configs> {
                 format!("http://127.0.0.1:{decode}"),
             ];
             argv.extend(flags.split_whitespace().map(str::to_string));
-            Some(ProxyPlan {
+            Ok(Some(ProxyPlan {
                 argv,
                 url: format!("http://127.0.0.1:{port}"),
-            })
+            }))
         }
-    };
-    // The decode as the router sees it.
-    let router_decode = decode_proxy.as_ref().map(|p| p.url.clone());
-    // Further prefills (port, bootstrap port) and decodes of an xPyD pair.
-    let more_prefills: Vec<(u16, u16)> = (1..args.prefills)
-        .map(|_| Ok((late_bind_port()?, late_bind_port()?)))
-        .collect::<anyhow::Result<_>>()?;
-    let more_decodes: Vec<u16> = (1..args.decodes).map(|_| late_bind_port()).collect::<Result<_, _>>()?;
-    let loopback = |port: u16| format!("http://127.0.0.1:{port}");
-
-    let engine =
-        |role: &str, port: u16, bootstrap: u16, t: &EngineTiming, extra: &str| -> anyhow::Result<Vec<String>> {
-            let mut flags: Vec<(String, Option<String>)> = vec![
-                ("--role".into(), Some(role.into())),
-                ("--host".into(), Some("127.0.0.1".into())),
-                ("--port".into(), Some(port.to_string())),
-                ("--model".into(), Some(MODEL.into())),
-                ("--listen-after-ms".into(), Some(t.listen_after_ms.to_string())),
-                ("--ready-after-ms".into(), Some(t.ready_after_ms.to_string())),
-                ("--ttft-ms".into(), Some("120".into())),
-                ("--tpot-ms".into(), Some("12".into())),
-                ("--cold-first-ms".into(), Some("6000".into())),
-                ("--time-scale".into(), Some(scale.to_string())),
-            ];
-            if role == "prefill" {
-                flags.push(("--bootstrap-port".into(), Some(bootstrap.to_string())));
-            }
-            for (flag, value) in parse_sim_flags(extra).with_context(|| format!("--{role}-sim"))? {
-                if matches!(
-                    flag.as_str(),
-                    "--role" | "--host" | "--port" | "--bootstrap-port" | "--time-scale"
-                ) {
-                    bail!("--{role}-sim: {flag} is set by the demo itself");
-                }
-                flags.retain(|(f, _)| *f != flag);
-                flags.push((flag, value));
-            }
-            let mut v: Vec<String> = args.engine_wrapper.split_whitespace().map(str::to_string).collect();
-            v.push(pd_sim.display().to_string());
-            for (f, val) in flags {
-                v.push(f);
-                v.extend(val);
-            }
-            Ok(v)
-        };
-    const PREFILL_TIMING: EngineTiming = EngineTiming {
-        listen_after_ms: 60_000,
-        ready_after_ms: 70_000,
-    };
-    const DECODE_TIMING: EngineTiming = EngineTiming {
-        listen_after_ms: 62_000,
-        ready_after_ms: 72_000,
-    };
-    let mut prefill_argv = engine(
-        "prefill",
-        prefill,
-        bootstrap,
-        &PREFILL_TIMING,
-        &format!(
-            "{} {}",
-            args.incident.map_or("", Incident::prefill_sim),
-            args.prefill_sim
-        ),
-    )?;
-    let mut decode_argv = engine(
-        "decode",
-        decode,
-        0,
-        &DECODE_TIMING,
-        &format!("{} {}", args.incident.map_or("", Incident::decode_sim), args.decode_sim),
-    )?;
-    let mut router_argv: Vec<String> = vec![smg.display().to_string(), "launch".into(), "--pd-disaggregation".into()];
-    for (port, boot) in std::iter::once((prefill, bootstrap)).chain(more_prefills.iter().copied()) {
-        router_argv.extend(["--prefill".into(), loopback(port), boot.to_string()]);
     }
-    router_argv.extend([
+}
+
+/// The further engines of an xPyD pair, past `prefill-0` and `decode-0`.
+struct ExtraEngines {
+    /// `prefill-1`, ...: (port, bootstrap port).
+    prefills: Vec<(u16, u16)>,
+    /// `decode-1`, ...: port.
+    decodes: Vec<u16>,
+}
+
+impl ExtraEngines {
+    fn take(args: &DemoArgs) -> anyhow::Result<Self> {
+        let prefills = (1..args.prefills)
+            .map(|_| Ok((late_bind_port()?, late_bind_port()?)))
+            .collect::<anyhow::Result<_>>()?;
+        let decodes = (1..args.decodes).map(|_| late_bind_port()).collect::<Result<_, _>>()?;
+        Ok(ExtraEngines { prefills, decodes })
+    }
+}
+
+const PREFILL_TIMING: EngineTiming = EngineTiming {
+    listen_after_ms: 60_000,
+    ready_after_ms: 70_000,
+};
+const DECODE_TIMING: EngineTiming = EngineTiming {
+    listen_after_ms: 62_000,
+    ready_after_ms: 72_000,
+};
+
+/// How the stack launches a pd-sim engine.
+struct SimLauncher<'a> {
+    /// `--engine-wrapper`, put in front of every engine's argv.
+    wrapper: &'a str,
+    pd_sim: PathBuf,
+    scale: f64,
+}
+
+impl SimLauncher<'_> {
+    /// One engine's argv: the demo's flags for `role` on `port` (and its
+    /// `bootstrap` port for a prefill), then the `extra` pd-sim flags, each
+    /// replacing the demo's own; the ones that wire the stack are refused.
+    fn argv(
+        &self,
+        role: &str,
+        port: u16,
+        bootstrap: u16,
+        t: &EngineTiming,
+        extra: &str,
+    ) -> anyhow::Result<Vec<String>> {
+        let mut flags: Vec<(String, Option<String>)> = vec![
+            ("--role".into(), Some(role.into())),
+            ("--host".into(), Some("127.0.0.1".into())),
+            ("--port".into(), Some(port.to_string())),
+            ("--model".into(), Some(MODEL.into())),
+            ("--listen-after-ms".into(), Some(t.listen_after_ms.to_string())),
+            ("--ready-after-ms".into(), Some(t.ready_after_ms.to_string())),
+            ("--ttft-ms".into(), Some("120".into())),
+            ("--tpot-ms".into(), Some("12".into())),
+            ("--cold-first-ms".into(), Some("6000".into())),
+            ("--time-scale".into(), Some(self.scale.to_string())),
+        ];
+        if role == "prefill" {
+            flags.push(("--bootstrap-port".into(), Some(bootstrap.to_string())));
+        }
+        for (flag, value) in parse_sim_flags(extra).with_context(|| format!("--{role}-sim"))? {
+            if matches!(
+                flag.as_str(),
+                "--role" | "--host" | "--port" | "--bootstrap-port" | "--time-scale"
+            ) {
+                bail!("--{role}-sim: {flag} is set by the demo itself");
+            }
+            flags.retain(|(f, _)| *f != flag);
+            flags.push((flag, value));
+        }
+        let mut v: Vec<String> = self.wrapper.split_whitespace().map(str::to_string).collect();
+        v.push(self.pd_sim.display().to_string());
+        for (f, val) in flags {
+            v.push(f);
+            v.extend(val);
+        }
+        Ok(v)
+    }
+}
+
+/// An sglang-router (`smg launch`) in PD mode with these `workers`
+/// (`--prefill URL BOOTSTRAP`, `--decode URL`), its `--policy` if given,
+/// on loopback `port` with its Prometheus endpoint on `prometheus`.
+fn router_launch(smg: &Path, workers: Vec<String>, policy: Option<&str>, port: u16, prometheus: u16) -> Vec<String> {
+    let mut v: Vec<String> = vec![smg.display().to_string(), "launch".into(), "--pd-disaggregation".into()];
+    v.extend(workers);
+    if let Some(policy) = policy {
+        v.extend(["--policy".into(), policy.to_string()]);
+    }
+    v.extend(
+        [
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+            "--prometheus-port",
+            &prometheus.to_string(),
+            "--log-level",
+            "warn",
+        ]
+        .map(String::from),
+    );
+    v
+}
+
+/// The pair's router: every prefill and decode of the pair (the decode
+/// through `router_decode`, the proxy, when there is one), and round robin
+/// for an xPyD pair unless `--router-policy` says otherwise.
+fn pair_router_argv(
+    args: &DemoArgs,
+    smg: &Path,
+    ports: &Ports,
+    extra: &ExtraEngines,
+    router_decode: Option<&str>,
+    xpyd: bool,
+) -> Vec<String> {
+    let mut workers = Vec::new();
+    for (port, boot) in std::iter::once((ports.prefill, ports.bootstrap)).chain(extra.prefills.iter().copied()) {
+        workers.extend(["--prefill".into(), loopback(port), boot.to_string()]);
+    }
+    workers.extend([
         "--decode".into(),
-        router_decode.clone().unwrap_or_else(|| loopback(decode)),
+        router_decode.map_or_else(|| loopback(ports.decode), str::to_string),
     ]);
-    for port in more_decodes.iter().copied() {
-        router_argv.extend(["--decode".into(), loopback(port)]);
+    for port in extra.decodes.iter().copied() {
+        workers.extend(["--decode".into(), loopback(port)]);
     }
     // cache_aware (the router's default) sends an idle pair's similar
     // prompts to one worker: an xPyD pair's verification then reaches the
     // others only by the co-restart's own direct PD requests.
-    match (&args.router_policy, xpyd) {
-        (Some(policy), _) => router_argv.extend(["--policy".into(), policy.clone()]),
-        (None, true) => router_argv.extend(["--policy".into(), "round_robin".into()]),
-        (None, false) => {}
-    }
-    router_argv.extend([
-        "--host".into(),
-        "127.0.0.1".into(),
-        "--port".into(),
-        router.to_string(),
-        "--prometheus-port".into(),
-        prom.to_string(),
-        "--log-level".into(),
-        "warn".into(),
-    ]);
-    let (scheme, tls, credentials) = security(args, dir)?;
-    let url = format!("{scheme}://127.0.0.1:{orch}");
+    let policy = match (&args.router_policy, xpyd) {
+        (Some(policy), _) => Some(policy.as_str()),
+        (None, true) => Some("round_robin"),
+        (None, false) => None,
+    };
+    router_launch(smg, workers, policy, ports.router, ports.prometheus)
+}
 
-    // The agent: one host, three units.
-    let mut agent = AgentConfig::new(HOST, url.clone(), dir.join("agent"));
+/// The agent: one host, its metrics endpoint, the fake GPU file if one is
+/// given, and its certificate (or plain text). Its units are the caller's.
+fn agent_config(args: &DemoArgs, dir: &Path, url: &str, agent_metrics: u16, tls: Option<&StackTls>) -> AgentConfig {
+    let mut agent = AgentConfig::new(HOST, url.to_string(), dir.join("agent"));
     agent.on_exit = OnExit::StopUnits;
     agent.metrics_listen = Some(format!("127.0.0.1:{agent_metrics}"));
     if let Some(path) = &args.gpu_fake {
@@ -326,24 +516,38 @@ pub fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<Configs> {
         agent.gpu_sample_interval_ms = 250;
         agent.gpu_snapshot_interval_ms = 2000;
     }
-    match &tls {
+    match tls {
         Some(t) => agent.tls = Some(t.agent.clone()),
         None => agent.insecure_plaintext = true,
     }
-    let router_unit = sim_unit("router-0", Role::Router, router_argv, router, None);
-    agent.units = vec![
+    agent
+}
+
+/// The pair's units on the agent, in this order: `prefill-0` and
+/// `decode-0` (with `first_argv`'s argvs), the further prefills and decodes
+/// of an xPyD pair (with `--prefill-sim`/`--decode-sim` only, no incident),
+/// then `router-0`.
+fn pair_units(
+    args: &DemoArgs,
+    sim: &SimLauncher,
+    ports: &Ports,
+    extra: &ExtraEngines,
+    first_argv: [Vec<String>; 3],
+) -> anyhow::Result<Vec<UnitConfig>> {
+    let [prefill_argv, decode_argv, router_argv] = first_argv;
+    let mut units = vec![
         sim_unit(
             "prefill-0",
             Role::Prefill,
-            prefill_argv.clone(),
-            prefill,
-            Some(bootstrap),
+            prefill_argv,
+            ports.prefill,
+            Some(ports.bootstrap),
         ),
-        sim_unit("decode-0", Role::Decode, decode_argv.clone(), decode, None),
+        sim_unit("decode-0", Role::Decode, decode_argv, ports.decode, None),
     ];
-    for (i, (port, boot)) in more_prefills.iter().enumerate() {
-        let argv = engine("prefill", *port, *boot, &PREFILL_TIMING, &args.prefill_sim)?;
-        agent.units.push(sim_unit(
+    for (i, (port, boot)) in extra.prefills.iter().enumerate() {
+        let argv = sim.argv("prefill", *port, *boot, &PREFILL_TIMING, &args.prefill_sim)?;
+        units.push(sim_unit(
             &format!("prefill-{}", i + 1),
             Role::Prefill,
             argv,
@@ -351,22 +555,28 @@ pub fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<Configs> {
             Some(*boot),
         ));
     }
-    for (i, port) in more_decodes.iter().enumerate() {
-        let argv = engine("decode", *port, 0, &DECODE_TIMING, &args.decode_sim)?;
-        agent
-            .units
-            .push(sim_unit(&format!("decode-{}", i + 1), Role::Decode, argv, *port, None));
+    for (i, port) in extra.decodes.iter().enumerate() {
+        let argv = sim.argv("decode", *port, 0, &DECODE_TIMING, &args.decode_sim)?;
+        units.push(sim_unit(&format!("decode-{}", i + 1), Role::Decode, argv, *port, None));
     }
-    agent.units.push(router_unit);
-    // --shared-router: pair B (its engines behind its own router) and the
-    // serving router in front of both pairs, started with no worker: each
-    // pair joins it after a healthy restart.
-    let mut engines = vec![
-        (PAIR.to_string(), "prefill-0".to_string(), loopback(prefill)),
-        (PAIR.to_string(), "decode-0".to_string(), loopback(decode)),
-    ];
-    let mut serving_router_url = None;
-    if args.shared_router {
+    units.push(sim_unit("router-0", Role::Router, router_argv, ports.router, None));
+    Ok(units)
+}
+
+/// `--shared-router`: pair B (its engines behind its own router) and the
+/// serving router in front of both pairs, started with no worker: each
+/// pair joins it after a healthy restart.
+struct SharedRouter {
+    /// `b-prefill-0`, `b-decode-0`, `b-router-0` and the serving router.
+    units: Vec<UnitConfig>,
+    /// Pair B's engines: (pair, unit, base URL).
+    engines: Vec<(String, String, String)>,
+    /// The serving router's URL.
+    url: String,
+}
+
+impl SharedRouter {
+    fn take(args: &DemoArgs, sim: &SimLauncher, smg: &Path) -> anyhow::Result<Self> {
         let (bp, bb, bd, br, bprom, sr, sprom) = (
             late_bind_port()?,
             late_bind_port()?,
@@ -376,37 +586,17 @@ pub fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<Configs> {
             late_bind_port()?,
             late_bind_port()?,
         );
-        let smg_launch = |workers: Vec<String>, port: u16, prom: u16| -> Vec<String> {
-            let mut v: Vec<String> = vec![smg.display().to_string(), "launch".into(), "--pd-disaggregation".into()];
-            v.extend(workers);
-            v.extend(
-                [
-                    "--policy",
-                    "round_robin",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    &port.to_string(),
-                    "--prometheus-port",
-                    &prom.to_string(),
-                    "--log-level",
-                    "warn",
-                ]
-                .map(String::from),
-            );
-            v
-        };
         let p = sim_unit(
             "b-prefill-0",
             Role::Prefill,
-            engine("prefill", bp, bb, &PREFILL_TIMING, &args.prefill_sim)?,
+            sim.argv("prefill", bp, bb, &PREFILL_TIMING, &args.prefill_sim)?,
             bp,
             Some(bb),
         );
         let d = sim_unit(
             "b-decode-0",
             Role::Decode,
-            engine("decode", bd, 0, &DECODE_TIMING, &args.decode_sim)?,
+            sim.argv("decode", bd, 0, &DECODE_TIMING, &args.decode_sim)?,
             bd,
             None,
         );
@@ -417,40 +607,48 @@ pub fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<Configs> {
             "--decode".into(),
             loopback(bd),
         ];
-        let r = sim_unit("b-router-0", Role::Router, smg_launch(workers, br, bprom), br, None);
+        let r = sim_unit(
+            "b-router-0",
+            Role::Router,
+            router_launch(smg, workers, Some("round_robin"), br, bprom),
+            br,
+            None,
+        );
         let mut shared = sim_unit(
             SERVING_ROUTER,
             Role::Router,
-            smg_launch(Vec::new(), sr, sprom),
+            router_launch(smg, Vec::new(), Some("round_robin"), sr, sprom),
             sr,
             None,
         );
         // Up from the agent's start; with no worker its /readiness is 503.
         shared.autostart = true;
         shared.health_path = Some("/liveness".into());
-        agent.units.extend([p, d, r, shared]);
-        engines.push((PAIR_B.into(), "b-prefill-0".into(), loopback(bp)));
-        engines.push((PAIR_B.into(), "b-decode-0".into(), loopback(bd)));
-        serving_router_url = Some(loopback(sr));
+        Ok(SharedRouter {
+            units: vec![p, d, r, shared],
+            engines: vec![
+                (PAIR_B.into(), "b-prefill-0".into(), loopback(bp)),
+                (PAIR_B.into(), "b-decode-0".into(), loopback(bd)),
+            ],
+            url: loopback(sr),
+        })
     }
-    if let Some(v) = &vllm {
-        agent.units = v
-            .units(
-                [prefill, decode, router, prom],
-                &dir.join("kv"),
-                router_decode.as_deref(),
-            )
-            .to_vec();
-        prefill_argv = agent.units[0].argv.clone();
-        decode_argv = agent.units[1].argv.clone();
-    }
+}
 
-    // The orchestrator: one pair, its budgets scaled.
+/// The orchestrator, without its pairs: its listen and readiness
+/// addresses, the journal, a resume grace its agents can meet, and TLS
+/// with the demo's operator (or plain text).
+fn orchestrator_config(
+    args: &DemoArgs,
+    dir: &Path,
+    ports: &Ports,
+    tls: Option<StackTls>,
+) -> anyhow::Result<OrchestratorConfig> {
     let mut orchestrator = OrchestratorConfig::new(
-        format!("127.0.0.1:{orch}").parse()?,
+        format!("127.0.0.1:{}", ports.orchestrator).parse()?,
         args.journal.clone().unwrap_or_else(|| dir.join("journal.sqlite")),
     );
-    orchestrator.readiness_listen = Some(format!("127.0.0.1:{readiness}").parse()?);
+    orchestrator.readiness_listen = Some(format!("127.0.0.1:{}", ports.readiness).parse()?);
     // Agents re-attach within their reconnect backoff (at most 5 s).
     orchestrator.resume_grace_ms = 20_000;
     match tls {
@@ -460,7 +658,32 @@ pub fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<Configs> {
         }
         None => orchestrator.insecure_plaintext = true,
     }
-    let probe_timeout = scaled(120_000);
+    Ok(orchestrator)
+}
+
+/// The stack's time scale, as budgets use it: simulated ms to real ones,
+/// never 0.
+#[derive(Debug, Clone, Copy)]
+struct Scale(f64);
+
+impl Scale {
+    fn ms(self, sim_ms: u64) -> u64 {
+        ((sim_ms as f64 * self.0).round() as u64).max(1)
+    }
+}
+
+/// The orchestrator's pairs: the demo pair, its budgets scaled (or in real
+/// time on vLLM), and with `--shared-router` pair B, a copy of it on its own
+/// units, both drained out of the serving router when restarted.
+fn demo_pairs(
+    args: &DemoArgs,
+    scale: Scale,
+    policy: DecodeStartPolicy,
+    prefill_argv: &[String],
+    decode_argv: &[String],
+    real_engine: bool,
+) -> anyhow::Result<Vec<PairConfig>> {
+    let probe_timeout = scale.ms(120_000);
     let refs =
         |role: &str, n: u16| -> Vec<UnitRef> { (0..n).map(|i| UnitRef::new(HOST, format!("{role}-{i}"))).collect() };
     let mut pair = PairConfig::new(
@@ -471,12 +694,56 @@ pub fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<Configs> {
         ProbeConfig::new(
             MODEL,
             "pdwarden readiness probe: reply with one word.",
-            scaled(1_000),
-            scaled(30_000),
+            scale.ms(1_000),
+            scale.ms(30_000),
             probe_timeout,
         ),
     );
     pair.decode_start_policy = policy;
+    demo_probe(&mut pair.probe, args);
+    demo_suite(&mut pair.suite, args, scale, probe_timeout);
+    demo_gate(&mut pair, probe_timeout);
+    demo_watch(&mut pair.watch, args, scale, prefill_argv, decode_argv)?;
+    demo_timeouts(&mut pair.timeouts, scale);
+    if real_engine {
+        real_time_budgets(&mut pair);
+        if args.watch_defaults {
+            // The README's watch as an operator leaves it: its defaults,
+            // the engine kind and this demo's breaker and auto-recovery.
+            let w = &mut pair.watch;
+            *w = WatchConfig {
+                enabled: w.enabled,
+                auto_recover: w.auto_recover,
+                max_recoveries: w.max_recoveries,
+                engine: EngineKind::Vllm,
+                ..Default::default()
+            };
+        }
+    } else if args.watch_defaults {
+        bail!(
+            "--watch-defaults: the watch's defaults are in real time, for --engine vllm; pd-sim's demo scales them with --time-scale"
+        );
+    }
+    if !args.shared_router {
+        return Ok(vec![pair]);
+    }
+    let mut serving = ServingRouterConfig::new(HOST, SERVING_ROUTER);
+    // pd-sim's gauges move with every request: the drain ends as soon
+    // as the work does; the bound only matters for a stuck one.
+    serving.drain_timeout_ms = scale.ms(60_000).max(10_000);
+    serving.poll_ms = 100;
+    pair.serving_router = Some(serving);
+    let mut b = pair.clone();
+    b.name = PAIR_B.into();
+    b.prefill = vec![UnitRef::new(HOST, "b-prefill-0")];
+    b.decode = vec![UnitRef::new(HOST, "b-decode-0")];
+    b.router = vec![UnitRef::new(HOST, "b-router-0")];
+    Ok(vec![pair, b])
+}
+
+/// The probe series: a warm budget with a floor the time scale does not
+/// shrink, and room for one cold answer per fresh engine.
+fn demo_probe(probe: &mut ProbeConfig, args: &DemoArgs) {
     // Each probe's fixed cost (the router's hops, HTTP, the agent, process
     // scheduling) does not shrink with the time scale: on a busy 2-core host
     // it alone took 60-70 ms (two pairs starting at once), and a loaded CI
@@ -485,17 +752,20 @@ pub fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<Configs> {
     // overhead, not the engines'. The warm budget keeps a floor for it, as an
     // operator's budget (seconds) sits far above their host's noise; pd-sim's
     // scaled cold start (~0.33 s) stays above the floor.
-    pair.probe.warm_budget_ms = pair.probe.warm_budget_ms.max(WARM_BUDGET_FLOOR_MS);
-    pair.probe.max_tokens = 8;
-    pair.probe.warm_probes = 2;
+    probe.warm_budget_ms = probe.warm_budget_ms.max(WARM_BUDGET_FLOOR_MS);
+    probe.max_tokens = 8;
+    probe.warm_probes = 2;
     // Room for one cold answer per fresh engine of the larger side (xPyD).
-    pair.probe.max_probes = 4 + u32::from(args.prefills.max(args.decodes));
+    probe.max_probes = 4 + u32::from(args.prefills.max(args.decodes));
+}
 
-    let suite = &mut pair.suite;
+/// The verification suite, scaled; the engines batch unless they are
+/// serial by design or leak their slot (the slot-leak drill).
+fn demo_suite(suite: &mut SuiteConfig, args: &DemoArgs, scale: Scale, probe_timeout: u64) {
     suite.baseline_warning_ratio = 2.0;
-    suite.baseline_floor_ms = scaled(400);
+    suite.baseline_floor_ms = scale.ms(400);
     suite.long_generation.max_tokens = 256;
-    suite.long_generation.max_token_gap_ms = Some(scaled(2_000));
+    suite.long_generation.max_token_gap_ms = Some(scale.ms(2_000));
     suite.long_generation.timeout_ms = probe_timeout;
     // TTFT, TPOT, end-to-end and batching budgets are derived from the
     // pair's own warm figures (docs/verdicts.md); only the stream-silence
@@ -509,9 +779,13 @@ pub fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<Configs> {
     suite.abort_storm.prompt_tokens = 20_000;
     // 20,000 prompt tokens take 1 s of prefill at pd-sim's default speed:
     // abandoned at half that, they are cancelled mid-prefill.
-    suite.abort_storm.abort_after_ms = scaled(500);
+    suite.abort_storm.abort_after_ms = scale.ms(500);
     suite.abort_storm.probe_timeout_ms = probe_timeout;
+}
 
+/// The change gate's benchmark: a small grid, and a smallest effect above
+/// what the demo's engines drift by with nothing changed.
+fn demo_gate(pair: &mut PairConfig, probe_timeout: u64) {
     let gate = &mut pair.gate;
     gate.prompt_tokens = vec![16, 256];
     gate.output_tokens = vec![24];
@@ -524,23 +798,33 @@ pub fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<Configs> {
     // minutes apart on a busy 2-core host drift by 1-2.5 ms at p90 with
     // nothing changed.
     gate.min_effect_ms = 3.0;
+}
 
+/// The watch, planned for the engines' real speeds (their pd-sim flags) and
+/// with the watch's defaults scaled; auto-recovery off where a drill breaks
+/// the pair behind pdwarden's back.
+fn demo_watch(
+    watch: &mut WatchConfig,
+    args: &DemoArgs,
+    scale: Scale,
+    prefill_argv: &[String],
+    decode_argv: &[String],
+) -> anyhow::Result<()> {
     // The watch plans for the prefill's real speed (its pd-sim flag, else
     // pd-sim's default) and seed 001's longest prompt...
-    let prefill_tok_per_s = flag_value(&prefill_argv, "--prefill-tok-per-s").unwrap_or(20_000.0);
+    let prefill_tok_per_s = flag_value(prefill_argv, "--prefill-tok-per-s").unwrap_or(20_000.0);
     // ...and the decode's real speed (its --tpot-ms), and pd-sim's
     // --chunked-prefill-size (SGLang's 8192 on an 80 GB GPU).
     let decode_tok_per_s = match args.watch_decode_tok_per_s {
         Some(v) if v > 0.0 && v.is_finite() => v,
         Some(v) => bail!("--watch-decode-tok-per-s must be a finite number > 0, got {v}"),
-        None => 1000.0 / flag_value(&decode_argv, "--tpot-ms").unwrap_or(12.0),
+        None => 1000.0 / flag_value(decode_argv, "--tpot-ms").unwrap_or(12.0),
     };
     let chunk = prefill_argv
         .iter()
         .position(|a| a == "--chunked-prefill-size")
         .and_then(|i| prefill_argv.get(i + 1))
         .and_then(|v| v.parse::<i64>().ok());
-    let watch = &mut pair.watch;
     // A drill that breaks the pair behind pdwarden's back shows what
     // `verify` concludes; the watch would otherwise race it and recover the
     // pair first (its own recovery has its own scenario).
@@ -551,97 +835,65 @@ pub fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<Configs> {
         );
     // The watch's defaults, scaled; the scrape and the stall budget keep
     // floors that two shared CPUs can honour.
-    watch.scrape_interval_ms = scaled(1_000).max(250);
-    watch.stall_budget_ms = scaled(8_000).max(2_000);
+    watch.scrape_interval_ms = scale.ms(1_000).max(250);
+    watch.stall_budget_ms = scale.ms(8_000).max(2_000);
     watch.max_prompt_tokens = 50_000;
-    watch.prefill_tok_per_s = prefill_tok_per_s / scale;
+    watch.prefill_tok_per_s = prefill_tok_per_s / scale.0;
     watch.max_output_tokens = 4096;
-    watch.decode_tok_per_s = decode_tok_per_s / scale;
+    watch.decode_tok_per_s = decode_tok_per_s / scale.0;
     // pd-sim's --chunked-prefill-size 0 is chunking off: a chunk is the whole prompt.
     watch.prefill_chunk_tokens = match chunk {
         Some(c) if c <= 0 => None,
         Some(c) => Some(c as u64),
         None => Some(8192),
     };
-    watch.max_kv_transfer_ms = scaled(10_000);
+    watch.max_kv_transfer_ms = scale.ms(10_000);
     // SGLang refreshes an idle engine's gauges every 30 s; pd-sim, scaled.
-    watch.idle_gauge_refresh_ms = Some(scaled(30_000));
-    watch.idle_probe_interval_ms = scaled(60_000);
-    watch.min_probe_interval_ms = scaled(5_000);
-    watch.max_probe_timeout_ms = scaled(600_000);
+    watch.idle_gauge_refresh_ms = Some(scale.ms(30_000));
+    watch.idle_probe_interval_ms = scale.ms(60_000);
+    watch.min_probe_interval_ms = scale.ms(5_000);
+    watch.max_probe_timeout_ms = scale.ms(600_000);
     watch.max_recoveries = args.max_recoveries;
-    watch.recovery_window_ms = scaled(3_600_000);
+    watch.recovery_window_ms = scale.ms(3_600_000);
+    Ok(())
+}
 
-    let t = &mut pair.timeouts;
-    t.prefill_ready_ms = scaled(600_000);
-    t.decode_ready_ms = scaled(600_000);
+/// The restart's deadlines, scaled; the router is not simulated, and its
+/// deadline and the generation check keep real-time floors.
+fn demo_timeouts(t: &mut TimeoutConfig, scale: Scale) {
+    t.prefill_ready_ms = scale.ms(600_000);
+    t.decode_ready_ms = scale.ms(600_000);
     // The router itself is not simulated: it starts in about half a second
     // whatever the scale.
-    t.router_ready_ms = scaled(120_000).max(15_000);
+    t.router_ready_ms = scale.ms(120_000).max(15_000);
     t.stop_grace_ms = 5000;
     t.poll_interval_ms = 20;
-    t.check_timeout_ms = scaled(30_000).max(1_000);
-    if vllm.is_some() {
-        real_time_budgets(&mut pair);
-        if args.watch_defaults {
-            // The README's watch as an operator leaves it: its defaults,
-            // the engine kind and this demo's breaker and auto-recovery.
-            let w = &mut pair.watch;
-            *w = pdwarden_orchestrator::config::WatchConfig {
-                enabled: w.enabled,
-                auto_recover: w.auto_recover,
-                max_recoveries: w.max_recoveries,
-                engine: EngineKind::Vllm,
-                ..Default::default()
-            };
-        }
-    } else if args.watch_defaults {
-        bail!(
-            "--watch-defaults: the watch's defaults are in real time, for --engine vllm; pd-sim's demo scales them with --time-scale"
-        );
-    }
-    if args.shared_router {
-        let mut serving = pdwarden_orchestrator::config::ServingRouterConfig::new(HOST, SERVING_ROUTER);
-        // pd-sim's gauges move with every request: the drain ends as soon
-        // as the work does; the bound only matters for a stuck one.
-        serving.drain_timeout_ms = scaled(60_000).max(10_000);
-        serving.poll_ms = 100;
-        pair.serving_router = Some(serving);
-        let mut b = pair.clone();
-        b.name = PAIR_B.into();
-        b.prefill = vec![UnitRef::new(HOST, "b-prefill-0")];
-        b.decode = vec![UnitRef::new(HOST, "b-decode-0")];
-        b.router = vec![UnitRef::new(HOST, "b-router-0")];
-        orchestrator.pairs = vec![pair, b];
-    } else {
-        orchestrator.pairs = vec![pair];
-    }
+    t.check_timeout_ms = scale.ms(30_000).max(1_000);
+}
 
+/// Both configs as written to `dir` and read back.
+struct Written {
+    agent: AgentConfig,
+    orchestrator: OrchestratorConfig,
+    agent_path: PathBuf,
+    orchestrator_path: PathBuf,
+}
+
+/// Writes `agent.toml` and `orchestrator.toml` into `dir` with the configs'
+/// own serialisers, then reads them back as the processes will: what they
+/// run is what was checked.
+fn write_and_read_back(dir: &Path, agent: &AgentConfig, orchestrator: &OrchestratorConfig) -> anyhow::Result<Written> {
     let agent_path = dir.join("agent.toml");
     let orchestrator_path = dir.join("orchestrator.toml");
     std::fs::write(&agent_path, agent.to_toml_string()?)?;
     std::fs::write(&orchestrator_path, orchestrator.to_toml_string()?)?;
-    // Read back as the processes will: what they run is what was checked.
     let agent = AgentConfig::load(&agent_path).context("the stack's agent config")?;
     let orchestrator = OrchestratorConfig::load(&orchestrator_path).context("the stack's orchestrator config")?;
-    Ok(Configs {
-        orchestrator,
+    Ok(Written {
         agent,
-        orchestrator_path,
+        orchestrator,
         agent_path,
-        url,
-        credentials,
-        plan: StackPlan {
-            time_scale: scale,
-            prefill_argv,
-            decode_argv,
-            router_url: loopback(router),
-            readiness_url: loopback(readiness),
-            agent_metrics_url: loopback(agent_metrics),
-            serving_router_url,
-            engines,
-            decode_proxy,
-        },
+        orchestrator_path,
     })
 }
 
@@ -745,4 +997,72 @@ fn security(args: &DemoArgs, dir: &Path) -> anyhow::Result<(&'static str, Option
         token: Some(token),
     };
     Ok(("https", Some(tls), Some(credentials)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The demo's budgets meet the orchestrator's own rules in every pair
+    /// shape and from a hundredth of real time to real time: a budget the
+    /// stack scales wrong is refused here, not when a demo starts. (Below
+    /// about 0.007 the scaled cold allowance falls under the warm budget's
+    /// floor, and the loader refuses the config.)
+    #[test]
+    fn the_demo_pairs_load_in_every_shape_and_at_every_scale() {
+        let shapes: [&[&str]; 4] = [
+            &[],
+            &["--prefills", "4", "--decodes", "4"],
+            &["--shared-router"],
+            &["--incident", "slot-leak"],
+        ];
+        for flags in shapes {
+            let args = DemoArgs::from_flags(flags).unwrap();
+            for scale in [0.01, DEFAULT_TIME_SCALE, 0.5, 1.0] {
+                let sim = SimLauncher {
+                    wrapper: "",
+                    pd_sim: "pd-sim".into(),
+                    scale,
+                };
+                let prefill = sim.argv("prefill", 1, 2, &PREFILL_TIMING, &args.prefill_sim).unwrap();
+                let decode = sim.argv("decode", 3, 0, &DECODE_TIMING, &args.decode_sim).unwrap();
+                let mut c = OrchestratorConfig::new("127.0.0.1:1".parse().unwrap(), "/tmp/journal.sqlite");
+                c.insecure_plaintext = true;
+                c.pairs = demo_pairs(
+                    &args,
+                    Scale(scale),
+                    DecodeStartPolicy::default(),
+                    &prefill,
+                    &decode,
+                    false,
+                )
+                .unwrap();
+                let c = OrchestratorConfig::from_toml_str(&c.to_toml_string().unwrap())
+                    .unwrap_or_else(|e| panic!("{flags:?} at {scale}: {e}"));
+                assert_eq!(c.pairs.len(), if args.shared_router { 2 } else { 1 });
+            }
+        }
+    }
+
+    /// `--prefill-sim`/`--decode-sim` flags replace the demo's own, behind
+    /// the wrapper; the flags that wire the stack are refused, naming the
+    /// option they came in.
+    #[test]
+    fn sim_flags_replace_the_demos_but_cannot_rewire_the_stack() {
+        let sim = SimLauncher {
+            wrapper: "env -u X",
+            pd_sim: "/bin/pd-sim".into(),
+            scale: 0.5,
+        };
+        let argv = sim
+            .argv("decode", 7, 0, &DECODE_TIMING, "--tpot-ms 20 --serial")
+            .unwrap();
+        assert_eq!(argv[..4], ["env", "-u", "X", "/bin/pd-sim"]);
+        assert_eq!(flag_value(&argv, "--tpot-ms"), Some(20.0));
+        assert_eq!(argv.iter().filter(|a| *a == "--tpot-ms").count(), 1);
+        assert_eq!(argv.last().map(String::as_str), Some("--serial"));
+        assert!(!argv.iter().any(|a| a == "--bootstrap-port"));
+        let e = sim.argv("prefill", 7, 8, &PREFILL_TIMING, "--port 9").unwrap_err();
+        assert_eq!(e.to_string(), "--prefill-sim: --port is set by the demo itself");
+    }
 }

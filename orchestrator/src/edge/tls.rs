@@ -8,7 +8,7 @@
 //! `agent:HOST` identity from the verified chain, and `AgentLink.Attach`
 //! refuses a stream without one, or whose `Register.host` is another host.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use pdwarden_security::tls::{TlsError, TlsFiles, host_of_identity};
@@ -34,13 +34,36 @@ pub fn pem_certificates(pem: &[u8]) -> usize {
         .count()
 }
 
+/// Why a CA file given on the command line cannot be used; one line naming
+/// the argument and the file.
+#[derive(Debug, thiserror::Error)]
+pub enum CaFileError {
+    // The I/O error's text is in the line, so it is not also a `source`: the
+    // CLI would print it twice.
+    #[error("{what} {}: cannot read the file: {error}", path.display())]
+    Read {
+        what: String,
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error("{what} {}: no PEM certificate in the file", path.display())]
+    NoCertificate { what: String, path: PathBuf },
+}
+
 /// Reads a CA file given as `what` (`--ca`, `tls.ca`), refusing in one line
 /// a file with no PEM certificate: rustls would take it as an empty trust
 /// store, and every handshake would fail later with "UnknownIssuer".
-pub fn check_ca_file(what: &str, path: &Path) -> Result<Vec<u8>, String> {
-    let pem = std::fs::read(path).map_err(|e| format!("{what} {}: cannot read the file: {e}", path.display()))?;
+pub fn check_ca_file(what: &str, path: &Path) -> Result<Vec<u8>, CaFileError> {
+    let pem = std::fs::read(path).map_err(|error| CaFileError::Read {
+        what: what.to_string(),
+        path: path.to_path_buf(),
+        error,
+    })?;
     if pem_certificates(&pem) == 0 {
-        return Err(format!("{what} {}: no PEM certificate in the file", path.display()));
+        return Err(CaFileError::NoCertificate {
+            what: what.to_string(),
+            path: path.to_path_buf(),
+        });
     }
     Ok(pem)
 }
@@ -148,18 +171,19 @@ mod tests {
         let passwd = dir.path().join("passwd");
         std::fs::write(&passwd, "root:x:0:0:root:/root:/bin/bash\n").unwrap();
         assert_eq!(
-            check_ca_file("--ca", &passwd).unwrap_err(),
+            check_ca_file("--ca", &passwd).unwrap_err().to_string(),
             format!("--ca {}: no PEM certificate in the file", passwd.display())
         );
         // A key is PEM, but no certificate.
         assert_eq!(
-            check_ca_file("--ca", &certs.ca_key()).unwrap_err(),
+            check_ca_file("--ca", &certs.ca_key()).unwrap_err().to_string(),
             format!("--ca {}: no PEM certificate in the file", certs.ca_key().display())
         );
         let missing = dir.path().join("missing.pem");
         assert!(
             check_ca_file("--ca", &missing)
                 .unwrap_err()
+                .to_string()
                 .starts_with(&format!("--ca {}: cannot read the file: ", missing.display()))
         );
         files.ca = passwd.clone();
