@@ -4,7 +4,7 @@
 //! Each trial synthesises the benchmark the gate runs at its defaults
 //! (`GateConfig::default()`: prompts 16 and 512, 64 output tokens,
 //! concurrency 1 and 4, 16 requests a look, up to 48 after the change) as
-//! [`Measurement`]s, and runs the steps of `gate::Gate::drive` on them
+//! [`Measurement`]s, and runs the steps of the gate's machine (`gate::machine::Gating::step`) on them
 //! through the same functions: `metrics`, `Measurement::extend`,
 //! `imprecise_baseline` (more baseline while too loose), `judge` at every
 //! look until a decision or the budget, and, when the change is not kept,
@@ -274,7 +274,7 @@ fn requests(m: &Measurement) -> usize {
     m.cells.iter().map(|c| c.requests.len()).sum()
 }
 
-/// One gate, as `Gate::drive` runs it; returns the outcome and the
+/// One gate, as its machine (`Gating::step`) decides it; returns the outcome and the
 /// requests measured per cell.
 fn one_gate(cfg: &GateConfig, policy: JudgePolicy, change: Change, cv: f64, seed: u64) -> (Outcome, f64) {
     let mut rng = SplitMix(seed);
