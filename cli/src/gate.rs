@@ -91,7 +91,8 @@ fn request(args: &GateArgs) -> Result<GatePairRequest, String> {
         set_args: set_args.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect(),
         units: args.units.iter().map(String::as_str).collect(),
     }
-    .validate()?;
+    .validate()
+    .map_err(|e| e.to_string())?;
     Ok(GatePairRequest {
         pair: args.name.clone(),
         request_id: crate::request_id_or_new(args.request_id.clone()),

@@ -365,7 +365,7 @@ impl Control for ControlService {
         check_request_id(&req.request_id)?;
         crate::ops::gate::config::ChangeArgs::of(&req.set_env, &req.unset_env, &req.set_args, &req.units)
             .validate()
-            .map_err(Status::invalid_argument)?;
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
         self.leads()?;
         let pair = self
             .config

@@ -509,9 +509,11 @@ impl CoRestart<'_> {
                 let now = self.scrape_engines().await;
                 StageEvent::Proven(self.prove_unreached(before, &now).await)
             }
-            StageEffect::RunSuite { abort_storm } => {
-                StageEvent::SuiteRan(self.verification_suite(abort_storm).await.map_err(|e| e.to_string()))
-            }
+            StageEffect::RunSuite { abort_storm } => StageEvent::SuiteRan(
+                self.verification_suite(abort_storm)
+                    .await
+                    .map_err(|e| stages::JournalFailed(e.to_string())),
+            ),
             StageEffect::ReadCounters { scrape } => {
                 // What a retrying router hid, from the router's own
                 // counters and the engines' (a counter not yet exposed is 0).

@@ -202,6 +202,11 @@ pub enum StageEffect {
 // commands) or sends nothing that changes a unit.
 impl Effect for StageEffect {}
 
+/// A journal write that failed (its words): what stopped the suite.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct JournalFailed(pub String);
+
 /// What carrying out a [`StageEffect`] answered.
 #[derive(Debug, Clone, PartialEq)]
 pub enum StageEvent {
@@ -213,7 +218,7 @@ pub enum StageEvent {
     Assessed(Box<Assessment>),
     Proven(Vec<UnreachedProof>),
     /// The suite's steps and those not run, or the write that stopped it.
-    SuiteRan(Result<(Vec<StepReport>, Vec<SuiteStep>), String>),
+    SuiteRan(Result<(Vec<StepReport>, Vec<SuiteStep>), JournalFailed>),
     Counted {
         engines: Vec<EngineCounters>,
         routers: Vec<RouterCounters>,
@@ -335,7 +340,7 @@ impl Machine for Stages {
                         so_far.evidence.suite = steps;
                         so_far.evidence.suite_not_run = not_run;
                     }
-                    Err(e) => so_far.evidence.journal_error = Some(e),
+                    Err(e) => so_far.evidence.journal_error = Some(e.0),
                 }
                 self.counting(so_far)
             }
@@ -584,7 +589,7 @@ mod tests {
         // The suite that could not be journaled: said as the journal.
         let t = m.step(
             Stage::Verifying { so_far: Box::default() },
-            StageEvent::SuiteRan(Err("disk full".into())),
+            StageEvent::SuiteRan(Err(JournalFailed("disk full".into()))),
             0,
         );
         assert_eq!(t.next.so_far().evidence.journal_error.as_deref(), Some("disk full"));

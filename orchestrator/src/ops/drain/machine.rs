@@ -53,12 +53,18 @@ impl Effect for RouterEffect {
     }
 }
 
+/// What the serving router or its agent answered instead of doing what was
+/// asked (their words).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct RouterRefusal(pub String);
+
 /// What carrying out a [`RouterEffect`] answered.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RouterEvent {
-    Listed(Result<Vec<RouterWorker>, String>),
+    Listed(Result<Vec<RouterWorker>, RouterRefusal>),
     /// A removal or an addition went through (or the router refused it).
-    Changed(Result<(), String>),
+    Changed(Result<(), RouterRefusal>),
     /// One reading of the engines: what is still in flight, in words
     /// (empty: every engine idle).
     Scraped {
@@ -458,7 +464,7 @@ impl Machine for Rejoining {
                         }
                         format!("not listed healthy: {}", missing.join(", "))
                     }
-                    Err(e) => e,
+                    Err(e) => e.0,
                 };
                 if now_ms >= deadline_ms {
                     // (As before: a rejoin that runs out names no paths.)
@@ -566,7 +572,11 @@ mod tests {
         let m = draining(true);
         let start = Draining::start("h1/r".into(), true);
         assert_eq!(start.effects, [RouterEffect::List { retried: true }]);
-        let t = m.step(start.next.clone(), RouterEvent::Listed(Err("down".into())), 5);
+        let t = m.step(
+            start.next.clone(),
+            RouterEvent::Listed(Err(RouterRefusal("down".into()))),
+            5,
+        );
         assert_eq!(error_of(&t), "could not read its worker list: down");
         let t = m.step(
             start.next,
@@ -596,7 +606,11 @@ mod tests {
             removing: w,
             record: record(),
         };
-        let t = m.step(removing(vec![]), RouterEvent::Changed(Err("409".into())), 7);
+        let t = m.step(
+            removing(vec![]),
+            RouterEvent::Changed(Err(RouterRefusal("409".into()))),
+            7,
+        );
         assert_eq!(error_of(&t), "could not take the pair out of its rotation: 409");
         let t = m.step(removing(vec![]), RouterEvent::Changed(Ok(())), 7);
         assert!(
@@ -645,7 +659,11 @@ mod tests {
             t.effects,
             [RouterEffect::Sleep { ms: 100 }, RouterEffect::List { retried: false }]
         );
-        let t = m.step(state.clone(), RouterEvent::Listed(Err("timeout".into())), 300);
+        let t = m.step(
+            state.clone(),
+            RouterEvent::Listed(Err(RouterRefusal("timeout".into()))),
+            300,
+        );
         assert_eq!(t.next, state);
         let t = m.step(state, still, 1_000);
         assert_eq!(
@@ -754,7 +772,11 @@ mod tests {
         let m = rejoining();
         let start = Rejoining::start();
         assert_eq!(start.effects, [RouterEffect::List { retried: false }]);
-        let t = m.step(start.next.clone(), RouterEvent::Listed(Err("down".into())), 1);
+        let t = m.step(
+            start.next.clone(),
+            RouterEvent::Listed(Err(RouterRefusal("down".into()))),
+            1,
+        );
         assert_eq!(
             record_of(&t).detail,
             "the pair is healthy but NOT back in the serving router h1/r: could not read its worker list: down"
@@ -786,7 +808,11 @@ mod tests {
         assert!(matches!(&t.next, Rejoin::Adding { .. }));
         assert_eq!(t.effects, [RouterEffect::Add(rejoining().workers)]);
         let adding = t.next;
-        let t = m.step(adding.clone(), RouterEvent::Changed(Err("403".into())), 3);
+        let t = m.step(
+            adding.clone(),
+            RouterEvent::Changed(Err(RouterRefusal("403".into()))),
+            3,
+        );
         assert!(record_of(&t).detail.ends_with("the router refused them: 403"));
         let t = m.step(adding, RouterEvent::Changed(Ok(())), 3);
         assert!(
@@ -810,7 +836,11 @@ mod tests {
             "{:?}",
             t.next
         );
-        let t = m.step(waiting.clone(), RouterEvent::Listed(Err("gone".into())), 1_003);
+        let t = m.step(
+            waiting.clone(),
+            RouterEvent::Listed(Err(RouterRefusal("gone".into()))),
+            1_003,
+        );
         assert!(record_of(&t).detail.ends_with("after 1000 ms, gone"));
         let t = m.step(
             waiting.clone(),

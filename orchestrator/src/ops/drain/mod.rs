@@ -53,7 +53,7 @@ pub use crate::ops::report::{DrainRecord, PairWorker, RejoinRecord};
 pub mod machine;
 pub mod probes;
 
-use machine::{Draining, Rejoin, Rejoining, RouterEffect, RouterEvent};
+use machine::{Draining, Rejoin, Rejoining, RouterEffect, RouterEvent, RouterRefusal};
 pub use probes::*;
 
 /// Drains the pair out of its serving router (module docs). `wait`: wait
@@ -108,7 +108,9 @@ async fn router_effect(
     pair: &PairConfig,
     effect: RouterEffect,
 ) -> Option<RouterEvent> {
-    let changed = |r: Result<Vec<_>, RouterApiError>| RouterEvent::Changed(r.map(|_| ()).map_err(|e| e.to_string()));
+    let changed = |r: Result<Vec<_>, RouterApiError>| {
+        RouterEvent::Changed(r.map(|_| ()).map_err(|e| RouterRefusal(e.to_string())))
+    };
     Some(match effect {
         RouterEffect::List { retried: true } => {
             // A router that is restarting (or not up yet) is asked a few times.
@@ -122,13 +124,13 @@ async fn router_effect(
                 )
                 .sleep(tokio::time::sleep)
                 .await
-                .map_err(|e| e.to_string()),
+                .map_err(|e| RouterRefusal(e.to_string())),
             )
         }
         RouterEffect::List { retried: false } => RouterEvent::Listed(
             router_call(agents, router, RouterWorkersOp::List, &[])
                 .await
-                .map_err(|e| e.to_string()),
+                .map_err(|e| RouterRefusal(e.to_string())),
         ),
         RouterEffect::Remove(w) if w.is_empty() => RouterEvent::Changed(Ok(())),
         RouterEffect::Remove(w) => changed(router_call(agents, router, RouterWorkersOp::Remove, &w).await),

@@ -235,6 +235,12 @@ pub const MAX_CHANGE_KEY_BYTES: usize = 256;
 /// The longest value of a gate request, in bytes.
 pub const MAX_CHANGE_VALUE_BYTES: usize = 32 * 1024;
 
+/// A change's arguments refused before anything is sent or journaled: one
+/// line naming the flag (`ChangeArgs::validate`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BadChangeArgs(pub String);
+
 /// A gate request's arguments as the operator gave them, in order (the
 /// CLI's flags; the server's request maps), checked by [`ChangeArgs::validate`]
 /// before anything is measured: the CLI before sending, the server as the
@@ -268,10 +274,12 @@ impl<'a> ChangeArgs<'a> {
     /// bounded, no NUL anywhere, variable names without '=', flags starting
     /// with '-', no key given twice or both set and unset, unit names by the
     /// edge's rule. The error is one line naming the flag.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), BadChangeArgs> {
         use crate::model::fields::shown;
         if self.set_env.is_empty() && self.unset_env.is_empty() && self.set_args.is_empty() {
-            return Err("nothing to change: give --set-env, --unset-env or --set-arg".into());
+            return Err(BadChangeArgs(
+                "nothing to change: give --set-env, --unset-env or --set-arg".into(),
+            ));
         }
         for (flag, n) in [
             ("--set-env", self.set_env.len()),
@@ -280,41 +288,49 @@ impl<'a> ChangeArgs<'a> {
             ("--unit", self.units.len()),
         ] {
             if n > MAX_CHANGE_ENTRIES {
-                return Err(format!("{flag}: given {n} times; at most {MAX_CHANGE_ENTRIES}"));
+                return Err(BadChangeArgs(format!(
+                    "{flag}: given {n} times; at most {MAX_CHANGE_ENTRIES}"
+                )));
             }
         }
-        let key = |flag: &str, k: &str, what: &str| -> Result<(), String> {
+        let key = |flag: &str, k: &str, what: &str| -> Result<(), BadChangeArgs> {
             if k.len() > MAX_CHANGE_KEY_BYTES {
-                return Err(format!(
+                return Err(BadChangeArgs(format!(
                     "{flag} {}: the {what} is over {MAX_CHANGE_KEY_BYTES} bytes",
                     shown(k)
-                ));
+                )));
             }
             if k.contains('\0') {
-                return Err(format!("{flag} {}: the {what} contains a NUL byte", shown(k)));
+                return Err(BadChangeArgs(format!(
+                    "{flag} {}: the {what} contains a NUL byte",
+                    shown(k)
+                )));
             }
             Ok(())
         };
-        let value = |flag: &str, k: &str, v: &str| -> Result<(), String> {
+        let value = |flag: &str, k: &str, v: &str| -> Result<(), BadChangeArgs> {
             if v.len() > MAX_CHANGE_VALUE_BYTES {
-                return Err(format!(
+                return Err(BadChangeArgs(format!(
                     "{flag} {}: the value is {} bytes; at most {MAX_CHANGE_VALUE_BYTES}",
                     shown(k),
                     v.len()
-                ));
+                )));
             }
             if v.contains('\0') {
-                return Err(format!("{flag} {}: the value contains a NUL byte", shown(k)));
+                return Err(BadChangeArgs(format!(
+                    "{flag} {}: the value contains a NUL byte",
+                    shown(k)
+                )));
             }
             Ok(())
         };
-        let env_name = |flag: &str, k: &str| -> Result<(), String> {
+        let env_name = |flag: &str, k: &str| -> Result<(), BadChangeArgs> {
             key(flag, k, "variable name")?;
             if k.is_empty() || k.contains('=') {
-                return Err(format!(
+                return Err(BadChangeArgs(format!(
                     "{flag} {}: invalid environment variable name (empty, or with '=')",
                     shown(k)
-                ));
+                )));
             }
             Ok(())
         };
@@ -323,20 +339,20 @@ impl<'a> ChangeArgs<'a> {
             env_name("--set-env", k)?;
             value("--set-env", k, v)?;
             if !set.insert(*k) {
-                return Err(format!("--set-env {}: given twice", shown(k)));
+                return Err(BadChangeArgs(format!("--set-env {}: given twice", shown(k))));
             }
         }
         let mut unset = std::collections::BTreeSet::new();
         for k in &self.unset_env {
             env_name("--unset-env", k)?;
             if set.contains(k) {
-                return Err(format!(
+                return Err(BadChangeArgs(format!(
                     "--unset-env {}: also given to --set-env; set it or unset it, not both",
                     shown(k)
-                ));
+                )));
             }
             if !unset.insert(*k) {
-                return Err(format!("--unset-env {}: given twice", shown(k)));
+                return Err(BadChangeArgs(format!("--unset-env {}: given twice", shown(k))));
             }
         }
         let mut flags = std::collections::BTreeSet::new();
@@ -344,26 +360,26 @@ impl<'a> ChangeArgs<'a> {
             key("--set-arg", f, "flag")?;
             value("--set-arg", f, v)?;
             if !f.starts_with('-') || f.trim_start_matches('-').is_empty() {
-                return Err(format!(
+                return Err(BadChangeArgs(format!(
                     "--set-arg {}: the flag must start with '-' and name one",
                     shown(f)
-                ));
+                )));
             }
             if f.contains('=') {
-                return Err(format!(
+                return Err(BadChangeArgs(format!(
                     "--set-arg {}: the flag must not contain '=' (give --set-arg FLAG=VALUE)",
                     shown(f)
-                ));
+                )));
             }
             if !flags.insert(*f) {
-                return Err(format!("--set-arg {}: given twice", shown(f)));
+                return Err(BadChangeArgs(format!("--set-arg {}: given twice", shown(f))));
             }
         }
         let mut units = std::collections::BTreeSet::new();
         for u in &self.units {
-            crate::model::fields::check_name(u).map_err(|e| format!("--unit: {e}"))?;
+            crate::model::fields::check_name(u).map_err(|e| BadChangeArgs(format!("--unit: {e}")))?;
             if !units.insert(*u) {
-                return Err(format!("--unit {}: given twice", shown(u)));
+                return Err(BadChangeArgs(format!("--unit {}: given twice", shown(u))));
             }
         }
         Ok(())
@@ -574,15 +590,18 @@ mod tests {
             ),
             (args(&[("A", "1")], &[], &[], &["u", "u"]), "--unit \"u\": given twice"),
         ] {
-            let e = a.validate().unwrap_err();
+            let e = a.validate().unwrap_err().to_string();
             assert!(e.starts_with(says), "{e:?} should start with {says:?}");
             assert!(!e.contains('\n') && !e.contains('\0'), "{e:?}");
         }
         let many: Vec<&str> = vec!["u"; MAX_CHANGE_ENTRIES + 1];
-        let e = args(&[("A", "1")], &[], &[], &many).validate().unwrap_err();
+        let e = args(&[("A", "1")], &[], &[], &many).validate().unwrap_err().to_string();
         assert_eq!(e, "--unit: given 65 times; at most 64");
         let huge_key: &'static str = Box::leak("K".repeat(100 * 1024).into_boxed_str());
-        let e = args(&[(huge_key, "1")], &[], &[], &[]).validate().unwrap_err();
+        let e = args(&[(huge_key, "1")], &[], &[], &[])
+            .validate()
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("--set-env \"KKK") && e.len() < 200, "{e}");
     }
 }
