@@ -41,7 +41,18 @@ impl Orchestrator {
         }));
         let url = format!("http://{addr}");
         let deadline = Instant::now() + DEADLINE;
-        while ControlClient::connect(url.clone()).await.is_err() {
+        // Answered, not merely connected: the kernel accepts a connection
+        // into the listener's backlog before `serve` has even opened its
+        // journal (a second orchestrator started then took the journal
+        // first, and this test's "second is refused" hung one run in ten).
+        loop {
+            let answered = match ControlClient::connect(url.clone()).await {
+                Ok(mut c) => c.status(StatusRequest::default()).await.is_ok(),
+                Err(_) => false,
+            };
+            if answered {
+                break;
+            }
             assert!(Instant::now() < deadline, "the orchestrator never answered");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
