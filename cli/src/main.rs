@@ -17,9 +17,13 @@ use clap::{Parser, Subcommand};
 pub use pdwarden_orchestrator::edge::client::{
     Connection, CouldNotRun, Credentials, new_request_id, print_json, progress_line, status_reason,
 };
-use pdwarden_orchestrator::edge::hoststate::{HostReport, now_unix_ms, render_findings, render_host_report};
-use pdwarden_orchestrator::judge::findings::HostFinding;
+use pdwarden_orchestrator::edge::fleet::AgentState;
+use pdwarden_orchestrator::edge::hoststate::{now_unix_ms, render_findings, render_host_report};
+use pdwarden_orchestrator::edge::leadership::Role;
+use pdwarden_orchestrator::edge::server::StatusView;
+use pdwarden_orchestrator::ops::journal::OperationRecord;
 use pdwarden_orchestrator::ops::report::OperationReport;
+use pdwarden_orchestrator::ops::watcher::PairWatchView;
 use pdwarden_proto::v1::{HistoryRequest, RestartUnitRequest, StatusRequest};
 
 const EXAMPLES: &str = "\
@@ -274,91 +278,88 @@ async fn status(conn: &Connection, json: bool, hosts: Vec<String>) -> anyhow::Re
         .status(StatusRequest { hosts })
         .await
         .map_err(|s| anyhow::anyhow!(status_reason(&s)))?;
-    let v: serde_json::Value = serde_json::from_str(&reply.into_inner().json).context("unreadable status")?;
+    let text = reply.into_inner().json;
     if json {
+        let v: serde_json::Value = serde_json::from_str(&text).context("unreadable status")?;
         print_json(&v);
         return Ok(());
     }
+    // The orchestrator's own view, read back typed (issue 33: it was read
+    // as raw JSON, with "?" wherever a field was not where expected).
+    let v: StatusView = serde_json::from_str(&text).context("unreadable status")?;
     // Foreign processes and critical findings in red, on a terminal only.
     let color = std::io::IsTerminal::is_terminal(&std::io::stdout()) && std::env::var_os("NO_COLOR").is_none();
-    if let Some(w) = v["security"]["warning"].as_str() {
+    if let Some(w) = &v.security.warning {
         pdwarden_orchestrator::say!("WARNING: {w}");
     }
-    if let Some(e) = v["journal_unreadable"].as_str() {
+    if let Some(e) = &v.journal_unreadable {
         pdwarden_orchestrator::say!("JOURNAL UNREADABLE: {e}");
     }
     // Several orchestrators on etcd (issue 19): say which this one is.
-    match v["leadership"]["role"].as_str() {
-        Some("leader") => pdwarden_orchestrator::say!(
-            "orchestrator: LEADER (fencing token {}) of journal {}",
-            v["leadership"]["token"],
-            v["journal"].as_str().unwrap_or("?")
-        ),
-        Some("follower") => pdwarden_orchestrator::say!(
-            "orchestrator: FOLLOWER of journal {}: {}{}",
-            v["journal"].as_str().unwrap_or("?"),
-            v["leadership"]["why"].as_str().unwrap_or(""),
-            match v["leadership"]["leader_url"].as_str() {
+    match &v.leadership {
+        Role::Leader { token, .. } => {
+            pdwarden_orchestrator::say!("orchestrator: LEADER (fencing token {token}) of journal {}", v.journal)
+        }
+        Role::Follower { leader_url, why } => pdwarden_orchestrator::say!(
+            "orchestrator: FOLLOWER of journal {}: {why}{}",
+            v.journal,
+            match leader_url {
                 Some(url) => format!("; operations and agents go to the leader, {url}"),
                 None => String::new(),
             }
         ),
-        _ => {}
+        Role::Sole => {}
     }
-    for a in v["agents"].as_array().into_iter().flatten() {
-        let conn = match a["state"].as_str() {
-            Some("connected") => "connected".to_string(),
-            Some("unknown") => format!(
+    for a in &v.agents {
+        let conn = match a.state {
+            AgentState::Connected => "connected".to_string(),
+            AgentState::Unknown => format!(
                 "UNKNOWN: silent for {:.0} s, facts may be stale",
-                a["silent_ms"].as_f64().unwrap_or(0.0) / 1000.0
+                a.silent_ms as f64 / 1000.0
             ),
-            _ => "DISCONNECTED".to_string(),
+            AgentState::Disconnected => "DISCONNECTED".to_string(),
         };
-        pdwarden_orchestrator::say!(
-            "host {} ({conn}, agent {})",
-            a["host"].as_str().unwrap_or("?"),
-            a["agent_version"].as_str().unwrap_or("?")
-        );
-        for u in a["units"].as_array().into_iter().flatten() {
+        pdwarden_orchestrator::say!("host {} ({conn}, agent {})", a.host, a.agent_version);
+        for u in &a.units {
             pdwarden_orchestrator::say!(
                 "  {:<14} {:<8} {:<11} pid {:<8} {}",
-                u["name"].as_str().unwrap_or("?"),
-                u["role"].as_str().unwrap_or("?"),
-                u["phase"].as_str().unwrap_or("?"),
-                u["pid"].as_u64().map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
-                u["base_url"].as_str().unwrap_or("")
+                u.name,
+                u.role,
+                u.phase,
+                u.pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
+                u.base_url
             );
         }
-        if let Ok(report) = serde_json::from_value::<HostReport>(a["host_report"].clone()) {
-            for line in render_host_report(&report, now_unix_ms(), color) {
+        if let Some(report) = &a.host_report {
+            for line in render_host_report(report, now_unix_ms(), color) {
                 pdwarden_orchestrator::say!("{line}");
             }
         }
     }
-    for p in v["pairs"].as_array().into_iter().flatten() {
-        let running = p["running_operation"]
-            .as_str()
+    for p in &v.pairs {
+        let running = p
+            .running_operation
+            .as_ref()
             .map(|o| format!(", running operation {o}"))
             .unwrap_or_default();
         pdwarden_orchestrator::say!(
             "pair {}: last verdict {}{running}",
-            p["name"].as_str().unwrap_or("?"),
-            p["last_verdict"].as_str().unwrap_or("none")
+            p.name,
+            p.last_verdict.as_deref().unwrap_or("none")
         );
-        if let Some(j) = p["journal_error"].as_object() {
+        if let Some(j) = &p.journal_error {
             pdwarden_orchestrator::say!(
                 "  JOURNAL ERROR: operation {} ended ({}) but its conclusion is not written yet: {}; retried every few seconds, the pair is free once the journal's disk allows",
-                j["operation_id"].as_str().unwrap_or("?"),
-                j["verdict"].as_str().unwrap_or("?"),
-                j["error"].as_str().unwrap_or("?")
+                j.operation_id,
+                j.verdict,
+                j.error
             );
         }
     }
-    for line in render_watch(&v["watch"]) {
+    for line in render_watch(&v.watch) {
         pdwarden_orchestrator::say!("{line}");
     }
-    let findings: Vec<HostFinding> = serde_json::from_value(v["findings"].clone()).unwrap_or_default();
-    for line in render_findings(&findings, color) {
+    for line in render_findings(&v.findings, color) {
         pdwarden_orchestrator::say!("{line}");
     }
     Ok(())
@@ -368,52 +369,41 @@ async fn status(conn: &Connection, json: bool, hosts: Vec<String>) -> anyhow::Re
 /// the state (healthy / unproven / suspect / wedged / down / recovering /
 /// held …), why, what the watch has spent on probes, the breaker's count,
 /// and each unit that is not serving or idle with its reasons.
-fn render_watch(watch: &serde_json::Value) -> Vec<String> {
+fn render_watch(watch: &[PairWatchView]) -> Vec<String> {
     let mut out = Vec::new();
-    for p in watch.as_array().into_iter().flatten() {
-        let state = p["state"].as_str().unwrap_or("?");
-        let shown = match state {
-            "wedged" | "down" | "held" | "suspect" | "watch_failed" => state.to_uppercase(),
+    for p in watch {
+        let shown = match p.state.as_str() {
+            s @ ("wedged" | "down" | "held" | "suspect" | "watch_failed") => s.to_uppercase(),
             s => s.to_string(),
         };
         out.push(format!(
             "watch {}: {shown} (probes sent {}, deferred {}; automatic recoveries {}/{} in the window{})",
-            p["pair"].as_str().unwrap_or("?"),
-            p["probes_sent"].as_u64().unwrap_or(0),
-            p["probes_deferred"].as_u64().unwrap_or(0),
-            p["recoveries_in_window"].as_u64().unwrap_or(0),
-            p["max_recoveries"].as_u64().unwrap_or(0),
-            if p["auto_recover"] == false {
-                ", auto-recover off"
-            } else {
-                ""
-            },
+            p.pair,
+            p.probes_sent,
+            p.probes_deferred,
+            p.recoveries_in_window,
+            p.max_recoveries,
+            if p.auto_recover { "" } else { ", auto-recover off" },
         ));
-        if let Some(h) = p["held"].as_str() {
+        if let Some(h) = &p.held {
             out.push(format!("  HELD for a human: {h}"));
         }
-        for r in p["reasons"].as_array().into_iter().flatten() {
-            out.push(format!("  - {}", r.as_str().unwrap_or("")));
+        for r in &p.reasons {
+            out.push(format!("  - {r}"));
         }
-        for u in p["units"].as_array().into_iter().flatten() {
-            let st = u["state"].as_str().unwrap_or("?");
-            if matches!(st, "serving" | "idle") {
-                continue;
-            }
-            let why: Vec<&str> = u["reasons"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|r| r.as_str())
-                .collect();
+        for u in p.units.iter().filter(|u| !u.ready()) {
+            let st = serde_json::to_value(u.state)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default();
             out.push(format!(
                 "  {}/{}: {st}{}",
-                u["host"].as_str().unwrap_or("?"),
-                u["unit"].as_str().unwrap_or("?"),
-                if why.is_empty() {
+                u.host,
+                u.unit,
+                if u.reasons.is_empty() {
                     String::new()
                 } else {
-                    format!(": {}", why.join("; "))
+                    format!(": {}", u.reasons.join("; "))
                 }
             ));
         }
@@ -430,27 +420,32 @@ async fn history(conn: &Connection, pair: &str, limit: u32, json: bool) -> anyho
         })
         .await
         .map_err(|s| anyhow::anyhow!(status_reason(&s)))?;
-    let v: serde_json::Value = serde_json::from_str(&reply.into_inner().json).context("unreadable history")?;
+    let text = reply.into_inner().json;
     if json {
+        let v: serde_json::Value = serde_json::from_str(&text).context("unreadable history")?;
         print_json(&v);
         return Ok(());
     }
-    for op in v.as_array().into_iter().flatten() {
+    let ops: Vec<OperationRecord> = serde_json::from_str(&text).context("unreadable history")?;
+    for op in &ops {
+        let by = op
+            .actor
+            .as_ref()
+            .and_then(|a| a["name"].as_str())
+            .unwrap_or(if op.trigger.is_none() { "?" } else { "the watch" });
         pdwarden_orchestrator::say!(
-            "{}  {}  {}  {}  by {}",
-            op["operation_id"].as_str().unwrap_or("?"),
-            op["kind"].as_str().unwrap_or("?"),
-            op["verdict"].as_str().unwrap_or("(running)"),
-            op["state"].as_str().unwrap_or("?"),
-            op["actor"]["name"]
-                .as_str()
-                .unwrap_or(if op["trigger"].is_null() { "?" } else { "the watch" }),
+            "{}  {}  {}  {}  by {by}",
+            op.operation_id,
+            op.kind,
+            op.verdict.as_deref().unwrap_or("(running)"),
+            op.state,
         );
-        for r in op["report"]["reasons"].as_array().into_iter().flatten() {
+        let report = op.report.as_ref().unwrap_or(&serde_json::Value::Null);
+        for r in report["reasons"].as_array().into_iter().flatten() {
             pdwarden_orchestrator::say!("    - {}", r.as_str().unwrap_or(""));
         }
-        if op["kind"] == "gate" {
-            pdwarden_orchestrator::ops::gate::history_lines(&op["report"])
+        if op.kind == "gate" {
+            pdwarden_orchestrator::ops::gate::history_lines(report)
                 .iter()
                 .for_each(|l| pdwarden_orchestrator::say!("    {l}"));
         }
@@ -547,16 +542,23 @@ mod tests {
     /// evidence (it showed only the last verdict; the state was in `--json`).
     #[test]
     fn status_shows_the_watch_state_and_its_evidence() {
-        let watch = serde_json::json!([{
-            "pair": "demo", "state": "held", "auto_recover": true,
+        let unit = |unit: &str, state: &str, reasons: &[&str]| {
+            serde_json::json!({"host": "gpu-1", "unit": unit, "role": "decode", "state": state,
+                "reasons": reasons, "metrics": null, "health_status": 200})
+        };
+        let watch: Vec<PairWatchView> = serde_json::from_value(serde_json::json!([{
+            "pair": "demo", "state": "held", "ready": false, "auto_recover": true,
             "probes_sent": 7, "probes_deferred": 2, "recoveries_in_window": 3, "max_recoveries": 3,
+            "recovery_window_ms": 3_600_000,
             "held": "3 automatic recoveries within 1 h: a person must look",
             "reasons": ["decode-0: 1 running, no progress for 9.5 s"],
+            "last_probe": null, "last_recovery": null,
             "units": [
-                {"host": "gpu-1", "unit": "prefill-0", "state": "idle", "reasons": []},
-                {"host": "gpu-1", "unit": "decode-0", "state": "wedged", "reasons": ["no progress for 9.5 s", "health answers 200"]},
+                unit("prefill-0", "idle", &[]),
+                unit("decode-0", "wedged", &["no progress for 9.5 s", "health answers 200"]),
             ],
-        }]);
+        }]))
+        .unwrap();
         let lines = render_watch(&watch);
         assert_eq!(
             lines[0],
@@ -572,7 +574,7 @@ mod tests {
             "  gpu-1/decode-0: wedged: no progress for 9.5 s; health answers 200"
         );
         assert_eq!(lines.len(), 4, "{lines:?}");
-        assert!(render_watch(&serde_json::Value::Null).is_empty());
+        assert!(render_watch(&[]).is_empty());
     }
 
     /// Issue 32: a pair, unit or host name out of bounds, and a `--ca` file

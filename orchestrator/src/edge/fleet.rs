@@ -22,14 +22,13 @@ use tonic::{Request, Response, Status, Streaming};
 
 pub use crate::ops::port::{AGENT_SLACK, AgentReport, AskError, SendError, phase_name, role_name};
 
-/// What `status` shows about one agent.
-#[derive(Debug, Clone, Serialize)]
+/// What `status` shows about one agent (the wire's view: the CLI reads it
+/// back typed).
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct AgentStatus {
     pub host: String,
     pub connected: bool,
-    /// `connected`, `unknown` (attached but silent for `AGENT_UNKNOWN_AFTER`)
-    /// or `disconnected`.
-    pub state: &'static str,
+    pub state: AgentState,
     /// Milliseconds since the agent last said anything.
     pub silent_ms: u64,
     pub agent_instance_id: String,
@@ -40,7 +39,17 @@ pub struct AgentStatus {
     pub host_report: Option<Arc<crate::edge::hoststate::HostReport>>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+/// An agent's link, as `status` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AgentState {
+    Connected,
+    /// Attached but silent for [`AGENT_UNKNOWN_AFTER`]: its facts may be stale.
+    Unknown,
+    Disconnected,
+}
+
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct UnitStatus {
     pub name: String,
     pub role: String,
@@ -201,9 +210,9 @@ impl Fleet {
                     host: host.clone(),
                     connected: a.tx.is_some(),
                     state: match (a.tx.is_some(), a.last_seen.elapsed() > AGENT_UNKNOWN_AFTER) {
-                        (false, _) => "disconnected",
-                        (true, true) => "unknown",
-                        (true, false) => "connected",
+                        (false, _) => AgentState::Disconnected,
+                        (true, true) => AgentState::Unknown,
+                        (true, false) => AgentState::Connected,
                     },
                     silent_ms: a.last_seen.elapsed().as_millis() as u64,
                     agent_instance_id: a.instance_id.clone(),

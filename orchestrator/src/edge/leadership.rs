@@ -21,7 +21,7 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 /// This orchestrator's part, as `status` shows it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(tag = "role", rename_all = "snake_case")]
 pub enum Role {
     /// The one orchestrator on its SQLite journal.

@@ -121,7 +121,7 @@ pub fn route(path: &str, board: &WatchBoard) -> (u16, &'static str, String) {
                 .all()
                 .into_iter()
                 .flat_map(|p| p.units.into_iter().map(move |u| (p.pair.clone(), u)))
-                .find(|(_, u)| u.host == *host && u.assessment.unit == *unit);
+                .find(|(_, u)| u.host == *host && u.unit == *unit);
             match found {
                 Some((pair, u)) => (
                     ready(u.ready()),

@@ -17,7 +17,7 @@ use pdwarden_proto::v1::{
     control_server::{Control, ControlServer},
     operation_update,
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
@@ -80,15 +80,29 @@ pub struct ControlService {
 }
 
 /// How this orchestrator is secured, shown by `status` (issue 8).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SecurityView {
-    /// `mutual_tls` or `insecure_plaintext`.
-    pub transport: &'static str,
-    /// `tokens` or `none`.
-    pub operator_auth: &'static str,
+    pub transport: TransportView,
+    pub operator_auth: OperatorAuth,
     /// Set whenever anything runs without protection.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub warning: Option<String>,
+}
+
+/// The orchestrator's transport, as `status` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TransportView {
+    MutualTls,
+    InsecurePlaintext,
+}
+
+/// How operators are authenticated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OperatorAuth {
+    Tokens,
+    None,
 }
 
 /// The caller the auth layer identified (absent only for a service built
@@ -134,8 +148,8 @@ fn forward(
     UnboundedReceiverStream::new(out_rx)
 }
 
-/// `pdwarden status --json`.
-#[derive(Debug, Serialize)]
+/// `pdwarden status --json` (the wire's view: the CLI reads it back typed).
+#[derive(Debug, Serialize, Deserialize)]
 pub struct StatusView {
     pub agents: Vec<AgentStatus>,
     pub pairs: Vec<PairStatus>,
@@ -150,13 +164,13 @@ pub struct StatusView {
     pub journal: String,
     /// Why the journal could not be read for this answer (the pairs'
     /// operations are then not shown).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub journal_unreadable: Option<String>,
     /// Transport and operator authentication (issue 8).
     pub security: SecurityView,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct PairStatus {
     pub name: String,
     pub running_operation: Option<String>,
@@ -164,7 +178,7 @@ pub struct PairStatus {
     pub last_verdict: Option<String>,
     /// The last operation ended but its conclusion is not written yet (the
     /// journal's disk refused it): retried, the pair free once it is.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub journal_error: Option<crate::ops::journal::PendingConclusion>,
 }
 
@@ -1042,11 +1056,15 @@ pub async fn serve_with_limits(
     };
     let security = SecurityView {
         transport: if server_tls.is_some() {
-            "mutual_tls"
+            TransportView::MutualTls
         } else {
-            "insecure_plaintext"
+            TransportView::InsecurePlaintext
         },
-        operator_auth: if auth.is_open() { "none" } else { "tokens" },
+        operator_auth: if auth.is_open() {
+            OperatorAuth::None
+        } else {
+            OperatorAuth::Tokens
+        },
         warning: server_tls.is_none().then(|| {
             format!(
                 "{}{}",

@@ -133,7 +133,7 @@ pub enum JournalError {
 
 /// A conclusion the journal could not write yet, kept in memory and
 /// retried (`Journal::flush_pending`) until it is written.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct PendingConclusion {
     pub operation_id: String,
     pub pair: String,
@@ -146,7 +146,7 @@ pub struct PendingConclusion {
 }
 
 /// A finished or running operation as stored.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct OperationRecord {
     pub operation_id: String,
     pub kind: String,

@@ -73,8 +73,9 @@ pub fn mono_ms() -> f64 {
     }
 }
 
-/// What `status`, the readiness endpoint and its metrics show of one pair.
-#[derive(Debug, Clone, Serialize)]
+/// What `status`, the readiness endpoint and its metrics show of one pair
+/// (the wire's view: the CLI reads it back typed).
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct PairWatchView {
     pub pair: String,
     /// `healthy`, `unproven`, `suspect`, `wedged`, `down`, `recovering`,
@@ -97,24 +98,60 @@ pub struct PairWatchView {
     pub units: Vec<WatchedUnit>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+/// One unit of a watched pair as `status` shows it: the judge's assessment
+/// without what only the judge uses (the wedge's onset instant).
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct WatchedUnit {
     pub host: String,
-    #[serde(flatten)]
-    pub assessment: UnitAssessment,
+    pub unit: String,
+    pub role: String,
+    pub state: crate::judge::wedge::UnitState,
+    pub reasons: Vec<String>,
+    pub metrics: Option<crate::judge::wedge::Metrics>,
+    pub health_status: u16,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wedge: Option<WedgeView>,
+}
+
+/// A confirmed wedge as `status` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub struct WedgeView {
+    pub kind: crate::judge::wedge::WedgeKind,
+    /// How long the silence had lasted when the wedge was confirmed.
+    pub silent_ms: u64,
+    /// How the evidence rules out legitimate work, one line per argument.
+    pub ruled_out: Vec<String>,
 }
 
 impl WatchedUnit {
+    /// The view of `a`, a unit on `host`.
+    pub fn of(host: String, a: UnitAssessment) -> Self {
+        WatchedUnit {
+            host,
+            unit: a.unit,
+            role: a.role,
+            state: a.state,
+            reasons: a.reasons,
+            metrics: a.metrics,
+            health_status: a.health_status,
+            wedge: a.wedge.map(|w| WedgeView {
+                kind: w.kind,
+                silent_ms: w.silent_ms,
+                ruled_out: w.ruled_out,
+            }),
+        }
+    }
+
     /// A unit is ready when it serves or idles (not stalled, wedged, down or unknown).
     pub fn ready(&self) -> bool {
         matches!(
-            self.assessment.state,
+            self.state,
             crate::judge::wedge::UnitState::Serving | crate::judge::wedge::UnitState::Idle
         )
     }
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct RecoveryView {
     pub operation_id: String,
     /// The evidence that triggered it.
@@ -234,10 +271,10 @@ impl WatchBoard {
         let mut out: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
         for view in self.views.lock().unwrap_or_else(|p| p.into_inner()).values() {
             for u in &view.units {
-                if let Some(m) = u.assessment.metrics {
+                if let Some(m) = u.metrics {
                     out.entry(u.host.clone())
                         .or_default()
-                        .insert(u.assessment.unit.clone(), m.queued.max(0.0).round() as u64);
+                        .insert(u.unit.clone(), m.queued.max(0.0).round() as u64);
                 }
             }
         }
@@ -1152,10 +1189,7 @@ impl PairWatcher {
             last_recovery: self.last_recovery.clone(),
             units: units
                 .into_iter()
-                .map(|a| WatchedUnit {
-                    host: hosts.get(&a.unit).cloned().unwrap_or_default(),
-                    assessment: a,
-                })
+                .map(|a| WatchedUnit::of(hosts.get(&a.unit).cloned().unwrap_or_default(), a))
                 .collect(),
         });
     }

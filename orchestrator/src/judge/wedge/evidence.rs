@@ -21,7 +21,7 @@ use super::{ProbeObservation, WatchPolicy};
 const CREDIT_GRACE_SCRAPES: u32 = 2;
 
 /// The numbers of one scrape that judgement uses (`None`: not exposed).
-#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, serde::Deserialize)]
 pub struct Metrics {
     pub running: f64,
     pub queued: f64,

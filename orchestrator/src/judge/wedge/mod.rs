@@ -99,7 +99,7 @@
 use std::time::Duration;
 
 use pdwarden_engines::{EngineKind, PrefillProgress};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 mod breaker;
@@ -211,7 +211,7 @@ impl WatchPolicy {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum UnitState {
     /// Requests progressing, or recent traffic.
@@ -228,7 +228,7 @@ pub enum UnitState {
 }
 
 /// Which kind of wedge the evidence shows (the detection-time metric's label).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum WedgeKind {
     /// Requests present, nothing progresses (seed 001's leaked slot).
