@@ -8,9 +8,9 @@ use std::process::ExitCode;
 use clap::Args;
 use pdwarden_orchestrator::ops::gate::GateReport;
 use pdwarden_orchestrator::ops::gate::config::ChangeArgs;
-use pdwarden_proto::v1::{GatePairRequest, operation_update};
+use pdwarden_proto::v1::GatePairRequest;
 
-use crate::{Connection, CouldNotRun, could_not_run, print_json, progress_line};
+use crate::{Connection, CouldNotRun, could_not_run, print_json};
 
 #[derive(Args)]
 pub struct GateArgs {
@@ -105,55 +105,14 @@ fn request(args: &GateArgs) -> Result<GatePairRequest, String> {
 
 async fn follow(conn: &Connection, args: GateArgs) -> Result<GateReport, CouldNotRun> {
     let request = request(&args).map_err(CouldNotRun)?;
-    // A follower (several orchestrators on etcd) names the leader: asked
-    // once more there, with the same request id (it runs at most once).
-    let mut at = conn.clone();
-    let mut stream = loop {
-        let mut client = at.connect().await?;
-        match client.gate_pair(request.clone()).await {
-            Ok(r) => break r.into_inner(),
-            Err(s) => match pdwarden_orchestrator::edge::client::leader_named(&s).filter(|_| at.url == conn.url) {
-                Some(leader) => {
-                    if !args.json {
-                        pdwarden_orchestrator::say!("{} is a follower; asking the leader, {leader}", at.url);
-                    }
-                    at = Connection::new(leader, conn.credentials.clone());
-                }
-                None => return Err(CouldNotRun(s.message().to_string())),
-            },
-        }
-    };
     let mut out = std::io::stdout();
-    loop {
-        let update = match stream.message().await {
-            Ok(Some(u)) => u,
-            Ok(None) => {
-                return Err(CouldNotRun(
-                    "the orchestrator ended the gate's stream without a report".into(),
-                ));
-            }
-            Err(s) => return Err(CouldNotRun(format!("lost the gate's stream: {}", s.message()))),
-        };
-        let line = match update.kind {
-            Some(operation_update::Kind::Started(s)) => {
-                Some(format!("gate pd-pair {}: operation {}", s.pair, s.operation_id))
-            }
-            Some(
-                kind @ (operation_update::Kind::Step(_)
-                | operation_update::Kind::Phase(_)
-                | operation_update::Kind::Probe(_)),
-            ) => progress_line(kind),
-            Some(operation_update::Kind::Report(r)) => {
-                return serde_json::from_str(&r.json)
-                    .map_err(|e| CouldNotRun(format!("unreadable gate report from the orchestrator: {e}")));
-            }
-            None => None,
-        };
-        if let (Some(line), false) = (line, args.json) {
+    conn.follow_gate(request, |line| {
+        if !args.json {
             let _ = writeln!(out, "{line}");
             let _ = out.flush();
         }
-    }
+    })
+    .await
 }
 
 #[cfg(test)]

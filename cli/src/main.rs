@@ -15,7 +15,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 pub use pdwarden_orchestrator::edge::client::{
-    Connection, CouldNotRun, Credentials, new_request_id, print_json, progress_line, status_reason,
+    Connection, CouldNotRun, Credentials, new_request_id, print_json, status_reason,
 };
 use pdwarden_orchestrator::edge::fleet::AgentState;
 use pdwarden_orchestrator::edge::hoststate::{now_unix_ms, render_findings, render_host_report};

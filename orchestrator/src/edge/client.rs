@@ -7,7 +7,10 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use pdwarden_proto::v1::{RestartPairRequest, VerifyPairRequest, control_client::ControlClient, operation_update};
+use pdwarden_proto::v1::{
+    GatePairRequest, OperationStarted, RestartPairRequest, VerifyPairRequest, control_client::ControlClient,
+    operation_update,
+};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
 use crate::ops::report::{
@@ -140,37 +143,71 @@ impl Connection {
         request_id: String,
         mut on_line: impl FnMut(String),
     ) -> Result<OperationReport, CouldNotRun> {
-        let verify = match asked {
-            Asked::Verify { include_abort_storm } => Some(include_abort_storm),
-            Asked::Restart { .. } => None,
+        let request = match asked {
+            Asked::Verify { include_abort_storm } => Request::Verify(VerifyPairRequest {
+                pair: pair.to_string(),
+                request_id,
+                include_abort_storm,
+            }),
+            Asked::Restart { rolling } => Request::Restart(RestartPairRequest {
+                pair: pair.to_string(),
+                request_id,
+                rolling,
+            }),
         };
-        // A follower (several orchestrators on etcd) refuses, naming the
-        // leader: asked once more there, with the same request id, so the
-        // operation runs at most once whatever happened to the first ask.
+        let started = |s: &OperationStarted| match asked {
+            Asked::Verify { .. } => format!(
+                "verify pd-pair {}: operation {} (probes through the router; nothing restarted)",
+                s.pair, s.operation_id
+            ),
+            Asked::Restart { rolling: true } => format!(
+                "restart pd-pair {} --rolling: operation {} (one P/D sub-pair at a time, each out of the router while it restarts; decode start policy: {})",
+                s.pair, s.operation_id, s.decode_start_policy
+            ),
+            Asked::Restart { rolling: false } => format!(
+                "restart pd-pair {}: operation {} (decode start policy: {})",
+                s.pair, s.operation_id, s.decode_start_policy
+            ),
+        };
+        self.follow_request(request, &OPERATION_STREAM, started, &mut on_line)
+            .await
+    }
+
+    /// Starts a change gate (`request`) and follows its update stream to
+    /// the gate's report, handing each progress line to `on_line`.
+    pub async fn follow_gate(
+        &self,
+        request: GatePairRequest,
+        mut on_line: impl FnMut(String),
+    ) -> Result<crate::ops::gate::GateReport, CouldNotRun> {
+        let started = |s: &OperationStarted| format!("gate pd-pair {}: operation {}", s.pair, s.operation_id);
+        self.follow_request(Request::Gate(request), &GATE_STREAM, started, &mut on_line)
+            .await
+    }
+
+    /// The one follower of an operation's update stream (issue 33: the
+    /// gate's was a copy): asks for `request`; a follower (several
+    /// orchestrators on etcd) refuses, naming the leader, which is asked
+    /// once more with the same request id, so the operation runs at most
+    /// once whatever happened to the first ask; then each update becomes a
+    /// line for `on_line` (`started` words the first) until the report,
+    /// read as `R`.
+    async fn follow_request<R: serde::de::DeserializeOwned>(
+        &self,
+        request: Request,
+        words: &StreamWords,
+        started: impl Fn(&OperationStarted) -> String,
+        on_line: &mut impl FnMut(String),
+    ) -> Result<R, CouldNotRun> {
         let mut at = self.clone();
         let mut stream = loop {
             let mut client = at.connect().await?;
-            let started = match asked {
-                Asked::Verify { include_abort_storm } => {
-                    client
-                        .verify_pair(VerifyPairRequest {
-                            pair: pair.to_string(),
-                            request_id: request_id.clone(),
-                            include_abort_storm,
-                        })
-                        .await
-                }
-                Asked::Restart { rolling } => {
-                    client
-                        .restart_pair(RestartPairRequest {
-                            pair: pair.to_string(),
-                            request_id: request_id.clone(),
-                            rolling,
-                        })
-                        .await
-                }
+            let asked = match request.clone() {
+                Request::Restart(r) => client.restart_pair(r).await,
+                Request::Verify(r) => client.verify_pair(r).await,
+                Request::Gate(r) => client.gate_pair(r).await,
             };
-            match started {
+            match asked {
                 Ok(r) => break r.into_inner(),
                 Err(s) => match leader_named(&s).filter(|l| at.url == self.url && *l != at.url) {
                     Some(leader) => {
@@ -184,30 +221,11 @@ impl Connection {
         loop {
             let update = match stream.message().await {
                 Ok(Some(u)) => u,
-                Ok(None) => {
-                    return Err(CouldNotRun(
-                        "the orchestrator ended the operation stream without a report".into(),
-                    ));
-                }
-                Err(s) => {
-                    return Err(CouldNotRun(format!("lost the operation stream: {}", status_reason(&s))));
-                }
+                Ok(None) => return Err(CouldNotRun(words.ended.into())),
+                Err(s) => return Err(CouldNotRun(format!("{}: {}", words.lost, status_reason(&s)))),
             };
             let line = match update.kind {
-                Some(operation_update::Kind::Started(s)) if verify.is_some() => Some(format!(
-                    "verify pd-pair {}: operation {} (probes through the router; nothing restarted)",
-                    s.pair, s.operation_id
-                )),
-                Some(operation_update::Kind::Started(s)) if asked == (Asked::Restart { rolling: true }) => {
-                    Some(format!(
-                        "restart pd-pair {} --rolling: operation {} (one P/D sub-pair at a time, each out of the router while it restarts; decode start policy: {})",
-                        s.pair, s.operation_id, s.decode_start_policy
-                    ))
-                }
-                Some(operation_update::Kind::Started(s)) => Some(format!(
-                    "restart pd-pair {}: operation {} (decode start policy: {})",
-                    s.pair, s.operation_id, s.decode_start_policy
-                )),
+                Some(operation_update::Kind::Started(s)) => Some(started(&s)),
                 Some(
                     kind @ (operation_update::Kind::Step(_)
                     | operation_update::Kind::Phase(_)
@@ -215,7 +233,7 @@ impl Connection {
                 ) => progress_line(kind),
                 Some(operation_update::Kind::Report(r)) => {
                     return serde_json::from_str(&r.json)
-                        .map_err(|e| CouldNotRun(format!("unreadable report from the orchestrator: {e}")));
+                        .map_err(|e| CouldNotRun(format!("{}: {e}", words.unreadable)));
                 }
                 None => None,
             };
@@ -225,6 +243,33 @@ impl Connection {
         }
     }
 }
+
+/// What a CLI asks the orchestrator to start.
+#[derive(Debug, Clone)]
+enum Request {
+    Restart(RestartPairRequest),
+    Verify(VerifyPairRequest),
+    Gate(GatePairRequest),
+}
+
+/// How a stream's failures are worded.
+struct StreamWords {
+    ended: &'static str,
+    lost: &'static str,
+    unreadable: &'static str,
+}
+
+const OPERATION_STREAM: StreamWords = StreamWords {
+    ended: "the orchestrator ended the operation stream without a report",
+    lost: "lost the operation stream",
+    unreadable: "unreadable report from the orchestrator",
+};
+
+const GATE_STREAM: StreamWords = StreamWords {
+    ended: "the orchestrator ended the gate's stream without a report",
+    lost: "lost the gate's stream",
+    unreadable: "unreadable gate report from the orchestrator",
+};
 
 /// The leader a follower's refusal names (`UNAVAILABLE` with the
 /// `pdwarden-leader` metadata), if it is one.
