@@ -22,9 +22,9 @@
 //! Scenarios change the "after" side (and, for drift, the baseline taken
 //! again) by a factor on every latency, a tail, or a second mode.
 
-use pdwarden_orchestrator::judge::gate::{self as judge, BaselineCheck, JudgePolicy, Judgement, SplitMix};
-use pdwarden_orchestrator::ops::gate::config::GateConfig;
-use pdwarden_orchestrator::ops::gate::{CellMeasurement, Measurement, RequestFigures, metrics};
+use pdwarden_model::gate::config::GateConfig;
+use pdwarden_model::gate::measure::{CellMeasurement, Measurement, RequestFigures, metrics};
+use pdwarden_model::judge::gate::{self as judge, BaselineCheck, JudgePolicy, Judgement, SplitMix};
 
 /// How the "after" side differs from the baseline.
 #[derive(Debug, Clone, Copy)]

@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
-use pdwarden_orchestrator::edge::auth::{OperatorConfig, OperatorRole, hash_token, new_token};
-use pdwarden_orchestrator::edge::certs::CertDir;
+use pdwarden_security::certs::CertDir;
+use pdwarden_security::operators::{OperatorConfig, OperatorRole, hash_token, new_token};
 use pdwarden_security::tls::TlsFiles;
 use serde::Serialize;
 
@@ -73,17 +73,17 @@ pub fn run(args: CertsArgs) -> ExitCode {
             let certs = CertDir(dir);
             certs.init(&names).map(|()| {
                 let f = certs.orchestrator();
-                pdwarden_orchestrator::say!("CA: {}", certs.ca().display());
-                pdwarden_orchestrator::say!(
+                pdwarden_client::say!("CA: {}", certs.ca().display());
+                pdwarden_client::say!(
                     "orchestrator certificate for {}: {}",
                     names.join(", "),
                     f.cert.display()
                 );
-                pdwarden_orchestrator::say!(
+                pdwarden_client::say!(
                     "\n# orchestrator.toml\n{}",
                     snippet(&TlsSnippet { host: None, tls: &f }).trim_end()
                 );
-                pdwarden_orchestrator::say!(
+                pdwarden_client::say!(
                     "\nKeep {} offline if you can: whoever holds it can issue agent certificates.",
                     certs.ca_key().display()
                 );
@@ -93,7 +93,7 @@ pub fn run(args: CertsArgs) -> ExitCode {
         CertsCmd::Agent { host, dir } => CertDir(dir)
             .issue_agent(&host)
             .map(|f| {
-                pdwarden_orchestrator::say!(
+                pdwarden_client::say!(
                     "# agent.toml on {host} (orchestrator = \"https://...\")\n{}",
                     snippet(&TlsSnippet {
                         host: Some(&host),
@@ -105,7 +105,7 @@ pub fn run(args: CertsArgs) -> ExitCode {
             .map_err(Into::into),
         CertsCmd::Token { name, role } => {
             let token = new_token();
-            pdwarden_orchestrator::say!("token (shown once; give it to {name} as PDWARDEN_TOKEN): {token}");
+            pdwarden_client::say!("token (shown once; give it to {name} as PDWARDEN_TOKEN): {token}");
             let operator = OperatorConfig {
                 name,
                 role: if role == "read" {
@@ -115,7 +115,7 @@ pub fn run(args: CertsArgs) -> ExitCode {
                 },
                 token_sha256: hash_token(&token),
             };
-            pdwarden_orchestrator::say!(
+            pdwarden_client::say!(
                 "\n# orchestrator.toml\n{}",
                 snippet(&OperatorSnippet { operator: [operator] }).trim_end()
             );

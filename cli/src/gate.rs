@@ -6,8 +6,8 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Args;
-use pdwarden_orchestrator::ops::gate::GateReport;
-use pdwarden_orchestrator::ops::gate::config::ChangeArgs;
+use pdwarden_model::gate::config::ChangeArgs;
+use pdwarden_model::gate::report::GateReport;
 use pdwarden_proto::v1::GatePairRequest;
 
 use crate::{Connection, CouldNotRun, could_not_run, print_json};
@@ -51,7 +51,7 @@ pub async fn run(conn: &Connection, args: GateArgs) -> ExitCode {
             if json {
                 print_json(&report);
             } else {
-                pdwarden_orchestrator::say_part!("{}", report.render());
+                pdwarden_client::say_part!("{}", report.render());
             }
             if report.verdict.kept() {
                 ExitCode::SUCCESS

@@ -6,24 +6,22 @@
 //! always with a one-line reason.
 
 mod certs;
-mod demo;
 mod gate;
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-pub use pdwarden_orchestrator::edge::client::{
-    Connection, CouldNotRun, Credentials, new_request_id, print_json, status_reason,
-};
-use pdwarden_orchestrator::edge::fleet::AgentState;
-use pdwarden_orchestrator::edge::hoststate::{now_unix_ms, render_findings, render_host_report};
-use pdwarden_orchestrator::edge::leadership::Role;
-use pdwarden_orchestrator::edge::server::StatusView;
-use pdwarden_orchestrator::ops::journal::OperationRecord;
-use pdwarden_orchestrator::ops::report::OperationReport;
-use pdwarden_orchestrator::ops::watcher::PairWatchView;
+pub use pdwarden_client::{Connection, CouldNotRun, Credentials, new_request_id, print_json, status_reason};
+use pdwarden_model::render::{render_findings, render_host_report};
+use pdwarden_model::report::OperationReport;
+use pdwarden_model::status::AgentState;
+use pdwarden_model::status::OperationRecord;
+use pdwarden_model::status::Role;
+use pdwarden_model::status::StatusView;
+use pdwarden_model::watch::PairWatchView;
 use pdwarden_proto::v1::{HistoryRequest, RestartUnitRequest, StatusRequest};
 
 const EXAMPLES: &str = "\
@@ -116,11 +114,21 @@ enum Cmd {
     Certs(certs::CertsArgs),
     /// Start a whole local stack (orchestrator, agent, two pd-sim engines, the
     /// real sglang-router) and run a real `restart pd-pair` against it.
-    Demo(pdwarden_stack::DemoArgs),
+    #[command(disable_help_flag = true)]
+    Demo {
+        /// Passed verbatim to `pdwarden-stack demo` (see `pdwarden demo --help`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<OsString>,
+    },
     /// Co-restarts, verifications and gates on a local stack in a loop for
     /// a bounded time, the orchestrator and the agent killed at random, the
     /// invariants checked after each (exit 0 none violated, 2 any).
-    Soak(pdwarden_stack::soak::SoakArgs),
+    #[command(disable_help_flag = true)]
+    Soak {
+        /// Passed verbatim to `pdwarden-stack soak` (see `pdwarden soak --help`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<OsString>,
+    },
     /// Print a completion script for SHELL (bash, zsh, fish, elvish,
     /// powershell) on stdout.
     #[command(after_help = "Example: pdwarden completions zsh > ~/.zfunc/_pdwarden")]
@@ -164,13 +172,13 @@ enum RestartWhat {
 /// `--request-id`: printable, no spaces, at most 128 characters (the
 /// orchestrator's rule, `model::fields`).
 pub fn request_id_arg(s: &str) -> Result<String, String> {
-    pdwarden_orchestrator::model::fields::check_request_id(s).map_err(|e| e.to_string())?;
+    pdwarden_model::fields::check_request_id(s).map_err(|e| e.to_string())?;
     Ok(s.to_string())
 }
 
 /// A pair, unit or host name given as `what`, by the orchestrator's rule.
 pub fn check_name(what: &str, name: &str) -> Result<(), String> {
-    pdwarden_orchestrator::model::fields::check_name(name).map_err(|e| format!("{what}: {e}"))
+    pdwarden_model::fields::check_name(name).map_err(|e| format!("{what}: {e}"))
 }
 
 /// What can be refused before anything is sent (issue 32): the names the
@@ -201,10 +209,10 @@ fn check_before_sending(cli: &Cli) -> Result<(), String> {
         }
         // `gate::run` checks its arguments itself, before connecting.
         Cmd::Gate(_) => true,
-        Cmd::Certs(_) | Cmd::Demo(_) | Cmd::Soak(_) | Cmd::Completions { .. } => false,
+        Cmd::Certs(_) | Cmd::Demo { .. } | Cmd::Soak { .. } | Cmd::Completions { .. } => false,
     };
     if let (true, Some(ca)) = (connects, &cli.ca) {
-        pdwarden_orchestrator::edge::tls::check_ca_file("--ca", ca).map_err(|e| e.to_string())?;
+        pdwarden_security::tls::check_ca_file("--ca", ca).map_err(|e| e.to_string())?;
     }
     Ok(())
 }
@@ -238,10 +246,65 @@ fn exit_for(report: &OperationReport) -> ExitCode {
 
 fn could_not_run(reason: &str, json: bool) -> ExitCode {
     if json {
-        pdwarden_orchestrator::say!("{}", serde_json::json!({ "error": reason }));
+        pdwarden_client::say!("{}", serde_json::json!({ "error": reason }));
     }
     eprintln!("pdwarden: {reason}");
     ExitCode::from(1)
+}
+
+/// The binary that runs `demo` and `soak`: the local stack, which this CLI
+/// does not link.
+const STACK_BIN: &str = "pdwarden-stack";
+
+/// `pdwarden demo ARGS` and `pdwarden soak ARGS`, as git runs its external
+/// subcommands: this process is replaced by `pdwarden-stack SUB ARGS` (the
+/// binary next to this one, else on `PATH`), the arguments verbatim, the
+/// global `--ca`/`--cert`/`--key`/`--token` given in its environment
+/// (`PDWARDEN_CA` …, which it reads as this CLI does). Its argv\[0\] is
+/// this one's, so its usage lines say `pdwarden demo`. Returns only when it
+/// cannot be run: exit 1, one line.
+fn run_stack(sub: &str, args: Vec<OsString>, given: &Credentials) -> ExitCode {
+    use std::os::unix::process::CommandExt as _;
+    let json = args.iter().any(|a| a == "--json");
+    let exe = std::env::current_exe().ok();
+    let next_to = exe
+        .as_ref()
+        .map(|e| e.with_file_name(STACK_BIN))
+        .filter(|p| p.is_file());
+    let on_path = || {
+        std::env::var_os("PATH").and_then(|path| {
+            std::env::split_paths(&path)
+                .map(|dir| dir.join(STACK_BIN))
+                .find(|p| p.is_file())
+        })
+    };
+    let Some(bin) = next_to.or_else(on_path) else {
+        let here = exe.map_or_else(|| "pdwarden".to_string(), |e| e.display().to_string());
+        return could_not_run(
+            &format!("{sub}: {STACK_BIN} not found next to {here} or on PATH (build it: cargo build --workspace)"),
+            json,
+        );
+    };
+    let mut cmd = std::process::Command::new(&bin);
+    if let Some(arg0) = std::env::args_os().next() {
+        cmd.arg0(arg0);
+    }
+    cmd.arg(sub).args(args);
+    let paths = [
+        ("PDWARDEN_CA", &given.ca),
+        ("PDWARDEN_CERT", &given.cert),
+        ("PDWARDEN_KEY", &given.key),
+    ];
+    for (var, path) in paths {
+        if let Some(p) = path {
+            cmd.env(var, p);
+        }
+    }
+    if let Some(token) = &given.token {
+        cmd.env("PDWARDEN_TOKEN", token);
+    }
+    let e = cmd.exec();
+    could_not_run(&format!("{sub}: cannot run {}: {e}", bin.display()), json)
 }
 
 async fn restart_unit(conn: &Connection, name: &str, host: Option<String>, json: bool) -> ExitCode {
@@ -261,7 +324,7 @@ async fn restart_unit(conn: &Connection, name: &str, host: Option<String>, json:
         Err(s) => {
             let reason = status_reason(&s);
             if json {
-                pdwarden_orchestrator::say!(
+                pdwarden_client::say!(
                     "{}",
                     serde_json::json!({ "refused": s.code() == tonic::Code::FailedPrecondition, "unit": name, "reason": reason })
                 );
@@ -270,6 +333,15 @@ async fn restart_unit(conn: &Connection, name: &str, host: Option<String>, json:
             ExitCode::from(1)
         }
     }
+}
+
+/// This machine's wall clock in ms since the Unix epoch: how old a host's
+/// report is, for people.
+#[allow(clippy::disallowed_methods)]
+fn now_unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 async fn status(conn: &Connection, json: bool, hosts: Vec<String>) -> anyhow::Result<()> {
@@ -290,17 +362,17 @@ async fn status(conn: &Connection, json: bool, hosts: Vec<String>) -> anyhow::Re
     // Foreign processes and critical findings in red, on a terminal only.
     let color = std::io::IsTerminal::is_terminal(&std::io::stdout()) && std::env::var_os("NO_COLOR").is_none();
     if let Some(w) = &v.security.warning {
-        pdwarden_orchestrator::say!("WARNING: {w}");
+        pdwarden_client::say!("WARNING: {w}");
     }
     if let Some(e) = &v.journal_unreadable {
-        pdwarden_orchestrator::say!("JOURNAL UNREADABLE: {e}");
+        pdwarden_client::say!("JOURNAL UNREADABLE: {e}");
     }
     // Several orchestrators on etcd (issue 19): say which this one is.
     match &v.leadership {
         Role::Leader { token, .. } => {
-            pdwarden_orchestrator::say!("orchestrator: LEADER (fencing token {token}) of journal {}", v.journal)
+            pdwarden_client::say!("orchestrator: LEADER (fencing token {token}) of journal {}", v.journal)
         }
-        Role::Follower { leader_url, why } => pdwarden_orchestrator::say!(
+        Role::Follower { leader_url, why } => pdwarden_client::say!(
             "orchestrator: FOLLOWER of journal {}: {why}{}",
             v.journal,
             match leader_url {
@@ -319,9 +391,9 @@ async fn status(conn: &Connection, json: bool, hosts: Vec<String>) -> anyhow::Re
             ),
             AgentState::Disconnected => "DISCONNECTED".to_string(),
         };
-        pdwarden_orchestrator::say!("host {} ({conn}, agent {})", a.host, a.agent_version);
+        pdwarden_client::say!("host {} ({conn}, agent {})", a.host, a.agent_version);
         for u in &a.units {
-            pdwarden_orchestrator::say!(
+            pdwarden_client::say!(
                 "  {:<14} {:<8} {:<11} pid {:<8} {}",
                 u.name,
                 u.role,
@@ -332,7 +404,7 @@ async fn status(conn: &Connection, json: bool, hosts: Vec<String>) -> anyhow::Re
         }
         if let Some(report) = &a.host_report {
             for line in render_host_report(report, now_unix_ms(), color) {
-                pdwarden_orchestrator::say!("{line}");
+                pdwarden_client::say!("{line}");
             }
         }
     }
@@ -342,13 +414,13 @@ async fn status(conn: &Connection, json: bool, hosts: Vec<String>) -> anyhow::Re
             .as_ref()
             .map(|o| format!(", running operation {o}"))
             .unwrap_or_default();
-        pdwarden_orchestrator::say!(
+        pdwarden_client::say!(
             "pair {}: last verdict {}{running}",
             p.name,
             p.last_verdict.as_deref().unwrap_or("none")
         );
         if let Some(j) = &p.journal_error {
-            pdwarden_orchestrator::say!(
+            pdwarden_client::say!(
                 "  JOURNAL ERROR: operation {} ended ({}) but its conclusion is not written yet: {}; retried every few seconds, the pair is free once the journal's disk allows",
                 j.operation_id,
                 j.verdict,
@@ -357,10 +429,10 @@ async fn status(conn: &Connection, json: bool, hosts: Vec<String>) -> anyhow::Re
         }
     }
     for line in render_watch(&v.watch) {
-        pdwarden_orchestrator::say!("{line}");
+        pdwarden_client::say!("{line}");
     }
     for line in render_findings(&v.findings, color) {
-        pdwarden_orchestrator::say!("{line}");
+        pdwarden_client::say!("{line}");
     }
     Ok(())
 }
@@ -433,7 +505,7 @@ async fn history(conn: &Connection, pair: &str, limit: u32, json: bool) -> anyho
             .as_ref()
             .and_then(|a| a["name"].as_str())
             .unwrap_or(if op.trigger.is_none() { "?" } else { "the watch" });
-        pdwarden_orchestrator::say!(
+        pdwarden_client::say!(
             "{}  {}  {}  {}  by {by}",
             op.operation_id,
             op.kind,
@@ -442,12 +514,12 @@ async fn history(conn: &Connection, pair: &str, limit: u32, json: bool) -> anyho
         );
         let report = op.report.as_ref().unwrap_or(&serde_json::Value::Null);
         for r in report["reasons"].as_array().into_iter().flatten() {
-            pdwarden_orchestrator::say!("    - {}", r.as_str().unwrap_or(""));
+            pdwarden_client::say!("    - {}", r.as_str().unwrap_or(""));
         }
         if op.kind == "gate" {
-            pdwarden_orchestrator::ops::gate::history_lines(report)
+            pdwarden_model::gate::report::history_lines(report)
                 .iter()
-                .for_each(|l| pdwarden_orchestrator::say!("    {l}"));
+                .for_each(|l| pdwarden_client::say!("    {l}"));
         }
     }
     Ok(())
@@ -481,7 +553,7 @@ async fn main() -> ExitCode {
             .follow_printing_asked(
                 &name,
                 json,
-                pdwarden_orchestrator::edge::client::Asked::Restart { rolling },
+                pdwarden_client::Asked::Restart { rolling },
                 request_id_or_new(request_id),
             )
             .await
@@ -524,8 +596,8 @@ async fn main() -> ExitCode {
         },
         Cmd::Gate(args) => gate::run(&conn, args).await,
         Cmd::Certs(args) => certs::run(args),
-        Cmd::Demo(args) => demo::run(args, conn.credentials).await,
-        Cmd::Soak(args) => demo::soak(args).await,
+        Cmd::Demo { args } => run_stack("demo", args, &conn.credentials),
+        Cmd::Soak { args } => run_stack("soak", args, &conn.credentials),
         Cmd::Completions { shell } => {
             use clap::CommandFactory as _;
             clap_complete::generate(shell, &mut Cli::command(), "pdwarden", &mut std::io::stdout());
@@ -583,7 +655,7 @@ mod tests {
     #[test]
     fn names_and_the_ca_are_checked_before_anything_is_sent() {
         let dir = tempfile::tempdir().unwrap();
-        let certs = pdwarden_orchestrator::edge::certs::CertDir(dir.path().join("pki"));
+        let certs = pdwarden_security::certs::CertDir(dir.path().join("pki"));
         certs.init(&["localhost".into()]).unwrap();
         let passwd = dir.path().join("passwd");
         std::fs::write(&passwd, "root:x:0:0:root:/root:/bin/bash\n").unwrap();

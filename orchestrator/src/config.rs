@@ -68,7 +68,7 @@ pub struct OrchestratorConfig {
     pub insecure_plaintext: bool,
     /// Who may use the operator API, by token hash and role.
     #[serde(default, rename = "operator")]
-    pub operators: Vec<crate::edge::auth::OperatorConfig>,
+    pub operators: Vec<pdwarden_security::operators::OperatorConfig>,
     /// Environment variable names whose values `status`, `history` and
     /// operation reports never show (case-insensitive globs).
     #[serde(default = "pdwarden_security::redact::default_patterns")]
@@ -269,7 +269,7 @@ pub struct PairConfig {
     pub watch: WatchConfig,
     /// The change gate's benchmark and tolerance (issue 7).
     #[serde(default)]
-    pub gate: crate::ops::gate::config::GateConfig,
+    pub gate: pdwarden_model::gate::config::GateConfig,
     /// The router the pair's clients use when it is not the pair's own
     /// (shared with other pairs): a co-restart takes the pair's engines out
     /// of it first, waits for their work to drain, verifies the pair through
@@ -658,7 +658,7 @@ impl PairConfig {
             timeouts: TimeoutConfig::default(),
             suite: SuiteConfig::default(),
             watch: WatchConfig::default(),
-            gate: crate::ops::gate::config::GateConfig::default(),
+            gate: pdwarden_model::gate::config::GateConfig::default(),
             serving_router: None,
         }
     }
@@ -1008,7 +1008,7 @@ impl OrchestratorConfig {
     /// its field.
     fn validate(&self) -> Result<(), ConfigError> {
         self.check_durations()?;
-        crate::edge::auth::validate(&self.operators).map_err(|(f, problem)| invalid(f, problem))?;
+        pdwarden_security::operators::validate(&self.operators).map_err(|(f, problem)| invalid(f, problem))?;
         check_journal(&self.journal, self.leadership.as_ref())?;
         let mut names = HashSet::new();
         let mut owners: HashSet<&UnitRef> = HashSet::new();
@@ -1166,7 +1166,7 @@ fn check_pair_name<'a>(at: PairAt, name: &'a str, names: &mut HashSet<&'a str>) 
     if name.trim().is_empty() {
         return Err(at.invalid("name", "must not be empty"));
     }
-    crate::model::fields::check_name(name).map_err(|problem| at.invalid("name", problem.to_string()))?;
+    pdwarden_model::fields::check_name(name).map_err(|problem| at.invalid("name", problem.to_string()))?;
     if !names.insert(name) {
         return Err(at.invalid("name", format!("duplicate pair name {name:?}")));
     }
@@ -1842,8 +1842,8 @@ probe_timeout_ms = 120000
     /// load: one line naming both operators and the field.
     #[test]
     fn a_token_hash_belongs_to_one_operator_only() {
-        let hash = crate::edge::auth::hash_token("pdw_shared");
-        let other = crate::edge::auth::hash_token("pdw_other");
+        let hash = pdwarden_security::operators::hash_token("pdw_shared");
+        let other = pdwarden_security::operators::hash_token("pdw_other");
         let operators = |second: &str| {
             format!(
                 "insecure_plaintext = true\n{EXAMPLE}[[operator]]\nname = \"alice\"\nrole = \"operate\"\ntoken_sha256 = \"{hash}\"\n\
@@ -1859,7 +1859,7 @@ probe_timeout_ms = 120000
         assert!(!e.contains("carol") && !e.contains(&hash), "{e}");
         assert!(!e.contains('\n'), "one line: {e}");
         // Distinct hashes load.
-        let distinct = crate::edge::auth::hash_token("pdw_bob");
+        let distinct = pdwarden_security::operators::hash_token("pdw_bob");
         let c = OrchestratorConfig::from_toml_str(&operators(&distinct)).unwrap();
         assert_eq!(c.operators.len(), 3);
     }

@@ -13,3 +13,7 @@ pub mod v1 {
 
 pub mod exposition;
 pub mod limits;
+
+/// The gRPC metadata key a follower's refusal carries the leader's URL in
+/// (the orchestrator sets it; the client follows it).
+pub const LEADER_METADATA: &str = "pdwarden-leader";

@@ -9,6 +9,10 @@
 //!
 //! Plain text is never a default: a config must either name its `[tls]`
 //! files or say `insecure_plaintext = true` ([`Transport::resolve`]).
+//!
+//! A CA file that holds no PEM certificate is refused in one line
+//! ([`check_ca_file`], [`pem_certificates`]) instead of becoming an empty
+//! trust store whose every handshake fails with "UnknownIssuer".
 
 use std::path::{Path, PathBuf};
 
@@ -90,6 +94,49 @@ impl TlsFiles {
     }
 }
 
+/// How many X.509 certificates `pem` holds in PEM blocks (`-----BEGIN
+/// CERTIFICATE-----`); anything else in the file (comments, keys) is skipped.
+pub fn pem_certificates(pem: &[u8]) -> usize {
+    x509_parser::pem::Pem::iter_from_buffer(pem)
+        .filter_map(Result::ok)
+        .filter(|p| p.label == "CERTIFICATE" && p.parse_x509().is_ok())
+        .count()
+}
+
+/// Why a CA file given on the command line cannot be used; one line naming
+/// the argument and the file.
+#[derive(Debug, thiserror::Error)]
+pub enum CaFileError {
+    // The I/O error's text is in the line, so it is not also a `source`: the
+    // CLI would print it twice.
+    #[error("{what} {}: cannot read the file: {error}", path.display())]
+    Read {
+        what: String,
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error("{what} {}: no PEM certificate in the file", path.display())]
+    NoCertificate { what: String, path: PathBuf },
+}
+
+/// Reads a CA file given as `what` (`--ca`, `tls.ca`), refusing in one line
+/// a file with no PEM certificate: rustls would take it as an empty trust
+/// store, and every handshake would fail later with "UnknownIssuer".
+pub fn check_ca_file(what: &str, path: &Path) -> Result<Vec<u8>, CaFileError> {
+    let pem = std::fs::read(path).map_err(|error| CaFileError::Read {
+        what: what.to_string(),
+        path: path.to_path_buf(),
+        error,
+    })?;
+    if pem_certificates(&pem) == 0 {
+        return Err(CaFileError::NoCertificate {
+            what: what.to_string(),
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(pem)
+}
+
 /// How one end talks to the other.
 #[derive(Debug, Clone)]
 pub enum Transport {
@@ -160,6 +207,40 @@ mod tests {
             Transport::InsecurePlaintext
                 .check_url("orchestrator", "http://o:7070")
                 .is_ok()
+        );
+    }
+
+    /// Issue 32, finding 5: a CA file with no PEM certificate was taken as
+    /// an empty trust store, and every handshake then failed with
+    /// "UnknownIssuer". `--ca` is refused in one line naming it.
+    #[test]
+    fn a_ca_file_without_a_pem_certificate_is_refused_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let certs = crate::certs::CertDir(dir.path().join("pki"));
+        certs.init(&["localhost".into()]).unwrap();
+        let files = certs.orchestrator();
+        assert!(
+            check_ca_file("--ca", &files.ca)
+                .unwrap()
+                .starts_with(b"-----BEGIN CERTIFICATE-----")
+        );
+        let passwd = dir.path().join("passwd");
+        std::fs::write(&passwd, "root:x:0:0:root:/root:/bin/bash\n").unwrap();
+        assert_eq!(
+            check_ca_file("--ca", &passwd).unwrap_err().to_string(),
+            format!("--ca {}: no PEM certificate in the file", passwd.display())
+        );
+        // A key is PEM, but no certificate.
+        assert_eq!(
+            check_ca_file("--ca", &certs.ca_key()).unwrap_err().to_string(),
+            format!("--ca {}: no PEM certificate in the file", certs.ca_key().display())
+        );
+        let missing = dir.path().join("missing.pem");
+        assert!(
+            check_ca_file("--ca", &missing)
+                .unwrap_err()
+                .to_string()
+                .starts_with(&format!("--ca {}: cannot read the file: ", missing.display()))
         );
     }
 }

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
-use pdwarden_orchestrator::ops::report::OperationReport;
+use pdwarden_model::report::OperationReport;
 use serde_json::{Value, json};
 
 /// The knob the mid-gate drill flips (no effect on speed: this drill is

@@ -9,7 +9,7 @@
 
 use std::time::Instant;
 
-use pdwarden_orchestrator::edge::client::{Credentials, new_request_id};
+use pdwarden_client::{Credentials, new_request_id};
 use serde_json::json;
 
 use crate::args::Incident;
@@ -35,7 +35,7 @@ impl Demo {
                 eprintln!("demo: kept {}", kept.display());
             }
             if !quiet {
-                pdwarden_orchestrator::say!(
+                pdwarden_client::say!(
                     "demo: stack stopped; {:.1} s in all",
                     self.started.elapsed().as_secs_f64()
                 );
@@ -67,15 +67,15 @@ pub async fn start(args: &DemoArgs, given: Credentials) -> Demo {
         Err(e) => return demo(None, DemoOutcome::could_not_run(format!("demo: {e:#}"))),
     };
     if !args.json {
-        pdwarden_orchestrator::say!(
+        pdwarden_client::say!(
             "demo stack in {} (orchestrator {}, logs there); restarting pd-pair `{PAIR}`",
             stack.dir.path().display(),
             stack.connection.url
         );
         if let Some(incident) = args.incident {
-            pdwarden_orchestrator::say!("drill {}: {}", incident.name(), incident.description());
+            pdwarden_client::say!("drill {}: {}", incident.name(), incident.description());
         }
-        pdwarden_orchestrator::say!();
+        pdwarden_client::say!();
     }
     let outcome = match args.incident {
         Some(incident @ (Incident::OrchestratorCrash | Incident::OrchestratorCrashMidGate)) => {
@@ -96,7 +96,7 @@ pub async fn start(args: &DemoArgs, given: Credentials) -> Demo {
 /// three orchestrators — started, drilled at `--crash-at`, and stopped.
 async fn leader_crash(args: &DemoArgs, given: Credentials) -> DemoOutcome {
     if !args.json {
-        pdwarden_orchestrator::say!(
+        pdwarden_client::say!(
             "drill {}: {}\n",
             Incident::LeaderCrash.name(),
             Incident::LeaderCrash.description()
@@ -111,7 +111,7 @@ async fn leader_crash(args: &DemoArgs, given: Credentials) -> DemoOutcome {
         }
     };
     if !args.json {
-        pdwarden_orchestrator::say!(
+        pdwarden_client::say!(
             "HA stack in {}: etcd {}, orchestrators {}",
             ha.dir.path().display(),
             ha.etcd.client_urls().join(" "),
@@ -148,7 +148,7 @@ async fn leader_crash(args: &DemoArgs, given: Credentials) -> DemoOutcome {
 /// probing strategies.
 async fn probe_storm(args: &DemoArgs) -> DemoOutcome {
     if !args.json {
-        pdwarden_orchestrator::say!("drill probe-storm: {}\n", Incident::ProbeStorm.description());
+        pdwarden_client::say!("drill probe-storm: {}\n", Incident::ProbeStorm.description());
     }
     // An hour in 3.6 s at the default storm scale.
     let scale = args.time_scale.unwrap_or(0.001);

@@ -12,11 +12,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use pdwarden_orchestrator::ops::report::OperationReport;
+use pdwarden_model::report::OperationReport;
 use pdwarden_proto::v1::{RestartUnitRequest, StatusRequest};
 use serde_json::{Value, json};
 
-use pdwarden_orchestrator::edge::client::{Connection, new_request_id};
+use pdwarden_client::{Connection, new_request_id};
 
 pub use crate::args::{CrashAt, Incident};
 use crate::process::Owned;
@@ -44,7 +44,7 @@ impl FollowUp {
 
 fn say(json: bool, line: &str) {
     if !json {
-        pdwarden_orchestrator::say!("drill: {line}");
+        pdwarden_client::say!("drill: {line}");
     }
 }
 
@@ -380,7 +380,7 @@ pub async fn probe_storm(time_scale: f64, json: bool) -> anyhow::Result<Value> {
         busy(1) / busy(2).max(1.0)
     );
     if !json {
-        pdwarden_orchestrator::say!(
+        pdwarden_client::say!(
             "{:<34} {:>8} {:>10} {:>14} {:>12}",
             "strategy",
             "probes",
@@ -389,7 +389,7 @@ pub async fn probe_storm(time_scale: f64, json: bool) -> anyhow::Result<Value> {
             "ms/probe"
         );
         for r in &rows {
-            pdwarden_orchestrator::say!(
+            pdwarden_client::say!(
                 "{:<34} {:>8} {:>10} {:>14.0} {:>12.0}",
                 r["strategy"].as_str().unwrap_or(""),
                 STORM_PROBES,
@@ -398,7 +398,7 @@ pub async fn probe_storm(time_scale: f64, json: bool) -> anyhow::Result<Value> {
                 r["busy_ms_per_probe"].as_f64().unwrap_or(0.0)
             );
         }
-        pdwarden_orchestrator::say!("\n{conclusion}");
+        pdwarden_client::say!("\n{conclusion}");
     }
     Ok(json!({
         "incident": "probe-storm",
@@ -520,9 +520,9 @@ pub async fn orchestrator_crash(stack: &mut Stack, json: bool, at: CrashAt) -> a
     let twice = spawned_more_than_once(&spawned);
     if !json {
         for r in report["reasons"].as_array().into_iter().flatten() {
-            pdwarden_orchestrator::say!("drill: {}", r.as_str().unwrap_or(""));
+            pdwarden_client::say!("drill: {}", r.as_str().unwrap_or(""));
         }
-        pdwarden_orchestrator::say!(
+        pdwarden_client::say!(
             "drill: processes spawned during the operation (agent log): {}",
             spawned
                 .iter()
@@ -531,12 +531,12 @@ pub async fn orchestrator_crash(stack: &mut Stack, json: bool, at: CrashAt) -> a
                 .join(", ")
         );
         if !twice.is_empty() {
-            pdwarden_orchestrator::say!(
+            pdwarden_client::say!(
                 "drill: WARNING: a unit was started twice in one operation ({}): a second model load",
                 twice.join(", ")
             );
         }
-        pdwarden_orchestrator::say!("drill: operation {operation_id} concluded {}", report["verdict"]);
+        pdwarden_client::say!("drill: operation {operation_id} concluded {}", report["verdict"]);
     }
     Ok(json!({
         "incident": "orchestrator-crash",
@@ -703,9 +703,9 @@ pub async fn orchestrator_crash_mid_gate(stack: &mut Stack, json: bool) -> anyho
     let report = record["report"].clone();
     if !json {
         for r in report["reasons"].as_array().into_iter().flatten() {
-            pdwarden_orchestrator::say!("drill: {}", r.as_str().unwrap_or(""));
+            pdwarden_client::say!("drill: {}", r.as_str().unwrap_or(""));
         }
-        pdwarden_orchestrator::say!("drill: gate {operation_id} concluded {}", report["verdict"]);
+        pdwarden_client::say!("drill: gate {operation_id} concluded {}", report["verdict"]);
     }
     Ok(json!({
         "incident": "orchestrator-crash-mid-gate",

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+use pdwarden_client::{Connection, Credentials};
 use pdwarden_orchestrator::config::{JournalSpec, LeadershipConfig};
-use pdwarden_orchestrator::edge::client::{Connection, Credentials};
 use pdwarden_orchestrator::edge::ports::late_bind_port;
 use serde_json::Value;
 
@@ -486,12 +486,7 @@ pub async fn leader_crash(ha: &mut HaStack, ask: usize, at: CrashAt, json: bool)
     let asked = ha.orchestrators[ask].connection.clone();
     let follow = tokio::spawn(async move {
         asked
-            .follow(
-                PAIR,
-                None,
-                pdwarden_orchestrator::edge::client::new_request_id(),
-                |_| {},
-            )
+            .follow(PAIR, None, pdwarden_client::new_request_id(), |_| {})
             .await
     });
     let (op, decode_phase) = reached(&ha.orchestrators[leader].connection, at, Duration::from_secs(120)).await?;
@@ -605,7 +600,7 @@ fn exited(pid: u32) -> bool {
 
 fn say(json: bool, line: &str) {
     if !json {
-        pdwarden_orchestrator::say!("drill: {line}");
+        pdwarden_client::say!("drill: {line}");
     }
 }
 

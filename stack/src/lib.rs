@@ -2,17 +2,19 @@
 //! and an agent, the processes started from them, `pdwarden demo` and its
 //! incident drills as functions.
 //!
-//! The `pdwarden` CLI's `demo`, the benchmark's co-restart section and the
-//! cross-process scenario tests all call it: the tests drive the stack
-//! in-process (and still reach the orchestrator, the agent, the engines and
-//! the real sglang-router as the real processes they are), instead of
-//! parsing a CLI's stdout.
+//! The `pdwarden-stack` binary (which `pdwarden demo` runs), the
+//! benchmark's co-restart section and the cross-process scenario tests
+//! all call it: the tests drive the stack in-process (and still reach the
+//! orchestrator, the agent, the engines and the real sglang-router as the
+//! real processes they are), instead of parsing a CLI's stdout.
 //!
 //! Layout:
 //! - [`plan`]: the stack's configuration as typed values, written and read
 //!   back through the loaders ([`plan::write_configs`]).
 //! - [`process`]: where the binaries are; a child stopped by PID when dropped.
 //! - [`stack`]: a running stack ([`stack::Stack`]).
+//! - [`cli`]: the `pdwarden-stack` binary's `demo` and `soak` (which
+//!   `pdwarden demo` and `pdwarden soak` run): signals, `--hold`, printing.
 //! - [`demo`]: `pdwarden demo` ([`demo::start`], [`demo::Demo::stop`]).
 //! - [`drill`]: `pdwarden demo --incident NAME`.
 //! - [`rolling`]: `pdwarden demo --shared-router`: two pairs behind one
@@ -27,6 +29,7 @@
 #![allow(clippy::disallowed_methods)]
 
 pub mod args;
+pub mod cli;
 pub mod demo;
 pub mod drill;
 pub mod ha;

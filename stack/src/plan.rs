@@ -14,15 +14,15 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use pdwarden_agent::{AgentConfig, OnExit, Role, UnitConfig};
+use pdwarden_client::Credentials;
 use pdwarden_engines::EngineKind;
 use pdwarden_orchestrator::config::{
     DecodeStartPolicy, OrchestratorConfig, PairConfig, ProbeConfig, ServingRouterConfig, SuiteConfig, TimeoutConfig,
     UnitRef, WatchConfig,
 };
-use pdwarden_orchestrator::edge::auth::{OperatorConfig, OperatorRole, hash_token, new_token};
-use pdwarden_orchestrator::edge::certs::CertDir;
-use pdwarden_orchestrator::edge::client::Credentials;
 use pdwarden_orchestrator::edge::ports::late_bind_port;
+use pdwarden_security::certs::CertDir;
+use pdwarden_security::operators::{OperatorConfig, OperatorRole, hash_token, new_token};
 use pdwarden_security::tls::TlsFiles;
 
 use crate::args::{DemoArgs, DemoEngine, Incident};

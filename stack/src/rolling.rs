@@ -30,8 +30,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use pdwarden_orchestrator::edge::client::{Asked, new_request_id};
-use pdwarden_orchestrator::ops::report::OperationReport;
+use pdwarden_client::{Asked, new_request_id};
+use pdwarden_model::report::OperationReport;
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -185,13 +185,13 @@ async fn restart_as(
         .follow_asked(pair, asked, new_request_id(), |line| {
             on_line(&line);
             if !quiet {
-                pdwarden_orchestrator::say!("{line}");
+                pdwarden_client::say!("{line}");
             }
         })
         .await
         .map_err(|e| anyhow::anyhow!("restart {pair}: {e}"))?;
     if !quiet {
-        pdwarden_orchestrator::say_part!("{}", pdwarden_orchestrator::ops::report::render_summary(&report));
+        pdwarden_client::say_part!("{}", pdwarden_model::report::render_summary(&report));
     }
     Ok(report)
 }
@@ -207,7 +207,7 @@ async fn run(stack: &Stack, args: &DemoArgs) -> anyhow::Result<DemoOutcome> {
     let quiet = args.json;
     let say = |text: String| {
         if !quiet {
-            pdwarden_orchestrator::say!("\n== {text}");
+            pdwarden_client::say!("\n== {text}");
         }
     };
     let Some(serving) = stack.plan.serving_router_url.clone() else {
@@ -231,7 +231,7 @@ async fn run(stack: &Stack, args: &DemoArgs) -> anyhow::Result<DemoOutcome> {
     let (b, join) = (b?, join?);
     for r in [&b, &join] {
         if !quiet {
-            pdwarden_orchestrator::say!("{}: {}", r.pair, r.verdict.as_str());
+            pdwarden_client::say!("{}: {}", r.pair, r.verdict.as_str());
         }
     }
     for r in [&b, &join] {
@@ -295,7 +295,7 @@ async fn run(stack: &Stack, args: &DemoArgs) -> anyhow::Result<DemoOutcome> {
         })
         .sum();
     if !quiet {
-        pdwarden_orchestrator::say!(
+        pdwarden_client::say!(
             "\n== clients: {} requests, {} ok, {} failed{}; {served_by_b} served by {PAIR_B}'s engines during {PAIR}'s restart; {while_out} reached {PAIR}'s restarted engines while out of rotation; {PAIR} {}",
             summary.requests,
             summary.ok,
@@ -362,7 +362,7 @@ async fn roll(stack: &Stack, args: &DemoArgs) -> anyhow::Result<DemoOutcome> {
     let quiet = args.json;
     let say = |text: String| {
         if !quiet {
-            pdwarden_orchestrator::say!("\n== {text}");
+            pdwarden_client::say!("\n== {text}");
         }
     };
     let router = stack.plan.router_url.clone();
@@ -425,7 +425,7 @@ async fn roll(stack: &Stack, args: &DemoArgs) -> anyhow::Result<DemoOutcome> {
         .collect();
     let reached: u64 = while_out.iter().sum();
     if !quiet {
-        pdwarden_orchestrator::say!(
+        pdwarden_client::say!(
             "\n== clients: {} requests, {} ok, {} failed{}; {reached} reached a sub-pair's restarted engines while it was out of rotation; {}",
             summary.requests,
             summary.ok,

@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use pdwarden_orchestrator::edge::client::{Connection, CouldNotRun, new_request_id, status_reason};
+use pdwarden_client::{Connection, CouldNotRun, new_request_id, status_reason};
 use pdwarden_orchestrator::ops::journal::{Journal, JournalError};
 use pdwarden_proto::v1::{GatePairRequest, StatusRequest, operation_update};
 use serde::Serialize;

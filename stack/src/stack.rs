@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use pdwarden_orchestrator::edge::client::{Connection, CouldNotRun, Credentials};
+use pdwarden_client::{Connection, CouldNotRun, Credentials};
 
 use serde_json::{Value, json};
 

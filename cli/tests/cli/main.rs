@@ -7,3 +7,4 @@ mod completions;
 mod gpu_status;
 mod lifecycle;
 mod security;
+mod stack;

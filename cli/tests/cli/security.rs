@@ -9,12 +9,12 @@ use std::path::Path;
 use std::time::Duration;
 
 use pdwarden_orchestrator::config::OrchestratorConfig;
-use pdwarden_orchestrator::edge::auth::{hash_token, new_token};
-use pdwarden_orchestrator::edge::certs::CertDir;
 use pdwarden_proto::v1::{
     AgentMessage, HistoryRequest, Register, RestartPairRequest, StatusRequest, agent_link_client::AgentLinkClient,
     agent_message, control_client::ControlClient,
 };
+use pdwarden_security::certs::CertDir;
+use pdwarden_security::operators::{hash_token, new_token};
 use pdwarden_security::tls::TlsFiles;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;

@@ -5,7 +5,8 @@
 //! config file never holds a credential; `pdwarden certs token NAME` mints
 //! one. Two roles: `read` may call `Status` and `History`; `operate` may call
 //! everything. A method not named as read-only needs `operate`, so an RPC added
-//! later is protected by default.
+//! later is protected by default. The `[[operator]]` entries, their roles and
+//! tokens are [`pdwarden_security::operators`] (the CLI mints them too).
 //!
 //! The check is one tower service wrapped around the generated
 //! `ControlServer` ([`Authorized`]): it sees the gRPC method path before any
@@ -17,42 +18,12 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
+use pdwarden_security::operators::{OperatorConfig, OperatorRole, hash_token};
+use serde::Serialize;
 use tonic::Status;
 use tonic::body::Body;
 use tonic::codegen::{BoxFuture, Service, http};
 use tonic::server::NamedService;
-
-/// What an operator may do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum OperatorRole {
-    /// `status`, `history`.
-    Read,
-    /// Also restart, verify, gate, restart unit.
-    Operate,
-}
-
-impl OperatorRole {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Read => "read",
-            Self::Operate => "operate",
-        }
-    }
-}
-
-/// One `[[operator]]` of the orchestrator config.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct OperatorConfig {
-    /// Recorded as the actor of everything this operator does.
-    pub name: String,
-    pub role: OperatorRole,
-    /// Lower-case hex SHA-256 of the token (`pdwarden certs token NAME` prints both).
-    pub token_sha256: String,
-}
 
 /// The caller of a `Control` request, as journaled.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -119,61 +90,12 @@ pub fn hide_url_credentials(json: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
-/// Lower-case hex SHA-256 of a token.
-pub fn hash_token(token: &str) -> String {
-    Sha256::digest(token.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
-/// A fresh token: `pdw_` and 244 random bits (two v4 UUIDs, from the OS RNG).
-pub fn new_token() -> String {
-    format!("pdw_{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple())
-}
-
 /// The role a `Control` method needs.
 pub fn required_role(path: &str) -> OperatorRole {
     match path {
         "/pdwarden.v1.Control/Status" | "/pdwarden.v1.Control/History" => OperatorRole::Read,
         _ => OperatorRole::Operate,
     }
-}
-
-/// Checks the operators' problems; `(field, problem)` like other config checks.
-pub fn validate(operators: &[OperatorConfig]) -> Result<(), (String, String)> {
-    let mut names = std::collections::HashSet::new();
-    // Token hash → the operator holding it: a token is one operator's, or
-    // the first match would decide who acted (issue 32: bob acted as alice).
-    let mut tokens = std::collections::HashMap::new();
-    for (i, o) in operators.iter().enumerate() {
-        if o.name.trim().is_empty() {
-            return Err((format!("operator[{i}].name"), "must not be empty".into()));
-        }
-        if !names.insert(o.name.as_str()) {
-            return Err((
-                format!("operator[{i}].name"),
-                format!("duplicate operator {:?}", o.name),
-            ));
-        }
-        let h = &o.token_sha256;
-        if h.len() != 64 || !h.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
-            return Err((
-                format!("operator[{i}].token_sha256"),
-                "must be 64 lower-case hex digits (the SHA-256 of the token, never the token itself)".into(),
-            ));
-        }
-        if let Some(first) = tokens.insert(h.as_str(), o.name.as_str()) {
-            return Err((
-                format!("operator[{i}].token_sha256"),
-                format!(
-                    "operators {first:?} and {:?} have the same token; each operator needs its own (`pdwarden certs token NAME`)",
-                    o.name
-                ),
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// The configured operators, or no authentication at all (only under
@@ -311,6 +233,8 @@ pub fn peer<B>(req: &http::Request<B>) -> String {
 
 #[cfg(test)]
 mod tests {
+    use pdwarden_security::operators::new_token;
+
     use super::*;
 
     fn auth() -> (Authenticator, String, String) {
@@ -410,37 +334,6 @@ mod tests {
             text.contains("operator request refused") && text.contains("peer=10.1.2.3:45678"),
             "{text}"
         );
-    }
-
-    /// A plaintext token in the config is refused, naming the field.
-    #[test]
-    fn config_holds_hashes_only() {
-        let bad = OperatorConfig {
-            name: "a".into(),
-            role: OperatorRole::Read,
-            token_sha256: new_token(),
-        };
-        assert_eq!(validate(&[bad]).unwrap_err().0, "operator[0].token_sha256");
-        assert_eq!(hash_token("abc").len(), 64);
-    }
-
-    /// Issue 32 (secrets): two operators with one token hash were both
-    /// accepted and the first match won (bob acted as alice).
-    #[test]
-    fn a_token_hash_belongs_to_one_operator_only() {
-        let op = |name: &str, token: &str| OperatorConfig {
-            name: name.into(),
-            role: OperatorRole::Read,
-            token_sha256: hash_token(token),
-        };
-        let (field, problem) = validate(&[op("alice", "t1"), op("carol", "t2"), op("bob", "t1")]).unwrap_err();
-        assert_eq!(field, "operator[2].token_sha256");
-        assert!(
-            problem.contains("\"alice\"") && problem.contains("\"bob\""),
-            "{problem}"
-        );
-        assert!(!problem.contains(&hash_token("t1")), "{problem}");
-        validate(&[op("alice", "t1"), op("bob", "t2")]).unwrap();
     }
 
     /// Issue 32 (secrets): a `base_url` with `user:pass@` was shown to

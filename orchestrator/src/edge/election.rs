@@ -30,8 +30,9 @@ use std::time::Duration;
 use etcd_client::{Client, Compare, CompareOp, EventType, PutOptions, Txn, TxnOp, TxnOpResponse};
 use tokio::time::Instant;
 
-use crate::edge::leadership::{Leadership, Role};
+use crate::edge::leadership::Leadership;
 use crate::ops::journal::etcd::Fence;
+use pdwarden_model::status::Role;
 
 pub struct Election {
     pub client: Client,

@@ -11,52 +11,17 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
+use pdwarden_model::status::{AgentState, AgentStatus, UnitStatus};
 use pdwarden_proto::v1::{
     AgentMessage, Command, EngineSample, OrchestratorMessage, Phase, RegisterAck, UnitInfo,
     agent_link_server::AgentLink, agent_message, orchestrator_message,
 };
-use serde::Serialize;
+
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 pub use crate::ops::port::{AGENT_SLACK, AgentReport, AskError, SendError, phase_name, role_name};
-
-/// What `status` shows about one agent (the wire's view: the CLI reads it
-/// back typed).
-#[derive(Debug, Clone, Serialize, serde::Deserialize)]
-pub struct AgentStatus {
-    pub host: String,
-    pub connected: bool,
-    pub state: AgentState,
-    /// Milliseconds since the agent last said anything.
-    pub silent_ms: u64,
-    pub agent_instance_id: String,
-    pub agent_version: String,
-    pub units: Vec<UnitStatus>,
-    /// GPUs, their processes and the host's figures; absent until the agent
-    /// has sent a snapshot.
-    pub host_report: Option<Arc<crate::edge::hoststate::HostReport>>,
-}
-
-/// An agent's link, as `status` shows it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum AgentState {
-    Connected,
-    /// Attached but silent for [`AGENT_UNKNOWN_AFTER`]: its facts may be stale.
-    Unknown,
-    Disconnected,
-}
-
-#[derive(Debug, Clone, Serialize, serde::Deserialize)]
-pub struct UnitStatus {
-    pub name: String,
-    pub role: String,
-    pub phase: String,
-    pub pid: Option<u32>,
-    pub base_url: String,
-}
 
 struct AgentSession {
     /// Distinguishes this connection from a later one of the same host.
@@ -426,7 +391,7 @@ impl AgentLink for AgentLinkService {
         crate::edge::tls::check_register(certified.as_deref(), &reg.host)
             .inspect_err(|e| tracing::warn!(%peer, reason = %e.message(), "agent refused"))?;
         let (tx, rx) = mpsc::channel(1024);
-        if let crate::edge::leadership::Role::Follower { leader_url, why } = self.fleet.leadership.role() {
+        if let pdwarden_model::status::Role::Follower { leader_url, why } = self.fleet.leadership.role() {
             // Not leading: tell the agent where the leader is and end the
             // stream (the agent attaches there; DESIGN.md 15). An agent that
             // just lost the leader this one would name is held until the
@@ -650,7 +615,8 @@ mod tests {
     /// streams so they find the new leader.
     #[tokio::test(start_paused = true)]
     async fn commands_carry_the_leaders_token_and_a_follower_sends_none() {
-        use crate::edge::leadership::{Leadership, Role};
+        use crate::edge::leadership::Leadership;
+        use pdwarden_model::status::Role;
         let leadership = Leadership::candidate("http://a:1", Duration::from_secs(1));
         leadership.set(Role::Leader {
             token: 41,

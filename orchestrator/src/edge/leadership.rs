@@ -17,25 +17,9 @@
 
 use std::sync::Arc;
 
-use serde::Serialize;
 use tokio::sync::watch;
 
-/// This orchestrator's part, as `status` shows it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
-#[serde(tag = "role", rename_all = "snake_case")]
-pub enum Role {
-    /// The one orchestrator on its SQLite journal.
-    Sole,
-    /// Elected on etcd; `token` is the revision at which it took the lead.
-    Leader { token: u64, since_unix_ms: i64 },
-    /// Not leading: `leader_url` is the leader's advertised URL, when one is
-    /// known; `why` says why this one does not lead.
-    Follower {
-        #[serde(skip_serializing_if = "Option::is_none")]
-        leader_url: Option<String>,
-        why: String,
-    },
-}
+use pdwarden_model::status::Role;
 
 /// The shared view of [`Role`]: cheap to clone, read by the fleet and the
 /// control service, written by the election.

@@ -7,10 +7,8 @@
 //!   (`AgentLink`), and the one "send and await" every workflow uses.
 //! - [`hoststate`]: each host's latest GPU and host report.
 //! - [`auth`]: operator tokens and roles; [`tls`]: server-side mutual TLS and
-//!   the agent certificate identity; [`certs`]: the CA and certificates
-//!   `pdwarden certs` issues.
-//! - [`client`]: the operator's side (connect with credentials, follow an
-//!   operation) for the CLI and its local stack.
+//!   the agent certificate identity. (The CA and certificates `pdwarden
+//!   certs` issues, and the operator config, are `pdwarden_security`'s.)
 //! - [`ready`]: the plain-HTTP readiness endpoint for gateways (and `/metrics`).
 //! - [`service_manager`]: systemd readiness and watchdog (`sd-notify`).
 //! - [`ports`]: choosing loopback ports for a local stack.
@@ -19,8 +17,6 @@
 //!   election on etcd that sets it (issue 19).
 
 pub mod auth;
-pub mod certs;
-pub mod client;
 #[cfg(feature = "etcd")]
 pub mod election;
 pub mod fleet;

@@ -154,10 +154,10 @@ struct PairVerdictLabels {
 }
 
 /// One figure of a pair's watch view, as a gauge value.
-type PairFigure = fn(&crate::ops::watcher::PairWatchView) -> f64;
+type PairFigure = fn(&pdwarden_model::watch::PairWatchView) -> f64;
 
 /// One count of a pair's watch view, as a counter.
-type PairCount = fn(&crate::ops::watcher::PairWatchView) -> u64;
+type PairCount = fn(&pdwarden_model::watch::PairWatchView) -> u64;
 
 /// The board in Prometheus text format (`prometheus-client`, as the
 /// classic text: [`pdwarden_proto::exposition`]): per-pair gauges and
@@ -332,7 +332,7 @@ mod tests {
         use crate::ops::telemetry::Concluded;
         use crate::ops::watcher::ProbeLabels;
         let leadership = crate::edge::leadership::Leadership::candidate("http://a:1", std::time::Duration::ZERO);
-        leadership.set(crate::edge::leadership::Role::Leader {
+        leadership.set(pdwarden_model::status::Role::Leader {
             token: 42,
             since_unix_ms: 0,
         });

@@ -17,7 +17,7 @@ use pdwarden_proto::v1::{
     control_server::{Control, ControlServer},
     operation_update,
 };
-use serde::{Deserialize, Serialize};
+
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
@@ -27,11 +27,12 @@ use tonic::transport::server::Connected;
 use tonic::{Request, Response, Status};
 
 use crate::config::{OrchestratorConfig, PairConfig, UnitRef};
-use crate::edge::fleet::{AgentLinkService, AgentStatus, Fleet};
+use crate::edge::fleet::{AgentLinkService, Fleet};
 use crate::edge::tls::AgentAuth;
 use crate::ops::corestart::{OperationContext, OperationKind, run_operation};
-use crate::ops::journal::{Journal, JournalError, OperationRecord};
-use crate::ops::watcher::{PairWatchView, WatchBoard};
+use crate::ops::journal::{Journal, JournalError};
+use crate::ops::watcher::WatchBoard;
+use pdwarden_model::status::{OperationRecord, OperatorAuth, PairStatus, SecurityView, StatusView, TransportView};
 use pdwarden_security::tls::Transport;
 
 #[derive(Debug, thiserror::Error)]
@@ -79,32 +80,6 @@ pub struct ControlService {
     security: SecurityView,
 }
 
-/// How this orchestrator is secured, shown by `status` (issue 8).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct SecurityView {
-    pub transport: TransportView,
-    pub operator_auth: OperatorAuth,
-    /// Set whenever anything runs without protection.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub warning: Option<String>,
-}
-
-/// The orchestrator's transport, as `status` shows it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TransportView {
-    MutualTls,
-    InsecurePlaintext,
-}
-
-/// How operators are authenticated.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OperatorAuth {
-    Tokens,
-    None,
-}
-
 /// The caller the auth layer identified (absent only for a service built
 /// without it, in tests).
 fn actor<T>(request: &Request<T>) -> Option<crate::edge::auth::Actor> {
@@ -148,40 +123,6 @@ fn forward(
     UnboundedReceiverStream::new(out_rx)
 }
 
-/// `pdwarden status --json` (the wire's view: the CLI reads it back typed).
-#[derive(Debug, Serialize, Deserialize)]
-pub struct StatusView {
-    pub agents: Vec<AgentStatus>,
-    pub pairs: Vec<PairStatus>,
-    /// What in the hosts' GPU reports needs a look, critical first.
-    pub findings: Vec<crate::judge::findings::HostFinding>,
-    /// The continuous watch of each watched pair (state, readiness, breaker).
-    pub watch: Vec<PairWatchView>,
-    /// Whether this orchestrator acts: `sole` (SQLite), `leader` (with its
-    /// fencing token) or `follower` (with the leader's URL and why).
-    pub leadership: crate::edge::leadership::Role,
-    /// The journal this orchestrator reads and writes (`sqlite:PATH` or `etcd:URLS`).
-    pub journal: String,
-    /// Why the journal could not be read for this answer (the pairs'
-    /// operations are then not shown).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub journal_unreadable: Option<String>,
-    /// Transport and operator authentication (issue 8).
-    pub security: SecurityView,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-pub struct PairStatus {
-    pub name: String,
-    pub running_operation: Option<String>,
-    pub last_operation: Option<String>,
-    pub last_verdict: Option<String>,
-    /// The last operation ended but its conclusion is not written yet (the
-    /// journal's disk refused it): retried, the pair free once it is.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub journal_error: Option<crate::ops::journal::PendingConclusion>,
-}
-
 fn internal(e: impl std::fmt::Display) -> Status {
     Status::internal(e.to_string())
 }
@@ -191,7 +132,7 @@ pub const MAX_STATUS_HOSTS: usize = 1024;
 
 /// A request field out of bounds (issue 32): `field: problem`, one line
 /// that never quotes the value whole, as the caller's error.
-fn bounded(field: &str, checked: Result<(), crate::model::fields::FieldError>) -> Result<(), Status> {
+fn bounded(field: &str, checked: Result<(), pdwarden_model::fields::FieldError>) -> Result<(), Status> {
     checked.map_err(|problem| Status::invalid_argument(format!("{field}: {problem}")))
 }
 
@@ -200,12 +141,12 @@ fn check_request_id(request_id: &str) -> Result<(), Status> {
     if request_id.is_empty() {
         return Ok(());
     }
-    bounded("request_id", crate::model::fields::check_request_id(request_id))
+    bounded("request_id", pdwarden_model::fields::check_request_id(request_id))
 }
 
 /// A request's pair name (the config's rule).
 fn check_pair(pair: &str) -> Result<(), Status> {
-    bounded("pair", crate::model::fields::check_name(pair))
+    bounded("pair", pdwarden_model::fields::check_name(pair))
 }
 
 impl ControlService {
@@ -235,7 +176,7 @@ impl ControlService {
             });
         }
         let agents = self.fleet.status(hosts);
-        let reports: BTreeMap<String, Arc<crate::edge::hoststate::HostReport>> = agents
+        let reports: BTreeMap<String, Arc<pdwarden_model::host::HostReport>> = agents
             .iter()
             .filter_map(|a| a.host_report.clone().map(|r| (a.host.clone(), r)))
             .collect();
@@ -264,12 +205,12 @@ impl ControlService {
             None => Ok(()),
             Some(why) => {
                 let mut status = Status::unavailable(why);
-                if let crate::edge::leadership::Role::Follower {
+                if let pdwarden_model::status::Role::Follower {
                     leader_url: Some(url), ..
                 } = self.fleet.leadership.role()
                     && let Ok(v) = url.parse()
                 {
-                    status.metadata_mut().insert(LEADER_METADATA, v);
+                    status.metadata_mut().insert(pdwarden_proto::LEADER_METADATA, v);
                 }
                 Err(status)
             }
@@ -290,9 +231,6 @@ impl ControlService {
 }
 
 type UpdateStream = UnboundedReceiverStream<Result<OperationUpdate, Status>>;
-
-/// The gRPC metadata key a follower's refusal carries the leader's URL in.
-pub const LEADER_METADATA: &str = "pdwarden-leader";
 
 /// A journal refusal as the operator sees it (one mapping for every
 /// operation start).
@@ -377,7 +315,7 @@ impl Control for ControlService {
         // preflight and before anything is measured (issue 32, finding 3).
         check_pair(&req.pair)?;
         check_request_id(&req.request_id)?;
-        crate::ops::gate::config::ChangeArgs::of(&req.set_env, &req.unset_env, &req.set_args, &req.units)
+        pdwarden_model::gate::config::ChangeArgs::of(&req.set_env, &req.unset_env, &req.set_args, &req.units)
             .validate()
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
         self.leads()?;
@@ -387,7 +325,7 @@ impl Control for ControlService {
             .cloned()
             .ok_or_else(|| Status::not_found(format!("unknown pair {:?}", req.pair)))?;
         self.preflight(&pair, true).await?;
-        let change = crate::ops::gate::ChangeSpec {
+        let change = pdwarden_model::gate::change::ChangeSpec {
             set_env: req.set_env.into_iter().collect(),
             unset_env: req.unset_env,
             set_args: req.set_args.into_iter().collect(),
@@ -440,9 +378,9 @@ impl Control for ControlService {
         let actor = actor(&request);
         let req = request.into_inner();
         if !req.host.is_empty() {
-            bounded("host", crate::model::fields::check_name(&req.host))?;
+            bounded("host", pdwarden_model::fields::check_name(&req.host))?;
         }
-        bounded("unit", crate::model::fields::check_name(&req.unit))?;
+        bounded("unit", pdwarden_model::fields::check_name(&req.unit))?;
         check_request_id(&req.request_id)?;
         tracing::info!(unit = %req.unit, host = %req.host, actor = ?actor, "restart unit requested");
         for pair in &self.config.pairs {
@@ -487,7 +425,7 @@ impl Control for ControlService {
             )));
         }
         for h in &req.hosts {
-            bounded("hosts", crate::model::fields::check_name(h))?;
+            bounded("hosts", pdwarden_model::fields::check_name(h))?;
         }
         let hosts: Option<BTreeSet<String>> = (!req.hosts.is_empty()).then(|| req.hosts.into_iter().collect());
         if let Some(hosts) = &hosts
@@ -1193,7 +1131,7 @@ pub async fn serve_with_limits(
             // next leader does not wait a lease for it.
             if let Some(resign) = resign {
                 resigned.store(true, std::sync::atomic::Ordering::SeqCst);
-                fleet.leadership.set(crate::edge::leadership::Role::Follower {
+                fleet.leadership.set(pdwarden_model::status::Role::Follower {
                     leader_url: None,
                     why: "resigned: this orchestrator is shutting down".into(),
                 });
@@ -1691,13 +1629,13 @@ enabled = false
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn unfinished_tls_handshakes_are_dropped_after_the_timeout() {
         let dir = tempfile::tempdir().unwrap();
-        let certs = crate::edge::certs::CertDir(dir.path().join("pki"));
+        let certs = pdwarden_security::certs::CertDir(dir.path().join("pki"));
         certs.init(&["localhost".into(), "127.0.0.1".into()]).unwrap();
-        let token = crate::edge::auth::new_token();
+        let token = pdwarden_security::operators::new_token();
         let files = certs.orchestrator();
         let tables = format!(
             "[[operator]]\nname = \"rita\"\nrole = \"read\"\ntoken_sha256 = \"{}\"\n[tls]\nca = {:?}\ncert = {:?}\nkey = {:?}\n",
-            crate::edge::auth::hash_token(&token),
+            pdwarden_security::operators::hash_token(&token),
             files.ca,
             files.cert,
             files.key
@@ -1708,9 +1646,9 @@ enabled = false
         let mut silent = silent_connections(addr, 10).await;
         let mut partial = TcpStream::connect(addr).await.unwrap();
         partial.write_all(&[0x16, 0x03, 0x01, 0x01, 0x00, 0x01]).await.unwrap();
-        let connection = crate::edge::client::Connection::new(
+        let connection = pdwarden_client::Connection::new(
             format!("https://127.0.0.1:{}", addr.port()),
-            crate::edge::client::Credentials {
+            pdwarden_client::Credentials {
                 ca: Some(files.ca.clone()),
                 token: Some(token),
                 ..Default::default()

@@ -8,10 +8,9 @@
 //! `agent:HOST` identity from the verified chain, and `AgentLink.Attach`
 //! refuses a stream without one, or whose `Register.host` is another host.
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use pdwarden_security::tls::{TlsError, TlsFiles, host_of_identity};
+use pdwarden_security::tls::{TlsError, TlsFiles, host_of_identity, pem_certificates};
 use tonic::Status;
 use tonic::transport::{Certificate, ServerTlsConfig};
 
@@ -23,49 +22,6 @@ pub enum ServerTlsError {
     /// One line: the field, the file and what is wrong with it.
     #[error("{0}")]
     Pem(String),
-}
-
-/// How many X.509 certificates `pem` holds in PEM blocks (`-----BEGIN
-/// CERTIFICATE-----`); anything else in the file (comments, keys) is skipped.
-pub fn pem_certificates(pem: &[u8]) -> usize {
-    x509_parser::pem::Pem::iter_from_buffer(pem)
-        .filter_map(Result::ok)
-        .filter(|p| p.label == "CERTIFICATE" && p.parse_x509().is_ok())
-        .count()
-}
-
-/// Why a CA file given on the command line cannot be used; one line naming
-/// the argument and the file.
-#[derive(Debug, thiserror::Error)]
-pub enum CaFileError {
-    // The I/O error's text is in the line, so it is not also a `source`: the
-    // CLI would print it twice.
-    #[error("{what} {}: cannot read the file: {error}", path.display())]
-    Read {
-        what: String,
-        path: PathBuf,
-        error: std::io::Error,
-    },
-    #[error("{what} {}: no PEM certificate in the file", path.display())]
-    NoCertificate { what: String, path: PathBuf },
-}
-
-/// Reads a CA file given as `what` (`--ca`, `tls.ca`), refusing in one line
-/// a file with no PEM certificate: rustls would take it as an empty trust
-/// store, and every handshake would fail later with "UnknownIssuer".
-pub fn check_ca_file(what: &str, path: &Path) -> Result<Vec<u8>, CaFileError> {
-    let pem = std::fs::read(path).map_err(|error| CaFileError::Read {
-        what: what.to_string(),
-        path: path.to_path_buf(),
-        error,
-    })?;
-    if pem_certificates(&pem) == 0 {
-        return Err(CaFileError::NoCertificate {
-            what: what.to_string(),
-            path: path.to_path_buf(),
-        });
-    }
-    Ok(pem)
 }
 
 /// TLS for the gRPC server: our identity, client certs checked against the
@@ -154,38 +110,18 @@ mod tests {
     use super::*;
 
     /// Issue 32, finding 5: `ca = "/etc/passwd"` started, and every
-    /// handshake then failed with "UnknownIssuer". A CA file with no PEM
-    /// certificate is refused at start, in one line naming it.
+    /// handshake then failed with "UnknownIssuer". A `tls.ca` with no PEM
+    /// certificate is refused at start, in one line naming it (`--ca` on
+    /// the command line: `pdwarden_security::tls::check_ca_file`).
     #[test]
     fn a_ca_file_without_a_pem_certificate_is_refused_naming_it() {
         let dir = tempfile::tempdir().unwrap();
-        let certs = crate::edge::certs::CertDir(dir.path().join("pki"));
+        let certs = pdwarden_security::certs::CertDir(dir.path().join("pki"));
         certs.init(&["localhost".into()]).unwrap();
         let mut files = certs.orchestrator();
         server_config(&files, std::time::Duration::from_secs(10)).unwrap();
-        assert!(
-            check_ca_file("--ca", &files.ca)
-                .unwrap()
-                .starts_with(b"-----BEGIN CERTIFICATE-----")
-        );
         let passwd = dir.path().join("passwd");
         std::fs::write(&passwd, "root:x:0:0:root:/root:/bin/bash\n").unwrap();
-        assert_eq!(
-            check_ca_file("--ca", &passwd).unwrap_err().to_string(),
-            format!("--ca {}: no PEM certificate in the file", passwd.display())
-        );
-        // A key is PEM, but no certificate.
-        assert_eq!(
-            check_ca_file("--ca", &certs.ca_key()).unwrap_err().to_string(),
-            format!("--ca {}: no PEM certificate in the file", certs.ca_key().display())
-        );
-        let missing = dir.path().join("missing.pem");
-        assert!(
-            check_ca_file("--ca", &missing)
-                .unwrap_err()
-                .to_string()
-                .starts_with(&format!("--ca {}: cannot read the file: ", missing.display()))
-        );
         files.ca = passwd.clone();
         let e = server_config(&files, std::time::Duration::from_secs(10))
             .unwrap_err()

@@ -18,7 +18,7 @@ use crate::config::PairConfig;
 use crate::ops::corestart::{OperationContext, OperationKind, run_operation};
 use crate::ops::journal::JournalError;
 use crate::ops::recorder::Recorder;
-use crate::ops::report::OperationReport;
+use pdwarden_model::report::OperationReport;
 
 /// Runs `kind` on `config` as a child of `parent` on pair `child_pair`:
 /// journals `entry(id)` under `entry_kind` in the parent (must-write), then

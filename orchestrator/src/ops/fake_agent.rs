@@ -1002,7 +1002,7 @@ enabled = false
             .iter()
             .flat_map(|o| {
                 journal
-                    .read::<Vec<crate::ops::report::PairWorker>>(o, "drain_removing")
+                    .read::<Vec<pdwarden_model::report::PairWorker>>(o, "drain_removing")
                     .unwrap()
             })
             .flatten()

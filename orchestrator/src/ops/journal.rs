@@ -25,6 +25,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+use pdwarden_model::status::{OperationRecord, PendingConclusion};
+
 /// A command an operation sent to an agent, journaled (kind `command`)
 /// *before* it is sent: what a resumed operation reads back to adopt the
 /// commands already under way by their ids instead of sending them again.
@@ -129,44 +131,6 @@ pub enum JournalError {
         verdict: String,
         error: String,
     },
-}
-
-/// A conclusion the journal could not write yet, kept in memory and
-/// retried (`Journal::flush_pending`) until it is written.
-#[derive(Debug, Clone, Serialize, serde::Deserialize)]
-pub struct PendingConclusion {
-    pub operation_id: String,
-    pub pair: String,
-    pub verdict: String,
-    /// The write's error, the last time it was tried.
-    pub error: String,
-    pub since_unix_ms: i64,
-    #[serde(skip)]
-    report: String,
-}
-
-/// A finished or running operation as stored.
-#[derive(Debug, Clone, Serialize, serde::Deserialize)]
-pub struct OperationRecord {
-    pub operation_id: String,
-    pub kind: String,
-    pub pair: String,
-    pub state: String,
-    pub started_unix_ms: i64,
-    pub ended_unix_ms: Option<i64>,
-    pub verdict: Option<String>,
-    /// The caller's idempotency key, when it gave one.
-    pub request_id: Option<String>,
-    /// The final report (the CLI's `--json` object), when concluded.
-    pub report: Option<serde_json::Value>,
-    /// For an automatic operation, the evidence that triggered it (the
-    /// `trigger` entry the watch journals before the first command).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub trigger: Option<serde_json::Value>,
-    /// Who asked for it (`{name, role}`, the `actor` entry); absent for an
-    /// automatic operation.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub actor: Option<serde_json::Value>,
 }
 
 /// What a store knows of an operation without reading its entries.

@@ -22,7 +22,8 @@
 //! - [`journal`]: the SQLite journal of operations.
 //! - [`telemetry`]: the operations' Prometheus series, fed by the journal's
 //!   conclusions.
-//! - [`report`]: the operation report (`--json`) and its terminal rendering.
+//! - The operation report (`--json`) and its terminal rendering are records
+//!   (`pdwarden_model::report`), which the CLI reads without this crate.
 //! - `fake_agent` (tests only): an in-memory agent the drivers' unit tests
 //!   run against at paused time.
 
@@ -39,7 +40,6 @@ pub mod machine;
 pub mod port;
 pub mod preflight;
 pub mod recorder;
-pub mod report;
 pub mod rolling;
 pub mod telemetry;
 pub mod watcher;

@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::ops::journal::{Journal, JournalError};
-use crate::ops::report::StepRecord;
+use pdwarden_model::report::StepRecord;
 
 pub struct Recorder {
     pub operation_id: String,

@@ -2,7 +2,7 @@
 //!
 //! One task per pair. It asks the agents of the pair's engines for a passive
 //! watch (`WatchEngines`: metrics + health scrapes, no generation), folds the
-//! `EngineSample`s into [`PairEvidence`], and lets the pure [`crate::judge::wedge`]
+//! `EngineSample`s into [`PairEvidence`], and lets the pure [`pdwarden_model::judge::wedge`]
 //! module judge them on every tick. It only does what the judgement asks:
 //! an active probe through the pair's router when passive evidence is
 //! missing or suspicious (never while traffic proves liveness, with a timeout
@@ -41,7 +41,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use serde::Serialize;
+
 use serde_json::json;
 use tokio::sync::mpsc;
 use tokio::time::{Instant, MissedTickBehavior};
@@ -53,11 +53,12 @@ use crate::ops::journal::JournalError;
 use crate::ops::port::AgentReport;
 use pdwarden_engines::EngineKind;
 
-use crate::judge::wedge::{
+use pdwarden_model::judge::wedge::{
     AgentFact, Assessment, Breaker, BreakerDecision, Life, Metrics, PairEvidence, PairState, PastOperation,
     ProbeDecision, ProbeObservation, Sample, UnitAssessment, UnitTrack, WatchPolicy, WatchProbe, judge,
     recoveries_still_counting,
 };
+use pdwarden_model::watch::{PairWatchView, RecoveryView, WatchedUnit};
 
 /// A host report older than this says nothing about a unit's GPU now (the
 /// agent sends a full snapshot at least every 15 s by default, and every
@@ -71,98 +72,6 @@ pub fn mono_ms() -> f64 {
         Ok(ts) => ts.tv_sec() as f64 * 1000.0 + ts.tv_nsec() as f64 / 1e6,
         Err(_) => f64::NAN,
     }
-}
-
-/// What `status`, the readiness endpoint and its metrics show of one pair
-/// (the wire's view: the CLI reads it back typed).
-#[derive(Debug, Clone, Serialize, serde::Deserialize)]
-pub struct PairWatchView {
-    pub pair: String,
-    /// `healthy`, `unproven`, `suspect`, `wedged`, `down`, `recovering`,
-    /// `operation_running`, `held`, `starting` or `watch_failed` (the
-    /// watch panicked and restarts: [`supervise`]).
-    pub state: String,
-    /// What the readiness endpoint answers: only a `healthy` pair is ready.
-    pub ready: bool,
-    pub reasons: Vec<String>,
-    /// Set when the circuit breaker holds the pair for a human.
-    pub held: Option<String>,
-    pub auto_recover: bool,
-    pub recoveries_in_window: u32,
-    pub max_recoveries: u32,
-    pub recovery_window_ms: u64,
-    pub probes_sent: u64,
-    pub probes_deferred: u64,
-    pub last_probe: Option<serde_json::Value>,
-    pub last_recovery: Option<RecoveryView>,
-    pub units: Vec<WatchedUnit>,
-}
-
-/// One unit of a watched pair as `status` shows it: the judge's assessment
-/// without what only the judge uses (the wedge's onset instant).
-#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
-pub struct WatchedUnit {
-    pub host: String,
-    pub unit: String,
-    pub role: String,
-    pub state: crate::judge::wedge::UnitState,
-    pub reasons: Vec<String>,
-    pub metrics: Option<crate::judge::wedge::Metrics>,
-    pub health_status: u16,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub wedge: Option<WedgeView>,
-}
-
-/// A confirmed wedge as `status` shows it.
-#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
-pub struct WedgeView {
-    pub kind: crate::judge::wedge::WedgeKind,
-    /// How long the silence had lasted when the wedge was confirmed.
-    pub silent_ms: u64,
-    /// How the evidence rules out legitimate work, one line per argument.
-    pub ruled_out: Vec<String>,
-}
-
-impl WatchedUnit {
-    /// The view of `a`, a unit on `host`.
-    pub fn of(host: String, a: UnitAssessment) -> Self {
-        WatchedUnit {
-            host,
-            unit: a.unit,
-            role: a.role,
-            state: a.state,
-            reasons: a.reasons,
-            metrics: a.metrics,
-            health_status: a.health_status,
-            wedge: a.wedge.map(|w| WedgeView {
-                kind: w.kind,
-                silent_ms: w.silent_ms,
-                ruled_out: w.ruled_out,
-            }),
-        }
-    }
-
-    /// A unit is ready when it serves or idles (not stalled, wedged, down or unknown).
-    pub fn ready(&self) -> bool {
-        matches!(
-            self.state,
-            crate::judge::wedge::UnitState::Serving | crate::judge::wedge::UnitState::Idle
-        )
-    }
-}
-
-#[derive(Debug, Clone, Serialize, serde::Deserialize)]
-pub struct RecoveryView {
-    pub operation_id: String,
-    /// The evidence that triggered it.
-    pub reasons: Vec<String>,
-    /// CLOCK_MONOTONIC ms when the wedge was confirmed and when the recovery concluded.
-    pub detected_mono_ms: f64,
-    pub concluded_mono_ms: Option<f64>,
-    pub verdict: Option<String>,
-    /// The wedge's kind and the time from its onset to its confirmation.
-    pub kind: Option<String>,
-    pub detection_ms: Option<u64>,
 }
 
 /// Labels of the wedge detection-time histogram.
@@ -1251,8 +1160,8 @@ mod supervision_tests {
     use tracing::Level;
 
     use super::{LogGate, WatchBoard, policy, restart_delays, run, supervise};
-    use crate::judge::wedge::{PairEvidence, UnitTrack, judge};
     use crate::ops::fake_agent::rig;
+    use pdwarden_model::judge::wedge::{PairEvidence, UnitTrack, judge};
 
     /// The levels a gate gives `state` on every tick (500 ms) for `ticks` ticks.
     fn loud_lines(gate: &mut LogGate, state: &str, from: Instant, ticks: u32) -> Vec<(Duration, Level)> {

@@ -40,12 +40,7 @@ async fn co_restart_until(ha: &HaStack, ask: usize, leader: usize, at: CrashAt) 
     let conn = ha.orchestrators[ask].connection.clone();
     tokio::spawn(async move {
         let _ = conn
-            .follow(
-                "demo",
-                None,
-                pdwarden_orchestrator::edge::client::new_request_id(),
-                |_| {},
-            )
+            .follow("demo", None, pdwarden_client::new_request_id(), |_| {})
             .await;
     });
     pdwarden_stack::drill::reached(&ha.orchestrators[leader].connection, at, Duration::from_secs(120))
@@ -59,7 +54,7 @@ async fn restart_refused(ha: &HaStack, i: usize) -> tonic::Status {
     let mut c = ha.orchestrators[i].connection.connect().await.unwrap();
     c.restart_pair(pdwarden_proto::v1::RestartPairRequest {
         pair: "demo".into(),
-        request_id: pdwarden_orchestrator::edge::client::new_request_id(),
+        request_id: pdwarden_client::new_request_id(),
         rolling: false,
     })
     .await

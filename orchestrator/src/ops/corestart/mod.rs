@@ -18,7 +18,7 @@
 //! command cannot be journaled first is not sent: the order stops there,
 //! fails naming the journal, and says which units it left restarted
 //! (DESIGN.md 17). The verdict comes
-//! from the pure [`crate::judge::verdict`] module; this module only gathers evidence.
+//! from the pure [`pdwarden_model::judge::verdict`] module; this module only gathers evidence.
 //!
 //! Where the rest lives: each unit's start, sent or
 //! adopted, followed through its agent's reports (`starts.rs`); the probe
@@ -41,19 +41,19 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::config::{DecodeStartPolicy, PairConfig, UnitRef};
-use crate::judge::evidence::{
-    EngineCounters, EngineCounts, NotRunning, RouterCounters, RouterWorkerCount, UnreachedProof, conclude,
-};
-use crate::judge::stats::summarize;
-use crate::judge::suite::SampleOutcome;
-use crate::judge::suite::{self, Baseline, BudgetInputs, RequestSample, StepReport, SuiteBudgets, SuiteStep};
-use crate::judge::verdict::VerdictKind;
-use crate::judge::verdict::{
-    ColdSample, FailedCheck, ProbeObservation, ProbePolicy, ReadinessPhase, UnitStartup, cold_allowance,
-};
 use crate::ops::journal::{self, CommandAction, CommandEntry, Journal};
 use crate::ops::port::{AGENT_SLACK, AgentPort, AgentReport, phase_name};
-use crate::ops::report::{
+use pdwarden_model::judge::evidence::{
+    EngineCounters, EngineCounts, NotRunning, RouterCounters, RouterWorkerCount, UnreachedProof, conclude,
+};
+use pdwarden_model::judge::stats::summarize;
+use pdwarden_model::judge::suite::SampleOutcome;
+use pdwarden_model::judge::suite::{self, Baseline, BudgetInputs, RequestSample, StepReport, SuiteBudgets, SuiteStep};
+use pdwarden_model::judge::verdict::VerdictKind;
+use pdwarden_model::judge::verdict::{
+    ColdSample, FailedCheck, ProbeObservation, ProbePolicy, ReadinessPhase, UnitStartup, cold_allowance,
+};
+use pdwarden_model::report::{
     AttemptRecord, EngineCounterRecord, OperationReport, ProbeRecord, RouterCounterRecord, TimelineRecord,
 };
 
@@ -488,7 +488,7 @@ impl CoRestart<'_> {
             StageEffect::Drain { wait } => {
                 let record = match self.pair.serving_router.clone() {
                     Some(sr) => crate::ops::drain::drain(&*self.ctx.agents, rec, &self.pair, &sr, wait).await,
-                    None => crate::ops::report::DrainRecord {
+                    None => pdwarden_model::report::DrainRecord {
                         error: Some("the pair has no serving router".into()),
                         ..Default::default()
                     },
@@ -538,7 +538,7 @@ impl CoRestart<'_> {
             StageEffect::Rejoin { healthy } => {
                 let record = match self.pair.serving_router.clone() {
                     Some(sr) => crate::ops::drain::rejoin(&*self.ctx.agents, rec, &self.pair, &sr, healthy).await,
-                    None => crate::ops::report::RejoinRecord::default(),
+                    None => pdwarden_model::report::RejoinRecord::default(),
                 };
                 StageEvent::Rejoined(Box::new(record))
             }

@@ -132,7 +132,7 @@ pub(super) fn journaled_step(state: serde_json::Value) -> Option<CoRestartStep> 
 pub async fn resume(
     ctx: OperationContext,
     pair: PairConfig,
-    op: crate::ops::journal::OperationRecord,
+    op: pdwarden_model::status::OperationRecord,
 ) -> OperationReport {
     let (kind, from, kept) = if op.kind == "verify" {
         (

@@ -20,12 +20,12 @@
 use serde::{Deserialize, Serialize};
 
 use super::{CoRestartStep, OperationKind};
-use crate::judge::evidence::{EngineCounters, Evidence, NotRunning, RouterCounters, UnreachedProof, conclude};
-use crate::judge::suite::{StepReport, SuiteStep};
-use crate::judge::verdict::{ProbeObservation, ProbePolicy, UnitStartup};
 use crate::ops::journal::JournalError;
 use crate::ops::machine::{Effect, Machine, Transition};
-use crate::ops::report::{DrainRecord, EngineCounterRecord, RejoinRecord};
+use pdwarden_model::judge::evidence::{EngineCounters, Evidence, NotRunning, RouterCounters, UnreachedProof, conclude};
+use pdwarden_model::judge::suite::{StepReport, SuiteStep};
+use pdwarden_model::judge::verdict::{ProbeObservation, ProbePolicy, UnitStartup};
+use pdwarden_model::report::{DrainRecord, EngineCounterRecord, RejoinRecord};
 
 /// What the operation has established so far (not journaled with the
 /// stage: its parts are journaled as they arrive).
@@ -391,7 +391,7 @@ impl Machine for Stages {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::judge::verdict::{ColdAllowance, ReadinessPhase};
+    use pdwarden_model::judge::verdict::{ColdAllowance, ReadinessPhase};
 
     fn stages(kind: OperationKind) -> Stages {
         Stages {

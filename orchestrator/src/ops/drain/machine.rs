@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use super::probes::{KvPath, cross_paths, same_url};
 use crate::ops::journal::JournalError;
 use crate::ops::machine::{Effect, Machine, Transition};
-use crate::ops::report::{DrainRecord, PairWorker, RejoinRecord};
+use pdwarden_model::report::{DrainRecord, PairWorker, RejoinRecord};
 
 /// The journal entry a drain's removal is written ahead as.
 pub const DRAIN_REMOVING: &str = "drain_removing";

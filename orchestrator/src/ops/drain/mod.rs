@@ -48,7 +48,7 @@ use crate::config::{PairConfig, ServingRouterConfig, UnitRef};
 use crate::ops::machine::Machine;
 use crate::ops::port::AgentPort;
 use crate::ops::recorder::Recorder;
-pub use crate::ops::report::{DrainRecord, PairWorker, RejoinRecord};
+pub use pdwarden_model::report::{DrainRecord, PairWorker, RejoinRecord};
 
 pub mod machine;
 pub mod probes;
@@ -244,7 +244,7 @@ mod driver_tests {
     };
     use crate::ops::fake_agent::{FakeAgent, UnitModel};
     use crate::ops::journal::Journal;
-    use crate::ops::report::OperationReport;
+    use pdwarden_model::report::OperationReport;
 
     const OURS: [&str; 2] = ["http://fake/prefill-0", "http://fake/decode-0"];
     const THEIRS: [&str; 2] = ["http://fake/other-prefill", "http://fake/other-decode"];

@@ -16,7 +16,7 @@ use pdwarden_proto::v1::{
 
 use crate::config::{PairConfig, UnitRef};
 use crate::ops::port::{AgentPort, AgentReport, AskError};
-use crate::ops::report::PairWorker;
+use pdwarden_model::report::PairWorker;
 
 /// Timeout of one request the agent makes to the router, or of one scrape.
 pub(crate) const REQUEST_TIMEOUT_MS: u64 = 5_000;

@@ -3,59 +3,8 @@
 //! so that a request that can never be run is refused in one line naming
 //! the flag to fix.
 
-use std::collections::BTreeMap;
-
-use serde::{Deserialize, Serialize};
-
 use crate::config::{PairConfig, UnitRef};
-use crate::judge::live::Expected;
-
-/// The change asked for.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct ChangeSpec {
-    pub set_env: BTreeMap<String, String>,
-    pub unset_env: Vec<String>,
-    pub set_args: BTreeMap<String, String>,
-    /// The units changed (empty in a request: the pair's engines).
-    pub units: Vec<String>,
-}
-
-impl ChangeSpec {
-    pub fn describe(&self) -> String {
-        let mut parts: Vec<String> = self.set_env.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        parts.extend(self.unset_env.iter().map(|k| format!("unset {k}")));
-        parts.extend(self.set_args.iter().map(|(k, v)| format!("{k} {v}")));
-        parts.join(", ")
-    }
-
-    /// The environment variables the change sets or unsets.
-    pub fn env_keys(&self) -> Vec<String> {
-        self.set_env.keys().chain(&self.unset_env).cloned().collect()
-    }
-
-    /// The flags the change sets.
-    pub fn flags(&self) -> Vec<String> {
-        self.set_args.keys().cloned().collect()
-    }
-
-    /// What a process started from config `version` with the change holds.
-    pub fn expected(&self, version: u32) -> Expected {
-        Expected {
-            env: self
-                .set_env
-                .iter()
-                .map(|(k, v)| (k.clone(), Some(v.clone())))
-                .chain(self.unset_env.iter().map(|k| (k.clone(), None)))
-                .collect(),
-            args: self
-                .set_args
-                .iter()
-                .map(|(k, v)| (k.clone(), Some(v.clone())))
-                .collect(),
-            config_version: Some(version),
-        }
-    }
-}
+use pdwarden_model::gate::change::ChangeSpec;
 
 /// The units a change applies to: those named, else the pair's engines.
 pub fn targets(pair: &PairConfig, change: &ChangeSpec) -> Vec<UnitRef> {

@@ -34,18 +34,18 @@
 use serde::{Deserialize, Serialize};
 
 use super::AgentStepError;
-use super::change::ChangeSpec;
-use super::config::OnInconclusive;
-use super::measure::{Measurement, first_error, metrics};
-use super::report::{GateVerdict, MeasurementSummary, VersionRecord};
 use crate::config::{PairConfig, UnitRef};
-use crate::judge::gate::{self as judge, BaselineCheck, JudgePolicy, JudgeReport, Judgement};
-use crate::judge::live::{self, Expected, LiveCheck, UnitView};
-use crate::judge::verdict::VerdictKind;
 use crate::ops::corestart::OperationKind;
 use crate::ops::journal::JournalError;
 use crate::ops::machine::{Effect, Machine, Transition};
-use crate::ops::report::ChildOperation;
+use pdwarden_model::gate::change::ChangeSpec;
+use pdwarden_model::gate::config::OnInconclusive;
+use pdwarden_model::gate::measure::{Measurement, first_error, metrics};
+use pdwarden_model::gate::report::{GateVerdict, MeasurementSummary, VersionRecord};
+use pdwarden_model::judge::gate::{self as judge, BaselineCheck, JudgePolicy, JudgeReport, Judgement};
+use pdwarden_model::judge::live::{self, Expected, LiveCheck, UnitView};
+use pdwarden_model::judge::verdict::VerdictKind;
+use pdwarden_model::report::ChildOperation;
 
 /// The seed of the judge's bootstrap (fixed: same samples, same intervals).
 pub const BOOTSTRAP_SEED: u64 = 0x5eed_9a7e;
@@ -1393,10 +1393,10 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::judge::live::ProcessView;
     use crate::ops::gate::change::targets;
-    use crate::ops::gate::config::Cell;
-    use crate::ops::gate::measure::{CellMeasurement, RequestFigures};
+    use pdwarden_model::gate::config::Cell;
+    use pdwarden_model::gate::measure::{CellMeasurement, RequestFigures};
+    use pdwarden_model::judge::live::ProcessView;
 
     struct Fixture {
         pair: PairConfig,

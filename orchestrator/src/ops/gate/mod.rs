@@ -20,7 +20,7 @@
 //! 4. **Verify live** from `/proc/PID/environ` and `/proc/PID/cmdline`
 //!    ([`live`]): a knob the process did not receive fails the gate here.
 //! 5. **Measure** the same benchmark again, after the same warm-up.
-//! 6. **Judge** ([`crate::judge::gate`]): per cell, metric and statistic, a cluster
+//! 6. **Judge** ([`pdwarden_model::judge::gate`]): per cell, metric and statistic, a cluster
 //!    bootstrap interval against the margin: kept only when every interval
 //!    shows "not worse"; rejected when one shows "worse"; otherwise
 //!    inconclusive, and steps 5–6 repeat (another look) up to the budget.
@@ -31,7 +31,7 @@
 //!    cannot restore changed): the knob is not blamed, the gate ends
 //!    `baseline_moved_rolled_back` — unless the change is shown worse than
 //!    the pair after the rollback too (an A–B–A′ bracket,
-//!    [`crate::judge::gate::WorseThanBoth`]), or the rejection never rested on the
+//!    [`pdwarden_model::judge::gate::WorseThanBoth`]), or the rejection never rested on the
 //!    baseline (the co-restart's budgets, `/proc`).
 //!
 //! The co-restarts and verifications run as operations of their own, with
@@ -43,16 +43,14 @@
 //! from what an effect answered to the next state); this module carries the
 //! effects out — the agents' commands, the child operations, the benchmark —
 //! takes over a gate an earlier orchestrator left unfinished, and undoes
-//! what a gate stopped by its journal changed. [`change`] is the request,
-//! [`measure`] the benchmark's data, [`report`] the record a person reads.
+//! what a gate stopped by its journal changed. [`change`] checks the request;
+//! the request, the benchmark's data and the report a person reads are
+//! records (`pdwarden_model::gate`).
 
 pub mod change;
-pub mod config;
 pub mod machine;
-pub mod measure;
-pub mod report;
 
-use crate::judge::live;
+use pdwarden_model::judge::live;
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -66,21 +64,22 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::config::{PairConfig, UnitRef};
-use crate::judge::verdict::VerdictKind;
 use crate::ops::corestart::OperationContext;
 use crate::ops::journal::{CommandAction, CommandEntry, JournalError};
 use crate::ops::machine::Transition;
 use crate::ops::port::AgentReport;
 use crate::ops::recorder::Recorder;
-pub use crate::ops::report::ChildOperation;
 use change::targets;
-pub use change::{ChangeSpec, InvalidChange, validate_request};
-use config::Cell;
+pub use change::{InvalidChange, validate_request};
 use live::{Expected, LiveCheck, ProcessView, UnitView};
 pub use machine::GateStep;
 use machine::{ChildPurpose, GateEffect, GateEvent, GateState, Gating, SoFar, Why};
-pub use measure::{CellMeasurement, Measurement, RequestFigures, metrics};
-pub use report::{GateReport, GateVerdict, MeasurementSummary, VersionRecord, history_lines};
+use pdwarden_model::gate::change::ChangeSpec;
+use pdwarden_model::gate::config::Cell;
+use pdwarden_model::gate::measure::{CellMeasurement, Measurement};
+use pdwarden_model::gate::report::{GateReport, GateVerdict, MeasurementSummary, VersionRecord};
+use pdwarden_model::judge::verdict::VerdictKind;
+use pdwarden_model::report::ChildOperation;
 
 /// The kinds of the gate's journal entries its resume reads back (typed:
 /// [`Journal::read`](crate::ops::journal::Journal::read)).
@@ -89,7 +88,7 @@ mod entry {
     pub const CHANGE: &str = "change";
     /// [`VersionRecord`](super::VersionRecord), one per unit changed.
     pub const CONFIG_VERSION: &str = "config_version";
-    /// [`UnitView`](crate::judge::live::UnitView), every inspection (the
+    /// [`UnitView`](pdwarden_model::judge::live::UnitView), every inspection (the
     /// first of each target is the baseline's).
     pub const INSPECTION: &str = "inspection";
     /// [`Measurement`](super::Measurement), every look.
@@ -165,7 +164,7 @@ pub fn gate_resume_plan(state: Option<GateStep>, versions_recorded: usize) -> Ga
 pub async fn resume_gate(
     ctx: OperationContext,
     pair: PairConfig,
-    op: crate::ops::journal::OperationRecord,
+    op: pdwarden_model::status::OperationRecord,
 ) -> Result<GateReport, ResumeError> {
     let journal = &ctx.journal;
     let id = op.operation_id.as_str();
@@ -961,8 +960,9 @@ impl Gate {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::judge::gate::Better;
     use machine::{RejectionBasis, when_the_baseline_moved};
+    use pdwarden_model::gate::measure::{RequestFigures, metrics};
+    use pdwarden_model::judge::gate::Better;
 
     fn cell(c: u32, rounds: u32) -> Cell {
         Cell {
@@ -1182,10 +1182,10 @@ mod driver_tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::judge::gate::{BaselineCheck, Judgement};
     use crate::ops::fake_agent::rig::{journal, kill_at_every_point, orchestrator};
     use crate::ops::fake_agent::{FakeAgent, KNOB};
     use crate::ops::journal::Journal;
+    use pdwarden_model::judge::gate::{BaselineCheck, Judgement};
 
     fn pair() -> PairConfig {
         crate::ops::fake_agent::rig::pair(

@@ -36,7 +36,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use super::{JournalError, OperationMeta, OperationRecord, Store, unix_ms};
-use crate::edge::leadership::{Leadership, Role};
+use crate::edge::leadership::Leadership;
+use pdwarden_model::status::Role;
 
 /// The leader's fencing token as this process holds it, and the signal that
 /// it lost the leadership.
@@ -711,8 +712,9 @@ mod tests {
     //! transaction semantics.
     use super::*;
     use crate::edge::election::Election;
-    use crate::edge::leadership::{Leadership, Role};
+    use crate::edge::leadership::Leadership;
     use crate::ops::journal::Journal;
+    use pdwarden_model::status::Role;
     use std::sync::Arc;
 
     /// One etcd member in a temporary directory, SIGKILLed by PID on drop.
@@ -758,7 +760,7 @@ mod tests {
                 .stderr(std::process::Stdio::null());
             let mut client_tls = None;
             if tls {
-                let certs = crate::edge::certs::CertDir(dir.path().join("pki"));
+                let certs = pdwarden_security::certs::CertDir(dir.path().join("pki"));
                 certs.init(&["127.0.0.1".into()]).unwrap();
                 let server = certs.orchestrator();
                 cmd.arg("--cert-file")

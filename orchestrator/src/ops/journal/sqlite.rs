@@ -17,7 +17,8 @@ use std::sync::Mutex;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::{JournalError, OperationMeta, OperationRecord, Store};
+use super::{JournalError, OperationMeta, Store};
+use pdwarden_model::status::OperationRecord;
 
 /// Set at every open (`journal_mode` is kept by the file).
 const PRAGMAS: &str = r#"

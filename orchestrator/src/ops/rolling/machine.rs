@@ -14,10 +14,10 @@ use serde::{Deserialize, Serialize};
 
 use super::{ChildConcluded, describe, entry, verdict_of};
 use crate::config::PairConfig;
-use crate::judge::verdict::VerdictKind;
 use crate::ops::journal::JournalError;
 use crate::ops::machine::{Effect, Machine, Transition};
-use crate::ops::report::{ChildOperation, OperationReport};
+use pdwarden_model::judge::verdict::VerdictKind;
+use pdwarden_model::report::{ChildOperation, OperationReport};
 
 /// What the roll has concluded so far.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -255,7 +255,7 @@ mod tests {
         let mut r: OperationReport = serde_json::from_value(serde_json::json!({
             "operation_id": id, "pair": "p#roll", "kind": kind, "decode_start_policy": "after_prefill_ready",
             "verdict": verdict.as_str(), "reasons": ["a reason"], "steps": [], "timeline": [], "probes": [],
-            "attempts": [], "probe_latency": crate::judge::stats::summarize(&[]), "suite": [],
+            "attempts": [], "probe_latency": pdwarden_model::judge::stats::summarize(&[]), "suite": [],
             "warnings": [], "engine_counters": [], "router_counters": [], "warm_budget_ms": 1,
             "cold_allowance": {"source": "configured", "ms": 1}, "fingerprint": "", "sub_operations": [],
             "total_ms": 7,

@@ -31,14 +31,15 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 use crate::config::{PairConfig, ServingRouterConfig};
-use crate::judge::verdict::VerdictKind;
 use crate::ops::OperationContext;
 use crate::ops::corestart::OperationKind;
-use crate::ops::journal::{JournalError, OperationRecord};
+use crate::ops::journal::JournalError;
 use crate::ops::machine::{Machine, Transition};
 use crate::ops::recorder::Recorder;
-use crate::ops::report::ChildOperation;
-use crate::ops::report::OperationReport;
+use pdwarden_model::judge::verdict::VerdictKind;
+use pdwarden_model::report::ChildOperation;
+use pdwarden_model::report::OperationReport;
+use pdwarden_model::status::OperationRecord;
 
 pub mod machine;
 
@@ -394,14 +395,14 @@ impl Roller {
             timeline: Vec::new(),
             probes: Vec::new(),
             attempts: Vec::new(),
-            probe_latency: crate::judge::stats::summarize(&[]),
+            probe_latency: pdwarden_model::judge::stats::summarize(&[]),
             suite: Vec::new(),
             warnings: Vec::new(),
             budgets: None,
             engine_counters: Vec::new(),
             router_counters: Vec::new(),
             warm_budget_ms: self.pair.probe.warm_budget_ms,
-            cold_allowance: crate::judge::verdict::ColdAllowance::Configured {
+            cold_allowance: pdwarden_model::judge::verdict::ColdAllowance::Configured {
                 ms: self.pair.probe.cold_allowance_ms,
                 why: String::new(),
             },

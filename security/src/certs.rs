@@ -13,7 +13,7 @@ use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use pdwarden_security::tls::{TlsFiles, agent_identity};
+use crate::tls::{TlsFiles, agent_identity};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
 };
@@ -171,10 +171,9 @@ mod tests {
         let agent = certs.issue_agent("gpu-1").unwrap();
         let pem = std::fs::read_to_string(&agent.cert).unwrap();
         let (_, der) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).unwrap();
-        assert_eq!(
-            crate::edge::tls::common_name(&der.contents).as_deref(),
-            Some("agent:gpu-1")
-        );
+        let cert = der.parse_x509().unwrap();
+        let common_name = cert.subject().iter_common_name().next().unwrap().as_str().unwrap();
+        assert_eq!(common_name, "agent:gpu-1");
         assert!(matches!(certs.issue_agent("gpu-1"), Err(CertsError::Exists { .. })));
         assert!(matches!(certs.init(&[]), Err(CertsError::Exists { .. })));
         assert!(matches!(certs.issue_agent("a/b"), Err(CertsError::Host(_))));

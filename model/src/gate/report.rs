@@ -11,7 +11,7 @@ use super::change::ChangeSpec;
 use super::measure::Measurement;
 use crate::judge::gate::{self as judge, JudgeReport};
 use crate::judge::live::LiveCheck;
-use crate::ops::report::{ChildOperation, StepRecord};
+use crate::report::{ChildOperation, StepRecord};
 
 /// How a gate ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -13,7 +13,7 @@ use pdwarden_proto::v1::{
 };
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
-use crate::ops::report::{
+use pdwarden_model::report::{
     OperationReport, ProbeRecord, StepRecord, TimelineRecord, live_phase_line, live_probe_line, live_step_line,
 };
 
@@ -179,7 +179,7 @@ impl Connection {
         &self,
         request: GatePairRequest,
         mut on_line: impl FnMut(String),
-    ) -> Result<crate::ops::gate::GateReport, CouldNotRun> {
+    ) -> Result<pdwarden_model::gate::report::GateReport, CouldNotRun> {
         let started = |s: &OperationStarted| format!("gate pd-pair {}: operation {}", s.pair, s.operation_id);
         self.follow_request(Request::Gate(request), &GATE_STREAM, started, &mut on_line)
             .await
@@ -275,7 +275,7 @@ const GATE_STREAM: StreamWords = StreamWords {
 /// `pdwarden-leader` metadata), if it is one.
 pub fn leader_named(s: &tonic::Status) -> Option<String> {
     (s.code() == tonic::Code::Unavailable)
-        .then(|| s.metadata().get(crate::edge::server::LEADER_METADATA))
+        .then(|| s.metadata().get(pdwarden_proto::LEADER_METADATA))
         .flatten()
         .and_then(|v| v.to_str().ok())
         .map(|v| v.trim_end_matches('/').to_string())
@@ -371,7 +371,7 @@ impl Connection {
             })
             .await?;
         if !quiet {
-            crate::say_part!("{}", crate::ops::report::render_summary(&report));
+            crate::say_part!("{}", pdwarden_model::report::render_summary(&report));
         }
         Ok(report)
     }
@@ -403,8 +403,8 @@ pub fn print_json(value: &impl serde::Serialize) {
 /// is not an error: the rest is dropped and the command ends with the exit
 /// code its outcome gives (issue 16, finding 10: `println!` panicked on the
 /// broken pipe, exit 101, outside the documented codes). The CLI, the demo
-/// and the drills print only through [`say!`](crate::say) and
-/// [`say_part!`](crate::say_part).
+/// and the drills print only through [`say!`] and
+/// [`say_part!`].
 pub fn say(text: std::fmt::Arguments<'_>, newline: bool) {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
@@ -414,22 +414,22 @@ pub fn say(text: std::fmt::Arguments<'_>, newline: bool) {
         .and_then(|()| out.flush());
 }
 
-/// `println!` that survives a closed stdout (see [`say`]).
+/// `println!` that survives a closed stdout (see [`say()`]).
 #[macro_export]
 macro_rules! say {
     () => {
-        $crate::edge::client::say(format_args!(""), true)
+        $crate::say(format_args!(""), true)
     };
     ($($t:tt)*) => {
-        $crate::edge::client::say(format_args!($($t)*), true)
+        $crate::say(format_args!($($t)*), true)
     };
 }
 
-/// `print!` that survives a closed stdout (see [`say`]).
+/// `print!` that survives a closed stdout (see [`say()`]).
 #[macro_export]
 macro_rules! say_part {
     ($($t:tt)*) => {
-        $crate::edge::client::say(format_args!($($t)*), false)
+        $crate::say(format_args!($($t)*), false)
     };
 }
 
@@ -443,7 +443,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_frozen_orchestrator_is_a_clear_error_not_a_hang() {
         let dir = tempfile::tempdir().unwrap();
-        let certs = crate::edge::certs::CertDir(dir.path().to_path_buf());
+        let certs = pdwarden_security::certs::CertDir(dir.path().to_path_buf());
         certs.init(&["127.0.0.1".into()]).unwrap();
         let frozen = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("https://{}", frozen.local_addr().unwrap());

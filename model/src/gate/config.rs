@@ -275,7 +275,7 @@ impl<'a> ChangeArgs<'a> {
     /// with '-', no key given twice or both set and unset, unit names by the
     /// edge's rule. The error is one line naming the flag.
     pub fn validate(&self) -> Result<(), BadChangeArgs> {
-        use crate::model::fields::shown;
+        use crate::fields::shown;
         if self.set_env.is_empty() && self.unset_env.is_empty() && self.set_args.is_empty() {
             return Err(BadChangeArgs(
                 "nothing to change: give --set-env, --unset-env or --set-arg".into(),
@@ -377,7 +377,7 @@ impl<'a> ChangeArgs<'a> {
         }
         let mut units = std::collections::BTreeSet::new();
         for u in &self.units {
-            crate::model::fields::check_name(u).map_err(|e| BadChangeArgs(format!("--unit: {e}")))?;
+            crate::fields::check_name(u).map_err(|e| BadChangeArgs(format!("--unit: {e}")))?;
             if !units.insert(*u) {
                 return Err(BadChangeArgs(format!("--unit {}: given twice", shown(u))));
             }

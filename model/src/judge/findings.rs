@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::host::HostReport;
+use crate::host::HostReport;
 
 /// Events older than this (by the orchestrator's receipt time) are history,
 /// not findings; `status --json` still lists them under the host.
@@ -237,7 +237,7 @@ pub fn findings(hosts: &[HostInput<'_>], now_unix_ms: u64) -> Vec<HostFinding> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::host::{EccView, GpuEventView, GpuProcessView, GpuView};
+    use crate::host::{EccView, GpuEventView, GpuProcessView, GpuView};
 
     fn gpu(util: Option<u32>, used: u64, processes: Vec<GpuProcessView>) -> GpuView {
         GpuView {
@@ -330,7 +330,7 @@ mod tests {
     // one critical (service it); rows remapped and done are no finding.
     #[test]
     fn row_remapping_findings() {
-        use crate::model::host::RemappedRowsView;
+        use crate::host::RemappedRowsView;
         let with = |pending, failure| {
             let mut g = gpu(Some(50), 0, vec![]);
             g.remapped_rows = Some(RemappedRowsView {

@@ -1,0 +1,162 @@
+//! What `pdwarden status` and `history` carry: the orchestrator fills
+//! these, serves them as JSON, and the CLI reads them back typed (issue 33:
+//! they were `Serialize`-only and read as raw JSON, with "?" wherever a
+//! field was not where expected).
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+pub use crate::watch::PairWatchView;
+
+/// How this orchestrator is secured, shown by `status` (issue 8).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SecurityView {
+    pub transport: TransportView,
+    pub operator_auth: OperatorAuth,
+    /// Set whenever anything runs without protection.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
+}
+
+/// The orchestrator's transport, as `status` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TransportView {
+    MutualTls,
+    InsecurePlaintext,
+}
+
+/// How operators are authenticated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OperatorAuth {
+    Tokens,
+    None,
+}
+
+/// `pdwarden status --json` (the wire's view: the CLI reads it back typed).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct StatusView {
+    pub agents: Vec<AgentStatus>,
+    pub pairs: Vec<PairStatus>,
+    /// What in the hosts' GPU reports needs a look, critical first.
+    pub findings: Vec<crate::judge::findings::HostFinding>,
+    /// The continuous watch of each watched pair (state, readiness, breaker).
+    pub watch: Vec<PairWatchView>,
+    /// Whether this orchestrator acts: `sole` (SQLite), `leader` (with its
+    /// fencing token) or `follower` (with the leader's URL and why).
+    pub leadership: Role,
+    /// The journal this orchestrator reads and writes (`sqlite:PATH` or `etcd:URLS`).
+    pub journal: String,
+    /// Why the journal could not be read for this answer (the pairs'
+    /// operations are then not shown).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub journal_unreadable: Option<String>,
+    /// Transport and operator authentication (issue 8).
+    pub security: SecurityView,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct PairStatus {
+    pub name: String,
+    pub running_operation: Option<String>,
+    pub last_operation: Option<String>,
+    pub last_verdict: Option<String>,
+    /// The last operation ended but its conclusion is not written yet (the
+    /// journal's disk refused it): retried, the pair free once it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub journal_error: Option<PendingConclusion>,
+}
+
+/// What `status` shows about one agent (the wire's view: the CLI reads it
+/// back typed).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AgentStatus {
+    pub host: String,
+    pub connected: bool,
+    pub state: AgentState,
+    /// Milliseconds since the agent last said anything.
+    pub silent_ms: u64,
+    pub agent_instance_id: String,
+    pub agent_version: String,
+    pub units: Vec<UnitStatus>,
+    /// GPUs, their processes and the host's figures; absent until the agent
+    /// has sent a snapshot.
+    pub host_report: Option<Arc<crate::host::HostReport>>,
+}
+
+/// An agent's link, as `status` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AgentState {
+    Connected,
+    /// Attached but silent for the orchestrator's `AGENT_UNKNOWN_AFTER` (10 s): its facts may be stale.
+    Unknown,
+    Disconnected,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct UnitStatus {
+    pub name: String,
+    pub role: String,
+    pub phase: String,
+    pub pid: Option<u32>,
+    pub base_url: String,
+}
+
+/// This orchestrator's part, as `status` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "role", rename_all = "snake_case")]
+pub enum Role {
+    /// The one orchestrator on its SQLite journal.
+    Sole,
+    /// Elected on etcd; `token` is the revision at which it took the lead.
+    Leader { token: u64, since_unix_ms: i64 },
+    /// Not leading: `leader_url` is the leader's advertised URL, when one is
+    /// known; `why` says why this one does not lead.
+    Follower {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        leader_url: Option<String>,
+        why: String,
+    },
+}
+
+/// A conclusion the journal could not write yet, kept in memory and
+/// retried (`Journal::flush_pending`) until it is written.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PendingConclusion {
+    pub operation_id: String,
+    pub pair: String,
+    pub verdict: String,
+    /// The write's error, the last time it was tried.
+    pub error: String,
+    pub since_unix_ms: i64,
+    /// The report to write (kept in memory by the journal, not shown).
+    #[serde(skip)]
+    pub report: String,
+}
+
+/// A finished or running operation as stored.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OperationRecord {
+    pub operation_id: String,
+    pub kind: String,
+    pub pair: String,
+    pub state: String,
+    pub started_unix_ms: i64,
+    pub ended_unix_ms: Option<i64>,
+    pub verdict: Option<String>,
+    /// The caller's idempotency key, when it gave one.
+    pub request_id: Option<String>,
+    /// The final report (the CLI's `--json` object), when concluded.
+    pub report: Option<serde_json::Value>,
+    /// For an automatic operation, the evidence that triggered it (the
+    /// `trigger` entry the watch journals before the first command).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trigger: Option<serde_json::Value>,
+    /// Who asked for it (`{name, role}`, the `actor` entry); absent for an
+    /// automatic operation.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub actor: Option<serde_json::Value>,
+}
