@@ -15,12 +15,10 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 pub use pdwarden_client::{Connection, CouldNotRun, Credentials, new_request_id, print_json, status_reason};
+use pdwarden_model::gate::report::history_lines;
 use pdwarden_model::render::{render_findings, render_host_report};
 use pdwarden_model::report::OperationReport;
-use pdwarden_model::status::AgentState;
-use pdwarden_model::status::OperationRecord;
-use pdwarden_model::status::Role;
-use pdwarden_model::status::StatusView;
+use pdwarden_model::status::{AgentState, OperationRecord, Role, StatusView, StoredReport};
 use pdwarden_model::watch::PairWatchView;
 use pdwarden_proto::v1::{HistoryRequest, RestartUnitRequest, StatusRequest};
 
@@ -512,14 +510,14 @@ async fn history(conn: &Connection, pair: &str, limit: u32, json: bool) -> anyho
             op.verdict.as_deref().unwrap_or("(running)"),
             op.state,
         );
-        let report = op.report.as_ref().unwrap_or(&serde_json::Value::Null);
-        for r in report["reasons"].as_array().into_iter().flatten() {
-            pdwarden_client::say!("    - {}", r.as_str().unwrap_or(""));
+        let Some(report) = op.stored_report() else {
+            continue;
+        };
+        for r in report.reasons() {
+            pdwarden_client::say!("    - {r}");
         }
-        if op.kind == "gate" {
-            pdwarden_model::gate::report::history_lines(report)
-                .iter()
-                .for_each(|l| pdwarden_client::say!("    {l}"));
+        if let StoredReport::Gate(g) = &report {
+            history_lines(g).iter().for_each(|l| pdwarden_client::say!("    {l}"));
         }
     }
     Ok(())

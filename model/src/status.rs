@@ -7,6 +7,8 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use crate::gate::report::GateReport;
+use crate::report::OperationReport;
 pub use crate::watch::PairWatchView;
 
 /// How this orchestrator is secured, shown by `status` (issue 8).
@@ -159,4 +161,114 @@ pub struct OperationRecord {
     /// automatic operation.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub actor: Option<serde_json::Value>,
+}
+
+/// A concluded operation's report as `history` reads it back, typed (issue
+/// 33: it was read as raw JSON by key).
+#[derive(Debug, Clone, PartialEq)]
+pub enum StoredReport {
+    Gate(Box<GateReport>),
+    /// A co-restart's, a verification's or a rolling restart's.
+    Operation(Box<OperationReport>),
+    /// A report the journal cut to its scalars and reasons (one over
+    /// `MAX_REPORT_BYTES` even with its lists cut), or of a shape this
+    /// version does not read: its reasons, which every report keeps.
+    Cut {
+        reasons: Vec<String>,
+    },
+}
+
+impl StoredReport {
+    /// The verdict's reasons, whatever the shape.
+    pub fn reasons(&self) -> &[String] {
+        match self {
+            StoredReport::Gate(g) => &g.reasons,
+            StoredReport::Operation(r) => &r.reasons,
+            StoredReport::Cut { reasons } => reasons,
+        }
+    }
+}
+
+impl OperationRecord {
+    /// The concluded report, read as its kind's record; `None` while the
+    /// operation runs.
+    pub fn stored_report(&self) -> Option<StoredReport> {
+        let report = self.report.as_ref()?;
+        let typed = if self.kind == "gate" {
+            GateReport::deserialize(report).map(|g| StoredReport::Gate(Box::new(g)))
+        } else {
+            OperationReport::deserialize(report).map(|r| StoredReport::Operation(Box::new(r)))
+        };
+        Some(typed.unwrap_or_else(|_| {
+            StoredReport::Cut {
+                reasons: report["reasons"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|r| r.as_str().map(str::to_owned))
+                    .collect(),
+            }
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(kind: &str, report: serde_json::Value) -> OperationRecord {
+        OperationRecord {
+            operation_id: "op".into(),
+            kind: kind.into(),
+            pair: "demo".into(),
+            state: "concluded".into(),
+            started_unix_ms: 1,
+            ended_unix_ms: Some(2),
+            verdict: Some("healthy".into()),
+            request_id: None,
+            report: Some(report),
+            trigger: None,
+            actor: None,
+        }
+    }
+
+    /// A co-restart's report reads back as one; a report the journal cut to
+    /// its scalars and reasons (or a gate's that is not a gate report)
+    /// still gives its reasons; a running operation has none.
+    #[test]
+    fn a_stored_report_reads_back_typed_and_a_cut_one_keeps_its_reasons() {
+        let report = serde_json::json!({
+            "operation_id": "op", "pair": "demo", "kind": "co_restart", "decode_start_policy": "after_prefill_ready",
+            "verdict": "healthy", "reasons": ["probe 1 took 0.3 s"], "steps": [], "timeline": [], "probes": [],
+            "attempts": [], "probe_latency": crate::judge::stats::summarize(&[]), "suite": [],
+            "warnings": [], "engine_counters": [], "router_counters": [], "warm_budget_ms": 1,
+            "cold_allowance": {"source": "configured", "ms": 1}, "fingerprint": "", "sub_operations": [],
+            "total_ms": 7,
+        });
+        let read = record("co_restart", report.clone()).stored_report().unwrap();
+        let StoredReport::Operation(r) = &read else {
+            panic!("{read:?}")
+        };
+        assert_eq!(r.total_ms, 7);
+        assert_eq!(read.reasons(), ["probe 1 took 0.3 s"]);
+
+        let cut = serde_json::json!({"verdict": "failed", "total_ms": 9, "reasons": ["a", "this report was cut"]});
+        for kind in ["co_restart", "gate"] {
+            assert_eq!(
+                record(kind, cut.clone()).stored_report(),
+                Some(StoredReport::Cut {
+                    reasons: vec!["a".into(), "this report was cut".into()]
+                }),
+                "{kind}"
+            );
+        }
+        // An operation report is not a gate's.
+        assert!(matches!(
+            record("gate", report).stored_report(),
+            Some(StoredReport::Cut { .. })
+        ));
+        let mut running = record("verify", serde_json::Value::Null);
+        running.report = None;
+        assert_eq!(running.stored_report(), None);
+    }
 }

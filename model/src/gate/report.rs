@@ -201,10 +201,7 @@ impl GateReport {
 
 /// Extra lines `pdwarden history` prints under a gate: the change, the
 /// versions and every comparison's numbers.
-pub fn history_lines(report: &serde_json::Value) -> Vec<String> {
-    let Ok(r) = serde_json::from_value::<GateReport>(report.clone()) else {
-        return Vec::new();
-    };
+pub fn history_lines(r: &GateReport) -> Vec<String> {
     let mut out = vec![format!("change: {}", r.change.describe())];
     for v in &r.versions {
         let restored = v.restored.map(|x| format!(", restored {x}")).unwrap_or_default();
