@@ -11,7 +11,10 @@
 
 use std::time::Duration;
 
-use pdwarden_proto::v1::{ChatProbe, ProbeOutcome};
+use pdwarden_proto::limits::{
+    MAX_ANSWER_ENCODED_BYTES, MAX_ANSWER_TOKEN_BYTES, MAX_TOKEN_ALTERNATIVES, answer_entry_len,
+};
+use pdwarden_proto::v1::{AnswerToken, ChatProbe, ProbeOutcome, TokenAlternative};
 use serde_json::json;
 use tokio::time::Instant;
 
@@ -80,6 +83,15 @@ pub struct ChatOutcome {
     /// …; an object's `type`, as SGLang sends `{"type": "abort", …}`); ""
     /// when none arrived. Reported whatever the outcome.
     pub finish_reason: String,
+    /// Issue 34, a greedy probe's only (its body asked for `logprobs`):
+    /// the answer's tokens with their logprobs ([`answer_of`]), whatever the
+    /// outcome once a 200 answer that is not an error body was read; empty
+    /// otherwise, and after a timeout.
+    pub answer: Vec<AnswerToken>,
+    /// A greedy probe's answer (as for `answer`) had no
+    /// `choices[0].logprobs.content`: the engine or router returns no
+    /// logprobs. Nothing else follows from it here.
+    pub answer_logprobs_missing: bool,
 }
 
 /// POSTs one probe-tagged, non-streaming, temperature-0 chat completion to
@@ -118,15 +130,28 @@ pub async fn pd_path_probe(
     outcome
 }
 
-/// The probe's chat completion body: one fixed prompt, greedy, not streamed.
+/// The alternatives a greedy probe asks for at each position.
+const GREEDY_TOP_LOGPROBS: u32 = 2;
+
+/// The probe's chat completion body: one fixed prompt, temperature 0, not
+/// streamed. A greedy probe (`chat.greedy`, issue 34) also asks for `seed` 0
+/// and the answer's logprobs with [`GREEDY_TOP_LOGPROBS`] alternatives
+/// (`logprobs: true` is needed with `top_logprobs` — vLLM refuses the
+/// latter alone); [`post_generation`] reads them back because the body asks.
 fn chat_body(chat: &ChatProbe) -> serde_json::Value {
-    json!({
+    let mut body = json!({
         "model": chat.model,
         "messages": [{"role": "user", "content": chat.prompt}],
         "max_tokens": chat.max_tokens,
         "stream": false,
         "temperature": 0,
-    })
+    });
+    if chat.greedy {
+        body["seed"] = 0.into();
+        body["logprobs"] = true.into();
+        body["top_logprobs"] = GREEDY_TOP_LOGPROBS.into();
+    }
+    body
 }
 
 /// A bootstrap room: SGLang's router draws a random u63.
@@ -175,6 +200,8 @@ pub async fn engine_completion(client: &reqwest::Client, base_url: &str, timeout
                 request_id: String::new(),
                 tokens_asked: 1,
                 finish_reason: String::new(),
+                answer: Vec::new(),
+                answer_logprobs_missing: false,
             };
         }
         Err(_) => {
@@ -187,6 +214,8 @@ pub async fn engine_completion(client: &reqwest::Client, base_url: &str, timeout
                 request_id: String::new(),
                 tokens_asked: 1,
                 finish_reason: String::new(),
+                answer: Vec::new(),
+                answer_logprobs_missing: false,
             };
         }
     };
@@ -212,6 +241,12 @@ pub async fn engine_completion(client: &reqwest::Client, base_url: &str, timeout
 /// `max_tokens`, the answer's `finish_reason` and the tokens it counted are
 /// reported whatever the outcome; judging a short answer is the
 /// orchestrator's.
+///
+/// A body that asks for `logprobs` (a greedy probe's, [`chat_body`]) has its
+/// answer's tokens read back ([`answer_of`]), or `answer_logprobs_missing`
+/// set when the answer has none; either way the outcome is decided as for
+/// any probe. The directed prefill → decode probe takes this same path, so
+/// it carries the decode's answer.
 async fn post_generation(
     client: &reqwest::Client,
     url: &str,
@@ -223,10 +258,13 @@ async fn post_generation(
         .get("max_tokens")
         .and_then(serde_json::Value::as_u64)
         .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX));
+    let greedy = body.get("logprobs").and_then(serde_json::Value::as_bool) == Some(true);
     let started = Instant::now();
     let mut http_status = 0u16;
     let mut tokens = 0u32;
     let mut finish_reason = String::new();
+    let mut answer = Vec::new();
+    let mut answer_logprobs_missing = false;
     let exchange = async {
         let resp = client
             .post(url)
@@ -254,6 +292,12 @@ async fn post_generation(
         if let Some(message) = error_message_of(&value) {
             return Err(format!("http {http_status} carrying an error: {message}"));
         }
+        if greedy {
+            match answer_of(&value, tokens_asked) {
+                Some(a) => answer = a,
+                None => answer_logprobs_missing = true,
+            }
+        }
         if let Some((reason, message)) = &finish
             && is_failed_finish(reason)
         {
@@ -274,6 +318,8 @@ async fn post_generation(
         Ok(Err(error)) => (ProbeOutcome::Error, error),
         Err(_) => {
             tokens = 0;
+            answer.clear();
+            answer_logprobs_missing = false;
             (
                 ProbeOutcome::Timeout,
                 format!("no answer within {} ms", timeout.as_millis()),
@@ -289,7 +335,89 @@ async fn post_generation(
         request_id,
         tokens_asked,
         finish_reason,
+        answer,
+        answer_logprobs_missing,
     }
+}
+
+/// A greedy probe's answer: `choices[0].logprobs.content`, the OpenAI chat
+/// shape that both engines send — vLLM's `ChatCompletionLogProbsContent`
+/// (`vllm/entrypoints/openai/protocol.py`: `token`, `logprob`, `bytes`,
+/// `top_logprobs: [ChatCompletionLogProb]`) and SGLang's
+/// `ChatCompletionTokenLogprob` (`python/sglang/srt/entrypoints/openai/protocol.py`:
+/// `token`, `bytes`, `logprob`, `top_logprobs: [TopLogprob]`). `None` when
+/// the answer has no such list or an empty one: an engine or router that
+/// returns no logprobs (both send `"logprobs": null` when not asked).
+///
+/// The differences read the same here: vLLM's `logprob` defaults to
+/// -9999.0 and is floored there (`max(logprob, -9999.0)`, its stand-in for
+/// -inf, as OpenAI's), its `bytes` and `top_logprobs` may be missing and
+/// `content` null; SGLang requires `bytes`, `top_logprobs` and `content`
+/// and passes its logprobs through unfloored. `bytes` is not read (the
+/// token is). vLLM may send a token as `token_id:<id>`
+/// (`return_tokens_as_token_ids`); it is kept as sent.
+///
+/// Bounded and panic-free, whatever the engine sends:
+/// - at most `max_entries` (the request's `max_tokens`) entries, in order,
+///   and no entry past [`MAX_ANSWER_ENCODED_BYTES`] encoded in all;
+/// - each token and alternative cut at [`MAX_ANSWER_TOKEN_BYTES`] on a
+///   char boundary; at most [`MAX_TOKEN_ALTERNATIVES`] alternatives, in the
+///   engine's order;
+/// - an entry that is not an object, or a `token` that is not a string,
+///   keeps its place with the token "" (the positions stay aligned with the
+///   answer's); a `logprob` that is not a number (null, missing) is NaN.
+///   JSON has no NaN or infinity: pydantic and orjson write a non-finite
+///   float as null, so NaN here means "not finite, or not sent". Logprobs
+///   are otherwise kept as f64 exactly as sent, -9999.0 included; a
+///   comparison must allow for NaN != NaN.
+pub(crate) fn answer_of(v: &serde_json::Value, max_entries: u32) -> Option<Vec<AnswerToken>> {
+    use serde_json::Value;
+    fn token_of(item: &Value) -> (String, f64) {
+        let token = item
+            .get("token")
+            .and_then(Value::as_str)
+            .map_or_else(String::new, cut_token);
+        let logprob = item.get("logprob").and_then(Value::as_f64).unwrap_or(f64::NAN);
+        (token, logprob)
+    }
+    let content = v
+        .pointer("/choices/0/logprobs/content")
+        .and_then(Value::as_array)
+        .filter(|c| !c.is_empty())?;
+    let mut answer = Vec::new();
+    let mut encoded = 0usize;
+    for item in content.iter().take(usize::try_from(max_entries).unwrap_or(usize::MAX)) {
+        let (token, logprob) = token_of(item);
+        let top = item
+            .get("top_logprobs")
+            .and_then(Value::as_array)
+            .map(|alts| {
+                alts.iter()
+                    .take(MAX_TOKEN_ALTERNATIVES)
+                    .map(|alt| {
+                        let (token, logprob) = token_of(alt);
+                        TokenAlternative { token, logprob }
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let entry = AnswerToken { token, logprob, top };
+        encoded += answer_entry_len(&entry);
+        if encoded > MAX_ANSWER_ENCODED_BYTES {
+            break;
+        }
+        answer.push(entry);
+    }
+    Some(answer)
+}
+
+/// `token` cut at [`MAX_ANSWER_TOKEN_BYTES`] on a char boundary.
+fn cut_token(token: &str) -> String {
+    let mut end = token.len().min(MAX_ANSWER_TOKEN_BYTES);
+    while !token.is_char_boundary(end) {
+        end -= 1;
+    }
+    token[..end].to_owned()
 }
 
 /// The longest `finish_reason` kept: real ones are a word.
@@ -653,6 +781,7 @@ mod tests {
             model: "m".into(),
             prompt: "hi".into(),
             max_tokens: 1,
+            greedy: false,
         }
     }
 
@@ -835,6 +964,227 @@ mod tests {
         }
         assert!(is_failed_finish("abort") && is_failed_finish("error"));
         assert!(!is_failed_finish("stop") && !is_failed_finish("length") && !is_failed_finish(""));
+    }
+
+    /// A stub engine on loopback (axum): answers every chat completion 200
+    /// with `answer` and records the bodies it was sent.
+    async fn recording(answer: &'static str) -> (String, std::sync::Arc<std::sync::Mutex<Vec<serde_json::Value>>>) {
+        let bodies = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = bodies.clone();
+        let app = axum::Router::new().route(
+            "/v1/chat/completions",
+            axum::routing::post(move |axum::Json(body): axum::Json<serde_json::Value>| {
+                seen.lock().unwrap().push(body);
+                async move { ([(axum::http::header::CONTENT_TYPE, "application/json")], answer) }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (format!("http://{addr}"), bodies)
+    }
+
+    fn greedy(max_tokens: u32) -> ChatProbe {
+        ChatProbe {
+            max_tokens,
+            greedy: true,
+            ..chat()
+        }
+    }
+
+    /// What vLLM sends (`ChatCompletionResponse`): `bytes` optional,
+    /// `stop_reason`, the logprob floored at -9999.0.
+    const VLLM_GREEDY: &str = r#"{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"Hello there","tool_calls":[]},"logprobs":{"content":[{"token":"Hello","logprob":-0.0123,"bytes":[72,101,108,108,111],"top_logprobs":[{"token":"Hello","logprob":-0.0123,"bytes":[72,101,108,108,111]},{"token":"Hi","logprob":-4.5,"bytes":[72,105]}]},{"token":" there","logprob":-9999.0,"bytes":null,"top_logprobs":[{"token":" there","logprob":-9999.0},{"token":"!","logprob":-9999.0}]}]},"finish_reason":"length","stop_reason":null}],"usage":{"prompt_tokens":5,"total_tokens":7,"completion_tokens":2}}"#;
+    /// What SGLang sends (`ChatCompletionResponse`): `bytes` always, the
+    /// fields in its order, `matched_stop`, `metadata`.
+    const SGLANG_GREEDY: &str = r#"{"id":"a1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"Hello there","reasoning_content":null,"tool_calls":null},"logprobs":{"content":[{"token":"Hello","bytes":[72,101,108,108,111],"logprob":-0.0123,"top_logprobs":[{"token":"Hello","bytes":[72,101,108,108,111],"logprob":-0.0123},{"token":"Hi","bytes":[72,105],"logprob":-4.5}]},{"token":" there","bytes":[32,116,104,101,114,101],"logprob":-9999.0,"top_logprobs":[{"token":" there","bytes":[32],"logprob":-9999.0},{"token":"!","bytes":[33],"logprob":-9999.0}]}]},"finish_reason":"length","matched_stop":null}],"usage":{"prompt_tokens":5,"total_tokens":7,"completion_tokens":2,"prompt_tokens_details":null,"reasoning_tokens":0},"metadata":{"weight_version":"default"}}"#;
+
+    fn alt(token: &str, logprob: f64) -> TokenAlternative {
+        TokenAlternative {
+            token: token.into(),
+            logprob,
+        }
+    }
+
+    /// Property (issue 34): a greedy probe asks for seed 0 and two
+    /// alternatives at temperature 0, and a vLLM-shaped and an SGLang-shaped
+    /// answer read to the same tokens, logprobs and alternatives, in order.
+    #[tokio::test]
+    async fn vllm_and_sglang_greedy_answers_read_the_same() {
+        let expected = vec![
+            AnswerToken {
+                token: "Hello".into(),
+                logprob: -0.0123,
+                top: vec![alt("Hello", -0.0123), alt("Hi", -4.5)],
+            },
+            AnswerToken {
+                token: " there".into(),
+                logprob: -9999.0,
+                top: vec![alt(" there", -9999.0), alt("!", -9999.0)],
+            },
+        ];
+        for answer in [VLLM_GREEDY, SGLANG_GREEDY] {
+            let (url, bodies) = recording(answer).await;
+            let r = chat_probe(&http_client(), &url, &greedy(2), Duration::from_secs(10)).await;
+            assert_eq!(r.outcome, ProbeOutcome::Ok, "{r:?}");
+            assert_eq!((r.tokens, r.tokens_asked, r.finish_reason.as_str()), (2, 2, "length"));
+            assert_eq!(r.answer, expected, "{answer}");
+            assert!(!r.answer_logprobs_missing);
+            let body = bodies.lock().unwrap().pop().unwrap();
+            assert_eq!(body["temperature"], 0);
+            assert_eq!(body["seed"], 0);
+            assert_eq!(body["logprobs"], true);
+            assert_eq!(body["top_logprobs"], 2);
+            assert_eq!(body["max_tokens"], 2);
+            assert_eq!(body["stream"], false);
+        }
+    }
+
+    /// Property (issue 34): a probe that is not greedy asks for no logprobs
+    /// and reports no answer, even from an engine that sends logprobs.
+    #[tokio::test]
+    async fn a_probe_that_is_not_greedy_asks_and_reports_no_answer() {
+        let (url, bodies) = recording(VLLM_GREEDY).await;
+        let r = chat_probe(&http_client(), &url, &asking(2), Duration::from_secs(10)).await;
+        assert_eq!(r.outcome, ProbeOutcome::Ok, "{r:?}");
+        assert!(r.answer.is_empty() && !r.answer_logprobs_missing, "{r:?}");
+        let body = bodies.lock().unwrap().pop().unwrap();
+        for field in ["seed", "logprobs", "top_logprobs"] {
+            assert!(body.get(field).is_none(), "{field} in {body}");
+        }
+        assert_eq!(body["temperature"], 0);
+    }
+
+    /// Property (issue 34): a greedy answer without logprobs — SGLang's and
+    /// vLLM's `"logprobs": null`, vLLM's `{"content": null}`, none at all, an
+    /// empty list — is OK with the missing flag set and no answer.
+    #[tokio::test]
+    async fn a_greedy_answer_without_logprobs_sets_the_missing_flag() {
+        for answer in [
+            r#"{"choices":[{"message":{"content":"Hello"},"logprobs":null,"finish_reason":"stop"}],"usage":{"completion_tokens":1}}"#,
+            r#"{"choices":[{"message":{"content":"Hello"},"logprobs":{"content":null},"finish_reason":"stop"}],"usage":{"completion_tokens":1}}"#,
+            r#"{"choices":[{"message":{"content":"Hello"},"logprobs":{"content":[]},"finish_reason":"stop"}],"usage":{"completion_tokens":1}}"#,
+            r#"{"choices":[{"message":{"content":"Hello"},"finish_reason":"stop"}],"usage":{"completion_tokens":1}}"#,
+        ] {
+            let (url, _) = recording(answer).await;
+            let r = chat_probe(&http_client(), &url, &greedy(4), Duration::from_secs(10)).await;
+            assert_eq!(r.outcome, ProbeOutcome::Ok, "{answer}: {r:?}");
+            assert!(r.answer_logprobs_missing, "{answer}");
+            assert!(r.answer.is_empty());
+        }
+        // An error body is an error, not an answer without logprobs.
+        let (url, _) = recording(r#"{"error":{"message":"boom"}}"#).await;
+        let r = chat_probe(&http_client(), &url, &greedy(4), Duration::from_secs(10)).await;
+        assert_eq!(r.outcome, ProbeOutcome::Error);
+        assert!(!r.answer_logprobs_missing && r.answer.is_empty());
+    }
+
+    /// Property (issue 34): an aborted greedy answer is an Error that still
+    /// carries the tokens it got (evidence).
+    #[tokio::test]
+    async fn an_aborted_greedy_answer_keeps_its_tokens() {
+        let (url, _) = recording(
+            r#"{"choices":[{"message":{"content":"Hi"},"logprobs":{"content":[{"token":"Hi","logprob":-1.5,"top_logprobs":[]}]},"finish_reason":{"type":"abort","message":"KV transfer failed"}}],"usage":{"completion_tokens":1}}"#,
+        )
+        .await;
+        let r = chat_probe(&http_client(), &url, &greedy(8), Duration::from_secs(10)).await;
+        assert_eq!(r.outcome, ProbeOutcome::Error, "{r:?}");
+        assert_eq!(r.answer.len(), 1);
+        assert_eq!((r.answer[0].token.as_str(), r.answer[0].logprob), ("Hi", -1.5));
+    }
+
+    /// Property (issue 34): the directed prefill → decode probe asks both
+    /// for logprobs and carries the decode's answer, not the prefill's.
+    #[tokio::test]
+    async fn the_pd_path_probe_carries_the_decodes_answer() {
+        let (prefill, prefill_bodies) = recording(
+            r#"{"choices":[{"message":{"content":"x"},"logprobs":{"content":[{"token":"x","logprob":-0.5,"top_logprobs":[]}]},"finish_reason":"length"}],"usage":{"completion_tokens":1}}"#,
+        )
+        .await;
+        let (decode, decode_bodies) = recording(VLLM_GREEDY).await;
+        let path = pdwarden_proto::v1::PdPath {
+            decode_url: decode,
+            bootstrap_host: "127.0.0.1".into(),
+            bootstrap_port: 8998,
+            prefill_url: String::new(),
+        };
+        let r = pd_path_probe(&http_client(), &prefill, &path, &greedy(2), Duration::from_secs(10)).await;
+        assert_eq!(r.outcome, ProbeOutcome::Ok, "{r:?}");
+        assert_eq!(
+            r.answer.iter().map(|t| t.token.as_str()).collect::<Vec<_>>(),
+            ["Hello", " there"]
+        );
+        let (p, d) = (
+            prefill_bodies.lock().unwrap().pop().unwrap(),
+            decode_bodies.lock().unwrap().pop().unwrap(),
+        );
+        assert_eq!(p, d, "the same body to both");
+        assert_eq!((d["logprobs"].clone(), d["seed"].clone()), (json!(true), json!(0)));
+    }
+
+    /// Property (issue 34): an answer is bounded whatever the engine sends:
+    /// no more entries than `max_tokens`, tokens and alternatives cut at 256
+    /// bytes on a char boundary, at most 5 alternatives, odd entries kept in
+    /// place, non-numbers NaN, and the encoded budget.
+    #[tokio::test]
+    async fn a_greedy_answer_is_bounded() {
+        // More entries than max_tokens: the first max_tokens, in order.
+        let (url, _) = recording(
+            r#"{"choices":[{"message":{"content":"abcde"},"logprobs":{"content":[{"token":"a","logprob":-1},{"token":"b","logprob":-2},{"token":"c","logprob":-3},{"token":"d","logprob":-4},{"token":"e","logprob":-5}]},"finish_reason":"length"}],"usage":{"completion_tokens":5}}"#,
+        )
+        .await;
+        let r = chat_probe(&http_client(), &url, &greedy(2), Duration::from_secs(10)).await;
+        assert_eq!(r.outcome, ProbeOutcome::Ok, "{r:?}");
+        assert_eq!(
+            r.answer
+                .iter()
+                .map(|t| (t.token.as_str(), t.logprob))
+                .collect::<Vec<_>>(),
+            [("a", -1.0), ("b", -2.0)]
+        );
+
+        // An over-long token: cut at 256 bytes, back to a char boundary.
+        let long = format!("a{}", "é".repeat(200));
+        let body = json!({"choices": [{"message": {"content": long}, "logprobs": {"content": [
+            {"token": long, "logprob": -0.5, "top_logprobs": [{"token": "é".repeat(300), "logprob": -1.0}]}
+        ]}, "finish_reason": "length"}], "usage": {"completion_tokens": 1}});
+        let (url, _) = recording(Box::leak(body.to_string().into_boxed_str())).await;
+        let r = chat_probe(&http_client(), &url, &greedy(1), Duration::from_secs(10)).await;
+        assert_eq!(r.outcome, ProbeOutcome::Ok, "{r:?}");
+        assert_eq!(r.answer[0].token.len(), 255, "256 is inside an é");
+        assert!(long.starts_with(&r.answer[0].token));
+        assert_eq!(r.answer[0].top[0].token, "é".repeat(128));
+
+        // Odd shapes, straight through the reader.
+        let v = json!({"choices": [{"logprobs": {"content": [
+            {"token": "x", "logprob": null, "top_logprobs": (0..9).map(|i| json!({"token": i.to_string(), "logprob": -f64::from(i)})).collect::<Vec<_>>()},
+            7,
+            {"token": 3, "logprob": "-1"},
+            {"token": "y", "logprob": -1e308, "top_logprobs": null},
+        ]}}]});
+        let a = answer_of(&v, 10).unwrap();
+        assert_eq!(a.len(), 4, "every entry keeps its place");
+        assert!(a[0].logprob.is_nan(), "null is NaN");
+        assert_eq!(
+            a[0].top.iter().map(|t| t.token.as_str()).collect::<Vec<_>>(),
+            ["0", "1", "2", "3", "4"]
+        );
+        assert_eq!((a[1].token.as_str(), a[1].top.len()), ("", 0));
+        assert!(a[1].logprob.is_nan());
+        assert_eq!(a[2].token, "");
+        assert!(a[2].logprob.is_nan(), "a string is not a logprob");
+        assert_eq!((a[3].token.as_str(), a[3].logprob), ("y", -1e308));
+        assert_eq!(answer_of(&v, 0), Some(Vec::new()));
+
+        // The encoded budget: huge tokens stop well before max_tokens.
+        let huge = json!({"token": "t".repeat(1000), "logprob": -1.0,
+            "top_logprobs": vec![json!({"token": "u".repeat(1000), "logprob": -2.0}); 9]});
+        let v = json!({"choices": [{"logprobs": {"content": vec![huge; 1000]}}]});
+        let a = answer_of(&v, 4096).unwrap();
+        let encoded: usize = a.iter().map(answer_entry_len).sum();
+        assert!(a.len() < 1000 && !a.is_empty(), "{}", a.len());
+        assert!(encoded <= MAX_ANSWER_ENCODED_BYTES);
+        assert!(encoded + answer_entry_len(&a[0]) > MAX_ANSWER_ENCODED_BYTES);
     }
 
     #[test]

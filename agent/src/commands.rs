@@ -416,7 +416,8 @@ async fn run_probe(
     };
     info!(
         command_id = %ctx.id, unit = %probe.unit, seq = probe.seq, outcome = ?r.outcome,
-        latency_ms = r.latency.as_millis() as u64, tokens = r.tokens, "probe"
+        latency_ms = r.latency.as_millis() as u64, tokens = r.tokens,
+        answer_tokens = r.answer.len(), answer_logprobs_missing = r.answer_logprobs_missing, "probe"
     );
     result.outcome = r.outcome as i32;
     result.latency_ms = u64::try_from(r.latency.as_millis()).unwrap_or(u64::MAX);
@@ -426,5 +427,7 @@ async fn run_probe(
     result.request_id = r.request_id;
     result.tokens_asked = r.tokens_asked;
     result.finish_reason = r.finish_reason;
+    result.answer = r.answer;
+    result.answer_logprobs_missing = r.answer_logprobs_missing;
     result
 }

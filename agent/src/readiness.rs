@@ -1281,6 +1281,7 @@ mod tests {
                 model: "m".into(),
                 prompt: "p".into(),
                 max_tokens: 0,
+                greedy: false,
             }),
         }));
         assert_eq!(p.deadline, ms(DEFAULT_DEADLINE_MS));

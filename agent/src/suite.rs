@@ -122,6 +122,7 @@ fn chat_or_default(chat: Option<ChatProbe>) -> ChatProbe {
         model: "default".into(),
         prompt: "pdwarden verification probe".into(),
         max_tokens: 8,
+        greedy: false,
     })
 }
 

@@ -173,6 +173,10 @@ pub struct OperationReport {
     /// co-restart and the whole pair's verification, in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sub_operations: Vec<ChildOperation>,
+    /// The greedy answer against its reference (issue 34), and the
+    /// reference this operation was held to or recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub golden: Option<crate::judge::golden::GoldenRecord>,
     pub total_ms: u64,
 }
 

@@ -1,5 +1,6 @@
 //! What every pdwarden config shares, whoever loads it (the orchestrator's,
-//! the agent's): one bound on durations and one way to say a TOML error.
+//! the agent's): one bound on durations and one way to say a TOML error;
+//! and the bounds of a probe's answer on the wire (issue 34).
 //!
 //! A duration is a `u64` of milliseconds; `18446744073709551615` parses, and
 //! the first deadline computed from it overflows (issue 16: a panic that left
@@ -12,6 +13,35 @@
 
 /// The longest duration a config may give: one week.
 pub const MAX_DURATION_MS: u64 = 7 * 24 * 3_600 * 1_000;
+
+// Issue 34: the bounds of a greedy probe's answer (`ProbeResult.answer`).
+// A `ProbeResult` travels up the agent's stream, where tonic refuses a
+// message over its default 4 MiB decoding limit — and the refusal ends the
+// stream, so an engine's answer must never make one. The answer is at most
+// `max_tokens` entries (a probe's is at most 4 096) of at most 1 +
+// `MAX_TOKEN_ALTERNATIVES` tokens of `MAX_ANSWER_TOKEN_BYTES` each: up to
+// ~6.7 MB were it not also cut at `MAX_ANSWER_ENCODED_BYTES`. A real
+// answer's tokens are a few bytes each (4 096 of 5 bytes, with two
+// alternatives each, encode to ~220 KiB), so only a broken engine reaches
+// the cut.
+
+/// The longest token (or alternative) an answer keeps, in bytes; a longer
+/// one is cut on a char boundary.
+pub const MAX_ANSWER_TOKEN_BYTES: usize = 256;
+/// The most alternatives (`top_logprobs`) kept per answer token.
+pub const MAX_TOKEN_ALTERNATIVES: usize = 5;
+/// The most an answer takes encoded (its `AnswerToken`s together); the
+/// first token that would go past it ends the answer, so an answer can be
+/// shorter than its `tokens`.
+pub const MAX_ANSWER_ENCODED_BYTES: usize = 1 << 20;
+
+/// The bytes `token` adds to a `ProbeResult` as one entry of its `answer`
+/// (key, length and message), to count against [`MAX_ANSWER_ENCODED_BYTES`].
+pub fn answer_entry_len(token: &crate::v1::AnswerToken) -> usize {
+    use prost::Message;
+    let len = token.encoded_len();
+    1 + prost::length_delimiter_len(len) + len
+}
 
 /// The first field named `…_ms` in `config` (a config serialised with
 /// `serde_json`, which keeps every `u64` exact) whose value is over
@@ -97,6 +127,28 @@ pub fn toml_error_line(text: &str, e: &toml::de::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The entry length is what the answer field really adds on the wire.
+    #[test]
+    fn an_answer_entry_is_counted_as_encoded() {
+        use crate::v1::{AnswerToken, ProbeResult, TokenAlternative};
+        use prost::Message;
+        let t = AnswerToken {
+            token: "é".repeat(128),
+            logprob: -0.25,
+            top: vec![TokenAlternative {
+                token: "x".into(),
+                logprob: f64::NAN,
+            }],
+        };
+        let empty = ProbeResult::default().encoded_len();
+        let one = ProbeResult {
+            answer: vec![t.clone()],
+            ..Default::default()
+        };
+        assert_eq!(one.encoded_len() - empty, answer_entry_len(&t));
+        assert_eq!(answer_entry_len(&AnswerToken::default()), 2);
+    }
 
     #[test]
     fn a_huge_duration_is_named_by_its_path() {

@@ -31,6 +31,11 @@
 //! A decode may ask the prefill to hold the KV for a while after it is ready
 //! (`--kv-transfer-ms`, a slow link): the room stays inflight meanwhile.
 //!
+//! The KV a decode pulls carries the weights the prefill computed it with (the
+//! prefill's `--weights` when it admitted the request): a decode on other weights
+//! answers wrong ([`crate::greedy`]), as a real decode does when prefill and decode run
+//! different checkpoints.
+//!
 //! One simplification: SGLang's prefill answers its HTTP request only when the
 //! transfer ends (`process_disagg_prefill_inflight_queue` streams the finished
 //! request on `KVPoll.Success`, or aborts it with a 500 "Prefill transfer failed" on
@@ -154,6 +159,8 @@ pub enum RoomState {
 struct Room {
     state: watch::Sender<RoomState>,
     created: Instant,
+    /// The weights the prefill computed this room's KV with (set when it is ready).
+    weights: Option<String>,
 }
 
 /// Sets a room's state, keeping the `prefill_inflight` gauge equal to the number of
@@ -195,7 +202,7 @@ impl BootstrapServer {
 
     /// Runs `f` on `room` (created `Waiting` if new) with the counters, after forgetting
     /// rooms older than [`ROOM_TTL`].
-    fn with_room<R>(&self, room: u64, f: impl FnOnce(&mut Counters, &Room) -> R) -> R {
+    fn with_room<R>(&self, room: u64, f: impl FnOnce(&mut Counters, &mut Room) -> R) -> R {
         let mut rooms = self.rooms.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
         self.stats.update(|c| {
@@ -209,6 +216,7 @@ impl BootstrapServer {
             let r = rooms.entry(room).or_insert_with(|| Room {
                 state: watch::channel(RoomState::Waiting).0,
                 created: now,
+                weights: None,
             });
             f(c, r)
         })
@@ -218,11 +226,12 @@ impl BootstrapServer {
         self.rooms.lock().unwrap_or_else(|e| e.into_inner()).remove(&room);
     }
 
-    /// Called by the prefill when it has computed `room`'s KV: the room enters the
-    /// inflight queue, unless its transfer already failed.
-    pub fn kv_ready(&self, room: u64) {
+    /// Called by the prefill when it has computed `room`'s KV with `weights`: the room
+    /// enters the inflight queue, unless its transfer already failed.
+    pub fn kv_ready(&self, room: u64, weights: &str) {
         self.with_room(room, |c, r| {
             if *r.state.borrow() == RoomState::Waiting {
+                r.weights = Some(weights.to_string());
                 set_state(c, r, RoomState::Ready);
             }
         });
@@ -347,13 +356,29 @@ async fn kv(State(s): State<Arc<BootstrapServer>>, Path(room): Path<u64>, Query(
             set_state(c, r, RoomState::Taken);
             c.kv_served += 1;
         }
-        ready
+        ready.then(|| r.weights.clone())
     });
-    if !taken {
+    let Some(weights) = taken else {
         return StatusCode::GONE.into_response();
-    }
+    };
     s.forget(room);
-    Json(serde_json::json!({ "room": room, "prefill_instance_id": s.instance_id })).into_response()
+    Json(KvAnswer {
+        room,
+        prefill_instance_id: s.instance_id.clone(),
+        weights,
+    })
+    .into_response()
+}
+
+/// What a decode's KV pull receives (the KV itself is not simulated): the room, the
+/// prefill's identity, and the weights the KV was computed with — what a real decode
+/// would read wrong if they were not its own.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct KvAnswer {
+    pub room: u64,
+    pub prefill_instance_id: String,
+    #[serde(default)]
+    pub weights: Option<String>,
 }
 
 /// A decode's side of the link: handshake once per prefill address, then pull KV.
@@ -435,8 +460,14 @@ impl BootstrapClient {
 
     /// Pulls `room`'s KV from the prefill bootstrap at `host:port`. Waits as long as
     /// the prefill takes (forever on a degraded bootstrap), then `hold` more (a slow
-    /// link, held by the prefill).
-    pub async fn fetch_kv(&self, host: &str, port: u16, room: u64, hold: Duration) -> Result<(), TransferError> {
+    /// link, held by the prefill). Returns the weights the prefill computed it with.
+    pub async fn fetch_kv(
+        &self,
+        host: &str,
+        port: u16,
+        room: u64,
+        hold: Duration,
+    ) -> Result<Option<String>, TransferError> {
         let addr = format!("{host}:{port}");
         let id = self.identity(&addr).await?;
         let resp = self
@@ -454,7 +485,7 @@ impl BootstrapClient {
                 source,
             })?;
         match resp.status() {
-            s if s.is_success() => Ok(()),
+            s if s.is_success() => Ok(resp.json::<KvAnswer>().await.ok().and_then(|a| a.weights)),
             StatusCode::CONFLICT => {
                 let actual = resp
                     .json::<KvStale>()

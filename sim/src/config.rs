@@ -10,7 +10,8 @@
 //! *which start* this process is, which no live patch can change, and
 //! `--chunked-prefill-size` is a server argument in SGLang too, and
 //! `--lazy-failure-counters` chooses how `/metrics` is shaped, which SGLang fixes at start
-//! (how `prometheus_client` exposes a labelled counter; see that flag).
+//! (how `prometheus_client` exposes a labelled counter; see that flag), and
+//! `--weights-file` is read once at start, as an engine loads its weights once.
 //!
 //! Every duration here is in *simulated* milliseconds; [`crate::clock::Scale`] turns
 //! them into real time (`--time-scale 0.01` runs a 56 s start-up in 0.56 s).
@@ -103,7 +104,7 @@ pub enum ConfigError {
     KnobIncomplete(&'static str),
     #[error("--relapse-after and --relapse-slowdown go together (missing {0})")]
     RelapseIncomplete(&'static str),
-    #[error("--cold-first-ms-by-start and --start-count-file go together (missing {0})")]
+    #[error("--cold-first-ms-by-start needs --start-count-file (missing {0})")]
     ColdByStartIncomplete(&'static str),
     #[error("--cold-first-ms-by-start entry {0:?} is not a non-negative number of ms")]
     ColdByStartEntry(String),
@@ -111,6 +112,10 @@ pub enum ConfigError {
     ColdByStartEmpty,
     #[error("{0} applies to a decode only (this engine is --role prefill)")]
     DecodeOnly(&'static str),
+    #[error("--near-tie-positions entry {0:?} is not a token position (0, 1, 2, …)")]
+    Position(String),
+    #[error("--weights must name the weights (got an empty string)")]
+    EmptyWeights,
 }
 
 /// `--cold-first-ms-by-start LIST` with `--start-count-file PATH`: the cold penalty
@@ -318,7 +323,8 @@ pub struct Args {
     #[arg(long)]
     pub cold_first_ms_by_start: Option<String>,
     /// File in which pd-sim counts its own starts: read the number (a missing file is 0),
-    /// add one, write it back at start. Goes with --cold-first-ms-by-start.
+    /// add one, write it back at start. Required by --cold-first-ms-by-start; alone, it
+    /// numbers the starts for `--near-tie-positions` (and `/sim/stats`' `start_number`).
     #[arg(long)]
     pub start_count_file: Option<PathBuf>,
     /// Expose `sglang:num_bootstrap_failed_reqs_total` and
@@ -336,6 +342,72 @@ pub struct Args {
     /// not unknown. Start-only.
     #[arg(long)]
     pub lazy_failure_counters: bool,
+
+    /// The weights identity this engine computes with (a checkpoint's name and
+    /// version): a greedy chat completion's tokens are a function of the prompt and
+    /// this (pd-sim's `greedy` module). In a routed pair the decode learns the prefill's over
+    /// the KV link; a pair on different weights answers neither engine's answer.
+    /// Live-changeable (`weights` in `/sim/fault`).
+    #[arg(long, default_value = DEFAULT_WEIGHTS)]
+    pub weights: String,
+    /// A file holding the weights identity, read once at start (a missing or empty
+    /// file leaves `--weights`): "the weights on disk", which a test replaces and then
+    /// restarts the engine to load. Start-only.
+    #[arg(long)]
+    pub weights_file: Option<PathBuf>,
+    /// Decode only: the decode reads every routed request's transferred KV with a
+    /// mismatched layout, so a greedy answer is wrong from `--corrupt-from-position`
+    /// on — fast, HTTP 200, finish_reason as usual (the KV-layout mismatch that
+    /// "returns a 200 with wrong output"). Requests served whole are unaffected.
+    #[arg(long)]
+    pub kv_corruption: bool,
+    /// KV pages reused too early under load: a greedy answer is wrong from
+    /// `--corrupt-from-position` on when, at its first token (non-streamed: at its
+    /// first or its last), the running batch holds at least `--kv-reuse-min-running`
+    /// requests (itself included). Any engine, any request it generates for.
+    #[arg(long)]
+    pub kv_reuse_under_load: bool,
+    /// The running batch size from which `--kv-reuse-under-load` corrupts (>= 1).
+    #[arg(long, default_value_t = 2)]
+    pub kv_reuse_min_running: u64,
+    /// The first wrong token (0-based) of a corrupted answer (`--kv-corruption`,
+    /// `--kv-reuse-under-load`); earlier tokens are the healthy answer's.
+    #[arg(long, default_value_t = 2)]
+    pub corrupt_from_position: u64,
+    /// Comma-separated token positions (0-based) whose top two tokens are within 0.01
+    /// nats in a greedy answer; the token chosen there alternates with each start of
+    /// the engine (odd starts one, even starts the other, counted in
+    /// `--start-count-file`; without one, a coin per start): numerical noise that a
+    /// comparison must tolerate.
+    #[arg(long, default_value = "")]
+    pub near_tie_positions: String,
+}
+
+/// `--weights`' default.
+pub const DEFAULT_WEIGHTS: &str = "tiny-v1";
+
+/// Parses `"3, 7"` into positions; empty entries are ignored.
+pub fn parse_positions(list: &str) -> Result<Vec<u64>, ConfigError> {
+    let mut v = list
+        .split(',')
+        .filter(|e| !e.trim().is_empty())
+        .map(|e| {
+            e.trim()
+                .parse::<u64>()
+                .map_err(|_| ConfigError::Position(e.to_string()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    v.sort_unstable();
+    v.dedup();
+    Ok(v)
+}
+
+fn check_weights(w: &str) -> Result<String, ConfigError> {
+    let t = w.trim();
+    if t.is_empty() {
+        return Err(ConfigError::EmptyWeights);
+    }
+    Ok(t.to_string())
 }
 
 /// The timing and fault settings `POST /sim/fault` can change live.
@@ -372,6 +444,18 @@ pub struct Settings {
     pub kv_transfer_ms: f64,
     /// See `--kv-stall`.
     pub kv_stall: bool,
+    /// See `--weights` (or `--weights-file`, read at start).
+    pub weights: String,
+    /// See `--kv-corruption` (decode only).
+    pub kv_corruption: bool,
+    /// See `--kv-reuse-under-load`.
+    pub kv_reuse_under_load: bool,
+    /// See `--kv-reuse-min-running` (>= 1).
+    pub kv_reuse_min_running: u64,
+    /// See `--corrupt-from-position`.
+    pub corrupt_from_position: u64,
+    /// See `--near-tie-positions` (sorted, distinct).
+    pub near_tie_positions: Vec<u64>,
 }
 
 impl Settings {
@@ -437,6 +521,23 @@ pub struct Config {
     pub chunked_prefill_size: Option<u64>,
     /// `--lazy-failure-counters`: the PD failure counters appear at their first increment.
     pub lazy_failure_counters: bool,
+    /// `--start-count-file`, given alone or with `--cold-first-ms-by-start`: where this
+    /// process counts its starts (near-tie parity, cold penalty by start).
+    pub start_count_file: Option<PathBuf>,
+    /// `--weights-file`: read once at start; overrides `--weights` when it holds a name.
+    pub weights_file: Option<PathBuf>,
+}
+
+fn check_min_running(n: u64) -> Result<u64, ConfigError> {
+    if n >= 1 {
+        Ok(n)
+    } else {
+        Err(ConfigError::OutOfRange {
+            flag: "kv-reuse-min-running",
+            min: 1.0,
+            value: 0.0,
+        })
+    }
 }
 
 fn check(flag: &'static str, value: f64, min: f64) -> Result<f64, ConfigError> {
@@ -473,14 +574,19 @@ impl Config {
             if args.kv_stall {
                 return Err(ConfigError::DecodeOnly("--kv-stall"));
             }
+            if args.kv_corruption {
+                return Err(ConfigError::DecodeOnly("--kv-corruption"));
+            }
         }
+        // `--start-count-file` alone counts starts (for near-tie parity); with
+        // `--cold-first-ms-by-start` it also picks the start's cold penalty.
+        let start_count_file = args.start_count_file.clone();
         let cold_by_start = match (args.cold_first_ms_by_start, args.start_count_file) {
-            (None, None) => None,
+            (None, _) => None,
             (Some(list), Some(count_file)) => Some(ColdByStart {
                 cold_first_ms: parse_cold_by_start(&list)?,
                 count_file,
             }),
-            (None, Some(_)) => return Err(ConfigError::ColdByStartIncomplete("--cold-first-ms-by-start")),
             (Some(_), None) => return Err(ConfigError::ColdByStartIncomplete("--start-count-file")),
         };
         let knob_env_value = args.knob_env.as_deref().and_then(&env);
@@ -514,6 +620,12 @@ impl Config {
             kv_fail_every: args.kv_fail_every,
             kv_transfer_ms: check("kv-transfer-ms", args.kv_transfer_ms, 0.0)?,
             kv_stall: args.kv_stall,
+            weights: check_weights(&args.weights)?,
+            kv_corruption: args.kv_corruption,
+            kv_reuse_under_load: args.kv_reuse_under_load,
+            kv_reuse_min_running: check_min_running(args.kv_reuse_min_running)?,
+            corrupt_from_position: args.corrupt_from_position,
+            near_tie_positions: parse_positions(&args.near_tie_positions)?,
         };
         let bootstrap_port = match args.role {
             Role::Prefill => Some(args.bootstrap_port.unwrap_or(DEFAULT_BOOTSTRAP_PORT)),
@@ -548,6 +660,8 @@ impl Config {
             cold_by_start,
             chunked_prefill_size: u64::try_from(args.chunked_prefill_size).ok().filter(|n| *n > 0),
             lazy_failure_counters: args.lazy_failure_counters,
+            start_count_file,
+            weights_file: args.weights_file,
         })
     }
 
@@ -594,6 +708,29 @@ impl ScriptPatch {
                     ScriptEntry::Word(w) => LatencyStep::from_str(w),
                 })
                 .collect(),
+        }
+    }
+}
+
+/// `--near-tie-positions` in a `/sim/fault` body: a JSON list of positions or the
+/// flag's string.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum PositionsPatch {
+    List(Vec<u64>),
+    Text(String),
+}
+
+impl PositionsPatch {
+    pub fn parse(&self) -> Result<Vec<u64>, ConfigError> {
+        match self {
+            PositionsPatch::Text(t) => parse_positions(t),
+            PositionsPatch::List(v) => {
+                let mut v = v.clone();
+                v.sort_unstable();
+                v.dedup();
+                Ok(v)
+            }
         }
     }
 }
@@ -648,6 +785,25 @@ pub struct FaultPatch {
     /// Decode only (see `--kv-stall`); applies to requests admitted after the patch.
     #[serde(alias = "kv-stall")]
     pub kv_stall: Option<bool>,
+    /// See `--weights`: the engine now computes with these weights (requests admitted
+    /// after the patch; a prefill's KV carries them to its decode).
+    pub weights: Option<String>,
+    /// Decode only (see `--kv-corruption`).
+    #[serde(alias = "kv-corruption")]
+    pub kv_corruption: Option<bool>,
+    /// See `--kv-reuse-under-load`.
+    #[serde(alias = "kv-reuse-under-load")]
+    pub kv_reuse_under_load: Option<bool>,
+    /// See `--kv-reuse-min-running` (>= 1).
+    #[serde(alias = "kv-reuse-min-running")]
+    pub kv_reuse_min_running: Option<u64>,
+    /// See `--corrupt-from-position`.
+    #[serde(alias = "corrupt-from-position")]
+    pub corrupt_from_position: Option<u64>,
+    /// See `--near-tie-positions`: a list (`[3, 7]`) or the flag's string (`"3,7"`);
+    /// an empty one clears them.
+    #[serde(alias = "near-tie-positions")]
+    pub near_tie_positions: Option<PositionsPatch>,
 }
 
 impl FaultPatch {
@@ -709,6 +865,24 @@ impl FaultPatch {
         }
         if let Some(v) = self.kv_stall {
             n.kv_stall = v;
+        }
+        if let Some(v) = &self.weights {
+            n.weights = check_weights(v)?;
+        }
+        if let Some(v) = self.kv_corruption {
+            n.kv_corruption = v;
+        }
+        if let Some(v) = self.kv_reuse_under_load {
+            n.kv_reuse_under_load = v;
+        }
+        if let Some(v) = self.kv_reuse_min_running {
+            n.kv_reuse_min_running = check_min_running(v)?;
+        }
+        if let Some(v) = self.corrupt_from_position {
+            n.corrupt_from_position = v;
+        }
+        if let Some(v) = &self.near_tie_positions {
+            n.near_tie_positions = v.parse()?;
         }
         if let Some(v) = &self.knob_env {
             n.knob_env = Some(v.clone());
@@ -943,7 +1117,10 @@ mod tests {
     #[test]
     fn cold_by_start_flags_validate() {
         assert!(error(&["--cold-first-ms-by-start", "1,2"]).contains("missing --start-count-file"));
-        assert!(error(&["--start-count-file", "/tmp/x"]).contains("missing --cold-first-ms-by-start"));
+        // The count file alone counts starts (near-tie parity) and picks no penalty.
+        let alone = Config::from_args(args(&["--start-count-file", "/tmp/x"]), |_| None).unwrap();
+        assert_eq!(alone.cold_by_start, None);
+        assert_eq!(alone.start_count_file, Some(PathBuf::from("/tmp/x")));
         let bad = ["--cold-first-ms-by-start", "100,-1", "--start-count-file", "/tmp/x"];
         assert_eq!(
             error(&bad),
@@ -960,6 +1137,73 @@ mod tests {
                 count_file: PathBuf::from("/tmp/x"),
             })
         );
+    }
+
+    // The output-model flags: defaults, parsing, and their live patch by either spelling;
+    // --kv-corruption is a decode's, like the other KV faults.
+    #[test]
+    fn golden_output_flags_and_patch() {
+        let d = Config::for_test(Role::Decode).settings;
+        assert_eq!(d.weights, DEFAULT_WEIGHTS);
+        assert_eq!(
+            (
+                d.kv_corruption,
+                d.kv_reuse_under_load,
+                d.kv_reuse_min_running,
+                d.corrupt_from_position
+            ),
+            (false, false, 2, 2)
+        );
+        assert!(d.near_tie_positions.is_empty());
+        let c = Config::from_args(
+            args(&[
+                "--weights",
+                "llama-3-8b@rev2",
+                "--kv-corruption",
+                "--kv-reuse-under-load",
+                "--kv-reuse-min-running",
+                "4",
+                "--corrupt-from-position",
+                "0",
+                "--near-tie-positions",
+                "7, 3,3",
+                "--weights-file",
+                "/tmp/w",
+            ]),
+            |_| None,
+        )
+        .unwrap();
+        let s = &c.settings;
+        assert_eq!(s.weights, "llama-3-8b@rev2");
+        assert!(s.kv_corruption && s.kv_reuse_under_load);
+        assert_eq!((s.kv_reuse_min_running, s.corrupt_from_position), (4, 0));
+        assert_eq!(s.near_tie_positions, [3, 7]);
+        assert_eq!(c.weights_file, Some(PathBuf::from("/tmp/w")));
+        assert!(error(&["--near-tie-positions", "1,x"]).contains("--near-tie-positions entry"));
+        assert!(error(&["--weights", " "]).contains("--weights"));
+        assert!(error(&["--kv-reuse-min-running", "0"]).contains("kv-reuse-min-running"));
+        let prefill = Args::parse_from(["pd-sim", "--role", "prefill", "--port", "1", "--kv-corruption"]);
+        assert_eq!(
+            Config::from_args(prefill, |_| None).unwrap_err().to_string(),
+            "--kv-corruption applies to a decode only (this engine is --role prefill)"
+        );
+        let mut s = d.clone();
+        serde_json::from_str::<FaultPatch>(
+            r#"{"weights": "tiny-v2", "kv-corruption": true, "kv_reuse_under_load": true,
+                "kv-reuse-min-running": 3, "corrupt-from-position": 5, "near-tie-positions": [4, 1]}"#,
+        )
+        .unwrap()
+        .apply(&mut s, |_| None)
+        .unwrap();
+        assert_eq!(s.weights, "tiny-v2");
+        assert!(s.kv_corruption && s.kv_reuse_under_load);
+        assert_eq!((s.kv_reuse_min_running, s.corrupt_from_position), (3, 5));
+        assert_eq!(s.near_tie_positions, [1, 4]);
+        let p = |j: &str| serde_json::from_str::<FaultPatch>(j).unwrap();
+        p(r#"{"near_tie_positions": ""}"#).apply(&mut s, |_| None).unwrap();
+        assert!(s.near_tie_positions.is_empty());
+        assert!(p(r#"{"weights": ""}"#).apply(&mut s, |_| None).is_err());
+        assert_eq!(s.weights, "tiny-v2", "a rejected patch changes nothing");
     }
 
     // `hang,` is one hang followed by the model: the trailing comma adds no entry.

@@ -70,6 +70,17 @@
 //!    string of the same number of characters (letters rotated by 13, digits by 5),
 //!    everything else kept: an engine that answers fast and well-formed, and wrong (a
 //!    replaced weight file, a broken kernel).
+//! 7. `alter_token_at N`: one token of a chat completion's answer — token N, 0-based — is
+//!    replaced by a different one, everything else kept: the one wrong token a golden
+//!    output check must catch. With `choices[0].logprobs.content` (the request asked for
+//!    logprobs), entry N's `token` and `bytes` become the new token's (and so does the old
+//!    token among that entry's `top_logprobs`; the logprob values stay), and the same
+//!    characters of `choices[0].message.content` change; without logprobs, the N-th
+//!    whitespace-separated word of the content. Streamed: the N-th content event, its
+//!    delta's text and its `logprobs.content[0]` alike. The new token is the old one
+//!    through [`alter_text`]. `/v1/completions` and `/generate` answers pass unaltered
+//!    by this fault. An answer shorter than N+1 tokens is not altered (nor counted); with
+//!    `alter_tokens` set too, every text is altered already and this fault does nothing.
 //!
 //! Each fault set applies to the next `times` matching generation requests (absent =
 //! every one); `match: "probe"` limits it to requests whose `X-Request-Id` begins
@@ -169,6 +180,10 @@ pub struct Faults {
     /// Replace every content text with a different one of the same length.
     #[serde(alias = "alter-tokens")]
     pub alter_tokens: bool,
+    /// Replace token N (0-based) of a chat completion's answer, in its content and its
+    /// logprobs entry.
+    #[serde(alias = "alter-token-at")]
+    pub alter_token_at: Option<u64>,
     /// How many matching generation requests the set applies to (None = every one).
     pub times: Option<u64>,
     /// Which generation requests match.
@@ -185,6 +200,7 @@ impl Faults {
             || self.first_token_delay_ms.is_some()
             || self.stall_after.is_some()
             || self.alter_tokens
+            || self.alter_token_at.is_some()
     }
 
     /// Checks the values a flag parser cannot.
@@ -268,6 +284,10 @@ pub struct Args {
     /// Replace the text of every content delta with a different string of the same length.
     #[arg(long)]
     pub alter_tokens: bool,
+    /// Replace token N (0-based) of a chat completion's answer with a different one (its
+    /// text in the content, its `logprobs.content` entry).
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub alter_token_at: Option<u64>,
     /// Apply the faults to the next N matching generation requests only (default: all).
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub times: Option<u64>,
@@ -302,6 +322,7 @@ impl Args {
             first_token_delay_ms: self.first_token_delay_ms,
             stall_after: self.stall_after,
             alter_tokens: self.alter_tokens,
+            alter_token_at: self.alter_token_at,
             times: self.times,
             match_rule: self.match_rule,
         };
@@ -362,6 +383,8 @@ pub struct Injected {
     pub first_token_delay_ms: u64,
     pub stall_after: u64,
     pub alter_tokens: u64,
+    #[serde(default)]
+    pub alter_token_at: u64,
 }
 
 /// What `GET /_faultproxy/faults` reports besides the set.
@@ -426,6 +449,8 @@ struct Plan {
     stall_after: Option<u64>,
     first_token_delay: Option<Duration>,
     alter: bool,
+    /// `alter_token_at` (chat completions only).
+    alter_token_at: Option<u64>,
 }
 
 /// How a faulted stream ends early.
@@ -444,6 +469,7 @@ impl Plan {
             && self.stall_after.is_none()
             && self.first_token_delay.is_none()
             && !self.alter
+            && self.alter_token_at.is_none()
     }
 
     /// The end that fires once `n` content events have passed.
@@ -552,6 +578,7 @@ impl Proxy {
             stall_after: f.stall_after,
             first_token_delay: f.first_token_delay_ms.map(Duration::from_millis),
             alter: f.alter_tokens,
+            alter_token_at: f.alter_token_at.filter(|_| api == Api::Chat),
         })
     }
 }
@@ -839,7 +866,7 @@ async fn whole_answer(
         );
     }
     let cut = plan.cut();
-    if cut.is_none() && !plan.alter {
+    if cut.is_none() && !plan.alter && plan.alter_token_at.is_none() {
         return respond(status, headers, Body::from_stream(answer.bytes_stream()));
     }
     let bytes = match read_bounded(answer, MAX_JSON_ANSWER_BYTES).await {
@@ -859,6 +886,12 @@ async fn whole_answer(
     }
     if plan.alter && alter_answer(&mut v) {
         proxy.count(|i| i.alter_tokens += 1);
+    }
+    if let Some(n) = plan.alter_token_at.filter(|_| !plan.alter)
+        && alter_one_token(&mut v, n)
+    {
+        tracing::info!(position = n, "altered one token of an answer");
+        proxy.count(|i| i.alter_token_at += 1);
     }
     headers.remove(header::CONTENT_LENGTH);
     let body = serde_json::to_vec(&v).unwrap_or_else(|_| bytes.to_vec());
@@ -983,6 +1016,115 @@ fn alter_answer(v: &mut Value) -> bool {
             true
         }
         _ => false,
+    }
+}
+
+/// Gives a `logprobs.content` entry (or a `top_logprobs` one) the token `new` in place
+/// of `old`: its `token`, its `bytes`, and `old` among its `top_logprobs`.
+fn alter_entry(e: &mut Value, old: &str, new: &str) {
+    let Some(obj) = e.as_object_mut() else {
+        return;
+    };
+    obj.insert("token".into(), Value::from(new));
+    if obj.contains_key("bytes") {
+        obj.insert("bytes".into(), Value::from(new.as_bytes().to_vec()));
+    }
+    if let Some(top) = obj.get_mut("top_logprobs").and_then(Value::as_array_mut) {
+        for t in top
+            .iter_mut()
+            .filter(|t| t.get("token").and_then(Value::as_str) == Some(old))
+        {
+            alter_entry(t, old, new);
+        }
+    }
+}
+
+/// The byte range of the `n`-th (0-based) whitespace-separated word of `s`.
+fn word_range(s: &str, n: usize) -> Option<std::ops::Range<usize>> {
+    let mut words = 0;
+    let mut start = None;
+    for (i, c) in s.char_indices() {
+        match (c.is_whitespace(), start) {
+            (false, None) => start = Some(i),
+            (true, Some(b)) => {
+                if words == n {
+                    return Some(b..i);
+                }
+                words += 1;
+                start = None;
+            }
+            _ => {}
+        }
+    }
+    start.filter(|_| words == n).map(|b| b..s.len())
+}
+
+/// `alter_token_at`: alters token `n` of a non-streamed chat answer (the module doc);
+/// false if it has no such token.
+fn alter_one_token(v: &mut Value, n: u64) -> bool {
+    let n = usize::try_from(n).unwrap_or(usize::MAX);
+    if let Some(entries) = v
+        .pointer_mut("/choices/0/logprobs/content")
+        .and_then(Value::as_array_mut)
+    {
+        let tokens: Vec<String> = entries
+            .iter()
+            .map(|e| e.get("token").and_then(Value::as_str).unwrap_or("").to_string())
+            .collect();
+        let Some(old) = tokens.get(n).filter(|t| !t.is_empty()) else {
+            return false;
+        };
+        let new = alter_text(old);
+        alter_entry(&mut entries[n], old, &new);
+        let at: usize = tokens[..n].iter().map(String::len).sum();
+        if let Some(Value::String(text)) = answer_text(v)
+            && text.get(at..at + old.len()) == Some(old.as_str())
+        {
+            text.replace_range(at..at + old.len(), &new);
+        }
+        return true;
+    }
+    match answer_text(v) {
+        Some(Value::String(text)) => match word_range(text, n) {
+            Some(r) => {
+                let new = alter_text(&text[r.clone()]);
+                text.replace_range(r, &new);
+                true
+            }
+            None => false,
+        },
+        _ => false,
+    }
+}
+
+/// `alter_token_at` on the chosen content event of a chat stream: its first
+/// `logprobs.content` entry and the same characters of its delta text (its whole text
+/// without logprobs).
+fn alter_event_token(v: &mut Value) {
+    let old = v
+        .pointer("/choices/0/logprobs/content/0/token")
+        .and_then(Value::as_str)
+        .filter(|t| !t.is_empty())
+        .map(str::to_string);
+    match old {
+        Some(old) => {
+            let new = alter_text(&old);
+            if let Some(e) = v.pointer_mut("/choices/0/logprobs/content/0") {
+                alter_entry(e, &old, &new);
+            }
+            if let Some(Value::String(text)) = event_text(v) {
+                if text.starts_with(old.as_str()) {
+                    text.replace_range(..old.len(), &new);
+                } else {
+                    *text = alter_text(text);
+                }
+            }
+        }
+        None => {
+            if let Some(Value::String(text)) = event_text(v) {
+                *text = alter_text(text);
+            }
+        }
     }
 }
 
@@ -1159,13 +1301,21 @@ async fn pump(proxy: Arc<Proxy>, plan: Plan, upstream: impl Stream<Item = Result
                 }
                 proxy.count(|i| i.first_token_delay_ms += 1);
             }
-            let out = if plan.alter {
-                if let Some(Value::String(s)) = event_text(&mut v) {
-                    *s = alter_text(s);
+            let one = plan.alter_token_at == Some(seen) && !plan.alter;
+            let out = if plan.alter || one {
+                if plan.alter {
+                    if let Some(Value::String(s)) = event_text(&mut v) {
+                        *s = alter_text(s);
+                    }
+                    if !altered {
+                        altered = true;
+                        proxy.count(|i| i.alter_tokens += 1);
+                    }
                 }
-                if !altered {
-                    altered = true;
-                    proxy.count(|i| i.alter_tokens += 1);
+                if one {
+                    alter_event_token(&mut v);
+                    tracing::info!(position = seen, "altered one token of a stream");
+                    proxy.count(|i| i.alter_token_at += 1);
                 }
                 format!("data: {v}\n\n").into_bytes()
             } else {
@@ -1886,6 +2036,92 @@ mod tests {
         rig.stop().await;
     }
 
+    // --alter-token-at N in front of a real pd-sim engine answering pdwarden's golden
+    // request: token N alone changes — in the content (same place) and in its logprobs
+    // entry (token, bytes, and the chosen one among top_logprobs; logprob values kept);
+    // streamed, the N-th content event and its entry; without logprobs, the N-th word.
+    #[tokio::test]
+    async fn alter_token_at_changes_one_token_and_its_logprobs_entry() {
+        let mut engine = crate::server::spawn(crate::Config::for_test(crate::Role::Decode));
+        let eb = engine.bound().await.unwrap();
+        let (proxy, stop, task) = start_proxy(
+            format!("http://{}", eb.http),
+            Faults {
+                alter_token_at: Some(2),
+                ..Faults::default()
+            },
+        )
+        .await;
+        let golden = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5,
+                            "temperature": 0, "seed": 1, "logprobs": true, "top_logprobs": 2});
+        let direct: Value = send(format!("http://{}/v1/chat/completions", eb.http), golden.clone(), None)
+            .await
+            .json()
+            .await
+            .unwrap();
+        let url = format!("http://{proxy}/v1/chat/completions");
+        let via: Value = send(url.clone(), golden.clone(), None).await.json().await.unwrap();
+        let entries = |v: &Value| v["choices"][0]["logprobs"]["content"].as_array().unwrap().clone();
+        let (d, a) = (entries(&direct), entries(&via));
+        assert_eq!(d.len(), 5);
+        for i in [0, 1, 3, 4] {
+            assert_eq!(d[i], a[i]);
+        }
+        let (old, new) = (d[2]["token"].as_str().unwrap(), a[2]["token"].as_str().unwrap());
+        assert_ne!(old, new);
+        assert_eq!(new, alter_text(old));
+        assert_eq!(a[2]["bytes"], json!(new.as_bytes()));
+        assert_eq!(a[2]["logprob"], d[2]["logprob"]);
+        assert_eq!(a[2]["top_logprobs"][0]["token"], json!(new));
+        assert_eq!(a[2]["top_logprobs"][1], d[2]["top_logprobs"][1]);
+        let content_of = |v: &Value| v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+        let joined: String = a.iter().map(|e| e["token"].as_str().unwrap()).collect();
+        assert_eq!(content_of(&via), joined);
+        assert_ne!(content_of(&via), content_of(&direct));
+        // Streamed: the third content event and its entry.
+        let mut streamed = golden.clone();
+        streamed["stream"] = json!(true);
+        let body = text(send(url.clone(), streamed, None).await).await;
+        let got = contents(&body);
+        let want: Vec<String> = d.iter().map(|e| e["token"].as_str().unwrap().to_string()).collect();
+        assert_eq!(got.len(), 5);
+        assert_eq!((&got[..2], &got[3..]), (&want[..2], &want[3..]));
+        assert_eq!(got[2], new);
+        assert!(body.contains(&format!("\"token\":{}", json!(new))), "{body}");
+        // No logprobs: the third word.
+        let mut plain = golden;
+        plain.as_object_mut().unwrap().remove("logprobs");
+        let v: Value = send(url, plain, None).await.json().await.unwrap();
+        let answered = content_of(&v);
+        let words: Vec<&str> = answered.split_whitespace().collect();
+        let orig: Vec<&str> = want.iter().map(|w| w.trim_end()).collect();
+        assert_eq!((&words[..2], &words[3..]), (&orig[..2], &orig[3..]));
+        assert_eq!(words[2], alter_text(orig[2]));
+        let state: ControlState = client()
+            .get(format!("http://{proxy}{CONTROL_PATH}"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(state.counters.injected.alter_token_at, 3);
+        let _ = stop.send(());
+        task.await.unwrap().unwrap();
+        engine.shutdown().await.unwrap();
+    }
+
+    #[test]
+    fn word_range_finds_the_nth_word() {
+        assert_eq!(word_range("  ab cd\tef ", 0), Some(2..4));
+        assert_eq!(word_range("ab cd ef", 2), Some(6..8));
+        assert_eq!(word_range("ab cd", 2), None);
+        let mut v = json!({"choices": [{"message": {"content": "one two three"}}]});
+        assert!(alter_one_token(&mut v, 1));
+        assert_eq!(v["choices"][0]["message"]["content"], "one gjb three");
+        assert!(!alter_one_token(&mut v, 3));
+    }
+
     // The control endpoint: GET shows the set and counters; POST replaces the set (by the
     // flags' names, kebab-case too) and restarts its budgets; a bad body is a 400 naming
     // the problem; an empty object clears the set.
@@ -2140,6 +2376,8 @@ mod tests {
             "--match",
             "probe",
             "--alter-tokens",
+            "--alter-token-at",
+            "3",
         ])
         .unwrap();
         assert_eq!(ok.upstream, "http://127.0.0.1:30000");
@@ -2149,6 +2387,7 @@ mod tests {
                 error_event_after: Some(3),
                 http_500: Some(2),
                 alter_tokens: true,
+                alter_token_at: Some(3),
                 times: Some(4),
                 match_rule: MatchRule::Probe,
                 ..Faults::default()

@@ -61,6 +61,17 @@
 //!
 //! A request counts as a probe when its `X-Request-Id` begins `pdwarden-probe-` (the
 //! only tag that survives the router) or it carries `X-Pdwarden-Probe: 1`.
+//!
+//! *What* a chat completion answers: decoded greedily (`temperature` 0 or absent), its
+//! tokens are [`crate::greedy`]'s model of the prompt and the engine's `--weights`, and
+//! with `logprobs: true` its `choices[0].logprobs` is OpenAI's (`top_logprobs` entries:
+//! min(the request's, 5)); streamed, each chunk carries its token's entry. A routed
+//! decode answers from the weights its KV was computed with (the prefill's, over the
+//! link) and its own: the same as a single engine when they agree, wrong when they
+//! differ. `--kv-corruption` (a routed decode) and `--kv-reuse-under-load` make it wrong
+//! from `--corrupt-from-position`; `--near-tie-positions` flip with the start. A sampled
+//! chat completion (`temperature` > 0) and `/generate` answer the fixed filler text
+//! ("The quick brown fox …"), without logprobs.
 
 use std::pin::pin;
 use std::sync::Arc;
@@ -82,6 +93,7 @@ use crate::bootstrap::FAKE_BOOTSTRAP_HOST;
 use crate::clock::far_after;
 use crate::config::{FaultPatch, Role, Settings};
 use crate::engine::{Admission, EngineState, Part, Plan, Shape, count_tokens};
+use crate::greedy::{self, GreedyToken};
 use crate::state::Sim;
 use crate::stats::{Counters, Phase};
 
@@ -336,7 +348,7 @@ async fn server_info(State(sim): State<Arc<Sim>>) -> Json<Value> {
             "memory_usage": {"weight": 0.0, "kvcache": 0.0, "token_capacity": 65536},
         }],
         "version": sim.config.sglang_version,
-        "pd_sim": {"instance_id": sim.instance_id, "phase": sim.phase()},
+        "pd_sim": {"instance_id": sim.instance_id, "phase": sim.phase(), "weights": s.weights},
     }))
 }
 
@@ -607,6 +619,11 @@ struct GenRequest {
     rid: String,
     probe: bool,
     transfer: Transfer,
+    /// A chat completion decoded greedily (`temperature` 0 or absent): its tokens are
+    /// the model's ([`crate::greedy`]); otherwise the fixed filler text.
+    greedy: bool,
+    /// `logprobs: true`: Some(the `top_logprobs` entries to give, at most 5).
+    logprobs: Option<usize>,
 }
 
 fn header_str<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
@@ -627,6 +644,13 @@ fn parse_request(
 ) -> Result<GenRequest, ApiError> {
     let v: Value =
         serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?;
+    let greedy = kind == Kind::Chat && v.get("temperature").and_then(Value::as_f64).is_none_or(|t| t == 0.0);
+    let logprobs = (kind == Kind::Chat && v.get("logprobs").and_then(Value::as_bool) == Some(true)).then(|| {
+        v.get("top_logprobs")
+            .and_then(as_u64)
+            .map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX))
+            .min(greedy::MAX_TOP_LOGPROBS)
+    });
     let (prompt, max_tokens) = match kind {
         Kind::Chat => {
             let msgs = v
@@ -707,6 +731,8 @@ fn parse_request(
         rid,
         probe,
         transfer,
+        greedy,
+        logprobs,
     })
 }
 
@@ -919,7 +945,7 @@ async fn receive_kv(
     start: Instant,
     (host, port, room): (&str, u16, u64),
     inflight: &mut Inflight,
-) -> Result<(), Response> {
+) -> Result<Option<String>, Response> {
     let Some(client) = &sim.bootstrap_client else {
         unreachable!("a decode always has a bootstrap client");
     };
@@ -969,12 +995,60 @@ async fn receive_kv(
     let hold = scale.real(settings.kv_transfer_ms);
     let (kv, ()) = tokio::join!(client.fetch_kv(host, port, room, hold), sleep_until(ready_at));
     drop(waiting);
-    if let Err(e) = kv {
-        inflight.finish();
-        return Err(kv_transfer_failed(sim, req, room, &format!("KV transfer failed: {e}")));
-    }
+    let prefill_weights = match kv {
+        Ok(w) => w,
+        Err(e) => {
+            inflight.finish();
+            return Err(kv_transfer_failed(sim, req, room, &format!("KV transfer failed: {e}")));
+        }
+    };
     sim.stats.update(|c| c.kv_transfers_ok += 1);
-    Ok(())
+    Ok(prefill_weights)
+}
+
+/// What decides a greedy answer besides the prompt and the live settings.
+struct GreedyCtx {
+    part: Part,
+    /// A routed decode: the weights its KV was computed with.
+    prefill_weights: Option<String>,
+    /// This start's near-tie parity ([`Sim::near_ties_flipped`]).
+    flipped: bool,
+    /// The most requests seen in the running batch (this one included) at the
+    /// moments `--kv-reuse-under-load` looks: the first token, and the last of a
+    /// non-streamed answer.
+    load_peak: u64,
+}
+
+impl GreedyCtx {
+    /// The model's answer ([`crate::greedy::answer`]) when `req` is decoded greedily.
+    /// `--kv-corruption` corrupts a routed decode's answer (its KV came over the link);
+    /// `--kv-reuse-under-load` any answer generated under load.
+    fn answer(&self, sim: &Sim, s: &Settings, req: &GenRequest, tokens: u64) -> Option<Vec<GreedyToken>> {
+        if !req.greedy {
+            return None;
+        }
+        let corrupted = (s.kv_corruption && self.part == Part::Decode)
+            || (s.kv_reuse_under_load && self.load_peak >= s.kv_reuse_min_running);
+        let corrupt_from = corrupted.then_some(s.corrupt_from_position);
+        let mixed = self.prefill_weights.as_deref().filter(|w| *w != s.weights);
+        sim.stats.update(|c| {
+            c.greedy_answers += 1;
+            c.corrupted_answers += u64::from(corrupt_from.is_some_and(|k| k < tokens));
+            c.mixed_weights_answers += u64::from(mixed.is_some());
+        });
+        if let Some(w) = mixed {
+            tracing::warn!(rid = %req.rid, prefill_weights = w, weights = %s.weights, "KV computed with other weights: the answer is wrong");
+        }
+        Some(greedy::answer(&greedy::Answer {
+            prompt: &req.prompt,
+            weights: &s.weights,
+            prefill_weights: mixed,
+            near_tie_positions: &s.near_tie_positions,
+            flipped: self.flipped,
+            corrupt_from,
+            tokens,
+        }))
+    }
 }
 
 async fn serve_generation(sim: Arc<Sim>, req: GenRequest) -> Response {
@@ -1037,9 +1111,10 @@ async fn serve_generation(sim: Arc<Sim>, req: GenRequest) -> Response {
     }
     let start = Instant::now();
     let scale = sim.scale();
+    let mut prefill_weights = None;
     match &req.transfer {
         Transfer::Pull { host, port, room } => {
-            if let Err(answer) = receive_kv(
+            match receive_kv(
                 &sim,
                 &settings,
                 &req,
@@ -1050,7 +1125,8 @@ async fn serve_generation(sim: Arc<Sim>, req: GenRequest) -> Response {
             )
             .await
             {
-                return answer;
+                Ok(w) => prefill_weights = w,
+                Err(answer) => return answer,
             }
             running_slot = take_slots(&sim, &settings, &mut inflight).await;
             inflight.running = Some(GaugeGuard::new(&sim, |c| &mut c.running));
@@ -1065,7 +1141,7 @@ async fn serve_generation(sim: Arc<Sim>, req: GenRequest) -> Response {
             }
             run_prefill(&sim, &admission, start).await;
             if let (Transfer::Publish { room }, Some(b)) = (&req.transfer, &sim.bootstrap_server) {
-                b.kv_ready(*room);
+                b.kv_ready(*room, &settings.weights);
             }
         }
     }
@@ -1084,7 +1160,13 @@ async fn serve_generation(sim: Arc<Sim>, req: GenRequest) -> Response {
         sim.stats.update(|c| c.realtime_decode_tokens += 1);
     }
     sim.mark_output();
-    let out = Output {
+    let greedy = GreedyCtx {
+        part,
+        prefill_weights,
+        flipped: sim.near_ties_flipped(),
+        load_peak: sim.stats.update(|c| c.running),
+    };
+    let mut out = Output {
         req,
         prompt_tokens,
         cached_tokens: admission.cached_tokens,
@@ -1093,9 +1175,11 @@ async fn serve_generation(sim: Arc<Sim>, req: GenRequest) -> Response {
         scale_factor: scale.0,
         id: format!("{}", uuid::Uuid::new_v4().simple()),
         created: unix_secs(),
+        answer: None,
     };
     let freeze_after = settings.freeze_after_tokens;
     if out.req.stream {
+        out.answer = greedy.answer(&sim, &settings, &out.req, tokens);
         let timing = StreamTiming {
             t0,
             per,
@@ -1118,6 +1202,11 @@ async fn serve_generation(sim: Arc<Sim>, req: GenRequest) -> Response {
         let never = std::future::pending::<std::convert::Infallible>().await;
         match never {}
     }
+    let greedy = GreedyCtx {
+        load_peak: greedy.load_peak.max(sim.stats.update(|c| c.running)),
+        ..greedy
+    };
+    out.answer = greedy.answer(&sim, &settings, &out.req, tokens);
     inflight.finish();
     drop(running_slot);
     sim.stats.update(|c| {
@@ -1169,11 +1258,40 @@ struct Output {
     scale_factor: f64,
     id: String,
     created: u64,
+    /// The greedy answer (`tokens` of them), when the request is decoded greedily.
+    answer: Option<Vec<GreedyToken>>,
 }
 
 impl Output {
     fn text(&self, n: u64) -> String {
-        (0..n).map(token_text).collect()
+        match &self.answer {
+            Some(a) => greedy::text(&a[..(n as usize).min(a.len())]),
+            None => (0..n).map(token_text).collect(),
+        }
+    }
+
+    /// Token `i` (0-based) as a streamed delta carries it.
+    fn token(&self, i: u64) -> String {
+        match self.answer.as_ref().and_then(|a| a.get(i as usize)) {
+            Some(t) => t.token.to_string(),
+            None => token_text(i),
+        }
+    }
+
+    /// `choices[0].logprobs` of the whole answer (null unless asked for and greedy).
+    fn logprobs(&self) -> Value {
+        match (&self.answer, self.req.logprobs) {
+            (Some(a), Some(top_n)) => greedy::logprobs_json(a, top_n),
+            _ => Value::Null,
+        }
+    }
+
+    /// A stream chunk's `choices[0].logprobs` for token `i` (0-based).
+    fn chunk_logprobs(&self, i: u64) -> Value {
+        match (self.answer.as_ref().and_then(|a| a.get(i as usize)), self.req.logprobs) {
+            (Some(t), Some(top_n)) => json!({ "content": [greedy::entry_json(t, top_n)] }),
+            _ => Value::Null,
+        }
     }
 
     fn usage(&self) -> Value {
@@ -1208,7 +1326,7 @@ impl Output {
                     "reasoning_content": null,
                     "tool_calls": null,
                 },
-                "logprobs": null,
+                "logprobs": self.logprobs(),
                 "finish_reason": "length",
                 "matched_stop": null,
             }],
@@ -1217,7 +1335,7 @@ impl Output {
         })
     }
 
-    fn chat_chunk(&self, delta: Value, finish: Option<&str>) -> String {
+    fn chat_chunk(&self, delta: Value, logprobs: Value, finish: Option<&str>) -> String {
         let v = json!({
             "id": format!("chatcmpl-{}", self.id),
             "object": "chat.completion.chunk",
@@ -1226,7 +1344,7 @@ impl Output {
             "choices": [{
                 "index": 0,
                 "delta": delta,
-                "logprobs": null,
+                "logprobs": logprobs,
                 "finish_reason": finish,
                 "matched_stop": null,
             }],
@@ -1262,9 +1380,9 @@ impl Output {
             Kind::Chat => {
                 let mut s = String::new();
                 if i == 1 {
-                    s.push_str(&self.chat_chunk(json!({"role": "assistant", "content": ""}), None));
+                    s.push_str(&self.chat_chunk(json!({"role": "assistant", "content": ""}), Value::Null, None));
                 }
-                s.push_str(&self.chat_chunk(json!({"content": token_text(i - 1)}), None));
+                s.push_str(&self.chat_chunk(json!({"content": self.token(i - 1)}), self.chunk_logprobs(i - 1), None));
                 s
             }
             Kind::Generate => format!("data: {}\n\n", self.generate_json(i, i == self.tokens)),
@@ -1275,7 +1393,7 @@ impl Output {
     fn tail_events(&self) -> String {
         let mut s = String::new();
         if self.req.kind == Kind::Chat {
-            s.push_str(&self.chat_chunk(json!({}), Some("length")));
+            s.push_str(&self.chat_chunk(json!({}), Value::Null, Some("length")));
             if self.req.include_usage {
                 let v = json!({
                     "id": format!("chatcmpl-{}", self.id),

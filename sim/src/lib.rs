@@ -27,6 +27,9 @@
 //! Layout:
 //! - [`config`]: flags → validated [`config::Config`]; live-changeable [`config::Settings`].
 //! - [`engine`]: the pure timing model (plans, cold start, script, sessions).
+//! - [`greedy`]: the pure output model: greedy chat answers with logprobs, a function
+//!   of the prompt and the `--weights`, and the ways they go wrong (a corrupted KV
+//!   read, KV reuse under load, a pair on different weights, near-ties).
 //! - [`clock`]: simulated↔real time and the host's monotonic clock.
 //! - [`http`]: SGLang's HTTP surface and pd-sim's `/sim/*` endpoints.
 //! - [`bootstrap`]: the prefill→decode KV transfer link.
@@ -40,6 +43,7 @@ pub mod clock;
 pub mod config;
 pub mod engine;
 pub mod faultproxy;
+pub mod greedy;
 pub mod http;
 pub mod server;
 pub mod state;

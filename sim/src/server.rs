@@ -11,9 +11,11 @@
 //! running its forward pass and generations are served. Each transition is logged
 //! once to stderr and stamped on `CLOCK_MONOTONIC`.
 //!
-//! With `--cold-first-ms-by-start`, the very first thing a start does is count itself in
-//! `--start-count-file` ([`count_start`]) and take that start's cold penalty, so that a
-//! test can restart the same unit several times, each start with its own cold cost.
+//! With `--start-count-file`, the very first thing a start does is count itself there
+//! ([`count_start`]) and, with `--cold-first-ms-by-start`, take that start's cold
+//! penalty, so that a test can restart the same unit several times, each start with its
+//! own cold cost (and its own near-tie parity, `--near-tie-positions`). Then it reads
+//! `--weights-file`, if any: the weights it computes with until the next start.
 //!
 //! Connections are served by our own accept loop rather than `axum::serve`, so that
 //! a shutdown drops every connection at once — requests in flight included — the way
@@ -165,17 +167,33 @@ async fn bind(what: &'static str, host: &str, port: u16) -> Result<TcpListener, 
 async fn lifecycle(sim: Arc<Sim>, cancel: CancellationToken) -> Result<(), SimError> {
     let cfg = &sim.config;
     sim.log_phase(Phase::Starting, sim.start_mono_ms);
-    if let Some(by_start) = &cfg.cold_by_start {
-        let start = count_start(&by_start.count_file).await?;
-        let cold_ms = by_start.for_start(start);
-        sim.settings.lock().unwrap_or_else(|e| e.into_inner()).cold_first_ms = cold_ms;
+    let count_file = cfg
+        .cold_by_start
+        .as_ref()
+        .map(|c| &c.count_file)
+        .or(cfg.start_count_file.as_ref());
+    if let Some(count_file) = count_file {
+        let start = count_start(count_file).await?;
         let _ = sim.start_number.set(start);
-        tracing::info!(
-            start,
-            cold_first_ms = cold_ms,
-            file = %by_start.count_file.display(),
-            "start counted"
-        );
+        if let Some(by_start) = &cfg.cold_by_start {
+            let cold_ms = by_start.for_start(start);
+            sim.settings.lock().unwrap_or_else(|e| e.into_inner()).cold_first_ms = cold_ms;
+            tracing::info!(start, cold_first_ms = cold_ms, file = %count_file.display(), "start counted");
+        } else {
+            tracing::info!(start, file = %count_file.display(), "start counted");
+        }
+    }
+    if let Some(path) = &cfg.weights_file {
+        // The weights on disk, loaded once per start.
+        match tokio::fs::read_to_string(path).await {
+            Ok(text) if !text.trim().is_empty() => {
+                let weights = text.trim().to_string();
+                tracing::info!(%weights, file = %path.display(), "weights loaded");
+                sim.settings.lock().unwrap_or_else(|e| e.into_inner()).weights = weights;
+            }
+            Ok(_) => tracing::info!(file = %path.display(), "weights file empty: keeping --weights"),
+            Err(e) => tracing::info!(file = %path.display(), error = %e, "weights file unreadable: keeping --weights"),
+        }
     }
     let listen_at = sim.clock.at(cfg.listen_after_ms);
     tokio::select! {

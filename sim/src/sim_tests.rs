@@ -1402,3 +1402,320 @@ async fn an_older_release_exposes_only_what_it_had() {
         h.shutdown().await.unwrap();
     }
 }
+
+// ---------------------------------------------------------------- golden output (issue 34)
+
+/// pdwarden's golden request: greedy, a fixed seed, logprobs with two alternatives.
+fn golden(max_tokens: u64) -> Value {
+    json!({
+        "model": "m",
+        "messages": [{"role": "user", "content": "Name three rivers of Europe."}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "seed": 42,
+        "logprobs": true,
+        "top_logprobs": 2,
+    })
+}
+
+/// The answer's tokens, from `choices[0].logprobs.content`.
+fn answer_tokens(v: &Value) -> Vec<String> {
+    v["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["token"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// The top-2 margin (nats) of `v`'s token at `i`.
+fn margin_at(v: &Value, i: usize) -> f64 {
+    let top = &v["choices"][0]["logprobs"]["content"][i]["top_logprobs"];
+    top[0]["logprob"].as_f64().unwrap() - top[1]["logprob"].as_f64().unwrap()
+}
+
+async fn chat_json(c: &reqwest::Client, b: Bound, body: &Value) -> Value {
+    let r = post(c, b, "/v1/chat/completions", body, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r.json().await.unwrap()
+}
+
+async fn routed_json(c: &reqwest::Client, p: Bound, d: Bound, room: u64, body: Value) -> Value {
+    let r = routed_to(c, p, d, "/v1/chat/completions", body, room, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r.json().await.unwrap()
+}
+
+// A greedy answer with logprobs is in OpenAI's shape (vLLM's ChatCompletionLogProbs,
+// SGLang's ChoiceLogprobs): content is the tokens joined, usage counts them, each
+// entry is {token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]} with the
+// chosen token first among min(top_logprobs, 5) alternatives. The same prompt and
+// weights answer identically after a restart and on another engine.
+#[tokio::test]
+async fn greedy_answer_has_openai_logprobs_and_survives_a_restart() {
+    let c = client();
+    let cfg = Config::for_test(Role::Decode);
+    let (h, b) = start(cfg.clone()).await;
+    let v = chat_json(&c, b, &golden(8)).await;
+    let choice = &v["choices"][0];
+    let content = choice["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(content.len(), 8);
+    assert_eq!(v["usage"]["completion_tokens"], 8);
+    assert_eq!(choice["finish_reason"], "length");
+    assert_eq!(
+        choice["message"]["content"].as_str().unwrap(),
+        answer_tokens(&v).concat()
+    );
+    for e in content {
+        let keys: Vec<&str> = e.as_object().unwrap().keys().map(String::as_str).collect();
+        assert_eq!(keys.len(), 4, "{e}");
+        for k in ["token", "logprob", "bytes", "top_logprobs"] {
+            assert!(keys.contains(&k), "{e}");
+        }
+        let token = e["token"].as_str().unwrap();
+        let bytes: Vec<u8> = serde_json::from_value(e["bytes"].clone()).unwrap();
+        assert_eq!(bytes, token.as_bytes());
+        let top = e["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 2);
+        assert_eq!(top[0]["token"], e["token"]);
+        assert_eq!(top[0]["logprob"], e["logprob"]);
+        assert!(top[1]["token"] != e["token"]);
+        for t in top {
+            assert_eq!(t.as_object().unwrap().len(), 3, "{t}");
+            let b: Vec<u8> = serde_json::from_value(t["bytes"].clone()).unwrap();
+            assert_eq!(b, t["token"].as_str().unwrap().as_bytes());
+        }
+    }
+    for i in 0..8 {
+        assert!(margin_at(&v, i) >= 1.0, "clear at {i}: {v}");
+    }
+    // top_logprobs is capped at 5; without logprobs, none; a sampled request gets the filler.
+    let mut many = golden(3);
+    many["top_logprobs"] = json!(9);
+    let w = chat_json(&c, b, &many).await;
+    assert_eq!(
+        w["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
+            .as_array()
+            .unwrap()
+            .len(),
+        5
+    );
+    let mut none = golden(3);
+    none.as_object_mut().unwrap().remove("logprobs");
+    none.as_object_mut().unwrap().remove("top_logprobs");
+    let w = chat_json(&c, b, &none).await;
+    assert_eq!(w["choices"][0]["logprobs"], Value::Null);
+    assert_eq!(
+        w["choices"][0]["message"]["content"].as_str().unwrap(),
+        answer_tokens(&v)[..3].concat()
+    );
+    let mut hot = golden(3);
+    hot["temperature"] = json!(0.7);
+    let w = chat_json(&c, b, &hot).await;
+    assert_eq!(w["choices"][0]["logprobs"], Value::Null);
+    assert_eq!(w["choices"][0]["message"]["content"], "The quick brown ");
+    // A restart, and another engine: the same tokens and logprobs.
+    let (h, b) = restart(h, b, cfg.clone()).await;
+    let again = chat_json(&c, b, &golden(8)).await;
+    assert_eq!(again["choices"][0]["logprobs"], v["choices"][0]["logprobs"]);
+    assert_eq!(again["choices"][0]["message"], v["choices"][0]["message"]);
+    let (other, ob) = start(Config::for_test(Role::Prefill)).await;
+    let there = chat_json(&c, ob, &golden(8)).await;
+    assert_eq!(there["choices"][0]["logprobs"], v["choices"][0]["logprobs"]);
+    h.shutdown().await.unwrap();
+    other.shutdown().await.unwrap();
+}
+
+// A streamed greedy answer carries the same tokens, one logprobs entry per chunk.
+#[tokio::test]
+async fn streamed_greedy_answer_matches_the_whole_one() {
+    let c = client();
+    let (h, b) = start(Config::for_test(Role::Decode)).await;
+    let whole = chat_json(&c, b, &golden(5)).await;
+    let mut body = golden(5);
+    body["stream"] = json!(true);
+    let text = post(&c, b, "/v1/chat/completions", &body, Duration::from_secs(10))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let mut content = String::new();
+    let mut entries = Vec::new();
+    for line in text.lines().filter_map(|l| l.strip_prefix("data: ")) {
+        if line == "[DONE]" {
+            continue;
+        }
+        let v: Value = serde_json::from_str(line).unwrap();
+        if let Some(t) = v["choices"][0]["delta"]["content"].as_str() {
+            content.push_str(t);
+        }
+        if let Some(e) = v["choices"][0]["logprobs"]["content"].as_array() {
+            entries.extend(e.iter().cloned());
+        }
+    }
+    assert_eq!(content, whole["choices"][0]["message"]["content"].as_str().unwrap());
+    assert_eq!(Value::Array(entries), whole["choices"][0]["logprobs"]["content"]);
+    h.shutdown().await.unwrap();
+}
+
+// Other weights answer otherwise from the first token, where the old reference was
+// clearly preferred: set live (`{"weights": …}`), or loaded at start from
+// `--weights-file` ("the weights on disk" replaced, then a restart).
+#[tokio::test]
+async fn other_weights_answer_otherwise_live_and_from_disk() {
+    let c = client();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("weights");
+    let mut cfg = Config::for_test(Role::Decode);
+    cfg.weights_file = Some(file.clone());
+    let (h, b) = start(cfg.clone()).await;
+    let v1 = chat_json(&c, b, &golden(6)).await;
+    assert_eq!(fault_status(&c, b, json!({"weights": "tiny-v2"})).await, 200);
+    let v2 = chat_json(&c, b, &golden(6)).await;
+    assert_ne!(answer_tokens(&v1)[0], answer_tokens(&v2)[0]);
+    assert!(margin_at(&v1, 0) >= 1.0);
+    assert_eq!(fault_status(&c, b, json!({"weights": " "})).await, 400);
+    // The file on disk is read at the next start only.
+    std::fs::write(&file, "tiny-v2\n").unwrap();
+    let (h, b) = restart(h, b, cfg.clone()).await;
+    let from_disk = chat_json(&c, b, &golden(6)).await;
+    assert_eq!(from_disk["choices"][0]["logprobs"], v2["choices"][0]["logprobs"]);
+    let s: Value = c
+        .get(format!("http://{}/sim/fault", b.http))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(s["settings"]["weights"], "tiny-v2");
+    h.shutdown().await.unwrap();
+}
+
+// A healthy PD pair answers as one engine on its weights does (the decode's answer is
+// what the router returns); with the prefill on other weights, the pair answers
+// neither engine's answer, wrong from the first token with a clear margin.
+#[tokio::test]
+async fn a_pd_pair_on_different_weights_answers_wrong() {
+    let c = client();
+    let (p, pb) = start(Config::for_test(Role::Prefill)).await;
+    let (d, db) = start(Config::for_test(Role::Decode)).await;
+    let single = chat_json(&c, db, &golden(6)).await;
+    let pair = routed_json(&c, pb, db, 1, golden(6)).await;
+    assert_eq!(pair["choices"][0]["logprobs"], single["choices"][0]["logprobs"]);
+    assert_eq!(pair["usage"]["completion_tokens"], 6);
+    assert_eq!(fault_status(&c, pb, json!({"weights": "tiny-v2"})).await, 200);
+    let v2 = chat_json(&c, pb, &golden(6)).await;
+    let mixed = routed_json(&c, pb, db, 2, golden(6)).await;
+    let (m, s1, s2) = (answer_tokens(&mixed), answer_tokens(&single), answer_tokens(&v2));
+    assert!(m[0] != s1[0] && m[0] != s2[0], "{m:?} {s1:?} {s2:?}");
+    assert!(margin_at(&single, 0) >= 1.0 && margin_at(&v2, 0) >= 1.0);
+    assert_eq!(stats(&c, db).await["mixed_weights_answers"], 1);
+    // The same mismatch answers the same wrong answer every time.
+    let again = routed_json(&c, pb, db, 3, golden(6)).await;
+    assert_eq!(again["choices"][0]["logprobs"], mixed["choices"][0]["logprobs"]);
+    p.shutdown().await.unwrap();
+    d.shutdown().await.unwrap();
+}
+
+// `kv_corruption` (decode, live): a routed answer is the healthy one up to position K
+// and wrong from K, where the healthy answer was clearly preferred; still HTTP 200,
+// finish_reason as usual. Requests served whole are unaffected; a prefill refuses it.
+#[tokio::test]
+async fn kv_corruption_is_wrong_from_position_k() {
+    let c = client();
+    let (p, pb) = start(Config::for_test(Role::Prefill)).await;
+    let (d, db) = start(Config::for_test(Role::Decode)).await;
+    let healthy = routed_json(&c, pb, db, 1, golden(6)).await;
+    assert_eq!(
+        fault_status(&c, db, json!({"kv_corruption": true, "corrupt_from_position": 3})).await,
+        200
+    );
+    let bad = routed_json(&c, pb, db, 2, golden(6)).await;
+    assert_eq!(bad["choices"][0]["finish_reason"], "length");
+    let (h, b) = (answer_tokens(&healthy), answer_tokens(&bad));
+    assert_eq!(h[..3], b[..3]);
+    for i in 3..6 {
+        assert_ne!(h[i], b[i], "position {i}");
+        assert!(margin_at(&healthy, i) >= 1.0);
+    }
+    let alone = chat_json(&c, db, &golden(6)).await;
+    assert_eq!(answer_tokens(&alone), h);
+    // The default K is 2.
+    assert_eq!(Config::for_test(Role::Decode).settings.corrupt_from_position, 2);
+    assert_eq!(fault_status(&c, pb, json!({"kv_corruption": true})).await, 400);
+    assert_eq!(stats(&c, db).await["corrupted_answers"], 1);
+    p.shutdown().await.unwrap();
+    d.shutdown().await.unwrap();
+}
+
+// `kv_reuse_under_load`: alone, the answer is healthy; with two requests in the
+// running batch at once (the default threshold), both are wrong from position 2.
+#[tokio::test]
+async fn kv_reuse_under_load_corrupts_only_concurrent_answers() {
+    let c = client();
+    let mut cfg = Config::for_test(Role::Decode);
+    // Both requests are in the running batch well before their first token (200 ms).
+    cfg.settings.ttft_ms = 20_000.0;
+    cfg.settings.tpot_ms = 100.0;
+    let (h, b) = start(cfg).await;
+    let healthy = chat_json(&c, b, &golden(5)).await;
+    assert_eq!(fault_status(&c, b, json!({"kv-reuse-under-load": true})).await, 200);
+    let alone = chat_json(&c, b, &golden(5)).await;
+    assert_eq!(answer_tokens(&alone), answer_tokens(&healthy));
+    let g = golden(5);
+    let (x, y) = tokio::join!(chat_json(&c, b, &g), chat_json(&c, b, &g));
+    for v in [&x, &y] {
+        let (t, ok) = (answer_tokens(v), answer_tokens(&healthy));
+        assert_eq!(t[..2], ok[..2]);
+        assert!((2..5).all(|i| t[i] != ok[i]), "{t:?} {ok:?}");
+    }
+    // A threshold above the load: healthy again.
+    assert_eq!(fault_status(&c, b, json!({"kv_reuse_min_running": 3})).await, 200);
+    let (x, _) = tokio::join!(chat_json(&c, b, &g), chat_json(&c, b, &g));
+    assert_eq!(answer_tokens(&x), answer_tokens(&healthy));
+    assert_eq!(fault_status(&c, b, json!({"kv_reuse_min_running": 0})).await, 400);
+    h.shutdown().await.unwrap();
+}
+
+// `near_tie_positions`: there the top two are within 0.01 nats and the chosen token
+// alternates with each start (counted in `--start-count-file`); elsewhere the answer
+// is the same across starts.
+#[tokio::test]
+async fn near_tie_positions_flip_between_starts() {
+    let c = client();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = Config::for_test(Role::Decode);
+    cfg.start_count_file = Some(dir.path().join("starts"));
+    cfg.settings.near_tie_positions = vec![1];
+    let (h, b) = start(cfg.clone()).await;
+    let first = chat_json(&c, b, &golden(4)).await;
+    let (h, b) = restart(h, b, cfg.clone()).await;
+    let second = chat_json(&c, b, &golden(4)).await;
+    let (h, b) = restart(h, b, cfg.clone()).await;
+    let third = chat_json(&c, b, &golden(4)).await;
+    assert_eq!(stats(&c, b).await["start_number"], 3);
+    let (t1, t2) = (answer_tokens(&first), answer_tokens(&second));
+    assert_eq!(t1[0], t2[0]);
+    assert_ne!(t1[1], t2[1]);
+    assert!(margin_at(&first, 1) < 0.05 && margin_at(&second, 1) < 0.05);
+    assert!(margin_at(&first, 0) >= 1.0);
+    // The reference's runner-up at the tie is the other start's token.
+    assert_eq!(
+        first["choices"][0]["logprobs"]["content"][1]["top_logprobs"][1]["token"],
+        json!(t2[1])
+    );
+    assert_eq!(third["choices"][0]["logprobs"], first["choices"][0]["logprobs"]);
+    // Set live, as a list or the flag's string.
+    assert_eq!(fault_status(&c, b, json!({"near_tie_positions": "0, 2"})).await, 200);
+    let live = chat_json(&c, b, &golden(4)).await;
+    assert!(margin_at(&live, 0) < 0.05 && margin_at(&live, 2) < 0.05);
+    assert_eq!(fault_status(&c, b, json!({"near_tie_positions": []})).await, 200);
+    assert_eq!(fault_status(&c, b, json!({"near_tie_positions": "x"})).await, 400);
+    h.shutdown().await.unwrap();
+}

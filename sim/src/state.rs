@@ -98,6 +98,22 @@ impl Sim {
         let _ = rx.wait_for(|p| *p >= Phase::Ready).await;
     }
 
+    /// Whether this start's near-tie positions take their second candidate
+    /// (`--near-tie-positions`): even starts as counted in `--start-count-file`; without
+    /// a count, a coin drawn from this start's instance id.
+    pub fn near_ties_flipped(&self) -> bool {
+        match self.start_number.get() {
+            Some(n) => n % 2 == 0,
+            None => {
+                self.instance_id
+                    .bytes()
+                    .fold(0u32, |a, b| a.wrapping_mul(31).wrapping_add(u32::from(b)))
+                    % 2
+                    == 1
+            }
+        }
+    }
+
     /// Records a scheduler output now.
     pub(crate) fn mark_output(&self) {
         let ns = self.clock.origin.elapsed().as_nanos() as u64;
@@ -120,6 +136,9 @@ impl Sim {
             }
             if patch.kv_stall == Some(true) {
                 return Err(crate::config::ConfigError::DecodeOnly("--kv-stall"));
+            }
+            if patch.kv_corruption == Some(true) {
+                return Err(crate::config::ConfigError::DecodeOnly("--kv-corruption"));
             }
         }
         let knob_name = self.config.settings.knob_env.clone();

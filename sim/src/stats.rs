@@ -95,6 +95,13 @@ pub struct Counters {
     /// Gauge, prefill: rooms whose KV is computed and not yet taken by their decode
     /// (SGLang's `disagg_prefill_inflight_queue`).
     pub prefill_inflight: u64,
+    /// Greedy chat answers computed by the model ([`crate::greedy`]: temperature 0 or
+    /// absent), and of those: corrupted from `--corrupt-from-position` by
+    /// `--kv-corruption` or `--kv-reuse-under-load`, and answered from a prefill's KV
+    /// computed with other weights than this decode's.
+    pub greedy_answers: u64,
+    pub corrupted_answers: u64,
+    pub mixed_weights_answers: u64,
     /// Gauge: generations in the running batch (computing, or leaked/frozen/hung there).
     /// A decode part joins it only once its KV has arrived.
     pub running: u64,

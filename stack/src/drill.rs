@@ -295,6 +295,7 @@ pub async fn probe_storm(time_scale: f64, json: bool) -> anyhow::Result<Value> {
         model: "demo-model".into(),
         prompt: storm_prompt("pdwarden readiness probe: reply with one word."),
         max_tokens: 1,
+        greedy: false,
     };
     // The three strategies probe side by side on one schedule.
     let mut tick = tokio::time::interval(interval);

@@ -191,6 +191,7 @@ async fn start_duplicate_probe_stop_over_grpc() {
                 model: "m".into(),
                 prompt: "Say ok.".into(),
                 max_tokens: 8,
+                greedy: false,
             }),
             timeout_ms: 5_000,
             seq: 7,

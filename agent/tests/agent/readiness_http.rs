@@ -167,6 +167,7 @@ async fn chat_generation_check_needs_tokens_and_is_tagged() {
         model: "m".into(),
         prompt: "Say ok.".into(),
         max_tokens: 4,
+        greedy: false,
     });
     let mut w = start_watch(engine.addr.port(), spec);
     assert_eq!(w.next().await.phase, Phase::Healthy);

@@ -38,11 +38,16 @@
 //! 5. A journal that could not record a step, a pair that could not be
 //!    taken out of its serving router, a healthy pair that could not be put
 //!    back: `failed`, saying which.
-//! 6. Otherwise the start-up and probe rules of [`crate::judge::verdict`]
+//! 6. **Wrong output is never healthy** (issue 34): a greedy answer that
+//!    differs from its reference where the reference was sure
+//!    ([`crate::judge::golden`]) is `failed` however fast it came (a wedge
+//!    stays `wedged`); a near-tie is noise, said and allowed.
+//! 7. Otherwise the start-up and probe rules of [`crate::judge::verdict`]
 //!    and the suite's of [`crate::judge::suite`] decide.
 
 use serde::{Deserialize, Serialize};
 
+use crate::judge::golden::OutputCheck;
 use crate::judge::suite::{self, StepReport, SuiteStep};
 use crate::judge::verdict::{ProbeObservation, ProbePolicy, UnitStartup, Verdict, VerdictKind, judge};
 
@@ -139,6 +144,8 @@ pub struct Evidence {
     pub routers: Vec<RouterCounters>,
     pub not_running: Vec<NotRunning>,
     pub drain: DrainEvidence,
+    /// The output layer: the greedy answer against its reference.
+    pub output: Option<OutputCheck>,
     /// The journal could not record a step: the operation stopped there.
     pub journal_error: Option<String>,
     /// Lines that change nothing (a resumed operation's note).
@@ -219,6 +226,15 @@ pub fn conclude(e: &Evidence, policy: &ProbePolicy) -> Verdict {
             .map(|n| format!("{} is not running: {} (its agent's report)", n.unit, n.how))
             .collect();
         v.reasons.splice(0..0, lines);
+    }
+    // The output layer: the right tokens, not only tokens in time.
+    if let Some(check) = &e.output {
+        if check.is_wrong_output() {
+            v.kind = worst_of_error(v.kind);
+            v.reasons.insert(0, check.line());
+        } else {
+            v.reasons.push(check.line());
+        }
     }
     if e.drain.not_put_back && v.kind.is_healthy() {
         v.kind = VerdictKind::Failed;
@@ -643,6 +659,9 @@ mod tests {
         },
         Unproven,
         NotRunning,
+        WrongOutput {
+            position: usize,
+        },
     }
 
     fn fault() -> impl Strategy<Value = Fault> {
@@ -666,6 +685,7 @@ mod tests {
             }),
             Just(Fault::Unproven),
             Just(Fault::NotRunning),
+            (0usize..32).prop_map(|position| Fault::WrongOutput { position }),
         ]
     }
 
@@ -761,6 +781,17 @@ mod tests {
                 });
                 "not running"
             }
+            Fault::WrongOutput { position } => {
+                e.output = Some(OutputCheck::Diverged {
+                    position,
+                    reference: " is blue".into(),
+                    answer: " was green".into(),
+                    margin: Some(2.9),
+                    at_least: false,
+                    reference_operation: "ref".into(),
+                });
+                "WRONG OUTPUT"
+            }
         }
     }
 
@@ -825,6 +856,33 @@ mod tests {
             e.routers[0].after = Some(w);
             let v = conclude(&e, &policy(true));
             prop_assert_eq!(v.kind, VerdictKind::Healthy, "{:?}", v.reasons);
+        }
+    }
+
+    /// Rule 6, the other direction: the same answer, a near-tie (noise) or
+    /// a first reference recorded keep a healthy pair healthy, and say so.
+    #[test]
+    fn output_that_is_right_or_noise_keeps_a_healthy_pair_healthy() {
+        for check in [
+            OutputCheck::Same {
+                tokens: 16,
+                reference_operation: "ref".into(),
+            },
+            OutputCheck::NearTie {
+                position: 3,
+                reference_token: " sky".into(),
+                token: " sea".into(),
+                margin: 0.02,
+                reference_operation: "ref".into(),
+            },
+            OutputCheck::NoReference { tokens: 16 },
+            OutputCheck::NoLogprobs,
+        ] {
+            let mut e = healthy_evidence();
+            e.output = Some(check.clone());
+            let v = conclude(&e, &policy(false));
+            assert_eq!(v.kind, VerdictKind::Healthy, "{check:?}: {:?}", v.reasons);
+            assert!(v.reasons.contains(&check.line()), "{:?}", v.reasons);
         }
     }
 

@@ -14,6 +14,8 @@
 //! - [`probe`]: what one end-to-end probe found, in one vocabulary;
 //!   [`answer`]: what one answer says against itself (the client layer).
 //! - [`stats`]: latency summaries that check for bimodality first.
+//! - [`golden`]: golden output — a greedy answer against its reference
+//!   (noise at a near-tie, wrong output where the reference was sure).
 //! - [`gate`]: the change gate's statistics (cluster bootstrap, margins,
 //!   sequential looks); [`live`]: whether a change is live in `/proc`.
 
@@ -21,6 +23,7 @@ pub mod answer;
 pub mod evidence;
 pub mod findings;
 pub mod gate;
+pub mod golden;
 pub mod live;
 pub mod probe;
 pub mod stats;

@@ -226,6 +226,35 @@ struct State {
     busy_until: HashMap<String, Instant>,
     /// KV paths (prefill url, decode url) whose transfers fail.
     broken_paths: Vec<(String, String)>,
+    /// The weights the engines compute with: a greedy answer is a function
+    /// of them (issue 34; "" is the default weights).
+    weights: String,
+}
+
+/// A greedy answer of `max_tokens` tokens as the engines compute it with
+/// `weights`: each token clearly preferred (3 nats over the runner-up).
+fn greedy_answer(weights: &str, max_tokens: u32) -> Vec<pdwarden_proto::v1::AnswerToken> {
+    const WORDS: [&str; 8] = [" the", " sky", " is", " blue", " and", " the", " sea", " calm"];
+    (0..max_tokens as usize)
+        .map(|i| {
+            let pick = (i + weights.len() * 3) % WORDS.len();
+            let (token, other) = (WORDS[pick], WORDS[(pick + 1) % WORDS.len()]);
+            pdwarden_proto::v1::AnswerToken {
+                token: token.into(),
+                logprob: -0.05,
+                top: vec![
+                    pdwarden_proto::v1::TokenAlternative {
+                        token: token.into(),
+                        logprob: -0.05,
+                    },
+                    pdwarden_proto::v1::TokenAlternative {
+                        token: other.into(),
+                        logprob: -3.05,
+                    },
+                ],
+            }
+        })
+        .collect()
 }
 
 impl State {
@@ -424,6 +453,12 @@ impl FakeAgent {
         self.lock().broken_paths.push((prefill_url.into(), decode_url.into()));
     }
 
+    /// The engines now compute with `weights` (a checkpoint replaced under
+    /// the same path): their greedy answers change.
+    pub(crate) fn set_weights(&self, weights: &str) {
+        self.lock().weights = weights.into();
+    }
+
     /// `unit` has work in flight for `for_ms` from now.
     pub(crate) fn busy_for(&self, unit: &str, for_ms: u64) {
         self.lock()
@@ -594,7 +629,7 @@ impl FakeAgent {
             Some(Action::Start(s)) => self.start(id, s.unit),
             Some(Action::Probe(p)) => {
                 let agent = self.clone();
-                let (dead, latency_ms) = {
+                let (dead, latency_ms, weights) = {
                     let st = self.lock();
                     let broken = p.pd_path.as_ref().is_some_and(|path| {
                         st.broken_paths
@@ -606,7 +641,7 @@ impl FakeAgent {
                             .units
                             .get(&p.unit)
                             .is_some_and(|(_, i)| i.phase == Phase::Exited as i32);
-                    (dead, (20.0 * st.slowdown()) as u64)
+                    (dead, (20.0 * st.slowdown()) as u64, st.weights.clone())
                 };
                 tokio::spawn(async move {
                     tokio::time::sleep(Duration::from_millis(latency_ms)).await;
@@ -631,8 +666,12 @@ impl FakeAgent {
                             seq: p.seq,
                             outcome: ProbeOutcome::Ok as i32,
                             latency_ms,
-                            tokens: p.chat.map_or(1, |c| c.max_tokens.max(1)),
+                            tokens: p.chat.as_ref().map_or(1, |c| c.max_tokens.max(1)),
                             request_id: format!("pdwarden-probe-{id}"),
+                            answer: match &p.chat {
+                                Some(c) if c.greedy => greedy_answer(&weights, c.max_tokens),
+                                _ => Vec::new(),
+                            },
                             ..Default::default()
                         }),
                     );

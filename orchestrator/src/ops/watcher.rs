@@ -920,6 +920,7 @@ impl PairWatcher {
                     model: self.pair.probe.model.clone(),
                     prompt: self.pair.probe.prompt.clone(),
                     max_tokens: self.pair.probe.max_tokens,
+                    greedy: false,
                 };
                 tokio::spawn(probe(
                     self.ctx.agents.clone(),

@@ -59,6 +59,7 @@ use pdwarden_model::report::{
 
 mod history;
 pub mod machine;
+mod output;
 mod probes;
 mod recorder;
 mod resume;
@@ -334,6 +335,10 @@ pub async fn run_operation_from(
         fingerprint,
         drain: so_far.drain.take(),
         sub_operations: Vec::new(),
+        golden: so_far
+            .golden
+            .take()
+            .map(|g| output::kept(g, verdict.kind.is_healthy(), &operation_id)),
         total_ms: rec.now_ms(),
     };
     if let Err(e) = rec.journal.conclude(&operation_id, report.verdict.as_str(), &report) {
@@ -509,6 +514,7 @@ impl CoRestart<'_> {
                 let now = self.scrape_engines().await;
                 StageEvent::Proven(self.prove_unreached(before, &now).await)
             }
+            StageEffect::CheckOutput => StageEvent::OutputChecked(self.check_output(kind).await.map(Box::new)),
             StageEffect::RunSuite { abort_storm } => StageEvent::SuiteRan(
                 self.verification_suite(abort_storm)
                     .await
@@ -902,6 +908,81 @@ mod driver_tests {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         panic!("{unit} never reached {phase:?}");
+    }
+
+    /// Issue 34: the first healthy co-restart records its greedy answer as
+    /// the reference; the next is held to it (the same tokens: healthy);
+    /// the engines' weights replaced under the same config (same argv, same
+    /// fingerprint) answer fast, HTTP 200 and wrong: `failed`, naming the
+    /// position, both continuations and the margin; restored: healthy.
+    #[tokio::test(start_paused = true)]
+    async fn wrong_output_after_a_restart_fails_the_pair_naming_it() {
+        use pdwarden_model::judge::golden::OutputCheck;
+        let dir = tempfile::tempdir().unwrap();
+        let journal = journal(&dir);
+        let agent = agent();
+        let ctx = orchestrator(&journal, &agent).await;
+        let run = || async { spawn_co_restart(ctx.clone(), &journal).await.unwrap() };
+        let first = run().await;
+        assert!(first.verdict.is_healthy(), "{:?}", first.reasons);
+        let golden = first.golden.clone().expect("an output check");
+        assert_eq!(golden.check, OutputCheck::NoReference { tokens: 32 });
+        let reference = golden.reference.expect("recorded as the reference");
+        assert_eq!(reference.operation_id, first.operation_id);
+        assert_eq!(reference.answer.tokens.len(), 32);
+        assert!(
+            first.reasons.iter().any(|r| r.contains("kept as the reference")),
+            "{:?}",
+            first.reasons
+        );
+
+        let second = run().await;
+        assert!(second.verdict.is_healthy(), "{:?}", second.reasons);
+        assert_eq!(
+            second.golden.as_ref().map(|g| &g.check),
+            Some(&OutputCheck::Same {
+                tokens: 32,
+                reference_operation: first.operation_id.clone()
+            })
+        );
+
+        agent.set_weights("w2");
+        let wrong = run().await;
+        assert_eq!(wrong.verdict, VerdictKind::Failed, "{:?}", wrong.reasons);
+        assert!(
+            wrong.reasons[0].starts_with("WRONG OUTPUT") && wrong.reasons[0].contains("at token 0"),
+            "{:?}",
+            wrong.reasons
+        );
+        let Some(OutputCheck::Diverged {
+            position,
+            margin,
+            at_least,
+            ref reference,
+            ref answer,
+            ..
+        }) = wrong.golden.as_ref().map(|g| g.check.clone())
+        else {
+            panic!("{:?}", wrong.golden)
+        };
+        assert_eq!((position, at_least), (0, true));
+        assert!((margin.unwrap() - 3.0).abs() < 1e-9, "{margin:?}");
+        assert!(
+            reference.starts_with(" the sky") && answer.starts_with(" sea calm"),
+            "{reference:?} {answer:?}"
+        );
+        // The suite was not run against wrong output, and nothing was
+        // recorded from it.
+        assert!(wrong.suite.is_empty());
+        assert!(wrong.golden.as_ref().unwrap().reference.as_ref().unwrap().operation_id == first.operation_id);
+
+        agent.set_weights("");
+        let restored = run().await;
+        assert!(restored.verdict.is_healthy(), "{:?}", restored.reasons);
+        assert!(matches!(
+            restored.golden.map(|g| g.check),
+            Some(OutputCheck::Same { .. })
+        ));
     }
 
     /// Issue 16, finding 6: the link to the agent breaks while the decode

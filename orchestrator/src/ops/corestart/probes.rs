@@ -141,6 +141,7 @@ impl CoRestart<'_> {
             model: self.pair.probe.model.clone(),
             prompt: self.pair.probe.prompt.clone(),
             max_tokens: self.pair.probe.max_tokens,
+            greedy: false,
         }
     }
 
@@ -418,6 +419,20 @@ impl CoRestart<'_> {
         target: &str,
         seq: u32,
     ) -> (ProbeObservation, ProbeRecord) {
+        let (obs, record, _) = self.probe_once_with(host, unit, target, seq, self.chat_probe()).await;
+        (obs, record)
+    }
+
+    /// One probe of `chat` along the series' path; the agent's result too,
+    /// when it answered (a greedy probe's answer is in it).
+    pub(super) async fn probe_once_with(
+        &self,
+        host: &str,
+        unit: &str,
+        target: &str,
+        seq: u32,
+        chat: ChatProbe,
+    ) -> (ProbeObservation, ProbeRecord, Option<pdwarden_proto::v1::ProbeResult>) {
         let timeout_ms = self.pair.probe.probe_timeout_ms;
         let command_id = uuid::Uuid::new_v4().to_string();
         let cmd = Command {
@@ -425,7 +440,7 @@ impl CoRestart<'_> {
             command_id: command_id.clone(),
             action: Some(command::Action::Probe(ProbeRequest {
                 unit: unit.into(),
-                chat: Some(self.chat_probe()),
+                chat: Some(chat),
                 timeout_ms,
                 seq,
                 pd_path: self.direct.clone(),
@@ -449,6 +464,7 @@ impl CoRestart<'_> {
             })
             .await
             .map_err(|e| e.to_string());
+        let mut answered = None;
         let obs = match result {
             Err(message) => {
                 record.error = message.clone();
@@ -464,9 +480,10 @@ impl CoRestart<'_> {
                 };
                 record.outcome = obs.kind().into();
                 record.latency_ms = Some(r.latency_ms);
+                answered = Some(r);
                 obs
             }
         };
-        (obs, record)
+        (obs, record, answered)
     }
 }

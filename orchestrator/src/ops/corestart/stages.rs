@@ -23,6 +23,7 @@ use super::{CoRestartStep, OperationKind};
 use crate::ops::journal::JournalError;
 use crate::ops::machine::{Effect, Machine, Transition};
 use pdwarden_model::judge::evidence::{EngineCounters, Evidence, NotRunning, RouterCounters, UnreachedProof, conclude};
+use pdwarden_model::judge::golden::GoldenRecord;
 use pdwarden_model::judge::suite::{StepReport, SuiteStep};
 use pdwarden_model::judge::verdict::{ProbeObservation, ProbePolicy, UnitStartup};
 use pdwarden_model::report::{DrainRecord, EngineCounterRecord, RejoinRecord};
@@ -44,6 +45,8 @@ pub struct SoFar {
     pub assessed: bool,
     /// The units not running were read (`Counted`).
     pub counted: bool,
+    /// The output check, for the report (its finding is in `evidence`).
+    pub golden: Option<GoldenRecord>,
 }
 
 impl SoFar {
@@ -114,6 +117,11 @@ pub enum Stage {
         #[serde(skip)]
         so_far: Box<SoFar>,
     },
+    /// The greedy answer held to its reference (issue 34).
+    CheckingOutput {
+        #[serde(skip)]
+        so_far: Box<SoFar>,
+    },
     /// The verification suite through the router.
     Verifying {
         #[serde(skip)]
@@ -144,6 +152,7 @@ impl Stage {
             | Stage::Ordering { so_far, .. }
             | Stage::Assessing { so_far }
             | Stage::ProvingUnreached { so_far }
+            | Stage::CheckingOutput { so_far }
             | Stage::Verifying { so_far }
             | Stage::Counting { so_far }
             | Stage::Rejoining { so_far, .. }
@@ -157,6 +166,7 @@ impl Stage {
             | Stage::Ordering { so_far, .. }
             | Stage::Assessing { so_far }
             | Stage::ProvingUnreached { so_far }
+            | Stage::CheckingOutput { so_far }
             | Stage::Verifying { so_far }
             | Stage::Counting { so_far }
             | Stage::Rejoining { so_far, .. }
@@ -189,6 +199,8 @@ pub enum StageEffect {
     Assess,
     /// Prove the xPyD engines the probes did not reach.
     ProveUnreached,
+    /// The greedy request, its answer held to the reference.
+    CheckOutput,
     /// The suite (`abort_storm` included or not).
     RunSuite { abort_storm: bool },
     /// Read the counters (`scrape`: of every engine and router; else only
@@ -217,6 +229,8 @@ pub enum StageEvent {
     },
     Assessed(Box<Assessment>),
     Proven(Vec<UnreachedProof>),
+    /// The output check's record (`None`: the pair has no path to send it).
+    OutputChecked(Option<Box<GoldenRecord>>),
     /// The suite's steps and those not run, or the write that stopped it.
     SuiteRan(Result<(Vec<StepReport>, Vec<SuiteStep>), JournalFailed>),
     Counted {
@@ -276,7 +290,9 @@ impl Machine for Stages {
         match state {
             Stage::Draining { .. } => CoRestartStep::Draining.as_str(),
             Stage::Ordering { from, .. } => from.as_str(),
-            Stage::Assessing { .. } | Stage::ProvingUnreached { .. } => CoRestartStep::Probing.as_str(),
+            Stage::Assessing { .. } | Stage::ProvingUnreached { .. } | Stage::CheckingOutput { .. } => {
+                CoRestartStep::Probing.as_str()
+            }
             Stage::Verifying { .. } | Stage::Counting { .. } => CoRestartStep::Verifying.as_str(),
             Stage::Rejoining { .. } => CoRestartStep::Rejoining.as_str(),
             Stage::Concluded { .. } => CoRestartStep::Concluded.as_str(),
@@ -313,16 +329,24 @@ impl Machine for Stages {
                     // first answer.
                     Transition::then(Stage::ProvingUnreached { so_far }, StageEffect::ProveUnreached)
                 } else {
-                    Transition::then(
-                        Stage::Verifying { so_far },
-                        StageEffect::RunSuite {
-                            abort_storm: self.abort_storm,
-                        },
-                    )
+                    Transition::then(Stage::CheckingOutput { so_far }, StageEffect::CheckOutput)
                 }
             }
             (Stage::ProvingUnreached { mut so_far }, StageEvent::Proven(proofs)) => {
                 so_far.evidence.unreached = proofs;
+                if so_far.healthy() {
+                    Transition::then(Stage::CheckingOutput { so_far }, StageEffect::CheckOutput)
+                } else {
+                    self.counting(so_far)
+                }
+            }
+            (Stage::CheckingOutput { mut so_far }, StageEvent::OutputChecked(record)) => {
+                if let Some(record) = record {
+                    so_far.evidence.output = Some(record.check.clone());
+                    so_far.golden = Some(*record);
+                }
+                // Wrong output ends it like any error: the suite would only
+                // measure how fast the wrong tokens come.
                 if so_far.healthy() {
                     Transition::then(
                         Stage::Verifying { so_far },
@@ -391,6 +415,7 @@ impl Machine for Stages {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pdwarden_model::judge::golden::{OutputCheck, OutputIdentity};
     use pdwarden_model::judge::verdict::{ColdAllowance, ReadinessPhase};
 
     fn stages(kind: OperationKind) -> Stages {
@@ -447,6 +472,71 @@ mod tests {
         }))
     }
 
+    fn same() -> GoldenRecord {
+        GoldenRecord {
+            identity: OutputIdentity {
+                model: "m".into(),
+                fingerprint: "f".into(),
+            },
+            check: OutputCheck::Same {
+                tokens: 32,
+                reference_operation: "ref".into(),
+            },
+            reference: None,
+            answer: None,
+        }
+    }
+
+    fn output(record: GoldenRecord) -> StageEvent {
+        StageEvent::OutputChecked(Some(Box::new(record)))
+    }
+
+    /// Issue 34: the greedy answer is checked after a healthy series and
+    /// before the suite; wrong output (or a greedy request that failed)
+    /// skips the suite for the counters and is never healthy; a pair with
+    /// no path to send it on goes on to the suite.
+    #[test]
+    fn wrong_output_skips_the_suite_and_is_never_healthy() {
+        let m = stages(OperationKind::CoRestart);
+        let to_output = || vec![StageEvent::OrderRan { journal_error: None }, assessed(true)];
+        for wrong in [
+            OutputCheck::Diverged {
+                position: 2,
+                reference: " is blue".into(),
+                answer: " was green".into(),
+                margin: Some(2.9),
+                at_least: false,
+                reference_operation: "ref".into(),
+            },
+            OutputCheck::Unanswered {
+                error: "http 500".into(),
+            },
+        ] {
+            let mut events = to_output();
+            events.push(output(GoldenRecord {
+                check: wrong.clone(),
+                ..same()
+            }));
+            let (seen, end) = walk(&m, CoRestartStep::RestartingPrefill, events);
+            assert_eq!(seen[3], ("verifying", vec![StageEffect::ReadCounters { scrape: true }]));
+            assert!(!end.so_far().healthy(), "{wrong:?}");
+            assert_eq!(end.so_far().evidence.output.as_ref(), Some(&wrong));
+        }
+        for fine in [
+            Some(Box::new(GoldenRecord {
+                check: OutputCheck::NoReference { tokens: 32 },
+                ..same()
+            })),
+            None,
+        ] {
+            let mut events = to_output();
+            events.push(StageEvent::OutputChecked(fine));
+            let (seen, end) = walk(&m, CoRestartStep::RestartingPrefill, events);
+            assert_eq!(seen[3].1, [StageEffect::RunSuite { abort_storm: false }]);
+            assert!(end.so_far().healthy());
+        }
+    }
+
     fn counted() -> StageEvent {
         StageEvent::Counted {
             engines: vec![],
@@ -486,6 +576,7 @@ mod tests {
             vec![
                 StageEvent::OrderRan { journal_error: None },
                 assessed(true),
+                output(same()),
                 StageEvent::SuiteRan(Ok((vec![], vec![]))),
                 counted(),
             ],
@@ -501,6 +592,7 @@ mod tests {
                     }]
                 ),
                 ("probing", vec![E::Assess]),
+                ("probing", vec![E::CheckOutput]),
                 ("verifying", vec![E::RunSuite { abort_storm: true }]),
                 ("verifying", vec![E::ReadCounters { scrape: true }]),
                 ("concluded", vec![]),
@@ -508,6 +600,8 @@ mod tests {
         );
         let so_far = end.so_far();
         assert!(so_far.healthy() && so_far.assessed && so_far.counted);
+        assert_eq!(so_far.evidence.output, Some(same().check));
+        assert_eq!(so_far.golden, Some(same()));
         // The journaled form is the stage and where the order began.
         let json = serde_json::to_value(Stage::Ordering {
             from: CoRestartStep::RestartingDecode,
@@ -575,7 +669,7 @@ mod tests {
             error: None,
         }]));
         let (seen, _) = walk(&m, CoRestartStep::RestartingPrefill, events);
-        assert_eq!(seen[3].1, [StageEffect::RunSuite { abort_storm: false }]);
+        assert_eq!(seen[3].1, [StageEffect::CheckOutput]);
         let mut events = order();
         events.push(StageEvent::Proven(vec![UnreachedProof {
             target: "decode-1".into(),
@@ -616,6 +710,7 @@ mod tests {
                 drained(None),
                 StageEvent::OrderRan { journal_error: None },
                 assessed(true),
+                StageEvent::OutputChecked(None),
                 StageEvent::SuiteRan(Ok((vec![], vec![]))),
                 counted(),
                 StageEvent::Rejoined(Box::new(RejoinRecord {
@@ -625,8 +720,8 @@ mod tests {
             ],
         );
         assert_eq!(seen[0], ("draining", vec![StageEffect::Drain { wait: true }]));
-        assert_eq!(seen[5], ("rejoining", vec![StageEffect::Rejoin { healthy: true }]));
-        assert_eq!(seen[6].0, "concluded");
+        assert_eq!(seen[6], ("rejoining", vec![StageEffect::Rejoin { healthy: true }]));
+        assert_eq!(seen[7].0, "concluded");
         let so_far = end.so_far();
         assert!(so_far.evidence.drain.not_put_back, "healthy but not put back");
         assert!(so_far.drain.as_ref().unwrap().rejoin.is_some());
@@ -687,6 +782,7 @@ mod tests {
             ),
             (Stage::Assessing { so_far: so_far() }, CoRestartStep::Probing),
             (Stage::ProvingUnreached { so_far: so_far() }, CoRestartStep::Probing),
+            (Stage::CheckingOutput { so_far: so_far() }, CoRestartStep::Probing),
             (Stage::Verifying { so_far: so_far() }, CoRestartStep::Probing),
             (Stage::Counting { so_far: so_far() }, CoRestartStep::Probing),
             (

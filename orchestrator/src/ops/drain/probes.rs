@@ -294,6 +294,7 @@ pub async fn pd_probe(
                 model: pair.probe.model.clone(),
                 prompt: pair.probe.prompt.clone(),
                 max_tokens: pair.probe.max_tokens,
+                greedy: false,
             }),
             timeout_ms,
             seq: 0,

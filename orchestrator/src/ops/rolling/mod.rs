@@ -409,6 +409,7 @@ impl Roller {
             fingerprint: String::new(),
             drain: None,
             sub_operations: so_far.children,
+            golden: None,
             total_ms: self.rec.now_ms(),
         };
         if let Err(e) = self
