@@ -18,6 +18,7 @@ mod incidents;
 mod journal_full;
 mod layers;
 mod metrics;
+mod output;
 mod partition;
 mod repair;
 mod soak;
