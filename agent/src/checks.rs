@@ -130,8 +130,10 @@ pub async fn pd_path_probe(
     outcome
 }
 
-/// The alternatives a greedy probe asks for at each position.
-const GREEDY_TOP_LOGPROBS: u32 = 2;
+/// The alternatives a greedy probe asks for at each position: five (the
+/// most the orchestrator keeps), so that a token that flipped among
+/// several near-tied ones is listed in the reference and its margin read.
+const GREEDY_TOP_LOGPROBS: u32 = 5;
 
 /// The probe's chat completion body: one fixed prompt, temperature 0, not
 /// streamed. A greedy probe (`chat.greedy`, issue 34) also asks for `seed` 0
@@ -1034,7 +1036,7 @@ mod tests {
             assert_eq!(body["temperature"], 0);
             assert_eq!(body["seed"], 0);
             assert_eq!(body["logprobs"], true);
-            assert_eq!(body["top_logprobs"], 2);
+            assert_eq!(body["top_logprobs"], 5);
             assert_eq!(body["max_tokens"], 2);
             assert_eq!(body["stream"], false);
         }

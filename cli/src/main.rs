@@ -83,6 +83,11 @@ enum Cmd {
         /// Also run the abort storm (cancels long prompts mid-prefill: disruptive in service).
         #[arg(long)]
         include_abort_storm: bool,
+        /// Record this verification's greedy answer as the pair's reference,
+        /// pinned, even when one exists (new weights meant) — only if the
+        /// verification is otherwise healthy; a failing one records nothing.
+        #[arg(long)]
+        record_reference: bool,
         /// Idempotency key: a retry with a key already used starts nothing
         /// and names the operation it started (default: a fresh one).
         #[arg(long, value_name = "ID", value_parser = request_id_arg)]
@@ -519,6 +524,12 @@ async fn history(conn: &Connection, pair: &str, limit: u32, json: bool) -> anyho
         if let StoredReport::Gate(g) = &report {
             history_lines(g).iter().for_each(|l| pdwarden_client::say!("    {l}"));
         }
+        // The reference it recorded or the operator pinned (issue 34).
+        if let StoredReport::Operation(r) = &report
+            && let Some(line) = r.golden.as_ref().and_then(|g| g.recorded_line(&r.operation_id))
+        {
+            pdwarden_client::say!("    {line}");
+        }
     }
     Ok(())
 }
@@ -571,9 +582,18 @@ async fn main() -> ExitCode {
             name,
             json,
             include_abort_storm,
+            record_reference,
             request_id,
         } => match conn
-            .follow_printing(&name, json, Some(include_abort_storm), request_id_or_new(request_id))
+            .follow_printing_asked(
+                &name,
+                json,
+                pdwarden_client::Asked::Verify {
+                    include_abort_storm,
+                    record_reference,
+                },
+                request_id_or_new(request_id),
+            )
             .await
         {
             Ok(report) => {

@@ -129,7 +129,10 @@ impl Connection {
         on_line: impl FnMut(String),
     ) -> Result<OperationReport, CouldNotRun> {
         let asked = match verify {
-            Some(include_abort_storm) => Asked::Verify { include_abort_storm },
+            Some(include_abort_storm) => Asked::Verify {
+                include_abort_storm,
+                record_reference: false,
+            },
             None => Asked::Restart { rolling: false },
         };
         self.follow_asked(pair, asked, request_id, on_line).await
@@ -144,10 +147,14 @@ impl Connection {
         mut on_line: impl FnMut(String),
     ) -> Result<OperationReport, CouldNotRun> {
         let request = match asked {
-            Asked::Verify { include_abort_storm } => Request::Verify(VerifyPairRequest {
+            Asked::Verify {
+                include_abort_storm,
+                record_reference,
+            } => Request::Verify(VerifyPairRequest {
                 pair: pair.to_string(),
                 request_id,
                 include_abort_storm,
+                record_reference,
             }),
             Asked::Restart { rolling } => Request::Restart(RestartPairRequest {
                 pair: pair.to_string(),
@@ -346,7 +353,10 @@ impl Connection {
         request_id: String,
     ) -> Result<OperationReport, CouldNotRun> {
         let asked = match verify {
-            Some(include_abort_storm) => Asked::Verify { include_abort_storm },
+            Some(include_abort_storm) => Asked::Verify {
+                include_abort_storm,
+                record_reference: false,
+            },
             None => Asked::Restart { rolling: false },
         };
         self.follow_printing_asked(pair, quiet, asked, request_id).await
@@ -382,8 +392,12 @@ impl Connection {
 pub enum Asked {
     /// A co-restart; `rolling`: one P/D sub-pair at a time.
     Restart { rolling: bool },
-    /// Probes and the suite; nothing restarted.
-    Verify { include_abort_storm: bool },
+    /// Probes and the suite; nothing restarted. `record_reference`: its
+    /// greedy answer pinned as the pair's reference if it is healthy.
+    Verify {
+        include_abort_storm: bool,
+        record_reference: bool,
+    },
 }
 
 /// A fresh idempotency key for an operation request.

@@ -177,6 +177,11 @@ pub struct OperationReport {
     /// reference this operation was held to or recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub golden: Option<crate::judge::golden::GoldenRecord>,
+    /// An xPyD pair's greedy answer along each prefill → decode path, each
+    /// held to the reference or (none) to the other paths' (issue 34,
+    /// "every P→D path agrees"). Empty for a 1P1D pair.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub golden_paths: Vec<crate::judge::golden::PathCheck>,
     pub total_ms: u64,
 }
 

@@ -56,6 +56,15 @@ pub struct GateConfig {
     /// Also run the probe series and the verification suite around the
     /// benchmark (before, after, and after a rollback).
     pub verify: bool,
+    /// Whether a change may alter the pair's greedy answer (issue 34): the
+    /// answer of the co-restart onto the change is held to the one the
+    /// verification before it got, and a difference beyond a near-tie
+    /// (another token the baseline clearly did not prefer) rolls the change
+    /// back, `output_changed_rolled_back` — a knob meant to change speed
+    /// changed what the model computes. `true`, for a change meant to alter
+    /// output (other weights, a quantisation): the gate says the output
+    /// changed and judges the change on its performance alone.
+    pub allow_output_change: bool,
 }
 
 impl Default for GateConfig {
@@ -75,6 +84,7 @@ impl Default for GateConfig {
             min_effect_ms: 1.0,
             min_effect_max_pct: 25.0,
             verify: true,
+            allow_output_change: false,
         }
     }
 }
@@ -435,6 +445,7 @@ mod tests {
         );
         assert_eq!(cells[0].rounds, 16);
         assert_eq!(c.max_looks(), 3);
+        assert!(!c.allow_output_change, "an output change rolls back unless allowed");
     }
 
     #[test]

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::change::ChangeSpec;
 use super::measure::Measurement;
+use super::output::OutputComparison;
 use crate::judge::gate::{self as judge, JudgeReport};
 use crate::judge::live::LiveCheck;
 use crate::report::{ChildOperation, StepRecord};
@@ -37,6 +38,11 @@ pub enum GateVerdict {
     /// does not restore changed), so the knob is not blamed. Look at the
     /// host.
     BaselineMovedRolledBack,
+    /// The greedy answer with the change differs from the one before it
+    /// beyond a near-tie (issue 34): the knob changes what the model
+    /// computes, not only how fast; rolled back (unless `[pair.gate]
+    /// allow_output_change = true`). Not measured.
+    OutputChangedRolledBack,
     /// The restarted processes did not have the change: rolled back.
     NotLiveRolledBack,
     /// The co-restart onto the change failed: rolled back.
@@ -65,6 +71,7 @@ impl GateVerdict {
             Self::InconclusiveRolledBack => "inconclusive_rolled_back",
             Self::InconclusiveHeld => "inconclusive_held",
             Self::BaselineMovedRolledBack => "baseline_moved_rolled_back",
+            Self::OutputChangedRolledBack => "output_changed_rolled_back",
             Self::NotLiveRolledBack => "not_live_rolled_back",
             Self::RestartFailedRolledBack => "restart_failed_rolled_back",
             Self::RollbackFailed => "rollback_failed",
@@ -120,6 +127,10 @@ pub struct GateReport {
     pub change_vs_rollback: Option<JudgeReport>,
     /// Per measurement: requests, failures.
     pub measurements: Vec<MeasurementSummary>,
+    /// The greedy answer with the change against the one before it (issue
+    /// 34); none where the pair did not come back with the change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<OutputComparison>,
     pub tolerance_pct: f64,
     pub total_ms: u64,
 }
@@ -153,6 +164,9 @@ impl GateReport {
             GateVerdict::BaselineMovedRolledBack => {
                 "BASELINE MOVED: rolled back, but the pair measures differently than before the gate; the knob is not blamed — look at the host"
             }
+            GateVerdict::OutputChangedRolledBack => {
+                "REJECTED: the change alters the greedy answer (what the model computes, not only how fast); rolled back"
+            }
             GateVerdict::NotLiveRolledBack => {
                 "FAILED: the restarted processes did not get the change; rolled back, rollback verified"
             }
@@ -169,6 +183,13 @@ impl GateReport {
         let _ = writeln!(s, "gate {} [{}]: {headline}", self.pair, self.change.describe());
         for r in &self.reasons {
             let _ = writeln!(s, "  - {r}");
+        }
+        // An output change is among the reasons; the same output, or none
+        // to compare, is said here.
+        if let Some(o) = &self.output
+            && !o.changed()
+        {
+            let _ = writeln!(s, "  {}", o.line());
         }
         for v in &self.versions {
             let restored = v.restored.map(|r| format!(", restored {r}")).unwrap_or_default();
@@ -203,6 +224,9 @@ impl GateReport {
 /// versions and every comparison's numbers.
 pub fn history_lines(r: &GateReport) -> Vec<String> {
     let mut out = vec![format!("change: {}", r.change.describe())];
+    if let Some(o) = &r.output {
+        out.push(o.line());
+    }
     for v in &r.versions {
         let restored = v.restored.map(|x| format!(", restored {x}")).unwrap_or_default();
         out.push(format!(

@@ -41,13 +41,17 @@
 //! 6. **Wrong output is never healthy** (issue 34): a greedy answer that
 //!    differs from its reference where the reference was sure
 //!    ([`crate::judge::golden`]) is `failed` however fast it came (a wedge
-//!    stays `wedged`); a near-tie is noise, said and allowed.
+//!    stays `wedged`); a near-tie is noise, said and allowed. In an xPyD
+//!    pair every prefill → decode path answers too, each held to the
+//!    reference (or, with none, to the answer most paths gave): a path
+//!    that answers wrong, or whose request failed, is `failed` naming its
+//!    engines ([`crate::judge::golden::compare_paths`]).
 //! 7. Otherwise the start-up and probe rules of [`crate::judge::verdict`]
 //!    and the suite's of [`crate::judge::suite`] decide.
 
 use serde::{Deserialize, Serialize};
 
-use crate::judge::golden::OutputCheck;
+use crate::judge::golden::{OutputCheck, PathCheck, path_lines};
 use crate::judge::suite::{self, StepReport, SuiteStep};
 use crate::judge::verdict::{ProbeObservation, ProbePolicy, UnitStartup, Verdict, VerdictKind, judge};
 
@@ -146,6 +150,8 @@ pub struct Evidence {
     pub drain: DrainEvidence,
     /// The output layer: the greedy answer against its reference.
     pub output: Option<OutputCheck>,
+    /// An xPyD pair's output along each prefill → decode path.
+    pub paths: Vec<PathCheck>,
     /// The journal could not record a step: the operation stopped there.
     pub journal_error: Option<String>,
     /// Lines that change nothing (a resumed operation's note).
@@ -227,7 +233,14 @@ pub fn conclude(e: &Evidence, policy: &ProbePolicy) -> Verdict {
             .collect();
         v.reasons.splice(0..0, lines);
     }
-    // The output layer: the right tokens, not only tokens in time.
+    // The output layer: the right tokens, not only tokens in time — along
+    // every prefill → decode path of an xPyD pair, too.
+    let (wrong_paths, fine_paths) = path_lines(&e.paths);
+    if !wrong_paths.is_empty() {
+        v.kind = worst_of_error(v.kind);
+        v.reasons.splice(0..0, wrong_paths);
+    }
+    v.reasons.extend(fine_paths);
     if let Some(check) = &e.output {
         if check.is_wrong_output() {
             v.kind = worst_of_error(v.kind);
@@ -662,6 +675,9 @@ mod tests {
         WrongOutput {
             position: usize,
         },
+        WrongPath {
+            position: usize,
+        },
     }
 
     fn fault() -> impl Strategy<Value = Fault> {
@@ -686,6 +702,7 @@ mod tests {
             Just(Fault::Unproven),
             Just(Fault::NotRunning),
             (0usize..32).prop_map(|position| Fault::WrongOutput { position }),
+            (0usize..32).prop_map(|position| Fault::WrongPath { position }),
         ]
     }
 
@@ -792,6 +809,22 @@ mod tests {
                 });
                 "WRONG OUTPUT"
             }
+            Fault::WrongPath { position } => {
+                e.paths.push(PathCheck {
+                    prefill: "prefill-1".into(),
+                    decode: "decode-1".into(),
+                    held_to: crate::judge::golden::HeldTo::Reference,
+                    check: OutputCheck::Diverged {
+                        position,
+                        reference: " is blue".into(),
+                        answer: " was green".into(),
+                        margin: Some(2.9),
+                        at_least: false,
+                        reference_operation: "ref".into(),
+                    },
+                });
+                "prefill-1 → decode-1"
+            }
         }
     }
 
@@ -884,6 +917,57 @@ mod tests {
             assert_eq!(v.kind, VerdictKind::Healthy, "{check:?}: {:?}", v.reasons);
             assert!(v.reasons.contains(&check.line()), "{:?}", v.reasons);
         }
+    }
+
+    /// Rule 6 along every path: a path of an xPyD pair that answers wrong
+    /// fails a pair whose router answered right, naming the path's engines;
+    /// paths that agree keep it healthy, in one line.
+    #[test]
+    fn a_wrong_path_fails_the_pair_naming_its_engines() {
+        use crate::judge::golden::HeldTo;
+        let path = |decode: &str, check: OutputCheck| PathCheck {
+            prefill: "prefill-0".into(),
+            decode: decode.into(),
+            held_to: HeldTo::Reference,
+            check,
+        };
+        let same = OutputCheck::Same {
+            tokens: 32,
+            reference_operation: "ref".into(),
+        };
+        let mut e = healthy_evidence();
+        e.output = Some(same.clone());
+        e.paths = vec![path("decode-0", same.clone()), path("decode-1", same.clone())];
+        let v = conclude(&e, &policy(false));
+        assert_eq!(v.kind, VerdictKind::Healthy, "{:?}", v.reasons);
+        assert!(
+            v.reasons
+                .iter()
+                .any(|r| r.starts_with("output: every prefill → decode path (2 paths")),
+            "{:?}",
+            v.reasons
+        );
+        e.paths[1].check = OutputCheck::Diverged {
+            position: 2,
+            reference: " is blue".into(),
+            answer: " was green".into(),
+            margin: Some(2.9),
+            at_least: false,
+            reference_operation: "ref".into(),
+        };
+        let v = conclude(&e, &policy(false));
+        assert_eq!(v.kind, VerdictKind::Failed, "{:?}", v.reasons);
+        assert!(
+            v.reasons[0].starts_with("WRONG OUTPUT: prefill-0 → decode-1 answered \" was green\" from token 2"),
+            "{:?}",
+            v.reasons
+        );
+        e.probes = vec![ProbeObservation::Timeout { after_ms: 30_000 }];
+        assert_eq!(
+            conclude(&e, &policy(true)).kind,
+            VerdictKind::Wedged,
+            "a wedge stays one"
+        );
     }
 
     #[test]

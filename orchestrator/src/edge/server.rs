@@ -255,13 +255,15 @@ impl ControlService {
     /// live update stream. The one start path of co-restarts,
     /// verifications and rolling restarts (a rolling restart is refused in
     /// one line when the pair cannot be rolled, before anything is
-    /// journaled).
+    /// journaled). `opening`: entries journaled with the operation before
+    /// it runs (a verification's `--record-reference`).
     async fn start_operation(
         &self,
         pair: &str,
         request_id: &str,
         what: Started,
         actor: Option<crate::edge::auth::Actor>,
+        opening: &[(&str, serde_json::Value)],
     ) -> Result<Response<UpdateStream>, Status> {
         self.leads()?;
         let pair = self.config.pair(pair).cloned().ok_or_else(|| {
@@ -280,7 +282,7 @@ impl ControlService {
         let request_id = (!request_id.is_empty()).then_some(request_id);
         let operation_id = self
             .ctx
-            .begin(kind, &pair.name, request_id, &[])
+            .begin(kind, &pair.name, request_id, opening)
             .map_err(begin_refused)?;
         let (tx, rx) = mpsc::unbounded_channel();
         // The operation runs on its own task: a CLI that disconnects does not
@@ -353,7 +355,7 @@ impl Control for ControlService {
         } else {
             Started::Operation(OperationKind::CoRestart)
         };
-        self.start_operation(&req.pair, &req.request_id, what, actor).await
+        self.start_operation(&req.pair, &req.request_id, what, actor, &[]).await
     }
 
     async fn verify_pair(
@@ -367,7 +369,12 @@ impl Control for ControlService {
         let kind = OperationKind::Verify {
             include_abort_storm: req.include_abort_storm,
         };
-        self.start_operation(&req.pair, &req.request_id, Started::Operation(kind), actor)
+        // The operator pins this verification's greedy answer as the
+        // pair's reference (issue 34): journaled with it, so that a resumed
+        // verification pins too.
+        let pin = [(crate::ops::corestart::RECORD_REFERENCE, serde_json::json!(true))];
+        let opening: &[(&str, serde_json::Value)] = if req.record_reference { &pin } else { &[] };
+        self.start_operation(&req.pair, &req.request_id, Started::Operation(kind), actor, opening)
             .await
     }
 
@@ -1391,6 +1398,7 @@ enabled = false
                     pair: "p".into(),
                     request_id: mb.clone(),
                     include_abort_storm: false,
+                    ..Default::default()
                 })
                 .await,
             ),

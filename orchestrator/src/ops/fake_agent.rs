@@ -229,6 +229,13 @@ struct State {
     /// The weights the engines compute with: a greedy answer is a function
     /// of them (issue 34; "" is the default weights).
     weights: String,
+    /// The change gate's knob that changes the output: with `KNOB=on` in a
+    /// decode's running environment the greedy answer is these weights'.
+    knob_weights: Option<String>,
+    /// Decodes (by URL) that compute with other weights than the engines':
+    /// a greedy probe over a KV path into one answers as those compute
+    /// (issue 34, item 3). A probe through the router is not affected.
+    decode_weights: HashMap<String, String>,
 }
 
 /// A greedy answer of `max_tokens` tokens as the engines compute it with
@@ -258,15 +265,29 @@ fn greedy_answer(weights: &str, max_tokens: u32) -> Vec<pdwarden_proto::v1::Answ
 }
 
 impl State {
-    /// How many times slower than the model every request is now: the
-    /// knob's slowdown while a decode runs with it, times the drift.
-    fn slowdown(&self) -> f64 {
-        let knob_on = self.units.iter().any(|(name, (m, _))| {
+    /// Whether a decode runs with `KNOB=on`.
+    fn knob_on(&self) -> bool {
+        self.units.iter().any(|(name, (m, _))| {
             m.role == Role::Decode && {
                 let c = &self.configs[name];
                 c.versions[c.running as usize].get(KNOB).is_some_and(|v| v == "on")
             }
-        });
+        })
+    }
+
+    /// The weights a greedy answer is computed with now: the knob's while
+    /// a decode runs with it (where the knob changes the output).
+    fn answer_weights(&self) -> String {
+        match &self.knob_weights {
+            Some(w) if self.knob_on() => w.clone(),
+            _ => self.weights.clone(),
+        }
+    }
+
+    /// How many times slower than the model every request is now: the
+    /// knob's slowdown while a decode runs with it, times the drift.
+    fn slowdown(&self) -> f64 {
+        let knob_on = self.knob_on();
         let decode_starts = self
             .executed
             .iter()
@@ -459,6 +480,15 @@ impl FakeAgent {
         self.lock().weights = weights.into();
     }
 
+    /// The decode at `decode_url` alone computes with `weights` (its KV
+    /// read wrong, or its checkpoint replaced): a greedy probe this agent
+    /// sends over a KV path into it answers as `weights` compute; one
+    /// through the router still answers with the engines' weights (its
+    /// policy picked another decode).
+    pub(crate) fn set_decode_weights(&self, decode_url: &str, weights: &str) {
+        self.lock().decode_weights.insert(decode_url.into(), weights.into());
+    }
+
     /// `unit` has work in flight for `for_ms` from now.
     pub(crate) fn busy_for(&self, unit: &str, for_ms: u64) {
         self.lock()
@@ -524,6 +554,13 @@ impl FakeAgent {
 
     pub(crate) fn with_knob_slowdown(self, factor: f64) -> Self {
         self.lock().knob_slowdown = factor;
+        self
+    }
+
+    /// With `KNOB=on` in a decode's running environment the engines'
+    /// greedy answers are `weights`' (a knob that changes the output).
+    pub(crate) fn with_knob_weights(self, weights: &str) -> Self {
+        self.lock().knob_weights = Some(weights.into());
         self
     }
 
@@ -641,7 +678,15 @@ impl FakeAgent {
                             .units
                             .get(&p.unit)
                             .is_some_and(|(_, i)| i.phase == Phase::Exited as i32);
-                    (dead, (20.0 * st.slowdown()) as u64, st.weights.clone())
+                    let weights = match p
+                        .pd_path
+                        .as_ref()
+                        .and_then(|path| st.decode_weights.get(&path.decode_url))
+                    {
+                        Some(w) => w.clone(),
+                        None => st.answer_weights(),
+                    };
+                    (dead, (20.0 * st.slowdown()) as u64, weights)
                 };
                 tokio::spawn(async move {
                     tokio::time::sleep(Duration::from_millis(latency_ms)).await;

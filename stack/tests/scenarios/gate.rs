@@ -5,7 +5,11 @@
 //! pd-sim's own `/sim/stats` (`settings.knob_live`) is the ground truth the
 //! gate's `/proc` reading is checked against. The judge (issue 17) keeps a
 //! change only when every metric is shown not worse beyond its margin; these
-//! scenarios cover each of its decisions on the real stack.
+//! scenarios cover each of its decisions on the real stack. Issue 34: the
+//! greedy answer of the co-restart onto the change is held to the one of the
+//! verification before it — pd-sim's `--weights` (its answers are a function
+//! of the weights and the prompt) set on the decode changes it; the knob does
+//! not.
 
 use std::time::Duration;
 
@@ -49,6 +53,14 @@ fn gate(demo: &HeldDemo) -> (Output, Value) {
 
 /// `settings.knob_live` of each engine, from pd-sim itself.
 fn knob_live(demo: &HeldDemo) -> Vec<bool> {
+    sim_settings(demo)
+        .iter()
+        .map(|s| s["knob_live"].as_bool().unwrap())
+        .collect()
+}
+
+/// Each engine's pd-sim settings (`/sim/stats`), prefill first.
+fn sim_settings(demo: &HeldDemo) -> Vec<Value> {
     let status = demo.cli(&["status", "--json"]).json();
     let urls: Vec<String> = status["agents"][0]["units"]
         .as_array()
@@ -69,7 +81,7 @@ fn knob_live(demo: &HeldDemo) -> Vec<bool> {
                 .json()
                 .await
                 .unwrap();
-            out.push(v["settings"]["knob_live"].as_bool().unwrap());
+            out.push(v["settings"].clone());
         }
         out
     })
@@ -108,9 +120,20 @@ fn assert_rollback_measured(v: &Value) {
     );
 }
 
+/// Issue 34: the knob changes speed, not output — the greedy answer with it
+/// is the baseline's token for token, and the report says so without a
+/// reason about the output.
+fn assert_output_unchanged(v: &Value) {
+    assert_eq!(v["output"]["outcome"], "compared", "{v:#}");
+    assert_eq!(v["output"]["check"]["outcome"], "same", "{:#}", v["output"]);
+    let r = reasons(v);
+    assert!(!r.contains("OUTPUT CHANGED") && !r.contains("output changed"), "{r}");
+}
+
 /// A knob that slows generation by 20 % is rejected and rolled back; the
 /// rollback is verified from /proc (the knob absent again, config version 0)
 /// and by a measurement back at baseline; pd-sim agrees the knob is off.
+/// The knob does not change the greedy answer: no output reason.
 #[test]
 fn slowing_knob_is_rejected_and_rolled_back() {
     let _one = exclusive();
@@ -119,6 +142,7 @@ fn slowing_knob_is_rejected_and_rolled_back() {
     assert_eq!(out.code, 2, "{v:#}");
     assert_eq!(v["verdict"], "rejected_rolled_back", "{v:#}");
     assert_eq!(v["judgement"]["judgement"], "regressed", "{v:#}");
+    assert_output_unchanged(&v);
     let r = reasons(&v);
     assert!(r.contains("regression beyond the margin"), "{r}");
     assert_rollback_measured(&v);
@@ -225,6 +249,7 @@ fn change_inside_the_noise_is_never_rejected() {
     let _one = exclusive();
     let demo = stack("1.0", &[]);
     let (out, v) = gate(&demo);
+    assert_output_unchanged(&v);
     let j = &v["judgement"];
     let comparisons = j["comparisons"].as_array().unwrap();
     let no_regression = || assert!(comparisons.iter().all(|c| c["finding"] != "regression"), "{v:#}");
@@ -411,4 +436,82 @@ pub fn assert_batching_cap_rejected(code: i32, v: &Value, flag: &str) {
         !rollback_live.is_empty() && rollback_live.iter().all(|c| c["ok"] == true),
         "{v:#}"
     );
+}
+
+/// Issue 34 through the real sglang-router: the decode set onto other
+/// weights (`--set-arg --weights=tiny-v2`, pd-sim's checkpoint identity) —
+/// a "knob" that changes what the model computes. The co-restart onto it
+/// comes back healthy (a new config fingerprint has no reference of its
+/// own), but its greedy answer is held to the one of the verification
+/// before the change: they differ from the first token, clearly — rejected
+/// for the output, rolled back, not measured, the first reason naming the
+/// change with the judge's evidence; the decode is back on its weights.
+#[test]
+fn a_change_of_the_greedy_answer_is_rejected_and_rolled_back() {
+    let _one = exclusive();
+    let demo = stack("1.0", &[]);
+    let out = demo.cli_within(
+        &[
+            "gate",
+            "demo",
+            "--set-arg",
+            "--weights=tiny-v2",
+            "--unit",
+            "decode-0",
+            "--json",
+        ],
+        LIMIT,
+    );
+    let v = out.json();
+    eprintln!("gate report:\n{:#}", v["reasons"]);
+    assert_eq!(out.code, 2, "{v:#}");
+    assert_eq!(v["verdict"], "output_changed_rolled_back", "{v:#}");
+    let output = &v["output"];
+    assert_eq!(output["outcome"], "compared", "{v:#}");
+    assert_eq!(output["check"]["outcome"], "diverged", "{output:#}");
+    assert_eq!(output["check"]["position"], 0, "{output:#}");
+    assert_eq!(output["allowed"], false, "{output:#}");
+    let ops = v["operations"].as_array().unwrap();
+    let child = |purpose: &str| {
+        ops.iter()
+            .find(|o| o["purpose"] == purpose)
+            .map(|o| o["operation_id"].clone())
+            .unwrap_or_else(|| panic!("no {purpose} child: {v:#}"))
+    };
+    assert_eq!(output["before_operation"], child("baseline"), "{v:#}");
+    assert_eq!(output["after_operation"], child("restart"), "{v:#}");
+    assert_eq!(
+        output["check"]["reference_operation"],
+        child("baseline"),
+        "the baseline verification's answer is the reference"
+    );
+    let first = v["reasons"][0].as_str().unwrap();
+    assert!(
+        first.starts_with("OUTPUT CHANGED by the change (--weights tiny-v2, live in decode-0 pid ")
+            && first.contains("WRONG OUTPUT: the greedy answer differs from the reference")
+            && first.contains("at token 0"),
+        "{first}"
+    );
+    assert!(v["judgement"].is_null(), "not measured after the change: {v:#}");
+    let steps = step_names(&v);
+    assert!(!steps.contains(&"measuring"), "{steps:?}");
+    let live = v["live"].as_array().unwrap();
+    assert!(
+        !live.is_empty() && live.iter().all(|c| c["ok"] == true),
+        "the change shown live before it is blamed: {v:#}"
+    );
+    assert!(
+        live.iter().any(|c| c["observed"].to_string().contains("--weights")),
+        "{v:#}"
+    );
+    let rollback_live = v["rollback_live"].as_array().unwrap();
+    assert!(
+        !rollback_live.is_empty() && rollback_live.iter().all(|c| c["ok"] == true),
+        "{v:#}"
+    );
+    assert_rollback_measured(&v);
+    let weights: Vec<Value> = sim_settings(&demo).iter().map(|s| s["weights"].clone()).collect();
+    assert_eq!(weights, ["tiny-v1", "tiny-v1"], "the decode back on its weights");
+    let text = demo.cli(&["history", "demo"]).stdout;
+    assert!(text.contains("OUTPUT CHANGED"), "{text}");
 }

@@ -2,7 +2,9 @@
 //! in for the engines: a pair that answers fast, HTTP 200, but with the
 //! wrong tokens is never healthy — a decode on weights replaced on disk
 //! under the same path (same argv, same config fingerprint), a decode
-//! reading the transferred KV with a mismatched layout.
+//! reading the transferred KV with a mismatched layout, one decode of an
+//! xPyD pair that the router's one greedy request may never meet. The
+//! operator pins a new reference when new weights are meant.
 
 use std::time::Duration;
 
@@ -87,4 +89,120 @@ fn wrong_output_through_the_real_router_is_failed_naming_it() {
     sim_fault(&decode, r#"{"kv_corruption": false}"#);
     let healthy = verify(0);
     assert_eq!(check(&healthy), "same", "{:#}", healthy["golden"]);
+
+    // New weights meant: the restart onto them fails on its output; the
+    // operator pins this verification's answer as the reference; the next
+    // restart on the new weights is held to it, healthy; `history` says
+    // who recorded the reference.
+    std::fs::write(&weights, "tiny-v2").unwrap();
+    let out = held.cli_within(&["restart", "pd-pair", "demo", "--json"], LIMIT);
+    assert_eq!(out.code, 2, "{}", reasons(&out.json()));
+    let out = held.cli_within(&["verify", "demo", "--record-reference", "--json"], LIMIT);
+    let pinned = out.json();
+    assert_eq!(out.code, 0, "{}", reasons(&pinned));
+    assert_eq!(check(&pinned), "pinned", "{:#}", pinned["golden"]);
+    assert_eq!(
+        pinned["golden"]["check"]["replaced"]["outcome"], "diverged",
+        "{:#}",
+        pinned["golden"]
+    );
+    assert_eq!(
+        (
+            &pinned["golden"]["reference"]["operation_id"],
+            &pinned["golden"]["reference"]["pinned"]
+        ),
+        (&pinned["operation_id"], &Value::Bool(true)),
+        "{:#}",
+        pinned["golden"]
+    );
+    let out = held.cli_within(&["restart", "pd-pair", "demo", "--json"], LIMIT);
+    let on_new = out.json();
+    assert_eq!(out.code, 0, "{}", reasons(&on_new));
+    assert_eq!(check(&on_new), "same", "{:#}", on_new["golden"]);
+    assert_eq!(
+        on_new["golden"]["check"]["reference_operation"], pinned["operation_id"],
+        "held to the pinned reference"
+    );
+    let history = held.cli(&["history", "demo", "--limit", "3"]);
+    assert!(
+        history
+            .stdout
+            .contains("reference pinned by the operator (--record-reference)"),
+        "{}",
+        history.stdout
+    );
+}
+
+/// Issue 34, item 3: an xPyD pair (2P2D) answers the greedy request along
+/// every prefill → decode path (one request straight along each, as well
+/// as the router's). KV corruption switched on in decode-1 only: `verify`
+/// is failed naming each path into decode-1 (and decode-1), whichever
+/// decode the router's own request met; off: healthy again.
+#[test]
+fn every_path_of_an_xpyd_pair_agrees_or_the_wrong_one_is_named() {
+    let _one = exclusive();
+    let held = HeldDemo::start(&["--prefills", "2", "--decodes", "2"], LIMIT);
+    let first = &held.report;
+    assert!(
+        first["verdict"].as_str().unwrap().starts_with("healthy"),
+        "{}",
+        reasons(first)
+    );
+    let paths = |r: &Value| -> Vec<(String, String)> {
+        r["golden_paths"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no golden_paths: {r:#}"))
+            .iter()
+            .map(|p| {
+                (
+                    format!("{} → {}", p["prefill"].as_str().unwrap(), p["decode"].as_str().unwrap()),
+                    p["check"]["outcome"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    };
+    let all = paths(first);
+    assert_eq!(all.len(), 4, "one greedy request per path (P×D): {all:?}");
+    assert!(all.iter().all(|(_, o)| o == "same" || o == "near_tie"), "{all:?}");
+    let verify = || {
+        let out = held.cli_within(&["verify", "demo", "--json"], LIMIT);
+        (out.code, out.json())
+    };
+    let (code, healthy) = verify();
+    assert_eq!(code, 0, "{}", reasons(&healthy));
+
+    let decode1 = held.unit_url("decode-1");
+    sim_fault(&decode1, r#"{"kv_corruption": true}"#);
+    let (code, corrupt) = verify();
+    assert_eq!(
+        (code, corrupt["verdict"].as_str()),
+        (2, Some("failed")),
+        "{}",
+        reasons(&corrupt)
+    );
+    let wrong: Vec<String> = paths(&corrupt)
+        .into_iter()
+        .filter(|(_, o)| o == "diverged")
+        .map(|(p, _)| p)
+        .collect();
+    assert_eq!(
+        wrong,
+        ["prefill-0 → decode-1", "prefill-1 → decode-1"],
+        "{}",
+        reasons(&corrupt)
+    );
+    let text = reasons(&corrupt);
+    for path in &wrong {
+        assert!(
+            text.contains(&format!("WRONG OUTPUT: {path} answered")),
+            "{path} not named: {text}"
+        );
+    }
+    assert!(text.contains("every path into decode decode-1"), "{text}");
+    println!("2P2D, kv_corruption in decode-1: {text}");
+
+    sim_fault(&decode1, r#"{"kv_corruption": false}"#);
+    let (code, again) = verify();
+    assert_eq!(code, 0, "{}", reasons(&again));
+    assert!(paths(&again).iter().all(|(_, o)| o == "same" || o == "near_tie"));
 }

@@ -69,6 +69,34 @@ fn real_vllm_pair_restarts_in_order_gated_on_real_generation() {
         .expect("demo.decode_proxy")
         .to_string();
 
+    // Golden output (issue 34) on the real engine: its greedy answer came
+    // with logprobs through vllm-router and the KV path, and was recorded
+    // as the reference; a verification is held to it (the same tokens, or
+    // a near-tie the judge allows); one token altered in flight by the
+    // proxy between the router and the decode (fast, HTTP 200) is wrong
+    // output, named at its position.
+    assert_eq!(r["golden"]["check"]["outcome"], "no_reference", "{:#}", r["golden"]);
+    let reference = r["golden"]["reference"]["answer"]["tokens"]
+        .as_array()
+        .map_or(0, Vec::len);
+    assert!(reference > 0, "no reference recorded: {:#}", r["golden"]);
+    let out = held.cli_within(&["verify", "demo", "--json"], LIMIT);
+    let v = out.json();
+    assert_eq!(out.code, 0, "{}", reasons(&v));
+    let outcome = v["golden"]["check"]["outcome"].as_str().unwrap_or("");
+    assert!(matches!(outcome, "same" | "near_tie"), "{:#}", v["golden"]);
+    set_faults(&proxy, r#"{"alter_token_at": 3}"#);
+    let out = held.cli_within(&["verify", "demo", "--json"], LIMIT);
+    let v = out.json();
+    assert_eq!(out.code, 2, "{}", reasons(&v));
+    assert_eq!(v["golden"]["check"]["outcome"], "diverged", "{:#}", v["golden"]);
+    assert_eq!(v["golden"]["check"]["position"], 3, "{:#}", v["golden"]);
+    println!(
+        "real vLLM, golden output: {reference}-token reference recorded, verify {outcome}; one token altered in flight: {}",
+        reasons(&v).lines().next().unwrap_or("")
+    );
+    set_faults(&proxy, "{}");
+
     // An error event 20 tokens into the streamed long generation; the short
     // non-streamed probes pass.
     set_faults(&proxy, r#"{"error_event_after": 20, "match": "stream"}"#);

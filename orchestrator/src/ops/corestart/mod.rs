@@ -60,6 +60,7 @@ use pdwarden_model::report::{
 mod history;
 pub mod machine;
 mod output;
+pub use output::RECORD_REFERENCE;
 mod probes;
 mod recorder;
 mod resume;
@@ -231,6 +232,9 @@ pub async fn run_operation_from(
             .read::<serde_json::Value>(&operation_id, "trigger")
             .unwrap_or_default()
             .is_empty();
+    // A verification the operator asked to pin its greedy answer as the
+    // reference (`verify NAME --record-reference`, journaled).
+    let pin = matches!(kind, OperationKind::Verify { .. }) && output::pin_requested(&rec.journal, &operation_id);
     let stages = Stages {
         kind,
         recovery,
@@ -250,7 +254,7 @@ pub async fn run_operation_from(
         let routers_before = &routers_before;
         async move {
             let mut run = shared.lock().await;
-            run.carry(effect, kind, kept_ref, before.as_ref(), routers_before.as_ref())
+            run.carry(effect, kind, pin, kept_ref, before.as_ref(), routers_before.as_ref())
                 .await
         }
     })
@@ -298,6 +302,19 @@ pub async fn run_operation_from(
     let verdict = conclude(&evidence, &policy);
     let suite_steps = std::mem::take(&mut evidence.suite);
     let router_counters = std::mem::take(&mut evidence.routers);
+    let golden_paths = std::mem::take(&mut evidence.paths);
+    let golden = so_far
+        .golden
+        .take()
+        .map(|g| output::kept(g, verdict.kind.is_healthy(), &operation_id));
+    let mut reasons = verdict.reasons;
+    if pin {
+        reasons.push(output::pin_line(
+            golden.as_ref(),
+            &operation_id,
+            verdict.kind.is_healthy(),
+        ));
+    }
     let evidence = std::mem::take(&mut *rec.lock());
     let mut report = OperationReport {
         operation_id: operation_id.clone(),
@@ -305,7 +322,7 @@ pub async fn run_operation_from(
         kind: kind.as_str().into(),
         decode_start_policy: run.pair.decode_start_policy.as_str().into(),
         verdict: verdict.kind,
-        reasons: verdict.reasons,
+        reasons,
         steps: rec.steps(),
         timeline: evidence.timeline,
         probe_latency: summarize(
@@ -335,10 +352,8 @@ pub async fn run_operation_from(
         fingerprint,
         drain: so_far.drain.take(),
         sub_operations: Vec::new(),
-        golden: so_far
-            .golden
-            .take()
-            .map(|g| output::kept(g, verdict.kind.is_healthy(), &operation_id)),
+        golden,
+        golden_paths,
         total_ms: rec.now_ms(),
     };
     if let Err(e) = rec.journal.conclude(&operation_id, report.verdict.as_str(), &report) {
@@ -484,6 +499,7 @@ impl CoRestart<'_> {
         &mut self,
         effect: StageEffect,
         kind: OperationKind,
+        pin: bool,
         kept: &[UnitStartup],
         before: Option<&BTreeMap<String, EngineCounterRecord>>,
         routers_before: Option<&BTreeMap<String, RouterScrape>>,
@@ -514,7 +530,10 @@ impl CoRestart<'_> {
                 let now = self.scrape_engines().await;
                 StageEvent::Proven(self.prove_unreached(before, &now).await)
             }
-            StageEffect::CheckOutput => StageEvent::OutputChecked(self.check_output(kind).await.map(Box::new)),
+            StageEffect::CheckOutput => match self.check_output(kind, pin).await {
+                Some((record, paths)) => StageEvent::OutputChecked(Some(Box::new(record)), paths),
+                None => StageEvent::OutputChecked(None, Vec::new()),
+            },
             StageEffect::RunSuite { abort_storm } => StageEvent::SuiteRan(
                 self.verification_suite(abort_storm)
                     .await
@@ -983,6 +1002,277 @@ mod driver_tests {
             restored.golden.map(|g| g.check),
             Some(OutputCheck::Same { .. })
         ));
+        // One greedy request: a 1P1D pair has no other path to check.
+        assert!(restored.golden_paths.is_empty());
+    }
+
+    /// A 2P2D pair of the rig's host: prefill-0/1, decode-0/1, router-0.
+    fn xpyd_pair() -> PairConfig {
+        let text = r#"
+listen = "127.0.0.1:7070"
+journal = "/unused"
+[[pair]]
+name = "p"
+prefill = [{ host = "h1", unit = "prefill-0" }, { host = "h1", unit = "prefill-1" }]
+decode = [{ host = "h1", unit = "decode-0" }, { host = "h1", unit = "decode-1" }]
+router = [{ host = "h1", unit = "router-0" }]
+[pair.probe]
+model = "m"
+prompt = "Say hi"
+warm_budget_ms = 1000
+cold_allowance_ms = 3000
+probe_timeout_ms = 5000
+[pair.suite.long_generation]
+enabled = false
+[pair.suite.multi_turn]
+enabled = false
+[pair.suite.concurrency]
+enabled = false
+"#;
+        crate::config::OrchestratorConfig::from_toml_str(text)
+            .unwrap()
+            .pairs
+            .remove(0)
+    }
+
+    fn xpyd_agent() -> crate::ops::fake_agent::FakeAgent {
+        use crate::ops::fake_agent::{FakeAgent, UnitModel};
+        use pdwarden_proto::v1::Role;
+        FakeAgent::new(
+            "h1",
+            vec![
+                UnitModel::new("prefill-0", Role::Prefill),
+                UnitModel::new("prefill-1", Role::Prefill),
+                UnitModel::new("decode-0", Role::Decode),
+                UnitModel::new("decode-1", Role::Decode),
+                UnitModel::new("router-0", Role::Router),
+            ],
+        )
+    }
+
+    /// A verification of pair `p` as `pdwarden verify p` begins one;
+    /// `pin`: with `--record-reference` (its opening entry).
+    fn begin_verify(journal: &Journal, pin: bool) -> String {
+        let id = uuid::Uuid::new_v4().to_string();
+        journal.begin(&id, "verify", "p", None).unwrap();
+        if pin {
+            journal
+                .append(&id, 0, RECORD_REFERENCE, &serde_json::json!(true))
+                .unwrap();
+        }
+        id
+    }
+
+    async fn run_kind(ctx: &OperationContext, pair: PairConfig, id: String, kind: OperationKind) -> OperationReport {
+        let (tx, _rx) = mpsc::unbounded_channel();
+        tokio::spawn(run_operation(ctx.clone(), pair, id, kind, tx))
+            .await
+            .unwrap()
+    }
+
+    const VERIFY: OperationKind = OperationKind::Verify {
+        include_abort_storm: false,
+    };
+
+    /// Issue 34, item 3: in a 2P2D pair the greedy request also goes
+    /// straight along each of the four prefill → decode paths. All agree:
+    /// healthy, said in one line, the router's answer recorded. decode-1
+    /// then computes other tokens while the router's policy keeps sending
+    /// the request elsewhere (its answer still the reference's): each path
+    /// into decode-1 is wrong output naming its engines, decode-1 is named
+    /// the suspect, `failed`, no suite, nothing recorded — and a pin asked
+    /// for by the operator does not bless it.
+    #[tokio::test(start_paused = true)]
+    async fn every_path_of_an_xpyd_pair_is_held_to_the_reference() {
+        use pdwarden_model::judge::golden::{HeldTo, OutputCheck};
+        let dir = tempfile::tempdir().unwrap();
+        let journal = journal(&dir);
+        let agent = xpyd_agent();
+        let ctx = orchestrator(&journal, &agent).await;
+        let first = run_kind(&ctx, xpyd_pair(), begin(&journal), OperationKind::CoRestart).await;
+        assert!(first.verdict.is_healthy(), "{:?}", first.reasons);
+        assert_eq!(first.golden_paths.len(), 4, "one greedy request per path: P×D");
+        assert!(
+            first
+                .golden_paths
+                .iter()
+                .all(|p| matches!(p.check, OutputCheck::Same { tokens: 32, .. })
+                    && matches!(p.held_to, HeldTo::Majority { .. })),
+            "{:?}",
+            first.golden_paths
+        );
+        assert!(
+            first.reasons.iter().any(|r| r
+                .starts_with("output: every prefill → decode path (4 paths, one greedy request sent straight along each) answered as each other")),
+            "{:?}",
+            first.reasons
+        );
+        let reference = first.golden.as_ref().unwrap().reference.clone().expect("recorded");
+        assert_eq!(reference.operation_id, first.operation_id);
+
+        let healthy = run_kind(&ctx, xpyd_pair(), begin_verify(&journal, false), VERIFY).await;
+        assert!(healthy.verdict.is_healthy(), "{:?}", healthy.reasons);
+        assert!(healthy.golden_paths.iter().all(|p| p.held_to == HeldTo::Reference));
+
+        agent.set_decode_weights("http://fake/decode-1", "w2");
+        let wrong = run_kind(&ctx, xpyd_pair(), begin(&journal), OperationKind::CoRestart).await;
+        assert_eq!(wrong.verdict, VerdictKind::Failed, "{:?}", wrong.reasons);
+        assert!(
+            matches!(wrong.golden.as_ref().map(|g| &g.check), Some(OutputCheck::Same { .. })),
+            "the router's answer was right: {:?}",
+            wrong.golden
+        );
+        let bad: Vec<String> = wrong
+            .golden_paths
+            .iter()
+            .filter(|p| p.is_wrong_output())
+            .map(|p| p.name())
+            .collect();
+        assert_eq!(bad, ["prefill-0 → decode-1", "prefill-1 → decode-1"]);
+        assert!(
+            wrong.reasons[0].starts_with("WRONG OUTPUT: prefill-0 → decode-1 answered \" sea calm")
+                && wrong.reasons[0].contains(&format!(
+                    "where the reference (operation {}) goes on \" the sky",
+                    first.operation_id
+                )),
+            "{:?}",
+            wrong.reasons
+        );
+        assert!(
+            wrong.reasons[2].starts_with(
+                "WRONG OUTPUT on every path into decode decode-1 (prefill-0 → decode-1, prefill-1 → decode-1)"
+            ),
+            "{:?}",
+            wrong.reasons
+        );
+        assert!(wrong.suite.is_empty());
+        assert_eq!(
+            wrong.golden.as_ref().unwrap().reference.as_ref().unwrap().operation_id,
+            first.operation_id,
+            "nothing recorded from a failed operation"
+        );
+
+        let pin = run_kind(&ctx, xpyd_pair(), begin_verify(&journal, true), VERIFY).await;
+        assert_eq!(pin.verdict, VerdictKind::Failed, "{:?}", pin.reasons);
+        assert!(
+            pin.golden_paths
+                .iter()
+                .all(|p| p.held_to == HeldTo::Pinned && p.is_wrong_output() == (p.decode == "decode-1")),
+            "{:?}",
+            pin.golden_paths
+        );
+        assert_eq!(
+            pin.reasons.last().unwrap(),
+            &format!(
+                "--record-reference: nothing recorded: the verification is not healthy (the reference stays operation {}'s)",
+                first.operation_id
+            )
+        );
+        assert!(pin.golden.unwrap().reference.is_some_and(|r| !r.pinned));
+    }
+
+    /// Issue 34, task B: the operator pins a reference. The weights changed
+    /// (a new checkpoint meant): a verification fails on it; `verify
+    /// --record-reference` is held to nothing, says the difference it
+    /// replaces, and records its answer pinned; the next co-restart on the
+    /// new weights is held to it and healthy. A pin asked of a pair that is
+    /// not healthy records nothing and says so.
+    #[tokio::test(start_paused = true)]
+    async fn the_operator_pins_the_reference_after_a_weights_change() {
+        use pdwarden_model::judge::golden::OutputCheck;
+        let dir = tempfile::tempdir().unwrap();
+        let journal = journal(&dir);
+        let agent = agent();
+        let ctx = orchestrator(&journal, &agent).await;
+        let first = run_kind(
+            &ctx,
+            pair("after-prefill-ready"),
+            begin(&journal),
+            OperationKind::CoRestart,
+        )
+        .await;
+        assert!(first.verdict.is_healthy(), "{:?}", first.reasons);
+
+        agent.set_weights("w2");
+        let wrong = run_kind(&ctx, pair("after-prefill-ready"), begin_verify(&journal, false), VERIFY).await;
+        assert_eq!(wrong.verdict, VerdictKind::Failed, "{:?}", wrong.reasons);
+
+        let pin_id = begin_verify(&journal, true);
+        let pinned = run_kind(&ctx, pair("after-prefill-ready"), pin_id.clone(), VERIFY).await;
+        assert!(pinned.verdict.is_healthy(), "{:?}", pinned.reasons);
+        let golden = pinned.golden.clone().unwrap();
+        let OutputCheck::Pinned {
+            tokens: 32,
+            replaced: Some(replaced),
+        } = &golden.check
+        else {
+            panic!("{golden:?}")
+        };
+        assert!(
+            matches!(replaced.as_ref(), OutputCheck::Diverged { position: 0, reference_operation, .. } if *reference_operation == first.operation_id),
+            "{replaced:?}"
+        );
+        let reference = golden.reference.clone().unwrap();
+        assert!(reference.pinned && reference.operation_id == pin_id, "{reference:?}");
+        assert!(
+            pinned
+                .reasons
+                .iter()
+                .any(|r| r.contains("differs from the reference it replaces")),
+            "{:?}",
+            pinned.reasons
+        );
+        assert!(
+            pinned
+                .reasons
+                .last()
+                .unwrap()
+                .starts_with("reference pinned (--record-reference): this verification's greedy answer (32 tokens)"),
+            "{:?}",
+            pinned.reasons
+        );
+        assert!(
+            golden
+                .recorded_line(&pin_id)
+                .unwrap()
+                .starts_with("reference pinned by the operator")
+        );
+
+        let next = run_kind(
+            &ctx,
+            pair("after-prefill-ready"),
+            begin(&journal),
+            OperationKind::CoRestart,
+        )
+        .await;
+        assert!(next.verdict.is_healthy(), "{:?}", next.reasons);
+        assert_eq!(
+            next.golden.map(|g| g.check),
+            Some(OutputCheck::Same {
+                tokens: 32,
+                reference_operation: pin_id.clone()
+            })
+        );
+
+        // Not healthy (the router gone): nothing recorded, said so; the
+        // pinned reference stays.
+        agent.crash("router-0", "killed");
+        let refused = run_kind(&ctx, pair("after-prefill-ready"), begin_verify(&journal, true), VERIFY).await;
+        assert!(!refused.verdict.is_healthy(), "{:?}", refused.reasons);
+        assert!(
+            refused
+                .reasons
+                .last()
+                .unwrap()
+                .starts_with("--record-reference: nothing recorded: the verification is not healthy"),
+            "{:?}",
+            refused.reasons
+        );
+        assert!(
+            refused
+                .golden
+                .is_none_or(|g| g.reference.is_none_or(|r| r.operation_id == pin_id))
+        );
     }
 
     /// Issue 16, finding 6: the link to the agent breaks while the decode

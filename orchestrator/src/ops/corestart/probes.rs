@@ -433,6 +433,22 @@ impl CoRestart<'_> {
         seq: u32,
         chat: ChatProbe,
     ) -> (ProbeObservation, ProbeRecord, Option<pdwarden_proto::v1::ProbeResult>) {
+        self.probe_along(host, unit, target, seq, chat, self.direct.clone())
+            .await
+    }
+
+    /// One probe of `chat` sent by `unit`'s agent, over the KV path
+    /// `pd_path` (`None`: to `unit` itself, a router); the agent's result
+    /// too, when it answered.
+    pub(super) async fn probe_along(
+        &self,
+        host: &str,
+        unit: &str,
+        target: &str,
+        seq: u32,
+        chat: ChatProbe,
+        pd_path: Option<PdPath>,
+    ) -> (ProbeObservation, ProbeRecord, Option<pdwarden_proto::v1::ProbeResult>) {
         let timeout_ms = self.pair.probe.probe_timeout_ms;
         let command_id = uuid::Uuid::new_v4().to_string();
         let cmd = Command {
@@ -443,7 +459,7 @@ impl CoRestart<'_> {
                 chat: Some(chat),
                 timeout_ms,
                 seq,
-                pd_path: self.direct.clone(),
+                pd_path,
             })),
         };
         let mut record = ProbeRecord {

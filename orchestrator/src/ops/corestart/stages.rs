@@ -23,7 +23,7 @@ use super::{CoRestartStep, OperationKind};
 use crate::ops::journal::JournalError;
 use crate::ops::machine::{Effect, Machine, Transition};
 use pdwarden_model::judge::evidence::{EngineCounters, Evidence, NotRunning, RouterCounters, UnreachedProof, conclude};
-use pdwarden_model::judge::golden::GoldenRecord;
+use pdwarden_model::judge::golden::{GoldenRecord, PathCheck};
 use pdwarden_model::judge::suite::{StepReport, SuiteStep};
 use pdwarden_model::judge::verdict::{ProbeObservation, ProbePolicy, UnitStartup};
 use pdwarden_model::report::{DrainRecord, EngineCounterRecord, RejoinRecord};
@@ -229,8 +229,9 @@ pub enum StageEvent {
     },
     Assessed(Box<Assessment>),
     Proven(Vec<UnreachedProof>),
-    /// The output check's record (`None`: the pair has no path to send it).
-    OutputChecked(Option<Box<GoldenRecord>>),
+    /// The output check's record (`None`: the pair has no path to send it),
+    /// and an xPyD pair's findings along each prefill → decode path.
+    OutputChecked(Option<Box<GoldenRecord>>, Vec<PathCheck>),
     /// The suite's steps and those not run, or the write that stopped it.
     SuiteRan(Result<(Vec<StepReport>, Vec<SuiteStep>), JournalFailed>),
     Counted {
@@ -340,11 +341,12 @@ impl Machine for Stages {
                     self.counting(so_far)
                 }
             }
-            (Stage::CheckingOutput { mut so_far }, StageEvent::OutputChecked(record)) => {
+            (Stage::CheckingOutput { mut so_far }, StageEvent::OutputChecked(record, paths)) => {
                 if let Some(record) = record {
                     so_far.evidence.output = Some(record.check.clone());
                     so_far.golden = Some(*record);
                 }
+                so_far.evidence.paths = paths;
                 // Wrong output ends it like any error: the suite would only
                 // measure how fast the wrong tokens come.
                 if so_far.healthy() {
@@ -488,7 +490,7 @@ mod tests {
     }
 
     fn output(record: GoldenRecord) -> StageEvent {
-        StageEvent::OutputChecked(Some(Box::new(record)))
+        StageEvent::OutputChecked(Some(Box::new(record)), vec![])
     }
 
     /// Issue 34: the greedy answer is checked after a healthy series and
@@ -530,11 +532,58 @@ mod tests {
             None,
         ] {
             let mut events = to_output();
-            events.push(StageEvent::OutputChecked(fine));
+            events.push(StageEvent::OutputChecked(fine, vec![]));
             let (seen, end) = walk(&m, CoRestartStep::RestartingPrefill, events);
             assert_eq!(seen[3].1, [StageEffect::RunSuite { abort_storm: false }]);
             assert!(end.so_far().healthy());
         }
+    }
+
+    /// Issue 34, item 3: in an xPyD pair, one path that answers wrong
+    /// skips the suite like wrong output through the router, however
+    /// right the router's answer was.
+    #[test]
+    fn a_wrong_path_skips_the_suite() {
+        use pdwarden_model::judge::golden::HeldTo;
+        let mut m = stages(OperationKind::CoRestart);
+        m.xpyd = true;
+        let path = |decode: &str, check: OutputCheck| PathCheck {
+            prefill: "prefill-0".into(),
+            decode: decode.into(),
+            held_to: HeldTo::Reference,
+            check,
+        };
+        let events = |paths| {
+            vec![
+                StageEvent::OrderRan { journal_error: None },
+                assessed(true),
+                StageEvent::Proven(vec![]),
+                StageEvent::OutputChecked(Some(Box::new(same())), paths),
+            ]
+        };
+        let (seen, end) = walk(
+            &m,
+            CoRestartStep::RestartingPrefill,
+            events(vec![path("decode-0", same().check), path("decode-1", same().check)]),
+        );
+        assert_eq!(seen[4].1, [StageEffect::RunSuite { abort_storm: false }]);
+        assert!(end.so_far().healthy());
+        let wrong = OutputCheck::Diverged {
+            position: 2,
+            reference: " is blue".into(),
+            answer: " was green".into(),
+            margin: Some(2.9),
+            at_least: false,
+            reference_operation: "ref".into(),
+        };
+        let (seen, end) = walk(
+            &m,
+            CoRestartStep::RestartingPrefill,
+            events(vec![path("decode-0", same().check), path("decode-1", wrong)]),
+        );
+        assert_eq!(seen[4].1, [StageEffect::ReadCounters { scrape: true }]);
+        assert!(!end.so_far().healthy());
+        assert_eq!(end.so_far().evidence.paths.len(), 2);
     }
 
     fn counted() -> StageEvent {
@@ -710,7 +759,7 @@ mod tests {
                 drained(None),
                 StageEvent::OrderRan { journal_error: None },
                 assessed(true),
-                StageEvent::OutputChecked(None),
+                StageEvent::OutputChecked(None, vec![]),
                 StageEvent::SuiteRan(Ok((vec![], vec![]))),
                 counted(),
                 StageEvent::Rejoined(Box::new(RejoinRecord {

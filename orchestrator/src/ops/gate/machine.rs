@@ -41,8 +41,10 @@ use crate::ops::machine::{Effect, Machine, Transition};
 use pdwarden_model::gate::change::ChangeSpec;
 use pdwarden_model::gate::config::OnInconclusive;
 use pdwarden_model::gate::measure::{Measurement, first_error, metrics};
+use pdwarden_model::gate::output::{ChildGolden, OutputComparison, compare_children};
 use pdwarden_model::gate::report::{GateVerdict, MeasurementSummary, VersionRecord};
 use pdwarden_model::judge::gate::{self as judge, BaselineCheck, JudgePolicy, JudgeReport, Judgement};
+use pdwarden_model::judge::golden::GoldenRecord;
 use pdwarden_model::judge::live::{self, Expected, LiveCheck, UnitView};
 use pdwarden_model::judge::verdict::VerdictKind;
 use pdwarden_model::report::ChildOperation;
@@ -165,6 +167,13 @@ pub struct SoFar {
     /// The change against the pair after the rollback (A–B–A′), where that
     /// had moved from the first baseline.
     pub change_vs_rollback: Option<JudgeReport>,
+    /// The greedy answer of the verification before the change (issue 34):
+    /// what the answer with the change is held to.
+    #[serde(default)]
+    pub baseline_output: Option<ChildGolden>,
+    /// The answer of the co-restart onto the change against it.
+    #[serde(default)]
+    pub output: Option<OutputComparison>,
 }
 
 /// Why a gate rolls back: the verdict it concludes with once the rollback
@@ -439,6 +448,7 @@ impl ChildPurpose {
 pub enum Evidence {
     Live(Vec<LiveCheck>),
     Judgement(JudgeReport),
+    Output(OutputComparison),
 }
 
 /// What the gate asks for, carried out by `gate/mod.rs`.
@@ -476,10 +486,13 @@ impl Effect for GateEffect {}
 /// What carrying out a [`GateEffect`] answered.
 #[derive(Debug)]
 pub enum GateEvent {
-    /// The child operation concluded: its record and its verdict.
+    /// The child operation concluded: its record, its verdict, and what
+    /// its report kept of its greedy answer (issue 34; none: it checked no
+    /// output).
     ChildConcluded {
         child: ChildOperation,
         verdict: VerdictKind,
+        golden: Option<Box<GoldenRecord>>,
     },
     /// The child could not begin: the journal could not record it (nothing
     /// was sent for it).
@@ -533,7 +546,7 @@ pub enum RejectionBasis {
     WorseThanBoth,
     /// Not the benchmark against the baseline: the co-restart's own
     /// budgets (met before the change and again by the rollback's
-    /// co-restart), the process's `/proc`, or its start.
+    /// co-restart), the process's `/proc`, its start, or its greedy answer.
     NotTheBaseline,
 }
 
@@ -544,7 +557,10 @@ pub fn when_the_baseline_moved(verdict: GateVerdict, basis: RejectionBasis) -> G
     match (verdict, basis) {
         (_, RejectionBasis::WorseThanBoth) => verdict,
         (
-            GateVerdict::RejectedRolledBack | GateVerdict::NotLiveRolledBack | GateVerdict::RestartFailedRolledBack,
+            GateVerdict::RejectedRolledBack
+            | GateVerdict::NotLiveRolledBack
+            | GateVerdict::RestartFailedRolledBack
+            | GateVerdict::OutputChangedRolledBack,
             RejectionBasis::NotTheBaseline,
         ) => verdict,
         _ => GateVerdict::BaselineMovedRolledBack,
@@ -701,8 +717,12 @@ impl<'a> Gating<'a> {
             )
         };
         match event {
-            GateEvent::ChildConcluded { child, verdict } => {
+            GateEvent::ChildConcluded { child, verdict, golden } => {
                 so_far.operations.push(child.clone());
+                so_far.baseline_output = Some(ChildGolden {
+                    operation_id: child.operation_id.clone(),
+                    golden: golden.map(|g| *g),
+                });
                 if !verdict.is_healthy() {
                     return failed(
                         so_far,
@@ -805,6 +825,25 @@ impl<'a> Gating<'a> {
             }
             _ => Transition::to(current),
         }
+    }
+
+    /// The reason a change that alters the greedy answer is rolled back:
+    /// the change, where it is live, and the judge's evidence line.
+    fn output_changed(&self, output: &OutputComparison, live_in: &[String]) -> String {
+        let (before, after, evidence) = match output {
+            OutputComparison::Compared {
+                before_operation,
+                after_operation,
+                check,
+                ..
+            } => (before_operation.as_str(), after_operation.as_str(), check.line()),
+            OutputComparison::NotCompared { why } => ("?", "?", why.clone()),
+        };
+        format!(
+            "OUTPUT CHANGED by the change ({}, live in {}): the greedy answer of the co-restart onto it (operation {after}) is not the one the pair gave before it (operation {before}): {evidence}. The change alters what the model computes, not only how fast: rolled back, not measured (a change meant to alter output is gated with `[pair.gate] allow_output_change = true`)",
+            self.change.describe(),
+            live_in.join(", "),
+        )
     }
 
     /// Step 7's last part: the verdict once the pair after the rollback is
@@ -1020,9 +1059,32 @@ impl Machine for Gating<'_> {
             }
 
             // Step 3.
-            (S::Restarting { mut so_far, baseline }, Ev::ChildConcluded { child, verdict }) => {
+            (S::Restarting { mut so_far, baseline }, Ev::ChildConcluded { child, verdict, golden }) => {
                 so_far.operations.push(child.clone());
-                let end = vec![End(verdict.as_str().into())];
+                let came_back_slow = matches!(verdict, VerdictKind::OverBudget | VerdictKind::ColdStartRejected);
+                let mut end = vec![End(verdict.as_str().into())];
+                if verdict.is_healthy() || came_back_slow {
+                    // The pair came back with the change: its greedy answer
+                    // held to the one before it (issue 34); what it found
+                    // decides once the change is shown live.
+                    let after = ChildGolden {
+                        operation_id: child.operation_id.clone(),
+                        golden: golden.map(|g| *g),
+                    };
+                    let output = compare_children(
+                        so_far.baseline_output.as_ref(),
+                        &after,
+                        self.pair.gate.allow_output_change,
+                    );
+                    end.insert(
+                        0,
+                        Record {
+                            kind: "output_comparison",
+                            evidence: Evidence::Output(output.clone()),
+                        },
+                    );
+                    so_far.output = Some(output);
+                }
                 if verdict.is_healthy() {
                     return end_of_step(
                         current,
@@ -1034,7 +1096,6 @@ impl Machine for Gating<'_> {
                         },
                     );
                 }
-                let came_back_slow = matches!(verdict, VerdictKind::OverBudget | VerdictKind::ColdStartRejected);
                 so_far.reasons.push(format!(
                     "the co-restart with the change ended {}{}: {}",
                     verdict.as_str(),
@@ -1090,6 +1151,16 @@ impl Machine for Gating<'_> {
                         "the change is not live in the restarted processes: {}",
                         not_live.join("; ")
                     ));
+                    if let Some(evidence) = so_far
+                        .output
+                        .as_ref()
+                        .filter(|o| o.changed())
+                        .and_then(|o| o.evidence())
+                    {
+                        so_far.reasons.push(format!(
+                            "the greedy answer after the co-restart differs from the one before it too, but with the change not live that is not charged to the change: {evidence}"
+                        ));
+                    }
                     return end_of_step(
                         current,
                         vec![record, End(format!("not live: {}", not_live.join("; ")))],
@@ -1102,6 +1173,16 @@ impl Machine for Gating<'_> {
                     .map(|c| format!("{} pid {}", c.unit, c.pid))
                     .collect();
                 let effects = vec![record, End(format!("live in {}", pids.join(", ")))];
+                // The change is live: an output change is the change's.
+                let output = so_far.output.clone().filter(OutputComparison::changed);
+                if let Some(o) = &output {
+                    if o.rejects() {
+                        so_far.reasons.insert(0, self.output_changed(o, &pids));
+                        let then = rolling_back(so_far, GateVerdict::OutputChangedRolledBack);
+                        return end_of_step(current, effects, then);
+                    }
+                    so_far.reasons.push(o.line());
+                }
                 let then = if over_budget_with_the_change {
                     rolling_back(so_far, GateVerdict::RejectedRolledBack)
                 } else {
@@ -1241,7 +1322,7 @@ impl Machine for Gating<'_> {
                     why,
                     baseline,
                 },
-                Ev::ChildConcluded { child, verdict },
+                Ev::ChildConcluded { child, verdict, .. },
             ) => {
                 so_far.operations.push(child.clone());
                 let end = vec![End(verdict.as_str().into())];
@@ -1396,6 +1477,7 @@ mod tests {
     use crate::ops::gate::change::targets;
     use pdwarden_model::gate::config::Cell;
     use pdwarden_model::gate::measure::{CellMeasurement, RequestFigures};
+    use pdwarden_model::judge::golden::{Alternative, AnswerToken, GreedyAnswer, OutputCheck, OutputIdentity};
     use pdwarden_model::judge::live::ProcessView;
 
     struct Fixture {
@@ -1481,6 +1563,81 @@ mod tests {
                 total_ms: 7,
             },
             verdict,
+            golden: None,
+        }
+    }
+
+    /// Each word preferred by 3 nats over the next one.
+    fn greedy(words: &[&str]) -> GreedyAnswer {
+        GreedyAnswer {
+            tokens: words
+                .iter()
+                .enumerate()
+                .map(|(i, w)| AnswerToken {
+                    token: (*w).into(),
+                    logprob: -0.05,
+                    top: vec![
+                        Alternative {
+                            token: (*w).into(),
+                            logprob: -0.05,
+                        },
+                        Alternative {
+                            token: words[(i + 1) % words.len()].into(),
+                            logprob: -3.05,
+                        },
+                    ],
+                })
+                .collect(),
+        }
+    }
+
+    const BEFORE: &[&str] = &[" the", " sky", " is", " blue"];
+    const OTHER: &[&str] = &[" a", " sea", " so", " calm"];
+
+    /// `child`, its report keeping the greedy answer `words` (none: an
+    /// engine without logprobs).
+    fn answering(purpose: ChildPurpose, verdict: VerdictKind, words: Option<&[&str]>) -> GateEvent {
+        let GateEvent::ChildConcluded { child, verdict, .. } = child(purpose, verdict) else {
+            unreachable!()
+        };
+        let golden = GoldenRecord {
+            identity: OutputIdentity {
+                model: "m".into(),
+                fingerprint: purpose.as_str().into(),
+            },
+            check: match words {
+                Some(w) => OutputCheck::NoReference { tokens: w.len() },
+                None => OutputCheck::NoLogprobs,
+            },
+            reference: None,
+            answer: words.map(greedy),
+        };
+        GateEvent::ChildConcluded {
+            child,
+            verdict,
+            golden: Some(Box::new(golden)),
+        }
+    }
+
+    /// What the gate had established by its co-restart, the baseline
+    /// verification having answered `BEFORE`.
+    fn with_baseline_answer() -> SoFar {
+        SoFar {
+            baseline_output: Some(ChildGolden {
+                operation_id: "baseline-op".into(),
+                golden: match answering(ChildPurpose::Baseline, VerdictKind::Healthy, Some(BEFORE)) {
+                    GateEvent::ChildConcluded { golden, .. } => golden.map(|g| *g),
+                    _ => unreachable!(),
+                },
+            }),
+            ..established()
+        }
+    }
+
+    fn restarting_after_baseline() -> GateState {
+        GateState::Restarting {
+            so_far: with_baseline_answer(),
+            baseline: steady("baseline", 100.0),
         }
     }
 
@@ -2323,6 +2480,319 @@ mod tests {
         assert_eq!((t.next, t.effects), (restarting, vec![]));
         let t = g.step(applying.clone(), GateEvent::ChildNotBegun { error: "x".into() }, 0);
         assert_eq!(t.next, applying, "the applying state runs no child");
+    }
+
+    /// Issue 34: the baseline verification's greedy answer is kept (what
+    /// the answer with the change is held to), whatever it found.
+    #[test]
+    fn the_baseline_verification_keeps_its_greedy_answer() {
+        let f = fixture("");
+        let g = f.gate();
+        let fresh = GateState::Baseline {
+            so_far: SoFar::default(),
+            looks: 0,
+            measured: None,
+        };
+        let t = g.step(
+            fresh.clone(),
+            answering(ChildPurpose::Baseline, VerdictKind::Healthy, Some(BEFORE)),
+            0,
+        );
+        assert_eq!(t.effects, [GateEffect::Inspect]);
+        let kept = t.next.so_far().baseline_output.as_ref().expect("kept");
+        assert_eq!(kept.operation_id, "baseline-op");
+        assert_eq!(
+            kept.golden.as_ref().and_then(|g| g.answer.clone()),
+            Some(greedy(BEFORE))
+        );
+        // A child that checked no output: kept as such, said later.
+        let t = g.step(fresh, child(ChildPurpose::Baseline, VerdictKind::Healthy), 0);
+        assert_eq!(
+            t.next.so_far().baseline_output.as_ref().map(|b| b.golden.is_none()),
+            Some(true)
+        );
+    }
+
+    /// The co-restart onto the change answers otherwise than the baseline
+    /// (token 0 clearly not preferred): compared and journaled at once, and
+    /// once the change is shown live in the restarted processes, rolled back
+    /// for it — not measured — the first reason naming the change and
+    /// carrying the judge's evidence line.
+    #[test]
+    fn an_output_change_with_the_change_live_is_rolled_back_unmeasured() {
+        let f = fixture("");
+        let g = f.gate();
+        let t = g.step(
+            restarting_after_baseline(),
+            answering(ChildPurpose::Restart, VerdictKind::Healthy, Some(OTHER)),
+            0,
+        );
+        let [
+            GateEffect::Record {
+                kind: "output_comparison",
+                evidence: Evidence::Output(output),
+            },
+            GateEffect::End(end),
+            GateEffect::CheckJournal { .. },
+        ] = &t.effects[..]
+        else {
+            panic!("{:?}", t.effects)
+        };
+        assert_eq!(end, "healthy");
+        assert!(output.rejects(), "{output:?}");
+        let OutputComparison::Compared {
+            before_operation,
+            after_operation,
+            check: OutputCheck::Diverged { position: 0, .. },
+            allowed: false,
+        } = output
+        else {
+            panic!("{output:?}")
+        };
+        assert_eq!(
+            (before_operation.as_str(), after_operation.as_str()),
+            ("baseline-op", "restart-op")
+        );
+        let verifying = then(&t).clone();
+        assert!(matches!(verifying, GateState::VerifyingLive { .. }));
+        assert!(
+            verifying.so_far().reasons.is_empty(),
+            "nothing charged before the change is shown live"
+        );
+        let t = g.step(verifying, GateEvent::LiveChecked(all_live()), 0);
+        let GateState::RollingBack { why, so_far, baseline } = then(&t) else {
+            panic!("{:?}", t.effects)
+        };
+        assert_eq!(
+            *why,
+            Why::NotMeasured {
+                verdict: GateVerdict::OutputChangedRolledBack
+            }
+        );
+        assert!(baseline.is_some(), "the rollback is measured against it");
+        let first = &so_far.reasons[0];
+        assert!(
+            first.starts_with(
+                "OUTPUT CHANGED by the change (KNOB=on, live in prefill-0 pid 40, decode-0 pid 40): the greedy answer of the co-restart onto it (operation restart-op) is not the one the pair gave before it (operation baseline-op): WRONG OUTPUT"
+            ) && first.contains(&output.evidence().unwrap())
+                && first.contains("allow_output_change = true"),
+            "{first}"
+        );
+        assert!(so_far.judgement.is_none());
+    }
+
+    /// `allow_output_change = true`: the output change is said, and the
+    /// change is judged on the benchmark as any other.
+    #[test]
+    fn an_allowed_output_change_goes_on_to_the_benchmark() {
+        let f = fixture("allow_output_change = true\n");
+        let g = f.gate();
+        let t = checked(
+            &g,
+            g.step(
+                restarting_after_baseline(),
+                answering(ChildPurpose::Restart, VerdictKind::Healthy, Some(OTHER)),
+                0,
+            ),
+        );
+        let output = t.next.so_far().output.clone().unwrap();
+        assert!(output.changed() && !output.rejects(), "{output:?}");
+        let t = g.step(t.next, GateEvent::LiveChecked(all_live()), 0);
+        let GateState::Measuring { so_far, look: 1, .. } = then(&t) else {
+            panic!("{:?}", t.effects)
+        };
+        assert_eq!(so_far.reasons.len(), 1, "{:?}", so_far.reasons);
+        assert!(
+            so_far.reasons[0].starts_with("output changed, allowed (allow_output_change = true)")
+                && so_far.reasons[0].contains("WRONG OUTPUT"),
+            "{:?}",
+            so_far.reasons
+        );
+    }
+
+    /// The same answer, a near-tie, or no answer to compare (an engine
+    /// without logprobs, a child that checked no output, no baseline
+    /// verification): recorded, no reason, measured as before.
+    #[test]
+    fn the_same_output_or_none_to_compare_changes_nothing() {
+        let f = fixture("");
+        let g = f.gate();
+        let near_tie = {
+            let mut a = greedy(BEFORE);
+            a.tokens[1].top[1].logprob = -0.07;
+            a
+        };
+        let restarting_near_tie = GateState::Restarting {
+            so_far: SoFar {
+                baseline_output: Some(ChildGolden {
+                    operation_id: "baseline-op".into(),
+                    golden: match answering(ChildPurpose::Baseline, VerdictKind::Healthy, Some(BEFORE)) {
+                        GateEvent::ChildConcluded { golden, .. } => golden.map(|g| GoldenRecord {
+                            answer: Some(near_tie.clone()),
+                            ..*g
+                        }),
+                        _ => unreachable!(),
+                    },
+                }),
+                ..established()
+            },
+            baseline: steady("baseline", 100.0),
+        };
+        let no_baseline = GateState::Restarting {
+            so_far: established(),
+            baseline: steady("baseline", 100.0),
+        };
+        for (at, restarting, event, outcome) in [
+            (
+                "same",
+                restarting_after_baseline(),
+                answering(ChildPurpose::Restart, VerdictKind::Healthy, Some(BEFORE)),
+                "same",
+            ),
+            (
+                "near-tie",
+                restarting_near_tie,
+                answering(
+                    ChildPurpose::Restart,
+                    VerdictKind::Healthy,
+                    Some(&[" the", " is", " it"]),
+                ),
+                "near_tie",
+            ),
+            (
+                "no logprobs",
+                restarting_after_baseline(),
+                answering(ChildPurpose::Restart, VerdictKind::Healthy, None),
+                "not_compared",
+            ),
+            (
+                "no output checked",
+                restarting_after_baseline(),
+                child(ChildPurpose::Restart, VerdictKind::Healthy),
+                "not_compared",
+            ),
+            (
+                "no baseline verification",
+                no_baseline,
+                answering(ChildPurpose::Restart, VerdictKind::Healthy, Some(OTHER)),
+                "not_compared",
+            ),
+        ] {
+            let t = checked(&g, g.step(restarting, event, 0));
+            let output = t.next.so_far().output.clone().unwrap_or_else(|| panic!("{at}"));
+            let json = serde_json::to_value(&output).unwrap();
+            let got = json["check"]["outcome"].as_str().or(json["outcome"].as_str());
+            assert_eq!(got, Some(outcome), "{at}: {json}");
+            assert!(!output.changed(), "{at}");
+            let t = g.step(t.next, GateEvent::LiveChecked(all_live()), 0);
+            let GateState::Measuring { so_far, .. } = then(&t) else {
+                panic!("{at}: {:?}", t.effects)
+            };
+            assert!(so_far.reasons.is_empty(), "{at}: {:?}", so_far.reasons);
+        }
+    }
+
+    /// An answer that changed while the change is not live is not the
+    /// change's: not live, rolled back, the output said as well.
+    #[test]
+    fn an_output_change_with_the_change_not_live_is_not_charged_to_it() {
+        let f = fixture("");
+        let g = f.gate();
+        let t = g.step(
+            restarting_after_baseline(),
+            answering(ChildPurpose::Restart, VerdictKind::Healthy, Some(OTHER)),
+            0,
+        );
+        let checks = vec![live("prefill-0", None), live("decode-0", Some("decode-0: KNOB absent"))];
+        let t = g.step(then(&t).clone(), GateEvent::LiveChecked(checks), 0);
+        let GateState::RollingBack { why, so_far, .. } = then(&t) else {
+            panic!("{:?}", t.effects)
+        };
+        assert_eq!(
+            *why,
+            Why::NotMeasured {
+                verdict: GateVerdict::NotLiveRolledBack
+            }
+        );
+        assert!(
+            so_far.reasons[0].starts_with("the change is not live"),
+            "{:?}",
+            so_far.reasons
+        );
+        assert!(
+            so_far.reasons[1].contains("not charged to the change: WRONG OUTPUT"),
+            "{:?}",
+            so_far.reasons
+        );
+    }
+
+    /// A pair that came back slow and answering otherwise: the output
+    /// change is the verdict (it says more than the budgets), said first.
+    #[test]
+    fn an_output_change_on_a_pair_back_over_its_budgets_is_the_verdict() {
+        let f = fixture("");
+        let g = f.gate();
+        let t = g.step(
+            restarting_after_baseline(),
+            answering(ChildPurpose::Restart, VerdictKind::OverBudget, Some(OTHER)),
+            0,
+        );
+        assert!(matches!(
+            &t.effects[0],
+            GateEffect::Record {
+                kind: "output_comparison",
+                ..
+            }
+        ));
+        let t = g.step(then(&t).clone(), GateEvent::LiveChecked(all_live()), 0);
+        let GateState::RollingBack { why, so_far, .. } = then(&t) else {
+            panic!("{:?}", t.effects)
+        };
+        assert_eq!(why.verdict(), GateVerdict::OutputChangedRolledBack);
+        assert!(so_far.reasons[0].starts_with("OUTPUT CHANGED"), "{:?}", so_far.reasons);
+        assert!(
+            so_far.reasons[1].contains("came back generating"),
+            "{:?}",
+            so_far.reasons
+        );
+        // A co-restart that failed is not compared: nothing came back.
+        let t = g.step(
+            restarting_after_baseline(),
+            answering(ChildPurpose::Restart, VerdictKind::Failed, Some(OTHER)),
+            0,
+        );
+        assert!(then(&t).so_far().output.is_none());
+        assert_eq!(why_of(then(&t)), GateVerdict::RestartFailedRolledBack);
+    }
+
+    fn why_of(state: &GateState) -> GateVerdict {
+        match state {
+            GateState::RollingBack { why, .. } => why.verdict(),
+            other => panic!("not rolling back: {other:?}"),
+        }
+    }
+
+    /// After the rollback, a moved baseline does not excuse an output
+    /// change: it never rested on the benchmark.
+    #[test]
+    fn a_moved_baseline_does_not_excuse_an_output_change() {
+        let f = fixture("");
+        let g = f.gate();
+        let measuring = GateState::RollbackMeasuring {
+            so_far: SoFar {
+                rollback_live: all_live(),
+                ..established()
+            },
+            why: Why::NotMeasured {
+                verdict: GateVerdict::OutputChangedRolledBack,
+            },
+            baseline: steady("baseline", 100.0),
+            look: 1,
+            again: None,
+        };
+        let t = g.step(measuring, GateEvent::Measured(steady("rollback#1", 140.0)), 0);
+        assert_eq!(verdict_of(then(&t)), GateVerdict::OutputChangedRolledBack);
+        assert!(then(&t).so_far().reasons[0].starts_with("the benchmark moved"));
     }
 
     /// Each state is journaled under its step's label, the one older

@@ -19,6 +19,13 @@
 //!    one that does not come back is `restart_failed_rolled_back`.
 //! 4. **Verify live** from `/proc/PID/environ` and `/proc/PID/cmdline`
 //!    ([`live`]): a knob the process did not receive fails the gate here.
+//!    **Output** (issue 34): the co-restart's greedy answer is held to the
+//!    baseline verification's ([`pdwarden_model::gate::output`], the judge's
+//!    near-tie rule); one that differs beyond a near-tie, with the change
+//!    shown live here, is `output_changed_rolled_back`, not measured —
+//!    unless `[pair.gate] allow_output_change`, where it is said and the
+//!    gate goes on. The comparison is the machine's (pure), on the
+//!    children's conclusions, and journaled as `output_comparison`.
 //! 5. **Measure** the same benchmark again, after the same warm-up.
 //! 6. **Judge** ([`pdwarden_model::judge::gate`]): per cell, metric and statistic, a cluster
 //!    bootstrap interval against the margin: kept only when every interval
@@ -78,6 +85,7 @@ use pdwarden_model::gate::change::ChangeSpec;
 use pdwarden_model::gate::config::Cell;
 use pdwarden_model::gate::measure::{CellMeasurement, Measurement};
 use pdwarden_model::gate::report::{GateReport, GateVerdict, MeasurementSummary, VersionRecord};
+use pdwarden_model::judge::golden::GoldenRecord;
 use pdwarden_model::judge::verdict::VerdictKind;
 use pdwarden_model::report::ChildOperation;
 
@@ -407,7 +415,11 @@ impl Gate {
                 None
             }
             GateEffect::RunChild(purpose) => Some(match self.child(purpose).await {
-                Ok((child, verdict)) => GateEvent::ChildConcluded { child, verdict },
+                Ok((child, verdict, golden)) => GateEvent::ChildConcluded {
+                    child,
+                    verdict,
+                    golden: golden.map(Box::new),
+                },
                 Err(e) => GateEvent::ChildNotBegun { error: e.to_string() },
             }),
             GateEffect::Inspect => Some(GateEvent::Inspected(self.inspect_all().await)),
@@ -510,7 +522,7 @@ impl Gate {
         let mut live = self.verify_live(&expected).await;
         if undone && live.iter().any(|c| !c.ok) {
             match self.child(ChildPurpose::RollbackRestart).await {
-                Ok((child, verdict)) => {
+                Ok((child, verdict, _)) => {
                     so_far.operations.push(child.clone());
                     if verdict.is_healthy() {
                         live = self.verify_live(&expected).await;
@@ -574,6 +586,7 @@ impl Gate {
             rollback_judgement: so_far.rollback_judgement,
             change_vs_rollback: so_far.change_vs_rollback,
             measurements: so_far.measurements,
+            output: so_far.output,
             tolerance_pct: self.pair.gate.tolerance_pct,
             total_ms: self.rec.now_ms(),
         };
@@ -599,8 +612,12 @@ impl Gate {
     }
 
     /// Runs a co-restart or verification as its own journaled operation,
-    /// forwarding its live progress; its conclusion as the gate records it.
-    async fn child(&self, purpose: ChildPurpose) -> Result<(ChildOperation, VerdictKind), JournalError> {
+    /// forwarding its live progress; its conclusion as the gate records it,
+    /// and what its report kept of its greedy answer (issue 34).
+    async fn child(
+        &self,
+        purpose: ChildPurpose,
+    ) -> Result<(ChildOperation, VerdictKind, Option<GoldenRecord>), JournalError> {
         let kind = purpose.kind();
         let child_pair = format!("{}#gate", self.pair.name);
         let report = crate::ops::child::run(
@@ -626,7 +643,7 @@ impl Gate {
             total_ms: report.total_ms,
         };
         self.rec.journal("child_concluded", &rec);
-        Ok((rec, report.verdict))
+        Ok((rec, report.verdict, report.golden))
     }
 
     /// Sends one command to `unit`'s agent and waits for its answer.
@@ -1050,6 +1067,11 @@ mod tests {
             RestartFailedRolledBack
         );
         assert_eq!(
+            when_the_baseline_moved(OutputChangedRolledBack, NotTheBaseline),
+            OutputChangedRolledBack,
+            "an output change never rested on the benchmark"
+        );
+        assert_eq!(
             when_the_baseline_moved(RejectedRolledBack, FirstBaseline),
             BaselineMovedRolledBack
         );
@@ -1185,7 +1207,9 @@ mod driver_tests {
     use crate::ops::fake_agent::rig::{journal, kill_at_every_point, orchestrator};
     use crate::ops::fake_agent::{FakeAgent, KNOB};
     use crate::ops::journal::Journal;
+    use pdwarden_model::gate::output::OutputComparison;
     use pdwarden_model::judge::gate::{BaselineCheck, Judgement};
+    use pdwarden_model::judge::golden::OutputCheck;
 
     fn pair() -> PairConfig {
         crate::ops::fake_agent::rig::pair(
@@ -1262,6 +1286,121 @@ mod driver_tests {
                 assert_eq!(agent.starts_of(u), restarts, "{slowdown}: {:?}", agent.executed());
             }
             assert_one_start_per_unit_per_co_restart(&journal, &agent, &format!("slowdown {slowdown}"));
+        }
+    }
+
+    /// Issue 34 over the fake agent: a knob that changes the greedy answer
+    /// (with it live in the decode, the engines answer with other weights).
+    /// The co-restart onto it is healthy — its fingerprint is new, so it has
+    /// no reference of its own — but its answer is held to the baseline
+    /// verification's: rolled back for the output, not measured, the change
+    /// named with the evidence; with `allow_output_change = true` said and
+    /// judged on its performance (kept). A knob that leaves the answer alone
+    /// is compared the same, no output reason.
+    #[tokio::test(start_paused = true)]
+    async fn a_knob_that_changes_the_greedy_answer_is_rolled_back_unless_allowed() {
+        let allowing = || {
+            crate::ops::fake_agent::rig::pair(
+                "after-prefill-ready",
+                "[pair.gate]\nprompt_tokens = [16]\noutput_tokens = [24]\nconcurrency = [1]\nbootstrap_resamples = 300\nallow_output_change = true\n",
+            )
+        };
+        for (at, pair, knob_weights, verdict) in [
+            (
+                "output changed",
+                pair(),
+                Some("other"),
+                GateVerdict::OutputChangedRolledBack,
+            ),
+            (
+                "output changed, allowed",
+                allowing(),
+                Some("other"),
+                GateVerdict::KeptNotWorse,
+            ),
+            ("output unchanged", pair(), None, GateVerdict::KeptNotWorse),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let journal = journal(&dir);
+            let agent = match knob_weights {
+                Some(w) => agent(1.0).with_knob_weights(w),
+                None => agent(1.0),
+            };
+            let id = begin(&journal);
+            let (tx, _rx) = mpsc::unbounded_channel();
+            let report = run_gate(orchestrator(&journal, &agent).await, pair, id.clone(), change(), tx).await;
+            assert_eq!(report.verdict, verdict, "{at}: {:#?}", report.reasons);
+            let output = report.output.clone().unwrap_or_else(|| panic!("{at}: no comparison"));
+            let OutputComparison::Compared {
+                before_operation,
+                after_operation,
+                check,
+                allowed,
+            } = &output
+            else {
+                panic!("{at}: {output:?}")
+            };
+            let child_of = |purpose: &str| {
+                report
+                    .operations
+                    .iter()
+                    .find(|o| o.purpose == purpose)
+                    .map(|o| o.operation_id.clone())
+            };
+            assert_eq!(Some(before_operation.clone()), child_of("baseline"), "{at}");
+            assert_eq!(Some(after_operation.clone()), child_of("restart"), "{at}");
+            let said = report.reasons.iter().any(|r| r.contains("OUTPUT CHANGED"));
+            // The comparison is journaled as it is made.
+            let journaled: Vec<OutputComparison> = journal.read(&id, "output_comparison").unwrap();
+            assert_eq!(journaled, std::slice::from_ref(&output), "{at}");
+            match verdict {
+                GateVerdict::OutputChangedRolledBack => {
+                    assert!(
+                        matches!(check, OutputCheck::Diverged { position: 0, .. }) && !allowed,
+                        "{at}: {check:?}"
+                    );
+                    let first = &report.reasons[0];
+                    assert!(
+                        first.starts_with("OUTPUT CHANGED by the change (PDW_KNOB=on, live in prefill-0 pid ")
+                            && first.contains(&check.line()),
+                        "{at}: {first}"
+                    );
+                    assert!(report.judgement.is_none(), "{at}: not measured");
+                    assert_eq!(knob_live(&agent), [false, false], "{at}");
+                    assert!(
+                        !report.rollback_live.is_empty() && report.rollback_live.iter().all(|c| c.ok),
+                        "{at}"
+                    );
+                    assert!(
+                        report.reasons.iter().any(|r| r.starts_with("rollback verified")),
+                        "{at}: {:#?}",
+                        report.reasons
+                    );
+                    assert!(
+                        report
+                            .render()
+                            .contains("REJECTED: the change alters the greedy answer")
+                    );
+                }
+                _ if knob_weights.is_some() => {
+                    assert!(*allowed && !said, "{at}: {:#?}", report.reasons);
+                    assert!(
+                        report.reasons.iter().any(|r| r.starts_with("output changed, allowed")),
+                        "{at}: {:#?}",
+                        report.reasons
+                    );
+                    assert!(report.judgement.is_some(), "{at}: judged on the benchmark");
+                    assert_eq!(knob_live(&agent), [true, true], "{at}");
+                }
+                _ => {
+                    assert!(matches!(check, OutputCheck::Same { .. }), "{at}: {check:?}");
+                    assert!(
+                        !said && !report.reasons.iter().any(|r| r.contains("output changed")),
+                        "{at}"
+                    );
+                    assert!(report.render().contains("output unchanged by the change"), "{at}");
+                }
+            }
         }
     }
 

@@ -410,6 +410,7 @@ impl Roller {
             drain: None,
             sub_operations: so_far.children,
             golden: None,
+            golden_paths: Vec::new(),
             total_ms: self.rec.now_ms(),
         };
         if let Err(e) = self
