@@ -111,19 +111,21 @@ impl OutputComparison {
 
 /// The greedy answer `child` kept, or why there is none to compare
 /// (`what`: the child, as a person reads it).
-fn answer_of<'a>(what: &str, child: &'a ChildGolden) -> Result<(&'a GoldenRecord, &'a GreedyAnswer), String> {
+fn answer_of<'a>(what: &str, child: &'a ChildGolden) -> Result<(&'a GoldenRecord, &'a GreedyAnswer), OutputComparison> {
     let id = &child.operation_id;
     let Some(golden) = &child.golden else {
-        return Err(format!(
-            "{what} (operation {id}) checked no output (no path to send the greedy request on)"
-        ));
+        return Err(OutputComparison::NotCompared {
+            why: format!("{what} (operation {id}) checked no output (no path to send the greedy request on)"),
+        });
     };
     match &golden.answer {
         Some(answer) => Ok((golden, answer)),
-        None => Err(format!(
-            "{what} (operation {id}) kept no greedy answer — {}",
-            golden.check.line()
-        )),
+        None => Err(OutputComparison::NotCompared {
+            why: format!(
+                "{what} (operation {id}) kept no greedy answer — {}",
+                golden.check.line()
+            ),
+        }),
     }
 }
 
@@ -141,7 +143,7 @@ pub fn compare_children(before: Option<&ChildGolden>, after: &ChildGolden, allow
         .and_then(|b| answer_of("the co-restart onto the change", after).map(|a| (b, a)));
     let ((before_golden, before_answer), (_, after_answer)) = match pair {
         Ok(p) => p,
-        Err(why) => return OutputComparison::NotCompared { why },
+        Err(not_compared) => return not_compared,
     };
     let reference = Reference {
         identity: before_golden.identity.clone(),
