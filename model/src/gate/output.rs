@@ -109,23 +109,25 @@ impl OutputComparison {
     }
 }
 
+/// Why a child has no answer to compare, as a person reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct NoAnswer(String);
+
 /// The greedy answer `child` kept, or why there is none to compare
 /// (`what`: the child, as a person reads it).
-fn answer_of<'a>(what: &str, child: &'a ChildGolden) -> Result<(&'a GoldenRecord, &'a GreedyAnswer), OutputComparison> {
+fn answer_of<'a>(what: &str, child: &'a ChildGolden) -> Result<(&'a GoldenRecord, &'a GreedyAnswer), NoAnswer> {
     let id = &child.operation_id;
     let Some(golden) = &child.golden else {
-        return Err(OutputComparison::NotCompared {
-            why: format!("{what} (operation {id}) checked no output (no path to send the greedy request on)"),
-        });
+        return Err(NoAnswer(format!(
+            "{what} (operation {id}) checked no output (no path to send the greedy request on)"
+        )));
     };
     match &golden.answer {
         Some(answer) => Ok((golden, answer)),
-        None => Err(OutputComparison::NotCompared {
-            why: format!(
-                "{what} (operation {id}) kept no greedy answer — {}",
-                golden.check.line()
-            ),
-        }),
+        None => Err(NoAnswer(format!(
+            "{what} (operation {id}) kept no greedy answer — {}",
+            golden.check.line()
+        ))),
     }
 }
 
@@ -143,7 +145,7 @@ pub fn compare_children(before: Option<&ChildGolden>, after: &ChildGolden, allow
         .and_then(|b| answer_of("the co-restart onto the change", after).map(|a| (b, a)));
     let ((before_golden, before_answer), (_, after_answer)) = match pair {
         Ok(p) => p,
-        Err(not_compared) => return not_compared,
+        Err(NoAnswer(why)) => return OutputComparison::NotCompared { why },
     };
     let reference = Reference {
         identity: before_golden.identity.clone(),
