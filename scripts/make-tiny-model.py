@@ -8,7 +8,8 @@ Usage: make-tiny-model.py OUT_DIR
   a ChatML-style chat_template;
 - model: LlamaForCausalLM, hidden 128, 2 layers, 4 heads x head_dim 32
   (vLLM's CPU attention needs head_dim >= 32), intermediate 256, float32,
-  weights from torch.manual_seed(0), saved as safetensors.
+  weights from torch.manual_seed(0), saved as safetensors; the output layer
+  scaled by LOGIT_SCALE and the special tokens' rows zeroed (see below).
 Writes OUT_DIR/.complete last, so a half-written directory is never taken
 for a finished one.
 """
@@ -20,6 +21,15 @@ import sys
 
 SEED = 0
 VOCAB_SIZE = 2048
+# A random-weight model's next-token distribution is nearly flat (measured:
+# top two tokens 0.035 nats apart at the median, the top one at -6.7 of a
+# uniform -7.6), so a greedy answer could not be told from noise by the
+# golden-output check (issue 34: a first differing token within 0.1 nats is
+# a near-tie). Scaled, the top token leads by about a nat at the median, as
+# a trained model's usually does; the special tokens' rows are zeroed so a
+# scaled logit never makes eos, <|im_end|> or a control token the greedy
+# choice (the generation checks ask for tokens, not an early stop).
+LOGIT_SCALE = 40.0
 N_SENTENCES = 4000
 
 CHAT_TEMPLATE = (
@@ -95,6 +105,10 @@ def main():
         pad_token_id=fast.pad_token_id, tie_word_embeddings=False)
     cfg.dtype = "float32"
     model = LlamaForCausalLM(cfg).to(torch.float32)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(LOGIT_SCALE)
+        for special in SPECIALS:
+            model.lm_head.weight[fast.convert_tokens_to_ids(special)].zero_()
     model.save_pretrained(tmp, safe_serialization=True)
 
     # Ids that end a chat turn: eos and <|im_end|>.
@@ -106,7 +120,7 @@ def main():
 
     n_params = sum(p.numel() for p in model.parameters())
     with open(os.path.join(tmp, ".complete"), "w") as f:
-        f.write(f"seed={SEED} vocab={len(fast)} params={n_params}\n")
+        f.write(f"seed={SEED} vocab={len(fast)} params={n_params} logit_scale={LOGIT_SCALE}\n")
     shutil.rmtree(out_dir, ignore_errors=True)
     os.rename(tmp, out_dir)
     print(f"make-tiny-model: wrote {out_dir} (vocab {len(fast)}, {n_params} params)")

@@ -190,11 +190,15 @@ pub fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<Configs> {
         serving_router_url = Some(shared.url);
     }
     if let Some(v) = &vllm {
+        let checkpoints = dir.join("checkpoints");
+        v.checkpoint_copies(&checkpoints)
+            .with_context(|| format!("copying the tiny model into {}", checkpoints.display()))?;
         agent.units = v
             .units(
                 [ports.prefill, ports.decode, ports.router, ports.prometheus],
                 &dir.join("kv"),
                 router_decode.as_deref(),
+                &checkpoints,
             )
             .to_vec();
         prefill_argv = agent.units[0].argv.clone();

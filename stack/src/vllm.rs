@@ -73,9 +73,27 @@ impl VllmStack {
         Ok(stack)
     }
 
+    /// Each engine's own copy of the tiny model under `into/<unit>`, as on
+    /// separate hosts each engine reads its own checkpoint: replacing one
+    /// engine's weights on disk under the same path (same argv, same config
+    /// fingerprint) is what the golden-output scenario does (issue 34).
+    pub fn checkpoint_copies(&self, into: &Path) -> std::io::Result<()> {
+        for unit in ["prefill-0", "decode-0"] {
+            let to = into.join(unit);
+            std::fs::create_dir_all(&to)?;
+            for entry in std::fs::read_dir(&self.model)? {
+                let entry = entry?;
+                if entry.file_type()?.is_file() {
+                    std::fs::copy(entry.path(), to.join(entry.file_name()))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// One engine's command line: `kv_role` is `kv_producer` (prefill) or
-    /// `kv_consumer` (decode); both share `kv_dir`.
-    pub fn engine_argv(&self, port: u16, kv_role: &str, kv_dir: &Path) -> Vec<String> {
+    /// `kv_consumer` (decode); both share `kv_dir`; `model`: its checkpoint.
+    pub fn engine_argv(&self, port: u16, kv_role: &str, kv_dir: &Path, model: &Path) -> Vec<String> {
         let kv = serde_json::json!({
             "kv_connector": "ExampleConnector",
             "kv_role": kv_role,
@@ -86,7 +104,7 @@ impl VllmStack {
             "-m",
             "vllm.entrypoints.openai.api_server",
             "--model",
-            &self.model.display().to_string(),
+            &model.display().to_string(),
             "--served-model-name",
             MODEL,
             "--dtype",
@@ -134,11 +152,20 @@ impl VllmStack {
     /// follows the workers).
     /// `router_decode`: where the router reaches the decode, if not at its
     /// own URL (a fault proxy in front of it, `--decode-proxy`).
-    pub fn units(&self, ports: [u16; 4], kv_dir: &Path, router_decode: Option<&str>) -> [UnitConfig; 3] {
+    /// `checkpoints`: the directory of the engines' own copies of the
+    /// model ([`VllmStack::checkpoint_copies`]).
+    pub fn units(
+        &self,
+        ports: [u16; 4],
+        kv_dir: &Path,
+        router_decode: Option<&str>,
+        checkpoints: &Path,
+    ) -> [UnitConfig; 3] {
         let [prefill, decode, router, prom] = ports;
         let url = |p: u16| format!("http://127.0.0.1:{p}");
         let engine = |name: &str, role, port, kv_role| {
-            let mut u = UnitConfig::new(name, role, self.engine_argv(port, kv_role, kv_dir), url(port));
+            let argv = self.engine_argv(port, kv_role, kv_dir, &checkpoints.join(name));
+            let mut u = UnitConfig::new(name, role, argv, url(port));
             u.engine = Some(EngineKind::Vllm);
             u.env = Self::engine_env();
             u

@@ -133,6 +133,71 @@ fn real_vllm_pair_restarts_in_order_gated_on_real_generation() {
         text.lines().next().unwrap_or("")
     );
     set_faults(&proxy, "{}");
+
+    // Golden output on the real engines (issue 34): each engine reads its
+    // own checkpoint copy (`<demo dir>/checkpoints/<unit>`). The decode's
+    // replaced on disk under the same path — same argv, same config
+    // fingerprint — leaves a prefill and a decode on different weights:
+    // the next co-restart is `failed`, naming the output. Both replaced:
+    // `failed` again (the reference is the old weights'). Restored: healthy.
+    let checkpoints = std::path::Path::new(r["demo"]["dir"].as_str().expect("demo.dir")).join("checkpoints");
+    let restart = |expect: i32| {
+        let out = held.cli_within(&["restart", "pd-pair", "demo", "--json"], LIMIT);
+        let v = out.json();
+        assert_eq!(out.code, expect, "{}", reasons(&v));
+        v
+    };
+    replace_weights(&checkpoints.join("decode-0"));
+    let mixed = restart(2);
+    assert_eq!(mixed["golden"]["check"]["outcome"], "diverged", "{:#}", mixed["golden"]);
+    assert!(
+        mixed["reasons"][0].as_str().unwrap().starts_with("WRONG OUTPUT"),
+        "{}",
+        reasons(&mixed)
+    );
+    replace_weights(&checkpoints.join("prefill-0"));
+    let replaced = restart(2);
+    assert_eq!(
+        replaced["golden"]["check"]["outcome"], "diverged",
+        "{:#}",
+        replaced["golden"]
+    );
+    assert_eq!(replaced["fingerprint"], r["fingerprint"], "same argv, same fingerprint");
+    let model = pdwarden_stack::vllm::VllmStack::find().expect("the vLLM stack").model;
+    for unit in ["prefill-0", "decode-0"] {
+        std::fs::copy(
+            model.join("model.safetensors"),
+            checkpoints.join(unit).join("model.safetensors"),
+        )
+        .unwrap();
+    }
+    let restored = restart(0);
+    let outcome = restored["golden"]["check"]["outcome"].as_str().unwrap_or("");
+    assert!(matches!(outcome, "same" | "near_tie"), "{:#}", restored["golden"]);
+    println!(
+        "real vLLM, weights replaced on disk: decode only → {} ({}); both → {}; restored → {} ({outcome})",
+        mixed["verdict"],
+        mixed["reasons"][0].as_str().unwrap_or(""),
+        replaced["verdict"],
+        restored["verdict"]
+    );
+}
+
+/// Replaces the weights in checkpoint `dir` under the same path: another
+/// checkpoint of the same architecture (the first layer's MLP output
+/// negated, which moves every later hidden state and the KV of the layers
+/// above it), written by the vLLM venv's own `safetensors`.
+fn replace_weights(dir: &std::path::Path) {
+    let stack = pdwarden_stack::vllm::VllmStack::find().expect("the vLLM stack");
+    let out = std::process::Command::new(&stack.python)
+        .args([
+            "-c",
+            "import sys\nfrom safetensors.torch import load_file, save_file\np = sys.argv[1]\nt = load_file(p)\nk = 'model.layers.0.mlp.down_proj.weight'\nt[k] = (-t[k]).contiguous()\nsave_file(t, p, metadata={'format': 'pt'})\n",
+        ])
+        .arg(dir.join("model.safetensors"))
+        .output()
+        .expect("the vLLM venv's python");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
 /// Replaces the fault proxy's faults (`POST /_faultproxy/faults`).
