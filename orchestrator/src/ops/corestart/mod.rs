@@ -990,9 +990,7 @@ mod driver_tests {
             reference.starts_with(" the sky") && answer.starts_with(" sea calm"),
             "{reference:?} {answer:?}"
         );
-        // The suite was not run against wrong output, and nothing was
-        // recorded from it.
-        assert!(wrong.suite.is_empty());
+        // Nothing was recorded from it.
         assert!(wrong.golden.as_ref().unwrap().reference.as_ref().unwrap().operation_id == first.operation_id);
 
         agent.set_weights("");
@@ -1080,7 +1078,8 @@ enabled = false
     /// then computes other tokens while the router's policy keeps sending
     /// the request elsewhere (its answer still the reference's): each path
     /// into decode-1 is wrong output naming its engines, decode-1 is named
-    /// the suspect, `failed`, no suite, nothing recorded — and a pin asked
+    /// the suspect, `failed` after a suite that passed, nothing recorded —
+    /// and a pin asked
     /// for by the operator does not bless it.
     #[tokio::test(start_paused = true)]
     async fn every_path_of_an_xpyd_pair_is_held_to_the_reference() {
@@ -1145,7 +1144,6 @@ enabled = false
             "{:?}",
             wrong.reasons
         );
-        assert!(wrong.suite.is_empty());
         assert_eq!(
             wrong.golden.as_ref().unwrap().reference.as_ref().unwrap().operation_id,
             first.operation_id,

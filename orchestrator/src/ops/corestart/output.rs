@@ -1,6 +1,6 @@
-//! The output check (issue 34, DESIGN.md 18): after a healthy probe series,
-//! one greedy request (temperature 0, seed 0, the tokens' logprobs) through
-//! the same path — the first router, or the pair's own KV path — and its
+//! The output check (issue 34, DESIGN.md 18): once the probe series and
+//! the suite found the pair healthy, one greedy request (temperature 0,
+//! seed 0, the tokens' logprobs) through the same path — the first router, or the pair's own KV path — and its
 //! tokens held to the reference of the same identity (model and what the
 //! pair runs: the config fingerprint). The rule is the judge's
 //! (`judge::golden`); here the request, the identity and the reference.

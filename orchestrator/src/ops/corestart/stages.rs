@@ -117,13 +117,14 @@ pub enum Stage {
         #[serde(skip)]
         so_far: Box<SoFar>,
     },
-    /// The greedy answer held to its reference (issue 34).
-    CheckingOutput {
+    /// The verification suite through the router.
+    Verifying {
         #[serde(skip)]
         so_far: Box<SoFar>,
     },
-    /// The verification suite through the router.
-    Verifying {
+    /// The greedy answer held to its reference (issue 34), once the suite
+    /// found the pair sound.
+    CheckingOutput {
         #[serde(skip)]
         so_far: Box<SoFar>,
     },
@@ -291,10 +292,10 @@ impl Machine for Stages {
         match state {
             Stage::Draining { .. } => CoRestartStep::Draining.as_str(),
             Stage::Ordering { from, .. } => from.as_str(),
-            Stage::Assessing { .. } | Stage::ProvingUnreached { .. } | Stage::CheckingOutput { .. } => {
-                CoRestartStep::Probing.as_str()
+            Stage::Assessing { .. } | Stage::ProvingUnreached { .. } => CoRestartStep::Probing.as_str(),
+            Stage::Verifying { .. } | Stage::CheckingOutput { .. } | Stage::Counting { .. } => {
+                CoRestartStep::Verifying.as_str()
             }
-            Stage::Verifying { .. } | Stage::Counting { .. } => CoRestartStep::Verifying.as_str(),
             Stage::Rejoining { .. } => CoRestartStep::Rejoining.as_str(),
             Stage::Concluded { .. } => CoRestartStep::Concluded.as_str(),
         }
@@ -330,25 +331,16 @@ impl Machine for Stages {
                     // first answer.
                     Transition::then(Stage::ProvingUnreached { so_far }, StageEffect::ProveUnreached)
                 } else {
-                    Transition::then(Stage::CheckingOutput { so_far }, StageEffect::CheckOutput)
+                    Transition::then(
+                        Stage::Verifying { so_far },
+                        StageEffect::RunSuite {
+                            abort_storm: self.abort_storm,
+                        },
+                    )
                 }
             }
             (Stage::ProvingUnreached { mut so_far }, StageEvent::Proven(proofs)) => {
                 so_far.evidence.unreached = proofs;
-                if so_far.healthy() {
-                    Transition::then(Stage::CheckingOutput { so_far }, StageEffect::CheckOutput)
-                } else {
-                    self.counting(so_far)
-                }
-            }
-            (Stage::CheckingOutput { mut so_far }, StageEvent::OutputChecked(record, paths)) => {
-                if let Some(record) = record {
-                    so_far.evidence.output = Some(record.check.clone());
-                    so_far.golden = Some(*record);
-                }
-                so_far.evidence.paths = paths;
-                // Wrong output ends it like any error: the suite would only
-                // measure how fast the wrong tokens come.
                 if so_far.healthy() {
                     Transition::then(
                         Stage::Verifying { so_far },
@@ -368,6 +360,22 @@ impl Machine for Stages {
                     }
                     Err(e) => so_far.evidence.journal_error = Some(e.0),
                 }
+                // The output is checked on a pair the suite found sound:
+                // a pair that is wedged or failing is already judged (and
+                // its faults, a stream frozen after N tokens, would show
+                // as the greedy request's, not as what they are).
+                if so_far.healthy() {
+                    Transition::then(Stage::CheckingOutput { so_far }, StageEffect::CheckOutput)
+                } else {
+                    self.counting(so_far)
+                }
+            }
+            (Stage::CheckingOutput { mut so_far }, StageEvent::OutputChecked(record, paths)) => {
+                if let Some(record) = record {
+                    so_far.evidence.output = Some(record.check.clone());
+                    so_far.golden = Some(*record);
+                }
+                so_far.evidence.paths = paths;
                 self.counting(so_far)
             }
             (
@@ -493,14 +501,19 @@ mod tests {
         StageEvent::OutputChecked(Some(Box::new(record)), vec![])
     }
 
-    /// Issue 34: the greedy answer is checked after a healthy series and
-    /// before the suite; wrong output (or a greedy request that failed)
-    /// skips the suite for the counters and is never healthy; a pair with
-    /// no path to send it on goes on to the suite.
+    /// Issue 34: the greedy answer is checked after the suite found the
+    /// pair sound; wrong output (or a greedy request that failed) is never
+    /// healthy; a pair with no path to send it on goes on to the counters.
     #[test]
-    fn wrong_output_skips_the_suite_and_is_never_healthy() {
+    fn wrong_output_after_the_suite_is_never_healthy() {
         let m = stages(OperationKind::CoRestart);
-        let to_output = || vec![StageEvent::OrderRan { journal_error: None }, assessed(true)];
+        let to_output = || {
+            vec![
+                StageEvent::OrderRan { journal_error: None },
+                assessed(true),
+                StageEvent::SuiteRan(Ok((vec![], vec![]))),
+            ]
+        };
         for wrong in [
             OutputCheck::Diverged {
                 position: 2,
@@ -520,7 +533,8 @@ mod tests {
                 ..same()
             }));
             let (seen, end) = walk(&m, CoRestartStep::RestartingPrefill, events);
-            assert_eq!(seen[3], ("verifying", vec![StageEffect::ReadCounters { scrape: true }]));
+            assert_eq!(seen[3], ("verifying", vec![StageEffect::CheckOutput]));
+            assert_eq!(seen[4], ("verifying", vec![StageEffect::ReadCounters { scrape: true }]));
             assert!(!end.so_far().healthy(), "{wrong:?}");
             assert_eq!(end.so_far().evidence.output.as_ref(), Some(&wrong));
         }
@@ -534,16 +548,16 @@ mod tests {
             let mut events = to_output();
             events.push(StageEvent::OutputChecked(fine, vec![]));
             let (seen, end) = walk(&m, CoRestartStep::RestartingPrefill, events);
-            assert_eq!(seen[3].1, [StageEffect::RunSuite { abort_storm: false }]);
+            assert_eq!(seen[4].1, [StageEffect::ReadCounters { scrape: true }]);
             assert!(end.so_far().healthy());
         }
     }
 
-    /// Issue 34, item 3: in an xPyD pair, one path that answers wrong
-    /// skips the suite like wrong output through the router, however
-    /// right the router's answer was.
+    /// Issue 34, item 3: in an xPyD pair, one path that answers wrong is
+    /// wrong output like the router's, however right the router's answer
+    /// was.
     #[test]
-    fn a_wrong_path_skips_the_suite() {
+    fn a_wrong_path_is_never_healthy() {
         use pdwarden_model::judge::golden::HeldTo;
         let mut m = stages(OperationKind::CoRestart);
         m.xpyd = true;
@@ -558,6 +572,7 @@ mod tests {
                 StageEvent::OrderRan { journal_error: None },
                 assessed(true),
                 StageEvent::Proven(vec![]),
+                StageEvent::SuiteRan(Ok((vec![], vec![]))),
                 StageEvent::OutputChecked(Some(Box::new(same())), paths),
             ]
         };
@@ -566,7 +581,8 @@ mod tests {
             CoRestartStep::RestartingPrefill,
             events(vec![path("decode-0", same().check), path("decode-1", same().check)]),
         );
-        assert_eq!(seen[4].1, [StageEffect::RunSuite { abort_storm: false }]);
+        assert_eq!(seen[4].1, [StageEffect::CheckOutput]);
+        assert_eq!(seen[5].1, [StageEffect::ReadCounters { scrape: true }]);
         assert!(end.so_far().healthy());
         let wrong = OutputCheck::Diverged {
             position: 2,
@@ -581,7 +597,7 @@ mod tests {
             CoRestartStep::RestartingPrefill,
             events(vec![path("decode-0", same().check), path("decode-1", wrong)]),
         );
-        assert_eq!(seen[4].1, [StageEffect::ReadCounters { scrape: true }]);
+        assert_eq!(seen[5].1, [StageEffect::ReadCounters { scrape: true }]);
         assert!(!end.so_far().healthy());
         assert_eq!(end.so_far().evidence.paths.len(), 2);
     }
@@ -625,8 +641,8 @@ mod tests {
             vec![
                 StageEvent::OrderRan { journal_error: None },
                 assessed(true),
-                output(same()),
                 StageEvent::SuiteRan(Ok((vec![], vec![]))),
+                output(same()),
                 counted(),
             ],
         );
@@ -641,8 +657,8 @@ mod tests {
                     }]
                 ),
                 ("probing", vec![E::Assess]),
-                ("probing", vec![E::CheckOutput]),
                 ("verifying", vec![E::RunSuite { abort_storm: true }]),
+                ("verifying", vec![E::CheckOutput]),
                 ("verifying", vec![E::ReadCounters { scrape: true }]),
                 ("concluded", vec![]),
             ]
@@ -718,7 +734,7 @@ mod tests {
             error: None,
         }]));
         let (seen, _) = walk(&m, CoRestartStep::RestartingPrefill, events);
-        assert_eq!(seen[3].1, [StageEffect::CheckOutput]);
+        assert_eq!(seen[3].1, [StageEffect::RunSuite { abort_storm: false }]);
         let mut events = order();
         events.push(StageEvent::Proven(vec![UnreachedProof {
             target: "decode-1".into(),
@@ -759,8 +775,8 @@ mod tests {
                 drained(None),
                 StageEvent::OrderRan { journal_error: None },
                 assessed(true),
-                StageEvent::OutputChecked(None, vec![]),
                 StageEvent::SuiteRan(Ok((vec![], vec![]))),
+                StageEvent::OutputChecked(None, vec![]),
                 counted(),
                 StageEvent::Rejoined(Box::new(RejoinRecord {
                     put_back: false,
