@@ -14,6 +14,8 @@
 //! - [`watch`]: the continuous watch's probe cost and a wedge's time to detect and recover.
 //! - [`vllm_watch`]: the same on a real vLLM pair at the README's watch defaults
 //!   (opt-in: `--only vllm-watch`; it needs `scripts/setup-vllm.sh`'s stack).
+//! - [`vllm_golden`]: the golden output's false alarms over 20 co-restarts of a
+//!   real vLLM pair, some under client traffic (opt-in: `--only vllm-golden`).
 //! - [`footprint`]: an idle agent's CPU and RSS.
 //! - [`judge`]: the change gate's error rates, a Monte Carlo harness over the pure judge.
 //! - [`stats`], [`procstat`], [`children`]: distributions, `/proc`, child processes.
@@ -32,6 +34,7 @@ mod lag;
 mod procstat;
 mod scale;
 mod stats;
+mod vllm_golden;
 mod vllm_watch;
 mod watch;
 
@@ -48,7 +51,8 @@ struct Cli {
     #[arg(long)]
     quick: bool,
     /// Sections to run, comma-separated: lag, scale, corestart, watch, agent, judge;
-    /// and vllm-watch (the real vLLM tier: only when named, never by default or --quick).
+    /// and vllm-watch, vllm-golden (the real vLLM tier: only when named, never by default
+    /// or --quick).
     #[arg(long, default_value = "lag,scale,corestart,watch,agent,judge", value_delimiter = ',')]
     only: Vec<String>,
     /// The agent footprint's GPU source: `fake` (four fake GPUs, the default),
@@ -392,6 +396,28 @@ async fn table(cli: &Cli) -> anyhow::Result<()> {
         }
     }
 
+    if want("vllm-golden") {
+        println!();
+        println!(
+            "## 4d. Golden output on a real vLLM pair: false alarms over {} co-restarts (issue 34; `pdwarden demo --engine vllm --hold`, then `restart pd-pair demo` × {}, every {}rd under client traffic)",
+            vllm_golden::RESTARTS,
+            vllm_golden::RESTARTS,
+            vllm_golden::TRAFFIC_EVERY
+        );
+        println!();
+        match vllm_watch::unavailable() {
+            Some(reason) => println!("NOT RUN: {reason}"),
+            None => {
+                eprintln!(
+                    "vllm-golden: real vLLM demo, then {} co-restarts (~10-15 min)…",
+                    vllm_golden::RESTARTS
+                );
+                let o = vllm_golden::run().await;
+                print_vllm_golden(&o);
+            }
+        }
+    }
+
     if want("agent") {
         let window = Duration::from_secs(if cli.quick { 5 } else { 30 });
         eprintln!("agent: idle footprint over {} s…", window.as_secs());
@@ -419,6 +445,118 @@ async fn table(cli: &Cli) -> anyhow::Result<()> {
     println!();
     println!("(table took {:.0} s)", started.elapsed().as_secs_f64());
     Ok(())
+}
+
+/// Section 4d's table and lines.
+fn print_vllm_golden(o: &vllm_golden::Outcome) {
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    println!(
+        "Hardware: {} ({cpus} CPUs); the tiny model on vLLM's CPU backend.",
+        machine()
+    );
+    if let Some(s) = o.demo_s {
+        println!(
+            "The demo's start and co-restart took {s:.0} s; its output check: `{}`, reference {} tokens.",
+            o.demo_outcome.as_deref().unwrap_or("none"),
+            o.reference_tokens.map_or("n/a".to_owned(), |n| n.to_string()),
+        );
+    }
+    let streams: Vec<String> = vllm_golden::STREAMS
+        .iter()
+        .map(|(name, t)| format!("{name} (temperature {t})"))
+        .collect();
+    println!(
+        "Client traffic: {} concurrent streams of chat completions through the router ({}), {} tokens each, for the whole restart.",
+        streams.len(),
+        streams.join(", "),
+        vllm_golden::CLIENT_MAX_TOKENS
+    );
+    let rows = &o.rows;
+    if !rows.is_empty() {
+        let count = |f: &dyn Fn(&vllm_golden::Row) -> bool| rows.iter().filter(|r| f(r)).count();
+        let mut others: Vec<(String, usize)> = Vec::new();
+        for r in rows.iter().filter(|r| !r.healthy() && !r.false_alarm()) {
+            match others.iter_mut().find(|(v, _)| *v == r.verdict) {
+                Some((_, n)) => *n += 1,
+                None => others.push((r.verdict.clone(), 1)),
+            }
+        }
+        let others = if others.is_empty() {
+            "0".to_owned()
+        } else {
+            others
+                .iter()
+                .map(|(v, n)| format!("{n} `{v}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let alarms = count(&|r| r.false_alarm());
+        println!();
+        println!(
+            "| restarts | with client traffic | healthy | `same` | `near_tie` | false alarms (`diverged` / `unanswered`; target 0) | other verdicts |"
+        );
+        println!("|---|---|---|---|---|---|---|");
+        println!(
+            "| {} | {} | {} | {} | {} | {alarms} **{}** | {others} |",
+            rows.len(),
+            count(&|r| r.traffic.is_some()),
+            count(&|r| r.healthy()),
+            count(&|r| r.outcome == "same"),
+            count(&|r| r.outcome == "near_tie"),
+            verdict(alarms == 0),
+        );
+        println!();
+        for r in rows {
+            let under = if r.traffic.is_some() { ", under traffic" } else { "" };
+            if !r.healthy() || r.false_alarm() {
+                println!(
+                    "- restart {}{under}: `{}`, output `{}`{}: {}",
+                    r.n,
+                    r.verdict,
+                    r.outcome,
+                    r.golden_detail.as_ref().map_or(String::new(), |d| format!(" ({d})")),
+                    r.reason.as_deref().unwrap_or("")
+                );
+            } else if r.outcome == "near_tie" {
+                println!(
+                    "- restart {}{under}: `{}`, output `near_tie` ({})",
+                    r.n,
+                    r.verdict,
+                    r.golden_detail.as_deref().unwrap_or("")
+                );
+            }
+        }
+        let (answered, failed) = rows
+            .iter()
+            .filter_map(|r| r.traffic)
+            .fold((0, 0), |(a, f), t| (a + t.answered, f + t.failed));
+        println!(
+            "Client requests during the traffic restarts: {answered} answered, {failed} failed (the router is restarted with the pair: refused while it is down)."
+        );
+        let all: Vec<&vllm_golden::Row> = rows.iter().collect();
+        let quiet: Vec<&vllm_golden::Row> = rows.iter().filter(|r| r.traffic.is_none()).collect();
+        let busy: Vec<&vllm_golden::Row> = rows.iter().filter(|r| r.traffic.is_some()).collect();
+        let d = |rows: &[&vllm_golden::Row]| {
+            vllm_golden::durations(rows).map_or("n/a".to_owned(), |(mean, min, max)| {
+                format!("{mean:.1} s ({min:.1}–{max:.1} s, {} restarts)", rows.len())
+            })
+        };
+        println!(
+            "Co-restart duration (the report's `total_ms`: start-ups, probes, suite and the output check): mean {}; without traffic {}, under traffic {}; the CLI's wall time, mean {:.1} s.",
+            d(&all),
+            d(&quiet),
+            d(&busy),
+            rows.iter().map(|r| r.wall_s).sum::<f64>() / rows.len() as f64
+        );
+    }
+    if let Some(e) = &o.error {
+        println!();
+        println!(
+            "Stopped early ({} of {} restarts measured): {e}",
+            rows.len(),
+            vllm_golden::RESTARTS
+        );
+    }
 }
 
 /// "CPU model, N GiB RAM" from /proc, for the README.
