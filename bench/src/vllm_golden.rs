@@ -21,17 +21,14 @@
 //! killed if it outlives its limit; the client streams end before the
 //! section does.
 
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
 use serde_json::Value;
+
+use crate::vllm_watch::Cli;
 
 /// Co-restarts measured (the "≥ 20").
 pub const RESTARTS: usize = 20;
@@ -49,8 +46,6 @@ const REQUEST_LIMIT: Duration = Duration::from_secs(30);
 /// restarted with the pair), and between answered ones.
 const FAILED_PAUSE: Duration = Duration::from_millis(250);
 const ANSWERED_PAUSE: Duration = Duration::from_millis(50);
-/// The demo's report (two real engine start-ups and the co-restart).
-const REPORT_LIMIT: Duration = Duration::from_secs(400);
 /// One `restart pd-pair` (real start-ups, probes, suite, output check).
 const RESTART_LIMIT: Duration = Duration::from_secs(300);
 /// The section stops after this many restarts in a row that gave no report.
@@ -120,7 +115,7 @@ pub async fn run() -> Outcome {
         error: None,
     };
     let started = Instant::now();
-    let (held, cli, report) = match start_demo().await {
+    let (held, cli, report) = match crate::vllm_watch::start_demo(&[], "vllm-golden").await {
         Ok(v) => v,
         Err(e) => {
             out.error = Some(format!("{e:#}"));
@@ -145,7 +140,7 @@ async fn measure(cli: &Cli, rows: &mut Vec<Row>) -> anyhow::Result<()> {
     for n in 1..=RESTARTS {
         let traffic = if n % TRAFFIC_EVERY == 0 {
             let router = unit_url(
-                &cli.json(&["status", "--json"], Duration::from_secs(60)).await?,
+                &cli.json_within(&["status", "--json"], Duration::from_secs(60)).await?,
                 "router-0",
             )?;
             eprintln!("vllm-golden: restart {n}/{RESTARTS} under client traffic…");
@@ -158,7 +153,9 @@ async fn measure(cli: &Cli, rows: &mut Vec<Row>) -> anyhow::Result<()> {
             None
         };
         let t0 = Instant::now();
-        let answer = cli.json(&["restart", "pd-pair", "demo", "--json"], RESTART_LIMIT).await;
+        let answer = cli
+            .json_within(&["restart", "pd-pair", "demo", "--json"], RESTART_LIMIT)
+            .await;
         let wall_s = t0.elapsed().as_secs_f64();
         let traffic = match traffic {
             Some(t) => Some(t.stop().await),
@@ -331,186 +328,6 @@ fn unit_url(status: &Value, unit: &str) -> anyhow::Result<String> {
         .and_then(|u| u["base_url"].as_str())
         .map(|u| u.trim_end_matches('/').to_owned())
         .with_context(|| format!("no base_url for {unit} in status"))
-}
-
-/// `/proc/PID/stat`'s parent pid.
-fn parent_of(pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let (_, rest) = stat.rsplit_once(')')?;
-    rest.split_whitespace().nth(1)?.parse().ok()
-}
-
-/// Every descendant of `root`, children before grandchildren.
-fn descendants(root: u32) -> Vec<u32> {
-    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
-        .map(|d| {
-            d.flatten()
-                .filter_map(|e| e.file_name().to_str()?.parse().ok())
-                .filter_map(|p| parent_of(p).map(|pp| (p, pp)))
-                .collect()
-        })
-        .unwrap_or_default();
-    let mut out = vec![root];
-    let mut i = 0;
-    while i < out.len() {
-        let parent = out[i];
-        out.extend(parents.iter().filter(|(_, pp)| *pp == parent).map(|(p, _)| *p));
-        i += 1;
-    }
-    out.remove(0);
-    out
-}
-
-/// The held demo: stopped with SIGTERM by PID (it stops the stack it
-/// started), then — only if it has not exited after two minutes — SIGKILL
-/// of it and of every process under it, by PID.
-struct Held {
-    child: std::process::Child,
-    log: PathBuf,
-    stopped: bool,
-}
-
-impl Held {
-    fn stop(mut self) {
-        self.stop_inner();
-    }
-
-    fn stop_inner(&mut self) {
-        if self.stopped {
-            return;
-        }
-        self.stopped = true;
-        let pid = self.child.id();
-        let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
-        let until = Instant::now() + Duration::from_secs(120);
-        while Instant::now() < until {
-            if matches!(self.child.try_wait(), Ok(Some(_))) {
-                let _ = std::fs::remove_file(&self.log);
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let under = descendants(pid);
-        eprintln!(
-            "vllm-golden: the demo (pid {pid}) did not stop within 120 s of SIGTERM; SIGKILL to it and {under:?} (its log: {})",
-            self.log.display()
-        );
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        for p in under {
-            let _ = kill(Pid::from_raw(p as i32), Signal::SIGKILL);
-        }
-    }
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        self.stop_inner();
-    }
-}
-
-/// The `pdwarden` CLI aimed at the held demo, with its CA and token.
-struct Cli {
-    bin: PathBuf,
-    base: Vec<String>,
-}
-
-impl Cli {
-    /// Runs `pdwarden ARGS` (killed if it outlives `limit`) and reads its
-    /// JSON answer, whatever its exit code (2: a report that is not healthy;
-    /// 1: `{"error": …}`).
-    async fn json(&self, args: &[&str], limit: Duration) -> anyhow::Result<Value> {
-        let out = tokio::time::timeout(
-            limit,
-            tokio::process::Command::new(&self.bin)
-                .args(&self.base)
-                .args(args)
-                .stdin(Stdio::null())
-                .kill_on_drop(true)
-                .output(),
-        )
-        .await
-        .with_context(|| format!("pdwarden {args:?} did not answer within {limit:?}"))??;
-        let text = String::from_utf8_lossy(&out.stdout);
-        let json = serde_json::from_str(&text).or_else(|e| {
-            // Anything printed before the object (there should be nothing).
-            match text.find("\n{") {
-                Some(at) => serde_json::from_str(&text[at + 1..]),
-                None => Err(e),
-            }
-        });
-        json.with_context(|| {
-            format!(
-                "pdwarden {args:?} (exit {:?}): {}",
-                out.status.code(),
-                String::from_utf8_lossy(&out.stderr).lines().next().unwrap_or("")
-            )
-        })
-    }
-}
-
-/// Starts `pdwarden demo --engine vllm --json --hold` and waits for its
-/// co-restart report (verdict healthy); returns it with the CLI aimed at it.
-async fn start_demo() -> anyhow::Result<(Held, Cli, Value)> {
-    let pdwarden: PathBuf = std::env::current_exe()?
-        .parent()
-        .map(|d| d.join("pdwarden"))
-        .filter(|p| p.is_file())
-        .context("`pdwarden` is not built next to this binary (cargo build --bins)")?;
-    let log = std::env::temp_dir().join(format!("pdwarden-bench-vllm-golden-{}.log", std::process::id()));
-    let mut child = Command::new(&pdwarden)
-        .args(["demo", "--engine", "vllm", "--json", "--hold"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&log)?)
-        .spawn()
-        .context("cannot start pdwarden demo")?;
-    let stdout = child.stdout.take().context("demo stdout")?;
-    let held = Held {
-        child,
-        log: log.clone(),
-        stopped: false,
-    };
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    std::thread::spawn(move || {
-        let mut lines = BufReader::new(stdout).lines().map_while(Result::ok);
-        let _ = tx.send(lines.find(|l| l.starts_with('{')));
-        // Keep reading: the demo never writes to a closed pipe.
-        lines.for_each(drop);
-    });
-    let tail = || {
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().rev().take(5).collect();
-        lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
-    };
-    let line = tokio::time::timeout(REPORT_LIMIT, rx)
-        .await
-        .with_context(|| format!("the demo gave no report within {REPORT_LIMIT:?}: {}", tail()))??
-        .with_context(|| format!("the demo exited without a report: {}", tail()))?;
-    let report: Value = serde_json::from_str(&line)?;
-    let demo = &report["demo"];
-    if demo.is_null() {
-        bail!(
-            "the demo's report has no `demo` object: {}",
-            line.chars().take(300).collect::<String>()
-        );
-    }
-    if !report["verdict"].as_str().unwrap_or("").starts_with("healthy") {
-        bail!(
-            "the demo's co-restart was not healthy: {} ({})",
-            report["verdict"],
-            report["reasons"][0]
-        );
-    }
-    let url = demo["orchestrator"].as_str().context("demo.orchestrator missing")?;
-    let mut base = vec!["--orchestrator".to_owned(), url.to_owned()];
-    for key in ["ca", "token"] {
-        if let Some(v) = demo[key].as_str() {
-            base.push(format!("--{key}"));
-            base.push(v.to_owned());
-        }
-    }
-    Ok((held, Cli { bin: pdwarden, base }, report))
 }
 
 /// The restarts' durations (`total_ms`, s): mean, min and max.

@@ -103,7 +103,7 @@ pub async fn run() -> Outcome {
         error: None,
     };
     let started = Instant::now();
-    let (held, cli) = match start_demo().await {
+    let (held, cli, _) = match start_demo(&["--watch-defaults"], "vllm-watch").await {
         Ok(v) => v,
         Err(e) => {
             out.error = Some(format!("{e:#}"));
@@ -267,7 +267,7 @@ fn child_named(parent: u32, name: &str) -> Option<u32> {
 }
 
 /// Every descendant of `root`, children before grandchildren.
-fn descendants(root: u32) -> Vec<u32> {
+pub(crate) fn descendants(root: u32) -> Vec<u32> {
     let parents: Vec<(u32, u32)> = all_pids()
         .into_iter()
         .filter_map(|p| stat_of(p).map(|(_, ppid)| (p, ppid)))
@@ -303,14 +303,14 @@ fn unit_pid(status: &Value, unit: &str) -> anyhow::Result<u32> {
 /// The held demo: stopped with SIGTERM by PID (it stops the stack it
 /// started), then — only if it has not exited after two minutes — SIGKILL
 /// of it and of every process under it, by PID.
-struct Held {
+pub(crate) struct Held {
     child: std::process::Child,
     log: PathBuf,
     stopped: bool,
 }
 
 impl Held {
-    fn stop(mut self) {
+    pub(crate) fn stop(mut self) {
         self.stop_inner();
     }
 
@@ -331,7 +331,7 @@ impl Held {
         }
         let under = descendants(pid);
         eprintln!(
-            "vllm-watch: the demo (pid {pid}) did not stop within 120 s of SIGTERM; SIGKILL to it and {under:?} (its log: {})",
+            "bench: the demo (pid {pid}) did not stop within 120 s of SIGTERM; SIGKILL to it and {under:?} (its log: {})",
             self.log.display()
         );
         let _ = self.child.kill();
@@ -349,15 +349,18 @@ impl Drop for Held {
 }
 
 /// The `pdwarden` CLI aimed at the held demo, with its CA and token.
-struct Cli {
+pub(crate) struct Cli {
     bin: PathBuf,
     base: Vec<String>,
 }
 
 impl Cli {
-    async fn json(&self, args: &[&str]) -> anyhow::Result<Value> {
+    /// Runs `pdwarden ARGS` (killed if it outlives `limit`) and reads its
+    /// JSON answer, whatever its exit code (2: a report that is not healthy;
+    /// 1: `{"error": …}`).
+    pub(crate) async fn json_within(&self, args: &[&str], limit: Duration) -> anyhow::Result<Value> {
         let out = tokio::time::timeout(
-            Duration::from_secs(60),
+            limit,
             tokio::process::Command::new(&self.bin)
                 .args(&self.base)
                 .args(args)
@@ -366,27 +369,44 @@ impl Cli {
                 .output(),
         )
         .await
-        .with_context(|| format!("pdwarden {args:?} did not answer within 60 s"))??;
-        serde_json::from_slice(&out.stdout).with_context(|| {
+        .with_context(|| format!("pdwarden {args:?} did not answer within {limit:?}"))??;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let json = serde_json::from_str(&text).or_else(|e| {
+            // Anything printed before the object (there should be nothing).
+            match text.find("\n{") {
+                Some(at) => serde_json::from_str(&text[at + 1..]),
+                None => Err(e),
+            }
+        });
+        json.with_context(|| {
             format!(
-                "pdwarden {args:?}: {}",
+                "pdwarden {args:?} (exit {:?}): {}",
+                out.status.code(),
                 String::from_utf8_lossy(&out.stderr).lines().next().unwrap_or("")
             )
         })
     }
+
+    /// As [`Cli::json_within`], within 60 s.
+    async fn json(&self, args: &[&str]) -> anyhow::Result<Value> {
+        self.json_within(args, Duration::from_secs(60)).await
+    }
 }
 
-/// Starts `pdwarden demo --engine vllm --watch-defaults --json --hold` and
-/// waits for its co-restart report (verdict healthy).
-async fn start_demo() -> anyhow::Result<(Held, Cli)> {
+/// Starts `pdwarden demo --engine vllm EXTRA --json --hold` and waits for
+/// its co-restart report (verdict healthy); returns it with the CLI aimed
+/// at it. `label` names the demo's log file.
+pub(crate) async fn start_demo(extra: &[&str], label: &str) -> anyhow::Result<(Held, Cli, Value)> {
     let pdwarden: PathBuf = std::env::current_exe()?
         .parent()
         .map(|d| d.join("pdwarden"))
         .filter(|p| p.is_file())
         .context("`pdwarden` is not built next to this binary (cargo build --bins)")?;
-    let log = std::env::temp_dir().join(format!("pdwarden-bench-vllm-demo-{}.log", std::process::id()));
+    let log = std::env::temp_dir().join(format!("pdwarden-bench-{label}-{}.log", std::process::id()));
     let mut child = Command::new(&pdwarden)
-        .args(["demo", "--engine", "vllm", "--watch-defaults", "--json", "--hold"])
+        .args(["demo", "--engine", "vllm"])
+        .args(extra)
+        .args(["--json", "--hold"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(&log)?)
@@ -423,7 +443,11 @@ async fn start_demo() -> anyhow::Result<(Held, Cli)> {
         );
     }
     if !report["verdict"].as_str().unwrap_or("").starts_with("healthy") {
-        bail!("the demo's co-restart was not healthy: {}", report["verdict"]);
+        bail!(
+            "the demo's co-restart was not healthy: {} ({})",
+            report["verdict"],
+            report["reasons"][0]
+        );
     }
     let url = demo["orchestrator"].as_str().context("demo.orchestrator missing")?;
     let mut base = vec!["--orchestrator".to_owned(), url.to_owned()];
@@ -433,7 +457,7 @@ async fn start_demo() -> anyhow::Result<(Held, Cli)> {
             base.push(v.to_owned());
         }
     }
-    Ok((held, Cli { bin: pdwarden, base }))
+    Ok((held, Cli { bin: pdwarden, base }, report))
 }
 
 /// The watch settings the demo ran: the README's `[pair.watch]` defaults
