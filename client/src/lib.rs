@@ -128,13 +128,7 @@ impl Connection {
         request_id: String,
         on_line: impl FnMut(String),
     ) -> Result<OperationReport, CouldNotRun> {
-        let asked = match verify {
-            Some(include_abort_storm) => Asked::Verify {
-                include_abort_storm,
-                record_reference: false,
-            },
-            None => Asked::Restart { rolling: false },
-        };
+        let asked = Asked::restart_or_verify(verify);
         self.follow_asked(pair, asked, request_id, on_line).await
     }
 
@@ -352,13 +346,7 @@ impl Connection {
         verify: Option<bool>,
         request_id: String,
     ) -> Result<OperationReport, CouldNotRun> {
-        let asked = match verify {
-            Some(include_abort_storm) => Asked::Verify {
-                include_abort_storm,
-                record_reference: false,
-            },
-            None => Asked::Restart { rolling: false },
-        };
+        let asked = Asked::restart_or_verify(verify);
         self.follow_printing_asked(pair, quiet, asked, request_id).await
     }
 
@@ -398,6 +386,20 @@ pub enum Asked {
         include_abort_storm: bool,
         record_reference: bool,
     },
+}
+
+impl Asked {
+    /// `Some(include_abort_storm)`: a verification; `None`: a co-restart
+    /// (neither rolling nor pinning a reference).
+    pub fn restart_or_verify(verify: Option<bool>) -> Self {
+        match verify {
+            Some(include_abort_storm) => Asked::Verify {
+                include_abort_storm,
+                record_reference: false,
+            },
+            None => Asked::Restart { rolling: false },
+        }
+    }
 }
 
 /// A fresh idempotency key for an operation request.
