@@ -7,10 +7,11 @@
 //! running) and never executed again.
 //!
 //! Handling never blocks the link: start/stop are queued on the unit's actor
-//! at once (which keeps their order) and awaited in a task; probes run
-//! concurrently in their own tasks.
+//! at once (which keeps their order) and awaited in a task; probes and
+//! evidence captures run concurrently in their own tasks.
 
 use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -23,6 +24,7 @@ use tokio::time::Instant;
 use tracing::info;
 
 use crate::checks::{chat_probe, error_chain};
+use crate::gpu::reporter::Latest;
 use crate::outbox::Outbox;
 use crate::readiness::{DEFAULT_CHECK_MAX_TOKENS, ReadinessParams};
 use crate::supervisor::{CommandContext, DEFAULT_STOP_GRACE_MS, StopOutcome, Supervisor};
@@ -57,16 +59,28 @@ pub(crate) struct Dispatcher {
     recent: Mutex<Recent>,
     /// The passive engine watch (issue 5).
     watch: crate::watch::Watch,
+    /// The GPU reporter's latest reading, for evidence captures (issue 35).
+    gpu: watch::Receiver<Arc<Latest>>,
+    /// The configured py-spy (`py_spy`); absent: `py-spy` on PATH.
+    py_spy: Option<PathBuf>,
 }
 
 impl Dispatcher {
-    pub(crate) fn new(supervisor: Arc<Supervisor>, outbox: Outbox, http: reqwest::Client) -> Self {
+    pub(crate) fn new(
+        supervisor: Arc<Supervisor>,
+        outbox: Outbox,
+        http: reqwest::Client,
+        gpu: watch::Receiver<Arc<Latest>>,
+        py_spy: Option<PathBuf>,
+    ) -> Self {
         Dispatcher {
             supervisor,
             outbox,
             http,
             recent: Mutex::new(Recent::default()),
             watch: crate::watch::Watch::default(),
+            gpu,
+            py_spy,
         }
     }
 
@@ -246,6 +260,20 @@ impl Dispatcher {
                 info!(command_id = %ctx.id, unit = %cmd.unit, op = cmd.op, "router workers");
                 Box::pin(async move {
                     Kind::RouterWorkersResult(crate::router_api::answer(&http, unit, &ctx.id, cmd).await)
+                })
+            }
+            Some(Action::CaptureEvidence(cmd)) => {
+                info!(command_id = %ctx.id, units = ?cmd.units, deadline_ms = cmd.deadline_ms, "capture evidence");
+                let sources = crate::evidence::Sources {
+                    supervisor: Arc::clone(&self.supervisor),
+                    http: self.http.clone(),
+                    gpu: self.gpu.clone(),
+                    py_spy: self.py_spy.clone(),
+                };
+                Box::pin(async move {
+                    let result = crate::evidence::capture(sources, ctx.id.clone(), cmd, ctx.received_at).await;
+                    info!(command_id = %ctx.id, took_ms = result.took_ms, "evidence captured");
+                    Kind::EvidenceResult(result)
                 })
             }
             None => Box::pin(async move {

@@ -138,6 +138,12 @@ pub struct AgentConfig {
     /// (case-insensitive globs); default `*TOKEN*`, `*SECRET*`, `*KEY*`, ...
     #[serde(default = "crate::redact::default_patterns")]
     pub redact_env: Vec<String>,
+    /// The py-spy binary that dumps a wedged unit's Python stacks before it
+    /// is killed (issue 35: evidence before the kill); absent: `py-spy` on
+    /// `PATH`. Without one, the evidence has each thread's /proc state and
+    /// kernel wait channel only. Set: it must be an existing file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub py_spy: Option<PathBuf>,
 }
 
 /// Where the orchestrators are: the `orchestrator` field, written as one URL
@@ -300,6 +306,7 @@ impl AgentConfig {
             tls: None,
             insecure_plaintext: false,
             redact_env: crate::redact::default_patterns(),
+            py_spy: None,
         }
     }
 
@@ -376,6 +383,15 @@ impl AgentConfig {
             if library.as_os_str().as_encoded_bytes().contains(&0) {
                 return Err(invalid("nvml_library", "contains a NUL byte"));
             }
+        }
+        if let Some(py_spy) = &self.py_spy
+            && !py_spy.is_file()
+        {
+            // Said at load, not when a wedged unit's stacks are wanted.
+            return Err(invalid(
+                "py_spy",
+                format!("{py_spy:?} is not an existing file (the py-spy binary; absent: py-spy on PATH)"),
+            ));
         }
         if self.gpu_sample_interval_ms == 0 {
             return Err(invalid("gpu_sample_interval_ms", "must be at least 1"));
@@ -754,6 +770,7 @@ mod tests {
         assert_eq!(c.gpu_snapshot_interval_ms, DEFAULT_GPU_SNAPSHOT_INTERVAL_MS);
         assert_eq!(c.metrics_listen, None);
         assert_eq!(c.nvml_library, None);
+        assert_eq!(c.py_spy, None);
         let p = c.unit("prefill-0").unwrap();
         assert_eq!(p.role, Role::Prefill);
         assert_eq!(p.env.get("KEY").map(String::as_str), Some("V"));
@@ -799,6 +816,23 @@ mod tests {
         .unwrap();
         assert_eq!(r.units[0].health_path(), "/health");
         assert_eq!(r.units[0].generation_check(), GenerationCheckSpec::ThroughRouter);
+    }
+
+    // Property: a `py_spy` that is an existing file loads and round-trips;
+    // an absent one is not written (issue 35).
+    #[test]
+    fn py_spy_names_an_existing_file() {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        let c = AgentConfig::from_toml_str(&format!("{HEAD}py_spy={:?}\n", file.path())).unwrap();
+        assert_eq!(c.py_spy.as_deref(), Some(file.path()));
+        assert_eq!(AgentConfig::from_toml_str(&c.to_toml_string().unwrap()).unwrap(), c);
+        assert!(
+            !AgentConfig::from_toml_str(HEAD)
+                .unwrap()
+                .to_toml_string()
+                .unwrap()
+                .contains("py_spy")
+        );
     }
 
     // Property: `nvml_library` reaches the GPU source that tries NVML; a
@@ -943,6 +977,12 @@ mod tests {
                 "field `nvml_library`: contains a NUL byte",
             ),
             (format!("{HEAD}nvml_library=3\n"), "nvml_library"),
+            (
+                format!("{HEAD}py_spy='/nonexistent/py-spy'\n"),
+                "field `py_spy`: \"/nonexistent/py-spy\" is not an existing file",
+            ),
+            (format!("{HEAD}py_spy='/tmp'\n"), "field `py_spy`"),
+            (format!("{HEAD}py_spy=3\n"), "py_spy"),
             (format!("{HEAD}{UNIT}engine='tgi'\n"), "engine"),
             (format!("{HEAD}{UNIT}engine='vllm-router'\n"), "engine"),
             (

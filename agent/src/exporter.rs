@@ -361,6 +361,7 @@ mod tests {
                 ..Default::default()
             }),
             events_total: [((0, "xid".to_owned()), 2)].into(),
+            ..Default::default()
         };
         let t = render("gpu-1", &latest);
         let check = pdwarden_proto::exposition::promtool_check;
@@ -409,6 +410,7 @@ mod tests {
                 ..Default::default()
             }),
             events_total: [((0, "xid".to_owned()), 2)].into(),
+            ..Default::default()
         };
         let t = render("gpu-1", &latest);
         for line in [

@@ -25,6 +25,8 @@
 //!   `agent:HOST` certificate identity; [`redact`]: secret env values hidden.
 //! - [`unitconfig`]: versions of a unit's launch config (change gate);
 //!   [`gate`]: live process inspection (`/proc`) and the gate's benchmark.
+//! - `evidence`: what a unit judged wedged looks like before it is killed
+//!   (py-spy and /proc stacks, metrics, log tail, GPUs; issue 35).
 //!
 //! [`run`] ties them together; the `pdwarden-agent` binary only parses its
 //! flag, loads the config and wires SIGTERM/SIGINT to `shutdown`.
@@ -52,6 +54,7 @@
 pub mod checks;
 mod commands;
 pub mod config;
+mod evidence;
 mod exporter;
 pub mod gate;
 pub mod gpu;
@@ -158,7 +161,16 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
     let (outbox, mut outbox_rx) = outbox::Outbox::new();
     let gpu_outbox = outbox.clone();
     let supervisor = Arc::new(supervisor::Supervisor::new(&config, outbox.clone(), http.clone()));
-    let dispatcher = Arc::new(commands::Dispatcher::new(Arc::clone(&supervisor), outbox, http));
+    // The GPU reporter's latest reading: for the link, `/metrics` and the
+    // evidence captured before a kill (issue 35).
+    let (latest_tx, latest_rx) = tokio::sync::watch::channel(Arc::new(gpu::reporter::Latest::default()));
+    let dispatcher = Arc::new(commands::Dispatcher::new(
+        Arc::clone(&supervisor),
+        outbox,
+        http,
+        latest_rx.clone(),
+        config.py_spy.clone(),
+    ));
 
     for (unit, pid) in supervisor.adopt_all() {
         info!(unit = %unit, pid, "unit left running by a previous agent adopted");
@@ -195,7 +207,6 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
     }
 
     // GPU and host reporting: never fails the agent (no driver = says why).
-    let (latest_tx, latest_rx) = tokio::sync::watch::channel(Arc::new(gpu::reporter::Latest::default()));
     let metrics_server = match &config.metrics_listen {
         Some(addr) => {
             let listener = tokio::net::TcpListener::bind(addr)

@@ -364,6 +364,20 @@ fn refusal(command: &Command, deposed: Deposed) -> Kind {
             error,
             workers: Vec::new(),
         }),
+        // A deposed leader's capture: each unit answered with the refusal.
+        Some(Action::CaptureEvidence(c)) => Kind::EvidenceResult(pdwarden_proto::v1::EvidenceResult {
+            command_id,
+            units: c
+                .units
+                .iter()
+                .map(|u| pdwarden_proto::v1::UnitEvidence {
+                    unit: u.clone(),
+                    missing: vec![error.clone()],
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }),
         Some(Action::Start(_) | Action::Stop(_) | Action::Watch(_) | Action::Preflight(_)) | None => {
             Kind::CommandResult(CommandResult {
                 command_id,

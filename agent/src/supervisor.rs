@@ -971,6 +971,21 @@ impl Supervisor {
         st.running.as_ref().map(|r| (r.pid, st.spawned_version))
     }
 
+    /// The last `lines` lines of unit `name`'s log, redacted as its crash
+    /// tail is (evidence before the kill, issue 35); None for a unit this
+    /// agent does not have, or a log that is missing or empty. Reads a file:
+    /// call it on a blocking thread.
+    pub fn log_tail(&self, name: &str, lines: usize) -> Option<String> {
+        let unit = &self.units.get(name)?.unit;
+        log_tail(&unit.log_path, lines).map(|t| unit.redact_log(&t))
+    }
+
+    /// `text` from or about unit `name` as it may leave the host: redacted as
+    /// the unit's log tail is. None for a unit this agent does not have.
+    pub fn redact_for(&self, name: &str, text: &str) -> Option<String> {
+        Some(self.units.get(name)?.unit.redact_log(text))
+    }
+
     /// Current facts about every unit, for `Register`.
     pub fn unit_infos(&self) -> Vec<UnitInfo> {
         self.units.values().map(|h| h.unit.info()).collect()

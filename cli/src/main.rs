@@ -107,6 +107,10 @@ enum Cmd {
         pair: String,
         #[arg(long, default_value_t = 20)]
         limit: u32,
+        /// Print what operation OP captured before it stopped the pair
+        /// (stacks, metrics, logs, GPUs) instead of the list.
+        #[arg(long, value_name = "OP")]
+        evidence: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -192,9 +196,15 @@ fn check_before_sending(cli: &Cli) -> Result<(), String> {
         Cmd::Restart {
             what: RestartWhat::PdPair { name, .. },
         }
-        | Cmd::Verify { name, .. }
-        | Cmd::History { pair: name, .. } => {
+        | Cmd::Verify { name, .. } => {
             check_name("pair", name)?;
+            true
+        }
+        Cmd::History { pair, evidence, .. } => {
+            check_name("pair", pair)?;
+            if let Some(op) = evidence {
+                pdwarden_model::fields::check_request_id(op).map_err(|e| format!("--evidence: {e}"))?;
+            }
             true
         }
         Cmd::Restart {
@@ -486,16 +496,40 @@ fn render_watch(watch: &[PairWatchView]) -> Vec<String> {
     out
 }
 
-async fn history(conn: &Connection, pair: &str, limit: u32, json: bool) -> anyhow::Result<()> {
+/// Lines of each captured document (metrics, server info) `history
+/// --evidence` prints; `--json` carries them whole.
+const EVIDENCE_BODY_LINES: usize = 15;
+
+async fn history(
+    conn: &Connection,
+    pair: &str,
+    limit: u32,
+    evidence: Option<String>,
+    json: bool,
+) -> anyhow::Result<()> {
     let mut client = conn.connect().await.map_err(|e| anyhow::anyhow!(e.0))?;
     let reply = client
         .history(HistoryRequest {
             pair: pair.to_string(),
             limit,
+            evidence: evidence.clone().unwrap_or_default(),
         })
         .await
         .map_err(|s| anyhow::anyhow!(status_reason(&s)))?;
     let text = reply.into_inner().json;
+    if let Some(op) = evidence {
+        if json {
+            let v: serde_json::Value = serde_json::from_str(&text).context("unreadable evidence")?;
+            print_json(&v);
+            return Ok(());
+        }
+        let capture: pdwarden_model::forensics::Capture = serde_json::from_str(&text).context("unreadable evidence")?;
+        pdwarden_client::say!("evidence operation {op} of pair {pair} captured before it stopped anything:");
+        for line in capture.render(EVIDENCE_BODY_LINES) {
+            pdwarden_client::say!("{line}");
+        }
+        return Ok(());
+    }
     if json {
         let v: serde_json::Value = serde_json::from_str(&text).context("unreadable history")?;
         print_json(&v);
@@ -608,7 +642,12 @@ async fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => could_not_run(&format!("{e:#}"), json),
         },
-        Cmd::History { pair, limit, json } => match history(&conn, &pair, limit, json).await {
+        Cmd::History {
+            pair,
+            limit,
+            evidence,
+            json,
+        } => match history(&conn, &pair, limit, evidence, json).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => could_not_run(&format!("{e:#}"), json),
         },

@@ -4,7 +4,7 @@
 //! the ground floor: it imports no other module of the crate (the wire's
 //! snapshot in, the view out: [`HostReport::from_snapshot`]).
 
-use pdwarden_proto::v1::{GpuEvent, HostSnapshot};
+use pdwarden_proto::v1::{GpuDevice, GpuEvent, GpuProcess, HostSnapshot};
 use serde::{Deserialize, Serialize};
 
 /// One host's GPUs, processes and figures, as `status --json` carries them
@@ -135,51 +135,7 @@ impl HostReport {
 
 impl HostReport {
     pub fn from_snapshot(s: HostSnapshot, received_unix_ms: u64, events: Vec<GpuEventView>) -> Self {
-        let gpus = s
-            .gpus
-            .into_iter()
-            .map(|g| GpuView {
-                index: g.index,
-                uuid: g.uuid,
-                name: g.name,
-                memory_used_bytes: g.memory_used_bytes,
-                memory_total_bytes: g.memory_total_bytes,
-                utilization_gpu_pct: g.utilization_gpu_pct,
-                utilization_memory_pct: g.utilization_memory_pct,
-                temperature_c: g.temperature_c,
-                power_draw_w: g.power_draw_mw.map(|mw| f64::from(mw) / 1000.0),
-                power_limit_w: g.power_limit_mw.map(|mw| f64::from(mw) / 1000.0),
-                throttle_reasons: g.throttle_reasons,
-                ecc: g.ecc.map(|e| EccView {
-                    volatile_corrected: e.volatile_corrected,
-                    volatile_uncorrected: e.volatile_uncorrected,
-                    aggregate_corrected: e.aggregate_corrected,
-                    aggregate_uncorrected: e.aggregate_uncorrected,
-                }),
-                retired_pages: g.retired_pages,
-                remapped_rows: g.remapped_rows.map(|r| RemappedRowsView {
-                    correctable: r.correctable,
-                    uncorrectable: r.uncorrectable,
-                    pending: r.pending,
-                    failure: r.failure,
-                }),
-                processes: g
-                    .processes
-                    .into_iter()
-                    .map(|p| GpuProcessView {
-                        pid: p.pid,
-                        used_memory_bytes: p.used_memory_bytes,
-                        kind: p.kind,
-                        unit: (!p.unit.is_empty()).then_some(p.unit),
-                        foreign: p.foreign,
-                        unit_dead: p.unit_dead,
-                        command_line: p.command_line,
-                        user: p.user,
-                    })
-                    .collect(),
-                read_errors: g.read_errors,
-            })
-            .collect();
+        let gpus = s.gpus.into_iter().map(gpu_view).collect();
         HostReport {
             received_unix_ms,
             taken_unix_ms: s.taken_unix_ms,
@@ -206,6 +162,52 @@ impl HostReport {
                 .collect(),
             events,
         }
+    }
+}
+
+/// One GPU of a snapshot, as reports and captures show it.
+pub fn gpu_view(g: GpuDevice) -> GpuView {
+    GpuView {
+        index: g.index,
+        uuid: g.uuid,
+        name: g.name,
+        memory_used_bytes: g.memory_used_bytes,
+        memory_total_bytes: g.memory_total_bytes,
+        utilization_gpu_pct: g.utilization_gpu_pct,
+        utilization_memory_pct: g.utilization_memory_pct,
+        temperature_c: g.temperature_c,
+        power_draw_w: g.power_draw_mw.map(|mw| f64::from(mw) / 1000.0),
+        power_limit_w: g.power_limit_mw.map(|mw| f64::from(mw) / 1000.0),
+        throttle_reasons: g.throttle_reasons,
+        ecc: g.ecc.map(|e| EccView {
+            volatile_corrected: e.volatile_corrected,
+            volatile_uncorrected: e.volatile_uncorrected,
+            aggregate_corrected: e.aggregate_corrected,
+            aggregate_uncorrected: e.aggregate_uncorrected,
+        }),
+        retired_pages: g.retired_pages,
+        remapped_rows: g.remapped_rows.map(|r| RemappedRowsView {
+            correctable: r.correctable,
+            uncorrectable: r.uncorrectable,
+            pending: r.pending,
+            failure: r.failure,
+        }),
+        processes: g.processes.into_iter().map(process_view).collect(),
+        read_errors: g.read_errors,
+    }
+}
+
+/// One GPU process of a snapshot.
+pub fn process_view(p: GpuProcess) -> GpuProcessView {
+    GpuProcessView {
+        pid: p.pid,
+        used_memory_bytes: p.used_memory_bytes,
+        kind: p.kind,
+        unit: (!p.unit.is_empty()).then_some(p.unit),
+        foreign: p.foreign,
+        unit_dead: p.unit_dead,
+        command_line: p.command_line,
+        user: p.user,
     }
 }
 

@@ -15,6 +15,7 @@
 //!   (each host's GPU and host report).
 
 pub mod fields;
+pub mod forensics;
 pub mod gate;
 pub mod host;
 pub mod judge;

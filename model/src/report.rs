@@ -182,6 +182,11 @@ pub struct OperationReport {
     /// "every P→D path agrees"). Empty for a 1P1D pair.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub golden_paths: Vec<crate::judge::golden::PathCheck>,
+    /// What the pair looked like before this operation stopped it, when
+    /// it was judged wedged (issue 35); the whole capture is the journal's
+    /// `evidence` entry (`pdwarden history NAME --evidence OP`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evidence: Option<crate::forensics::CaptureSummary>,
     pub total_ms: u64,
 }
 
@@ -283,6 +288,11 @@ pub fn timeline_summary(timeline: &[TimelineRecord]) -> Vec<String> {
 /// The closing summary printed after the live lines.
 pub fn render_summary(r: &OperationReport) -> String {
     let mut out = String::new();
+    if let Some(e) = &r.evidence {
+        for line in e.lines(&r.pair, &r.operation_id) {
+            let _ = writeln!(out, "{line}");
+        }
+    }
     if !r.sub_operations.is_empty() {
         let _ = writeln!(out, "\nsub-operations (rolling restart):");
         for c in &r.sub_operations {

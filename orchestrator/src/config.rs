@@ -385,6 +385,12 @@ pub struct WatchConfig {
     pub max_recoveries: u32,
     /// ...of this length; then the pair is held for a human.
     pub recovery_window_ms: u64,
+    /// Before a pair judged wedged is stopped (its automatic recovery, or
+    /// an operator's restart while the watch calls it wedged, suspect or
+    /// held), its evidence is captured for at most this long, every unit
+    /// together (issue 35); the restart goes on when it expires. 0: no
+    /// capture.
+    pub evidence_deadline_ms: u64,
 }
 
 impl Default for WatchConfig {
@@ -408,6 +414,7 @@ impl Default for WatchConfig {
             gpu_idle_below: 0.05,
             max_recoveries: 3,
             recovery_window_ms: 3_600_000,
+            evidence_deadline_ms: pdwarden_model::forensics::DEFAULT_DEADLINE_MS,
         }
     }
 }
@@ -426,6 +433,9 @@ pub const WATCH_TOK_PER_S: std::ops::RangeInclusive<f64> = 0.01..=1e9;
 /// blind for minutes (staleness is three scrapes); under 100 ms it is an
 /// engine's load, not its watch.
 pub const WATCH_SCRAPE_MS: std::ops::RangeInclusive<u64> = 100..=60_000;
+
+/// The longest `evidence_deadline_ms`: a recovery waits for its capture.
+pub const WATCH_EVIDENCE_MS: u64 = 60_000;
 
 /// The range of `max_recoveries` per window: past a hundred it is no breaker.
 pub const WATCH_MAX_RECOVERIES: std::ops::RangeInclusive<u32> = 1..=100;
@@ -454,6 +464,15 @@ impl WatchConfig {
             if v > week {
                 return bad(f, format!("{v} ms is over the bound of one week ({week} ms)"));
             }
+        }
+        if self.evidence_deadline_ms > WATCH_EVIDENCE_MS {
+            return bad(
+                "evidence_deadline_ms",
+                format!(
+                    "{} ms is over {WATCH_EVIDENCE_MS} ms: the restart of a wedged pair waits for it",
+                    self.evidence_deadline_ms
+                ),
+            );
         }
         if !WATCH_SCRAPE_MS.contains(&self.scrape_interval_ms) {
             return bad(

@@ -451,6 +451,7 @@ pub async fn reached(url: &Connection, at: CrashAt, limit: Duration) -> anyhow::
                 .history(pdwarden_proto::v1::HistoryRequest {
                     pair: "demo".into(),
                     limit: 1,
+                    ..Default::default()
                 })
                 .await
             && let Ok(status) = client.status(StatusRequest::default()).await
@@ -606,6 +607,7 @@ async fn wait_history(
                 .history(pdwarden_proto::v1::HistoryRequest {
                     pair: "demo".into(),
                     limit: 5,
+                    ..Default::default()
                 })
                 .await
         {

@@ -578,6 +578,7 @@ pub async fn newest(ha: &HaStack) -> Option<Value> {
         client.history(pdwarden_proto::v1::HistoryRequest {
             pair: PAIR.into(),
             limit: 1,
+            ..Default::default()
         }),
     )
     .await

@@ -64,6 +64,18 @@ pub fn find_router(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
     bail!("sglang-router (smg) not found: run scripts/setup-router.sh, or pass --router-bin")
 }
 
+/// py-spy for the agent's evidence captures (issue 35): `.venv/bin/py-spy`
+/// of the checkout the running executable was built in (scripts/
+/// setup-router.sh installs it there), else none: the agent then looks on
+/// its `PATH`, and without one says the captures have no Python stacks.
+pub fn find_py_spy() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    exe.ancestors()
+        .skip(1)
+        .map(|dir| dir.join(".venv/bin/py-spy"))
+        .find(|candidate| candidate.is_file())
+}
+
 /// A child process the stack started; stopped by PID when dropped.
 pub struct Owned {
     name: &'static str,

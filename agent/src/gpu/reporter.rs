@@ -14,7 +14,7 @@
 //! material ([`material_change`]) are pure; sampling blocks (NVML, /proc) and
 //! runs on a blocking thread.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -38,12 +38,34 @@ pub(crate) struct ReporterParams {
     pub snapshot_interval: Duration,
 }
 
-/// What the reporter last saw, shared with the link and `/metrics`.
+/// How many recent GPU events [`Latest`] keeps for the evidence captured
+/// before a kill (issue 35).
+pub const RECENT_GPU_EVENTS: usize = 256;
+
+/// What the reporter last saw, shared with the link, `/metrics` and the
+/// evidence capture.
 #[derive(Debug, Clone, Default)]
 pub struct Latest {
     pub snapshot: Option<HostSnapshot>,
     /// Events seen since the agent started, by (GPU index, kind).
     pub events_total: BTreeMap<(u32, String), u64>,
+    /// The newest [`RECENT_GPU_EVENTS`] events, oldest first: an Xid that
+    /// came before a wedge is evidence of why, though it was sent long ago.
+    pub recent_events: VecDeque<GpuEvent>,
+}
+
+impl Latest {
+    /// Counts `event` and keeps it among the recent ones (bounded).
+    pub fn record_event(&mut self, event: &GpuEvent) {
+        *self
+            .events_total
+            .entry((event.gpu_index, event.kind.clone()))
+            .or_default() += 1;
+        self.recent_events.push_back(event.clone());
+        while self.recent_events.len() > RECENT_GPU_EVENTS {
+            self.recent_events.pop_front();
+        }
+    }
 }
 
 pub(crate) type LatestTx = watch::Sender<Arc<Latest>>;
@@ -300,7 +322,7 @@ pub(crate) async fn run(
         latest.send_modify(|l| {
             let l = Arc::make_mut(l);
             for e in &events {
-                *l.events_total.entry((e.gpu_index, e.kind.clone())).or_default() += 1;
+                l.record_event(e);
             }
             l.snapshot = Some(snapshot.clone());
         });
@@ -385,6 +407,28 @@ mod tests {
         assert_eq!(s.units[0].processes, 2);
         assert_eq!(s.units[0].rss_bytes, 2 << 20);
         assert_eq!(s.gpu_unavailable, "");
+    }
+
+    // Property: recorded events are counted and the newest
+    // RECENT_GPU_EVENTS of them kept, oldest first.
+    #[test]
+    fn recent_events_are_bounded() {
+        let mut l = Latest::default();
+        for i in 0..(RECENT_GPU_EVENTS as u64 + 10) {
+            l.record_event(&GpuEvent {
+                at_unix_ms: i,
+                kind: "xid".into(),
+                xid: 79,
+                ..Default::default()
+            });
+        }
+        assert_eq!(l.recent_events.len(), RECENT_GPU_EVENTS);
+        assert_eq!(l.recent_events.front().map(|e| e.at_unix_ms), Some(10));
+        assert_eq!(
+            l.recent_events.back().map(|e| e.at_unix_ms),
+            Some(RECENT_GPU_EVENTS as u64 + 9)
+        );
+        assert_eq!(l.events_total[&(0, "xid".to_owned())], RECENT_GPU_EVENTS as u64 + 10);
     }
 
     // Property: an unavailable source gives a snapshot with the reason and host figures, no GPUs.

@@ -6,6 +6,7 @@
 //! fixed sleeps, and kill every process they start by PID.
 
 mod binary;
+mod evidence;
 mod gpu;
 mod link;
 mod readiness_http;

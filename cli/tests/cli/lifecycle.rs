@@ -294,6 +294,7 @@ auto_recover = false
         .history(pdwarden_proto::v1::HistoryRequest {
             pair: "p".into(),
             limit: 10,
+            ..Default::default()
         })
         .await
         .unwrap()

@@ -293,6 +293,7 @@ async fn operator_roles_are_distinct_and_actions_carry_their_actor() {
             HistoryRequest {
                 pair: "p".into(),
                 limit: 10,
+                ..Default::default()
             },
             &tokens.read,
         ))

@@ -13,6 +13,8 @@
 //! - [`findings`]: GPU and host findings (foreign processes, Xid/ECC, …).
 //! - [`probe`]: what one end-to-end probe found, in one vocabulary;
 //!   [`answer`]: what one answer says against itself (the client layer).
+//! - [`stacks`]: what a wedged unit's captured stacks say, in one line
+//!   (issue 35: evidence before the kill).
 //! - [`stats`]: latency summaries that check for bimodality first.
 //! - [`golden`]: golden output — a greedy answer against its reference
 //!   (noise at a near-tie, wrong output where the reference was sure).
@@ -26,6 +28,7 @@ pub mod gate;
 pub mod golden;
 pub mod live;
 pub mod probe;
+pub mod stacks;
 pub mod stats;
 pub mod suite;
 pub mod verdict;

@@ -310,6 +310,10 @@ impl Fleet {
                 let id = r.command_id.clone();
                 self.deliver(host, &id, AgentReport::RouterWorkers(r));
             }
+            Some(agent_message::Kind::EvidenceResult(r)) => {
+                let id = r.command_id.clone();
+                self.deliver(host, &id, AgentReport::Evidence(r));
+            }
             Some(agent_message::Kind::Register(reg)) => {
                 // A re-registration on a live stream refreshes the facts.
                 let mut st = self.lock();

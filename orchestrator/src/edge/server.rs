@@ -280,9 +280,23 @@ impl ControlService {
             Started::Rolling => crate::ops::rolling::KIND,
         };
         let request_id = (!request_id.is_empty()).then_some(request_id);
+        // An operator's restart of a pair the watch judged wedged keeps its
+        // evidence first, as an automatic recovery does (issue 35).
+        let mut opening = opening.to_vec();
+        if let Started::Operation(OperationKind::CoRestart) = what
+            && let Some(view) = self.watch.get(&pair.name)
+            && matches!(view.state.as_str(), "wedged" | "suspect" | "held")
+        {
+            let why = format!(
+                "the operator restarted a pair the watch judged {}: {}",
+                view.state,
+                view.reasons.join("; ")
+            );
+            opening.push((crate::ops::forensics::OPENING, serde_json::json!({ "why": why })));
+        }
         let operation_id = self
             .ctx
-            .begin(kind, &pair.name, request_id, opening)
+            .begin(kind, &pair.name, request_id, &opening)
             .map_err(begin_refused)?;
         let (tx, rx) = mpsc::unbounded_channel();
         // The operation runs on its own task: a CLI that disconnects does not
@@ -467,11 +481,47 @@ impl Control for ControlService {
         if self.config.pair(&req.pair).is_none() {
             return Err(Status::not_found(format!("unknown pair {:?}", req.pair)));
         }
+        if !req.evidence.is_empty() {
+            return self.evidence(&req.pair, &req.evidence).map(Response::new);
+        }
         let limit = if req.limit == 0 { 20 } else { req.limit.min(1000) };
         let records: Vec<OperationRecord> = self.ctx.journal.history(&req.pair, limit).map_err(internal)?;
         let mut json = serde_json::to_value(&records).map_err(internal)?;
         self.redactor.json(&mut json);
         Ok(Response::new(JsonReply { json: json.to_string() }))
+    }
+}
+
+impl ControlService {
+    /// `history PAIR --evidence OP`: the capture operation `OP` of `pair`
+    /// took before it stopped the pair (issue 35), redacted.
+    fn evidence(&self, pair: &str, operation_id: &str) -> Result<JsonReply, Status> {
+        bounded("evidence", pdwarden_model::fields::check_request_id(operation_id))?;
+        let journal = &self.ctx.journal;
+        match journal.meta(operation_id).map_err(internal)? {
+            Some(m) if m.pair == pair => {}
+            Some(m) => {
+                return Err(Status::not_found(format!(
+                    "operation {operation_id} is pair {:?}'s, not {pair:?}'s",
+                    m.pair
+                )));
+            }
+            None => return Err(Status::not_found(format!("no operation {operation_id} in the journal"))),
+        }
+        let mut captures: Vec<serde_json::Value> = journal
+            .read(operation_id, crate::ops::forensics::ENTRY)
+            .map_err(internal)?;
+        let Some(mut capture) = captures.pop() else {
+            return Err(Status::not_found(format!(
+                "operation {operation_id} of pair {pair:?} kept no evidence: it did not stop a pair judged wedged, or its capture was forgotten (the newest {} per pair are kept, for {} days)",
+                crate::ops::forensics::RETAIN_CAPTURES,
+                crate::ops::forensics::RETAIN_AGE_MS / (24 * 3600 * 1000)
+            )));
+        };
+        self.redactor.json(&mut capture);
+        Ok(JsonReply {
+            json: capture.to_string(),
+        })
     }
 }
 
@@ -1409,6 +1459,7 @@ enabled = false
                 c.history(HistoryRequest {
                     pair: big_pair.clone(),
                     limit: 5,
+                    ..Default::default()
                 })
                 .await,
             ),
@@ -1419,6 +1470,7 @@ enabled = false
                 c.history(HistoryRequest {
                     pair: "../../etc".into(),
                     limit: 5,
+                    ..Default::default()
                 })
                 .await,
             ),
@@ -1488,6 +1540,7 @@ enabled = false
         c.history(HistoryRequest {
             pair: "p".into(),
             limit: 5,
+            ..Default::default()
         })
         .await
         .unwrap();

@@ -236,6 +236,11 @@ struct State {
     /// a greedy probe over a KV path into one answers as those compute
     /// (issue 34, item 3). A probe through the router is not affected.
     decode_weights: HashMap<String, String>,
+    /// How long a capture of evidence takes here (issue 35; 0: at once).
+    capture_takes: Duration,
+    /// Each capture asked for: its units, and how many starts had been
+    /// executed when it was.
+    captures: Vec<(Vec<String>, usize)>,
 }
 
 /// A greedy answer of `max_tokens` tokens as the engines compute it with
@@ -489,6 +494,16 @@ impl FakeAgent {
         self.lock().decode_weights.insert(decode_url.into(), weights.into());
     }
 
+    /// Captures of evidence take `d` from now on (issue 35).
+    pub(crate) fn capture_takes(&self, d: Duration) {
+        self.lock().capture_takes = d;
+    }
+
+    /// The captures asked for: (units, starts executed before it).
+    pub(crate) fn captures(&self) -> Vec<(Vec<String>, usize)> {
+        self.lock().captures.clone()
+    }
+
     /// `unit` has work in flight for `for_ms` from now.
     pub(crate) fn busy_for(&self, unit: &str, for_ms: u64) {
         self.lock()
@@ -630,6 +645,7 @@ impl FakeAgent {
             Kind::UnitConfigResult(r) => (r.command_id.clone(), AgentReport::UnitConfig(r)),
             Kind::GateResult(r) => (r.command_id.clone(), AgentReport::Gate(r)),
             Kind::RouterWorkersResult(r) => (r.command_id.clone(), AgentReport::RouterWorkers(r)),
+            Kind::EvidenceResult(r) => (r.command_id.clone(), AgentReport::Evidence(r)),
             other => panic!("the fake agent does not say {other:?}"),
         };
         if let Some(routes) = link
@@ -717,6 +733,58 @@ impl FakeAgent {
                                 Some(c) if c.greedy => greedy_answer(&weights, c.max_tokens),
                                 _ => Vec::new(),
                             },
+                            ..Default::default()
+                        }),
+                    );
+                });
+            }
+            Some(Action::CaptureEvidence(c)) => {
+                // A wedged engine core as py-spy shows it after a SIGSTOP
+                // (vllm/v1/engine/core.py), per unit.
+                let (takes, units) = {
+                    let mut st = self.lock();
+                    let executed = st.executed.len();
+                    st.captures.push((c.units.clone(), executed));
+                    let units: Vec<pdwarden_proto::v1::UnitEvidence> = c
+                        .units
+                        .iter()
+                        .map(|u| {
+                            let pid = st.units.get(u).map_or(0, |(_, i)| i.pid);
+                            pdwarden_proto::v1::UnitEvidence {
+                                unit: u.clone(),
+                                pid,
+                                processes: vec![pdwarden_proto::v1::ProcessStacks {
+                                    pid,
+                                    method: "py-spy".into(),
+                                    threads: vec![pdwarden_proto::v1::ThreadStack {
+                                        tid: pid,
+                                        name: "EngineCore_DP0".into(),
+                                        state: "T".into(),
+                                        frames: vec![
+                                            "_process_input_queue (vllm/v1/engine/core.py:1588)".into(),
+                                            "run_busy_loop (vllm/v1/engine/core.py:1551)".into(),
+                                        ],
+                                        ..Default::default()
+                                    }],
+                                    ..Default::default()
+                                }],
+                                log_tail: format!("{u}: last words"),
+                                ..Default::default()
+                            }
+                        })
+                        .collect();
+                    (st.capture_takes, units)
+                };
+                let agent = self.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(takes).await;
+                    agent.reply(
+                        &id,
+                        Kind::EvidenceResult(pdwarden_proto::v1::EvidenceResult {
+                            command_id: id.clone(),
+                            units,
+                            took_ms: takes.as_millis() as u64,
+                            py_spy: "/usr/bin/py-spy".into(),
                             ..Default::default()
                         }),
                     );

@@ -183,6 +183,9 @@ pub trait Store: Send + Sync {
     fn history(&self, pair: &str, limit: u32) -> Result<Vec<OperationRecord>, JournalError>;
     /// Raw entries of an operation, in order: (at_ms, kind, payload JSON).
     fn entries(&self, operation_id: &str) -> Result<Vec<(u64, String, String)>, JournalError>;
+    /// Deletes the operation's entries of `kind` (retention of bulky
+    /// entries: evidence captures); returns how many.
+    fn forget(&self, operation_id: &str, kind: &str) -> Result<usize, JournalError>;
     /// The SQLite store under the front (tests fill its disk).
     #[cfg(test)]
     fn as_sqlite(&self) -> Option<&sqlite::SqliteStore> {
@@ -639,6 +642,11 @@ impl Journal {
         self.store.unfinished()
     }
 
+    /// An operation's kind, pair and whether it runs; `None`: unknown.
+    pub fn meta(&self, operation_id: &str) -> Result<Option<OperationMeta>, JournalError> {
+        self.store.meta(operation_id)
+    }
+
     /// The pair's operations, newest first.
     pub fn history(&self, pair: &str, limit: u32) -> Result<Vec<OperationRecord>, JournalError> {
         self.store.history(pair, limit)
@@ -651,6 +659,30 @@ impl Journal {
             .into_iter()
             .map(|(at, kind, payload)| Ok((at, kind, serde_json::from_str(&payload)?)))
             .collect()
+    }
+
+    /// Keeps the `kind` entries (evidence captures) of the pair's newest
+    /// `keep` operations that have one and are at most `max_age_ms` old,
+    /// and forgets the others' (their reports keep their summaries).
+    /// Looks at the pair's newest 500 operations: retention runs at every
+    /// capture, so nothing older holds one. Returns how many operations'
+    /// entries were forgotten.
+    pub fn retain_captures(&self, pair: &str, kind: &str, keep: usize, max_age_ms: i64) -> Result<usize, JournalError> {
+        let now = unix_ms();
+        let (mut kept, mut forgotten) = (0, 0);
+        for op in self.store.history(pair, 500)? {
+            if !self.store.entries(&op.operation_id)?.iter().any(|(_, k, _)| k == kind) {
+                continue;
+            }
+            if kept < keep && now.saturating_sub(op.started_unix_ms) <= max_age_ms {
+                kept += 1;
+                continue;
+            }
+            self.failpoint()?;
+            self.store.forget(&op.operation_id, kind)?;
+            forgotten += 1;
+        }
+        Ok(forgotten)
     }
 
     /// Every entry of `kind` that `operation_id` journaled, in order, read as
@@ -793,6 +825,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let j = Journal::open(&dir.path().join("j.sqlite")).unwrap();
         contract::keeps_the_journal_rules(&j);
+        contract::keeps_only_the_newest_captures(&j);
     }
 
     /// The journal survives reopening (it is a real file, not memory).
@@ -1099,5 +1132,37 @@ pub(crate) mod contract {
         assert_eq!(h[1].report.as_ref().unwrap()["verdict"], "healthy");
         let unfinished: Vec<String> = j.unfinished().unwrap().into_iter().map(|r| r.operation_id).collect();
         assert_eq!(unfinished, vec!["op-3", "op-4"]);
+    }
+
+    /// Issue 35: evidence captures are kept for the pair's newest `keep`
+    /// operations that took one; older ones are forgotten (their other
+    /// entries and reports stay), on every store.
+    pub(crate) fn keeps_only_the_newest_captures(j: &Journal) {
+        for n in 0..5 {
+            let id = format!("cap-{n}");
+            j.begin(&id, "co_restart", "c", None).unwrap();
+            j.append(&id, 0, "trigger", &n).unwrap();
+            if n != 2 {
+                j.append(&id, 1, "evidence", &serde_json::json!({ "n": n })).unwrap();
+            }
+            j.conclude(&id, "healthy", &serde_json::json!({ "verdict": "healthy" }))
+                .unwrap();
+            // Newest first is by start time: a millisecond apart.
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        assert_eq!(j.retain_captures("c", "evidence", 2, i64::MAX).unwrap(), 2);
+        let kept: Vec<bool> = (0..5)
+            .map(|n| {
+                !j.read::<serde_json::Value>(&format!("cap-{n}"), "evidence")
+                    .unwrap()
+                    .is_empty()
+            })
+            .collect();
+        assert_eq!(kept, vec![false, false, false, true, true]);
+        // The rest of a forgotten capture's operation stays.
+        assert_eq!(j.read::<u32>("cap-0", "trigger").unwrap(), vec![0]);
+        // Nothing left to forget; an age bound of 0 forgets them all.
+        assert_eq!(j.retain_captures("c", "evidence", 2, i64::MAX).unwrap(), 0);
+        assert_eq!(j.retain_captures("c", "evidence", 2, -1).unwrap(), 2);
     }
 }

@@ -14,6 +14,8 @@
 //! - [`machine`]: the one runtime of the operations written as machines
 //!   (a pure step per workflow; each state and write-ahead journaled,
 //!   must-write, before the effect is carried out).
+//! - [`forensics`]: evidence before the kill — what a pair judged wedged
+//!   looked like, captured before its co-restart stops anything (issue 35).
 //! - [`watcher`]: the continuous per-pair watch and automatic recovery.
 //! - [`preflight`]: what is checked before an operation touches any unit.
 //! - [`port`]: the agent port — the runtime's only way to reach agents
@@ -34,6 +36,7 @@ pub mod drain;
 pub(crate) mod fake_agent;
 #[cfg(test)]
 mod fault_tests;
+pub mod forensics;
 pub mod gate;
 pub mod journal;
 pub mod machine;

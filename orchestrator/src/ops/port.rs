@@ -40,6 +40,8 @@ pub enum AgentReport {
     Gate(pdwarden_proto::v1::GateAgentResult),
     /// A router worker list's answer (drain before restart).
     RouterWorkers(pdwarden_proto::v1::RouterWorkersResult),
+    /// What a wedged pair's units looked like (issue 35).
+    Evidence(pdwarden_proto::v1::EvidenceResult),
     /// The agent's stream ended; no more reports will come for the command.
     Disconnected,
 }

@@ -178,6 +178,7 @@ fn a_leader_killed_at_each_co_restart_step_is_replaced_and_the_operation_conclud
                 &oc.history(pdwarden_proto::v1::HistoryRequest {
                     pair: "demo".into(),
                     limit: 1,
+                    ..Default::default()
                 })
                 .await
                 .expect("a follower serves history")

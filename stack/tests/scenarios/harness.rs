@@ -335,6 +335,14 @@ pub fn watch_of(status: &Value) -> Value {
 }
 
 impl HeldDemo {
+    /// The evidence operation `operation_id` captured before it stopped the
+    /// pair (issue 35), as `history demo --evidence OP --json` prints it.
+    pub fn evidence(&self, operation_id: &str) -> Value {
+        let out = self.cli(&["history", "demo", "--evidence", operation_id, "--json"]);
+        assert_eq!(out.code, 0, "history --evidence {operation_id}: {}", out.stderr);
+        out.json()
+    }
+
     /// The pid of `unit` as the agent reports it.
     pub fn unit_pid(&self, unit: &str) -> u32 {
         let status = self.status();
@@ -365,6 +373,7 @@ impl HeldDemo {
             replaced: self.unit_pid(unit) != pid,
             detection_ms: wedge["detection_ms"].as_u64(),
             recovered_s: stopped.since.elapsed().as_secs_f64(),
+            evidence: self.evidence(auto["operation_id"].as_str().unwrap_or_default()),
         };
         drop(stopped);
         outcome
@@ -383,6 +392,9 @@ pub struct StopOutcome {
     pub detection_ms: Option<u64>,
     /// From the SIGSTOP to the verified recovery, in seconds.
     pub recovered_s: f64,
+    /// What the recovery captured before it stopped anything (issue 35):
+    /// `history demo --evidence OP --json`.
+    pub evidence: Value,
 }
 
 /// A process stopped by SIGSTOP, resumed (SIGCONT) when dropped whatever

@@ -299,6 +299,33 @@ fn a_real_engine_core_stopped_under_health_200_is_confirmed_and_recovered() {
         other => panic!("the stopped engine core concluded {other:?}: {:#}", auto["trigger"]),
     }
     assert_ne!(demo.unit_pid("decode-0"), api, "the decode was replaced");
+    // Issue 35: before the kill, py-spy's stacks of the stopped engine
+    // core (`--nonblocking`: py-spy's default mode cannot suspend a
+    // stopped process) naming vLLM's engine-core loop, within 5 s.
+    let e = demo.evidence(auto["operation_id"].as_str().unwrap_or_default());
+    let took_ms = e["took_ms"].as_u64().expect("took_ms");
+    assert!(took_ms <= 5_000, "the capture took {took_ms} ms: {e:#}");
+    let decode = e["units"]
+        .as_array()
+        .and_then(|u| u.iter().find(|u| u["unit"] == "decode-0"))
+        .unwrap_or_else(|| panic!("no decode-0 in the capture: {e:#}"));
+    let engine_core = decode["processes"]
+        .as_array()
+        .and_then(|p| p.iter().find(|p| p["pid"] == core))
+        .unwrap_or_else(|| panic!("the engine core {core} is not in the capture: {decode:#}"));
+    assert_eq!(engine_core["method"], "py-spy", "{engine_core:#}");
+    let frames = engine_core["threads"].to_string();
+    assert!(
+        frames.contains("run_busy_loop") || frames.contains("run_engine_core"),
+        "py-spy's stacks of the engine core name its loop: {engine_core:#}"
+    );
+    let reading = e["readings"]
+        .as_array()
+        .and_then(|r| r.iter().find(|r| r["unit"] == "decode-0"))
+        .map(|r| r["line"].as_str().unwrap_or("").to_string())
+        .unwrap_or_default();
+    assert!(reading.contains("stopped"), "{reading}");
+    println!("real vLLM engine core stopped → evidence captured in {took_ms} ms before the kill: {reading}");
     // pd-sim's hang waits in both PD queues as well: it may be named a KV
     // transfer wedge; a wedge confirmed and recovered either way.
     assert!(

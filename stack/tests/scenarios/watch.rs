@@ -228,6 +228,31 @@ pub fn assert_stopped_decode_recovered(o: &StopOutcome) {
         "{o:#?}"
     );
     assert!(o.replaced, "the stopped decode was replaced: {o:#?}");
+    // Issue 35: the evidence was captured before the kill; a stopped
+    // process answers no GET, so those parts ran out at the deadline: the
+    // capture is partial, says what is missing, took no longer than its
+    // deadline, and the recovery went on all the same (healthy above).
+    let e = &o.evidence;
+    let deadline = e["deadline_ms"].as_u64().expect("deadline_ms");
+    assert!(e["took_ms"].as_u64().expect("took_ms") <= deadline, "{e:#}");
+    assert_eq!(e["partial"], true, "{e:#}");
+    let decode = e["units"]
+        .as_array()
+        .and_then(|u| u.iter().find(|u| u["unit"] == "decode-0"))
+        .unwrap_or_else(|| panic!("no decode-0 in the capture: {e:#}"));
+    assert!(
+        decode["missing"].to_string().contains("deadline"),
+        "the stopped decode's GETs are named as cut at the deadline: {decode:#}"
+    );
+    assert!(
+        decode["processes"][0]["threads"]
+            .as_array()
+            .is_some_and(|t| !t.is_empty() && t.iter().all(|t| t["state"] == "T")),
+        "every thread of the stopped decode in state T: {:#}",
+        decode["processes"][0]
+    );
+    let readings = e["readings"].to_string();
+    assert!(readings.contains("decode-0: every thread stopped"), "{readings}");
 }
 
 /// Replaces the fake GPU file atomically (write, then rename), as the agent asks.

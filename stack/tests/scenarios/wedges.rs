@@ -130,10 +130,76 @@ pub fn case_outcome(name: &str) -> Option<String> {
             println!("  reasons: {}", op["trigger"]["reasons"]);
             println!("  ruled out: {}", wedge["ruled_out"]);
             assert_eq!(auto.len(), 1, "one recovery for one wedge: {auto:#?}");
+            assert_capture_before_the_kill(&demo, op["operation_id"].as_str().unwrap_or_default(), name);
             // The clients of a wedged pair fail (their requests die with it).
             drop(rt);
             Some(kind.to_string())
         }
+    }
+}
+
+/// Issue 35: the recovery of a confirmed wedge kept what every unit of
+/// the pair looked like before it stopped anything: each pd-sim process's
+/// threads from /proc (pd-sim is not Python: py-spy says so; the router's
+/// Python launcher has py-spy stacks), each engine's
+/// metrics and server info, the router's worker list, the log tails; all
+/// within the deadline, and `history --evidence` prints it.
+pub fn assert_capture_before_the_kill(demo: &HeldDemo, operation_id: &str, case: &str) {
+    let e = demo.evidence(operation_id);
+    let units = e["units"].as_array().unwrap_or_else(|| panic!("no units: {e:#}"));
+    let names: Vec<&str> = units.iter().filter_map(|u| u["unit"].as_str()).collect();
+    assert_eq!(names, ["prefill-0", "decode-0", "router-0"], "{e:#}");
+    assert!(
+        e["took_ms"].as_u64().unwrap() <= e["deadline_ms"].as_u64().unwrap(),
+        "{e:#}"
+    );
+    assert_eq!(
+        e["partial"], false,
+        "{case}: nothing should be missing: {:#}",
+        e["missing"]
+    );
+    for u in units {
+        let name = u["unit"].as_str().unwrap();
+        let threads = &u["processes"][0]["threads"];
+        assert!(
+            threads
+                .as_array()
+                .is_some_and(|t| !t.is_empty() && t.iter().all(|t| t["state"].is_string())),
+            "{name}: {u:#}"
+        );
+        let doc = |n: &str| {
+            u["documents"]
+                .as_array()
+                .and_then(|d| d.iter().find(|d| d["name"] == n))
+                .cloned()
+        };
+        let ok = |n: &str| doc(n).is_some_and(|d| d["status"] == 200 && !d["body"].as_str().unwrap_or("").is_empty());
+        if name == "router-0" {
+            assert!(ok("workers"), "{name}: the router's worker list: {:#}", u["documents"]);
+            // sglang-router's `smg` is a Python launcher around its Rust core.
+            assert_eq!(u["processes"][0]["method"], "py-spy", "{name}: {:#}", u["processes"][0]);
+        } else {
+            assert_eq!(
+                u["processes"][0]["method"], "proc",
+                "{name}: pd-sim is no Python process"
+            );
+            assert!(ok("metrics") && ok("server_info"), "{name}: {:#}", u["documents"]);
+            assert!(
+                doc("metrics").unwrap()["body"].as_str().unwrap().contains("sglang:"),
+                "{name}"
+            );
+            assert!(!u["log_tail"].as_str().unwrap_or("").is_empty(), "{name}: its log tail");
+        }
+    }
+    let text = demo.cli(&["history", "demo", "--evidence", operation_id]);
+    assert!(
+        text.stdout.contains("== local/decode-0 (decode, pid"),
+        "{}",
+        text.stdout
+    );
+    println!("  evidence before the kill, captured in {} ms:", e["took_ms"]);
+    for r in e["readings"].as_array().unwrap() {
+        println!("    {}", r["line"].as_str().unwrap_or(""));
     }
 }
 

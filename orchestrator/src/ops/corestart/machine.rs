@@ -173,7 +173,7 @@ impl CoRestart {
     pub fn begin(pair: &PairConfig, from: CoRestartStep, ids: &mut impl FnMut(&UnitRef) -> String) -> Step {
         use CoRestartStep as S;
         match from {
-            S::Started | S::Draining | S::RestartingPrefill => {
+            S::Started | S::Capturing | S::Draining | S::RestartingPrefill => {
                 let prefill = starts(&pair.prefill, Role::Prefill, ids);
                 enter(CoRestart::StartingPrefill { prefill }, Role::Prefill)
             }

@@ -105,6 +105,9 @@ impl OperationKind {
 pub enum CoRestartStep {
     /// The operation exists in the journal; nothing has been sent.
     Started,
+    /// A pair judged wedged: its evidence is captured before anything is
+    /// stopped (issue 35). Read-only: a resume starts from the beginning.
+    Capturing,
     /// Out of the shared serving router, waiting for the engines' work to
     /// drain (`[pair.serving_router]` only).
     Draining,
@@ -127,8 +130,9 @@ pub enum CoRestartStep {
 }
 
 impl CoRestartStep {
-    const ALL: [CoRestartStep; 9] = [
+    const ALL: [CoRestartStep; 10] = [
         Self::Started,
+        Self::Capturing,
         Self::Draining,
         Self::RestartingPrefill,
         Self::RestartingDecode,
@@ -148,6 +152,7 @@ impl CoRestartStep {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Started => "started",
+            Self::Capturing => "capturing",
             Self::Draining => "draining",
             Self::RestartingPrefill => "restarting_prefill",
             Self::RestartingDecode => "restarting_decode",
@@ -204,7 +209,7 @@ pub async fn run_operation_from(
         }
         None => (CoRestartStep::RestartingPrefill, Vec::new(), BTreeMap::new(), None),
     };
-    let run = CoRestart {
+    let mut run = CoRestart {
         ctx,
         pair,
         rec: &rec,
@@ -216,6 +221,7 @@ pub async fn run_operation_from(
         unjournaled: None,
         fresh_engine_answers: Vec::new(),
         direct: None,
+        capture_why: None,
     };
     // The engines' PD failure counters before the requests: a unit this
     // operation starts counts from 0; a pair in service is scraped first.
@@ -232,6 +238,16 @@ pub async fn run_operation_from(
             .read::<serde_json::Value>(&operation_id, "trigger")
             .unwrap_or_default()
             .is_empty();
+    // A pair judged wedged keeps its evidence before anything is stopped
+    // (issue 35): a recovery's trigger, or the operator's restart of a pair
+    // the watch judged wedged (its opening entry). Not again on a resume:
+    // the capture was the first thing done, and is read-only.
+    let capture_why = match (kind, resume_note.is_some()) {
+        (OperationKind::CoRestart, false) if run.pair.watch.evidence_deadline_ms > 0 => {
+            capture_reason(&rec.journal, &operation_id, recovery)
+        }
+        _ => None,
+    };
     // A verification the operator asked to pin its greedy answer as the
     // reference (`verify NAME --record-reference`, journaled).
     let pin = matches!(kind, OperationKind::Verify { .. }) && output::pin_requested(&rec.journal, &operation_id);
@@ -244,7 +260,9 @@ pub async fn run_operation_from(
             OperationKind::CoRestart => run.pair.suite.abort_storm.after_restart,
             OperationKind::Verify { include_abort_storm } => include_abort_storm,
         },
+        capture: capture_why.is_some(),
     };
+    run.capture_why = capture_why;
     // The stages' effects, carried out one at a time (the runtime awaits
     // each before the next: the lock is never contended).
     let shared = tokio::sync::Mutex::new(run);
@@ -354,6 +372,7 @@ pub async fn run_operation_from(
         sub_operations: Vec::new(),
         golden,
         golden_paths,
+        evidence: so_far.capture.take(),
         total_ms: rec.now_ms(),
     };
     if let Err(e) = rec.journal.conclude(&operation_id, report.verdict.as_str(), &report) {
@@ -366,6 +385,35 @@ pub async fn run_operation_from(
         rec.send(operation_update::Kind::Report(pdwarden_proto::v1::JsonReply { json }));
     }
     report
+}
+
+/// Why a co-restart captures its pair's evidence first, if it does: an
+/// automatic recovery (its trigger's reasons), or an operator's restart of
+/// a pair the watch judged wedged (the opening entry the server journals).
+fn capture_reason(journal: &crate::ops::journal::Journal, operation_id: &str, recovery: bool) -> Option<String> {
+    if recovery {
+        let trigger = journal
+            .read::<serde_json::Value>(operation_id, "trigger")
+            .ok()?
+            .into_iter()
+            .next()?;
+        let reasons: Vec<&str> = trigger["reasons"]
+            .as_array()
+            .map(|r| r.iter().filter_map(|x| x.as_str()).collect())
+            .unwrap_or_default();
+        return Some(format!("automatic recovery of a wedged pair: {}", reasons.join("; ")));
+    }
+    let opening = journal
+        .read::<serde_json::Value>(operation_id, crate::ops::forensics::OPENING)
+        .ok()?
+        .into_iter()
+        .next()?;
+    Some(
+        opening["why"]
+            .as_str()
+            .unwrap_or("the watch judged the pair wedged")
+            .to_string(),
+    )
 }
 
 /// Whether this operation restarted a unit, as far as its driver knows.
@@ -457,6 +505,8 @@ struct CoRestart<'a> {
     /// restart, `ops::rolling`): the KV path its probes take, straight from
     /// its prefill to its decode as a PD router sends them.
     direct: Option<PdPath>,
+    /// Why the pair's evidence is captured first (issue 35), if it is.
+    capture_why: Option<String>,
 }
 
 impl CoRestart<'_> {
@@ -506,6 +556,25 @@ impl CoRestart<'_> {
     ) -> Option<StageEvent> {
         let rec = self.rec;
         Some(match effect {
+            StageEffect::Capture => {
+                let deadline = Duration::from_millis(self.pair.watch.evidence_deadline_ms);
+                let why = self
+                    .capture_why
+                    .clone()
+                    .unwrap_or_else(|| "the pair was judged wedged".into());
+                let capture = crate::ops::forensics::capture(&*self.ctx.agents, &self.pair, why, deadline).await;
+                for line in &capture.readings {
+                    tracing::warn!(pair = %self.pair.name, reading = %line.line, "before the restart");
+                }
+                let summary = crate::ops::forensics::keep(
+                    &rec.journal,
+                    &self.pair.name,
+                    &rec.operation_id,
+                    rec.now_ms(),
+                    &capture,
+                );
+                StageEvent::Captured(Box::new(summary))
+            }
             StageEffect::Drain { wait } => {
                 let record = match self.pair.serving_router.clone() {
                     Some(sr) => crate::ops::drain::drain(&*self.ctx.agents, rec, &self.pair, &sr, wait).await,
@@ -927,6 +996,126 @@ mod driver_tests {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         panic!("{unit} never reached {phase:?}");
+    }
+
+    /// Runs a co-restart begun as `id` to its report.
+    async fn run_co_restart(ctx: &OperationContext, id: String) -> OperationReport {
+        let (tx, _rx) = mpsc::unbounded_channel();
+        run_operation(
+            ctx.clone(),
+            pair("after-prefill-ready"),
+            id,
+            OperationKind::CoRestart,
+            tx,
+        )
+        .await
+    }
+
+    /// Issue 35: an automatic recovery captures every unit of the pair
+    /// before it starts (stops) anything, journals the whole capture with
+    /// the operation and says in its report where each unit waited.
+    #[tokio::test(start_paused = true)]
+    async fn a_recovery_keeps_the_evidence_before_it_stops_anything() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = journal(&dir);
+        let agent = agent();
+        let ctx = orchestrator(&journal, &agent).await;
+        let id = begin_recovery(&journal);
+        let report = run_co_restart(&ctx, id.clone()).await;
+        assert!(report.verdict.is_healthy(), "{:?}", report.reasons);
+        let captures = agent.captures();
+        assert_eq!(captures.len(), 1, "one command for the pair's one host");
+        assert_eq!(captures[0].0, UNITS.to_vec());
+        assert_eq!(captures[0].1, 0, "captured before any start was executed");
+        for unit in UNITS {
+            assert_eq!(agent.starts_of(unit), 1, "{unit} was restarted after the capture");
+        }
+        let e = report
+            .evidence
+            .clone()
+            .expect("the report carries the capture's summary");
+        assert!(!e.partial, "{:?}", e.missing);
+        assert_eq!(e.readings.len(), UNITS.len());
+        assert!(
+            e.readings
+                .iter()
+                .all(|r| r.line.contains("every thread stopped") && r.line.contains("_process_input_queue")),
+            "{:?}",
+            e.readings
+        );
+        let kept: Vec<pdwarden_model::forensics::Capture> = journal.read(&id, "evidence").unwrap();
+        assert_eq!(kept.len(), 1);
+        assert!(kept[0].why.starts_with("automatic recovery"), "{}", kept[0].why);
+        assert_eq!(kept[0].units[1].log_tail, "decode-0: last words");
+        let text = pdwarden_model::report::render_summary(&report);
+        assert!(text.contains(&format!("pdwarden history p --evidence {id}")), "{text}");
+        // The state machine journaled the stage before the restart's.
+        let states: Vec<String> = journal
+            .entries(&id)
+            .unwrap()
+            .into_iter()
+            .filter(|(_, k, _)| k == "transition")
+            .filter_map(|(_, _, p)| p["state"].as_str().map(str::to_string))
+            .collect();
+        assert_eq!(states.first().map(String::as_str), Some("capturing"), "{states:?}");
+    }
+
+    /// Issue 35: an agent that does not answer by the deadline leaves the
+    /// capture partial, said, and the recovery goes on at the deadline.
+    #[tokio::test(start_paused = true)]
+    async fn a_capture_past_its_deadline_is_partial_and_the_recovery_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = journal(&dir);
+        let agent = agent();
+        agent.capture_takes(Duration::from_secs(60));
+        let ctx = orchestrator(&journal, &agent).await;
+        let id = begin_recovery(&journal);
+        let report = run_co_restart(&ctx, id.clone()).await;
+        assert!(report.verdict.is_healthy(), "{:?}", report.reasons);
+        let e = report.evidence.expect("a partial capture is still reported");
+        assert!(e.partial);
+        assert_eq!(e.took_ms, 5_000, "bounded by the default deadline");
+        assert!(
+            e.missing
+                .iter()
+                .any(|m| m.contains("no answer from agent") && m.contains("5000 ms deadline")),
+            "{:?}",
+            e.missing
+        );
+        assert!(
+            e.readings
+                .iter()
+                .all(|r| r.wait == pdwarden_model::forensics::Wait::NothingCaptured)
+        );
+        for unit in UNITS {
+            assert_eq!(agent.starts_of(unit), 1, "{unit} restarted all the same");
+        }
+    }
+
+    /// An operator's restart captures only when the watch judged the pair
+    /// wedged (the server journals the opening entry then).
+    #[tokio::test(start_paused = true)]
+    async fn an_operator_restart_captures_only_a_pair_judged_wedged() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = journal(&dir);
+        let agent = agent();
+        let ctx = orchestrator(&journal, &agent).await;
+        let report = run_co_restart(&ctx, begin(&journal)).await;
+        assert!(report.evidence.is_none());
+        assert!(agent.captures().is_empty());
+        let id = begin(&journal);
+        let why = "the operator restarted a pair the watch judged wedged: decode-0 silent";
+        journal
+            .append(
+                &id,
+                0,
+                crate::ops::forensics::OPENING,
+                &serde_json::json!({ "why": why }),
+            )
+            .unwrap();
+        let report = run_co_restart(&ctx, id).await;
+        assert_eq!(report.evidence.expect("captured").why, why);
+        assert_eq!(agent.captures().len(), 1);
     }
 
     /// Issue 34: the first healthy co-restart records its greedy answer as

@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 use super::{CoRestartStep, OperationKind};
 use crate::ops::journal::JournalError;
 use crate::ops::machine::{Effect, Machine, Transition};
+use pdwarden_model::forensics::CaptureSummary;
 use pdwarden_model::judge::evidence::{EngineCounters, Evidence, NotRunning, RouterCounters, UnreachedProof, conclude};
 use pdwarden_model::judge::golden::{GoldenRecord, PathCheck};
 use pdwarden_model::judge::suite::{StepReport, SuiteStep};
@@ -47,6 +48,8 @@ pub struct SoFar {
     pub counted: bool,
     /// The output check, for the report (its finding is in `evidence`).
     pub golden: Option<GoldenRecord>,
+    /// What the pair looked like before it was stopped (issue 35).
+    pub capture: Option<CaptureSummary>,
 }
 
 impl SoFar {
@@ -96,6 +99,12 @@ pub struct Assessment {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "stage", rename_all = "snake_case")]
 pub enum Stage {
+    /// A pair judged wedged: its evidence captured before anything is
+    /// stopped or drained (issue 35).
+    Capturing {
+        #[serde(skip)]
+        so_far: Box<SoFar>,
+    },
     /// Out of the shared serving router (`[pair.serving_router]` only).
     Draining {
         #[serde(skip)]
@@ -149,7 +158,8 @@ pub enum Stage {
 impl Stage {
     pub fn so_far(&self) -> &SoFar {
         match self {
-            Stage::Draining { so_far }
+            Stage::Capturing { so_far }
+            | Stage::Draining { so_far }
             | Stage::Ordering { so_far, .. }
             | Stage::Assessing { so_far }
             | Stage::ProvingUnreached { so_far }
@@ -163,7 +173,8 @@ impl Stage {
 
     pub fn into_so_far(self) -> SoFar {
         match self {
-            Stage::Draining { so_far }
+            Stage::Capturing { so_far }
+            | Stage::Draining { so_far }
             | Stage::Ordering { so_far, .. }
             | Stage::Assessing { so_far }
             | Stage::ProvingUnreached { so_far }
@@ -181,7 +192,7 @@ impl Stage {
     /// verdict is reached again from the probes.
     pub fn resume_step(&self) -> CoRestartStep {
         match self {
-            Stage::Draining { .. } => CoRestartStep::Started,
+            Stage::Capturing { .. } | Stage::Draining { .. } => CoRestartStep::Started,
             Stage::Ordering { from, .. } => *from,
             Stage::Concluded { .. } => CoRestartStep::Concluded,
             _ => CoRestartStep::Probing,
@@ -192,6 +203,8 @@ impl Stage {
 /// What a stage asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StageEffect {
+    /// Capture the pair's evidence (read-only, bounded).
+    Capture,
     /// Out of the serving router (`wait`: for the engines' work).
     Drain { wait: bool },
     /// The start order from `from` (a verification: its probe series).
@@ -223,6 +236,8 @@ pub struct JournalFailed(pub String);
 /// What carrying out a [`StageEffect`] answered.
 #[derive(Debug, Clone, PartialEq)]
 pub enum StageEvent {
+    /// The capture is journaled; its summary for the report.
+    Captured(Box<CaptureSummary>),
     Drained(Box<DrainRecord>),
     /// The order is over; the write that stopped it, if one did.
     OrderRan {
@@ -259,6 +274,9 @@ pub struct Stages {
     pub xpyd: bool,
     /// The abort storm runs in the suite.
     pub abort_storm: bool,
+    /// The pair was judged wedged (a recovery's trigger, or the watch's
+    /// state when the operator asked): its evidence is captured first.
+    pub capture: bool,
 }
 
 impl Stages {
@@ -266,6 +284,15 @@ impl Stages {
     /// (a resume may begin past prefill).
     pub fn start(&self, from: CoRestartStep) -> Transition<Stage, StageEffect> {
         let so_far = Box::default();
+        if self.capture && self.kind == OperationKind::CoRestart {
+            return Transition::then(Stage::Capturing { so_far }, StageEffect::Capture);
+        }
+        self.first_change(from, so_far)
+    }
+
+    /// The first stage that changes anything: out of the serving router,
+    /// or the start order.
+    fn first_change(&self, from: CoRestartStep, so_far: Box<SoFar>) -> Transition<Stage, StageEffect> {
         match self.kind {
             OperationKind::CoRestart if self.serving_router => {
                 Transition::then(Stage::Draining { so_far }, StageEffect::Drain { wait: !self.recovery })
@@ -290,6 +317,7 @@ impl Machine for Stages {
 
     fn label(state: &Stage) -> &'static str {
         match state {
+            Stage::Capturing { .. } => CoRestartStep::Capturing.as_str(),
             Stage::Draining { .. } => CoRestartStep::Draining.as_str(),
             Stage::Ordering { from, .. } => from.as_str(),
             Stage::Assessing { .. } | Stage::ProvingUnreached { .. } => CoRestartStep::Probing.as_str(),
@@ -303,6 +331,10 @@ impl Machine for Stages {
 
     fn step(&self, state: Stage, event: StageEvent, _now_ms: u64) -> Transition<Stage, StageEffect> {
         match (state, event) {
+            (Stage::Capturing { mut so_far }, StageEvent::Captured(summary)) => {
+                so_far.capture = Some(*summary);
+                self.first_change(CoRestartStep::RestartingPrefill, so_far)
+            }
             (Stage::Draining { mut so_far }, StageEvent::Drained(d)) => {
                 let refused = d.error.is_some() && !self.recovery;
                 so_far.drain = Some(*d);
@@ -435,6 +467,7 @@ mod tests {
             serving_router: false,
             xpyd: false,
             abort_storm: false,
+            capture: false,
         }
     }
 
@@ -628,6 +661,51 @@ mod tests {
             state = t.next;
         }
         (seen, state)
+    }
+
+    /// Issue 35: a pair judged wedged is captured first, then drained (if
+    /// it is behind a serving router) or restarted; the capture's summary
+    /// is kept for the report. A verification never captures.
+    #[test]
+    fn a_pair_judged_wedged_is_captured_before_anything_changes() {
+        let mut m = stages(OperationKind::CoRestart);
+        m.capture = true;
+        let summary = CaptureSummary {
+            why: "automatic recovery".into(),
+            ..Default::default()
+        };
+        let (seen, end) = walk(
+            &m,
+            CoRestartStep::RestartingPrefill,
+            vec![
+                StageEvent::Captured(Box::new(summary.clone())),
+                StageEvent::OrderRan { journal_error: None },
+            ],
+        );
+        assert_eq!(seen[0], ("capturing", vec![StageEffect::Capture]));
+        assert_eq!(
+            seen[1],
+            (
+                "restarting_prefill",
+                vec![StageEffect::RunOrder {
+                    from: CoRestartStep::RestartingPrefill
+                }]
+            )
+        );
+        assert_eq!(end.so_far().capture, Some(summary.clone()));
+        m.serving_router = true;
+        m.recovery = true;
+        let (seen, _) = walk(
+            &m,
+            CoRestartStep::RestartingPrefill,
+            vec![StageEvent::Captured(Box::new(summary))],
+        );
+        assert_eq!(seen[1], ("draining", vec![StageEffect::Drain { wait: false }]));
+        let mut v = stages(OperationKind::Verify {
+            include_abort_storm: false,
+        });
+        v.capture = true;
+        assert_ne!(Stages::label(&v.start(CoRestartStep::Probing).next), "capturing");
     }
 
     /// A healthy 1P1D co-restart: order, assess, suite, counters, concluded.
@@ -837,6 +915,7 @@ mod tests {
         assert_eq!((t.next, t.effects), (s, vec![]));
         let so_far = Box::<SoFar>::default;
         for (stage, step) in [
+            (Stage::Capturing { so_far: so_far() }, CoRestartStep::Started),
             (Stage::Draining { so_far: so_far() }, CoRestartStep::Started),
             (
                 Stage::Ordering {

@@ -624,6 +624,7 @@ pub(super) fn apply_report(rec: &Recorder, s: &mut UnitStart, report: AgentRepor
         | AgentReport::UnitConfig(_)
         | AgentReport::Gate(_)
         | AgentReport::RouterWorkers(_)
+        | AgentReport::Evidence(_)
         | AgentReport::Scrape(_) => {}
         AgentReport::Disconnected => {
             s.state = StartState::LostContact {

@@ -694,6 +694,27 @@ impl Store for EtcdStore {
         rows.into_iter().map(|r| self.record(r)).collect()
     }
 
+    fn forget(&self, operation_id: &str, kind: &str) -> Result<usize, JournalError> {
+        let mut deletes = Vec::new();
+        for (key, v) in self.rows_by_prefix(self.entries_prefix(operation_id))? {
+            let e: Entry = serde_json::from_slice(&v)?;
+            if e.kind == kind {
+                deletes.push(TxnOp::delete(key, None));
+            }
+        }
+        let n = deletes.len();
+        if n > 0 {
+            // Fenced like every write: a deposed leader deletes nothing.
+            let out = self.write(vec![], deletes, vec![])?;
+            if !out.succeeded {
+                return Err(JournalError::NotLeader {
+                    why: format!("entries of operation {operation_id} were being forgotten by another writer"),
+                });
+            }
+        }
+        Ok(n)
+    }
+
     fn entries(&self, operation_id: &str) -> Result<Vec<(u64, String, String)>, JournalError> {
         self.rows_by_prefix(self.entries_prefix(operation_id))?
             .into_iter()
@@ -847,6 +868,7 @@ mod tests {
         let (j, leadership, _fence, _e) = orchestrator(&etcd, "http://a:1");
         until("a leads", || leadership.leads()).await;
         crate::ops::journal::contract::keeps_the_journal_rules(&j);
+        crate::ops::journal::contract::keeps_only_the_newest_captures(&j);
         assert!(leadership.leads(), "a refused conclusion does not depose");
         // A follower on the same etcd reads the same journal.
         let (follower, fl, _, _fe) = orchestrator(&etcd, "http://b:1");

@@ -546,6 +546,13 @@ impl Store for SqliteStore {
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
+    fn forget(&self, operation_id: &str, kind: &str) -> Result<usize, JournalError> {
+        Ok(self.conn().execute(
+            "DELETE FROM entries WHERE op_id = ?1 AND kind = ?2",
+            params![operation_id, kind],
+        )?)
+    }
+
     #[cfg(test)]
     fn as_sqlite(&self) -> Option<&SqliteStore> {
         Some(self)

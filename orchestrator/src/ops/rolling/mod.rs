@@ -411,6 +411,7 @@ impl Roller {
             sub_operations: so_far.children,
             golden: None,
             golden_paths: Vec::new(),
+            evidence: None,
             total_ms: self.rec.now_ms(),
         };
         if let Err(e) = self
