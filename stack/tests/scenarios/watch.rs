@@ -251,8 +251,13 @@ pub fn assert_stopped_decode_recovered(o: &StopOutcome) {
         "every thread of the stopped decode in state T: {:#}",
         decode["processes"][0]
     );
-    let readings = e["readings"].to_string();
-    assert!(readings.contains("decode-0: every thread stopped"), "{readings}");
+    // pd-sim is one process, all of it stopped; vLLM's API server is
+    // stopped while its engine-core child runs on: "N of M threads".
+    let reading = e["readings"]
+        .as_array()
+        .and_then(|r| r.iter().find(|r| r["unit"] == "decode-0"))
+        .unwrap_or_else(|| panic!("no reading for decode-0: {:#}", e["readings"]));
+    assert_eq!(reading["wait"], "stopped", "{reading:#}");
 }
 
 /// Replaces the fake GPU file atomically (write, then rename), as the agent asks.
