@@ -33,6 +33,7 @@ use crate::ops::corestart::{OperationContext, OperationKind, run_operation};
 use crate::ops::journal::{Journal, JournalError};
 use crate::ops::watcher::WatchBoard;
 use pdwarden_model::status::{OperationRecord, OperatorAuth, PairStatus, SecurityView, StatusView, TransportView};
+use pdwarden_model::watch::PairWatchView;
 use pdwarden_security::tls::Transport;
 
 #[derive(Debug, thiserror::Error)]
@@ -232,6 +233,19 @@ impl ControlService {
 
 type UpdateStream = UnboundedReceiverStream<Result<OperationUpdate, Status>>;
 
+/// The opening entry that makes an operator's co-restart capture the
+/// pair's evidence first (issue 35): when the watch judged the pair
+/// wedged, suspect or held. Pure.
+fn capture_opening(view: Option<&PairWatchView>) -> Option<(&'static str, serde_json::Value)> {
+    let view = view.filter(|v| matches!(v.state.as_str(), "wedged" | "suspect" | "held"))?;
+    let why = format!(
+        "the operator restarted a pair the watch judged {}: {}",
+        view.state,
+        view.reasons.join("; ")
+    );
+    Some((crate::ops::forensics::OPENING, serde_json::json!({ "why": why })))
+}
+
 /// A journal refusal as the operator sees it (one mapping for every
 /// operation start).
 fn begin_refused(e: JournalError) -> Status {
@@ -283,16 +297,8 @@ impl ControlService {
         // An operator's restart of a pair the watch judged wedged keeps its
         // evidence first, as an automatic recovery does (issue 35).
         let mut opening = opening.to_vec();
-        if let Started::Operation(OperationKind::CoRestart) = what
-            && let Some(view) = self.watch.get(&pair.name)
-            && matches!(view.state.as_str(), "wedged" | "suspect" | "held")
-        {
-            let why = format!(
-                "the operator restarted a pair the watch judged {}: {}",
-                view.state,
-                view.reasons.join("; ")
-            );
-            opening.push((crate::ops::forensics::OPENING, serde_json::json!({ "why": why })));
+        if let Started::Operation(OperationKind::CoRestart) = what {
+            opening.extend(capture_opening(self.watch.get(&pair.name).as_ref()));
         }
         let operation_id = self
             .ctx
@@ -1331,6 +1337,39 @@ enabled = false
     /// the agent's stream, which never ends on its own. Now the agents are
     /// released at the signal: the stream ends and the server returns well
     /// within the grace.
+    /// Issue 35: an operator's co-restart captures first only when the
+    /// watch judged the pair wedged, suspect or held, and says why.
+    #[test]
+    fn an_operator_restart_captures_only_a_pair_the_watch_judged_wedged() {
+        let view = |state: &str| -> PairWatchView {
+            serde_json::from_value(serde_json::json!({
+                "pair": "p", "state": state, "ready": false,
+                "reasons": ["decode-0: no progress for 9.5 s; health answers 200"],
+                "held": null, "auto_recover": true, "recoveries_in_window": 0,
+                "max_recoveries": 3, "recovery_window_ms": 1, "probes_sent": 0,
+                "probes_deferred": 0, "last_probe": null, "last_recovery": null, "units": [],
+            }))
+            .unwrap()
+        };
+        for state in ["wedged", "suspect", "held"] {
+            let (entry, payload) = capture_opening(Some(&view(state))).expect(state);
+            assert_eq!(entry, crate::ops::forensics::OPENING);
+            let why = payload["why"].as_str().unwrap();
+            assert!(why.contains(state) && why.contains("no progress for 9.5 s"), "{why}");
+        }
+        for state in [
+            "healthy",
+            "unproven",
+            "down",
+            "recovering",
+            "operation_running",
+            "starting",
+        ] {
+            assert!(capture_opening(Some(&view(state))).is_none(), "{state}");
+        }
+        assert!(capture_opening(None).is_none());
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn shutdown_with_an_agent_attached_does_not_wait_the_grace() {
         use pdwarden_proto::v1::agent_link_client::AgentLinkClient;
