@@ -66,6 +66,10 @@ pub struct OrchestratorConfig {
     /// no tokens: local development only; logged and shown by `status`.
     #[serde(default)]
     pub insecure_plaintext: bool,
+    /// How long the journal keeps operations (issue 36): the newest whole,
+    /// older ones as summaries, then removed. `[retention]`.
+    #[serde(default)]
+    pub retention: crate::ops::journal::RetentionPolicy,
     /// Who may use the operator API, by token hash and role.
     #[serde(default, rename = "operator")]
     pub operators: Vec<pdwarden_security::operators::OperatorConfig>,
@@ -696,6 +700,49 @@ fn default_cold_margin() -> f64 {
     2.0
 }
 
+/// What retention must keep (issue 36): the cold-start history, the
+/// suite's baseline and the golden reference read a pair's newest 50
+/// operations whole; the breaker counts up to a week of recoveries.
+fn check_retention(r: &crate::ops::journal::RetentionPolicy) -> Result<(), ConfigError> {
+    if r.full_per_pair < 50 {
+        return Err(invalid(
+            "retention.full_per_pair",
+            format!(
+                "{} is under 50: the cold-start history, the suite's baseline and the golden reference read each pair's newest 50 operations whole",
+                r.full_per_pair
+            ),
+        ));
+    }
+    if r.summaries_per_pair < r.full_per_pair {
+        return Err(invalid(
+            "retention.summaries_per_pair",
+            format!(
+                "{} is under full_per_pair ({}): it counts every operation kept, whole or summarised",
+                r.summaries_per_pair, r.full_per_pair
+            ),
+        ));
+    }
+    if r.max_age_days < 7 {
+        return Err(invalid(
+            "retention.max_age_days",
+            format!(
+                "{} is under 7: the recovery breaker counts up to a week of recoveries",
+                r.max_age_days
+            ),
+        ));
+    }
+    if r.interval_ms < 60_000 {
+        return Err(invalid(
+            "retention.interval_ms",
+            format!(
+                "{} ms is under a minute: a pass reads every pair's operations",
+                r.interval_ms
+            ),
+        ));
+    }
+    Ok(())
+}
+
 fn default_resume_grace_ms() -> u64 {
     15_000
 }
@@ -965,6 +1012,7 @@ impl OrchestratorConfig {
             resume_grace_ms: default_resume_grace_ms(),
             tls: None,
             insecure_plaintext: false,
+            retention: Default::default(),
             operators: Vec::new(),
             redact_env: pdwarden_security::redact::default_patterns(),
         }
@@ -1029,6 +1077,7 @@ impl OrchestratorConfig {
         self.check_durations()?;
         pdwarden_security::operators::validate(&self.operators).map_err(|(f, problem)| invalid(f, problem))?;
         check_journal(&self.journal, self.leadership.as_ref())?;
+        check_retention(&self.retention)?;
         let mut names = HashSet::new();
         let mut owners: HashSet<&UnitRef> = HashSet::new();
         for (i, p) in self.pairs.iter().enumerate() {
@@ -1579,6 +1628,30 @@ probe_timeout_ms = 120000
         assert!(e.contains("`resume_grace_ms`: 604800001 ms is over the bound"), "{e}");
         let week = format!("{EXAMPLE}[pair.timeouts]\nprefill_ready_ms = 604800000\n");
         OrchestratorConfig::from_toml_str(&week).expect("a week is allowed");
+    }
+
+    /// Issue 36: retention that would drop what the cold-start history,
+    /// the golden reference or the breaker read is refused in one line
+    /// naming the field; the defaults load.
+    #[test]
+    fn retention_that_would_forget_what_is_read_is_refused() {
+        let ok = OrchestratorConfig::from_toml_str(EXAMPLE).unwrap();
+        assert_eq!(ok.retention, crate::ops::journal::RetentionPolicy::default());
+        for (toml, field) in [
+            ("full_per_pair = 10", "retention.full_per_pair"),
+            ("summaries_per_pair = 60", "retention.summaries_per_pair"),
+            ("max_age_days = 3", "retention.max_age_days"),
+            ("interval_ms = 1000", "retention.interval_ms"),
+        ] {
+            let e = OrchestratorConfig::from_toml_str(&format!("{EXAMPLE}\n[retention]\n{toml}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(&format!("`{field}`")) && !e.contains('\n'), "{toml}: {e}");
+        }
+        let e = OrchestratorConfig::from_toml_str(&format!("{EXAMPLE}\n[retention]\nkeep = 3\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("keep"), "{e}");
     }
 
     #[test]

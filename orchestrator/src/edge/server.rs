@@ -778,7 +778,54 @@ fn take_over(
     };
     let mut tasks = crate::ops::watcher::spawn_all(ctx, &config.pairs, board, stop_rx);
     tasks.push(retry);
+    tasks.push(spawn_retention(
+        ctx.journal.clone(),
+        config.retention,
+        board.operations.clone(),
+    ));
     Ok(tasks)
+}
+
+/// The retention pass (issue 36), while this orchestrator leads: a minute
+/// after it takes over, then every `interval_ms`; each pass's outcome and
+/// the journal's size go to the `pdwarden_journal_*` series. A pass that
+/// fails is logged and tried again at the next.
+fn spawn_retention(
+    journal: Arc<Journal>,
+    policy: crate::ops::journal::RetentionPolicy,
+    metrics: crate::ops::telemetry::OperationMetrics,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        let mut every = tokio::time::interval(Duration::from_millis(policy.interval_ms));
+        loop {
+            every.tick().await;
+            let j = journal.clone();
+            let started = tokio::time::Instant::now();
+            let pass = tokio::task::spawn_blocking(move || (j.retain_now(&policy), j.size())).await;
+            let took = started.elapsed();
+            let Ok((retained, size)) = pass else { continue };
+            let size = size
+                .map_err(|e| tracing::warn!(error = %e, "cannot read the journal's size"))
+                .ok();
+            match retained {
+                Ok(r) => {
+                    tracing::info!(
+                        compacted = r.compacted,
+                        removed = r.removed,
+                        took_ms = took.as_millis() as u64,
+                        ?size,
+                        "journal retention pass"
+                    );
+                    metrics.retained(r.compacted, r.removed, size.map(|s| (s.operations, s.entries, s.bytes)));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "journal retention pass failed; tried again at the next");
+                    metrics.retained(0, 0, size.map(|s| (s.operations, s.entries, s.bytes)));
+                }
+            }
+        }
+    })
 }
 
 /// Bounds on the connections the gRPC server holds (issue 32, finding 4):

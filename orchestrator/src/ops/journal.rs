@@ -142,6 +142,127 @@ pub struct OperationMeta {
     pub running: bool,
 }
 
+/// How long the journal keeps what (issue 36: a year of operations must
+/// not grow it without bound). `[retention]` in orchestrator.toml.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetentionPolicy {
+    /// Each pair's newest concluded operations kept whole (entries, full
+    /// report): the cold-start history and the suite's baseline read the
+    /// newest 50, the golden reference the newest 50, `history` 20.
+    pub full_per_pair: u32,
+    /// Each pair's operations kept at all (the older beyond `full_per_pair`
+    /// as summaries).
+    pub summaries_per_pair: u32,
+    /// Operations older than this many days are removed, whatever the
+    /// counts (at least 7: the breaker counts a week's recoveries).
+    pub max_age_days: u32,
+    /// How often the orchestrator that leads runs a pass (and once at start).
+    pub interval_ms: u64,
+}
+
+impl Default for RetentionPolicy {
+    fn default() -> Self {
+        RetentionPolicy {
+            full_per_pair: 100,
+            summaries_per_pair: 1_000,
+            max_age_days: 365,
+            interval_ms: 3600 * 1000,
+        }
+    }
+}
+
+/// One operation as retention reads it (`Store::rows_of`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredRow {
+    pub operation_id: String,
+    pub started_unix_ms: i64,
+    pub concluded: bool,
+    pub report: Option<String>,
+}
+
+/// What one retention pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Retained {
+    pub compacted: u64,
+    pub removed: u64,
+}
+
+/// Entries a compacted operation keeps: why it ran and who asked.
+pub const KEPT_WHEN_COMPACTED: &[&str] = &["trigger", "actor"];
+
+/// One operation of a pair as the retention plan sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Kept {
+    pub started_unix_ms: i64,
+    pub concluded: bool,
+    pub compacted: bool,
+}
+
+/// What retention does to one operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retain {
+    Compact,
+    Remove,
+}
+
+/// The retention plan of one pair's operations, newest first: (index,
+/// action) for each that changes. Pure. Running operations are skipped and
+/// not counted.
+pub fn plan(ops: &[Kept], policy: &RetentionPolicy, now_unix_ms: i64) -> Vec<(usize, Retain)> {
+    let max_age = i64::from(policy.max_age_days) * 24 * 3600 * 1000;
+    let mut out = Vec::new();
+    let mut nth = 0u32;
+    for (i, op) in ops.iter().enumerate() {
+        if !op.concluded {
+            continue;
+        }
+        nth += 1;
+        let old = now_unix_ms.saturating_sub(op.started_unix_ms) > max_age;
+        if old || nth > policy.summaries_per_pair {
+            out.push((i, Retain::Remove));
+        } else if nth > policy.full_per_pair && !op.compacted {
+            out.push((i, Retain::Compact));
+        }
+    }
+    out
+}
+
+/// Whether a stored report is a summary (compacted by retention).
+fn is_compacted(report: &str) -> bool {
+    report.ends_with(r#""compacted":true}"#)
+}
+
+/// A report's summary: its scalars and reasons, marked compacted (last:
+/// `is_compacted` reads the text's end, not the whole report).
+fn summary_of(report: Option<&serde_json::Value>) -> String {
+    let mut kept = serde_json::Map::new();
+    if let Some(obj) = report.and_then(|r| r.as_object()) {
+        for (k, v) in obj {
+            if !(v.is_array() || v.is_object()) || k == "reasons" {
+                kept.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    kept.remove("compacted");
+    let text = serde_json::Value::Object(kept).to_string();
+    // serde_json's map is ordered by key: the marker is appended by hand.
+    match text.strip_suffix('}') {
+        Some(body) if body.len() > 1 => format!(r#"{body},"compacted":true}}"#),
+        _ => r#"{"compacted":true}"#.to_string(),
+    }
+}
+
+/// What the journal holds (`pdwarden_journal_*` gauges).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct JournalSize {
+    pub operations: u64,
+    pub entries: u64,
+    /// Bytes of live records: SQLite's used pages, etcd's keys and values
+    /// under the journal's prefix.
+    pub bytes: u64,
+}
+
 /// Where the journal's records live. Every method is one atomic change or
 /// one consistent read; the front ([`Journal`]) adds what is common.
 pub trait Store: Send + Sync {
@@ -186,6 +307,27 @@ pub trait Store: Send + Sync {
     /// Deletes the operation's entries of `kind` (retention of bulky
     /// entries: evidence captures); returns how many.
     fn forget(&self, operation_id: &str, kind: &str) -> Result<usize, JournalError>;
+    /// Every pair with an operation in the journal.
+    fn pairs(&self) -> Result<Vec<String>, JournalError>;
+    /// The pair's operations, newest first, as retention reads them: id,
+    /// start, whether concluded, and the report's text (no entries read).
+    fn rows_of(&self, pair: &str) -> Result<Vec<StoredRow>, JournalError>;
+    /// Replaces a concluded operation's report by `summary` and deletes
+    /// its entries but those of the `keep` kinds, atomically (retention:
+    /// an old operation compacted to its summary). A running operation is
+    /// left as it is (`Ok(false)`).
+    fn compact(&self, operation_id: &str, summary: &str, keep: &[&str]) -> Result<bool, JournalError>;
+    /// Deletes a concluded operation, its entries and its request id,
+    /// atomically (retention). A running one is left (`Ok(false)`).
+    fn remove(&self, operation_id: &str) -> Result<bool, JournalError>;
+    /// What the journal holds now.
+    fn size(&self) -> Result<JournalSize, JournalError>;
+    /// Gives back the room retention freed, where the store keeps it
+    /// (SQLite: `VACUUM` once more than half the file is slack); etcd
+    /// reclaims with its own compaction and defragmentation.
+    fn reclaim(&self) -> Result<(), JournalError> {
+        Ok(())
+    }
     /// The SQLite store under the front (tests fill its disk).
     #[cfg(test)]
     fn as_sqlite(&self) -> Option<&sqlite::SqliteStore> {
@@ -661,6 +803,61 @@ impl Journal {
             .collect()
     }
 
+    /// What the journal holds now (the `pdwarden_journal_*` gauges).
+    pub fn size(&self) -> Result<JournalSize, JournalError> {
+        self.store.size()
+    }
+
+    /// [`retain`](Self::retain) at the journal's wall clock (an edge).
+    pub fn retain_now(&self, policy: &RetentionPolicy) -> Result<Retained, JournalError> {
+        self.retain(policy, unix_ms())
+    }
+
+    /// One pass of the retention policy over every pair (issue 36): each
+    /// pair's newest `full_per_pair` concluded operations stay whole; older
+    /// ones are compacted to their summaries (the report's scalars and
+    /// reasons, `"compacted": true`; the `trigger` and `actor` entries
+    /// stay, the breaker and `history` read them); beyond
+    /// `summaries_per_pair`, or older than `max_age_ms`, they are removed.
+    /// Running operations are never touched. Stops at the first write that
+    /// fails (the next pass goes on from there).
+    pub fn retain(&self, policy: &RetentionPolicy, now_unix_ms: i64) -> Result<Retained, JournalError> {
+        let mut done = Retained::default();
+        for pair in self.store.pairs()? {
+            let rows = self.store.rows_of(&pair)?;
+            let ops: Vec<Kept> = rows
+                .iter()
+                .map(|r| Kept {
+                    started_unix_ms: r.started_unix_ms,
+                    concluded: r.concluded,
+                    compacted: r.report.as_deref().is_some_and(is_compacted),
+                })
+                .collect();
+            for (i, action) in plan(&ops, policy, now_unix_ms) {
+                let r = &rows[i];
+                self.failpoint()?;
+                match action {
+                    Retain::Compact => {
+                        let report = r.report.as_deref().and_then(|t| serde_json::from_str(t).ok());
+                        let summary = summary_of(report.as_ref());
+                        if self.store.compact(&r.operation_id, &summary, KEPT_WHEN_COMPACTED)? {
+                            done.compacted += 1;
+                        }
+                    }
+                    Retain::Remove => {
+                        if self.store.remove(&r.operation_id)? {
+                            done.removed += 1;
+                        }
+                    }
+                }
+            }
+        }
+        if done.compacted + done.removed > 0 {
+            self.store.reclaim()?;
+        }
+        Ok(done)
+    }
+
     /// Keeps the `kind` entries (evidence captures) of the pair's newest
     /// `keep` operations that have one and are at most `max_age_ms` old,
     /// and forgets the others' (their reports keep their summaries).
@@ -826,6 +1023,53 @@ mod tests {
         let j = Journal::open(&dir.path().join("j.sqlite")).unwrap();
         contract::keeps_the_journal_rules(&j);
         contract::keeps_only_the_newest_captures(&j);
+    }
+
+    /// Issue 36: a year on the SQLite journal ends within its bound.
+    #[test]
+    fn a_year_of_operations_stays_within_the_retention_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open(&dir.path().join("j.sqlite")).unwrap();
+        let (size, mut ms) = contract::retention_keeps_a_year_within_bounds(&j, 2, 4, 1);
+        ms.sort_by(f64::total_cmp);
+        println!(
+            "a year, 2 pairs, a co-restart every 4 h, a pass a day: {size:?}; history (20) p50 {:.2} ms, p99 {:.2} ms",
+            ms[ms.len() / 2],
+            ms[ms.len() * 99 / 100]
+        );
+    }
+
+    /// The retention plan: the newest whole, then summaries, then removed;
+    /// too old removed whatever the count; running ones never touched.
+    #[test]
+    fn the_retention_plan_compacts_then_removes() {
+        const DAY: i64 = 24 * 3600 * 1000;
+        let policy = RetentionPolicy {
+            full_per_pair: 2,
+            summaries_per_pair: 4,
+            max_age_days: 1,
+            interval_ms: 1,
+        };
+        let op = |started: i64, concluded: bool, compacted: bool| Kept {
+            started_unix_ms: started + DAY - 1_000,
+            concluded,
+            compacted,
+        };
+        let ops = [
+            op(999, false, false),
+            op(998, true, false),
+            op(997, true, false),
+            op(996, true, false),
+            op(995, true, true),
+            op(994, true, false),
+            op(10, true, true),
+        ];
+        assert_eq!(
+            plan(&ops, &policy, DAY),
+            vec![(3, Retain::Compact), (5, Retain::Remove), (6, Retain::Remove)]
+        );
+        // Too old: removed even among the newest.
+        assert_eq!(plan(&ops[..2], &policy, 3 * DAY), vec![(1, Retain::Remove)]);
     }
 
     /// The journal survives reopening (it is a real file, not memory).
@@ -1164,5 +1408,112 @@ pub(crate) mod contract {
         // Nothing left to forget; an age bound of 0 forgets them all.
         assert_eq!(j.retain_captures("c", "evidence", 2, i64::MAX).unwrap(), 0);
         assert_eq!(j.retain_captures("c", "evidence", 2, -1).unwrap(), 2);
+    }
+
+    /// Issue 36: a year of simulated operations — `pairs` pairs, a
+    /// co-restart every `every_hours` hours, each with its transitions,
+    /// attempts and probes and a report of a real one's size — with the
+    /// retention pass run once a simulated day, ends within the bound:
+    /// per pair at most `summaries_per_pair` operations, the newest
+    /// `full_per_pair` whole; the journal's live bytes within what that
+    /// many whole and summary operations take. Returns the journal's size
+    /// and `history PAIR` (20) latencies, ms, for the caller to report.
+    pub(crate) fn retention_keeps_a_year_within_bounds(
+        j: &Journal,
+        pairs: u32,
+        every_hours: i64,
+        pass_every_days: i64,
+    ) -> (JournalSize, Vec<f64>) {
+        let policy = RetentionPolicy::default();
+        let hour = 3_600_000i64;
+        let year_start = 1_750_000_000_000i64;
+        let report = serde_json::json!({
+            "verdict": "healthy", "reasons": ["every unit generates"], "total_ms": 41_000,
+            "kind": "co_restart", "pair": "x",
+            "probes": (0..8).map(|i| serde_json::json!({"seq": i, "latency_ms": 120, "outcome": "ok", "tokens": 8})).collect::<Vec<_>>(),
+            "timeline": (0..24).map(|i| serde_json::json!({"unit": "decode-0", "phase": "generating", "at_ms": i * 1000, "detail": "x".repeat(80)})).collect::<Vec<_>>(),
+            "suite": (0..5).map(|i| serde_json::json!({"step": i, "samples": (0..16).map(|k| serde_json::json!({"ttft_ms": k, "tpot_us": 900, "outcome": "ok"})).collect::<Vec<_>>()})).collect::<Vec<_>>(),
+        });
+        // Operations of other pairs already in the journal stay as they are.
+        let before = j.size().unwrap().operations;
+        let mut n = 0u64;
+        let mut last_pass = year_start;
+        let mut t = year_start;
+        while t < year_start + 365 * 24 * hour {
+            for p in 0..pairs {
+                let id = format!("y{n}");
+                n += 1;
+                j.store
+                    .insert(&id, "co_restart", &format!("pair-{p}"), Some(&format!("r-{id}")), t)
+                    .unwrap();
+                if n.is_multiple_of(5) {
+                    j.append(&id, 0, "trigger", &serde_json::json!({"automatic": true}))
+                        .unwrap();
+                }
+                for (k, kind) in ["transition", "command", "attempt", "attempt", "probe", "transition"]
+                    .iter()
+                    .enumerate()
+                {
+                    j.append(
+                        &id,
+                        k as u64,
+                        kind,
+                        &serde_json::json!({"unit": "decode-0", "detail": "y".repeat(120)}),
+                    )
+                    .unwrap();
+                }
+                j.conclude(&id, "healthy", &report).unwrap();
+            }
+            t += every_hours * hour;
+            if t - last_pass >= pass_every_days * 24 * hour {
+                j.retain(&policy, t).unwrap();
+                last_pass = t;
+            }
+        }
+        j.retain(&policy, t).unwrap();
+        let full_bytes = serde_json::to_string(&report).unwrap().len() as u64 + 7 * 200;
+        let mut latencies = Vec::new();
+        for p in 0..pairs {
+            let pair = format!("pair-{p}");
+            let all = j.history(&pair, u32::MAX).unwrap();
+            assert!(
+                all.len() as u32 <= policy.summaries_per_pair,
+                "{pair}: {} operations kept",
+                all.len()
+            );
+            let whole = all
+                .iter()
+                .filter(|r| r.report.as_ref().is_some_and(|r| r["compacted"] != true))
+                .count();
+            assert!(whole as u32 <= policy.full_per_pair, "{pair}: {whole} whole");
+            // The newest are the whole ones; a compacted one keeps its verdict,
+            // reasons and trigger.
+            assert!(
+                all[..whole]
+                    .iter()
+                    .all(|r| r.report.as_ref().unwrap()["compacted"] != true)
+            );
+            let old = all.last().unwrap();
+            assert_eq!(old.report.as_ref().unwrap()["reasons"][0], "every unit generates");
+            assert_eq!(old.verdict.as_deref(), Some("healthy"));
+            for _ in 0..20 {
+                let started = tokio::time::Instant::now();
+                assert_eq!(j.history(&pair, 20).unwrap().len(), 20);
+                latencies.push(started.elapsed().as_secs_f64() * 1000.0);
+            }
+        }
+        let size = j.size().unwrap();
+        let per_pair = u64::from(policy.full_per_pair) * full_bytes + u64::from(policy.summaries_per_pair) * 600;
+        // Records, indexes and page slack (SQLite is vacuumed past half).
+        let bound = 3 * u64::from(pairs) * per_pair;
+        assert!(
+            size.bytes <= bound,
+            "{size:?} over the bound {bound} bytes ({n} operations written)"
+        );
+        assert!(
+            size.operations <= before + u64::from(pairs * policy.summaries_per_pair),
+            "{size:?}"
+        );
+        (size, latencies)
     }
 }

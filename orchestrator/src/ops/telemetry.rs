@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -68,6 +69,13 @@ pub struct OperationMetrics {
     steps: Family<StepLabels, Histogram, fn() -> Histogram>,
     gate_decisions: Family<PairVerdictLabels, Counter>,
     recoveries: Family<PairVerdictLabels, Counter>,
+    /// The journal's size after the last retention pass (issue 36).
+    journal_bytes: Gauge,
+    journal_operations: Gauge,
+    journal_entries: Gauge,
+    /// Operations retention compacted to summaries, and removed.
+    retention_compacted: Counter,
+    retention_removed: Counter,
     /// Each pair's latest verdict (of any kind of operation).
     last: Arc<Mutex<BTreeMap<String, String>>>,
 }
@@ -79,6 +87,11 @@ impl Default for OperationMetrics {
             steps: Family::new_with_constructor(duration_histogram),
             gate_decisions: Family::default(),
             recoveries: Family::default(),
+            journal_bytes: Gauge::default(),
+            journal_operations: Gauge::default(),
+            journal_entries: Gauge::default(),
+            retention_compacted: Counter::default(),
+            retention_removed: Counter::default(),
             last: Arc::default(),
         }
     }
@@ -148,6 +161,19 @@ impl OperationMetrics {
         }
     }
 
+    /// One retention pass: what it compacted and removed, and the
+    /// journal's size after it (operations, entries, live bytes).
+    pub fn retained(&self, compacted: u64, removed: u64, size: Option<(u64, u64, u64)>) {
+        self.retention_compacted.inc_by(compacted);
+        self.retention_removed.inc_by(removed);
+        if let Some((operations, entries, bytes)) = size {
+            let g = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+            self.journal_operations.set(g(operations));
+            self.journal_entries.set(g(entries));
+            self.journal_bytes.set(g(bytes));
+        }
+    }
+
     /// Each pair's latest operation verdict.
     pub fn last_verdicts(&self) -> BTreeMap<String, String> {
         self.last.lock().unwrap_or_else(|p| p.into_inner()).clone()
@@ -171,6 +197,31 @@ impl OperationMetrics {
             self.gate_decisions.clone(),
         );
         registry.register(
+            "pdwarden_journal_bytes",
+            "Live bytes the journal holds (SQLite used pages; etcd keys and values under its prefix), after the last retention pass",
+            self.journal_bytes.clone(),
+        );
+        registry.register(
+            "pdwarden_journal_operations",
+            "Operations the journal holds, whole or summarised, after the last retention pass",
+            self.journal_operations.clone(),
+        );
+        registry.register(
+            "pdwarden_journal_entries",
+            "Entries the journal holds, after the last retention pass",
+            self.journal_entries.clone(),
+        );
+        registry.register(
+            "pdwarden_journal_compacted",
+            "Operations retention compacted to their summaries",
+            self.retention_compacted.clone(),
+        );
+        registry.register(
+            "pdwarden_journal_removed",
+            "Operations retention removed (past the count or the age kept)",
+            self.retention_removed.clone(),
+        );
+        registry.register(
             "pdwarden_automatic_recoveries",
             "Co-restarts the watch started on its own after confirming a wedge, by pair and verdict",
             self.recoveries.clone(),
@@ -189,6 +240,24 @@ mod tests {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &r).unwrap();
         out
+    }
+
+    /// Issue 36: a retention pass's outcome and the journal's size.
+    #[test]
+    fn retention_passes_feed_the_journal_series() {
+        let m = OperationMetrics::default();
+        m.retained(3, 2, Some((1000, 800, 4_096_000)));
+        m.retained(1, 0, None);
+        let t = text(&m);
+        for line in [
+            "pdwarden_journal_bytes 4096000",
+            "pdwarden_journal_operations 1000",
+            "pdwarden_journal_entries 800",
+            "pdwarden_journal_compacted_total 4",
+            "pdwarden_journal_removed_total 2",
+        ] {
+            assert!(t.contains(line), "{line} in\n{t}");
+        }
     }
 
     /// A co-restart, an automatic recovery, a gate and a gate's child:

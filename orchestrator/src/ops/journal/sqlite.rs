@@ -17,7 +17,7 @@ use std::sync::Mutex;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::{JournalError, OperationMeta, Store};
+use super::{JournalError, JournalSize, OperationMeta, Store, StoredRow};
 use pdwarden_model::status::OperationRecord;
 
 /// Set at every open (`journal_mode` is kept by the file).
@@ -40,6 +40,7 @@ CREATE TABLE IF NOT EXISTS operations (
 );
 CREATE UNIQUE INDEX IF NOT EXISTS one_running_operation_per_pair
     ON operations(pair) WHERE ended_unix_ms IS NULL;
+CREATE INDEX IF NOT EXISTS operations_by_pair ON operations(pair, started_unix_ms);
 CREATE TABLE IF NOT EXISTS entries (
     op_id   TEXT NOT NULL REFERENCES operations(id),
     seq     INTEGER NOT NULL,
@@ -551,6 +552,95 @@ impl Store for SqliteStore {
             "DELETE FROM entries WHERE op_id = ?1 AND kind = ?2",
             params![operation_id, kind],
         )?)
+    }
+
+    fn pairs(&self) -> Result<Vec<String>, JournalError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare("SELECT DISTINCT pair FROM operations ORDER BY pair")?;
+        let pairs = stmt.query_map([], |r| r.get(0))?.collect::<Result<_, _>>()?;
+        Ok(pairs)
+    }
+
+    fn rows_of(&self, pair: &str) -> Result<Vec<StoredRow>, JournalError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(
+            "SELECT id, started_unix_ms, ended_unix_ms IS NOT NULL, report FROM operations WHERE pair = ?1 ORDER BY started_unix_ms DESC, rowid DESC",
+        )?;
+        let rows = stmt
+            .query_map(params![pair], |r| {
+                Ok(StoredRow {
+                    operation_id: r.get(0)?,
+                    started_unix_ms: r.get(1)?,
+                    concluded: r.get(2)?,
+                    report: r.get(3)?,
+                })
+            })?
+            .collect::<Result<_, _>>()?;
+        Ok(rows)
+    }
+
+    fn compact(&self, operation_id: &str, summary: &str, keep: &[&str]) -> Result<bool, JournalError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let changed = tx.execute(
+            "UPDATE operations SET report = ?2 WHERE id = ?1 AND ended_unix_ms IS NOT NULL",
+            params![operation_id, summary],
+        )?;
+        if changed == 0 {
+            return Ok(false);
+        }
+        let keep = serde_json::to_string(keep)?;
+        tx.execute(
+            "DELETE FROM entries WHERE op_id = ?1 AND kind NOT IN (SELECT value FROM json_each(?2))",
+            params![operation_id, keep],
+        )?;
+        tx.commit()?;
+        Ok(true)
+    }
+
+    fn remove(&self, operation_id: &str) -> Result<bool, JournalError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let ended: Option<Option<i64>> = tx
+            .query_row(
+                "SELECT ended_unix_ms FROM operations WHERE id = ?1",
+                params![operation_id],
+                |r| r.get(0),
+            )
+            .optional()?;
+        if !matches!(ended, Some(Some(_))) {
+            return Ok(false);
+        }
+        tx.execute("DELETE FROM entries WHERE op_id = ?1", params![operation_id])?;
+        tx.execute("DELETE FROM operations WHERE id = ?1", params![operation_id])?;
+        tx.commit()?;
+        Ok(true)
+    }
+
+    fn size(&self) -> Result<JournalSize, JournalError> {
+        let conn = self.conn();
+        let count = |sql: &str| conn.query_row(sql, [], |r| r.get::<_, i64>(0));
+        let pages = count("PRAGMA page_count")? - count("PRAGMA freelist_count")?;
+        Ok(JournalSize {
+            operations: count("SELECT count(*) FROM operations")? as u64,
+            entries: count("SELECT count(*) FROM entries")? as u64,
+            bytes: (pages * count("PRAGMA page_size")?) as u64,
+        })
+    }
+
+    fn reclaim(&self) -> Result<(), JournalError> {
+        let conn = self.conn();
+        let count = |sql: &str| conn.query_row(sql, [], |r| r.get::<_, i64>(0));
+        let file = count("PRAGMA page_count")? * count("PRAGMA page_size")?;
+        let live = count(
+            "SELECT (SELECT COALESCE(SUM(LENGTH(report)) + COUNT(*) * 100, 0) FROM operations) + (SELECT COALESCE(SUM(LENGTH(payload)) + COUNT(*) * 40, 0) FROM entries)",
+        )?;
+        if file > 2 * live.max(1 << 20) {
+            // Rewrites the file: the journal's writes wait for it (about a
+            // second per 100 MB here), once the file is mostly slack.
+            conn.execute_batch("VACUUM")?;
+        }
+        Ok(())
     }
 
     #[cfg(test)]
