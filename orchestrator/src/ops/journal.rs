@@ -178,7 +178,8 @@ pub struct StoredRow {
     pub operation_id: String,
     pub started_unix_ms: i64,
     pub concluded: bool,
-    pub report: Option<String>,
+    /// Its report is a summary already ([`COMPACTED_MARK`]).
+    pub compacted: bool,
 }
 
 /// What one retention pass did.
@@ -228,16 +229,21 @@ pub fn plan(ops: &[Kept], policy: &RetentionPolicy, now_unix_ms: i64) -> Vec<(us
     out
 }
 
+/// How a summary's text ends: the stores find compacted operations by it
+/// without reading their reports whole.
+pub const COMPACTED_MARK: &str = r#""compacted":true}"#;
+
 /// Whether a stored report is a summary (compacted by retention).
-fn is_compacted(report: &str) -> bool {
-    report.ends_with(r#""compacted":true}"#)
+pub fn is_compacted(report: &str) -> bool {
+    report.ends_with(COMPACTED_MARK)
 }
 
 /// A report's summary: its scalars and reasons, marked compacted (last:
 /// `is_compacted` reads the text's end, not the whole report).
-fn summary_of(report: Option<&serde_json::Value>) -> String {
+fn summary_of(report: Option<&str>) -> String {
+    let report: Option<serde_json::Value> = report.and_then(|t| serde_json::from_str(t).ok());
     let mut kept = serde_json::Map::new();
-    if let Some(obj) = report.and_then(|r| r.as_object()) {
+    if let Some(obj) = report.as_ref().and_then(|r| r.as_object()) {
         for (k, v) in obj {
             if !(v.is_array() || v.is_object()) || k == "reasons" {
                 kept.insert(k.clone(), v.clone());
@@ -248,8 +254,8 @@ fn summary_of(report: Option<&serde_json::Value>) -> String {
     let text = serde_json::Value::Object(kept).to_string();
     // serde_json's map is ordered by key: the marker is appended by hand.
     match text.strip_suffix('}') {
-        Some(body) if body.len() > 1 => format!(r#"{body},"compacted":true}}"#),
-        _ => r#"{"compacted":true}"#.to_string(),
+        Some(body) if body.len() > 1 => format!("{body},{COMPACTED_MARK}"),
+        _ => format!("{{{COMPACTED_MARK}"),
     }
 }
 
@@ -310,13 +316,18 @@ pub trait Store: Send + Sync {
     /// Every pair with an operation in the journal.
     fn pairs(&self) -> Result<Vec<String>, JournalError>;
     /// The pair's operations, newest first, as retention reads them: id,
-    /// start, whether concluded, and the report's text (no entries read).
+    /// start, whether concluded and compacted (no report or entry read).
     fn rows_of(&self, pair: &str) -> Result<Vec<StoredRow>, JournalError>;
-    /// Replaces a concluded operation's report by `summary` and deletes
-    /// its entries but those of the `keep` kinds, atomically (retention:
-    /// an old operation compacted to its summary). A running operation is
-    /// left as it is (`Ok(false)`).
-    fn compact(&self, operation_id: &str, summary: &str, keep: &[&str]) -> Result<bool, JournalError>;
+    /// Replaces a concluded operation's report by `summarise(report)` and
+    /// deletes its entries but those of the `keep` kinds, atomically
+    /// (retention: an old operation compacted to its summary). A running
+    /// operation is left as it is (`Ok(false)`).
+    fn compact(
+        &self,
+        operation_id: &str,
+        summarise: &dyn Fn(Option<&str>) -> String,
+        keep: &[&str],
+    ) -> Result<bool, JournalError>;
     /// Deletes a concluded operation, its entries and its request id,
     /// atomically (retention). A running one is left (`Ok(false)`).
     fn remove(&self, operation_id: &str) -> Result<bool, JournalError>;
@@ -830,7 +841,7 @@ impl Journal {
                 .map(|r| Kept {
                     started_unix_ms: r.started_unix_ms,
                     concluded: r.concluded,
-                    compacted: r.report.as_deref().is_some_and(is_compacted),
+                    compacted: r.compacted,
                 })
                 .collect();
             for (i, action) in plan(&ops, policy, now_unix_ms) {
@@ -838,9 +849,7 @@ impl Journal {
                 self.failpoint()?;
                 match action {
                     Retain::Compact => {
-                        let report = r.report.as_deref().and_then(|t| serde_json::from_str(t).ok());
-                        let summary = summary_of(report.as_ref());
-                        if self.store.compact(&r.operation_id, &summary, KEPT_WHEN_COMPACTED)? {
+                        if self.store.compact(&r.operation_id, &summary_of, KEPT_WHEN_COMPACTED)? {
                             done.compacted += 1;
                         }
                     }

@@ -719,19 +719,24 @@ impl Store for EtcdStore {
                 operation_id: r.id,
                 started_unix_ms: r.started_unix_ms,
                 concluded: r.ended_unix_ms.is_some(),
-                report: r.report,
+                compacted: r.report.as_deref().is_some_and(super::is_compacted),
             })
             .collect())
     }
 
-    fn compact(&self, operation_id: &str, summary: &str, keep: &[&str]) -> Result<bool, JournalError> {
+    fn compact(
+        &self,
+        operation_id: &str,
+        summarise: &dyn Fn(Option<&str>) -> String,
+        keep: &[&str],
+    ) -> Result<bool, JournalError> {
         let Some((mut row, rev)) = self.row(operation_id)? else {
             return Ok(false);
         };
         if row.ended_unix_ms.is_none() {
             return Ok(false);
         }
-        row.report = Some(summary.into());
+        row.report = Some(summarise(row.report.as_deref()));
         let mut deletes = Vec::new();
         for (key, v) in self.rows_by_prefix(self.entries_prefix(operation_id))? {
             let e: Entry = serde_json::from_slice(&v)?;

@@ -564,24 +564,40 @@ impl Store for SqliteStore {
     fn rows_of(&self, pair: &str) -> Result<Vec<StoredRow>, JournalError> {
         let conn = self.conn();
         let mut stmt = conn.prepare(
-            "SELECT id, started_unix_ms, ended_unix_ms IS NOT NULL, report FROM operations WHERE pair = ?1 ORDER BY started_unix_ms DESC, rowid DESC",
+            "SELECT id, started_unix_ms, ended_unix_ms IS NOT NULL, COALESCE(substr(report, -length(?2)) = ?2, 0) FROM operations WHERE pair = ?1 ORDER BY started_unix_ms DESC, rowid DESC",
         )?;
         let rows = stmt
-            .query_map(params![pair], |r| {
+            .query_map(params![pair, super::COMPACTED_MARK], |r| {
                 Ok(StoredRow {
                     operation_id: r.get(0)?,
                     started_unix_ms: r.get(1)?,
                     concluded: r.get(2)?,
-                    report: r.get(3)?,
+                    compacted: r.get(3)?,
                 })
             })?
             .collect::<Result<_, _>>()?;
         Ok(rows)
     }
 
-    fn compact(&self, operation_id: &str, summary: &str, keep: &[&str]) -> Result<bool, JournalError> {
+    fn compact(
+        &self,
+        operation_id: &str,
+        summarise: &dyn Fn(Option<&str>) -> String,
+        keep: &[&str],
+    ) -> Result<bool, JournalError> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
+        let report: Option<Option<String>> = tx
+            .query_row(
+                "SELECT report FROM operations WHERE id = ?1 AND ended_unix_ms IS NOT NULL",
+                params![operation_id],
+                |r| r.get(0),
+            )
+            .optional()?;
+        let Some(report) = report else {
+            return Ok(false);
+        };
+        let summary = summarise(report.as_deref());
         let changed = tx.execute(
             "UPDATE operations SET report = ?2 WHERE id = ?1 AND ended_unix_ms IS NOT NULL",
             params![operation_id, summary],
