@@ -32,6 +32,7 @@ mod footprint;
 mod judge;
 mod lag;
 mod procstat;
+mod retention;
 mod scale;
 mod stats;
 mod vllm_golden;
@@ -51,8 +52,8 @@ struct Cli {
     #[arg(long)]
     quick: bool,
     /// Sections to run, comma-separated: lag, scale, corestart, watch, agent, judge;
-    /// and vllm-watch, vllm-golden (the real vLLM tier: only when named, never by default
-    /// or --quick).
+    /// and vllm-watch, vllm-golden (the real vLLM tier), retention (a year of a 50-pair
+    /// journal): only when named, never by default or --quick.
     #[arg(long, default_value = "lag,scale,corestart,watch,agent,judge", value_delimiter = ',')]
     only: Vec<String>,
     /// The agent footprint's GPU source: `fake` (four fake GPUs, the default),
@@ -184,6 +185,39 @@ async fn table(cli: &Cli) -> anyhow::Result<()> {
             fmt_ms(r.overall_p99()),
             verdict(ratio >= 100.0),
             fmt_ms(median(&r.check_ms)),
+        );
+    }
+
+    if want("retention") {
+        let (pairs, every) = if cli.quick { (5, 6) } else { (50, 1) };
+        eprintln!("retention: a year of {pairs} pairs, a co-restart every {every} h…");
+        let y = retention::run(pairs, every)?;
+        println!();
+        println!(
+            "## Retention: a year of {} pairs, a co-restart every {} h ({} operations written, {:.0} s), SQLite",
+            y.pairs, y.every_hours, y.written, y.took_s
+        );
+        println!(
+            "policy: newest {} whole per pair, {} kept in all, {} days",
+            y.policy.full_per_pair, y.policy.summaries_per_pair, y.policy.max_age_days
+        );
+        println!(
+            "journal at the end: {} operations, {} entries, {} live ({} per pair)",
+            y.size.operations,
+            y.size.entries,
+            mb(y.size.bytes),
+            mb(y.size.bytes / u64::from(y.pairs))
+        );
+        println!(
+            "retention pass (daily): median {}, p99 {}, max {}",
+            fmt_ms(median(&y.pass_ms)),
+            fmt_ms(p99(&y.pass_ms)),
+            fmt_ms(y.pass_ms.iter().copied().fold(0.0, f64::max))
+        );
+        println!(
+            "history PAIR (20): median {}, p99 {}",
+            fmt_ms(median(&y.history_ms)),
+            fmt_ms(p99(&y.history_ms))
         );
     }
 

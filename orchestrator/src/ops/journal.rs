@@ -910,6 +910,85 @@ impl Journal {
     }
 }
 
+/// A report of a real co-restart's size and shape (probes, timeline,
+/// suite samples), for [`simulate_year`].
+pub fn year_report() -> serde_json::Value {
+    serde_json::json!({
+        "verdict": "healthy", "reasons": ["every unit generates"], "total_ms": 41_000,
+        "kind": "co_restart", "pair": "x",
+        "probes": (0..8).map(|i| serde_json::json!({"seq": i, "latency_ms": 120, "outcome": "ok", "tokens": 8})).collect::<Vec<_>>(),
+        "timeline": (0..24).map(|i| serde_json::json!({"unit": "decode-0", "phase": "generating", "at_ms": i * 1000, "detail": "x".repeat(80)})).collect::<Vec<_>>(),
+        "suite": (0..5).map(|i| serde_json::json!({"step": i, "samples": (0..16).map(|k| serde_json::json!({"ttft_ms": k, "tpot_us": 900, "outcome": "ok"})).collect::<Vec<_>>()})).collect::<Vec<_>>(),
+    })
+}
+
+/// What [`simulate_year`] did.
+#[derive(Debug, Clone, Default)]
+pub struct YearRun {
+    /// Operations written.
+    pub written: u64,
+    /// Each retention pass, ms.
+    pub pass_ms: Vec<f64>,
+}
+
+/// A year of a fleet's operations written into `j` at simulated times
+/// (issue 36): `pairs` pairs, a co-restart every `every_hours` hours, each
+/// with its transitions, commands, attempts and probes, every fifth an
+/// automatic recovery (its trigger), and a report of a real one's size;
+/// the retention `policy` run every `pass_every_days` simulated days and
+/// once at the end. The contract test and `pdwarden-bench --only
+/// retention` run it.
+pub fn simulate_year(
+    j: &Journal,
+    policy: &RetentionPolicy,
+    pairs: u32,
+    every_hours: i64,
+    pass_every_days: i64,
+) -> Result<YearRun, JournalError> {
+    let hour = 3_600_000i64;
+    let year_start = 1_750_000_000_000i64;
+    let report = year_report();
+    let mut run = YearRun::default();
+    let mut last_pass = year_start;
+    let mut t = year_start;
+    let pass = |t: i64, run: &mut YearRun| -> Result<(), JournalError> {
+        let started = tokio::time::Instant::now();
+        j.retain(policy, t)?;
+        run.pass_ms.push(started.elapsed().as_secs_f64() * 1000.0);
+        Ok(())
+    };
+    while t < year_start + 365 * 24 * hour {
+        for p in 0..pairs {
+            let id = format!("y{}", run.written);
+            run.written += 1;
+            j.store
+                .insert(&id, "co_restart", &format!("pair-{p}"), Some(&format!("r-{id}")), t)?;
+            if run.written.is_multiple_of(5) {
+                j.append(&id, 0, "trigger", &serde_json::json!({"automatic": true}))?;
+            }
+            for (k, kind) in ["transition", "command", "attempt", "attempt", "probe", "transition"]
+                .iter()
+                .enumerate()
+            {
+                j.append(
+                    &id,
+                    k as u64,
+                    kind,
+                    &serde_json::json!({"unit": "decode-0", "detail": "y".repeat(120)}),
+                )?;
+            }
+            j.conclude(&id, "healthy", &report)?;
+        }
+        t += every_hours * hour;
+        if t - last_pass >= pass_every_days * 24 * hour {
+            pass(t, &mut run)?;
+            last_pass = t;
+        }
+    }
+    pass(t, &mut run)?;
+    Ok(run)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1434,52 +1513,10 @@ pub(crate) mod contract {
         pass_every_days: i64,
     ) -> (JournalSize, Vec<f64>) {
         let policy = RetentionPolicy::default();
-        let hour = 3_600_000i64;
-        let year_start = 1_750_000_000_000i64;
-        let report = serde_json::json!({
-            "verdict": "healthy", "reasons": ["every unit generates"], "total_ms": 41_000,
-            "kind": "co_restart", "pair": "x",
-            "probes": (0..8).map(|i| serde_json::json!({"seq": i, "latency_ms": 120, "outcome": "ok", "tokens": 8})).collect::<Vec<_>>(),
-            "timeline": (0..24).map(|i| serde_json::json!({"unit": "decode-0", "phase": "generating", "at_ms": i * 1000, "detail": "x".repeat(80)})).collect::<Vec<_>>(),
-            "suite": (0..5).map(|i| serde_json::json!({"step": i, "samples": (0..16).map(|k| serde_json::json!({"ttft_ms": k, "tpot_us": 900, "outcome": "ok"})).collect::<Vec<_>>()})).collect::<Vec<_>>(),
-        });
-        // Operations of other pairs already in the journal stay as they are.
         let before = j.size().unwrap().operations;
-        let mut n = 0u64;
-        let mut last_pass = year_start;
-        let mut t = year_start;
-        while t < year_start + 365 * 24 * hour {
-            for p in 0..pairs {
-                let id = format!("y{n}");
-                n += 1;
-                j.store
-                    .insert(&id, "co_restart", &format!("pair-{p}"), Some(&format!("r-{id}")), t)
-                    .unwrap();
-                if n.is_multiple_of(5) {
-                    j.append(&id, 0, "trigger", &serde_json::json!({"automatic": true}))
-                        .unwrap();
-                }
-                for (k, kind) in ["transition", "command", "attempt", "attempt", "probe", "transition"]
-                    .iter()
-                    .enumerate()
-                {
-                    j.append(
-                        &id,
-                        k as u64,
-                        kind,
-                        &serde_json::json!({"unit": "decode-0", "detail": "y".repeat(120)}),
-                    )
-                    .unwrap();
-                }
-                j.conclude(&id, "healthy", &report).unwrap();
-            }
-            t += every_hours * hour;
-            if t - last_pass >= pass_every_days * 24 * hour {
-                j.retain(&policy, t).unwrap();
-                last_pass = t;
-            }
-        }
-        j.retain(&policy, t).unwrap();
+        let run = simulate_year(j, &policy, pairs, every_hours, pass_every_days).unwrap();
+        let n = run.written;
+        let report = year_report();
         let full_bytes = serde_json::to_string(&report).unwrap().len() as u64 + 7 * 200;
         let mut latencies = Vec::new();
         for p in 0..pairs {
