@@ -120,7 +120,12 @@ impl Drop for Owned {
 
 /// Starts `program ARGS` with stdout and stderr in `dir/NAME.log`.
 pub fn spawn_logged(name: &'static str, program: &Path, args: &[String], dir: &Path) -> anyhow::Result<Owned> {
-    let log = std::fs::File::create(dir.join(format!("{name}.log")))?;
+    // Appended to: a daemon the stack restarts (the soak's kills) keeps
+    // its earlier lines, and the soak counts them all.
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(format!("{name}.log")))?;
     let child = Command::new(program)
         .args(args)
         .stdin(Stdio::null())

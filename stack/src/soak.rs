@@ -131,6 +131,48 @@ pub struct SoakReport {
     /// One line per operation: what ran, the fault, the verdict and its
     /// first reason.
     pub log: Vec<String>,
+    /// What the daemons logged over the soak (issue 36: bounded logs), per
+    /// pair per hour (the soak's stack has one pair).
+    pub log_volume: Vec<LogVolume>,
+}
+
+/// One daemon's log over the soak.
+#[derive(Debug, Clone, Serialize)]
+pub struct LogVolume {
+    pub process: String,
+    pub bytes: u64,
+    pub lines: u64,
+    /// Scaled to an hour of this soak, per pair.
+    pub bytes_per_pair_hour: f64,
+    pub lines_per_pair_hour: f64,
+}
+
+/// The daemons' log volume over `seconds`, from their log files in `dir`.
+fn log_volume(dir: &std::path::Path, seconds: f64, pairs: u32) -> Vec<LogVolume> {
+    let per_hour = 3600.0 / seconds.max(1.0) / f64::from(pairs.max(1));
+    ["orchestrator", "agent"]
+        .into_iter()
+        .filter_map(|process| {
+            // A daemon the soak restarted logs on in `NAME-restarted.log`.
+            let text: Vec<u8> = [format!("{process}.log"), format!("{process}-restarted.log")]
+                .iter()
+                .filter_map(|f| std::fs::read(dir.join(f)).ok())
+                .flatten()
+                .collect();
+            if text.is_empty() {
+                return None;
+            }
+            let lines = text.iter().filter(|&&b| b == b'\n').count() as u64;
+            let bytes = text.len() as u64;
+            Some(LogVolume {
+                process: process.into(),
+                bytes,
+                lines,
+                bytes_per_pair_hour: bytes as f64 * per_hour,
+                lines_per_pair_hour: lines as f64 * per_hour,
+            })
+        })
+        .collect()
 }
 
 /// xorshift64*: a reproducible plan from the seed.
@@ -169,6 +211,7 @@ pub async fn run(args: &SoakArgs) -> anyhow::Result<SoakReport> {
         violations: Vec::new(),
         processes: Vec::new(),
         log: Vec::new(),
+        log_volume: Vec::new(),
     };
     let mut figures: BTreeMap<u32, ProcessFigures> = BTreeMap::new();
     let mut seen_ops: BTreeSet<String> = BTreeSet::new();
@@ -281,6 +324,7 @@ pub async fn run(args: &SoakArgs) -> anyhow::Result<SoakReport> {
         }
     }
     report.seconds = started.elapsed().as_secs_f64();
+    report.log_volume = log_volume(stack.dir.path(), report.seconds, 1);
     stack.stop(false);
     Ok(report)
 }
@@ -477,6 +521,16 @@ impl SoakReport {
             out.push_str(&format!(
                 "  {} pid {} ({} samples): RSS {} → {} kB, fds {} → {}\n",
                 p.process, p.pid, p.samples, p.rss_kb_first, p.rss_kb_last, p.fds_first, p.fds_last
+            ));
+        }
+        for v in &self.log_volume {
+            out.push_str(&format!(
+                "  {} log: {} lines, {} bytes = {:.0} lines, {:.1} KiB per pair per hour (faults injected throughout)\n",
+                v.process,
+                v.lines,
+                v.bytes,
+                v.lines_per_pair_hour,
+                v.bytes_per_pair_hour / 1024.0
             ));
         }
         for l in &self.log {

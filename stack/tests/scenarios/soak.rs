@@ -29,4 +29,16 @@ fn a_short_soak_with_random_kills_keeps_every_invariant() {
         "too little was exercised: {}",
         report.render()
     );
+    // Issue 36: the daemons' log volume is reported, and bounded even with
+    // a fault every few seconds (logs on change only: issue 31).
+    assert_eq!(report.log_volume.len(), 2, "{}", report.render());
+    for v in &report.log_volume {
+        assert!(v.lines > 0, "{v:?}");
+        assert!(
+            v.bytes_per_pair_hour < 64.0 * 1024.0 * 1024.0,
+            "{} logs {:.1} MiB per pair per hour",
+            v.process,
+            v.bytes_per_pair_hour / 1048576.0
+        );
+    }
 }
