@@ -225,7 +225,7 @@ async fn table(cli: &Cli) -> anyhow::Result<()> {
         let sizes: &[(usize, u64, usize)] = if cli.quick {
             &[(100, 5, 10), (500, 5, 10)]
         } else {
-            &[(1000, 20, 40), (5000, 20, 40)]
+            &[(1000, 20, 40), (5000, 20, 40), (10_000, 20, 40)]
         };
         let mut points = Vec::new();
         for &(n, secs, samples) in sizes {
@@ -238,7 +238,7 @@ async fn table(cli: &Cli) -> anyhow::Result<()> {
         );
         println!();
         println!(
-            "| agents | msgs/s | orchestrator CPU (target ≤ 1 core) | RSS / peak (target ≤ 512 MB) | event → state p50 / p99 (target p99 ≤ 100 ms) | whole-fleet Status p50 / p99 (target ≤ 200 ms) | one-host Status p50 / p99 | Status size | attach all | generator CPU |"
+            "| agents | msgs/s | orchestrator CPU (target ≤ 1 core) | RSS / peak (target ≤ 1 GiB) | event → state p50 / p99 (target p99 ≤ 100 ms) | whole-fleet Status (a summary above 64 hosts) p50 / p99 (target ≤ 200 ms) | one-host Status p50 / p99 | Status size | attach all | generator CPU |"
         );
         println!("|---|---|---|---|---|---|---|---|---|---|");
         for p in &points {
@@ -250,7 +250,7 @@ async fn table(cli: &Cli) -> anyhow::Result<()> {
                 verdict(p.cores <= 1.0),
                 mb(p.rss),
                 mb(p.hwm),
-                verdict(p.hwm <= 512 << 20),
+                verdict(p.hwm <= 1 << 30),
                 fmt_ms(median(&p.event_ms)),
                 fmt_ms(p99(&p.event_ms)),
                 if p.event_lost > 0 {

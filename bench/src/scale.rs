@@ -302,6 +302,7 @@ pub async fn run(n: usize, window: Duration, samples: usize, seed: u64) -> anyho
         // event's, plus one small call.
         let one_host = StatusRequest {
             hosts: vec![format!("bench-{j:05}")],
+            ..Default::default()
         };
         loop {
             let a = mono_ms();

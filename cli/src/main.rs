@@ -101,6 +101,10 @@ enum Cmd {
         /// quick answer on a large fleet.
         #[arg(long = "host", value_name = "HOST")]
         hosts: Vec<String>,
+        /// Every host in full: without it a fleet of more than 64 hosts is
+        /// summarised (the counts, and the hosts that need a look).
+        #[arg(long)]
+        detail: bool,
     },
     /// A pair's operations, newest first.
     History {
@@ -357,10 +361,10 @@ fn now_unix_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-async fn status(conn: &Connection, json: bool, hosts: Vec<String>) -> anyhow::Result<()> {
+async fn status(conn: &Connection, json: bool, hosts: Vec<String>, detail: bool) -> anyhow::Result<()> {
     let mut client = conn.connect().await.map_err(|e| anyhow::anyhow!(e.0))?;
     let reply = client
-        .status(StatusRequest { hosts })
+        .status(StatusRequest { hosts, detail })
         .await
         .map_err(|s| anyhow::anyhow!(status_reason(&s)))?;
     let text = reply.into_inner().json;
@@ -394,6 +398,25 @@ async fn status(conn: &Connection, json: bool, hosts: Vec<String>) -> anyhow::Re
             }
         ),
         Role::Sole => {}
+    }
+    let f = &v.fleet;
+    let phases: Vec<String> = f.units_by_phase.iter().map(|(p, n)| format!("{n} {p}")).collect();
+    pdwarden_client::say!(
+        "fleet: {} hosts ({} connected, {} unknown, {} disconnected), {} units ({}), {} GPUs, {} findings",
+        f.hosts,
+        f.connected,
+        f.unknown,
+        f.disconnected,
+        f.units,
+        phases.join(", "),
+        f.gpus,
+        f.findings
+    );
+    if f.hosts_omitted > 0 {
+        pdwarden_client::say!(
+            "  {} hosts that need no look are not listed (status --host H, or --detail for every host)",
+            f.hosts_omitted
+        );
     }
     for a in &v.agents {
         let conn = match a.state {
@@ -446,6 +469,12 @@ async fn status(conn: &Connection, json: bool, hosts: Vec<String>) -> anyhow::Re
     }
     for line in render_findings(&v.findings, color) {
         pdwarden_client::say!("{line}");
+    }
+    if v.fleet.findings_omitted > 0 {
+        pdwarden_client::say!(
+            "  … and {} more findings (status --host H for a host's)",
+            v.fleet.findings_omitted
+        );
     }
     Ok(())
 }
@@ -638,7 +667,7 @@ async fn main() -> ExitCode {
             }
             Err(CouldNotRun(reason)) => could_not_run(&reason, json),
         },
-        Cmd::Status { json, hosts } => match status(&conn, json, hosts).await {
+        Cmd::Status { json, hosts, detail } => match status(&conn, json, hosts, detail).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => could_not_run(&format!("{e:#}"), json),
         },

@@ -57,6 +57,93 @@ pub struct StatusView {
     pub journal_unreadable: Option<String>,
     /// Transport and operator authentication (issue 8).
     pub security: SecurityView,
+    /// The whole fleet in numbers (issue 36), whatever `agents` lists.
+    #[serde(default)]
+    pub fleet: FleetSummary,
+}
+
+/// Above this many hosts a whole-fleet `status` lists in full only the
+/// hosts that need a look (issue 36: 10,000 hosts made 30 MB of JSON per
+/// call); `--detail` or `--host` gives the rest.
+pub const SUMMARY_ABOVE_HOSTS: usize = 64;
+/// At most this many hosts in full in a summary (the rest counted).
+pub const SUMMARY_MAX_HOSTS: usize = 100;
+/// At most this many findings in any `status` (critical first; the rest counted).
+pub const MAX_FINDINGS: usize = 500;
+
+/// The fleet in numbers, and what a summarised `status` left out.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FleetSummary {
+    pub hosts: u64,
+    pub connected: u64,
+    pub unknown: u64,
+    pub disconnected: u64,
+    pub units: u64,
+    /// Units by phase (`generating`, `healthy`, `exited`, …).
+    pub units_by_phase: std::collections::BTreeMap<String, u64>,
+    pub gpus: u64,
+    pub findings: u64,
+    /// Hosts that need no look, not listed under `agents` (a summary).
+    pub hosts_omitted: u64,
+    /// Findings beyond `MAX_FINDINGS`, not listed.
+    pub findings_omitted: u64,
+}
+
+impl AgentStatus {
+    /// Whether a summary lists this host in full: its link is not live, or
+    /// one of its units is neither generating nor healthy (or stopped on
+    /// purpose).
+    pub fn needs_a_look(&self) -> bool {
+        self.state != AgentState::Connected
+            || self
+                .units
+                .iter()
+                .any(|u| !matches!(u.phase.as_str(), "generating" | "healthy" | "stopped"))
+    }
+}
+
+/// Summarises `agents` (every host) and `findings` as a whole-fleet
+/// `status` shows them: the counts always; with `summarise`, only the
+/// hosts that need a look (or have a finding), at most
+/// [`SUMMARY_MAX_HOSTS`], and at most [`MAX_FINDINGS`] findings. Pure.
+pub fn summarise(
+    agents: &mut Vec<AgentStatus>,
+    findings: &mut Vec<crate::judge::findings::HostFinding>,
+    summarise: bool,
+) -> FleetSummary {
+    let mut f = FleetSummary {
+        hosts: agents.len() as u64,
+        findings: findings.len() as u64,
+        ..Default::default()
+    };
+    for a in agents.iter() {
+        match a.state {
+            AgentState::Connected => f.connected += 1,
+            AgentState::Unknown => f.unknown += 1,
+            AgentState::Disconnected => f.disconnected += 1,
+        }
+        f.units += a.units.len() as u64;
+        for u in &a.units {
+            *f.units_by_phase.entry(u.phase.clone()).or_default() += 1;
+        }
+        f.gpus += a.host_report.as_ref().map_or(0, |r| r.gpus.len() as u64);
+    }
+    if findings.len() > MAX_FINDINGS {
+        f.findings_omitted = (findings.len() - MAX_FINDINGS) as u64;
+        findings.truncate(MAX_FINDINGS);
+    }
+    if summarise && agents.len() > SUMMARY_ABOVE_HOSTS {
+        let flagged: std::collections::BTreeSet<&str> = findings.iter().map(|x| x.host.as_str()).collect();
+        let before = agents.len();
+        let mut kept: Vec<AgentStatus> = std::mem::take(agents)
+            .into_iter()
+            .filter(|a| a.needs_a_look() || flagged.contains(a.host.as_str()))
+            .collect();
+        kept.truncate(SUMMARY_MAX_HOSTS);
+        f.hosts_omitted = (before - kept.len()) as u64;
+        *agents = kept;
+    }
+    f
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -270,5 +357,71 @@ mod tests {
         let mut running = record("verify", serde_json::Value::Null);
         running.report = None;
         assert_eq!(running.stored_report(), None);
+    }
+
+    fn agent(i: usize, state: AgentState, phase: &str) -> AgentStatus {
+        AgentStatus {
+            host: format!("gpu-{i:05}"),
+            connected: state == AgentState::Connected,
+            state,
+            silent_ms: 0,
+            agent_instance_id: String::new(),
+            agent_version: String::new(),
+            units: vec![UnitStatus {
+                name: "decode-0".into(),
+                role: "decode".into(),
+                phase: phase.into(),
+                pid: Some(1),
+                base_url: String::new(),
+            }],
+            host_report: None,
+        }
+    }
+
+    /// Issue 36: a fleet of 10,000 hosts is its numbers and the hosts that
+    /// need a look; a small fleet, `--host` or `--detail` is whole.
+    #[test]
+    fn a_large_fleet_is_summarised_to_the_hosts_that_need_a_look() {
+        let fleet = || -> Vec<AgentStatus> {
+            (0..10_000)
+                .map(|i| match i {
+                    7 => agent(i, AgentState::Disconnected, "generating"),
+                    8 => agent(i, AgentState::Connected, "exited"),
+                    _ => agent(i, AgentState::Connected, "generating"),
+                })
+                .collect()
+        };
+        let finding = |host: &str| crate::judge::findings::HostFinding {
+            severity: crate::judge::findings::Severity::Warning,
+            kind: "foreign_gpu_process".into(),
+            host: host.into(),
+            gpu: Some(0),
+            unit: None,
+            pid: Some(9),
+            message: String::new(),
+        };
+        let mut agents = fleet();
+        let mut findings = vec![finding("gpu-00042")];
+        let f = summarise(&mut agents, &mut findings, true);
+        let hosts: Vec<&str> = agents.iter().map(|a| a.host.as_str()).collect();
+        assert_eq!(hosts, ["gpu-00007", "gpu-00008", "gpu-00042"]);
+        assert_eq!(
+            (f.hosts, f.connected, f.disconnected, f.units, f.hosts_omitted),
+            (10_000, 9_999, 1, 10_000, 9_997)
+        );
+        assert_eq!(f.units_by_phase["exited"], 1);
+        assert_eq!(f.units_by_phase["generating"], 9_999);
+        // Detail asked for: every host.
+        let mut agents = fleet();
+        let f = summarise(&mut agents, &mut Vec::new(), false);
+        assert_eq!((agents.len(), f.hosts_omitted), (10_000, 0));
+        // A small fleet is whole.
+        let mut agents: Vec<AgentStatus> = fleet().into_iter().take(SUMMARY_ABOVE_HOSTS).collect();
+        summarise(&mut agents, &mut Vec::new(), true);
+        assert_eq!(agents.len(), SUMMARY_ABOVE_HOSTS);
+        // Findings are bounded, the rest counted.
+        let mut findings: Vec<_> = (0..MAX_FINDINGS + 7).map(|i| finding(&format!("gpu-{i:05}"))).collect();
+        let f = summarise(&mut fleet(), &mut findings, true);
+        assert_eq!((findings.len(), f.findings, f.findings_omitted), (MAX_FINDINGS, 507, 7));
     }
 }

@@ -152,7 +152,7 @@ fn check_pair(pair: &str) -> Result<(), Status> {
 
 impl ControlService {
     /// `status --json`, redacted, for every host or only `hosts`.
-    fn status_json(&self, hosts: Option<&BTreeSet<String>>) -> Result<String, Status> {
+    fn status_json(&self, hosts: Option<&BTreeSet<String>>, detail: bool) -> Result<String, Status> {
         let mut pairs = Vec::new();
         let pending = self.ctx.journal.pending_conclusions();
         // An unreadable journal (etcd without a quorum) is said, not an
@@ -176,19 +176,24 @@ impl ControlService {
                 journal_error: pending.iter().find(|c| c.pair == p.name).cloned(),
             });
         }
-        let agents = self.fleet.status(hosts);
+        let mut agents = self.fleet.status(hosts);
         let reports: BTreeMap<String, Arc<pdwarden_model::host::HostReport>> = agents
             .iter()
             .filter_map(|a| a.host_report.clone().map(|r| (a.host.clone(), r)))
             .collect();
+        // Each unit's queued requests from the engine watch, so an idle
+        // GPU under a queue is a finding (`gpu_idle_with_queue`).
+        let mut findings = crate::edge::hoststate::findings_over(
+            &reports,
+            &self.watch.queued_by_host(),
+            crate::edge::hoststate::now_unix_ms(),
+        );
+        // A large fleet's whole status is its numbers and the hosts that
+        // need a look (issue 36); `--detail` or `--host` for the rest.
+        let fleet = pdwarden_model::status::summarise(&mut agents, &mut findings, hosts.is_none() && !detail);
         let view = StatusView {
-            // Each unit's queued requests from the engine watch, so an idle
-            // GPU under a queue is a finding (`gpu_idle_with_queue`).
-            findings: crate::edge::hoststate::findings_over(
-                &reports,
-                &self.watch.queued_by_host(),
-                crate::edge::hoststate::now_unix_ms(),
-            ),
+            findings,
+            fleet,
             agents,
             pairs,
             watch: self.watch.all(),
@@ -454,6 +459,7 @@ impl Control for ControlService {
         for h in &req.hosts {
             bounded("hosts", pdwarden_model::fields::check_name(h))?;
         }
+        let detail = req.detail;
         let hosts: Option<BTreeSet<String>> = (!req.hosts.is_empty()).then(|| req.hosts.into_iter().collect());
         if let Some(hosts) = &hosts
             && let Some(unknown) = hosts.iter().find(|h| !self.fleet.knows_host(h))
@@ -466,7 +472,7 @@ impl Control for ControlService {
         // workers, so the agents' streams are not held up behind it.
         let this = self.clone();
         let json = tokio::task::spawn_blocking(move || {
-            let json = this.status_json(hosts.as_ref())?;
+            let json = this.status_json(hosts.as_ref(), detail)?;
             if sees_credentials {
                 return Ok(json);
             }
@@ -1599,6 +1605,7 @@ enabled = false
             refusal(
                 c.status(StatusRequest {
                     hosts: vec!["gpu-1".into(), "a\0b".into()],
+                    ..Default::default()
                 })
                 .await,
             ),
