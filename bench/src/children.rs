@@ -45,6 +45,12 @@ impl Child {
         self.inner.id()
     }
 
+    /// SIGKILL at once (a crash), reaped.
+    pub fn kill(&mut self) {
+        let _ = self.inner.kill();
+        let _ = self.inner.wait();
+    }
+
     /// SIGTERM, then SIGKILL after `grace`; always reaps.
     pub fn stop(&mut self, grace: Duration) {
         if matches!(self.inner.try_wait(), Ok(Some(_))) {

@@ -58,6 +58,9 @@ pub struct ScalePoint {
     pub msgs_per_s: f64,
     /// The load generator's own CPU (this process), cores.
     pub generator_cores: f64,
+    /// After the orchestrator was killed and started again: seconds until
+    /// every agent was attached again (`None`: not within 120 s).
+    pub reattach_s: Option<f64>,
 }
 
 /// A request to one simulated agent: report this PID for unit 0 from now
@@ -138,7 +141,18 @@ struct Shared {
     connect: Semaphore,
 }
 
-/// One simulated agent: attach, then report every second until `stop`.
+/// How a simulated agent's session ended.
+enum Ended {
+    /// The bench is over.
+    Stopped,
+    /// The stream broke (the orchestrator went away): reconnect.
+    Broken,
+}
+
+/// One simulated agent: attach, report every second until `stop`; when
+/// the stream breaks, attach again after the real agent's backoff (backon,
+/// exponential 100 ms → 5 s with jitter, as `agent/src/link.rs`), so an
+/// orchestrator restart meets the herd the real fleet would send.
 async fn agent(
     i: usize,
     n: usize,
@@ -147,8 +161,39 @@ async fn agent(
     mut markers: mpsc::UnboundedReceiver<Marker>,
     mut stop: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
-    let host = format!("bench-{i:05}");
+    use backon::BackoffBuilder as _;
+    let policy = backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_delay(Duration::from_secs(5))
+        .with_jitter()
+        .without_max_times();
+    let mut backoff = policy.build();
     let mut pids: Vec<u32> = (0..UNITS).map(|u| 1000 + u).collect();
+    loop {
+        match session(i, n, &url, &shared, &mut pids, &mut markers, &mut stop).await {
+            Ok(Ended::Stopped) => return Ok(()),
+            Ok(Ended::Broken) => backoff = policy.build(),
+            Err(_) => {}
+        }
+        let delay = backoff.next().unwrap_or(Duration::from_secs(5));
+        tokio::select! {
+            _ = stop.changed() => return Ok(()),
+            _ = tokio::time::sleep(delay) => {}
+        }
+    }
+}
+
+/// One attached session of a simulated agent.
+async fn session(
+    i: usize,
+    n: usize,
+    url: &str,
+    shared: &Shared,
+    pids: &mut [u32],
+    markers: &mut mpsc::UnboundedReceiver<Marker>,
+    stop: &mut watch::Receiver<bool>,
+) -> anyhow::Result<Ended> {
+    let host = format!("bench-{i:05}");
     let (tx, rx) = mpsc::channel::<AgentMessage>(64);
     let register = AgentMessage {
         kind: Some(agent_message::Kind::Register(Register {
@@ -174,7 +219,9 @@ async fn agent(
     tx.send(register).await?;
     let mut inbound = {
         let _permit = shared.connect.acquire().await?;
-        let channel = tonic::transport::Endpoint::from_shared(url)?.connect().await?;
+        let channel = tonic::transport::Endpoint::from_shared(url.to_string())?
+            .connect()
+            .await?;
         AgentLinkClient::new(channel)
             .attach(ReceiverStream::new(rx))
             .await?
@@ -183,8 +230,13 @@ async fn agent(
     // The RegisterAck.
     inbound.message().await?.context("no RegisterAck")?;
     shared.acked.fetch_add(1, Ordering::Relaxed);
-    // Drain commands (none expected) so the stream stays healthy.
-    tokio::spawn(async move { while let Ok(Some(_)) = inbound.message().await {} });
+    // Drain commands (none expected) so the stream stays healthy; its end
+    // is the orchestrator's.
+    let (broken_tx, mut broken) = oneshot::channel::<()>();
+    tokio::spawn(async move {
+        while let Ok(Some(_)) = inbound.message().await {}
+        let _ = broken_tx.send(());
+    });
     // Spread the agents' ticks over the second.
     let offset = Duration::from_micros((i as u64 * 1_000_000) / n.max(1) as u64);
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + offset, Duration::from_secs(1));
@@ -192,20 +244,27 @@ async fn agent(
     let mut n_tick = 0u64;
     loop {
         tokio::select! {
-            _ = stop.changed() => return Ok(()),
+            _ = stop.changed() => return Ok(Ended::Stopped),
+            _ = &mut broken => return Ok(Ended::Broken),
             Some((pid, reply)) = markers.recv() => {
                 pids[0] = pid;
                 let at = mono_ms();
-                tx.send(unit_event(0, n_tick, pid)).await?;
+                if tx.send(unit_event(0, n_tick, pid)).await.is_err() {
+                    return Ok(Ended::Broken);
+                }
                 shared.sent.fetch_add(1, Ordering::Relaxed);
                 let _ = reply.send(at);
             }
             _ = tick.tick() => {
                 n_tick += 1;
                 for u in 0..UNITS {
-                    tx.send(unit_event(u, n_tick, pids[u as usize])).await?;
+                    if tx.send(unit_event(u, n_tick, pids[u as usize])).await.is_err() {
+                        return Ok(Ended::Broken);
+                    }
                 }
-                tx.send(snapshot(&pids, n_tick)).await?;
+                if tx.send(snapshot(pids, n_tick)).await.is_err() {
+                    return Ok(Ended::Broken);
+                }
                 shared.sent.fetch_add(u64::from(UNITS) + 1, Ordering::Relaxed);
             }
         }
@@ -221,6 +280,7 @@ pub async fn run(n: usize, window: Duration, samples: usize, seed: u64) -> anyho
         &["orchestrator-child", "--dir", &dir_s],
         &dir.path().join("orchestrator.log"),
     )?;
+    let port = addr.rsplit(':').next().unwrap_or_default().to_string();
     let url = format!("http://{addr}");
     let pid = orch.pid();
     let shared = Arc::new(Shared {
@@ -340,9 +400,29 @@ pub async fn run(n: usize, window: Duration, samples: usize, seed: u64) -> anyho
         status_bytes: status_bytes_seen,
         msgs_per_s: (shared.sent.load(Ordering::Relaxed) - sent0) as f64 / elapsed_s,
         generator_cores: gen_cpu.cores(),
+        reattach_s: None,
     };
-    let _ = stop_tx.send(true);
     drop(control);
+    // The orchestrator killed (SIGKILL) and started again on the same
+    // address and journal: how long until every agent is attached again.
+    let acked = shared.acked.load(Ordering::Relaxed);
+    orch.kill();
+    let t_restart = mono_ms();
+    let (mut orch, _) = Child::spawn_self(
+        &["orchestrator-child", "--dir", &dir_s, "--port", &port],
+        &dir.path().join("orchestrator-restarted.log"),
+    )?;
+    let reattach_s = loop {
+        if shared.acked.load(Ordering::Relaxed) as usize >= acked as usize + n {
+            break Some((mono_ms() - t_restart) / 1000.0);
+        }
+        if mono_ms() - t_restart > 120_000.0 {
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let point = ScalePoint { reattach_s, ..point };
+    let _ = stop_tx.send(true);
     while tokio::time::timeout(Duration::from_secs(10), tasks.join_next())
         .await
         .ok()
