@@ -302,7 +302,7 @@ impl ControlService {
         // An operator's restart of a pair the watch judged wedged keeps its
         // evidence first, as an automatic recovery does (issue 35).
         let mut opening = opening.to_vec();
-        if let Started::Operation(OperationKind::CoRestart) = what {
+        if let Started::Operation(OperationKind::CoRestart) | Started::Rolling = what {
             opening.extend(capture_opening(self.watch.get(&pair.name).as_ref()));
         }
         let operation_id = self

@@ -161,6 +161,7 @@ pub async fn run(
     updates: mpsc::UnboundedSender<OperationUpdate>,
 ) -> OperationReport {
     let roller = Roller::new(ctx, pair, operation_id, updates);
+    roller.capture_if_judged_wedged().await;
     let so_far = roller.drive(roller.from(0, SoFar::default())).await;
     roller.conclude(so_far, None)
 }
@@ -294,6 +295,9 @@ struct Roller {
     ctx: OperationContext,
     pair: PairConfig,
     rec: Recorder,
+    /// What the pair looked like before the roll stopped anything, when
+    /// the watch judged it wedged (issue 35).
+    evidence: std::sync::Mutex<Option<pdwarden_model::forensics::CaptureSummary>>,
 }
 
 impl Roller {
@@ -309,7 +313,42 @@ impl Roller {
             pair: pair.name.clone(),
             decode_start_policy: pair.decode_start_policy.as_str().into(),
         }));
-        Roller { ctx, pair, rec }
+        Roller {
+            ctx,
+            pair,
+            rec,
+            evidence: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// An operator's roll of a pair the watch judged wedged (the server's
+    /// opening entry) captures the whole pair first, as a co-restart does
+    /// (issue 35): read-only, bounded, before the first sub-pair stops.
+    async fn capture_if_judged_wedged(&self) {
+        use crate::ops::forensics;
+        let deadline_ms = self.pair.watch.evidence_deadline_ms;
+        let opening: Vec<serde_json::Value> = self
+            .rec
+            .journal
+            .read(&self.rec.operation_id, forensics::OPENING)
+            .unwrap_or_default();
+        let Some(why) = opening.first().filter(|_| deadline_ms > 0) else {
+            return;
+        };
+        let why = why["why"]
+            .as_str()
+            .unwrap_or("the watch judged the pair wedged")
+            .to_string();
+        let deadline = std::time::Duration::from_millis(deadline_ms);
+        let capture = forensics::capture(&*self.ctx.agents, &self.pair, why, deadline).await;
+        let summary = forensics::keep(
+            &self.rec.journal,
+            &self.pair.name,
+            &self.rec.operation_id,
+            self.rec.now_ms(),
+            &capture,
+        );
+        *self.evidence.lock().unwrap_or_else(|p| p.into_inner()) = Some(summary);
     }
 
     /// The roll from child `first` on.
@@ -411,7 +450,7 @@ impl Roller {
             sub_operations: so_far.children,
             golden: None,
             golden_paths: Vec::new(),
-            evidence: None,
+            evidence: self.evidence.lock().unwrap_or_else(|p| p.into_inner()).take(),
             total_ms: self.rec.now_ms(),
         };
         if let Err(e) = self
@@ -676,6 +715,40 @@ enabled = false
         );
         assert!(journal.unfinished().unwrap().is_empty());
         assert_eq!(journal.history("p", 1).unwrap()[0].verdict.as_deref(), Some("healthy"));
+    }
+
+    /// Issue 35: an operator's roll of a pair the watch judged wedged (the
+    /// server's opening entry) captures the whole pair before the first
+    /// sub-pair is stopped; its children do not capture again; a roll of a
+    /// pair not judged wedged captures nothing.
+    #[tokio::test(start_paused = true)]
+    async fn a_roll_of_a_pair_judged_wedged_captures_it_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = journal(&dir);
+        let agent = agent();
+        let ctx = orchestrator(&journal, &agent).await;
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let report = run(ctx.clone(), pair(), begin(&journal), tx.clone()).await;
+        assert!(report.evidence.is_none() && agent.captures().is_empty());
+        let id = begin(&journal);
+        let why = "the operator restarted a pair the watch judged suspect: decode-1 silent";
+        journal
+            .append(
+                &id,
+                0,
+                crate::ops::forensics::OPENING,
+                &serde_json::json!({ "why": why }),
+            )
+            .unwrap();
+        let starts_before = agent.executed().len();
+        let report = run(ctx, pair(), id.clone(), tx).await;
+        assert!(report.verdict.is_healthy(), "{:#?}", report.reasons);
+        assert_eq!(report.evidence.expect("captured").why, why);
+        let captures = agent.captures();
+        assert_eq!(captures.len(), 1, "the children do not capture again");
+        assert_eq!(captures[0].1, starts_before, "before the roll's first start");
+        assert_eq!(captures[0].0.len(), ENGINES.len() + 1, "every engine and the router");
+        assert_eq!(journal.read::<serde_json::Value>(&id, "evidence").unwrap().len(), 1);
     }
 
     /// A restarted sub-pair healthy on its own path but whose path from the
