@@ -399,6 +399,12 @@ async fn status(conn: &Connection, json: bool, hosts: Vec<String>, detail: bool)
         ),
         Role::Sole => {}
     }
+    if let Some(p) = &v.published {
+        pdwarden_client::say!(
+            "  (the leader's view of the fleet, as it published it {:.1} s ago)",
+            p.age_ms as f64 / 1000.0
+        );
+    }
     let f = &v.fleet;
     let phases: Vec<String> = f.units_by_phase.iter().map(|(p, n)| format!("{n} {p}")).collect();
     pdwarden_client::say!(

@@ -60,6 +60,16 @@ pub struct StatusView {
     /// The whole fleet in numbers (issue 36), whatever `agents` lists.
     #[serde(default)]
     pub fleet: FleetSummary,
+    /// A follower's answer: the leader's view as it published it to the
+    /// shared store, this old (issue 36).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub published: Option<Published>,
+}
+
+/// How old the leader's published view a follower answered with is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Published {
+    pub age_ms: i64,
 }
 
 /// Above this many hosts a whole-fleet `status` lists in full only the

@@ -153,6 +153,34 @@ fn check_pair(pair: &str) -> Result<(), Status> {
 impl ControlService {
     /// `status --json`, redacted, for every host or only `hosts`.
     fn status_json(&self, hosts: Option<&BTreeSet<String>>, detail: bool) -> Result<String, Status> {
+        // A follower has no agents (they attach to the leader): a
+        // whole-fleet status is the leader's, as it published it to the
+        // shared store, with this orchestrator's own role (issue 36: the
+        // leader's load does not grow with readers).
+        if hosts.is_none()
+            && !detail
+            && let pdwarden_model::status::Role::Follower { .. } = self.fleet.leadership.role()
+            && let Some(json) = self.published_status()
+        {
+            return Ok(json);
+        }
+        self.own_status_json(hosts, detail)
+    }
+
+    /// The leader's published summary, if fresh, with this follower's role.
+    fn published_status(&self) -> Option<String> {
+        let (text, age_ms) = self.ctx.journal.published(STATUS_PUBLISHED).ok().flatten()?;
+        if age_ms > PUBLISHED_STATUS_FRESH_MS {
+            return None;
+        }
+        let mut v: serde_json::Value = serde_json::from_str(&text).ok()?;
+        v["leadership"] = serde_json::to_value(self.fleet.leadership.role()).ok()?;
+        v["published"] = serde_json::json!({ "age_ms": age_ms });
+        Some(v.to_string())
+    }
+
+    /// This orchestrator's own status (see `status_json`).
+    fn own_status_json(&self, hosts: Option<&BTreeSet<String>>, detail: bool) -> Result<String, Status> {
         let mut pairs = Vec::new();
         let pending = self.ctx.journal.pending_conclusions();
         // An unreadable journal (etcd without a quorum) is said, not an
@@ -201,6 +229,7 @@ impl ControlService {
             journal: self.config.journal.to_string(),
             journal_unreadable,
             security: self.security.clone(),
+            published: None,
         };
         self.redactor.to_json_string(&view).map_err(internal)
     }
@@ -792,6 +821,40 @@ fn take_over(
     Ok(tasks)
 }
 
+/// The name the leader publishes its whole-fleet status under.
+const STATUS_PUBLISHED: &str = "status";
+/// How often the leader publishes it, and how old a follower still shows it.
+const PUBLISH_STATUS_EVERY: Duration = Duration::from_secs(2);
+const PUBLISHED_STATUS_FRESH_MS: i64 = 10_000;
+
+/// While this orchestrator leads on etcd, its whole-fleet status summary is
+/// published to the shared store every 2 s for the followers to answer
+/// `status` with (issue 36). A publish that fails is tried at the next tick.
+fn spawn_status_publisher(control: ControlService) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(PUBLISH_STATUS_EVERY);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            if !control.fleet.leadership.leads() {
+                continue;
+            }
+            let c = control.clone();
+            let published = tokio::task::spawn_blocking(move || {
+                let json = c.own_status_json(None, false).map_err(|s| s.message().to_string())?;
+                c.ctx
+                    .journal
+                    .publish(STATUS_PUBLISHED, &json)
+                    .map_err(|e| e.to_string())
+            })
+            .await;
+            if let Ok(Err(e)) = published {
+                tracing::debug!(error = %e, "cannot publish the status for the followers");
+            }
+        }
+    })
+}
+
 /// The retention pass (issue 36), while this orchestrator leads: a minute
 /// after it takes over, then every `interval_ms`; each pass's outcome and
 /// the journal's size go to the `pdwarden_journal_*` series. A pass that
@@ -1168,8 +1231,8 @@ pub async fn serve_with_limits(
     let leader_tasks: Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>> = Arc::default();
     let deposed: Task<String> = match opened.election {
         None => {
-            *leader_tasks.lock().unwrap_or_else(|p| p.into_inner()) =
-                take_over(&ctx, &config, &board, stop_rx.clone())?;
+            let taken = take_over(&ctx, &config, &board, stop_rx.clone())?;
+            leader_tasks.lock().unwrap_or_else(|p| p.into_inner()).extend(taken);
             Box::pin(std::future::pending())
         }
         Some(election) => {
@@ -1194,7 +1257,7 @@ pub async fn serve_with_limits(
                     why = election_ended(&mut election) => return why,
                 }
                 match take_over(&ctx, &config, &board, stop_rx) {
-                    Ok(t) => *tasks.lock().unwrap_or_else(|p| p.into_inner()) = t,
+                    Ok(t) => tasks.lock().unwrap_or_else(|p| p.into_inner()).extend(t),
                     Err(e) => return format!("could not read the journal to take over ({e})"),
                 }
                 election_ended(&mut election).await
@@ -1209,6 +1272,13 @@ pub async fn serve_with_limits(
         watch: board,
         security,
     };
+    // Stopped with the leader's tasks (it publishes only while leading).
+    if matches!(control.config.journal, crate::config::JournalSpec::Etcd(_)) {
+        leader_tasks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(spawn_status_publisher(control.clone()));
+    }
     // HTTP/2 pings both ways (the agent pings too): a partition gives no
     // FIN, and without them an agent cut off mid-operation would look
     // attached until TCP gave up, minutes later. With them the agent's

@@ -333,6 +333,16 @@ pub trait Store: Send + Sync {
     fn remove(&self, operation_id: &str) -> Result<bool, JournalError>;
     /// What the journal holds now.
     fn size(&self) -> Result<JournalSize, JournalError>;
+    /// Publishes `text` under `name` for the followers to answer reads
+    /// with (issue 36: the leader's `status`); fenced on etcd. A SQLite
+    /// journal has one orchestrator and no followers: nothing to do.
+    fn publish(&self, _name: &str, _text: &str) -> Result<(), JournalError> {
+        Ok(())
+    }
+    /// What the leader last published under `name`.
+    fn published(&self, _name: &str) -> Result<Option<String>, JournalError> {
+        Ok(None)
+    }
     /// Gives back the room retention freed, where the store keeps it
     /// (SQLite: `VACUUM` once more than half the file is slack); etcd
     /// reclaims with its own compaction and defragmentation.
@@ -812,6 +822,25 @@ impl Journal {
             .into_iter()
             .map(|(at, kind, payload)| Ok((at, kind, serde_json::from_str(&payload)?)))
             .collect()
+    }
+
+    /// Publishes `text` under `name`, stamped with the journal's wall
+    /// clock, for the followers (issue 36).
+    pub fn publish(&self, name: &str, text: &str) -> Result<(), JournalError> {
+        let stamped = serde_json::json!({ "at_unix_ms": unix_ms(), "text": text });
+        self.store.publish(name, &stamped.to_string())
+    }
+
+    /// What the leader last published under `name`, and how old it is (ms).
+    pub fn published(&self, name: &str) -> Result<Option<(String, i64)>, JournalError> {
+        let Some(stamped) = self.store.published(name)? else {
+            return Ok(None);
+        };
+        let v: serde_json::Value = serde_json::from_str(&stamped)?;
+        let at = v["at_unix_ms"].as_i64().unwrap_or(0);
+        Ok(v["text"]
+            .as_str()
+            .map(|t| (t.to_string(), unix_ms().saturating_sub(at))))
     }
 
     /// What the journal holds now (the `pdwarden_journal_*` gauges).

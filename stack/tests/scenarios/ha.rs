@@ -318,6 +318,26 @@ fn quorum_lost_mid_co_restart_stops_safely_and_recovers() {
     rt.block_on(async {
         let mut ha = start().await;
         let (leader, _) = ha.wait_leader_with_agent(3, Duration::from_secs(60)).await.unwrap();
+        // Issue 36: a follower answers `status` with the leader's fleet, as
+        // the leader published it to etcd, under its own role.
+        let reader = (0..3).find(|i| *i != leader).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let s = ha.status(reader).await;
+            if let Some(s) = &s
+                && s["published"]["age_ms"].is_number()
+                && s["fleet"]["hosts"] == 1
+                && s["agents"][0]["units"].as_array().is_some_and(|u| !u.is_empty())
+            {
+                assert_eq!(s["leadership"]["role"], "follower", "{:#}", s["leadership"]);
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the follower never answered with the leader's fleet: {s:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
         let from = agent_log_len(&ha);
         let op = co_restart_until(&ha, leader, leader, CrashAt::RestartingDecode).await;
         ha.etcd.kill(1);

@@ -705,6 +705,24 @@ impl Store for EtcdStore {
         Ok(pairs)
     }
 
+    fn publish(&self, name: &str, text: &str) -> Result<(), JournalError> {
+        let key = format!("{}/published/{name}", self.prefix);
+        // Fenced like every write: only the leader publishes.
+        let out = self.write(vec![], vec![TxnOp::put(key, text.as_bytes().to_vec(), None)], vec![])?;
+        if !out.succeeded {
+            return Err(JournalError::NotLeader {
+                why: format!("{name} was being published by another writer"),
+            });
+        }
+        Ok(())
+    }
+
+    fn published(&self, name: &str) -> Result<Option<String>, JournalError> {
+        Ok(self
+            .get_value(format!("{}/published/{name}", self.prefix))?
+            .map(|(v, _)| String::from_utf8_lossy(&v).into_owned()))
+    }
+
     fn rows_of(&self, pair: &str) -> Result<Vec<StoredRow>, JournalError> {
         let mut rows: Vec<Row> = self
             .rows_by_prefix(format!("{}/ops/", self.prefix))?
@@ -990,6 +1008,15 @@ mod tests {
         assert_eq!(h[1].operation_id, "op-1");
         assert_eq!(h[1].verdict.as_deref(), Some("healthy"));
         assert_eq!(h[1].report.as_ref().unwrap()["verdict"], "healthy");
+        // Issue 36: what the leader publishes, a follower reads; a follower
+        // cannot publish.
+        j.publish("status", "{\"fleet\":{\"hosts\":3}}").unwrap();
+        let (text, age) = follower.published("status").unwrap().expect("published");
+        assert_eq!((text.as_str(), age < 60_000), ("{\"fleet\":{\"hosts\":3}}", true));
+        assert!(matches!(
+            follower.publish("status", "{}"),
+            Err(JournalError::NotLeader { .. })
+        ));
         // ... and cannot write to it.
         assert!(matches!(
             follower.append("op-4", 1, "x", &1),
