@@ -855,6 +855,43 @@ fn spawn_status_publisher(control: ControlService) -> tokio::task::JoinHandle<()
     })
 }
 
+/// While this orchestrator follows on etcd, its watch board (what its
+/// readiness endpoint answers) mirrors the leader's published views every
+/// 2 s (issue 36: readers of readiness need not reach the leader); stale or
+/// unreadable, it holds none, and no pair is ready here.
+fn spawn_follower_mirror(control: ControlService) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(PUBLISH_STATUS_EVERY);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            if control.fleet.leadership.leads() {
+                continue;
+            }
+            let c = control.clone();
+            let views = tokio::task::spawn_blocking(move || {
+                let (text, age_ms) = c.ctx.journal.published(STATUS_PUBLISHED).ok().flatten()?;
+                (age_ms <= PUBLISHED_STATUS_FRESH_MS).then(|| published_watch(&text))
+            })
+            .await
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+            if !control.fleet.leadership.leads() {
+                control.watch.mirror(views);
+            }
+        }
+    })
+}
+
+/// The watch views of a published status. Pure.
+fn published_watch(text: &str) -> Vec<pdwarden_model::watch::PairWatchView> {
+    serde_json::from_str::<serde_json::Value>(text)
+        .ok()
+        .and_then(|v| serde_json::from_value(v["watch"].clone()).ok())
+        .unwrap_or_default()
+}
+
 /// The retention pass (issue 36), while this orchestrator leads: a minute
 /// after it takes over, then every `interval_ms`; each pass's outcome and
 /// the journal's size go to the `pdwarden_journal_*` series. A pass that
@@ -1278,6 +1315,10 @@ pub async fn serve_with_limits(
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(spawn_status_publisher(control.clone()));
+        leader_tasks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(spawn_follower_mirror(control.clone()));
     }
     // HTTP/2 pings both ways (the agent pings too): a partition gives no
     // FIN, and without them an agent cut off mid-operation would look
@@ -1460,6 +1501,26 @@ enabled = false
     /// the agent's stream, which never ends on its own. Now the agents are
     /// released at the signal: the stream ends and the server returns well
     /// within the grace.
+    /// Issue 36: a follower's readiness answers with the leader's views as
+    /// published; an unreadable publication is no view (not ready).
+    #[test]
+    fn a_followers_board_mirrors_the_published_views() {
+        let view = serde_json::json!({
+            "pair": "p", "state": "healthy", "ready": true, "reasons": [],
+            "held": null, "auto_recover": true, "recoveries_in_window": 0,
+            "max_recoveries": 3, "recovery_window_ms": 1, "probes_sent": 0,
+            "probes_deferred": 0, "last_probe": null, "last_recovery": null, "units": [],
+        });
+        let published = serde_json::json!({ "fleet": {}, "watch": [view] }).to_string();
+        let board = WatchBoard::default();
+        board.mirror(published_watch(&published));
+        assert_eq!(crate::edge::ready::route("/ready/pair/p", &board).0, 200);
+        assert_eq!(crate::edge::ready::route("/ready", &board).0, 200);
+        board.mirror(published_watch("not json"));
+        assert_eq!(crate::edge::ready::route("/ready/pair/p", &board).0, 404);
+        assert_eq!(crate::edge::ready::route("/ready", &board).0, 503);
+    }
+
     /// Issue 35: an operator's co-restart captures first only when the
     /// watch judged the pair wedged, suspect or held, and says why.
     #[test]

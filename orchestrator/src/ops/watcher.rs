@@ -190,6 +190,15 @@ impl WatchBoard {
         out
     }
 
+    /// A follower's board (issue 36): the leader's views, as it published
+    /// them, replace whatever the board held; none (stale or unreadable):
+    /// no pair is known ready here.
+    pub fn mirror(&self, views: Vec<PairWatchView>) {
+        let mut held = self.views.lock().unwrap_or_else(|p| p.into_inner());
+        held.clear();
+        held.extend(views.into_iter().map(|v| (v.pair.clone(), v)));
+    }
+
     fn put(&self, view: PairWatchView) {
         self.views
             .lock()
