@@ -454,6 +454,19 @@ impl EtcdStore {
         Ok(())
     }
 
+    /// The pair's operation rows, newest first (every row is read: etcd
+    /// keeps them by id; retention bounds how many there are).
+    fn rows_of_pair(&self, pair: &str) -> Result<Vec<Row>, JournalError> {
+        let mut rows: Vec<Row> = self
+            .rows_by_prefix(format!("{}/ops/", self.prefix))?
+            .into_iter()
+            .map(|(_, v)| serde_json::from_slice::<Row>(&v))
+            .collect::<Result<_, _>>()?;
+        rows.retain(|r| r.pair == pair);
+        rows.sort_by(|a, b| (b.started_unix_ms, &b.id).cmp(&(a.started_unix_ms, &a.id)));
+        Ok(rows)
+    }
+
     fn record(&self, row: Row) -> Result<OperationRecord, JournalError> {
         // One read of the operation's entries for both.
         let entries = self.entries(&row.id)?;
@@ -683,13 +696,7 @@ impl Store for EtcdStore {
     }
 
     fn history(&self, pair: &str, limit: u32) -> Result<Vec<OperationRecord>, JournalError> {
-        let mut rows: Vec<Row> = self
-            .rows_by_prefix(format!("{}/ops/", self.prefix))?
-            .into_iter()
-            .map(|(_, v)| serde_json::from_slice::<Row>(&v))
-            .collect::<Result<_, _>>()?;
-        rows.retain(|r| r.pair == pair);
-        rows.sort_by(|a, b| (b.started_unix_ms, &b.id).cmp(&(a.started_unix_ms, &a.id)));
+        let mut rows = self.rows_of_pair(pair)?;
         rows.truncate(limit as usize);
         rows.into_iter().map(|r| self.record(r)).collect()
     }
@@ -724,14 +731,8 @@ impl Store for EtcdStore {
     }
 
     fn rows_of(&self, pair: &str) -> Result<Vec<StoredRow>, JournalError> {
-        let mut rows: Vec<Row> = self
-            .rows_by_prefix(format!("{}/ops/", self.prefix))?
-            .into_iter()
-            .map(|(_, v)| serde_json::from_slice::<Row>(&v))
-            .collect::<Result<_, _>>()?;
-        rows.retain(|r| r.pair == pair);
-        rows.sort_by(|a, b| (b.started_unix_ms, &b.id).cmp(&(a.started_unix_ms, &a.id)));
-        Ok(rows
+        Ok(self
+            .rows_of_pair(pair)?
             .into_iter()
             .map(|r| StoredRow {
                 operation_id: r.id,
