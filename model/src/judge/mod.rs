@@ -13,6 +13,8 @@
 //! - [`findings`]: GPU and host findings (foreign processes, Xid/ECC, …).
 //! - [`probe`]: what one end-to-end probe found, in one vocabulary;
 //!   [`answer`]: what one answer says against itself (the client layer).
+//! - [`paths`]: which engine of an xPyD pool is sick, from the matrix of
+//!   every prefill → decode path (issue 37).
 //! - [`stacks`]: what a wedged unit's captured stacks say, in one line
 //!   (issue 35: evidence before the kill).
 //! - [`stats`]: latency summaries that check for bimodality first.
@@ -27,6 +29,7 @@ pub mod findings;
 pub mod gate;
 pub mod golden;
 pub mod live;
+pub mod paths;
 pub mod probe;
 pub mod stacks;
 pub mod stats;
