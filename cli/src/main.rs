@@ -30,6 +30,7 @@ Examples:
   pdwarden verify demo --json                     probe the pair end to end, no restart
   pdwarden status                                 agents, units, each pair's watch state
   pdwarden history demo --limit 5                 the pair's last operations
+  pdwarden diagnose demo                          probe every prefill → decode path, name the sick engine
   pdwarden gate demo --set-env KNOB=1             flip a knob, measure, keep or roll back
   pdwarden completions bash > /etc/bash_completion.d/pdwarden
 
@@ -105,6 +106,14 @@ enum Cmd {
         /// summarised (the counts, and the hosts that need a look).
         #[arg(long)]
         detail: bool,
+    },
+    /// Probe every prefill → decode path of a pair once and name the
+    /// engine(s) the failures point to; nothing is restarted (exit 0 all
+    /// paths answer, 2 some fail, 1 could not run).
+    Diagnose {
+        name: String,
+        #[arg(long)]
+        json: bool,
     },
     /// A pair's operations, newest first.
     History {
@@ -200,7 +209,8 @@ fn check_before_sending(cli: &Cli) -> Result<(), String> {
         Cmd::Restart {
             what: RestartWhat::PdPair { name, .. },
         }
-        | Cmd::Verify { name, .. } => {
+        | Cmd::Verify { name, .. }
+        | Cmd::Diagnose { name, .. } => {
             check_name("pair", name)?;
             true
         }
@@ -241,6 +251,7 @@ fn wants_json(cmd: &Cmd) -> bool {
             what: RestartWhat::PdPair { json, .. } | RestartWhat::Unit { json, .. },
         }
         | Cmd::Verify { json, .. }
+        | Cmd::Diagnose { json, .. }
         | Cmd::Status { json, .. }
         | Cmd::History { json, .. } => *json,
         Cmd::Gate(args) => args.json(),
@@ -531,6 +542,27 @@ fn render_watch(watch: &[PairWatchView]) -> Vec<String> {
     out
 }
 
+/// `diagnose NAME`: the path matrix and what it points to; true when
+/// every path answered.
+async fn diagnose(conn: &Connection, pair: &str, json: bool) -> anyhow::Result<bool> {
+    let mut client = conn.connect().await.map_err(|e| anyhow::anyhow!(e.0))?;
+    let reply = client
+        .diagnose_pair(pdwarden_proto::v1::DiagnosePairRequest { pair: pair.to_string() })
+        .await
+        .map_err(|s| anyhow::anyhow!(status_reason(&s)))?;
+    let text = reply.into_inner().json;
+    let d: pdwarden_model::judge::paths::Diagnosis = serde_json::from_str(&text).context("unreadable diagnosis")?;
+    if json {
+        let v: serde_json::Value = serde_json::from_str(&text).context("unreadable diagnosis")?;
+        print_json(&v);
+    } else {
+        for line in d.lines() {
+            pdwarden_client::say!("{line}");
+        }
+    }
+    Ok(d.localisation == pdwarden_model::judge::paths::Localisation::Healthy)
+}
+
 /// Lines of each captured document (metrics, server info) `history
 /// --evidence` prints; `--json` carries them whole.
 const EVIDENCE_BODY_LINES: usize = 15;
@@ -684,6 +716,10 @@ async fn main() -> ExitCode {
             json,
         } => match history(&conn, &pair, limit, evidence, json).await {
             Ok(()) => ExitCode::SUCCESS,
+            Err(e) => could_not_run(&format!("{e:#}"), json),
+        },
+        Cmd::Diagnose { name, json } => match diagnose(&conn, &name, json).await {
+            Ok(healthy) => ExitCode::from(if healthy { 0 } else { 2 }),
             Err(e) => could_not_run(&format!("{e:#}"), json),
         },
         Cmd::Gate(args) => gate::run(&conn, args).await,

@@ -69,6 +69,62 @@ pub enum Localisation {
     NotLocalised { why: String },
 }
 
+/// What `pdwarden diagnose NAME` answers (`--json`): the matrix, why each
+/// failing path failed ("prefill → decode: …"), and the localisation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Diagnosis {
+    pub pair: String,
+    pub matrix: Matrix,
+    pub failures: Vec<String>,
+    pub localisation: Localisation,
+    pub took_ms: u64,
+}
+
+impl Diagnosis {
+    /// The human `diagnose`: the matrix as a grid (rows: prefills), the
+    /// failures, then what they point to.
+    pub fn lines(&self) -> Vec<String> {
+        let word = |o: PathOutcome| match o {
+            PathOutcome::Ok => "ok",
+            PathOutcome::Slow => "slow",
+            PathOutcome::Error => "ERROR",
+            PathOutcome::Timeout => "TIMEOUT",
+            PathOutcome::WrongOutput => "WRONG",
+        };
+        let width = self.matrix.prefills.iter().map(String::len).max().unwrap_or(0).max(7);
+        let mut out = vec![format!(
+            "pair {}: {} prefill → decode paths probed in {} ms",
+            self.pair,
+            self.matrix.prefills.len() * self.matrix.decodes.len(),
+            self.took_ms
+        )];
+        let mut head = format!("  {:width$}", "");
+        for d in &self.matrix.decodes {
+            head.push_str(&format!("  {d}"));
+        }
+        out.push(head);
+        for (p, row) in self.matrix.prefills.iter().zip(&self.matrix.cells) {
+            let mut line = format!("  {p:width$}");
+            for (d, cell) in self.matrix.decodes.iter().zip(row) {
+                line.push_str(&format!("  {:<w$}", word(*cell), w = d.len()));
+            }
+            out.push(line);
+        }
+        out.extend(self.failures.iter().map(|f| format!("  - {f}")));
+        match &self.localisation {
+            Localisation::Healthy => out.push("every path answered: nothing to localise".into()),
+            Localisation::Engines { suspects } => {
+                out.push(format!("the failures point to {} engine(s):", suspects.len()));
+                out.extend(suspects.iter().map(|s| format!("  {} ({}): {}", s.unit, s.role, s.why)));
+            }
+            Localisation::NotLocalised { why } => out.push(format!(
+                "NOT LOCALISED: {why}; the whole pair needs its ordered co-restart"
+            )),
+        }
+        out
+    }
+}
+
 /// A prefill that restarted after a decode last paired with it: that
 /// decode may hold its old bootstrap identity (issue 37, item 4).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -266,5 +322,24 @@ mod tests {
             vec![vec![O, PathOutcome::WrongOutput], vec![O, PathOutcome::WrongOutput]],
         );
         assert_eq!(units(&localise(&m, &[])), ["decode-1"]);
+    }
+
+    #[test]
+    fn the_diagnosis_prints_the_grid_and_what_it_points_to() {
+        let m = matrix(2, 2, vec![vec![O, T], vec![O, T]]);
+        let d = Diagnosis {
+            pair: "p".into(),
+            localisation: localise(&m, &[]),
+            matrix: m,
+            failures: vec!["prefill-0 → decode-1: timed out".into()],
+            took_ms: 12,
+        };
+        let text = d.lines().join("\n");
+        assert!(text.contains("prefill-0  ok        TIMEOUT"), "{text}");
+        assert!(
+            text.contains("the failures point to 1 engine(s):\n  decode-1 (decode)"),
+            "{text}"
+        );
+        assert!(text.contains("- prefill-0 → decode-1: timed out"), "{text}");
     }
 }

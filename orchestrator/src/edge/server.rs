@@ -516,6 +516,26 @@ impl Control for ControlService {
         Ok(Response::new(JsonReply { json }))
     }
 
+    async fn diagnose_pair(
+        &self,
+        request: Request<pdwarden_proto::v1::DiagnosePairRequest>,
+    ) -> Result<Response<JsonReply>, Status> {
+        let req = request.into_inner();
+        check_pair(&req.pair)?;
+        self.leads()?;
+        let pair = self
+            .config
+            .pair(&req.pair)
+            .cloned()
+            .ok_or_else(|| Status::not_found(format!("unknown pair {:?}", req.pair)))?;
+        let d = crate::ops::diagnose::diagnose(&*self.ctx.agents, &pair)
+            .await
+            .map_err(|e| Status::unavailable(e.to_string()))?;
+        Ok(Response::new(JsonReply {
+            json: self.redactor.to_json_string(&d).map_err(internal)?,
+        }))
+    }
+
     async fn history(&self, request: Request<HistoryRequest>) -> Result<Response<JsonReply>, Status> {
         let req = request.into_inner();
         check_pair(&req.pair)?;

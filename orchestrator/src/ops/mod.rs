@@ -14,6 +14,8 @@
 //! - [`machine`]: the one runtime of the operations written as machines
 //!   (a pure step per workflow; each state and write-ahead journaled,
 //!   must-write, before the effect is carried out).
+//! - [`diagnose`]: every prefill → decode path of a pair probed, the
+//!   matrix localised to the sick engine (issue 37).
 //! - [`forensics`]: evidence before the kill — what a pair judged wedged
 //!   looked like, captured before its co-restart stops anything (issue 35).
 //! - [`watcher`]: the continuous per-pair watch and automatic recovery.
@@ -31,6 +33,7 @@
 
 pub mod child;
 pub mod corestart;
+pub mod diagnose;
 pub mod drain;
 #[cfg(test)]
 pub(crate) mod fake_agent;

@@ -276,6 +276,27 @@ fn an_xpyd_pair_restarts_every_prefill_then_every_decode_and_reaches_each() {
     for ((u, b), a) in units.iter().zip(&before).zip(&after) {
         assert!(a > b, "{u} received none of the verification's requests ({b} → {a})");
     }
+    // Issue 37: every prefill → decode path probed, directed: all answer;
+    // then decode-1 fails every KV transfer (pd-sim's `kv_fail_every: 1`)
+    // and the matrix names it, and only it.
+    let d = demo.cli_within(&["diagnose", "demo", "--json"], Duration::from_secs(120));
+    let healthy = d.json();
+    assert_eq!(d.code, 0, "{healthy:#}");
+    assert_eq!(healthy["localisation"]["kind"], "healthy", "{healthy:#}");
+    crate::harness::sim_fault(&demo.unit_url("decode-1"), r#"{"kv_fail_every": 1}"#);
+    let d = demo.cli_within(&["diagnose", "demo", "--json"], Duration::from_secs(120));
+    let sick = d.json();
+    assert_eq!(d.code, 2, "{sick:#}");
+    assert_eq!(sick["localisation"]["kind"], "engines", "{sick:#}");
+    let named: Vec<&str> = sick["localisation"]["suspects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["unit"].as_str())
+        .collect();
+    assert_eq!(named, ["local/decode-1"], "{sick:#}");
+    let text = demo.cli_within(&["diagnose", "demo"], Duration::from_secs(120));
+    println!("{}", text.stdout);
     println!(
         "2P2D co-restart: {} in {:.1} s; verification requests per unit {:?}",
         r["verdict"],

@@ -1,0 +1,173 @@
+//! `pdwarden diagnose NAME` (issue 37, the path matrix): every prefill →
+//! decode path of the pair probed once, directed (`ProbeRequest.pd_path`,
+//! the PD probe the drain's KV-path check sends), and the matrix of
+//! outcomes localised by the pure judge (`judge::paths`).
+//!
+//! Probes go through the pair's router's agent (it reaches every engine,
+//! as the router does), or the prefill's own agent for a pair without a
+//! router, at most [`CONCURRENCY`] at a time, each bounded by the pair's
+//! probe timeout. Read-only apart from the probes' few tokens; nothing is
+//! restarted. (Restarting only what the matrix names, restart epochs and
+//! the recovery's use of it are not built yet.)
+
+use pdwarden_model::judge::paths::{Diagnosis, Matrix, PathOutcome, localise};
+use pdwarden_model::report::PairWorker;
+use pdwarden_proto::v1::PdPath;
+
+use crate::config::PairConfig;
+use crate::ops::drain::probes::{ProbeError, pair_workers, pd_probe, url_host};
+use crate::ops::port::{AgentPort, AskError};
+
+/// Paths probed at once.
+pub const CONCURRENCY: usize = 4;
+
+/// Why a diagnosis could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum DiagnoseError {
+    #[error(transparent)]
+    Urls(#[from] crate::ops::drain::probes::UnknownUrls),
+}
+
+/// Probes every path of `pair` and localises the failures.
+pub async fn diagnose(agents: &dyn AgentPort, pair: &PairConfig) -> Result<Diagnosis, DiagnoseError> {
+    let started = tokio::time::Instant::now();
+    let workers = pair_workers(agents, pair)?;
+    let prefills: Vec<&PairWorker> = workers.iter().filter(|w| w.worker_type == "prefill").collect();
+    let decodes: Vec<&PairWorker> = workers.iter().filter(|w| w.worker_type == "decode").collect();
+    let cells: Vec<(usize, usize)> = (0..prefills.len())
+        .flat_map(|p| (0..decodes.len()).map(move |d| (p, d)))
+        .collect();
+    let mut outcomes = vec![vec![PathOutcome::Ok; decodes.len()]; prefills.len()];
+    let mut failures = Vec::new();
+    for chunk in cells.chunks(CONCURRENCY) {
+        let probes = chunk.iter().map(|&(p, d)| {
+            let (prefill, decode) = (prefills[p], decodes[d]);
+            // Through the router's agent; a pair without one: the prefill's.
+            let via = pair.router.first().cloned().unwrap_or_else(|| pair.prefill[p].clone());
+            let path = PdPath {
+                decode_url: decode.url.clone(),
+                bootstrap_host: url_host(&prefill.url).to_string(),
+                bootstrap_port: prefill.bootstrap_port,
+                prefill_url: prefill.url.clone(),
+            };
+            async move { (p, d, pd_probe(agents, &via, pair, path).await) }
+        });
+        for (p, d, result) in futures::future::join_all(probes).await {
+            let Err(e) = result else { continue };
+            outcomes[p][d] = match &e {
+                ProbeError::Ask(AskError::NoAnswer { .. }) => PathOutcome::Timeout,
+                ProbeError::Failed(m) if m.contains("timed out") || m.contains("timeout") => PathOutcome::Timeout,
+                _ => PathOutcome::Error,
+            };
+            failures.push(format!("{} → {}: {e}", prefills[p].unit, decodes[d].unit));
+        }
+    }
+    let matrix = Matrix {
+        prefills: prefills.iter().map(|w| w.unit.clone()).collect(),
+        decodes: decodes.iter().map(|w| w.unit.clone()).collect(),
+        cells: outcomes,
+    };
+    let localisation = localise(&matrix, &[]);
+    Ok(Diagnosis {
+        pair: pair.name.clone(),
+        matrix,
+        failures,
+        localisation,
+        took_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::fake_agent::rig::orchestrator;
+    use crate::ops::fake_agent::{FakeAgent, UnitModel};
+    use pdwarden_model::judge::paths::Localisation;
+    use pdwarden_proto::v1::Role;
+
+    fn xpyd_pair(prefills: usize, decodes: usize) -> PairConfig {
+        let units = |role: &str, n: usize| {
+            (0..n)
+                .map(|i| format!("{{ host = \"h1\", unit = \"{role}-{i}\" }}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let text = format!(
+            r#"
+listen = "127.0.0.1:7070"
+journal = "/unused"
+[[pair]]
+name = "p"
+prefill = [{}]
+decode = [{}]
+router = [{{ host = "h1", unit = "router-0" }}]
+[pair.probe]
+model = "m"
+prompt = "Say hi"
+warm_budget_ms = 1000
+cold_allowance_ms = 3000
+probe_timeout_ms = 5000
+"#,
+            units("prefill", prefills),
+            units("decode", decodes)
+        );
+        crate::config::OrchestratorConfig::from_toml_str(&text)
+            .unwrap()
+            .pairs
+            .remove(0)
+    }
+
+    fn agent(prefills: usize, decodes: usize) -> FakeAgent {
+        let mut units: Vec<UnitModel> = (0..prefills)
+            .map(|i| UnitModel::new(&format!("prefill-{i}"), Role::Prefill))
+            .collect();
+        units.extend((0..decodes).map(|i| UnitModel::new(&format!("decode-{i}"), Role::Decode)));
+        units.push(UnitModel::new("router-0", Role::Router));
+        FakeAgent::new("h1", units)
+    }
+
+    /// Issue 37: a 2P2D and a 3P2D pool with one decode whose every KV
+    /// path fails: the matrix shows its column failing and names it.
+    #[tokio::test(start_paused = true)]
+    async fn a_decode_failing_every_path_is_named_from_the_matrix() {
+        for (np, nd) in [(2, 2), (3, 2)] {
+            let dir = tempfile::tempdir().unwrap();
+            let journal = crate::ops::fake_agent::rig::journal(&dir);
+            let agent = agent(np, nd);
+            let ctx = orchestrator(&journal, &agent).await;
+            let pair = xpyd_pair(np, nd);
+            let workers = pair_workers(&*ctx.agents, &pair).unwrap();
+            let url = |unit: &str| workers.iter().find(|w| w.unit.ends_with(unit)).unwrap().url.clone();
+            for p in 0..np {
+                agent.break_kv_path(&url(&format!("prefill-{p}")), &url("decode-1"));
+            }
+            let d = diagnose(&*ctx.agents, &pair).await.unwrap();
+            assert_eq!(d.matrix.cells.len(), np);
+            assert!(
+                d.matrix
+                    .cells
+                    .iter()
+                    .all(|row| row[0] == PathOutcome::Ok && row[1].failed()),
+                "{d:#?}"
+            );
+            let Localisation::Engines { suspects } = &d.localisation else {
+                panic!("{np}P{nd}D not localised: {d:#?}");
+            };
+            assert_eq!(suspects.len(), 1, "{suspects:?}");
+            assert_eq!(suspects[0].unit, "h1/decode-1");
+            assert_eq!(d.failures.len(), np);
+        }
+    }
+
+    /// Every path healthy: healthy, nothing named.
+    #[tokio::test(start_paused = true)]
+    async fn a_healthy_pool_is_healthy() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = crate::ops::fake_agent::rig::journal(&dir);
+        let agent = agent(2, 2);
+        let ctx = orchestrator(&journal, &agent).await;
+        let d = diagnose(&*ctx.agents, &xpyd_pair(2, 2)).await.unwrap();
+        assert_eq!(d.localisation, Localisation::Healthy);
+        assert!(d.failures.is_empty());
+    }
+}
