@@ -12,7 +12,8 @@
 //!   findings, stats, the gate's statistics and live check): evidence in,
 //!   decision out;
 //! - inputs: [`fields`] (the bounds on request ids and names), [`host`]
-//!   (each host's GPU and host report).
+//!   (each host's GPU and host report), [`forensics`] (what a wedged pair
+//!   looked like before its kill: the capture and its summary).
 
 pub mod fields;
 pub mod forensics;
