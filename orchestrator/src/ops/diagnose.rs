@@ -86,35 +86,7 @@ mod tests {
     use pdwarden_proto::v1::Role;
 
     fn xpyd_pair(prefills: usize, decodes: usize) -> PairConfig {
-        let units = |role: &str, n: usize| {
-            (0..n)
-                .map(|i| format!("{{ host = \"h1\", unit = \"{role}-{i}\" }}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        let text = format!(
-            r#"
-listen = "127.0.0.1:7070"
-journal = "/unused"
-[[pair]]
-name = "p"
-prefill = [{}]
-decode = [{}]
-router = [{{ host = "h1", unit = "router-0" }}]
-[pair.probe]
-model = "m"
-prompt = "Say hi"
-warm_budget_ms = 1000
-cold_allowance_ms = 3000
-probe_timeout_ms = 5000
-"#,
-            units("prefill", prefills),
-            units("decode", decodes)
-        );
-        crate::config::OrchestratorConfig::from_toml_str(&text)
-            .unwrap()
-            .pairs
-            .remove(0)
+        crate::ops::fake_agent::rig::xpyd_pair(prefills, decodes, "")
     }
 
     fn agent(prefills: usize, decodes: usize) -> FakeAgent {

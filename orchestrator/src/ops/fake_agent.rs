@@ -1094,6 +1094,47 @@ pub(crate) mod rig {
 
     pub(crate) const UNITS: [&str; 3] = ["prefill-0", "decode-0", "router-0"];
 
+    /// An xPyD pair `p` on host `h1` (`prefill-N`, `decode-N`, `router-0`),
+    /// its suite off, with `extra` TOML appended under it.
+    pub(crate) fn xpyd_pair(prefills: usize, decodes: usize, extra: &str) -> PairConfig {
+        let units = |role: &str, n: usize| {
+            (0..n)
+                .map(|i| format!(r#"{{ host = "h1", unit = "{role}-{i}" }}"#))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let text = format!(
+            r#"
+listen = "127.0.0.1:7070"
+journal = "/unused"
+[[pair]]
+name = "p"
+prefill = [{}]
+decode = [{}]
+router = [{{ host = "h1", unit = "router-0" }}]
+[pair.probe]
+model = "m"
+prompt = "Say hi"
+warm_budget_ms = 1000
+cold_allowance_ms = 3000
+probe_timeout_ms = 5000
+max_probes = 8
+[pair.suite.long_generation]
+enabled = false
+[pair.suite.multi_turn]
+enabled = false
+[pair.suite.concurrency]
+enabled = false
+{extra}"#,
+            units("prefill", prefills),
+            units("decode", decodes)
+        );
+        crate::config::OrchestratorConfig::from_toml_str(&text)
+            .unwrap()
+            .pairs
+            .remove(0)
+    }
+
     /// Pair `p` on host `h1` (decode start `policy`), its suite off, with
     /// `extra` TOML appended under it (a `[pair.gate]`, say).
     pub(crate) fn pair(policy: &str, extra: &str) -> PairConfig {

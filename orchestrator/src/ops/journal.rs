@@ -1501,15 +1501,16 @@ pub(crate) mod contract {
     pub(crate) fn keeps_only_the_newest_captures(j: &Journal) {
         for n in 0..5 {
             let id = format!("cap-{n}");
-            j.begin(&id, "co_restart", "c", None).unwrap();
+            // Newest first is by start time: a millisecond apart.
+            j.store
+                .insert(&id, "co_restart", "c", None, unix_ms() - 1_000 + n)
+                .unwrap();
             j.append(&id, 0, "trigger", &n).unwrap();
             if n != 2 {
                 j.append(&id, 1, "evidence", &serde_json::json!({ "n": n })).unwrap();
             }
             j.conclude(&id, "healthy", &serde_json::json!({ "verdict": "healthy" }))
                 .unwrap();
-            // Newest first is by start time: a millisecond apart.
-            std::thread::sleep(std::time::Duration::from_millis(2));
         }
         assert_eq!(j.retain_captures("c", "evidence", 2, i64::MAX).unwrap(), 2);
         let kept: Vec<bool> = (0..5)

@@ -477,51 +477,14 @@ pub(crate) mod tests {
     use pdwarden_proto::v1::{Role, RouterWorkersOp};
 
     use super::*;
-    use crate::config::OrchestratorConfig;
     use crate::ops::fake_agent::rig::{journal, orchestrator};
     use crate::ops::fake_agent::{FakeAgent, UnitModel};
     use crate::ops::journal::Journal;
 
     const ENGINES: [&str; 4] = ["prefill-0", "prefill-1", "decode-0", "decode-1"];
 
-    fn pair_with(prefills: usize, decodes: usize, extra: &str) -> PairConfig {
-        let units = |role: &str, n: usize| {
-            (0..n)
-                .map(|i| format!(r#"{{ host = "h1", unit = "{role}-{i}" }}"#))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        let text = format!(
-            r#"
-listen = "127.0.0.1:7070"
-journal = "/unused"
-[[pair]]
-name = "p"
-prefill = [{}]
-decode = [{}]
-router = [{{ host = "h1", unit = "router-0" }}]
-[pair.probe]
-model = "m"
-prompt = "Say hi"
-warm_budget_ms = 1000
-cold_allowance_ms = 3000
-probe_timeout_ms = 5000
-max_probes = 8
-[pair.suite.long_generation]
-enabled = false
-[pair.suite.multi_turn]
-enabled = false
-[pair.suite.concurrency]
-enabled = false
-{extra}"#,
-            units("prefill", prefills),
-            units("decode", decodes)
-        );
-        OrchestratorConfig::from_toml_str(&text).unwrap().pairs.remove(0)
-    }
-
     pub(crate) fn pair() -> PairConfig {
-        pair_with(2, 2, "")
+        crate::ops::fake_agent::rig::xpyd_pair(2, 2, "")
     }
 
     /// Host h1: the four engines and router-0, which lists all of them.
@@ -793,10 +756,20 @@ enabled = false
     fn pairs_that_cannot_be_rolled_are_refused_in_one_line() {
         assert_eq!(check(&pair()), Ok(()));
         for (p, says) in [
-            (pair_with(1, 1, ""), "has one prefill and one decode"),
-            (pair_with(2, 3, ""), "has 2 prefill(s) and 3 decode(s)"),
             (
-                pair_with(2, 2, "[pair.serving_router]\nhost = \"h1\"\nunit = \"router-9\"\n"),
+                crate::ops::fake_agent::rig::xpyd_pair(1, 1, ""),
+                "has one prefill and one decode",
+            ),
+            (
+                crate::ops::fake_agent::rig::xpyd_pair(2, 3, ""),
+                "has 2 prefill(s) and 3 decode(s)",
+            ),
+            (
+                crate::ops::fake_agent::rig::xpyd_pair(
+                    2,
+                    2,
+                    "[pair.serving_router]\nhost = \"h1\"\nunit = \"router-9\"\n",
+                ),
                 "is behind a serving router",
             ),
         ] {
