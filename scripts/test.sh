@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 # promtool and systemd-analyze check the metrics and the deploy files (issue 18).
 ./scripts/setup-checks.sh
 # The real-engine tier (issue 15): vLLM CPU + vllm-router + a tiny model in
-# .venv-vllm/ (once: ~3 min, 3 GB; 10 GB free while installing).
+# .venv-vllm/ (once: ~3 min, 3 GB; 9 GB free while installing).
 ./scripts/setup-vllm.sh
 # The HA tier (issue 19): Debian's etcd-server and protoc (the orchestrator's
 # `etcd` feature builds etcd-client, whose build runs protoc).
