@@ -27,6 +27,7 @@ Examples:
   pdwarden demo                                   a whole local stack and a real restart
   pdwarden restart pd-pair demo                   ordered co-restart, then a verdict
   pdwarden restart pd-pair demo --rolling         an xPyD pair, one P/D sub-pair at a time
+  pdwarden restart pd-pair demo --only-sick       only the engines the path matrix names
   pdwarden verify demo --json                     probe the pair end to end, no restart
   pdwarden status                                 agents, units, each pair's watch state
   pdwarden history demo --limit 5                 the pair's last operations
@@ -172,8 +173,15 @@ enum RestartWhat {
         /// restarted in order, probed over its own KV path and its paths to
         /// the other engines, back in — while the others serve; stops at the
         /// first sub-pair that is not healthy; then verifies the whole pair.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "only_sick")]
         rolling: bool,
+        /// An xPyD pair behind its router: probe every prefill → decode
+        /// path, restart only the engines the failures point to (out of the
+        /// router, in order, gated on generation), then what holds their old
+        /// identity, prove every path, verify the pair; the whole ordered
+        /// co-restart when the failures do not single anything out.
+        #[arg(long)]
+        only_sick: bool,
         /// Idempotency key: a retry with a key already used starts nothing
         /// and names the operation it started (default: a fresh one).
         #[arg(long, value_name = "ID", value_parser = request_id_arg)]
@@ -657,13 +665,18 @@ async fn main() -> ExitCode {
                     name,
                     json,
                     rolling,
+                    only_sick,
                     request_id,
                 },
         } => match conn
             .follow_printing_asked(
                 &name,
                 json,
-                pdwarden_client::Asked::Restart { rolling },
+                if only_sick {
+                    pdwarden_client::Asked::OnlySick
+                } else {
+                    pdwarden_client::Asked::Restart { rolling }
+                },
                 request_id_or_new(request_id),
             )
             .await

@@ -154,6 +154,13 @@ impl Connection {
                 pair: pair.to_string(),
                 request_id,
                 rolling,
+                only_sick: false,
+            }),
+            Asked::OnlySick => Request::Restart(RestartPairRequest {
+                pair: pair.to_string(),
+                request_id,
+                rolling: false,
+                only_sick: true,
             }),
         };
         let started = |s: &OperationStarted| match asked {
@@ -164,6 +171,10 @@ impl Connection {
             Asked::Restart { rolling: true } => format!(
                 "restart pd-pair {} --rolling: operation {} (one P/D sub-pair at a time, each out of the router while it restarts; decode start policy: {})",
                 s.pair, s.operation_id, s.decode_start_policy
+            ),
+            Asked::OnlySick => format!(
+                "restart pd-pair {} --only-sick: operation {} (every prefill → decode path probed; only the engines the failures point to restart, out of the router)",
+                s.pair, s.operation_id
             ),
             Asked::Restart { rolling: false } => format!(
                 "restart pd-pair {}: operation {} (decode start policy: {})",
@@ -380,6 +391,9 @@ impl Connection {
 pub enum Asked {
     /// A co-restart; `rolling`: one P/D sub-pair at a time.
     Restart { rolling: bool },
+    /// Only the engines the path matrix names, and what depends on them
+    /// (issue 37).
+    OnlySick,
     /// Probes and the suite; nothing restarted. `record_reference`: its
     /// greedy answer pinned as the pair's reference if it is healthy.
     Verify {

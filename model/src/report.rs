@@ -187,6 +187,12 @@ pub struct OperationReport {
     /// `evidence` entry (`pdwarden history NAME --evidence OP`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub evidence: Option<crate::forensics::CaptureSummary>,
+    /// An xPyD pair's path matrix (issue 37): every prefill → decode path
+    /// probed, and which engines the failures point to. A failed
+    /// verification or co-restart carries one; a repair (`restart --only-sick`)
+    /// one per round, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub diagnoses: Vec<crate::judge::paths::Diagnosis>,
     pub total_ms: u64,
 }
 
@@ -293,8 +299,22 @@ pub fn render_summary(r: &OperationReport) -> String {
             let _ = writeln!(out, "{line}");
         }
     }
+    for d in &r.diagnoses {
+        let _ = writeln!(out, "\npath matrix:");
+        for line in d.lines() {
+            let _ = writeln!(out, "  {line}");
+        }
+    }
     if !r.sub_operations.is_empty() {
-        let _ = writeln!(out, "\nsub-operations (rolling restart):");
+        let _ = writeln!(
+            out,
+            "\nsub-operations ({}):",
+            if r.kind == "rolling" {
+                "rolling restart"
+            } else {
+                "in order"
+            }
+        );
         for c in &r.sub_operations {
             let _ = writeln!(
                 out,

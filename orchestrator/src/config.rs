@@ -280,6 +280,11 @@ pub struct PairConfig {
     /// its own router and only then puts them back (issue 18).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub serving_router: Option<ServingRouterConfig>,
+    /// Never configured: a part of an xPyD pool restarted alone (issue 37,
+    /// `ops::repair`) that has no engine on one side is probed over its
+    /// paths with this engine of the pool's other side.
+    #[serde(skip)]
+    pub probe_partner: Option<UnitRef>,
 }
 
 /// `[pair.serving_router]`: a router unit outside every pair (its agent
@@ -395,6 +400,11 @@ pub struct WatchConfig {
     /// together (issue 35); the restart goes on when it expires. 0: no
     /// capture.
     pub evidence_deadline_ms: u64,
+    /// An xPyD pair behind its router recovers by restarting only the
+    /// engines its path matrix names (issue 37, `restart --only-sick`),
+    /// falling back to the whole ordered co-restart when the failures do
+    /// not single anything out. false: always the whole co-restart.
+    pub recover_only_sick: bool,
 }
 
 impl Default for WatchConfig {
@@ -419,6 +429,7 @@ impl Default for WatchConfig {
             max_recoveries: 3,
             recovery_window_ms: 3_600_000,
             evidence_deadline_ms: pdwarden_model::forensics::DEFAULT_DEADLINE_MS,
+            recover_only_sick: true,
         }
     }
 }
@@ -683,6 +694,7 @@ impl PairConfig {
             watch: WatchConfig::default(),
             gate: pdwarden_model::gate::config::GateConfig::default(),
             serving_router: None,
+            probe_partner: None,
         }
     }
 }

@@ -277,6 +277,7 @@ auto_recover = false
             pair: "p".into(),
             request_id: "r1".into(),
             rolling: false,
+            only_sick: false,
         })
         .await
         .expect_err("the restart is refused");

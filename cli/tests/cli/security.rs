@@ -275,6 +275,7 @@ async fn operator_roles_are_distinct_and_actions_carry_their_actor() {
                     pair: "p".into(),
                     request_id: String::new(),
                     rolling: false,
+                    only_sick: false,
                 },
                 &token,
             ))

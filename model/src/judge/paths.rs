@@ -81,6 +81,26 @@ pub struct Diagnosis {
 }
 
 impl Diagnosis {
+    /// One line for a report's reasons: what the matrix points to.
+    pub fn summary(&self) -> String {
+        let paths = self.matrix.prefills.len() * self.matrix.decodes.len();
+        let failing = self.matrix.cells.iter().flatten().filter(|c| c.failed()).count();
+        match &self.localisation {
+            Localisation::Healthy => format!("path matrix: all {paths} prefill → decode paths answered"),
+            Localisation::Engines { suspects } => format!(
+                "path matrix: {failing} of {paths} paths fail; they point to {}",
+                suspects
+                    .iter()
+                    .map(|s| format!("{} ({})", s.unit, s.role))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            Localisation::NotLocalised { why } => {
+                format!("path matrix: {failing} of {paths} paths fail; NOT LOCALISED: {why}")
+            }
+        }
+    }
+
     /// The human `diagnose`: the matrix as a grid (rows: prefills), the
     /// failures, then what they point to.
     pub fn lines(&self) -> Vec<String> {

@@ -296,6 +296,8 @@ fn begin_refused(e: JournalError) -> Status {
 enum Started {
     Operation(OperationKind),
     Rolling,
+    /// Only the engines the path matrix names (issue 37).
+    Repair,
 }
 
 impl ControlService {
@@ -318,20 +320,30 @@ impl ControlService {
             let known: Vec<&str> = self.config.pairs.iter().map(|p| p.name.as_str()).collect();
             Status::not_found(format!("unknown pair {:?} (configured: {})", pair, known.join(", ")))
         })?;
-        if let Started::Rolling = what {
-            crate::ops::rolling::check(&pair).map_err(|e| Status::failed_precondition(e.to_string()))?;
+        match what {
+            Started::Rolling => {
+                crate::ops::rolling::check(&pair).map_err(|e| Status::failed_precondition(e.to_string()))?
+            }
+            Started::Repair => {
+                crate::ops::repair::check(&pair).map_err(|e| Status::failed_precondition(e.to_string()))?
+            }
+            Started::Operation(_) => {}
         }
-        let restarts = matches!(what, Started::Rolling | Started::Operation(OperationKind::CoRestart));
+        let restarts = matches!(
+            what,
+            Started::Rolling | Started::Repair | Started::Operation(OperationKind::CoRestart)
+        );
         self.preflight(&pair, restarts).await?;
         let kind = match &what {
             Started::Operation(kind) => kind.as_str(),
             Started::Rolling => crate::ops::rolling::KIND,
+            Started::Repair => crate::ops::repair::KIND,
         };
         let request_id = (!request_id.is_empty()).then_some(request_id);
         // An operator's restart of a pair the watch judged wedged keeps its
         // evidence first, as an automatic recovery does (issue 35).
         let mut opening = opening.to_vec();
-        if let Started::Operation(OperationKind::CoRestart) | Started::Rolling = what {
+        if let Started::Operation(OperationKind::CoRestart) | Started::Rolling | Started::Repair = what {
             opening.extend(capture_opening(self.watch.get(&pair.name).as_ref()));
         }
         let operation_id = self
@@ -348,6 +360,10 @@ impl ControlService {
             }
             Started::Rolling => {
                 crate::ops::spawn_guarded(journal, id, crate::ops::rolling::run(ctx, pair, operation_id, tx));
+            }
+            Started::Repair => {
+                let repair = crate::ops::repair::run(ctx, pair, operation_id, false, tx);
+                crate::ops::spawn_guarded(journal, id, repair);
             }
         }
         Ok(Response::new(forward(&self.ctx, &self.redactor, actor, rx)))
@@ -404,10 +420,15 @@ impl Control for ControlService {
         let req = request.into_inner();
         check_pair(&req.pair)?;
         check_request_id(&req.request_id)?;
-        let what = if req.rolling {
-            Started::Rolling
-        } else {
-            Started::Operation(OperationKind::CoRestart)
+        let what = match (req.rolling, req.only_sick) {
+            (true, true) => {
+                return Err(Status::invalid_argument(
+                    "--rolling and --only-sick: choose one (a roll restarts every sub-pair; --only-sick only the engines the path matrix names)",
+                ));
+            }
+            (true, false) => Started::Rolling,
+            (false, true) => Started::Repair,
+            (false, false) => Started::Operation(OperationKind::CoRestart),
         };
         self.start_operation(&req.pair, &req.request_id, what, actor, &[]).await
     }
@@ -528,7 +549,7 @@ impl Control for ControlService {
             .pair(&req.pair)
             .cloned()
             .ok_or_else(|| Status::not_found(format!("unknown pair {:?}", req.pair)))?;
-        let d = crate::ops::diagnose::diagnose(&*self.ctx.agents, &pair)
+        let d = crate::ops::diagnose::diagnose(&*self.ctx.agents, &pair, &[])
             .await
             .map_err(|e| Status::unavailable(e.to_string()))?;
         Ok(Response::new(JsonReply {
@@ -1664,6 +1685,7 @@ enabled = false
             pair: pair.into(),
             request_id: request_id.into(),
             rolling: false,
+            only_sick: false,
         };
         check(
             refusal(c.restart_pair(restart("p", &mb)).await),

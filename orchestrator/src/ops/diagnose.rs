@@ -7,10 +7,9 @@
 //! as the router does), or the prefill's own agent for a pair without a
 //! router, at most [`CONCURRENCY`] at a time, each bounded by the pair's
 //! probe timeout. Read-only apart from the probes' few tokens; nothing is
-//! restarted. (Restarting only what the matrix names, restart epochs and
-//! the recovery's use of it are not built yet.)
+//! restarted here: `ops::repair` restarts what the matrix names.
 
-use pdwarden_model::judge::paths::{Diagnosis, Matrix, PathOutcome, localise};
+use pdwarden_model::judge::paths::{Diagnosis, Epoch, Matrix, PathOutcome, localise};
 use pdwarden_model::report::PairWorker;
 use pdwarden_proto::v1::PdPath;
 
@@ -20,6 +19,14 @@ use crate::ops::port::{AgentPort, AskError};
 
 /// Paths probed at once.
 pub const CONCURRENCY: usize = 4;
+/// The journal entry holding a diagnosis made inside an operation.
+pub const ENTRY: &str = "diagnosis";
+
+/// Whether `pair` has paths to tell apart: an xPyD pool (more than one
+/// prefill or decode) behind a router of its own, not a child (`PAIR#…`).
+pub fn worth_it(pair: &PairConfig) -> bool {
+    !pair.router.is_empty() && pair.prefill.len() + pair.decode.len() > 2 && !pair.name.contains('#')
+}
 
 /// Why a diagnosis could not be made.
 #[derive(Debug, thiserror::Error)]
@@ -28,8 +35,11 @@ pub enum DiagnoseError {
     Urls(#[from] crate::ops::drain::probes::UnknownUrls),
 }
 
-/// Probes every path of `pair` and localises the failures.
-pub async fn diagnose(agents: &dyn AgentPort, pair: &PairConfig) -> Result<Diagnosis, DiagnoseError> {
+/// Probes every path of `pair` and localises the failures. `epochs`: the
+/// prefills restarted since the decodes last paired with them (a repair's
+/// earlier rounds), to tell a decode holding an old identity from a bad
+/// prefill.
+pub async fn diagnose(agents: &dyn AgentPort, pair: &PairConfig, epochs: &[Epoch]) -> Result<Diagnosis, DiagnoseError> {
     let started = tokio::time::Instant::now();
     let workers = pair_workers(agents, pair)?;
     let prefills: Vec<&PairWorker> = workers.iter().filter(|w| w.worker_type == "prefill").collect();
@@ -67,7 +77,7 @@ pub async fn diagnose(agents: &dyn AgentPort, pair: &PairConfig) -> Result<Diagn
         decodes: decodes.iter().map(|w| w.unit.clone()).collect(),
         cells: outcomes,
     };
-    let localisation = localise(&matrix, &[]);
+    let localisation = localise(&matrix, epochs);
     Ok(Diagnosis {
         pair: pair.name.clone(),
         matrix,
@@ -113,7 +123,7 @@ mod tests {
             for p in 0..np {
                 agent.break_kv_path(&url(&format!("prefill-{p}")), &url("decode-1"));
             }
-            let d = diagnose(&*ctx.agents, &pair).await.unwrap();
+            let d = diagnose(&*ctx.agents, &pair, &[]).await.unwrap();
             assert_eq!(d.matrix.cells.len(), np);
             assert!(
                 d.matrix
@@ -138,7 +148,7 @@ mod tests {
         let journal = crate::ops::fake_agent::rig::journal(&dir);
         let agent = agent(2, 2);
         let ctx = orchestrator(&journal, &agent).await;
-        let d = diagnose(&*ctx.agents, &xpyd_pair(2, 2)).await.unwrap();
+        let d = diagnose(&*ctx.agents, &xpyd_pair(2, 2), &[]).await.unwrap();
         assert_eq!(d.localisation, Localisation::Healthy);
         assert!(d.failures.is_empty());
     }

@@ -226,6 +226,13 @@ struct State {
     busy_until: HashMap<String, Instant>,
     /// KV paths (prefill url, decode url) whose transfers fail.
     broken_paths: Vec<(String, String)>,
+    /// KV paths (prefill url, decode url) that fail until `unit` restarts
+    /// (issue 37: a sick engine, healed by its own restart).
+    broken_until: Vec<(String, String, String)>,
+    /// A prefill (unit) whose restart leaves these decodes (units) holding
+    /// its old identity: their path to it fails until each restarts
+    /// (INCIDENTS row 1).
+    stale_identity: HashMap<String, Vec<String>>,
     /// The weights the engines compute with: a greedy answer is a function
     /// of them (issue 34; "" is the default weights).
     weights: String,
@@ -475,6 +482,26 @@ impl FakeAgent {
 
     /// Transfers from the prefill at `prefill_url` to the decode at
     /// `decode_url` fail (a stale bootstrap identity).
+    /// The path fails until `unit` (either end) restarts.
+    pub(crate) fn break_kv_path_until_restart(&self, prefill_url: &str, decode_url: &str, unit: &str) {
+        self.lock()
+            .broken_until
+            .push((prefill_url.into(), decode_url.into(), unit.into()));
+    }
+
+    /// When `prefill` restarts, each of `decodes` keeps its old identity:
+    /// its path to the prefill fails until that decode restarts.
+    pub(crate) fn stale_identity_after_restart(&self, prefill: &str, decodes: &[&str]) {
+        self.lock()
+            .stale_identity
+            .insert(prefill.into(), decodes.iter().map(|d| d.to_string()).collect());
+    }
+
+    /// Every unit started, in the order the starts came.
+    pub(crate) fn starts(&self) -> Vec<String> {
+        self.lock().executed.iter().map(|e| e.unit.clone()).collect()
+    }
+
     pub(crate) fn break_kv_path(&self, prefill_url: &str, decode_url: &str) {
         self.lock().broken_paths.push((prefill_url.into(), decode_url.into()));
     }
@@ -688,6 +715,10 @@ impl FakeAgent {
                         st.broken_paths
                             .iter()
                             .any(|(pf, d)| *pf == path.prefill_url && *d == path.decode_url)
+                            || st
+                                .broken_until
+                                .iter()
+                                .any(|(pf, d, _)| *pf == path.prefill_url && *d == path.decode_url)
                     });
                     let dead = broken
                         || st
@@ -1014,6 +1045,13 @@ impl FakeAgent {
             unit: unit.clone(),
             command_id: id.clone(),
         });
+        st.broken_until.retain(|(_, _, healer)| *healer != unit);
+        if let Some(decodes) = st.stale_identity.remove(&unit) {
+            for d in decodes {
+                let (pf, du) = (format!("http://fake/{unit}"), format!("http://fake/{d}"));
+                st.broken_until.push((pf, du, d));
+            }
+        }
         st.next_pid += 1;
         let pid = st.next_pid;
         // A start still under way is superseded: abandoned, started again.

@@ -46,6 +46,7 @@ pub mod machine;
 pub mod port;
 pub mod preflight;
 pub mod recorder;
+pub mod repair;
 pub mod rolling;
 pub mod telemetry;
 pub mod watcher;

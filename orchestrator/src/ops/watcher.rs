@@ -955,12 +955,14 @@ impl PairWatcher {
         let detected_mono_ms = mono_ms();
         // Its request id names it automatic (and is unique to it).
         let request_id = format!("auto-{}", uuid::Uuid::new_v4());
-        let operation_id = match self.ctx.begin(
-            OperationKind::CoRestart.as_str(),
-            &self.pair.name,
-            Some(&request_id),
-            &[],
-        ) {
+        // An xPyD pool restarts only what its path matrix names (issue 37).
+        let only_sick = self.cfg.recover_only_sick && crate::ops::repair::check(&self.pair).is_ok();
+        let kind = if only_sick {
+            crate::ops::repair::KIND
+        } else {
+            OperationKind::CoRestart.as_str()
+        };
+        let operation_id = match self.ctx.begin(kind, &self.pair.name, Some(&request_id), &[]) {
             Ok(id) => id,
             Err(JournalError::PairBusy { .. }) => return false,
             Err(e) => {
@@ -995,7 +997,7 @@ impl PairWatcher {
             );
             return false;
         }
-        tracing::error!(pair = %self.pair.name, operation = %operation_id, nth, reasons = ?a.reasons, kind = a.wedge.as_ref().map(|w| w.kind.as_str()), detection_ms, "pair wedged: automatic co-restart");
+        tracing::error!(pair = %self.pair.name, operation = %operation_id, nth, reasons = ?a.reasons, kind = a.wedge.as_ref().map(|w| w.kind.as_str()), op_kind = kind, detection_ms, "pair wedged: automatic co-restart");
         self.own_ops.insert(operation_id.clone());
         self.running_op = Some(operation_id.clone());
         self.last_recovery = Some(RecoveryView {
@@ -1009,13 +1011,20 @@ impl PairWatcher {
         });
         self.publish("recovering", false, a.reasons.clone(), a.units.clone());
         let (tx, _rx) = mpsc::unbounded_channel();
-        let op = run_operation(
-            self.ctx.clone(),
-            self.pair.clone(),
-            operation_id.clone(),
-            OperationKind::CoRestart,
-            tx,
-        );
+        let op = async {
+            if only_sick {
+                crate::ops::repair::run(self.ctx.clone(), self.pair.clone(), operation_id.clone(), true, tx).await
+            } else {
+                run_operation(
+                    self.ctx.clone(),
+                    self.pair.clone(),
+                    operation_id.clone(),
+                    OperationKind::CoRestart,
+                    tx,
+                )
+                .await
+            }
+        };
         let journal = self.ctx.journal.clone();
         let report = tokio::select! {
             r = crate::ops::guarded(&journal, &operation_id, op) => r,

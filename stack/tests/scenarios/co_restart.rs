@@ -236,7 +236,12 @@ fn arrivals(demo: &HeldDemo, units: &[&str]) -> Vec<u64> {
 #[test]
 fn an_xpyd_pair_restarts_every_prefill_then_every_decode_and_reaches_each() {
     let _one = exclusive();
-    let demo = HeldDemo::start(&["--prefills", "2", "--decodes", "2"], Duration::from_secs(180));
+    // No automatic recovery: the repair below is the operator's, and the
+    // watch would race it for the pair once decode-1 fails its transfers.
+    let demo = HeldDemo::start(
+        &["--prefills", "2", "--decodes", "2", "--no-auto-recover"],
+        Duration::from_secs(180),
+    );
     let r = &demo.report;
     assert!(r["verdict"].as_str().unwrap().starts_with("healthy"), "{r:#}");
     let prefills = ["prefill-0", "prefill-1"];
@@ -297,6 +302,50 @@ fn an_xpyd_pair_restarts_every_prefill_then_every_decode_and_reaches_each() {
     assert_eq!(named, ["local/decode-1"], "{sick:#}");
     let text = demo.cli_within(&["diagnose", "demo"], Duration::from_secs(120));
     println!("{}", text.stdout);
+
+    // Issue 37, item 3: `restart --only-sick` on pd-sim's SGLang engines.
+    // decode-1 is named, but restarting it alone against long-running
+    // prefills leaves it a degraded bootstrap (INCIDENTS row 1; pd-sim's
+    // `bootstrap.rs`), and restarting the prefills leaves every decode
+    // their old identity: what depends on decode-1 is the whole pool, so
+    // the repair says so and runs the whole ordered co-restart at once —
+    // no round that would wedge decode-1. A client keeps sending through
+    // the router meanwhile (counted); the pair is verified after.
+    let pids = |units: &[&str]| -> Vec<u32> { units.iter().map(|u| demo.unit_pid(u)).collect() };
+    let before_pids = pids(&units);
+    let client = Client::start(&demo.unit_url("router-0"));
+    let out = demo.cli_within(
+        &["restart", "pd-pair", "demo", "--only-sick", "--json"],
+        Duration::from_secs(300),
+    );
+    let traffic = client.stop();
+    let repair = out.json();
+    let after_pids = pids(&units);
+    let restarted: Vec<&str> = units
+        .iter()
+        .zip(before_pids.iter().zip(&after_pids))
+        .filter(|(_, (b, a))| b != a)
+        .map(|(u, _)| *u)
+        .collect();
+    let human = crate::harness::reasons(&repair);
+    println!(
+        "restart --only-sick: {} in {} ms; restarted {restarted:?}; client traffic meanwhile: {traffic}\n{human}",
+        repair["verdict"], repair["total_ms"]
+    );
+    assert_eq!(repair["kind"], "repair", "{repair:#}");
+    let diagnoses = repair["diagnoses"].as_array().expect("diagnoses");
+    assert_eq!(
+        diagnoses[0]["localisation"]["suspects"][0]["unit"], "local/decode-1",
+        "{repair:#}"
+    );
+    assert!(human.contains("INCIDENTS row 1"), "{human}");
+    let subs = repair["sub_operations"].as_array().unwrap();
+    assert_eq!(subs.len(), 1, "no targeted round first: {human}");
+    assert_eq!(subs[0]["purpose"], "the whole pair's co-restart", "{human}");
+    assert_eq!(restarted, units, "every engine, in the co-restart's order");
+    assert!(traffic.sent > 0, "{traffic}");
+    let v = demo.cli_within(&["verify", "demo", "--json"], Duration::from_secs(120));
+    assert_eq!(v.code, 0, "the pair after the repair: {:#}", v.json());
     println!(
         "2P2D co-restart: {} in {:.1} s; verification requests per unit {:?}",
         r["verdict"],
@@ -349,4 +398,80 @@ fn an_xpyd_pair_behind_cache_aware_proves_each_engine_the_router_did_not_reach()
         );
     }
     println!("{} {proven:#?}", r["verdict"]);
+}
+
+/// A client sending chat requests through a router from its own thread
+/// until stopped, counting what answered and what failed (issue 37: client
+/// traffic during a repair is counted, not assumed).
+struct Client {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Traffic>,
+}
+
+#[derive(Debug)]
+struct Traffic {
+    sent: u64,
+    failed: u64,
+    first_errors: Vec<String>,
+}
+
+impl std::fmt::Display for Traffic {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} requests, {} failed {:?}",
+            self.sent, self.failed, self.first_errors
+        )
+    }
+}
+
+impl Client {
+    fn start(router: &str) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (flag, router) = (stop.clone(), router.to_string());
+        let thread = std::thread::spawn(move || {
+            let rt = crate::harness::runtime();
+            let http = reqwest::Client::new();
+            let mut t = Traffic {
+                sent: 0,
+                failed: 0,
+                first_errors: Vec::new(),
+            };
+            // Bounded: at most 10,000 requests, 10 s each.
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) && t.sent < 10_000 {
+                let body = serde_json::json!({
+                    "model": "demo-model",
+                    "messages": [{"role": "user", "content": format!("client request {}", t.sent)}],
+                    "max_tokens": 8,
+                });
+                let r = rt.block_on(async {
+                    http.post(format!("{router}/v1/chat/completions"))
+                        .json(&body)
+                        .timeout(Duration::from_secs(10))
+                        .send()
+                        .await
+                });
+                t.sent += 1;
+                let err = match r {
+                    Ok(r) if r.status().is_success() => None,
+                    Ok(r) => Some(format!("HTTP {}", r.status())),
+                    Err(e) => Some(e.to_string()),
+                };
+                if let Some(e) = err {
+                    t.failed += 1;
+                    if t.first_errors.len() < 3 {
+                        t.first_errors.push(e);
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            t
+        });
+        Client { stop, thread }
+    }
+
+    fn stop(self) -> Traffic {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().expect("the client thread")
+    }
 }

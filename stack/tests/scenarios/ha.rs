@@ -56,6 +56,7 @@ async fn restart_refused(ha: &HaStack, i: usize) -> tonic::Status {
         pair: "demo".into(),
         request_id: pdwarden_client::new_request_id(),
         rolling: false,
+        only_sick: false,
     })
     .await
     .expect_err("the restart is refused")

@@ -317,7 +317,19 @@ pub async fn run_operation_from(
         None => run.assess(kind, &kept).policy,
     };
     let engine_counters = std::mem::take(&mut so_far.engine_counters);
-    let verdict = conclude(&evidence, &policy);
+    let mut verdict = conclude(&evidence, &policy);
+    // A failed verification of an xPyD pair says which engine (issue 37):
+    // every prefill → decode path probed, the failures localised.
+    let mut diagnoses = Vec::new();
+    if matches!(kind, OperationKind::Verify { .. })
+        && !verdict.kind.is_healthy()
+        && crate::ops::diagnose::worth_it(&run.pair)
+        && let Ok(d) = crate::ops::diagnose::diagnose(&*run.ctx.agents, &run.pair, &[]).await
+    {
+        rec.journal_entry(rec.now_ms(), crate::ops::diagnose::ENTRY, &d);
+        verdict.reasons.push(d.summary());
+        diagnoses.push(d);
+    }
     let suite_steps = std::mem::take(&mut evidence.suite);
     let router_counters = std::mem::take(&mut evidence.routers);
     let golden_paths = std::mem::take(&mut evidence.paths);
@@ -373,6 +385,7 @@ pub async fn run_operation_from(
         golden,
         golden_paths,
         evidence: so_far.capture.take(),
+        diagnoses,
         total_ms: rec.now_ms(),
     };
     if let Err(e) = rec.journal.conclude(&operation_id, report.verdict.as_str(), &report) {
@@ -577,7 +590,11 @@ impl CoRestart<'_> {
             }
             StageEffect::Drain { wait } => {
                 let record = match self.pair.serving_router.clone() {
-                    Some(sr) => crate::ops::drain::drain(&*self.ctx.agents, rec, &self.pair, &sr, wait).await,
+                    // `drain_timeout_ms = 0`: no wait (a repair's sick engines).
+                    Some(sr) => {
+                        let wait = wait && sr.drain_timeout_ms > 0;
+                        crate::ops::drain::drain(&*self.ctx.agents, rec, &self.pair, &sr, wait).await
+                    }
                     None => pdwarden_model::report::DrainRecord {
                         error: Some("the pair has no serving router".into()),
                         ..Default::default()

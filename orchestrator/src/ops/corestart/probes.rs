@@ -110,8 +110,13 @@ impl CoRestart<'_> {
     /// The URLs are the agents' registered facts; an engine whose agent does
     /// not know its URL fails the series, saying so.
     pub(super) async fn probe_direct(&mut self) {
-        let (Some(prefill), Some(decode)) = (self.pair.prefill.first().cloned(), self.pair.decode.first().cloned())
-        else {
+        // A part of a pool restarted alone with one side only (issue 37):
+        // its paths are proven with the pool's partner on the other side.
+        let partner = self.pair.probe_partner.clone();
+        let (Some(prefill), Some(decode)) = (
+            self.pair.prefill.first().cloned().or_else(|| partner.clone()),
+            self.pair.decode.first().cloned().or(partner),
+        ) else {
             return;
         };
         let url = |u: &UnitRef| {

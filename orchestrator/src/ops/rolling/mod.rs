@@ -451,6 +451,7 @@ impl Roller {
             golden: None,
             golden_paths: Vec::new(),
             evidence: self.evidence.lock().unwrap_or_else(|p| p.into_inner()).take(),
+            diagnoses: Vec::new(),
             total_ms: self.rec.now_ms(),
         };
         if let Err(e) = self

@@ -1,0 +1,449 @@
+//! Restart only what is sick (issue 37): `pdwarden restart pd-pair NAME
+//! --only-sick`, and the automatic recovery of an xPyD pair.
+//!
+//! Why: in an xPyD pool behind one router, one bad engine fails every path
+//! through it, and the pool's other engines keep working. The whole
+//! ordered co-restart stops all of them; operators in smg-project/smg#2382
+//! instead restarted prefills one by one, by hand, for 10–15 minutes. The
+//! path matrix (`ops::diagnose`, `judge::paths`) names the engines that
+//! explain every failing path; this restarts those only, then what holds
+//! state about them, and proves every path before calling the pair healthy:
+//!
+//! 1. every prefill → decode path probed; the failures localised;
+//! 2. the named engines — and only they — restart as one child co-restart
+//!    on `PAIR#repair`: out of the pair's router (not waiting for a sick
+//!    engine's work), prefills before decodes, each gated on generation,
+//!    their paths to every other engine probed before they go back;
+//! 3. every path probed again, told which prefills restarted and which
+//!    decodes paired with them before (restart epochs: such a decode holds
+//!    the old bootstrap identity, INCIDENTS row 1); what still fails is
+//!    named and restarted in the next round, at most `MAX_ROUNDS`;
+//! 4. every path answers: the engines are put back into the router, and
+//!    the whole pair is verified through it.
+//!
+//! When the matrix does not single anything out (every path fails, two
+//! engines on a side too small to tell them apart, an engine failing again
+//! after its own restart), the whole pair's ordered co-restart runs
+//! instead, and the report says why. The state machine is `machine`; each
+//! child is its own journaled operation, as a rolling restart's are.
+//! An orchestrator killed mid-repair does not resume it: the repair and
+//! its child are concluded failed at the next start, saying so.
+
+use pdwarden_proto::v1::{OperationStarted, OperationUpdate, operation_update};
+use tokio::sync::mpsc;
+
+use crate::config::{PairConfig, ServingRouterConfig};
+use crate::ops::OperationContext;
+use crate::ops::corestart::OperationKind;
+use crate::ops::journal::JournalError;
+use crate::ops::recorder::Recorder;
+use pdwarden_model::report::OperationReport;
+
+pub mod machine;
+
+use machine::{Child, Repair, RepairEffect, RepairEvent, Repairing, SoFar};
+
+/// The journal's kind of a repair.
+pub const KIND: &str = "repair";
+/// The pair name a repair's children are journaled under (`PAIR#repair`).
+pub const CHILD_SUFFIX: &str = "#repair";
+/// The entry naming each child before it runs.
+const CHILD_OPERATION: &str = "child_operation";
+
+/// Why a pair cannot be repaired engine by engine (refused before anything
+/// is journaled).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotRepairable {
+    #[error("--only-sick: pair {pair} has no router to keep serving while its sick engines restart")]
+    NoRouter { pair: String },
+    #[error(
+        "--only-sick: pair {pair} is behind a serving router ([pair.serving_router]); restarting single engines takes them out of the pair's own router only: restart it whole"
+    )]
+    BehindServingRouter { pair: String },
+    #[error(
+        "--only-sick: pair {pair} has one prefill and one decode: every path is the pair; restart it without --only-sick"
+    )]
+    OnePath { pair: String },
+}
+
+/// Whether `pair` can be repaired engine by engine.
+pub fn check(pair: &PairConfig) -> Result<(), NotRepairable> {
+    let name = pair.name.clone();
+    if pair.router.is_empty() {
+        return Err(NotRepairable::NoRouter { pair: name });
+    }
+    if pair.serving_router.is_some() {
+        return Err(NotRepairable::BehindServingRouter { pair: name });
+    }
+    if pair.prefill.len() + pair.decode.len() <= 2 {
+        return Err(NotRepairable::OnePath { pair: name });
+    }
+    Ok(())
+}
+
+/// The engines `units` ("host/unit") of `pair` as a pair of their own: no
+/// router, the pair's first router as the serving router they leave and
+/// rejoin — without waiting for their work (a sick engine's does not end).
+pub fn sick_part(pair: &PairConfig, units: &[String]) -> PairConfig {
+    let mut part = pair.clone();
+    part.name = format!("{}{CHILD_SUFFIX}", pair.name);
+    part.prefill.retain(|u| units.contains(&u.to_string()));
+    part.decode.retain(|u| units.contains(&u.to_string()));
+    part.router = Vec::new();
+    // One side only: its paths are proven with a healthy engine of the
+    // other side (the first the part does not hold).
+    part.probe_partner = match (part.prefill.is_empty(), part.decode.is_empty()) {
+        (true, false) => pair.prefill.first().cloned(),
+        (false, true) => pair.decode.first().cloned(),
+        _ => None,
+    };
+    let router = &pair.router[0];
+    let mut sr = ServingRouterConfig::new(router.host.clone(), router.unit.clone());
+    sr.drain_timeout_ms = 0;
+    part.serving_router = Some(sr);
+    part
+}
+
+/// Runs a repair whose journal row exists (`kind` [`KIND`]) to its report.
+/// `recovery`: an automatic recovery (a clean matrix does not clear it).
+pub async fn run(
+    ctx: OperationContext,
+    pair: PairConfig,
+    operation_id: String,
+    recovery: bool,
+    updates: mpsc::UnboundedSender<OperationUpdate>,
+) -> OperationReport {
+    let rec = Recorder::new(operation_id.clone(), ctx.journal.clone(), updates);
+    rec.send(operation_update::Kind::Started(OperationStarted {
+        operation_id,
+        pair: pair.name.clone(),
+        decode_start_policy: pair.decode_start_policy.as_str().into(),
+    }));
+    let repairer = Repairer { ctx, pair, rec };
+    let evidence = repairer.capture_if_judged_wedged(recovery).await;
+    let machine = Repairing {
+        pair: &repairer.pair,
+        recovery,
+    };
+    let last = crate::ops::machine::run(&machine, &repairer.rec, Repairing::start(), |effect| {
+        repairer.carry(effect)
+    })
+    .await;
+    repairer.conclude(last, evidence)
+}
+
+struct Repairer {
+    ctx: OperationContext,
+    pair: PairConfig,
+    rec: Recorder,
+}
+
+impl Repairer {
+    /// A recovery (its trigger journaled) or an operator's repair of a
+    /// pair the watch judged wedged (the opening entry) keeps the whole
+    /// pair's evidence first (issue 35), before anything stops.
+    async fn capture_if_judged_wedged(&self, recovery: bool) -> Option<pdwarden_model::forensics::CaptureSummary> {
+        use crate::ops::forensics;
+        let deadline_ms = self.pair.watch.evidence_deadline_ms;
+        if deadline_ms == 0 {
+            return None;
+        }
+        let read = |kind: &str| -> Option<serde_json::Value> {
+            self.rec
+                .journal
+                .read::<serde_json::Value>(&self.rec.operation_id, kind)
+                .ok()?
+                .into_iter()
+                .next()
+        };
+        let why = if recovery {
+            let trigger = read("trigger")?;
+            let reasons: Vec<&str> = trigger["reasons"]
+                .as_array()
+                .map(|r| r.iter().filter_map(|x| x.as_str()).collect())
+                .unwrap_or_default();
+            format!("automatic recovery of a wedged pair: {}", reasons.join("; "))
+        } else {
+            read(forensics::OPENING)?["why"]
+                .as_str()
+                .unwrap_or("the watch judged the pair wedged")
+                .to_string()
+        };
+        let deadline = std::time::Duration::from_millis(deadline_ms);
+        let capture = forensics::capture(&*self.ctx.agents, &self.pair, why, deadline).await;
+        Some(forensics::keep(
+            &self.rec.journal,
+            &self.pair.name,
+            &self.rec.operation_id,
+            self.rec.now_ms(),
+            &capture,
+        ))
+    }
+
+    async fn carry(&self, effect: RepairEffect) -> Option<RepairEvent> {
+        match effect {
+            RepairEffect::Diagnose { epochs } => {
+                let step = self.rec.step_started("diagnose", &self.pair.name);
+                let d = crate::ops::diagnose::diagnose(&*self.ctx.agents, &self.pair, &epochs).await;
+                match d {
+                    Ok(d) => {
+                        self.rec.step_ended(step, d.summary());
+                        Some(RepairEvent::Diagnosed(Box::new(d)))
+                    }
+                    Err(e) => {
+                        self.rec.step_ended(step, format!("fail: {e}"));
+                        Some(RepairEvent::NotDiagnosed(e.to_string()))
+                    }
+                }
+            }
+            RepairEffect::RunChild(child) => Some(match self.child(&child).await {
+                Ok(report) => RepairEvent::ChildConcluded {
+                    child,
+                    report: Box::new(report),
+                },
+                Err(e) => RepairEvent::ChildNotBegun { error: e.to_string() },
+            }),
+            RepairEffect::Rejoin => {
+                let all: Vec<String> = self
+                    .pair
+                    .prefill
+                    .iter()
+                    .chain(&self.pair.decode)
+                    .map(ToString::to_string)
+                    .collect();
+                let part = sick_part(&self.pair, &all);
+                let sr = part.serving_router.clone().expect("sick_part sets it");
+                let r = crate::ops::drain::rejoin(&*self.ctx.agents, &self.rec, &part, &sr, true).await;
+                Some(RepairEvent::Rejoined {
+                    put_back: r.put_back,
+                    detail: r.detail,
+                })
+            }
+            // Its write-ahead is the record.
+            RepairEffect::Record(_) => None,
+        }
+    }
+
+    /// Runs `child` on `PAIR#repair`, journaled (must-write) before it begins.
+    async fn child(&self, child: &Child) -> Result<OperationReport, JournalError> {
+        let (kind, config) = match child {
+            Child::Restart { units, .. } => (OperationKind::CoRestart, sick_part(&self.pair, units)),
+            Child::WholePair => (OperationKind::CoRestart, self.pair.clone()),
+            Child::Verify => (
+                OperationKind::Verify {
+                    include_abort_storm: false,
+                },
+                self.pair.clone(),
+            ),
+        };
+        let child_pair = format!("{}{CHILD_SUFFIX}", self.pair.name);
+        crate::ops::child::run(
+            &self.ctx,
+            &self.rec,
+            &child_pair,
+            CHILD_OPERATION,
+            |id| serde_json::json!({ "operation_id": id, "child": child, "kind": kind.as_str() }),
+            kind,
+            config,
+        )
+        .await
+    }
+
+    /// The repair's report, journaled and sent.
+    fn conclude(&self, last: Repair, evidence: Option<pdwarden_model::forensics::CaptureSummary>) -> OperationReport {
+        let mut so_far: SoFar = last.into_so_far();
+        if let Some(e) = self.rec.journal_failure()
+            && so_far.verdict.is_healthy()
+        {
+            machine::stopped_by_the_journal(&mut so_far, &e);
+        }
+        let mut report = OperationReport {
+            operation_id: self.rec.operation_id.clone(),
+            pair: self.pair.name.clone(),
+            kind: KIND.into(),
+            decode_start_policy: self.pair.decode_start_policy.as_str().into(),
+            verdict: so_far.verdict,
+            reasons: so_far.reasons,
+            steps: self.rec.steps(),
+            timeline: Vec::new(),
+            probes: Vec::new(),
+            attempts: Vec::new(),
+            probe_latency: pdwarden_model::judge::stats::summarize(&[]),
+            suite: Vec::new(),
+            warnings: Vec::new(),
+            budgets: None,
+            engine_counters: Vec::new(),
+            router_counters: Vec::new(),
+            warm_budget_ms: self.pair.probe.warm_budget_ms,
+            cold_allowance: pdwarden_model::judge::verdict::ColdAllowance::Configured {
+                ms: self.pair.probe.cold_allowance_ms,
+                why: String::new(),
+            },
+            fingerprint: String::new(),
+            drain: None,
+            sub_operations: so_far.children,
+            golden: None,
+            golden_paths: Vec::new(),
+            evidence,
+            diagnoses: so_far.diagnoses,
+            total_ms: self.rec.now_ms(),
+        };
+        if let Err(e) = self
+            .rec
+            .journal
+            .conclude(&report.operation_id, report.verdict.as_str(), &report)
+        {
+            tracing::error!(operation = %report.operation_id, error = %e, "could not journal the repair's verdict");
+            report.reasons.push(e.unwritten_conclusion());
+        }
+        if let Ok(json) = serde_json::to_string(&report) {
+            self.rec
+                .send(operation_update::Kind::Report(pdwarden_proto::v1::JsonReply { json }));
+        }
+        report
+    }
+}
+
+/// The repair over the in-memory agent at paused time.
+#[cfg(test)]
+mod tests {
+    use pdwarden_proto::v1::Role;
+
+    use super::*;
+    use crate::ops::fake_agent::rig::{journal, orchestrator};
+    use crate::ops::fake_agent::{FakeAgent, UnitModel};
+    use pdwarden_model::judge::verdict::VerdictKind;
+
+    fn agent(np: usize, nd: usize) -> FakeAgent {
+        let mut units: Vec<UnitModel> = (0..np)
+            .map(|i| UnitModel::new(&format!("prefill-{i}"), Role::Prefill))
+            .collect();
+        units.extend((0..nd).map(|i| UnitModel::new(&format!("decode-{i}"), Role::Decode)));
+        units.push(UnitModel::new("router-0", Role::Router));
+        FakeAgent::new("h1", units).with_serving_router("router-0")
+    }
+
+    fn url(unit: &str) -> String {
+        format!("http://fake/{unit}")
+    }
+
+    /// A vLLM pool: what the matrix names restarts alone (an SGLang pool's
+    /// closure is the whole pool: `machine`'s tests).
+    const VLLM: &str = "[pair.watch]\nengine = \"vllm\"\n";
+
+    async fn repair(ctx: OperationContext, pair: PairConfig, recovery: bool) -> OperationReport {
+        let id = uuid::Uuid::new_v4().to_string();
+        ctx.journal.begin(&id, KIND, &pair.name, None).unwrap();
+        let (tx, _rx) = mpsc::unbounded_channel();
+        run(ctx, pair, id, recovery, tx).await
+    }
+
+    /// The units each start command of the run went to, in order.
+    fn started(agent: &FakeAgent) -> Vec<String> {
+        agent.starts()
+    }
+
+    /// Issue 37, Done when 1 (fake pool): 2P2D and 3P2D, one decode whose
+    /// every path fails until it restarts: only it restarts; every path is
+    /// probed again, the pool put back and verified through the router.
+    #[tokio::test(start_paused = true)]
+    async fn a_sick_decode_alone_is_restarted_and_every_path_proven() {
+        for (np, nd) in [(2, 2), (3, 2)] {
+            let dir = tempfile::tempdir().unwrap();
+            let journal = journal(&dir);
+            let agent = agent(np, nd);
+            let ctx = orchestrator(&journal, &agent).await;
+            let pair = crate::ops::fake_agent::rig::xpyd_pair(np, nd, VLLM);
+            for p in 0..np {
+                agent.break_kv_path_until_restart(&url(&format!("prefill-{p}")), &url("decode-1"), "decode-1");
+            }
+            let r = repair(ctx, pair, false).await;
+            assert_eq!(r.verdict, VerdictKind::Healthy, "{np}P{nd}D: {:#?}", r.reasons);
+            assert_eq!(
+                started(&agent),
+                ["decode-1"],
+                "{np}P{nd}D: only the sick decode restarts"
+            );
+            assert_eq!(r.diagnoses.len(), 2, "before and after");
+            assert!(r.diagnoses[1].failures.is_empty(), "{:?}", r.diagnoses[1]);
+            let purposes: Vec<&str> = r.sub_operations.iter().map(|c| c.purpose.as_str()).collect();
+            assert_eq!(purposes, ["round 1: restart h1/decode-1", "verification"]);
+            // The decode alone was proven over its paths with a prefill of
+            // the pool, and went back into the router after it.
+            assert_eq!(
+                r.sub_operations[0].verdict, "healthy",
+                "{:#?}",
+                r.sub_operations[0].reasons
+            );
+            let text = pdwarden_model::report::render_summary(&r);
+            assert!(text.contains("path matrix:"), "{text}");
+        }
+    }
+
+    /// A prefill with stale transfer state fails its row; it restarts, and
+    /// the decodes that paired with it then hold its old identity: their
+    /// paths to it fail until each restarts. Round 2 names those decodes
+    /// (the epoch), not the prefill again; each restarts once.
+    #[tokio::test(start_paused = true)]
+    async fn a_stale_prefill_then_the_decodes_holding_its_old_identity() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = journal(&dir);
+        let agent = agent(3, 2);
+        let ctx = orchestrator(&journal, &agent).await;
+        let pair = crate::ops::fake_agent::rig::xpyd_pair(3, 2, VLLM);
+        for d in 0..2 {
+            agent.break_kv_path_until_restart(&url("prefill-1"), &url(&format!("decode-{d}")), "prefill-1");
+        }
+        // Decode-0 keeps prefill-1's old identity across its restart.
+        agent.stale_identity_after_restart("prefill-1", &["decode-0"]);
+        let r = repair(ctx, pair, false).await;
+        assert_eq!(r.verdict, VerdictKind::Healthy, "{:#?}", r.reasons);
+        assert_eq!(started(&agent), ["prefill-1", "decode-0"]);
+        assert_eq!(r.diagnoses.len(), 3);
+        let pdwarden_model::judge::paths::Localisation::Engines { suspects } = &r.diagnoses[1].localisation else {
+            panic!("{:?}", r.diagnoses[1]);
+        };
+        assert_eq!(suspects[0].unit, "h1/decode-0");
+        assert!(suspects[0].why.contains("old bootstrap identity"), "{suspects:?}");
+    }
+
+    /// Two engines of a 2P2D pool fail at once (a whole side's worth), and
+    /// a pool whose every path fails: not localised, the whole co-restart.
+    #[tokio::test(start_paused = true)]
+    async fn what_does_not_localise_is_restarted_whole() {
+        for broken in [
+            vec![
+                ("prefill-0", "decode-0"),
+                ("prefill-1", "decode-0"),
+                ("prefill-1", "decode-1"),
+            ],
+            vec![
+                ("prefill-0", "decode-0"),
+                ("prefill-0", "decode-1"),
+                ("prefill-1", "decode-0"),
+                ("prefill-1", "decode-1"),
+            ],
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let journal = journal(&dir);
+            let agent = agent(2, 2);
+            let ctx = orchestrator(&journal, &agent).await;
+            for (p, d) in &broken {
+                agent.break_kv_path_until_restart(&url(p), &url(d), d);
+            }
+            let r = repair(ctx, crate::ops::fake_agent::rig::xpyd_pair(2, 2, VLLM), false).await;
+            assert!(
+                r.reasons
+                    .iter()
+                    .any(|x| x.contains("the whole pair's ordered co-restart instead")),
+                "{:#?}",
+                r.reasons
+            );
+            assert_eq!(r.sub_operations.len(), 1);
+            assert_eq!(r.sub_operations[0].purpose, "the whole pair's co-restart");
+            let mut s = started(&agent);
+            s.sort();
+            assert_eq!(s, ["decode-0", "decode-1", "prefill-0", "prefill-1", "router-0"]);
+        }
+    }
+}
