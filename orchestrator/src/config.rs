@@ -280,11 +280,38 @@ pub struct PairConfig {
     /// its own router and only then puts them back (issue 18).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub serving_router: Option<ServingRouterConfig>,
+    /// What the engines' KV link remembers about their peers, which decides
+    /// what must restart with a restarted engine (issue 37,
+    /// `restart --only-sick`).
+    #[serde(default)]
+    pub kv_transfer: KvTransfer,
     /// Never configured: a part of an xPyD pool restarted alone (issue 37,
     /// `ops::repair`) that has no engine on one side is probed over its
     /// paths with this engine of the pool's other side.
     #[serde(skip)]
     pub probe_partner: Option<UnitRef>,
+}
+
+/// `[pair] kv_transfer`: how the engines' KV transfer link keeps state
+/// about its peers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KvTransfer {
+    /// SGLang's bootstrap server (the default): a decode caches each
+    /// prefill's identity by address, a prefill remembers the decode
+    /// instances it served (INCIDENTS row 1). Behind one router any
+    /// engine's restart takes the whole pool with it.
+    #[default]
+    Sglang,
+    /// vLLM's NixlConnector: a restarted prefill is met afresh (its engine
+    /// id is new at every start) and the prefill keeps no state about
+    /// decodes: an engine restarts alone.
+    Nixl,
+    /// A link that caches each prefill's identity by address and keeps no
+    /// decode state (vLLM's MoRIIO connector): a decode restarts alone; a
+    /// restarted prefill takes every decode of the pool with it (they hold
+    /// its old identity).
+    Address,
 }
 
 /// `[pair.serving_router]`: a router unit outside every pair (its agent
@@ -694,6 +721,7 @@ impl PairConfig {
             watch: WatchConfig::default(),
             gate: pdwarden_model::gate::config::GateConfig::default(),
             serving_router: None,
+            kv_transfer: KvTransfer::default(),
             probe_partner: None,
         }
     }

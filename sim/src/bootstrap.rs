@@ -53,6 +53,8 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
+
+use crate::config::KvTransfer;
 use tokio::time::Instant;
 
 use crate::stats::{Counters, Stats};
@@ -188,16 +190,27 @@ pub struct BootstrapServer {
     registry: Mutex<DecodeRegistry>,
     rooms: Mutex<HashMap<u64, Room>>,
     stats: Arc<Stats>,
+    /// What the link remembers about decodes (`--kv-transfer`).
+    mode: KvTransfer,
+    /// The `stale_transfer_state` fault: every KV pull fails.
+    stale: std::sync::atomic::AtomicBool,
 }
 
 impl BootstrapServer {
-    pub fn new(instance_id: String, stats: Arc<Stats>) -> Arc<BootstrapServer> {
+    pub fn new(instance_id: String, stats: Arc<Stats>, mode: KvTransfer) -> Arc<BootstrapServer> {
         Arc::new(BootstrapServer {
             instance_id,
             registry: Mutex::new(DecodeRegistry::default()),
             rooms: Mutex::new(HashMap::new()),
             stats,
+            mode,
+            stale: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// The `stale_transfer_state` fault, live (a restart clears it).
+    pub fn set_stale(&self, stale: bool) {
+        self.stale.store(stale, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Runs `f` on `room` (created `Waiting` if new) with the counters, after forgetting
@@ -267,11 +280,12 @@ async fn handshake(
     State(s): State<Arc<BootstrapServer>>,
     Json(req): Json<HandshakeRequest>,
 ) -> Json<HandshakeResponse> {
-    let degraded = s
-        .registry
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .handshake(&req.decode_addr, &req.decode_instance_id);
+    // NIXL keeps no handshake state about decodes on the prefill's side.
+    let degraded = s.mode == KvTransfer::Sglang
+        && s.registry
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .handshake(&req.decode_addr, &req.decode_instance_id);
     if degraded {
         s.stats.update(|c| c.degraded_bootstraps += 1);
         tracing::warn!(
@@ -311,6 +325,11 @@ impl Drop for Claim<'_> {
 }
 
 async fn kv(State(s): State<Arc<BootstrapServer>>, Path(room): Path<u64>, Query(q): Query<KvQuery>) -> Response {
+    if s.stale.load(std::sync::atomic::Ordering::SeqCst) {
+        // Stale transfer state: the room's transfer fails (`KVPoll.Failed`).
+        s.kv_failed(room);
+        return (StatusCode::INTERNAL_SERVER_ERROR, "stale transfer state").into_response();
+    }
     if q.prefill_instance_id != s.instance_id {
         // A decode with a stale identity: this room's transfer cannot happen.
         s.kv_failed(room);
@@ -389,10 +408,13 @@ pub struct BootstrapClient {
     pub addr: OnceLock<String>,
     /// prefill bootstrap address → the identity learned at the first handshake.
     identities: Mutex<HashMap<String, HandshakeResponse>>,
+    /// `--kv-transfer`: SGLang caches identities by address; NIXL meets a
+    /// restarted prefill afresh (its engine id is new).
+    mode: KvTransfer,
 }
 
 impl BootstrapClient {
-    pub fn new(instance_id: String) -> BootstrapClient {
+    pub fn new(instance_id: String, mode: KvTransfer) -> BootstrapClient {
         BootstrapClient {
             // No pooled connections: a restarted prefill must be met on a new socket.
             http: reqwest::Client::builder()
@@ -402,6 +424,7 @@ impl BootstrapClient {
             instance_id,
             addr: OnceLock::new(),
             identities: Mutex::new(HashMap::new()),
+            mode,
         }
     }
 
@@ -412,7 +435,11 @@ impl BootstrapClient {
     }
 
     async fn identity(&self, addr: &str) -> Result<HandshakeResponse, TransferError> {
-        if let Some(id) = self.identities.lock().unwrap_or_else(|e| e.into_inner()).get(addr) {
+        // NIXL: the identity travels with each request, so a cached one is
+        // never stale; modelled as a handshake per transfer.
+        if self.mode != KvTransfer::Nixl
+            && let Some(id) = self.identities.lock().unwrap_or_else(|e| e.into_inner()).get(addr)
+        {
             return Ok(id.clone());
         }
         let req = HandshakeRequest {
@@ -443,6 +470,10 @@ impl BootstrapClient {
             tracing::info!(prefill = addr, prefill_instance = %id.prefill_instance_id, "bootstrap: handshake done, identity cached");
         }
         let mut ids = self.identities.lock().unwrap_or_else(|e| e.into_inner());
+        if self.mode == KvTransfer::Nixl {
+            ids.insert(addr.to_string(), id.clone());
+            return Ok(id);
+        }
         Ok(ids.entry(addr.to_string()).or_insert(id).clone())
     }
 

@@ -29,6 +29,34 @@ pub const DEFAULT_BOOTSTRAP_PORT: u16 = 8998;
 /// SGLang's `SGLANG_HEALTH_CHECK_TIMEOUT` default (seconds → ms).
 pub const DEFAULT_HEALTH_TIMEOUT_MS: f64 = 20_000.0;
 
+/// How the KV transfer link keeps state about its peers (issue 37: what must
+/// restart with a restarted engine).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KvTransfer {
+    /// SGLang's bootstrap (`python/sglang/srt/disaggregation/`): a decode
+    /// caches each prefill's identity by its bootstrap address (stale after
+    /// that prefill restarts: SGLang issue 36029), and a prefill remembers
+    /// the decode instances it served (a decode restarted alone gets a
+    /// degraded bootstrap: INCIDENTS row 1).
+    #[default]
+    Sglang,
+    /// vLLM's NixlConnector (`vllm/distributed/kv_transfer/kv_connector/v1/
+    /// nixl_connector.py`): each request carries the prefill's
+    /// `remote_engine_id` (new at every start) and the decode handshakes
+    /// with an engine id it has not met (`_remote_agents` is keyed by it),
+    /// so a restarted prefill is met afresh; the decode reads the KV, and
+    /// the prefill keeps no handshake state about decodes.
+    Nixl,
+    /// A link that caches the prefill's identity by its address but keeps
+    /// no decode state on the prefill: vLLM's MoRIIO connector
+    /// (`vllm/distributed/kv_transfer/kv_connector/v1/moriio/moriio_connector.py`
+    /// keys `_remote_agents` by `host:handshake_port`). A restarted prefill
+    /// leaves every decode that met it holding its old identity until that
+    /// decode restarts; a decode restarts alone.
+    Address,
+}
+
 /// Which half of a prefill/decode pair this engine plays.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -112,6 +140,8 @@ pub enum ConfigError {
     ColdByStartEmpty,
     #[error("{0} applies to a decode only (this engine is --role prefill)")]
     DecodeOnly(&'static str),
+    #[error("{0} applies to a prefill only (this engine is --role decode)")]
+    PrefillOnly(&'static str),
     #[error("--near-tie-positions entry {0:?} is not a token position (0, 1, 2, …)")]
     Position(String),
     #[error("--weights must name the weights (got an empty string)")]
@@ -171,6 +201,11 @@ pub struct Args {
     /// Prefill only: port of the KV bootstrap endpoint (SGLang's default 8998; 0 picks one).
     #[arg(long)]
     pub bootstrap_port: Option<u16>,
+    /// What the KV link remembers about peers: `sglang` (identities cached by
+    /// address, decode instances remembered) or `nixl` (vLLM's NixlConnector:
+    /// met afresh at every restart). See [`KvTransfer`].
+    #[arg(long, value_enum, default_value = "sglang")]
+    pub kv_transfer: KvTransfer,
     /// Model name reported by /v1/models, /model_info and responses.
     #[arg(long, default_value = "pd-sim/sim-model")]
     pub model: String,
@@ -495,6 +530,8 @@ impl Settings {
 #[derive(Clone, Debug)]
 pub struct Config {
     pub role: Role,
+    /// `--kv-transfer`.
+    pub kv_transfer: KvTransfer,
     pub host: String,
     pub port: u16,
     /// Prefill: the bootstrap port to bind (0 = any); decode: None.
@@ -633,6 +670,7 @@ impl Config {
         };
         Ok(Config {
             role: args.role,
+            kv_transfer: args.kv_transfer,
             host: args.host,
             port: args.port,
             bootstrap_port,
@@ -791,6 +829,13 @@ pub struct FaultPatch {
     /// Decode only (see `--kv-corruption`).
     #[serde(alias = "kv-corruption")]
     pub kv_corruption: Option<bool>,
+    /// Prefill only, live only: the prefill's transfer state goes stale
+    /// (smg-project/smg#2382: prefills kept stale transfer state after
+    /// their decodes restarted, every pod Ready): its bootstrap fails every
+    /// KV pull, as a room whose transfer failed (`KVPoll.Failed`), until the
+    /// prefill restarts. Its own health and `/health_generate` stay 200.
+    #[serde(alias = "stale-transfer-state")]
+    pub stale_transfer_state: Option<bool>,
     /// See `--kv-reuse-under-load`.
     #[serde(alias = "kv-reuse-under-load")]
     pub kv_reuse_under_load: Option<bool>,

@@ -461,6 +461,88 @@ async fn bootstrap_stale_degraded_and_cleared_by_ordered_co_restart() {
     d.shutdown().await.unwrap();
 }
 
+// Issue 37: with vLLM's NixlConnector semantics (`--kv-transfer nixl`) a prefill
+// restarted alone is met afresh (no stale identity) and a decode restarted alone gets
+// no degraded bootstrap; a prefill's stale transfer state (a live fault) fails every
+// transfer through it until it restarts, and only a prefill takes that fault.
+#[tokio::test]
+async fn nixl_engines_restart_alone_and_stale_transfer_state_fails_until_restart() {
+    let c = client();
+    let ok = Duration::from_secs(5);
+    let mut pcfg = Config::for_test(Role::Prefill);
+    pcfg.kv_transfer = crate::config::KvTransfer::Nixl;
+    let mut dcfg = Config::for_test(Role::Decode);
+    dcfg.kv_transfer = crate::config::KvTransfer::Nixl;
+    let (p, pb) = start(pcfg.clone()).await;
+    let (d, db) = start(dcfg.clone()).await;
+    assert_eq!(routed(&c, pb, db, 1, ok).await.unwrap().status(), 200);
+    let (p, pb) = restart(p, pb, pcfg.clone()).await;
+    assert_eq!(
+        routed(&c, pb, db, 2, ok).await.unwrap().status(),
+        200,
+        "no stale identity"
+    );
+    let (d, db) = restart(d, db, dcfg.clone()).await;
+    assert_eq!(
+        routed(&c, pb, db, 3, ok).await.unwrap().status(),
+        200,
+        "no degraded bootstrap"
+    );
+    assert_eq!(stats(&c, pb).await["degraded_bootstraps"], 0);
+
+    let fault = |url: String, body: Value| {
+        let c = c.clone();
+        async move { c.post(url).json(&body).send().await.unwrap().status().as_u16() }
+    };
+    let stale = json!({"stale_transfer_state": true});
+    assert_eq!(fault(format!("http://{}/sim/fault", db.http), stale.clone()).await, 400);
+    assert_eq!(fault(format!("http://{}/sim/fault", pb.http), stale).await, 200);
+    for room in 4..6 {
+        assert_eq!(routed(&c, pb, db, room, ok).await.unwrap().status(), 500, "room {room}");
+    }
+    assert_eq!(status(&c, format!("http://{}/health", pb.http)).await, Some(200));
+    let (p, pb) = restart(p, pb, pcfg).await;
+    assert_eq!(
+        routed(&c, pb, db, 6, ok).await.unwrap().status(),
+        200,
+        "cleared by its restart"
+    );
+    p.shutdown().await.unwrap();
+    d.shutdown().await.unwrap();
+}
+
+// `--kv-transfer address`: a prefill restarted alone leaves the decode holding its old
+// identity (every transfer fails until the decode restarts); a decode restarted alone
+// gets no degraded bootstrap.
+#[tokio::test]
+async fn address_keyed_identities_go_stale_but_decodes_restart_alone() {
+    let c = client();
+    let ok = Duration::from_secs(5);
+    let mut pcfg = Config::for_test(Role::Prefill);
+    pcfg.kv_transfer = crate::config::KvTransfer::Address;
+    let mut dcfg = Config::for_test(Role::Decode);
+    dcfg.kv_transfer = crate::config::KvTransfer::Address;
+    let (p, pb) = start(pcfg.clone()).await;
+    let (d, db) = start(dcfg.clone()).await;
+    assert_eq!(routed(&c, pb, db, 1, ok).await.unwrap().status(), 200);
+    let (d, db) = restart(d, db, dcfg.clone()).await;
+    assert_eq!(
+        routed(&c, pb, db, 2, ok).await.unwrap().status(),
+        200,
+        "no degraded bootstrap"
+    );
+    let (p, pb) = restart(p, pb, pcfg).await;
+    assert_eq!(routed(&c, pb, db, 3, ok).await.unwrap().status(), 500, "stale identity");
+    let (d, db) = restart(d, db, dcfg).await;
+    assert_eq!(
+        routed(&c, pb, db, 4, ok).await.unwrap().status(),
+        200,
+        "the decode's restart clears it"
+    );
+    p.shutdown().await.unwrap();
+    d.shutdown().await.unwrap();
+}
+
 // Probes are recognised by request id or header; sessions are minted per distinct
 // prefix and engine time is attributed to probes.
 #[tokio::test]

@@ -56,8 +56,18 @@ impl Sim {
         let instance_id = uuid::Uuid::new_v4().simple().to_string();
         let stats = Arc::new(Stats::default());
         let (bootstrap_server, bootstrap_client) = match config.role {
-            Role::Prefill => (Some(BootstrapServer::new(instance_id.clone(), stats.clone())), None),
-            Role::Decode => (None, Some(BootstrapClient::new(instance_id.clone()))),
+            Role::Prefill => (
+                Some(BootstrapServer::new(
+                    instance_id.clone(),
+                    stats.clone(),
+                    config.kv_transfer,
+                )),
+                None,
+            ),
+            Role::Decode => (
+                None,
+                Some(BootstrapClient::new(instance_id.clone(), config.kv_transfer)),
+            ),
         };
         Arc::new(Sim {
             clock: SimClock::new(Scale(config.time_scale)),
@@ -140,6 +150,11 @@ impl Sim {
             if patch.kv_corruption == Some(true) {
                 return Err(crate::config::ConfigError::DecodeOnly("--kv-corruption"));
             }
+        } else if patch.stale_transfer_state == Some(true) {
+            return Err(crate::config::ConfigError::PrefillOnly("stale_transfer_state"));
+        }
+        if let (Some(stale), Some(server)) = (patch.stale_transfer_state, &self.bootstrap_server) {
+            server.set_stale(stale);
         }
         let knob_name = self.config.settings.knob_env.clone();
         let knob_start_value = self.config.knob_env_value.clone();

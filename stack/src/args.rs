@@ -145,6 +145,41 @@ pub struct DemoArgs {
     /// that cannot be written does (docs/operating.md, Faults).
     #[arg(long)]
     pub journal: Option<PathBuf>,
+    /// What the pd-sim engines' KV link remembers about peers, and the
+    /// pair's `kv_transfer` with it: `sglang` (identities by address,
+    /// decode instances remembered: any restart takes the pool), `nixl`
+    /// (vLLM's NixlConnector: engines restart alone) or `address`
+    /// (identities by address only: a prefill takes the decodes). Issue 37.
+    #[arg(long, value_enum, default_value = "sglang")]
+    pub kv_transfer: DemoKvTransfer,
+}
+
+/// `--kv-transfer`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DemoKvTransfer {
+    Sglang,
+    Nixl,
+    Address,
+}
+
+impl DemoArgs {
+    fn kv_transfer_arg(&self) -> &'static str {
+        match self.kv_transfer {
+            DemoKvTransfer::Sglang => "",
+            DemoKvTransfer::Nixl => " --kv-transfer nixl",
+            DemoKvTransfer::Address => " --kv-transfer address",
+        }
+    }
+
+    /// `--prefill-sim`, with what `--kv-transfer` adds.
+    pub fn prefill_sim_args(&self) -> String {
+        format!("{}{}", self.prefill_sim, self.kv_transfer_arg())
+    }
+
+    /// `--decode-sim`, with what `--kv-transfer` adds.
+    pub fn decode_sim_args(&self) -> String {
+        format!("{}{}", self.decode_sim, self.kv_transfer_arg())
+    }
 }
 
 impl DemoArgs {

@@ -156,7 +156,7 @@ pub fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<Configs> {
         &format!(
             "{} {}",
             args.incident.map_or("", Incident::prefill_sim),
-            args.prefill_sim
+            args.prefill_sim_args()
         ),
     )?;
     let mut decode_argv = sim.argv(
@@ -164,7 +164,11 @@ pub fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<Configs> {
         ports.decode,
         0,
         &DECODE_TIMING,
-        &format!("{} {}", args.incident.map_or("", Incident::decode_sim), args.decode_sim),
+        &format!(
+            "{} {}",
+            args.incident.map_or("", Incident::decode_sim),
+            args.decode_sim_args()
+        ),
     )?;
     let router_argv = pair_router_argv(args, &smg, &ports, &extra, router_decode.as_deref(), xpyd);
     let (scheme, tls, credentials) = security(args, dir)?;
@@ -551,7 +555,7 @@ fn pair_units(
         sim_unit("decode-0", Role::Decode, decode_argv, ports.decode, None),
     ];
     for (i, (port, boot)) in extra.prefills.iter().enumerate() {
-        let argv = sim.argv("prefill", *port, *boot, &PREFILL_TIMING, &args.prefill_sim)?;
+        let argv = sim.argv("prefill", *port, *boot, &PREFILL_TIMING, &args.prefill_sim_args())?;
         units.push(sim_unit(
             &format!("prefill-{}", i + 1),
             Role::Prefill,
@@ -561,7 +565,7 @@ fn pair_units(
         ));
     }
     for (i, port) in extra.decodes.iter().enumerate() {
-        let argv = sim.argv("decode", *port, 0, &DECODE_TIMING, &args.decode_sim)?;
+        let argv = sim.argv("decode", *port, 0, &DECODE_TIMING, &args.decode_sim_args())?;
         units.push(sim_unit(&format!("decode-{}", i + 1), Role::Decode, argv, *port, None));
     }
     units.push(sim_unit("router-0", Role::Router, router_argv, ports.router, None));
@@ -594,14 +598,14 @@ impl SharedRouter {
         let p = sim_unit(
             "b-prefill-0",
             Role::Prefill,
-            sim.argv("prefill", bp, bb, &PREFILL_TIMING, &args.prefill_sim)?,
+            sim.argv("prefill", bp, bb, &PREFILL_TIMING, &args.prefill_sim_args())?,
             bp,
             Some(bb),
         );
         let d = sim_unit(
             "b-decode-0",
             Role::Decode,
-            sim.argv("decode", bd, 0, &DECODE_TIMING, &args.decode_sim)?,
+            sim.argv("decode", bd, 0, &DECODE_TIMING, &args.decode_sim_args())?,
             bd,
             None,
         );
@@ -705,6 +709,11 @@ fn demo_pairs(
         ),
     );
     pair.decode_start_policy = policy;
+    pair.kv_transfer = match args.kv_transfer {
+        crate::args::DemoKvTransfer::Sglang => pdwarden_orchestrator::config::KvTransfer::Sglang,
+        crate::args::DemoKvTransfer::Nixl => pdwarden_orchestrator::config::KvTransfer::Nixl,
+        crate::args::DemoKvTransfer::Address => pdwarden_orchestrator::config::KvTransfer::Address,
+    };
     demo_probe(&mut pair.probe, args);
     demo_suite(&mut pair.suite, args, scale, probe_timeout);
     demo_gate(&mut pair, probe_timeout);
@@ -1029,8 +1038,12 @@ mod tests {
                     pd_sim: "pd-sim".into(),
                     scale,
                 };
-                let prefill = sim.argv("prefill", 1, 2, &PREFILL_TIMING, &args.prefill_sim).unwrap();
-                let decode = sim.argv("decode", 3, 0, &DECODE_TIMING, &args.decode_sim).unwrap();
+                let prefill = sim
+                    .argv("prefill", 1, 2, &PREFILL_TIMING, &args.prefill_sim_args())
+                    .unwrap();
+                let decode = sim
+                    .argv("decode", 3, 0, &DECODE_TIMING, &args.decode_sim_args())
+                    .unwrap();
                 let mut c = OrchestratorConfig::new("127.0.0.1:1".parse().unwrap(), "/tmp/journal.sqlite");
                 c.insecure_plaintext = true;
                 c.pairs = demo_pairs(

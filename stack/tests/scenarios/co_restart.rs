@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use crate::harness::{HeldDemo, at, demo, exclusive, must_at, pdwarden, step_names};
+use serde_json::Value;
+
+use crate::harness::{HeldDemo, at, demo, exclusive, must_at, pdwarden, sim_fault, step_names};
 
 const LIMIT: Duration = Duration::from_secs(120);
 
@@ -288,7 +290,7 @@ fn an_xpyd_pair_restarts_every_prefill_then_every_decode_and_reaches_each() {
     let healthy = d.json();
     assert_eq!(d.code, 0, "{healthy:#}");
     assert_eq!(healthy["localisation"]["kind"], "healthy", "{healthy:#}");
-    crate::harness::sim_fault(&demo.unit_url("decode-1"), r#"{"kv_fail_every": 1}"#);
+    sim_fault(&demo.unit_url("decode-1"), r#"{"kv_fail_every": 1}"#);
     let d = demo.cli_within(&["diagnose", "demo", "--json"], Duration::from_secs(120));
     let sick = d.json();
     assert_eq!(d.code, 2, "{sick:#}");
@@ -398,6 +400,176 @@ fn an_xpyd_pair_behind_cache_aware_proves_each_engine_the_router_did_not_reach()
         );
     }
     println!("{} {proven:#?}", r["verdict"]);
+}
+
+/// Issue 37, Done when: a 3P2D pd-sim pool with vLLM's NixlConnector
+/// semantics (`--kv-transfer nixl`: an engine restarts alone) behind the
+/// real sglang-router. A decode failing every KV transfer, then a prefill
+/// with stale transfer state: each localised, only it restarted (the
+/// others' pids unchanged), every path re-proven, the pair verified through
+/// the router, a client's traffic through the router counted meanwhile.
+/// Then two engines at once (a prefill and a decode: as many as a side):
+/// not localised, the whole ordered co-restart, said. One stack for all.
+#[test]
+fn a_3p2d_nixl_pool_restarts_only_the_sick_engine_and_what_does_not_localise_whole() {
+    let _one = exclusive();
+    let demo = HeldDemo::start(
+        &[
+            "--prefills",
+            "3",
+            "--decodes",
+            "2",
+            "--kv-transfer",
+            "nixl",
+            "--no-auto-recover",
+        ],
+        Duration::from_secs(180),
+    );
+    assert!(
+        demo.report["verdict"].as_str().unwrap().starts_with("healthy"),
+        "{:#}",
+        demo.report
+    );
+    let units = ["prefill-0", "prefill-1", "prefill-2", "decode-0", "decode-1"];
+    let repair = |what: &str| -> (Value, Vec<&'static str>, Traffic) {
+        let before: Vec<u32> = units.iter().map(|u| demo.unit_pid(u)).collect();
+        let client = Client::start(&demo.unit_url("router-0"));
+        let out = demo.cli_within(
+            &["restart", "pd-pair", "demo", "--only-sick", "--json"],
+            Duration::from_secs(300),
+        );
+        let traffic = client.stop();
+        let r = out.json();
+        let restarted: Vec<&'static str> = units
+            .iter()
+            .zip(&before)
+            .filter(|(u, b)| demo.unit_pid(u) != **b)
+            .map(|(u, _)| *u)
+            .collect();
+        println!(
+            "{what}: restart --only-sick {} in {} ms, restarted {restarted:?}; client meanwhile: {traffic}\n{}",
+            r["verdict"],
+            r["total_ms"],
+            crate::harness::reasons(&r)
+        );
+        (r, restarted, traffic)
+    };
+    let named = |r: &Value| -> Vec<String> {
+        r["diagnoses"][0]["localisation"]["suspects"]
+            .as_array()
+            .map(|s| s.iter().filter_map(|x| x["unit"].as_str().map(String::from)).collect())
+            .unwrap_or_default()
+    };
+    let proven = |r: &Value| {
+        let d = r["diagnoses"].as_array().unwrap();
+        assert!(d.len() >= 2, "{r:#}");
+        assert_eq!(
+            d.last().unwrap()["localisation"]["kind"],
+            "healthy",
+            "every path re-proven: {r:#}"
+        );
+        assert!(r["verdict"].as_str().unwrap().starts_with("healthy"), "{r:#}");
+        let subs = r["sub_operations"].as_array().unwrap();
+        assert_eq!(subs.last().unwrap()["kind"], "verify", "{r:#}");
+    };
+
+    // A decode failing every KV transfer.
+    sim_fault(&demo.unit_url("decode-1"), r#"{"kv_fail_every": 1}"#);
+    let (r, restarted, traffic) = repair("decode-1 failing every transfer");
+    assert_eq!(named(&r), ["local/decode-1"], "{r:#}");
+    assert_eq!(restarted, ["decode-1"], "only the sick decode");
+    proven(&r);
+    assert!(traffic.sent > 0, "{traffic}");
+
+    // A prefill with stale transfer state (smg-project/smg#2382).
+    sim_fault(&demo.unit_url("prefill-1"), r#"{"stale_transfer_state": true}"#);
+    let (r, restarted, _) = repair("prefill-1 with stale transfer state");
+    assert_eq!(named(&r), ["local/prefill-1"], "{r:#}");
+    assert_eq!(restarted, ["prefill-1"], "only the sick prefill");
+    proven(&r);
+
+    // Two at once: a prefill's row and a decode's column, as many engines
+    // as the decode side: nothing is singled out.
+    sim_fault(&demo.unit_url("prefill-2"), r#"{"stale_transfer_state": true}"#);
+    sim_fault(&demo.unit_url("decode-0"), r#"{"kv_fail_every": 1}"#);
+    let (r, restarted, _) = repair("prefill-2 and decode-0 at once");
+    assert_eq!(r["diagnoses"][0]["localisation"]["kind"], "not_localised", "{r:#}");
+    let human = crate::harness::reasons(&r);
+    assert!(human.contains("the whole pair's ordered co-restart instead"), "{human}");
+    assert_eq!(restarted, units, "the whole pool, in order");
+    let v = demo.cli_within(&["diagnose", "demo", "--json"], Duration::from_secs(120));
+    assert_eq!(v.code, 0, "every path after the whole co-restart: {:#}", v.json());
+}
+
+/// Issue 37: a 2P2D pool whose link caches each prefill's identity by its
+/// address (`--kv-transfer address`, vLLM's MoRIIO connector): a prefill
+/// with stale transfer state is named; restarting it leaves every decode
+/// holding its old identity, so the repair restarts it and then both
+/// decodes — known from the link, not found out from failures — and leaves
+/// the other prefill running; every path re-proven, the pair verified.
+#[test]
+fn an_address_keyed_pool_restarts_a_prefill_with_the_decodes_holding_its_identity() {
+    let _one = exclusive();
+    let demo = HeldDemo::start(
+        &[
+            "--prefills",
+            "2",
+            "--decodes",
+            "2",
+            "--kv-transfer",
+            "address",
+            "--no-auto-recover",
+        ],
+        Duration::from_secs(180),
+    );
+    assert!(
+        demo.report["verdict"].as_str().unwrap().starts_with("healthy"),
+        "{:#}",
+        demo.report
+    );
+    let units = ["prefill-0", "prefill-1", "decode-0", "decode-1"];
+    let before: Vec<u32> = units.iter().map(|u| demo.unit_pid(u)).collect();
+    sim_fault(&demo.unit_url("prefill-0"), r#"{"stale_transfer_state": true}"#);
+    let client = Client::start(&demo.unit_url("router-0"));
+    let out = demo.cli_within(
+        &["restart", "pd-pair", "demo", "--only-sick", "--json"],
+        Duration::from_secs(300),
+    );
+    let traffic = client.stop();
+    let r = out.json();
+    let restarted: Vec<&str> = units
+        .iter()
+        .zip(&before)
+        .filter(|(u, b)| demo.unit_pid(u) != **b)
+        .map(|(u, _)| *u)
+        .collect();
+    println!(
+        "prefill-0 with stale transfer state: restart --only-sick {} in {} ms, restarted {restarted:?}; client meanwhile: {traffic}\n{}",
+        r["verdict"],
+        r["total_ms"],
+        crate::harness::reasons(&r)
+    );
+    assert_eq!(
+        r["diagnoses"][0]["localisation"]["suspects"][0]["unit"], "local/prefill-0",
+        "{r:#}"
+    );
+    assert_eq!(
+        restarted,
+        ["prefill-0", "decode-0", "decode-1"],
+        "prefill-1 keeps running"
+    );
+    let subs = r["sub_operations"].as_array().unwrap();
+    assert_eq!(
+        subs[0]["purpose"], "round 1: restart local/prefill-0, local/decode-0, local/decode-1",
+        "{r:#}"
+    );
+    assert_eq!(
+        r["diagnoses"].as_array().unwrap().last().unwrap()["localisation"]["kind"],
+        "healthy",
+        "{r:#}"
+    );
+    assert!(r["verdict"].as_str().unwrap().starts_with("healthy"), "{r:#}");
+    assert!(traffic.sent > 0, "{traffic}");
 }
 
 /// A client sending chat requests through a router from its own thread

@@ -21,7 +21,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::PairConfig;
+use crate::config::{KvTransfer, PairConfig};
 use crate::ops::journal::JournalError;
 use crate::ops::machine::{Effect, Machine, Transition};
 use pdwarden_model::judge::paths::{Diagnosis, Epoch, Localisation};
@@ -260,29 +260,32 @@ impl Repairing<'_> {
         t
     }
 
-    /// What must restart with `named` (DESIGN: what holds state about a
-    /// restarted engine restarts after it). SGLang's PD engines (the
-    /// default `[pair.watch] engine`, pd-sim's model, INCIDENTS row 1): a
+    /// What must restart with `named` (what holds state about a restarted
+    /// engine restarts after it), by `[pair] kv_transfer`. SGLang's
+    /// bootstrap (the default, pd-sim's default model, INCIDENTS row 1): a
     /// prefill remembers the decode instances it served, so a decode
     /// restarted alone gets a degraded bootstrap from every prefill of the
     /// pool — they restart too — and each decode caches the prefills'
     /// identities, so a restarted prefill takes every decode of the pool
     /// with it. Behind one router every prefill is paired with every decode,
-    /// so any SGLang engine's closure is the whole pool. Other engines
-    /// (vLLM): the named engines only; a stale peer the next round's
-    /// matrix names, told by the epochs.
+    /// so any engine's closure is the whole pool. An address-keyed link
+    /// (vLLM's MoRIIO): a prefill takes every decode with it (they hold its
+    /// old identity: known, not found out from failures), a decode restarts
+    /// alone. vLLM's NixlConnector: the named engines only. A peer left
+    /// stale anyway the next round's matrix names, told by the epochs.
     pub fn closure(&self, named: &[String]) -> Vec<String> {
         let prefills: Vec<String> = self.pair.prefill.iter().map(ToString::to_string).collect();
         let decodes: Vec<String> = self.pair.decode.iter().map(ToString::to_string).collect();
         let mut set: Vec<String> = named.to_vec();
-        if self.pair.watch.engine == pdwarden_engines::EngineKind::Sglang {
-            let (p, d) = (
-                set.iter().any(|u| prefills.contains(u)),
-                set.iter().any(|u| decodes.contains(u)),
-            );
-            if p || d {
+        let a_prefill = set.iter().any(|u| prefills.contains(u));
+        let a_decode = set.iter().any(|u| decodes.contains(u));
+        match self.pair.kv_transfer {
+            KvTransfer::Sglang if a_prefill || a_decode => {
                 set = prefills.iter().chain(&decodes).cloned().collect();
             }
+            // Every decode holds a restarted prefill's old identity.
+            KvTransfer::Address if a_prefill => set.extend(decodes.iter().cloned()),
+            _ => {}
         }
         // In the pair's order: prefills, then decodes.
         prefills
@@ -450,12 +453,14 @@ mod tests {
     use PathOutcome::{Error as E, Ok as O};
     use pdwarden_model::judge::paths::{Matrix, PathOutcome, localise};
 
-    /// A vLLM pool: the named engines restart alone.
+    /// A NIXL pool: the named engines restart alone.
     fn pair() -> PairConfig {
-        crate::ops::fake_agent::rig::xpyd_pair(2, 2, "[pair.watch]\nengine = \"vllm\"\n")
+        let mut p = crate::ops::fake_agent::rig::xpyd_pair(2, 2, "");
+        p.kv_transfer = crate::config::KvTransfer::Nixl;
+        p
     }
 
-    /// An SGLang pool (the default engine): any named engine's closure is
+    /// An SGLang pool (the default kv_transfer): any named engine's closure is
     /// the whole pool (INCIDENTS row 1): the whole co-restart at once, said.
     #[test]
     fn in_an_sglang_pool_a_named_engine_takes_the_whole_pool_with_it() {
@@ -479,10 +484,22 @@ mod tests {
             "{:?}",
             so_far.reasons
         );
-        // vLLM: the named decode alone.
-        let vllm = pair();
+        // An address-keyed link: a prefill takes the decodes, a decode is alone.
+        let mut address = pair();
+        address.kv_transfer = KvTransfer::Address;
         let m = Repairing {
-            pair: &vllm,
+            pair: &address,
+            recovery: false,
+        };
+        assert_eq!(
+            m.closure(&["h1/prefill-1".into()]),
+            ["h1/prefill-1", "h1/decode-0", "h1/decode-1"]
+        );
+        assert_eq!(m.closure(&["h1/decode-0".into()]), ["h1/decode-0"]);
+        // NIXL: the named decode alone.
+        let nixl = pair();
+        let m = Repairing {
+            pair: &nixl,
             recovery: false,
         };
         assert_eq!(m.closure(&["h1/decode-1".into()]), ["h1/decode-1"]);

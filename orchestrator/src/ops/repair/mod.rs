@@ -327,9 +327,14 @@ mod tests {
         format!("http://fake/{unit}")
     }
 
-    /// A vLLM pool: what the matrix names restarts alone (an SGLang pool's
-    /// closure is the whole pool: `machine`'s tests).
-    const VLLM: &str = "[pair.watch]\nengine = \"vllm\"\n";
+    /// A NIXL pool of `np` prefills and `nd` decodes: what the matrix names
+    /// restarts alone (an SGLang pool's closure is the whole pool:
+    /// `machine`'s tests).
+    fn nixl_pool(np: usize, nd: usize) -> PairConfig {
+        let mut p = crate::ops::fake_agent::rig::xpyd_pair(np, nd, "");
+        p.kv_transfer = crate::config::KvTransfer::Nixl;
+        p
+    }
 
     async fn repair(ctx: OperationContext, pair: PairConfig, recovery: bool) -> OperationReport {
         let id = uuid::Uuid::new_v4().to_string();
@@ -353,7 +358,7 @@ mod tests {
             let journal = journal(&dir);
             let agent = agent(np, nd);
             let ctx = orchestrator(&journal, &agent).await;
-            let pair = crate::ops::fake_agent::rig::xpyd_pair(np, nd, VLLM);
+            let pair = nixl_pool(np, nd);
             for p in 0..np {
                 agent.break_kv_path_until_restart(&url(&format!("prefill-{p}")), &url("decode-1"), "decode-1");
             }
@@ -381,16 +386,17 @@ mod tests {
     }
 
     /// A prefill with stale transfer state fails its row; it restarts, and
-    /// the decodes that paired with it then hold its old identity: their
-    /// paths to it fail until each restarts. Round 2 names those decodes
-    /// (the epoch), not the prefill again; each restarts once.
+    /// a decode that paired with it still holds its old identity (the fake
+    /// keeps decode-0's cache across the restart, as a link keyed by address
+    /// would): its path to it fails until it restarts. Round 2 names that
+    /// decode (the epoch), not the prefill again; each restarts once.
     #[tokio::test(start_paused = true)]
     async fn a_stale_prefill_then_the_decodes_holding_its_old_identity() {
         let dir = tempfile::tempdir().unwrap();
         let journal = journal(&dir);
         let agent = agent(3, 2);
         let ctx = orchestrator(&journal, &agent).await;
-        let pair = crate::ops::fake_agent::rig::xpyd_pair(3, 2, VLLM);
+        let pair = nixl_pool(3, 2);
         for d in 0..2 {
             agent.break_kv_path_until_restart(&url("prefill-1"), &url(&format!("decode-{d}")), "prefill-1");
         }
@@ -431,7 +437,7 @@ mod tests {
             for (p, d) in &broken {
                 agent.break_kv_path_until_restart(&url(p), &url(d), d);
             }
-            let r = repair(ctx, crate::ops::fake_agent::rig::xpyd_pair(2, 2, VLLM), false).await;
+            let r = repair(ctx, nixl_pool(2, 2), false).await;
             assert!(
                 r.reasons
                     .iter()
