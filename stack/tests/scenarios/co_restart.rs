@@ -572,6 +572,55 @@ fn an_address_keyed_pool_restarts_a_prefill_with_the_decodes_holding_its_identit
     assert!(traffic.sent > 0, "{traffic}");
 }
 
+/// Issue 37, item 3: the watch's automatic recovery of an xPyD pool runs
+/// the repair (`recover_only_sick`, through the breaker). A 3P2D NIXL pool;
+/// decode-1's KV transfers stall (`kv_stall`), so the requests the router
+/// sends it never finish while the others do: the watch confirms a wedge,
+/// and the recovery probes every path, names decode-1, restarts it alone,
+/// proves every path and verifies the pair.
+#[test]
+fn the_watch_recovers_an_xpyd_pool_by_restarting_only_the_sick_engine() {
+    let _one = exclusive();
+    let demo = HeldDemo::start(
+        &["--prefills", "3", "--decodes", "2", "--kv-transfer", "nixl"],
+        Duration::from_secs(180),
+    );
+    assert!(
+        demo.report["verdict"].as_str().unwrap().starts_with("healthy"),
+        "{:#}",
+        demo.report
+    );
+    let units = ["prefill-0", "prefill-1", "prefill-2", "decode-0", "decode-1"];
+    let before: Vec<u32> = units.iter().map(|u| demo.unit_pid(u)).collect();
+    sim_fault(&demo.unit_url("decode-1"), r#"{"kv_stall": true}"#);
+    let client = Client::start(&demo.unit_url("router-0"));
+    let (watch, op) = demo.automatic_recovery(Duration::from_secs(240));
+    let traffic = client.stop();
+    let restarted: Vec<&str> = units
+        .iter()
+        .zip(&before)
+        .filter(|(u, b)| demo.unit_pid(u) != **b)
+        .map(|(u, _)| *u)
+        .collect();
+    let r = &op["report"];
+    println!(
+        "automatic recovery ({}): {} in {} ms, restarted {restarted:?}; client meanwhile: {traffic}\ntrigger: {}\n{}",
+        op["kind"],
+        r["verdict"],
+        r["total_ms"],
+        op["trigger"],
+        crate::harness::reasons(r)
+    );
+    assert_eq!(op["kind"], "repair", "{op:#}");
+    assert_eq!(
+        r["diagnoses"][0]["localisation"]["suspects"][0]["unit"], "local/decode-1",
+        "{r:#}"
+    );
+    assert_eq!(restarted, ["decode-1"], "only the sick decode");
+    assert!(r["verdict"].as_str().unwrap().starts_with("healthy"), "{r:#}");
+    assert_eq!(watch["state"], "healthy", "{watch:#}");
+}
+
 /// A client sending chat requests through a router from its own thread
 /// until stopped, counting what answered and what failed (issue 37: client
 /// traffic during a repair is counted, not assumed).
