@@ -633,6 +633,12 @@ async fn history(
         if let StoredReport::Gate(g) = &report {
             history_lines(g).iter().for_each(|l| pdwarden_client::say!("    {l}"));
         }
+        // Its path matrices (issue 37): the grid and what it pointed to.
+        if let StoredReport::Operation(r) = &report {
+            for d in &r.diagnoses {
+                d.lines().iter().for_each(|l| pdwarden_client::say!("    {l}"));
+            }
+        }
         // The reference it recorded or the operator pinned (issue 34).
         if let StoredReport::Operation(r) = &report
             && let Some(line) = r.golden.as_ref().and_then(|g| g.recorded_line(&r.operation_id))

@@ -35,6 +35,18 @@ pub enum DiagnoseError {
     Urls(#[from] crate::ops::drain::probes::UnknownUrls),
 }
 
+/// One path's outcome: its probe's error (a timeout apart), or an answer
+/// slower than the pair's warm budget (slow: said, not a failure).
+pub fn outcome_of(result: &Result<(), ProbeError>, took_ms: u64, warm_budget_ms: u64) -> PathOutcome {
+    match result {
+        Ok(()) if took_ms > warm_budget_ms => PathOutcome::Slow,
+        Ok(()) => PathOutcome::Ok,
+        Err(ProbeError::Ask(AskError::NoAnswer { .. })) => PathOutcome::Timeout,
+        Err(ProbeError::Failed(m)) if m.contains("timed out") || m.contains("timeout") => PathOutcome::Timeout,
+        Err(_) => PathOutcome::Error,
+    }
+}
+
 /// Probes every path of `pair` and localises the failures. `epochs`: the
 /// prefills restarted since the decodes last paired with them (a repair's
 /// earlier rounds), to tell a decode holding an old identity from a bad
@@ -60,16 +72,24 @@ pub async fn diagnose(agents: &dyn AgentPort, pair: &PairConfig, epochs: &[Epoch
                 bootstrap_port: prefill.bootstrap_port,
                 prefill_url: prefill.url.clone(),
             };
-            async move { (p, d, pd_probe(agents, &via, pair, path).await) }
+            async move {
+                let sent = tokio::time::Instant::now();
+                let result = pd_probe(agents, &via, pair, path).await;
+                (p, d, result, sent.elapsed())
+            }
         });
-        for (p, d, result) in futures::future::join_all(probes).await {
-            let Err(e) = result else { continue };
-            outcomes[p][d] = match &e {
-                ProbeError::Ask(AskError::NoAnswer { .. }) => PathOutcome::Timeout,
-                ProbeError::Failed(m) if m.contains("timed out") || m.contains("timeout") => PathOutcome::Timeout,
-                _ => PathOutcome::Error,
-            };
-            failures.push(format!("{} → {}: {e}", prefills[p].unit, decodes[d].unit));
+        for (p, d, result, took) in futures::future::join_all(probes).await {
+            let took_ms = u64::try_from(took.as_millis()).unwrap_or(u64::MAX);
+            outcomes[p][d] = outcome_of(&result, took_ms, pair.probe.warm_budget_ms);
+            let path = format!("{} → {}", prefills[p].unit, decodes[d].unit);
+            match (&result, outcomes[p][d]) {
+                (Err(e), _) => failures.push(format!("{path}: {e}")),
+                (Ok(()), PathOutcome::Slow) => failures.push(format!(
+                    "{path}: slow: answered in {took_ms} ms, over the {} ms warm budget",
+                    pair.probe.warm_budget_ms
+                )),
+                _ => {}
+            }
         }
     }
     let matrix = Matrix {
@@ -139,6 +159,23 @@ mod tests {
             assert_eq!(suspects[0].unit, "h1/decode-1");
             assert_eq!(d.failures.len(), np);
         }
+    }
+
+    /// An answer over the warm budget is slow (said, not a failure); a
+    /// timeout and an error are told apart.
+    #[test]
+    fn a_path_answering_past_the_warm_budget_is_slow_not_failed() {
+        assert_eq!(outcome_of(&Ok(()), 1_001, 1_000), PathOutcome::Slow);
+        assert!(!PathOutcome::Slow.failed());
+        assert_eq!(outcome_of(&Ok(()), 1_000, 1_000), PathOutcome::Ok);
+        assert_eq!(
+            outcome_of(&Err(ProbeError::Failed("request timed out".into())), 5, 1_000),
+            PathOutcome::Timeout
+        );
+        assert_eq!(
+            outcome_of(&Err(ProbeError::Failed("http 500".into())), 5, 1_000),
+            PathOutcome::Error
+        );
     }
 
     /// Every path healthy: healthy, nothing named.

@@ -480,6 +480,12 @@ fn a_3p2d_nixl_pool_restarts_only_the_sick_engine_and_what_does_not_localise_who
     assert_eq!(restarted, ["decode-1"], "only the sick decode");
     proven(&r);
     assert!(traffic.sent > 0, "{traffic}");
+    // `history` shows the matrices and what they pointed to.
+    let h = demo.cli(&["history", "demo"]).stdout;
+    assert!(
+        h.contains("local/decode-0  local/decode-1") && h.contains("the failures point to 1 engine(s):"),
+        "{h}"
+    );
 
     // A prefill with stale transfer state (smg-project/smg#2382).
     sim_fault(&demo.unit_url("prefill-1"), r#"{"stale_transfer_state": true}"#);
