@@ -92,6 +92,9 @@ pub struct ChatOutcome {
     /// `choices[0].logprobs.content`: the engine or router returns no
     /// logprobs. Nothing else follows from it here.
     pub answer_logprobs_missing: bool,
+    /// The answer's `kv_transfer_params` (a vLLM prefill asked with
+    /// `do_remote_decode`: what its decode needs to pull the KV), if any.
+    pub kv_transfer_params: Option<serde_json::Value>,
 }
 
 /// POSTs one probe-tagged, non-streaming, temperature-0 chat completion to
@@ -110,6 +113,14 @@ pub async fn chat_probe(client: &reqwest::Client, base_url: &str, chat: &ChatPro
 /// the prefill and to the decode at once, both probe-tagged; the decode's
 /// answer is the outcome (it holds only once the KV came over), the
 /// prefill's is awaited within the same timeout but decides nothing.
+///
+/// A prefill with no bootstrap port (`path.bootstrap_port` 0: a vLLM
+/// engine) is met as vLLM's PD proxy meets it
+/// (`tests/v1/kv_connector/nixl_integration/toy_proxy_server.py`): the
+/// prefill first, asked for one token with `kv_transfer_params`
+/// `do_remote_decode`, then the decode with the `kv_transfer_params` the
+/// prefill answered (its engine id, blocks, host and port), so the decode
+/// pulls that KV over the path.
 pub async fn pd_path_probe(
     client: &reqwest::Client,
     prefill_url: &str,
@@ -117,6 +128,9 @@ pub async fn pd_path_probe(
     chat: &ChatProbe,
     timeout: Duration,
 ) -> ChatOutcome {
+    if path.bootstrap_port == 0 {
+        return vllm_path_probe(client, prefill_url, path, chat, timeout).await;
+    }
     let mut body = chat_body(chat);
     body["bootstrap_host"] = path.bootstrap_host.clone().into();
     body["bootstrap_port"] = path.bootstrap_port.into();
@@ -128,6 +142,44 @@ pub async fn pd_path_probe(
         post_generation(client, &decode, &body, timeout)
     );
     outcome
+}
+
+/// [`pd_path_probe`] on vLLM's protocol: prefill, then decode with what it
+/// answered, both within `timeout` together.
+async fn vllm_path_probe(
+    client: &reqwest::Client,
+    prefill_url: &str,
+    path: &pdwarden_proto::v1::PdPath,
+    chat: &ChatProbe,
+    timeout: Duration,
+) -> ChatOutcome {
+    let started = Instant::now();
+    let body = chat_body(chat);
+    let mut first = body.clone();
+    first["max_tokens"] = 1.into();
+    first["kv_transfer_params"] = json!({
+        "do_remote_decode": true,
+        "do_remote_prefill": false,
+        "remote_engine_id": null,
+        "remote_block_ids": null,
+        "remote_host": null,
+        "remote_port": null,
+    });
+    let prefill = format!("{}/v1/chat/completions", prefill_url.trim_end_matches('/'));
+    let mut p = post_generation(client, &prefill, &first, timeout).await;
+    if p.outcome != ProbeOutcome::Ok {
+        p.error = format!("prefill {prefill_url}: {}", p.error);
+        return p;
+    }
+    let mut second = body;
+    if let Some(params) = p.kv_transfer_params.take() {
+        second["kv_transfer_params"] = params;
+    }
+    let decode = format!("{}/v1/chat/completions", path.decode_url.trim_end_matches('/'));
+    let left = timeout.saturating_sub(started.elapsed());
+    let mut d = post_generation(client, &decode, &second, left).await;
+    d.latency = started.elapsed();
+    d
 }
 
 /// The alternatives a greedy probe asks for at each position: five (the
@@ -204,6 +256,7 @@ pub async fn engine_completion(client: &reqwest::Client, base_url: &str, timeout
                 finish_reason: String::new(),
                 answer: Vec::new(),
                 answer_logprobs_missing: false,
+                kv_transfer_params: None,
             };
         }
         Err(_) => {
@@ -218,6 +271,7 @@ pub async fn engine_completion(client: &reqwest::Client, base_url: &str, timeout
                 finish_reason: String::new(),
                 answer: Vec::new(),
                 answer_logprobs_missing: false,
+                kv_transfer_params: None,
             };
         }
     };
@@ -267,6 +321,7 @@ async fn post_generation(
     let mut finish_reason = String::new();
     let mut answer = Vec::new();
     let mut answer_logprobs_missing = false;
+    let mut kv_transfer_params = None;
     let exchange = async {
         let resp = client
             .post(url)
@@ -287,6 +342,7 @@ async fn post_generation(
         let value: serde_json::Value =
             serde_json::from_str(&text).map_err(|e| format!("response is not JSON ({e}): {}", snippet(&text)))?;
         tokens = completion_tokens(&value);
+        kv_transfer_params = value.get("kv_transfer_params").filter(|v| !v.is_null()).cloned();
         let finish = value.pointer("/choices/0/finish_reason").and_then(finish_reason_of);
         if let Some((reason, _)) = &finish {
             finish_reason.clone_from(reason);
@@ -339,6 +395,7 @@ async fn post_generation(
         finish_reason,
         answer,
         answer_logprobs_missing,
+        kv_transfer_params,
     }
 }
 
@@ -1122,6 +1179,43 @@ mod tests {
         );
         assert_eq!(p, d, "the same body to both");
         assert_eq!((d["logprobs"].clone(), d["seed"].clone()), (json!(true), json!(0)));
+    }
+
+    /// Issue 37: a prefill with no bootstrap port (vLLM) is met as vLLM's
+    /// PD proxy meets it: one token with `do_remote_decode`, then the
+    /// decode with the `kv_transfer_params` the prefill answered; the
+    /// decode's answer is the outcome.
+    #[tokio::test]
+    async fn a_vllm_path_probe_hands_the_prefills_kv_params_to_the_decode() {
+        let (prefill, prefill_bodies) = recording(
+            r#"{"choices":[{"message":{"content":"x"},"finish_reason":"length"}],"usage":{"completion_tokens":1},"kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":false,"remote_engine_id":"e-1","remote_block_ids":[3,4],"remote_host":"127.0.0.1","remote_port":5600}}"#,
+        )
+        .await;
+        let (decode, decode_bodies) = recording(VLLM_GREEDY).await;
+        let path = pdwarden_proto::v1::PdPath {
+            decode_url: decode,
+            bootstrap_host: "127.0.0.1".into(),
+            bootstrap_port: 0,
+            prefill_url: String::new(),
+        };
+        let r = pd_path_probe(&http_client(), &prefill, &path, &greedy(2), Duration::from_secs(10)).await;
+        assert_eq!(r.outcome, ProbeOutcome::Ok, "{r:?}");
+        assert_eq!(r.answer.len(), 2, "the decode's answer: {r:?}");
+        let (p, d) = (
+            prefill_bodies.lock().unwrap().pop().unwrap(),
+            decode_bodies.lock().unwrap().pop().unwrap(),
+        );
+        assert_eq!(p["max_tokens"], 1);
+        assert_eq!(p["kv_transfer_params"]["do_remote_decode"], true);
+        assert_eq!(d["max_tokens"], 2);
+        assert_eq!(d["kv_transfer_params"]["remote_engine_id"], "e-1");
+        assert_eq!(d["kv_transfer_params"]["remote_block_ids"], json!([3, 4]));
+        assert!(d.get("bootstrap_port").is_none(), "{d}");
+        // A prefill that fails: the path fails, naming the prefill.
+        let (bad, _) = recording(r#"{"object":"error","message":"boom","code":500}"#).await;
+        let r = pd_path_probe(&http_client(), &bad, &path, &greedy(2), Duration::from_secs(10)).await;
+        assert_ne!(r.outcome, ProbeOutcome::Ok, "{r:?}");
+        assert!(r.error.starts_with("prefill "), "{r:?}");
     }
 
     /// Property (issue 34): an answer is bounded whatever the engine sends:

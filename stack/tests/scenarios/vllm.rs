@@ -134,6 +134,17 @@ fn real_vllm_pair_restarts_in_order_gated_on_real_generation() {
     );
     set_faults(&proxy, "{}");
 
+    // The path matrix on real vLLM engines (issue 37): the directed probe
+    // meets a prefill with no bootstrap port as vLLM's PD proxy does (one
+    // token with `do_remote_decode`, then the decode with the prefill's
+    // `kv_transfer_params`); both real engines take it.
+    let d = held.cli_within(&["diagnose", "demo", "--json"], LIMIT);
+    let m = d.json();
+    assert_eq!(d.code, 0, "{m:#}");
+    assert_eq!(m["localisation"]["kind"], "healthy", "{m:#}");
+    assert_eq!(m["matrix"]["cells"], serde_json::json!([["ok"]]), "{m:#}");
+    println!("real vLLM, path matrix: 1 path ok in {} ms", m["took_ms"]);
+
     // Golden output on the real engines (issue 34): each engine reads its
     // own checkpoint copy (`<demo dir>/checkpoints/<unit>`). The decode's
     // replaced on disk under the same path — same argv, same config
