@@ -293,7 +293,8 @@ fn decode_start_policy(args: &DemoArgs) -> anyhow::Result<DecodeStartPolicy> {
 
 /// The stack's shapes that do not combine: the incident drills run on a
 /// 1P1D pair, `--shared-router` is two 1P1D pairs, and `--rolling` needs N
-/// prefills and N decodes (N >= 2) of one pair.
+/// prefills and N decodes (N >= 2) of one pair whose link keeps no peer
+/// state (`--kv-transfer nixl`, issue 37).
 fn check_stack_shape(args: &DemoArgs, xpyd: bool) -> anyhow::Result<()> {
     if xpyd && args.incident.is_some() {
         bail!("--prefills/--decodes: the incident drills run on a 1P1D pair, not with --incident");
@@ -308,6 +309,11 @@ fn check_stack_shape(args: &DemoArgs, xpyd: bool) -> anyhow::Result<()> {
             "--rolling: an xPyD pair of N prefills and N decodes (N >= 2, e.g. --prefills 2 --decodes 2), not with --shared-router or --incident; got --prefills {} --decodes {}",
             args.prefills,
             args.decodes
+        );
+    }
+    if args.rolling && args.kv_transfer != crate::args::DemoKvTransfer::Nixl {
+        bail!(
+            "--rolling: the engines' KV link keeps state about their peers (--kv-transfer sglang or address: a restarted prefill leaves every decode its old identity), so no sub-pair can go back while the others serve; add --kv-transfer nixl"
         );
     }
     Ok(())

@@ -30,7 +30,7 @@ use pdwarden_proto::v1::{OperationStarted, OperationUpdate, operation_update};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
-use crate::config::{PairConfig, ServingRouterConfig};
+use crate::config::{KvTransfer, PairConfig, ServingRouterConfig};
 use crate::ops::OperationContext;
 use crate::ops::corestart::OperationKind;
 use crate::ops::journal::JournalError;
@@ -95,7 +95,25 @@ pub fn check(pair: &PairConfig) -> Result<(), NotRollable> {
     if p < 2 {
         return Err(NotRollable::OneSubPair { pair: name });
     }
-    Ok(())
+    // What the KV link remembers decides it before anything restarts
+    // (issue 37, restart epochs): a restarted prefill leaves every decode
+    // that met it its old identity, and (SGLang) a decode restarted without
+    // the prefills that served it keeps a degraded bootstrap — no sub-pair
+    // could go back while the others serve (it used to be found out from
+    // the failing paths at the first sub-pair's rejoin, which kept it out).
+    match pair.kv_transfer {
+        KvTransfer::Nixl => Ok(()),
+        KvTransfer::Sglang => Err(NotRollable::PeerState {
+            pair: name,
+            kv_transfer: "sglang",
+            why: "a restarted prefill leaves every decode its old identity, and a decode restarted without the prefills that served it keeps a degraded bootstrap (INCIDENTS row 1)",
+        }),
+        KvTransfer::Address => Err(NotRollable::PeerState {
+            pair: name,
+            kv_transfer: "address",
+            why: "a restarted prefill leaves every decode its old identity",
+        }),
+    }
 }
 
 /// Why a pair cannot be restarted `--rolling` (refused before anything
@@ -120,6 +138,14 @@ pub enum NotRollable {
         "--rolling: pair {pair} has one prefill and one decode: there is no other sub-pair to serve while it restarts; restart it without --rolling"
     )]
     OneSubPair { pair: String },
+    #[error(
+        "--rolling: pair {pair} has a KV link that keeps state about its peers (kv_transfer = \"{kv_transfer}\"): {why}, so no sub-pair can go back while the others serve; restart it whole (restart pd-pair {pair}), or --only-sick for what is sick"
+    )]
+    PeerState {
+        pair: String,
+        kv_transfer: &'static str,
+        why: &'static str,
+    },
 }
 
 /// Sub-pair `i` of `pair` as a pair of its own: prefill i and decode i, no
@@ -484,8 +510,11 @@ pub(crate) mod tests {
 
     const ENGINES: [&str; 4] = ["prefill-0", "prefill-1", "decode-0", "decode-1"];
 
+    /// A 2P2D pool whose link keeps no peer state (NIXL): rollable.
     pub(crate) fn pair() -> PairConfig {
-        crate::ops::fake_agent::rig::xpyd_pair(2, 2, "")
+        let mut p = crate::ops::fake_agent::rig::xpyd_pair(2, 2, "");
+        p.kv_transfer = KvTransfer::Nixl;
+        p
     }
 
     /// Host h1: the four engines and router-0, which lists all of them.
@@ -772,6 +801,18 @@ pub(crate) mod tests {
                     "[pair.serving_router]\nhost = \"h1\"\nunit = \"router-9\"\n",
                 ),
                 "is behind a serving router",
+            ),
+            (
+                crate::ops::fake_agent::rig::xpyd_pair(2, 2, ""),
+                "keeps state about its peers (kv_transfer = \"sglang\")",
+            ),
+            (
+                {
+                    let mut a = pair();
+                    a.kv_transfer = KvTransfer::Address;
+                    a
+                },
+                "a restarted prefill leaves every decode its old identity",
             ),
         ] {
             let e = check(&p).unwrap_err().to_string();
