@@ -621,6 +621,12 @@ fn resume_interrupted(ctx: &OperationContext, config: &OrchestratorConfig) -> Re
         .filter(|o| o.kind == crate::ops::rolling::KIND && config.pair(&o.pair).is_some())
         .map(|o| format!("{}{}", o.pair, crate::ops::rolling::CHILD_SUFFIX))
         .collect();
+    // Likewise a repair's (issue 37), on `PAIR#repair`.
+    let repairs: BTreeSet<String> = unfinished
+        .iter()
+        .filter(|o| o.kind == crate::ops::repair::KIND && config.pair(&o.pair).is_some())
+        .map(|o| format!("{}{}", o.pair, crate::ops::repair::CHILD_SUFFIX))
+        .collect();
     for op in unfinished {
         let pair = config.pair(&op.pair).cloned();
         match (op.kind.as_str(), pair) {
@@ -640,8 +646,25 @@ fn resume_interrupted(ctx: &OperationContext, config: &OrchestratorConfig) -> Re
                     }
                 });
             }
-            // A roll's own child: the roll, taken over above, resumes it.
-            _ if rolling.contains(&op.pair) => {}
+            (crate::ops::repair::KIND, Some(pair)) => {
+                tracing::warn!(operation = %op.operation_id, pair = %op.pair, state = %op.state, "taking over interrupted repair once its agents re-attach");
+                let (ctx, grace) = (ctx.clone(), Duration::from_millis(config.resume_grace_ms));
+                let (journal, id) = (ctx.journal.clone(), op.operation_id.clone());
+                crate::ops::spawn_guarded(journal, id, async move {
+                    if agents_reattached(&ctx, &pair, &op, grace).await {
+                        crate::ops::repair::resume(ctx, pair, op).await;
+                    } else {
+                        crate::ops::repair::abandon(
+                            &ctx.journal,
+                            &pair,
+                            "its repair could not be resumed: its agents did not re-attach",
+                        );
+                    }
+                });
+            }
+            // A roll's or a repair's own child: its parent, taken over
+            // above, resumes it.
+            _ if rolling.contains(&op.pair) || repairs.contains(&op.pair) => {}
             ("gate", Some(pair)) => {
                 tracing::warn!(operation = %op.operation_id, pair = %op.pair, state = %op.state, "taking over interrupted gate once its agents re-attach");
                 let (ctx, grace) = (ctx.clone(), Duration::from_millis(config.resume_grace_ms));

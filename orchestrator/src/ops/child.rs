@@ -61,3 +61,22 @@ pub async fn run<E: Serialize>(
     let _ = forward.await;
     Ok(report)
 }
+
+/// Concludes `failed` every operation still running on `child_pair` (a
+/// parent concluded without resuming its child), saying `why`.
+pub fn abandon(journal: &crate::ops::journal::Journal, child_pair: &str, why: &str) {
+    for op in journal
+        .unfinished()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|o| o.pair == child_pair)
+    {
+        let report = serde_json::json!({
+            "operation_id": op.operation_id, "pair": op.pair, "kind": op.kind, "verdict": "failed",
+            "reasons": [format!("{why} (state {}): check the pair's units", op.state)],
+        });
+        if let Err(e) = journal.conclude(&op.operation_id, "failed", &report) {
+            tracing::error!(operation = %op.operation_id, error = %e, "could not conclude a child operation");
+        }
+    }
+}

@@ -26,8 +26,10 @@
 //! after its own restart), the whole pair's ordered co-restart runs
 //! instead, and the report says why. The state machine is `machine`; each
 //! child is its own journaled operation, as a rolling restart's are.
-//! An orchestrator killed mid-repair does not resume it: the repair and
-//! its child are concluded failed at the next start, saying so.
+//! An orchestrator killed mid-repair resumes it from its last journaled
+//! state: the child in flight is resumed from the journal and the agents'
+//! facts (`corestart::resume`: no engine started twice, none left stopped
+//! or out of the router), then the repair goes on.
 
 use pdwarden_proto::v1::{OperationStarted, OperationUpdate, operation_update};
 use tokio::sync::mpsc;
@@ -36,6 +38,7 @@ use crate::config::{PairConfig, ServingRouterConfig};
 use crate::ops::OperationContext;
 use crate::ops::corestart::OperationKind;
 use crate::ops::journal::JournalError;
+use crate::ops::machine::Transition;
 use crate::ops::recorder::Recorder;
 use pdwarden_model::report::OperationReport;
 
@@ -104,6 +107,55 @@ pub fn sick_part(pair: &PairConfig, units: &[String]) -> PairConfig {
     part
 }
 
+/// A child as the repair journals it before it begins (must-write).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct ChildEntry {
+    operation_id: String,
+    child: Child,
+    kind: String,
+}
+
+/// Takes over a repair an earlier orchestrator left running, from its
+/// last journaled state (module docs). Nobody follows it live; its report
+/// is journaled.
+pub async fn resume(
+    ctx: OperationContext,
+    pair: PairConfig,
+    op: pdwarden_model::status::OperationRecord,
+) -> OperationReport {
+    let (tx, _rx) = mpsc::unbounded_channel();
+    let rec = Recorder::new(op.operation_id.clone(), ctx.journal.clone(), tx);
+    let note = format!(
+        "resumed after an orchestrator restart: the repair was in state {}",
+        op.state
+    );
+    rec.journal("resumed", &serde_json::json!({ "note": note }));
+    let recovery = !rec
+        .journal
+        .read::<serde_json::Value>(&op.operation_id, "trigger")
+        .unwrap_or_default()
+        .is_empty();
+    let repairer = Repairer { ctx, pair, rec };
+    let machine = Repairing {
+        pair: &repairer.pair,
+        recovery,
+    };
+    let last: Option<Repair> = repairer.rec.journal.last_state(&op.operation_id).ok().flatten();
+    let start = match last {
+        // Nothing past the opening: the diagnosis reads only.
+        None => Repairing::start(),
+        Some(state) => repairer.going_on_from(&machine, state).await,
+    };
+    let last = crate::ops::machine::run(&machine, &repairer.rec, start, |effect| repairer.carry(effect)).await;
+    repairer.conclude(last, None, Some(note))
+}
+
+/// Concludes `failed` whatever of `pair`'s repair is still running on
+/// `PAIR#repair` (its repair concluded without resuming it), saying `why`.
+pub fn abandon(journal: &crate::ops::journal::Journal, pair: &PairConfig, why: &str) {
+    crate::ops::child::abandon(journal, &format!("{}{CHILD_SUFFIX}", pair.name), why);
+}
+
 /// Runs a repair whose journal row exists (`kind` [`KIND`]) to its report.
 /// `recovery`: an automatic recovery (a clean matrix does not clear it).
 pub async fn run(
@@ -129,7 +181,7 @@ pub async fn run(
         repairer.carry(effect)
     })
     .await;
-    repairer.conclude(last, evidence)
+    repairer.conclude(last, evidence, None)
 }
 
 struct Repairer {
@@ -180,6 +232,82 @@ impl Repairer {
         ))
     }
 
+    /// Where a resumed repair goes on from its last journaled `state`: the
+    /// effect that state asked for again, or — a child in flight — that
+    /// child resumed (or its conclusion read back) and the step on it.
+    async fn going_on_from(&self, machine: &Repairing<'_>, state: Repair) -> Transition<Repair, RepairEffect> {
+        let child = match &state {
+            Repair::Diagnosing { so_far, .. } => {
+                let epochs = so_far.epochs.clone();
+                return Transition::then(state, RepairEffect::Diagnose { epochs });
+            }
+            Repair::Rejoining { .. } => return Transition::then(state, RepairEffect::Rejoin),
+            Repair::Concluded { .. } => return Transition::to(state),
+            Repair::Restarting { round, units, .. } => Child::Restart {
+                round: *round,
+                units: units.clone(),
+            },
+            Repair::CoRestartingPair { .. } => Child::WholePair,
+            Repair::VerifyingPair { .. } => Child::Verify,
+        };
+        let journal = &self.rec.journal;
+        let entry = journal
+            .read::<ChildEntry>(&self.rec.operation_id, CHILD_OPERATION)
+            .unwrap_or_default()
+            .into_iter()
+            .last()
+            .filter(|e| e.child == child);
+        // Never begun (killed between its entry and its start): run it.
+        let Some(entry) = entry else {
+            return Transition::then(state, RepairEffect::RunChild(child));
+        };
+        let child_pair = format!("{}{CHILD_SUFFIX}", self.pair.name);
+        let in_flight = journal
+            .unfinished()
+            .unwrap_or_default()
+            .into_iter()
+            .find(|o| o.operation_id == entry.operation_id);
+        let report = match in_flight {
+            Some(op) => {
+                let task = crate::ops::corestart::resume(self.ctx.clone(), self.config_of(&child), op);
+                match crate::ops::guarded(journal, &entry.operation_id, task).await {
+                    Ok(r) => Some(r),
+                    Err(panic) => std::panic::resume_unwind(Box::new(panic.0)),
+                }
+            }
+            None => journal
+                .history(&child_pair, 100)
+                .ok()
+                .and_then(|h| h.into_iter().find(|o| o.operation_id == entry.operation_id))
+                .and_then(|o| o.report)
+                .and_then(|r| serde_json::from_value::<OperationReport>(r).ok()),
+        };
+        match report {
+            Some(report) => {
+                use crate::ops::machine::Machine;
+                machine.step(
+                    state,
+                    RepairEvent::ChildConcluded {
+                        child,
+                        report: Box::new(report),
+                    },
+                    self.rec.now_ms(),
+                )
+            }
+            // Unreadable: run it again (restarting a generating engine is
+            // safe; trusting an unknown one is not).
+            None => Transition::then(state, RepairEffect::RunChild(child)),
+        }
+    }
+
+    /// The pair a child runs on.
+    fn config_of(&self, child: &Child) -> PairConfig {
+        match child {
+            Child::Restart { units, .. } => sick_part(&self.pair, units),
+            Child::WholePair | Child::Verify => self.pair.clone(),
+        }
+    }
+
     async fn carry(&self, effect: RepairEffect) -> Option<RepairEvent> {
         match effect {
             RepairEffect::Diagnose { epochs } => {
@@ -226,23 +354,24 @@ impl Repairer {
 
     /// Runs `child` on `PAIR#repair`, journaled (must-write) before it begins.
     async fn child(&self, child: &Child) -> Result<OperationReport, JournalError> {
-        let (kind, config) = match child {
-            Child::Restart { units, .. } => (OperationKind::CoRestart, sick_part(&self.pair, units)),
-            Child::WholePair => (OperationKind::CoRestart, self.pair.clone()),
-            Child::Verify => (
-                OperationKind::Verify {
-                    include_abort_storm: false,
-                },
-                self.pair.clone(),
-            ),
+        let kind = match child {
+            Child::Restart { .. } | Child::WholePair => OperationKind::CoRestart,
+            Child::Verify => OperationKind::Verify {
+                include_abort_storm: false,
+            },
         };
+        let config = self.config_of(child);
         let child_pair = format!("{}{CHILD_SUFFIX}", self.pair.name);
         crate::ops::child::run(
             &self.ctx,
             &self.rec,
             &child_pair,
             CHILD_OPERATION,
-            |id| serde_json::json!({ "operation_id": id, "child": child, "kind": kind.as_str() }),
+            |id| ChildEntry {
+                operation_id: id.into(),
+                child: child.clone(),
+                kind: kind.as_str().into(),
+            },
             kind,
             config,
         )
@@ -250,8 +379,14 @@ impl Repairer {
     }
 
     /// The repair's report, journaled and sent.
-    fn conclude(&self, last: Repair, evidence: Option<pdwarden_model::forensics::CaptureSummary>) -> OperationReport {
+    fn conclude(
+        &self,
+        last: Repair,
+        evidence: Option<pdwarden_model::forensics::CaptureSummary>,
+        note: Option<String>,
+    ) -> OperationReport {
         let mut so_far: SoFar = last.into_so_far();
+        so_far.reasons.extend(note);
         if let Some(e) = self.rec.journal_failure()
             && so_far.verdict.is_healthy()
         {
@@ -411,6 +546,81 @@ mod tests {
         };
         assert_eq!(suspects[0].unit, "h1/decode-0");
         assert!(suspects[0].why.contains("old bootstrap identity"), "{suspects:?}");
+    }
+
+    /// Every journal entry of the repair and its children so far.
+    fn entries_so_far(journal: &crate::ops::journal::Journal, id: &str) -> usize {
+        let children: Vec<ChildEntry> = journal.read(id, CHILD_OPERATION).unwrap();
+        journal.entries(id).unwrap().len()
+            + children
+                .iter()
+                .map(|c| journal.entries(&c.operation_id).map(|e| e.len()).unwrap_or(0))
+                .sum::<usize>()
+    }
+
+    /// The orchestrator killed at every point of a repair (after each
+    /// journal entry of the repair or of a child), a new one taking it
+    /// over: the repair concludes healthy, the sick decode was started
+    /// exactly once and nothing else, every engine is back in the router,
+    /// nothing is left running.
+    #[tokio::test(start_paused = true)]
+    async fn killed_at_every_point_the_repair_restarts_the_sick_engine_once() {
+        let mut killed_in = std::collections::BTreeSet::new();
+        let engines = ["prefill-0", "prefill-1", "decode-0", "decode-1"];
+        let whole = crate::ops::fake_agent::rig::kill_at_every_point(
+            async || {
+                let dir = tempfile::tempdir().unwrap();
+                let journal = journal(&dir);
+                let agent = agent(2, 2);
+                for p in ["prefill-0", "prefill-1"] {
+                    agent.break_kv_path_until_restart(&url(p), &url("decode-1"), "decode-1");
+                }
+                let id = uuid::Uuid::new_v4().to_string();
+                journal.begin(&id, KIND, "p", None).unwrap();
+                let ctx = orchestrator(&journal, &agent).await;
+                (dir, journal, agent, id, ctx)
+            },
+            |(_, _, _, id, ctx)| {
+                let (tx, _rx) = mpsc::unbounded_channel();
+                run(ctx.clone(), nixl_pool(2, 2), id.clone(), false, tx)
+            },
+            |(_, journal, _, id, _)| entries_so_far(journal, id),
+            async |k, (_dir, journal, agent, _, _)| {
+                let unfinished = journal.unfinished().unwrap();
+                let op = unfinished
+                    .iter()
+                    .find(|o| o.kind == KIND)
+                    .expect("the repair is unfinished")
+                    .clone();
+                killed_in.insert(op.state.clone());
+                let report = resume(orchestrator(&journal, &agent).await, nixl_pool(2, 2), op).await;
+                let at = format!("killed after entry {k}");
+                assert_eq!(report.verdict, VerdictKind::Healthy, "{at}: {:#?}", report.reasons);
+                assert_eq!(agent.starts_of("decode-1"), 1, "{at}: {:?}", agent.executed());
+                for u in ["prefill-0", "prefill-1", "decode-0", "router-0"] {
+                    assert_eq!(agent.starts_of(u), 0, "{at}: {u} started");
+                }
+                let mut listed = agent.router_lists();
+                listed.sort();
+                let mut all = engines.map(url).to_vec();
+                all.sort();
+                assert_eq!(listed, all, "{at}");
+                assert!(journal.unfinished().unwrap().is_empty(), "{at}");
+                assert!(
+                    report
+                        .reasons
+                        .iter()
+                        .any(|r| r.starts_with("resumed after an orchestrator restart")),
+                    "{at}: {:#?}",
+                    report.reasons
+                );
+            },
+        )
+        .await;
+        assert!(whole > 20, "{whole}");
+        for s in ["diagnosing", "restarting", "rejoining", "verifying_pair"] {
+            assert!(killed_in.contains(s), "never killed in {s}: {killed_in:?}");
+        }
     }
 
     /// Two engines of a 2P2D pool fail at once (a whole side's worth), and

@@ -299,21 +299,7 @@ pub async fn resume(ctx: OperationContext, pair: PairConfig, op: OperationRecord
 /// Concludes `failed` whatever of `pair`'s roll is still running on
 /// `PAIR#roll` (its roll concluded without resuming it), saying `why`.
 pub fn abandon(journal: &crate::ops::journal::Journal, pair: &PairConfig, why: &str) {
-    let child_pair = format!("{}{CHILD_SUFFIX}", pair.name);
-    for op in journal
-        .unfinished()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|o| o.pair == child_pair)
-    {
-        let report = serde_json::json!({
-            "operation_id": op.operation_id, "pair": op.pair, "kind": op.kind, "verdict": "failed",
-            "reasons": [format!("{why} (state {}): check the pair's units", op.state)],
-        });
-        if let Err(e) = journal.conclude(&op.operation_id, "failed", &report) {
-            tracing::error!(operation = %op.operation_id, error = %e, "could not conclude a roll's child");
-        }
-    }
+    crate::ops::child::abandon(journal, &format!("{}{CHILD_SUFFIX}", pair.name), why);
 }
 
 /// A roll under way: what carries out its machine's effects.
