@@ -171,14 +171,25 @@ impl DemoArgs {
         }
     }
 
+    /// `extra` with what `--kv-transfer` adds, unless `extra` names the
+    /// engines' link itself (the pair then declares one link and the
+    /// engines have another: a misdeclared pool).
+    fn with_kv_transfer(&self, extra: &str) -> String {
+        if extra.contains("--kv-transfer") {
+            extra.to_string()
+        } else {
+            format!("{extra}{}", self.kv_transfer_arg())
+        }
+    }
+
     /// `--prefill-sim`, with what `--kv-transfer` adds.
     pub fn prefill_sim_args(&self) -> String {
-        format!("{}{}", self.prefill_sim, self.kv_transfer_arg())
+        self.with_kv_transfer(&self.prefill_sim)
     }
 
     /// `--decode-sim`, with what `--kv-transfer` adds.
     pub fn decode_sim_args(&self) -> String {
-        format!("{}{}", self.decode_sim, self.kv_transfer_arg())
+        self.with_kv_transfer(&self.decode_sim)
     }
 }
 

@@ -217,9 +217,12 @@ pub fn localise(m: &Matrix, epochs: &[Epoch]) -> Localisation {
             .filter(|&d| m.cells[p][d].failed())
             .map(|d| m.decodes[d].as_str())
             .collect();
-        if fails < nd && !failing_decodes.is_empty() && failing_decodes.iter().all(|d| stale.contains(d)) {
-            // Only the decodes that held its old identity fail with it:
-            // they are what is stale, not the restarted prefill.
+        if !failing_decodes.is_empty() && failing_decodes.iter().all(|d| stale.contains(d)) {
+            // Only decodes that held its old identity fail with it (all of
+            // them, when every decode had met it): they are what is stale,
+            // not the prefill just restarted and proven. If the prefill is
+            // bad after all, their restart does not help, and the caller's
+            // next round says so.
             for d in failing_decodes {
                 suspects.push(Suspect {
                     unit: d.to_string(),
@@ -297,6 +300,10 @@ mod tests {
             unreachable!()
         };
         assert!(suspects[0].why.contains("old bootstrap identity"), "{:?}", suspects[0]);
+        // Every decode met the restarted prefill and all fail with it: the
+        // decodes, not the prefill again.
+        let m2 = matrix(2, 2, vec![vec![E, E], vec![O, O]]);
+        assert_eq!(units(&localise(&m2, &epochs)), ["decode-0", "decode-1"]);
         // Without the epoch, the one failing path is the prefill's or the
         // decode's: the smallest cover names one of them (the prefill row
         // sorts first), never both.

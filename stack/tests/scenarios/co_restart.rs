@@ -473,8 +473,18 @@ fn a_3p2d_nixl_pool_restarts_only_the_sick_engine_and_what_does_not_localise_who
         assert_eq!(subs.last().unwrap()["kind"], "verify", "{r:#}");
     };
 
-    // A decode failing every KV transfer.
+    // A decode failing every KV transfer. A verification fails, and its
+    // report carries the path matrix naming the decode.
     sim_fault(&demo.unit_url("decode-1"), r#"{"kv_fail_every": 1}"#);
+    let v = demo.cli_within(&["verify", "demo", "--json"], Duration::from_secs(120));
+    let vr = v.json();
+    assert_eq!(v.code, 2, "{vr:#}");
+    assert_eq!(named(&vr), ["local/decode-1"], "{vr:#}");
+    assert!(
+        crate::harness::reasons(&vr).contains("path matrix: 3 of 6 paths fail; they point to local/decode-1"),
+        "{}",
+        crate::harness::reasons(&vr)
+    );
     let (r, restarted, traffic) = repair("decode-1 failing every transfer");
     assert_eq!(named(&r), ["local/decode-1"], "{r:#}");
     assert_eq!(restarted, ["decode-1"], "only the sick decode");
@@ -625,6 +635,84 @@ fn the_watch_recovers_an_xpyd_pool_by_restarting_only_the_sick_engine() {
     assert_eq!(restarted, ["decode-1"], "only the sick decode");
     assert!(r["verdict"].as_str().unwrap().starts_with("healthy"), "{r:#}");
     assert_eq!(watch["state"], "healthy", "{watch:#}");
+}
+
+/// Issue 37, restart epochs through the real sglang-router: a 2P2D pool
+/// declared `nixl` (engines restart alone) whose engines in fact cache each
+/// prefill's identity by address (pd-sim `--kv-transfer address`). A prefill
+/// with stale transfer state is named and restarted alone; the next matrix
+/// shows both decodes failing with it, and the epoch (prefill-0 restarted
+/// after they had met it) names them as holding its old identity — not the
+/// prefill again; they restart; every path answers; the pair is verified.
+#[test]
+fn a_decode_holding_a_restarted_prefills_old_identity_is_named_by_the_epoch() {
+    let _one = exclusive();
+    let demo = HeldDemo::start(
+        &[
+            "--prefills",
+            "2",
+            "--decodes",
+            "2",
+            "--kv-transfer",
+            "nixl",
+            "--prefill-sim",
+            "--kv-transfer address",
+            "--decode-sim",
+            "--kv-transfer address",
+            "--no-auto-recover",
+        ],
+        Duration::from_secs(180),
+    );
+    assert!(
+        demo.report["verdict"].as_str().unwrap().starts_with("healthy"),
+        "{:#}",
+        demo.report
+    );
+    let units = ["prefill-0", "prefill-1", "decode-0", "decode-1"];
+    let before: Vec<u32> = units.iter().map(|u| demo.unit_pid(u)).collect();
+    sim_fault(&demo.unit_url("prefill-0"), r#"{"stale_transfer_state": true}"#);
+    let client = Client::start(&demo.unit_url("router-0"));
+    let out = demo.cli_within(
+        &["restart", "pd-pair", "demo", "--only-sick", "--json"],
+        Duration::from_secs(300),
+    );
+    let traffic = client.stop();
+    let r = out.json();
+    let restarted: Vec<&str> = units
+        .iter()
+        .zip(&before)
+        .filter(|(u, b)| demo.unit_pid(u) != **b)
+        .map(|(u, _)| *u)
+        .collect();
+    println!(
+        "misdeclared link, prefill-0 stale: restart --only-sick {} in {} ms, restarted {restarted:?}; client meanwhile: {traffic}\n{}",
+        r["verdict"],
+        r["total_ms"],
+        crate::harness::reasons(&r)
+    );
+    let named = |i: usize| -> Vec<String> {
+        r["diagnoses"][i]["localisation"]["suspects"]
+            .as_array()
+            .map(|s| s.iter().filter_map(|x| x["unit"].as_str().map(String::from)).collect())
+            .unwrap_or_default()
+    };
+    assert_eq!(named(0), ["local/prefill-0"], "{r:#}");
+    assert_eq!(named(1), ["local/decode-0", "local/decode-1"], "{r:#}");
+    assert!(
+        r["diagnoses"][1]["localisation"]["suspects"][0]["why"]
+            .as_str()
+            .unwrap()
+            .contains("old bootstrap identity"),
+        "{r:#}"
+    );
+    assert_eq!(
+        restarted,
+        ["prefill-0", "decode-0", "decode-1"],
+        "prefill-1 keeps running"
+    );
+    assert_eq!(r["diagnoses"][2]["localisation"]["kind"], "healthy", "{r:#}");
+    assert!(r["verdict"].as_str().unwrap().starts_with("healthy"), "{r:#}");
+    assert!(traffic.sent > 0, "{traffic}");
 }
 
 /// A client sending chat requests through a router from its own thread
