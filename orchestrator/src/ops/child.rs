@@ -80,3 +80,61 @@ pub fn abandon(journal: &crate::ops::journal::Journal, child_pair: &str, why: &s
         }
     }
 }
+
+/// What a parent operation (a roll, a repair) concluded, in its own words.
+pub struct ParentConclusion {
+    pub kind: &'static str,
+    pub verdict: pdwarden_model::judge::verdict::VerdictKind,
+    pub reasons: Vec<String>,
+    pub children: Vec<pdwarden_model::report::ChildOperation>,
+    pub evidence: Option<pdwarden_model::forensics::CaptureSummary>,
+    pub diagnoses: Vec<pdwarden_model::judge::paths::Diagnosis>,
+}
+
+/// A parent operation's report — its children, not probes of its own —
+/// journaled as its conclusion and sent to whoever follows it. A
+/// conclusion that cannot be written is said in the report.
+pub fn conclude_parent(parent: &Recorder, pair: &PairConfig, c: ParentConclusion) -> OperationReport {
+    let mut report = OperationReport {
+        operation_id: parent.operation_id.clone(),
+        pair: pair.name.clone(),
+        kind: c.kind.into(),
+        decode_start_policy: pair.decode_start_policy.as_str().into(),
+        verdict: c.verdict,
+        reasons: c.reasons,
+        steps: parent.steps(),
+        timeline: Vec::new(),
+        probes: Vec::new(),
+        attempts: Vec::new(),
+        probe_latency: pdwarden_model::judge::stats::summarize(&[]),
+        suite: Vec::new(),
+        warnings: Vec::new(),
+        budgets: None,
+        engine_counters: Vec::new(),
+        router_counters: Vec::new(),
+        warm_budget_ms: pair.probe.warm_budget_ms,
+        cold_allowance: pdwarden_model::judge::verdict::ColdAllowance::Configured {
+            ms: pair.probe.cold_allowance_ms,
+            why: String::new(),
+        },
+        fingerprint: String::new(),
+        drain: None,
+        sub_operations: c.children,
+        golden: None,
+        golden_paths: Vec::new(),
+        evidence: c.evidence,
+        diagnoses: c.diagnoses,
+        total_ms: parent.now_ms(),
+    };
+    if let Err(e) = parent
+        .journal
+        .conclude(&report.operation_id, report.verdict.as_str(), &report)
+    {
+        tracing::error!(operation = %report.operation_id, kind = c.kind, error = %e, "could not journal the verdict");
+        report.reasons.push(e.unwritten_conclusion());
+    }
+    if let Ok(json) = serde_json::to_string(&report) {
+        parent.send(operation_update::Kind::Report(pdwarden_proto::v1::JsonReply { json }));
+    }
+    report
+}

@@ -313,27 +313,8 @@ fn an_xpyd_pair_restarts_every_prefill_then_every_decode_and_reaches_each() {
     // the repair says so and runs the whole ordered co-restart at once —
     // no round that would wedge decode-1. A client keeps sending through
     // the router meanwhile (counted); the pair is verified after.
-    let pids = |units: &[&str]| -> Vec<u32> { units.iter().map(|u| demo.unit_pid(u)).collect() };
-    let before_pids = pids(&units);
-    let client = Client::start(&demo.unit_url("router-0"));
-    let out = demo.cli_within(
-        &["restart", "pd-pair", "demo", "--only-sick", "--json"],
-        Duration::from_secs(300),
-    );
-    let traffic = client.stop();
-    let repair = out.json();
-    let after_pids = pids(&units);
-    let restarted: Vec<&str> = units
-        .iter()
-        .zip(before_pids.iter().zip(&after_pids))
-        .filter(|(_, (b, a))| b != a)
-        .map(|(u, _)| *u)
-        .collect();
+    let (repair, restarted, traffic) = only_sick(&demo, &units, "decode-1 failing every transfer (sglang)");
     let human = crate::harness::reasons(&repair);
-    println!(
-        "restart --only-sick: {} in {} ms; restarted {restarted:?}; client traffic meanwhile: {traffic}\n{human}",
-        repair["verdict"], repair["total_ms"]
-    );
     assert_eq!(repair["kind"], "repair", "{repair:#}");
     let diagnoses = repair["diagnoses"].as_array().expect("diagnoses");
     assert_eq!(
@@ -431,29 +412,7 @@ fn a_3p2d_nixl_pool_restarts_only_the_sick_engine_and_what_does_not_localise_who
         demo.report
     );
     let units = ["prefill-0", "prefill-1", "prefill-2", "decode-0", "decode-1"];
-    let repair = |what: &str| -> (Value, Vec<&'static str>, Traffic) {
-        let before: Vec<u32> = units.iter().map(|u| demo.unit_pid(u)).collect();
-        let client = Client::start(&demo.unit_url("router-0"));
-        let out = demo.cli_within(
-            &["restart", "pd-pair", "demo", "--only-sick", "--json"],
-            Duration::from_secs(300),
-        );
-        let traffic = client.stop();
-        let r = out.json();
-        let restarted: Vec<&'static str> = units
-            .iter()
-            .zip(&before)
-            .filter(|(u, b)| demo.unit_pid(u) != **b)
-            .map(|(u, _)| *u)
-            .collect();
-        println!(
-            "{what}: restart --only-sick {} in {} ms, restarted {restarted:?}; client meanwhile: {traffic}\n{}",
-            r["verdict"],
-            r["total_ms"],
-            crate::harness::reasons(&r)
-        );
-        (r, restarted, traffic)
-    };
+    let repair = |what: &str| only_sick(&demo, &units, what);
     let named = |r: &Value| -> Vec<String> {
         r["diagnoses"][0]["localisation"]["suspects"]
             .as_array()
@@ -544,27 +503,8 @@ fn an_address_keyed_pool_restarts_a_prefill_with_the_decodes_holding_its_identit
         demo.report
     );
     let units = ["prefill-0", "prefill-1", "decode-0", "decode-1"];
-    let before: Vec<u32> = units.iter().map(|u| demo.unit_pid(u)).collect();
     sim_fault(&demo.unit_url("prefill-0"), r#"{"stale_transfer_state": true}"#);
-    let client = Client::start(&demo.unit_url("router-0"));
-    let out = demo.cli_within(
-        &["restart", "pd-pair", "demo", "--only-sick", "--json"],
-        Duration::from_secs(300),
-    );
-    let traffic = client.stop();
-    let r = out.json();
-    let restarted: Vec<&str> = units
-        .iter()
-        .zip(&before)
-        .filter(|(u, b)| demo.unit_pid(u) != **b)
-        .map(|(u, _)| *u)
-        .collect();
-    println!(
-        "prefill-0 with stale transfer state: restart --only-sick {} in {} ms, restarted {restarted:?}; client meanwhile: {traffic}\n{}",
-        r["verdict"],
-        r["total_ms"],
-        crate::harness::reasons(&r)
-    );
+    let (r, restarted, traffic) = only_sick(&demo, &units, "prefill-0 with stale transfer state");
     assert_eq!(
         r["diagnoses"][0]["localisation"]["suspects"][0]["unit"], "local/prefill-0",
         "{r:#}"
@@ -607,17 +547,12 @@ fn the_watch_recovers_an_xpyd_pool_by_restarting_only_the_sick_engine() {
         demo.report
     );
     let units = ["prefill-0", "prefill-1", "prefill-2", "decode-0", "decode-1"];
-    let before: Vec<u32> = units.iter().map(|u| demo.unit_pid(u)).collect();
+    let before = pids(&demo, &units);
     sim_fault(&demo.unit_url("decode-1"), r#"{"kv_stall": true}"#);
     let client = Client::start(&demo.unit_url("router-0"));
     let (watch, op) = demo.automatic_recovery(Duration::from_secs(240));
     let traffic = client.stop();
-    let restarted: Vec<&str> = units
-        .iter()
-        .zip(&before)
-        .filter(|(u, b)| demo.unit_pid(u) != **b)
-        .map(|(u, _)| *u)
-        .collect();
+    let restarted = changed(&demo, &units, &before);
     let r = &op["report"];
     println!(
         "automatic recovery ({}): {} in {} ms, restarted {restarted:?}; client meanwhile: {traffic}\ntrigger: {}\n{}",
@@ -669,27 +604,8 @@ fn a_decode_holding_a_restarted_prefills_old_identity_is_named_by_the_epoch() {
         demo.report
     );
     let units = ["prefill-0", "prefill-1", "decode-0", "decode-1"];
-    let before: Vec<u32> = units.iter().map(|u| demo.unit_pid(u)).collect();
     sim_fault(&demo.unit_url("prefill-0"), r#"{"stale_transfer_state": true}"#);
-    let client = Client::start(&demo.unit_url("router-0"));
-    let out = demo.cli_within(
-        &["restart", "pd-pair", "demo", "--only-sick", "--json"],
-        Duration::from_secs(300),
-    );
-    let traffic = client.stop();
-    let r = out.json();
-    let restarted: Vec<&str> = units
-        .iter()
-        .zip(&before)
-        .filter(|(u, b)| demo.unit_pid(u) != **b)
-        .map(|(u, _)| *u)
-        .collect();
-    println!(
-        "misdeclared link, prefill-0 stale: restart --only-sick {} in {} ms, restarted {restarted:?}; client meanwhile: {traffic}\n{}",
-        r["verdict"],
-        r["total_ms"],
-        crate::harness::reasons(&r)
-    );
+    let (r, restarted, traffic) = only_sick(&demo, &units, "misdeclared link, prefill-0 stale");
     let named = |i: usize| -> Vec<String> {
         r["diagnoses"][i]["localisation"]["suspects"]
             .as_array()
@@ -713,6 +629,43 @@ fn a_decode_holding_a_restarted_prefills_old_identity_is_named_by_the_epoch() {
     assert_eq!(r["diagnoses"][2]["localisation"]["kind"], "healthy", "{r:#}");
     assert!(r["verdict"].as_str().unwrap().starts_with("healthy"), "{r:#}");
     assert!(traffic.sent > 0, "{traffic}");
+}
+
+/// The processes of `units` as the agent reports them.
+fn pids(demo: &HeldDemo, units: &[&'static str]) -> Vec<u32> {
+    units.iter().map(|u| demo.unit_pid(u)).collect()
+}
+
+/// The units of `units` whose process is no longer the one in `before`.
+fn changed(demo: &HeldDemo, units: &[&'static str], before: &[u32]) -> Vec<&'static str> {
+    units
+        .iter()
+        .zip(before)
+        .filter(|(u, b)| demo.unit_pid(u) != **b)
+        .map(|(u, _)| *u)
+        .collect()
+}
+
+/// `restart pd-pair demo --only-sick` on a held stack while a client sends
+/// through its router (issue 37): the report, the engines of `units` it
+/// restarted, and the client's traffic; printed under `what`.
+fn only_sick(demo: &HeldDemo, units: &[&'static str], what: &str) -> (Value, Vec<&'static str>, Traffic) {
+    let before = pids(demo, units);
+    let client = Client::start(&demo.unit_url("router-0"));
+    let out = demo.cli_within(
+        &["restart", "pd-pair", "demo", "--only-sick", "--json"],
+        Duration::from_secs(300),
+    );
+    let traffic = client.stop();
+    let r = out.json();
+    let restarted = changed(demo, units, &before);
+    println!(
+        "{what}: restart --only-sick {} in {} ms, restarted {restarted:?}; client meanwhile: {traffic}\n{}",
+        r["verdict"],
+        r["total_ms"],
+        crate::harness::reasons(&r)
+    );
+    (r, restarted, traffic)
 }
 
 /// A client sending chat requests through a router from its own thread

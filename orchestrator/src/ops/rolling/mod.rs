@@ -435,50 +435,18 @@ impl Roller {
         {
             machine::stopped_by_the_journal(&mut so_far, &e);
         }
-        let mut report = OperationReport {
-            operation_id: self.rec.operation_id.clone(),
-            pair: self.pair.name.clone(),
-            kind: KIND.into(),
-            decode_start_policy: self.pair.decode_start_policy.as_str().into(),
-            verdict: so_far.verdict,
-            reasons: so_far.reasons,
-            steps: self.rec.steps(),
-            timeline: Vec::new(),
-            probes: Vec::new(),
-            attempts: Vec::new(),
-            probe_latency: pdwarden_model::judge::stats::summarize(&[]),
-            suite: Vec::new(),
-            warnings: Vec::new(),
-            budgets: None,
-            engine_counters: Vec::new(),
-            router_counters: Vec::new(),
-            warm_budget_ms: self.pair.probe.warm_budget_ms,
-            cold_allowance: pdwarden_model::judge::verdict::ColdAllowance::Configured {
-                ms: self.pair.probe.cold_allowance_ms,
-                why: String::new(),
+        crate::ops::child::conclude_parent(
+            &self.rec,
+            &self.pair,
+            crate::ops::child::ParentConclusion {
+                kind: KIND,
+                verdict: so_far.verdict,
+                reasons: so_far.reasons,
+                children: so_far.children,
+                evidence: self.evidence.lock().unwrap_or_else(|p| p.into_inner()).take(),
+                diagnoses: Vec::new(),
             },
-            fingerprint: String::new(),
-            drain: None,
-            sub_operations: so_far.children,
-            golden: None,
-            golden_paths: Vec::new(),
-            evidence: self.evidence.lock().unwrap_or_else(|p| p.into_inner()).take(),
-            diagnoses: Vec::new(),
-            total_ms: self.rec.now_ms(),
-        };
-        if let Err(e) = self
-            .rec
-            .journal
-            .conclude(&report.operation_id, report.verdict.as_str(), &report)
-        {
-            tracing::error!(operation = %report.operation_id, error = %e, "could not journal the roll's verdict");
-            report.reasons.push(e.unwritten_conclusion());
-        }
-        if let Ok(json) = serde_json::to_string(&report) {
-            self.rec
-                .send(operation_update::Kind::Report(pdwarden_proto::v1::JsonReply { json }));
-        }
-        report
+        )
     }
 }
 
