@@ -145,6 +145,35 @@ impl Diagnosis {
     }
 }
 
+impl Diagnosis {
+    /// Folds in the greedy answers held to the reference along paths
+    /// (issue 34's per-path check, `(prefill, decode, wrong)` by unit name,
+    /// with or without its host): a path that answered but wrong is
+    /// `wrong_output`, and the failures are localised again.
+    pub fn with_output_checks(mut self, checks: &[(String, String, bool)], epochs: &[Epoch]) -> Self {
+        let is = |cell: &str, unit: &str| cell == unit || cell.rsplit('/').next() == Some(unit);
+        let mut changed = false;
+        for (prefill, decode, _) in checks.iter().filter(|c| c.2) {
+            let p = self.matrix.prefills.iter().position(|c| is(c, prefill));
+            let d = self.matrix.decodes.iter().position(|c| is(c, decode));
+            if let (Some(p), Some(d)) = (p, d)
+                && !self.matrix.cells[p][d].failed()
+            {
+                self.matrix.cells[p][d] = PathOutcome::WrongOutput;
+                self.failures.push(format!(
+                    "{} → {}: wrong output: the greedy answer along it is not the reference's",
+                    self.matrix.prefills[p], self.matrix.decodes[d]
+                ));
+                changed = true;
+            }
+        }
+        if changed {
+            self.localisation = localise(&self.matrix, epochs);
+        }
+        self
+    }
+}
+
 /// A prefill that restarted after a decode last paired with it: that
 /// decode may hold its old bootstrap identity (issue 37, item 4).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -349,6 +378,31 @@ mod tests {
             vec![vec![O, PathOutcome::WrongOutput], vec![O, PathOutcome::WrongOutput]],
         );
         assert_eq!(units(&localise(&m, &[])), ["decode-1"]);
+    }
+
+    /// A path that answered but answered wrong (issue 34's per-path
+    /// check) counts: a decode whose every path answers wrong is named.
+    #[test]
+    fn wrong_output_along_paths_is_folded_in_and_localised() {
+        let m = matrix(2, 2, vec![vec![O, O], vec![O, O]]);
+        let d = Diagnosis {
+            pair: "p".into(),
+            localisation: localise(&m, &[]),
+            matrix: m,
+            failures: Vec::new(),
+            took_ms: 1,
+        };
+        assert_eq!(d.localisation, Localisation::Healthy);
+        let checks = [
+            ("prefill-0".to_string(), "decode-1".to_string(), true),
+            ("prefill-1".to_string(), "decode-1".to_string(), true),
+            ("prefill-0".to_string(), "decode-0".to_string(), false),
+        ];
+        let d = d.with_output_checks(&checks, &[]);
+        assert_eq!(units(&d.localisation), ["decode-1"]);
+        assert_eq!(d.matrix.cells[0][1], PathOutcome::WrongOutput);
+        assert_eq!(d.failures.len(), 2);
+        assert!(d.lines().join("\n").contains("WRONG"));
     }
 
     #[test]

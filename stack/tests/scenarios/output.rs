@@ -193,6 +193,15 @@ fn every_path_of_an_xpyd_pair_agrees_or_the_wrong_one_is_named() {
         "{}",
         reasons(&corrupt)
     );
+    // Issue 37: the failed verification's path matrix folds the wrong
+    // answers in and names decode-1.
+    let m = &corrupt["diagnoses"][0];
+    assert_eq!(m["localisation"]["suspects"][0]["unit"], "local/decode-1", "{m:#}");
+    assert_eq!(
+        m["matrix"]["cells"],
+        serde_json::json!([["ok", "wrong_output"], ["ok", "wrong_output"]]),
+        "{m:#}"
+    );
     let text = reasons(&corrupt);
     for path in &wrong {
         assert!(

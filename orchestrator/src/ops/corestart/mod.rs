@@ -326,6 +326,13 @@ pub async fn run_operation_from(
         && crate::ops::diagnose::worth_it(&run.pair)
         && let Ok(d) = crate::ops::diagnose::diagnose(&*run.ctx.agents, &run.pair, &[]).await
     {
+        // A path that answered, but not what the weights compute (issue 34).
+        let checks: Vec<(String, String, bool)> = evidence
+            .paths
+            .iter()
+            .map(|c| (c.prefill.clone(), c.decode.clone(), c.is_wrong_output()))
+            .collect();
+        let d = d.with_output_checks(&checks, &[]);
         rec.journal_entry(rec.now_ms(), crate::ops::diagnose::ENTRY, &d);
         verdict.reasons.push(d.summary());
         diagnoses.push(d);
