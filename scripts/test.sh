@@ -18,17 +18,49 @@ cd "$(dirname "$0")/.."
 # default build; .ci/run also builds the default, protoc-free one).
 features=(--features pdwarden-stack/etcd)
 cargo build --workspace --bins "${features[@]}"
+# Tests left out on this host, by exact name, each group said NOT RUN with
+# its reason before and after the run (never counted as passed).
+skips=()
+not_run=()
+leave_out() { # REASON NAME…
+  local reason=$1; shift
+  not_run+=("$reason")
+  for t in "$@"; do skips+=(--skip "$t"); done
+}
+scenario_tests() { # the scenario tests whose names start with PREFIX
+  cargo test -q -p pdwarden-stack "${features[@]}" --test scenarios -- --list 2>/dev/null \
+    | sed -n "s/^\($1[a-z0-9_]*\): test\$/\1/p"
+}
 unavailable=${VLLM_VENV:-.venv-vllm}/.unavailable
 if [ -f "$unavailable" ]; then
-  # setup-vllm found that this host's CPU cannot run the pinned wheels: the
-  # real-vLLM scenarios are not run (and not counted as passed), by name.
-  skips=$(cargo test -q -p pdwarden-stack "${features[@]}" --test scenarios -- --list 2>/dev/null \
-    | sed -n 's/^\(vllm::[a-z0-9_]*\): test$/--skip \1/p')
-  [ -n "$skips" ] || { echo "test: could not list the vllm:: scenarios to leave out" >&2; exit 1; }
-  echo "test: NOT RUN on this host, the real-vLLM tier ($(echo "$skips" | wc -l) vllm:: scenarios): $(cat "$unavailable")" >&2
+  # setup-vllm found that this host's CPU cannot run the pinned wheels.
+  names=$(scenario_tests 'vllm::')
+  [ -n "$names" ] || { echo "test: could not list the vllm:: scenarios to leave out" >&2; exit 1; }
   # shellcheck disable=SC2086
-  cargo test --workspace "${features[@]}" -- --exact $skips
-  echo "test: reminder: the real-vLLM tier was NOT RUN here: $(cat "$unavailable")" >&2
+  leave_out "the real-vLLM tier ($(echo "$names" | wc -l) vllm:: scenarios): $(cat "$unavailable")" $names
+fi
+# Packaging (issue 38): the Debian package of this build's binaries, the
+# throw-away Debian root it is installed into, and the container image the
+# manifests name, all made before the tests (none is built under them).
+package_tests=(package::deb_installs_into_a_throwaway_root_with_owners_and_modes_and_starts_nothing
+               package::image_the_manifests_name_is_built_here_and_runs_version_and_help)
+if [ "$(id -u)" != 0 ]; then
+  leave_out "the packaging tier (dpkg --root and buildah need root; running as uid $(id -u))" "${package_tests[@]}"
+else
+  ./scripts/package-deb.sh --profile dev --no-build >/dev/null
+  ./scripts/setup-debroot.sh >/dev/null
+  rc=0
+  ./scripts/build-image.sh --profile dev --no-build >/dev/null || rc=$?
+  if [ "$rc" = 3 ]; then
+    leave_out "the container image test: $(cat target/image/unavailable)" "${package_tests[1]}"
+  elif [ "$rc" != 0 ]; then
+    echo "test: scripts/build-image.sh failed (exit $rc)" >&2; exit "$rc"
+  fi
+fi
+for r in "${not_run[@]}"; do echo "test: NOT RUN on this host, $r" >&2; done
+if [ ${#skips[@]} -gt 0 ]; then
+  cargo test --workspace "${features[@]}" -- --exact "${skips[@]}"
 else
   cargo test --workspace "${features[@]}"
 fi
+for r in "${not_run[@]}"; do echo "test: reminder: NOT RUN here, $r" >&2; done

@@ -40,6 +40,7 @@ Connection: --orchestrator URL (PDWARDEN_ORCHESTRATOR), --ca, --cert/--key, PDWA
 
 #[derive(Parser)]
 #[command(
+    name = "pdwarden",
     version,
     about = "pdwarden: restart and verify prefill/decode pairs",
     after_help = EXAMPLES
@@ -157,6 +158,10 @@ enum Cmd {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
+    /// Write the man pages (pdwarden.1 and one per subcommand) into DIR;
+    /// the Debian package ships them (scripts/package-deb.sh).
+    #[command(hide = true)]
+    Man { dir: std::path::PathBuf },
 }
 
 #[derive(Subcommand)]
@@ -244,7 +249,7 @@ fn check_before_sending(cli: &Cli) -> Result<(), String> {
         }
         // `gate::run` checks its arguments itself, before connecting.
         Cmd::Gate(_) => true,
-        Cmd::Certs(_) | Cmd::Demo { .. } | Cmd::Soak { .. } | Cmd::Completions { .. } => false,
+        Cmd::Certs(_) | Cmd::Demo { .. } | Cmd::Soak { .. } | Cmd::Completions { .. } | Cmd::Man { .. } => false,
     };
     if let (true, Some(ca)) = (connects, &cli.ca) {
         pdwarden_security::tls::check_ca_file("--ca", ca).map_err(|e| e.to_string())?;
@@ -749,6 +754,16 @@ async fn main() -> ExitCode {
             use clap::CommandFactory as _;
             clap_complete::generate(shell, &mut Cli::command(), "pdwarden", &mut std::io::stdout());
             ExitCode::SUCCESS
+        }
+        Cmd::Man { dir } => {
+            use clap::CommandFactory as _;
+            match clap_mangen::generate_to(Cli::command(), &dir) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => could_not_run(
+                    &format!("man: cannot write the pages into {}: {e}", dir.display()),
+                    false,
+                ),
+            }
         }
     }
 }

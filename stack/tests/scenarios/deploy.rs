@@ -9,14 +9,14 @@ use std::process::Command;
 
 use crate::harness::bin;
 
-/// `systemd-analyze verify` on `unit` with `/usr/local/bin/` pointed at
+/// `systemd-analyze verify` on `unit` with `/usr/bin/` pointed at
 /// this build's binaries: what it said (empty when the unit is clean).
 fn verify(unit: &str) -> String {
     let dir = tempfile::tempdir().unwrap();
     let text = std::fs::read_to_string(format!("{}/../deploy/systemd/{unit}", env!("CARGO_MANIFEST_DIR"))).unwrap();
     let bin_dir = bin("pdwarden-agent").parent().unwrap().display().to_string();
     let local = dir.path().join(unit);
-    std::fs::write(&local, text.replace("/usr/local/bin/", &format!("{bin_dir}/"))).unwrap();
+    std::fs::write(&local, text.replace("/usr/bin/", &format!("{bin_dir}/"))).unwrap();
     let out = Command::new("systemd-analyze")
         .arg("verify")
         .arg(&local)

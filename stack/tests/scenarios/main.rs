@@ -19,6 +19,7 @@ mod journal_full;
 mod layers;
 mod metrics;
 mod output;
+mod package;
 mod partition;
 mod repair;
 mod soak;
