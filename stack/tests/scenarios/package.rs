@@ -398,6 +398,58 @@ fn image_the_manifests_name_is_built_here_and_runs_version_and_help() {
     );
 }
 
+/// The image `deploy/kubernetes/agent.yaml` runs on GPU nodes
+/// (`scripts/build-image.sh --vllm`): the pdwarden image plus what the
+/// agent of deploy/examples/agent-vllm-pd.toml starts, at the pinned
+/// versions, run as root. `vllm serve` itself needs a GPU to start (on this
+/// CPU-only host vLLM says "Failed to infer device type"), so the engine is
+/// checked as installed, not served. ~10 GB: `scripts/test.sh` builds and
+/// tests it only with PDWARDEN_VLLM_IMAGE=1 and otherwise says NOT RUN.
+#[test]
+fn vllm_image_holds_the_agent_the_engine_and_the_router() {
+    must_be_root("buildah");
+    let image = format!("ghcr.io/pdwarden/pdwarden-vllm:{VERSION}");
+    let built = std::fs::read_to_string(target().join("image/built")).unwrap_or_default();
+    assert!(
+        built.lines().any(|l| l.starts_with(&format!("{image} "))),
+        "{image} not built: run scripts/build-image.sh --vllm (scripts/test.sh does with PDWARDEN_VLLM_IMAGE=1)"
+    );
+    let file = std::fs::read_to_string(repo().join("deploy/container/Containerfile.vllm")).unwrap();
+    let arg = |name: &str| {
+        file.lines()
+            .find_map(|l| l.strip_prefix(&format!("ARG {name}=")))
+            .unwrap_or_else(|| panic!("ARG {name} in Containerfile.vllm"))
+            .to_string()
+    };
+    let c = Container::of(&image);
+    assert_eq!(c.run(&["id", "-u"]), "0", "the agent runs as root");
+    assert_eq!(
+        c.run(&["pdwarden-agent", "--version"]),
+        format!("pdwarden-agent {VERSION}")
+    );
+    let versions = c.run(&[
+        "python3",
+        "-c",
+        "import importlib.metadata as m; print(*(m.version(p) for p in ('vllm', 'vllm-router', 'nixl')))",
+    ]);
+    assert_eq!(
+        versions,
+        format!(
+            "{} {} {}",
+            arg("VLLM_VERSION"),
+            arg("VLLM_ROUTER_VERSION"),
+            arg("NIXL_VERSION")
+        )
+    );
+    assert!(c.run(&["vllm-router", "--help"]).contains("--worker-urls"));
+    for tool in ["vllm", "py-spy"] {
+        assert_eq!(
+            c.run(&["sh", "-c", &format!("command -v {tool}")]),
+            format!("/opt/vllm/bin/{tool}")
+        );
+    }
+}
+
 /// The manifests and the units name only what the project builds: each
 /// manifest's image is one scripts/build-image.sh makes, at the crate's
 /// version, from a Containerfile here; each container's command and each
