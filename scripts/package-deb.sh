@@ -34,7 +34,7 @@ done
 case "$profile" in release|dev) ;; *) echo "package-deb: --profile must be release or dev, not '$profile'" >&2; exit 2 ;; esac
 dir=$([ "$profile" = dev ] && echo debug || echo release)
 
-./scripts/setup-package.sh
+./scripts/setup-package.sh --cargo-deb
 if [ "$build" = 1 ]; then
   command -v protoc >/dev/null || { echo "package-deb: protoc not found (the orchestrator's etcd feature needs it): run scripts/setup-etcd.sh" >&2; exit 1; }
   cargo build --profile "$profile" -p pdwarden-cli -p pdwarden-agent -p pdwarden-orchestrator \
@@ -55,6 +55,7 @@ pdwarden=target/$dir/pdwarden
 gzip -9n "$gen"/man/*.1
 
 # cargo-deb maps the assets' target/release/ onto the chosen profile's dir.
+# Symbols are kept (--no-strip): a panic's backtrace names its functions.
 out=$(cargo deb -p pdwarden-cli --no-build --profile "$profile" --no-strip --fast -o target/debian/ 2>&1) || {
   echo "$out" >&2; echo "package-deb: cargo deb failed" >&2; exit 1; }
 deb=$(echo "$out" | grep '\.deb$' | tail -1)

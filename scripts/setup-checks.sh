@@ -19,14 +19,8 @@ missing=()
 command -v promtool >/dev/null || missing+=(prometheus)
 command -v systemd-analyze >/dev/null || missing+=(systemd)
 [ ${#missing[@]} -eq 0 ] && exit 0
-SUDO=""
-[ "$(id -u)" -eq 0 ] || SUDO="sudo"
-command -v apt-get >/dev/null || { echo "setup-checks: ${missing[*]} missing and no apt-get: install promtool and systemd-analyze by hand" >&2; exit 1; }
-export DEBIAN_FRONTEND=noninteractive
-if ! $SUDO apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null 2>&1; then
-  $SUDO apt-get update -qq
-  $SUDO apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null
-fi
+. "$(dirname "$0")/lib-apt.sh"
+apt_install setup-checks "${missing[@]}"
 for c in promtool systemd-analyze; do
   command -v "$c" >/dev/null || { echo "setup-checks: $c still missing after installing ${missing[*]}" >&2; exit 1; }
 done

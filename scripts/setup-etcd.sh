@@ -27,8 +27,6 @@ wkt_ok || missing+=(libprotobuf-dev)
 [ ${#missing[@]} -eq 0 ] && exit 0
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-command -v apt-get >/dev/null || { echo "setup-etcd: ${missing[*]} missing and no apt-get: install etcd (3.4+) and protoc by hand" >&2; exit 1; }
-export DEBIAN_FRONTEND=noninteractive
 # Debian's etcd-server would start a system etcd on :2379; the tests start
 # their own members on free ports, so keep the packaged service down.
 if [ ! -e /usr/sbin/policy-rc.d ]; then
@@ -36,10 +34,8 @@ if [ ! -e /usr/sbin/policy-rc.d ]; then
   $SUDO chmod +x /usr/sbin/policy-rc.d
   trap '$SUDO rm -f /usr/sbin/policy-rc.d' EXIT
 fi
-if ! $SUDO apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null 2>&1; then
-  $SUDO apt-get update -qq
-  $SUDO apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null
-fi
+. "$(dirname "$0")/lib-apt.sh"
+apt_install setup-etcd "${missing[@]}"
 for c in etcd protoc; do
   command -v "$c" >/dev/null || { echo "setup-etcd: $c still missing after installing ${missing[*]}" >&2; exit 1; }
 done

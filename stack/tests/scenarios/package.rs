@@ -299,6 +299,21 @@ fn deb_installs_into_a_throwaway_root_with_owners_and_modes_and_starts_nothing()
         "the orchestrator runs as the package's user"
     );
 
+    // An upgrade (the same package again) keeps an operator's own modes and
+    // still starts nothing.
+    std::fs::set_permissions(
+        root.path.join("etc/pdwarden"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let said = root.dpkg(&["-i", deb.to_str().unwrap()]);
+    assert!(said.contains("Setting up pdwarden"), "{said}");
+    assert_eq!(accounts.describe(&root.path, "/etc/pdwarden"), "0755 root:pdwarden");
+    assert_eq!(
+        root.daemon_calls(),
+        ["systemctl daemon-reload", "systemctl daemon-reload"]
+    );
+
     // Remove, then purge: nothing stopped, the binaries gone, the journal
     // and the keys kept, the empty directories gone.
     std::fs::write(root.path.join("var/lib/pdwarden/journal.sqlite"), b"journal").unwrap();
