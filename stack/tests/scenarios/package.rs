@@ -9,7 +9,8 @@
 //! own root file system.
 //!
 //! `scripts/test.sh` makes the package, the root and the image before the
-//! tests (nothing is built under them). Both need root: where the image
+//! tests (nothing is built under them); each test holds the scenarios'
+//! one-at-a-time lock, as a stack does. Both need root: where the image
 //! cannot be built, `scripts/test.sh` leaves its test out by name and says
 //! NOT RUN with the reason.
 
@@ -18,7 +19,7 @@ use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use crate::harness::bin;
+use crate::harness::{bin, exclusive};
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 const BINARIES: [&str; 3] = ["pdwarden", "pdwarden-agent", "pdwarden-orchestrator"];
@@ -176,6 +177,10 @@ fn deb() -> PathBuf {
 /// Removing and purging it stop nothing and keep the journal and the keys.
 #[test]
 fn deb_installs_into_a_throwaway_root_with_owners_and_modes_and_starts_nothing() {
+    // Copying a root, unpacking 150 MB and chrooting load both CPUs: not
+    // beside a stack whose verdicts are timed (a real vLLM pair's greedy
+    // reference request once went unanswered for 15 s beside this test).
+    let _one = exclusive();
     must_be_root("dpkg --root (maintainer scripts run chrooted)");
     let deb = deb();
     let root = ThrowAwayRoot::new();
@@ -376,6 +381,10 @@ impl Drop for Container {
 /// `pdwarden-orchestrator --help` run; the state directory is that user's.
 #[test]
 fn image_the_manifests_name_is_built_here_and_runs_version_and_help() {
+    // Copying a root, unpacking 150 MB and chrooting load both CPUs: not
+    // beside a stack whose verdicts are timed (a real vLLM pair's greedy
+    // reference request once went unanswered for 15 s beside this test).
+    let _one = exclusive();
     must_be_root("buildah");
     let image = format!("ghcr.io/pdwarden/pdwarden:{VERSION}");
     let built = std::fs::read_to_string(target().join("image/built"))
@@ -422,6 +431,10 @@ fn image_the_manifests_name_is_built_here_and_runs_version_and_help() {
 /// tests it only with PDWARDEN_VLLM_IMAGE=1 and otherwise says NOT RUN.
 #[test]
 fn vllm_image_holds_the_agent_the_engine_and_the_router() {
+    // Copying a root, unpacking 150 MB and chrooting load both CPUs: not
+    // beside a stack whose verdicts are timed (a real vLLM pair's greedy
+    // reference request once went unanswered for 15 s beside this test).
+    let _one = exclusive();
     must_be_root("buildah");
     let image = format!("ghcr.io/pdwarden/pdwarden-vllm:{VERSION}");
     let built = std::fs::read_to_string(target().join("image/built")).unwrap_or_default();
