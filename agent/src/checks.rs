@@ -128,8 +128,35 @@ pub async fn pd_path_probe(
     chat: &ChatProbe,
     timeout: Duration,
 ) -> ChatOutcome {
+    pd_path_probe_sided(client, prefill_url, path, chat, timeout).await.0
+}
+
+/// The start of an error whose request never connected (refused, no
+/// route): its engine did not accept the connection at all.
+pub const COULD_NOT_CONNECT: &str = "could not connect";
+
+/// [`pd_path_probe`], and which side of the path did not accept the
+/// probe's connection while the other did (issue 46: evidence that names
+/// one engine of a failing path): "prefill", "decode" or "".
+pub async fn pd_path_probe_sided(
+    client: &reqwest::Client,
+    prefill_url: &str,
+    path: &pdwarden_proto::v1::PdPath,
+    chat: &ChatProbe,
+    timeout: Duration,
+) -> (ChatOutcome, &'static str) {
+    let refused = |o: &ChatOutcome| o.outcome != ProbeOutcome::Ok && o.error.starts_with(COULD_NOT_CONNECT);
     if path.bootstrap_port == 0 {
-        return vllm_path_probe(client, prefill_url, path, chat, timeout).await;
+        let (outcome, prefill_refused) = vllm_path_probe(client, prefill_url, path, chat, timeout).await;
+        // vLLM's order: the decode is asked only once the prefill answered.
+        let side = if prefill_refused {
+            "prefill"
+        } else if refused(&outcome) {
+            "decode"
+        } else {
+            ""
+        };
+        return (outcome, side);
     }
     let mut body = chat_body(chat);
     body["bootstrap_host"] = path.bootstrap_host.clone().into();
@@ -137,11 +164,26 @@ pub async fn pd_path_probe(
     body["bootstrap_room"] = rand_room().into();
     let prefill = format!("{}/v1/chat/completions", prefill_url.trim_end_matches('/'));
     let decode = format!("{}/v1/chat/completions", path.decode_url.trim_end_matches('/'));
-    let (_, outcome) = tokio::join!(
+    let (p, mut outcome) = tokio::join!(
         post_generation(client, &prefill, &body, timeout),
         post_generation(client, &decode, &body, timeout)
     );
-    outcome
+    let side = match (refused(&p), refused(&outcome)) {
+        (true, false) => {
+            if outcome.outcome == ProbeOutcome::Ok {
+                ""
+            } else {
+                outcome.error = format!("prefill {prefill_url}: {}; decode: {}", p.error, outcome.error);
+                "prefill"
+            }
+        }
+        (false, true) => {
+            outcome.error = format!("decode {}: {}", path.decode_url, outcome.error);
+            "decode"
+        }
+        _ => "",
+    };
+    (outcome, side)
 }
 
 /// [`pd_path_probe`] on vLLM's protocol: prefill, then decode with what it
@@ -152,7 +194,7 @@ async fn vllm_path_probe(
     path: &pdwarden_proto::v1::PdPath,
     chat: &ChatProbe,
     timeout: Duration,
-) -> ChatOutcome {
+) -> (ChatOutcome, bool) {
     let started = Instant::now();
     let body = chat_body(chat);
     let mut first = body.clone();
@@ -168,8 +210,9 @@ async fn vllm_path_probe(
     let prefill = format!("{}/v1/chat/completions", prefill_url.trim_end_matches('/'));
     let mut p = post_generation(client, &prefill, &first, timeout).await;
     if p.outcome != ProbeOutcome::Ok {
+        let refused = p.error.starts_with(COULD_NOT_CONNECT);
         p.error = format!("prefill {prefill_url}: {}", p.error);
-        return p;
+        return (p, refused);
     }
     let mut second = body;
     if let Some(params) = p.kv_transfer_params.take() {
@@ -179,7 +222,7 @@ async fn vllm_path_probe(
     let left = timeout.saturating_sub(started.elapsed());
     let mut d = post_generation(client, &decode, &second, left).await;
     d.latency = started.elapsed();
-    d
+    (d, false)
 }
 
 /// The alternatives a greedy probe asks for at each position: five (the
@@ -330,7 +373,13 @@ async fn post_generation(
             .json(body)
             .send()
             .await
-            .map_err(|e| format!("request failed: {}", error_chain(&e)))?;
+            .map_err(|e| {
+                if e.is_connect() {
+                    format!("{COULD_NOT_CONNECT}: {}", error_chain(&e))
+                } else {
+                    format!("request failed: {}", error_chain(&e))
+                }
+            })?;
         http_status = resp.status().as_u16();
         let ok = resp.status().is_success();
         let text = read_body_limited(resp, MAX_ANSWER_BYTES)

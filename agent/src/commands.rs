@@ -438,7 +438,9 @@ async fn run_probe(
             } else {
                 path.prefill_url.as_str()
             };
-            crate::checks::pd_path_probe(http, prefill, path, &chat, timeout).await
+            let (r, side) = crate::checks::pd_path_probe_sided(http, prefill, path, &chat, timeout).await;
+            result.unreachable = side.to_string();
+            r
         }
         None => chat_probe(http, &base_url, &chat, timeout).await,
     };

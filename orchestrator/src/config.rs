@@ -285,6 +285,13 @@ pub struct PairConfig {
     /// `restart --only-sick`).
     #[serde(default)]
     pub kv_transfer: KvTransfer,
+    /// Engines of each side (prefills, decodes) a repair (`restart
+    /// --only-sick`, the watch's recovery of an xPyD pool) keeps serving in
+    /// the router while it restarts others (issue 46, item 4): a round never
+    /// takes more out; what it cannot restart and keep this many waits for
+    /// the next round, or the whole ordered co-restart runs instead, said.
+    #[serde(default = "default_repair_keeps_serving")]
+    pub repair_keeps_serving: usize,
     /// Never configured: a part of an xPyD pool restarted alone (issue 37,
     /// `ops::repair`) that has no engine on one side is probed over its
     /// paths with this engine of the pool's other side.
@@ -722,6 +729,7 @@ impl PairConfig {
             gate: pdwarden_model::gate::config::GateConfig::default(),
             serving_router: None,
             kv_transfer: KvTransfer::default(),
+            repair_keeps_serving: default_repair_keeps_serving(),
             probe_partner: None,
         }
     }
@@ -734,6 +742,10 @@ impl UnitRef {
             unit: unit.into(),
         }
     }
+}
+
+fn default_repair_keeps_serving() -> usize {
+    1
 }
 
 fn default_cold_margin() -> f64 {
@@ -1262,6 +1274,12 @@ fn check_pair<'a>(
         .validate()
         .map_err(|(f, problem)| at.invalid(&format!("gate.{f}"), problem))?;
     check_probe_series(at, p)?;
+    if p.repair_keeps_serving == 0 {
+        return Err(at.invalid(
+            "repair_keeps_serving",
+            "must be at least 1: a repair that takes a whole side out of the router leaves its clients nothing (restart the pair whole instead)",
+        ));
+    }
     if let Some(sr) = &p.serving_router {
         check_serving_router(at, sr)?;
     }

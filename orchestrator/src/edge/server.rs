@@ -549,7 +549,8 @@ impl Control for ControlService {
             .pair(&req.pair)
             .cloned()
             .ok_or_else(|| Status::not_found(format!("unknown pair {:?}", req.pair)))?;
-        let d = crate::ops::diagnose::diagnose(&*self.ctx.agents, &pair, &[])
+        let reference = crate::ops::corestart::output::current_reference(&self.ctx.journal, &pair);
+        let d = crate::ops::diagnose::diagnose(&*self.ctx.agents, &pair, &[], reference.as_ref())
             .await
             .map_err(|e| Status::unavailable(e.to_string()))?;
         Ok(Response::new(JsonReply {

@@ -1,24 +1,36 @@
 //! `pdwarden diagnose NAME` (issue 37, the path matrix): every prefill →
-//! decode path of the pair probed once, directed (`ProbeRequest.pd_path`,
+//! decode path of the pair probed, directed (`ProbeRequest.pd_path`,
 //! the PD probe the drain's KV-path check sends), and the matrix of
 //! outcomes localised by the pure judge (`judge::paths`).
 //!
 //! Probes go through the pair's router's agent (it reaches every engine,
 //! as the router does), or the prefill's own agent for a pair without a
 //! router, at most [`CONCURRENCY`] at a time, each bounded by the pair's
-//! probe timeout. Read-only apart from the probes' few tokens; nothing is
+//! probe timeout. A failing or ambiguous path is probed again (at most
+//! [`REPROBES`] times) before anything is named, and a probe whose
+//! connection one side of the path refused names that side (issue 46).
+//! Given the pair's reference, every probe is the greedy request and its
+//! answer is held to it. Read-only apart from the probes' few tokens; nothing is
 //! restarted here: `ops::repair` restarts what the matrix names.
 
-use pdwarden_model::judge::paths::{Diagnosis, Epoch, Matrix, PathOutcome, localise};
+use pdwarden_model::judge::paths::{Attribution, Diagnosis, Epoch, Localisation, Matrix, PathOutcome, Tries, localise};
 use pdwarden_model::report::PairWorker;
 use pdwarden_proto::v1::PdPath;
 
 use crate::config::PairConfig;
-use crate::ops::drain::probes::{ProbeError, pair_workers, pd_probe, url_host};
+use pdwarden_model::judge::golden::{Reference, compare};
+use pdwarden_proto::v1::ChatProbe;
+
+use crate::ops::corestart::output::{GREEDY_TOKENS, answer_from_wire};
+use crate::ops::drain::probes::{ProbeError, pair_workers, pd_probe_with, url_host};
 use crate::ops::port::{AgentPort, AskError};
 
 /// Paths probed at once.
 pub const CONCURRENCY: usize = 4;
+/// Probes each failing or ambiguous path gets after the first, before
+/// anything is named (issue 46): an intermittent engine shows on more of
+/// its paths, and the failing path is probed again too.
+pub const REPROBES: u32 = 2;
 /// The journal entry holding a diagnosis made inside an operation.
 pub const ENTRY: &str = "diagnosis";
 
@@ -47,64 +59,158 @@ pub fn outcome_of(result: &Result<(), ProbeError>, took_ms: u64, warm_budget_ms:
     }
 }
 
+/// The worse of two outcomes of one path (a failure outweighs an answer,
+/// a slow answer a fast one).
+fn worse(a: PathOutcome, b: PathOutcome) -> PathOutcome {
+    let rank = |o: PathOutcome| match o {
+        PathOutcome::Ok => 0,
+        PathOutcome::Slow => 1,
+        _ => 2,
+    };
+    if rank(b) > rank(a) { b } else { a }
+}
+
 /// Probes every path of `pair` and localises the failures. `epochs`: the
-/// prefills restarted since the decodes last paired with them (a repair's
-/// earlier rounds), to tell a decode holding an old identity from a bad
-/// prefill.
-pub async fn diagnose(agents: &dyn AgentPort, pair: &PairConfig, epochs: &[Epoch]) -> Result<Diagnosis, DiagnoseError> {
+/// prefills whose current process started after decodes paired with
+/// them, to tell a decode holding an old identity from a bad prefill.
+/// Failing and ambiguous paths are probed again, at most [`REPROBES`]
+/// times each, before anything is named.
+///
+/// `reference`: the answer the pair's greedy output is held to; with one,
+/// every probe is the greedy request and a path whose answer is not the
+/// reference's is `wrong_output` (issue 46: a repair proves output too).
+pub async fn diagnose(
+    agents: &dyn AgentPort,
+    pair: &PairConfig,
+    epochs: &[Epoch],
+    reference: Option<&Reference>,
+) -> Result<Diagnosis, DiagnoseError> {
     let started = tokio::time::Instant::now();
     let workers = pair_workers(agents, pair)?;
     let prefills: Vec<&PairWorker> = workers.iter().filter(|w| w.worker_type == "prefill").collect();
     let decodes: Vec<&PairWorker> = workers.iter().filter(|w| w.worker_type == "decode").collect();
-    let cells: Vec<(usize, usize)> = (0..prefills.len())
-        .flat_map(|p| (0..decodes.len()).map(move |d| (p, d)))
-        .collect();
-    let mut outcomes = vec![vec![PathOutcome::Ok; decodes.len()]; prefills.len()];
-    let mut failures = Vec::new();
-    for chunk in cells.chunks(CONCURRENCY) {
-        let probes = chunk.iter().map(|&(p, d)| {
-            let (prefill, decode) = (prefills[p], decodes[d]);
-            // Through the router's agent; a pair without one: the prefill's.
-            let via = pair.router.first().cloned().unwrap_or_else(|| pair.prefill[p].clone());
-            let path = PdPath {
-                decode_url: decode.url.clone(),
-                bootstrap_host: url_host(&prefill.url).to_string(),
-                bootstrap_port: prefill.bootstrap_port,
-                prefill_url: prefill.url.clone(),
-            };
-            async move {
-                let sent = tokio::time::Instant::now();
-                let result = pd_probe(agents, &via, pair, path).await;
-                (p, d, result, sent.elapsed())
-            }
-        });
-        for (p, d, result, took) in futures::future::join_all(probes).await {
-            let took_ms = u64::try_from(took.as_millis()).unwrap_or(u64::MAX);
-            outcomes[p][d] = outcome_of(&result, took_ms, pair.probe.warm_budget_ms);
-            let path = format!("{} → {}", prefills[p].unit, decodes[d].unit);
-            match (&result, outcomes[p][d]) {
-                (Err(e), _) => failures.push(format!("{path}: {e}")),
-                (Ok(()), PathOutcome::Slow) => failures.push(format!(
-                    "{path}: slow: answered in {took_ms} ms, over the {} ms warm budget",
-                    pair.probe.warm_budget_ms
-                )),
-                _ => {}
-            }
-        }
-    }
-    let matrix = Matrix {
+    let (np, nd) = (prefills.len(), decodes.len());
+    let mut matrix = Matrix {
         prefills: prefills.iter().map(|w| w.unit.clone()).collect(),
         decodes: decodes.iter().map(|w| w.unit.clone()).collect(),
-        cells: outcomes,
+        cells: vec![vec![PathOutcome::Ok; nd]; np],
+        tries: vec![vec![Tries::default(); nd]; np],
     };
-    let localisation = localise(&matrix, epochs);
+    let mut failures = Vec::new();
+    let mut blames: Vec<Attribution> = Vec::new();
+    let mut todo: Vec<(usize, usize)> = (0..np).flat_map(|p| (0..nd).map(move |d| (p, d))).collect();
+    for round in 0..=REPROBES {
+        for chunk in todo.chunks(CONCURRENCY) {
+            let probes = chunk.iter().map(|&(p, d)| {
+                let (prefill, decode) = (prefills[p], decodes[d]);
+                // Through the router's agent; a pair without one: the prefill's.
+                let via = pair.router.first().cloned().unwrap_or_else(|| pair.prefill[p].clone());
+                let path = PdPath {
+                    decode_url: decode.url.clone(),
+                    bootstrap_host: url_host(&prefill.url).to_string(),
+                    bootstrap_port: prefill.bootstrap_port,
+                    prefill_url: prefill.url.clone(),
+                };
+                let chat = ChatProbe {
+                    model: pair.probe.model.clone(),
+                    prompt: pair.probe.prompt.clone(),
+                    max_tokens: if reference.is_some() {
+                        GREEDY_TOKENS
+                    } else {
+                        pair.probe.max_tokens
+                    },
+                    greedy: reference.is_some(),
+                };
+                async move {
+                    let sent = tokio::time::Instant::now();
+                    let result = pd_probe_with(agents, &via, pair, path, chat).await;
+                    (p, d, result, sent.elapsed())
+                }
+            });
+            for (p, d, answer, took) in futures::future::join_all(probes).await {
+                let took_ms = u64::try_from(took.as_millis()).unwrap_or(u64::MAX);
+                let wrong = match (&answer, reference) {
+                    (Ok(r), Some(reference)) => held_to(reference, r),
+                    _ => None,
+                };
+                let result = answer.map(|_| ());
+                let outcome = match &wrong {
+                    Some(_) => PathOutcome::WrongOutput,
+                    None => outcome_of(&result, took_ms, pair.probe.warm_budget_ms),
+                };
+                matrix.cells[p][d] = worse(matrix.cells[p][d], outcome);
+                matrix.tries[p][d].sent += 1;
+                let path = format!("{} → {}", prefills[p].unit, decodes[d].unit);
+                let again = if round > 0 { " (probed again)" } else { "" };
+                match (&result, outcome) {
+                    (Err(e), _) => {
+                        matrix.tries[p][d].failed += 1;
+                        failures.push(format!("{path}: {e}{again}"));
+                    }
+                    (Ok(()), PathOutcome::WrongOutput) => {
+                        matrix.tries[p][d].failed += 1;
+                        failures.push(format!(
+                            "{path}: wrong output: {}{again}",
+                            wrong.as_deref().unwrap_or_default()
+                        ));
+                    }
+                    (Ok(()), PathOutcome::Slow) => failures.push(format!(
+                        "{path}: slow: answered in {took_ms} ms, over the {} ms warm budget{again}",
+                        pair.probe.warm_budget_ms
+                    )),
+                    _ => {}
+                }
+                if let Err(ProbeError::Unreachable { side, .. }) = &result {
+                    let (engine, other) = match side.as_str() {
+                        "prefill" => (&prefills[p].unit, &decodes[d].unit),
+                        _ => (&decodes[d].unit, &prefills[p].unit),
+                    };
+                    if !blames.iter().any(|b| b.engine == *engine) {
+                        blames.push(Attribution {
+                            engine: engine.clone(),
+                            why: format!("the probe's connection to it was refused while {other} accepted its own"),
+                        });
+                    }
+                }
+            }
+        }
+        // Separated already, or nothing failing: done. Otherwise every
+        // path of the engines on a failing path is probed again.
+        let l = localise(&matrix, epochs, &blames);
+        if !matches!(l, Localisation::NotLocalised { .. }) || round == REPROBES {
+            break;
+        }
+        let failing: Vec<(usize, usize)> = todo_all(np, nd).filter(|&(p, d)| matrix.cells[p][d].failed()).collect();
+        if failing.len() == np * nd {
+            break;
+        }
+        todo = todo_all(np, nd)
+            .filter(|&(p, d)| failing.iter().any(|&(fp, fd)| fp == p || fd == d))
+            .collect();
+    }
+    let localisation = localise(&matrix, epochs, &blames);
     Ok(Diagnosis {
         pair: pair.name.clone(),
         matrix,
         failures,
         localisation,
         took_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        epochs: epochs.to_vec(),
+        blames,
     })
+}
+
+/// Why a path's greedy answer is not the reference's, if it is not.
+fn held_to(reference: &Reference, r: &pdwarden_proto::v1::ProbeResult) -> Option<String> {
+    if r.answer_logprobs_missing || r.answer.is_empty() {
+        return Some("the answer carried no tokens with logprobs to hold to the reference".into());
+    }
+    let check = compare(reference, &answer_from_wire(r));
+    check.is_wrong_output().then(|| check.line())
+}
+
+fn todo_all(np: usize, nd: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..np).flat_map(move |p| (0..nd).map(move |d| (p, d)))
 }
 
 #[cfg(test)]
@@ -112,7 +218,6 @@ mod tests {
     use super::*;
     use crate::ops::fake_agent::rig::orchestrator;
     use crate::ops::fake_agent::{FakeAgent, UnitModel};
-    use pdwarden_model::judge::paths::Localisation;
     use pdwarden_proto::v1::Role;
 
     fn xpyd_pair(prefills: usize, decodes: usize) -> PairConfig {
@@ -143,7 +248,7 @@ mod tests {
             for p in 0..np {
                 agent.break_kv_path(&url(&format!("prefill-{p}")), &url("decode-1"));
             }
-            let d = diagnose(&*ctx.agents, &pair, &[]).await.unwrap();
+            let d = diagnose(&*ctx.agents, &pair, &[], None).await.unwrap();
             assert_eq!(d.matrix.cells.len(), np);
             assert!(
                 d.matrix
@@ -178,6 +283,76 @@ mod tests {
         );
     }
 
+    /// Issue 46, finding 1: 1P3D, decode-1 dead (its connection refused,
+    /// the prefill's accepted): one failing cell, which the matrix alone
+    /// cannot split; the probe's own evidence names the decode, never the
+    /// prefill. A path failing with nothing to tell its ends apart: not
+    /// localised, after being probed again.
+    #[tokio::test(start_paused = true)]
+    async fn in_1pnd_a_dead_decode_is_named_by_the_refused_connection_not_the_prefill() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = crate::ops::fake_agent::rig::journal(&dir);
+        let agent = agent(1, 3);
+        let ctx = orchestrator(&journal, &agent).await;
+        let pair = xpyd_pair(1, 3);
+        let workers = pair_workers(&*ctx.agents, &pair).unwrap();
+        let url = |unit: &str| workers.iter().find(|w| w.unit.ends_with(unit)).unwrap().url.clone();
+        agent.refuse_decode(&url("decode-1"));
+        let d = diagnose(&*ctx.agents, &pair, &[], None).await.unwrap();
+        let Localisation::Engines { suspects } = &d.localisation else {
+            panic!("not localised: {d:#?}");
+        };
+        assert_eq!(suspects.len(), 1, "{suspects:?}");
+        assert_eq!(suspects[0].unit, "h1/decode-1");
+        assert!(suspects[0].why.contains("refused"), "{suspects:?}");
+        assert_eq!(d.blames.len(), 1);
+
+        // The same path broken with nothing naming a side: probed again
+        // (each path of the prefill and of the decode), then not localised.
+        let agent = self::agent(1, 3);
+        let ctx = orchestrator(&journal, &agent).await;
+        let workers = pair_workers(&*ctx.agents, &pair).unwrap();
+        let url = |unit: &str| workers.iter().find(|w| w.unit.ends_with(unit)).unwrap().url.clone();
+        agent.break_kv_path(&url("prefill-0"), &url("decode-1"));
+        let d = diagnose(&*ctx.agents, &pair, &[], None).await.unwrap();
+        assert!(matches!(d.localisation, Localisation::NotLocalised { .. }), "{d:#?}");
+        assert_eq!(
+            d.matrix.tries[0][1],
+            Tries {
+                sent: 1 + REPROBES,
+                failed: 1 + REPROBES
+            }
+        );
+        assert_eq!(d.matrix.tries[0][0].sent, 1 + REPROBES, "{d:#?}");
+        let text = d.lines().join("\n");
+        assert!(text.contains("nothing tells the prefill from the decode"), "{text}");
+    }
+
+    /// Issue 46, finding 2: 2P3D, decode-1 intermittent (its second probe
+    /// on fails): one failing cell at first, which named its prefill; probed
+    /// again, its column fails: decode-1, and only it.
+    #[tokio::test(start_paused = true)]
+    async fn an_intermittent_decode_is_named_once_probed_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = crate::ops::fake_agent::rig::journal(&dir);
+        let agent = agent(2, 3);
+        let ctx = orchestrator(&journal, &agent).await;
+        let pair = xpyd_pair(2, 3);
+        let workers = pair_workers(&*ctx.agents, &pair).unwrap();
+        let url = |unit: &str| workers.iter().find(|w| w.unit.ends_with(unit)).unwrap().url.clone();
+        agent.flaky_decode(&url("decode-1"), 1);
+        let d = diagnose(&*ctx.agents, &pair, &[], None).await.unwrap();
+        let Localisation::Engines { suspects } = &d.localisation else {
+            panic!("not localised: {d:#?}");
+        };
+        assert_eq!(
+            suspects.iter().map(|s| s.unit.as_str()).collect::<Vec<_>>(),
+            ["h1/decode-1"],
+            "{d:#?}"
+        );
+        assert!(d.matrix.tries[0][1].sent > 1, "{d:#?}");
+    }
+
     /// Every path healthy: healthy, nothing named.
     #[tokio::test(start_paused = true)]
     async fn a_healthy_pool_is_healthy() {
@@ -185,7 +360,7 @@ mod tests {
         let journal = crate::ops::fake_agent::rig::journal(&dir);
         let agent = agent(2, 2);
         let ctx = orchestrator(&journal, &agent).await;
-        let d = diagnose(&*ctx.agents, &xpyd_pair(2, 2), &[]).await.unwrap();
+        let d = diagnose(&*ctx.agents, &xpyd_pair(2, 2), &[], None).await.unwrap();
         assert_eq!(d.localisation, Localisation::Healthy);
         assert!(d.failures.is_empty());
     }

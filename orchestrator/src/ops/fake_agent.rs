@@ -226,6 +226,12 @@ struct State {
     busy_until: HashMap<String, Instant>,
     /// KV paths (prefill url, decode url) whose transfers fail.
     broken_paths: Vec<(String, String)>,
+    /// Decodes (by URL) that refuse a path probe's connection while the
+    /// prefill accepts it (a dead decode process: issue 46).
+    refused_decodes: Vec<String>,
+    /// Decodes (by URL) whose path probes answer the first `.0` times and
+    /// fail after (an intermittent decode); `.1` counts the probes.
+    flaky_decodes: BTreeMap<String, (u32, u32)>,
     /// KV paths (prefill url, decode url) that fail until `unit` restarts
     /// (issue 37: a sick engine, healed by its own restart).
     broken_until: Vec<(String, String, String)>,
@@ -502,6 +508,17 @@ impl FakeAgent {
         self.lock().executed.iter().map(|e| e.unit.clone()).collect()
     }
 
+    /// The decode at `decode_url` refuses every path probe's connection.
+    pub(crate) fn refuse_decode(&self, decode_url: &str) {
+        self.lock().refused_decodes.push(decode_url.into());
+    }
+
+    /// Path probes into the decode at `decode_url` answer `answered` times,
+    /// then fail.
+    pub(crate) fn flaky_decode(&self, decode_url: &str, answered: u32) {
+        self.lock().flaky_decodes.insert(decode_url.into(), (answered, 0));
+    }
+
     pub(crate) fn break_kv_path(&self, prefill_url: &str, decode_url: &str) {
         self.lock().broken_paths.push((prefill_url.into(), decode_url.into()));
     }
@@ -709,8 +726,21 @@ impl FakeAgent {
             Some(Action::Start(s)) => self.start(id, s.unit),
             Some(Action::Probe(p)) => {
                 let agent = self.clone();
-                let (dead, latency_ms, weights) = {
-                    let st = self.lock();
+                let (dead, refused, latency_ms, weights) = {
+                    let mut st = self.lock();
+                    let into = p
+                        .pd_path
+                        .as_ref()
+                        .map(|path| path.decode_url.clone())
+                        .unwrap_or_default();
+                    let refused = st.refused_decodes.contains(&into);
+                    let flaky = match st.flaky_decodes.get_mut(&into) {
+                        Some((answered, seen)) => {
+                            *seen += 1;
+                            *seen > *answered
+                        }
+                        None => false,
+                    };
                     let broken = p.pd_path.as_ref().is_some_and(|path| {
                         st.broken_paths
                             .iter()
@@ -721,6 +751,8 @@ impl FakeAgent {
                                 .any(|(pf, d, _)| *pf == path.prefill_url && *d == path.decode_url)
                     });
                     let dead = broken
+                        || refused
+                        || flaky
                         || st
                             .units
                             .get(&p.unit)
@@ -733,7 +765,7 @@ impl FakeAgent {
                         Some(w) => w.clone(),
                         None => st.answer_weights(),
                     };
-                    (dead, (20.0 * st.slowdown()) as u64, weights)
+                    (dead, refused, (20.0 * st.slowdown()) as u64, weights)
                 };
                 tokio::spawn(async move {
                     tokio::time::sleep(Duration::from_millis(latency_ms)).await;
@@ -746,6 +778,7 @@ impl FakeAgent {
                                 seq: p.seq,
                                 outcome: ProbeOutcome::Error as i32,
                                 error: "connection refused".into(),
+                                unreachable: if refused { "decode".into() } else { String::new() },
                                 ..Default::default()
                             }),
                         );

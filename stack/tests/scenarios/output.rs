@@ -189,7 +189,7 @@ fn every_path_of_an_xpyd_pair_agrees_or_the_wrong_one_is_named() {
         .collect();
     assert_eq!(
         wrong,
-        ["prefill-0 → decode-1", "prefill-1 → decode-1"],
+        ["local/prefill-0 → local/decode-1", "local/prefill-1 → local/decode-1"],
         "{}",
         reasons(&corrupt)
     );
@@ -209,7 +209,7 @@ fn every_path_of_an_xpyd_pair_agrees_or_the_wrong_one_is_named() {
             "{path} not named: {text}"
         );
     }
-    assert!(text.contains("every path into decode decode-1"), "{text}");
+    assert!(text.contains("every path into decode local/decode-1"), "{text}");
     println!("2P2D, kv_corruption in decode-1: {text}");
 
     sim_fault(&decode1, r#"{"kv_corruption": false}"#);

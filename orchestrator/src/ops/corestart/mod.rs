@@ -59,7 +59,7 @@ use pdwarden_model::report::{
 
 mod history;
 pub mod machine;
-mod output;
+pub(crate) mod output;
 pub use output::RECORD_REFERENCE;
 mod probes;
 mod recorder;
@@ -324,7 +324,7 @@ pub async fn run_operation_from(
     if matches!(kind, OperationKind::Verify { .. })
         && !verdict.kind.is_healthy()
         && crate::ops::diagnose::worth_it(&run.pair)
-        && let Ok(d) = crate::ops::diagnose::diagnose(&*run.ctx.agents, &run.pair, &[]).await
+        && let Ok(d) = crate::ops::diagnose::diagnose(&*run.ctx.agents, &run.pair, &[], None).await
     {
         // A path that answered, but not what the weights compute (issue 34).
         let checks: Vec<(String, String, bool)> = evidence
@@ -332,7 +332,7 @@ pub async fn run_operation_from(
             .iter()
             .map(|c| (c.prefill.clone(), c.decode.clone(), c.is_wrong_output()))
             .collect();
-        let d = d.with_output_checks(&checks, &[]);
+        let d = d.with_output_checks(&checks);
         rec.journal_entry(rec.now_ms(), crate::ops::diagnose::ENTRY, &d);
         verdict.reasons.push(d.summary());
         diagnoses.push(d);
@@ -1340,9 +1340,9 @@ enabled = false
             .filter(|p| p.is_wrong_output())
             .map(|p| p.name())
             .collect();
-        assert_eq!(bad, ["prefill-0 → decode-1", "prefill-1 → decode-1"]);
+        assert_eq!(bad, ["h1/prefill-0 → h1/decode-1", "h1/prefill-1 → h1/decode-1"]);
         assert!(
-            wrong.reasons[0].starts_with("WRONG OUTPUT: prefill-0 → decode-1 answered \" sea calm")
+            wrong.reasons[0].starts_with("WRONG OUTPUT: h1/prefill-0 → h1/decode-1 answered \" sea calm")
                 && wrong.reasons[0].contains(&format!(
                     "where the reference (operation {}) goes on \" the sky",
                     first.operation_id
@@ -1352,7 +1352,7 @@ enabled = false
         );
         assert!(
             wrong.reasons[2].starts_with(
-                "WRONG OUTPUT on every path into decode decode-1 (prefill-0 → decode-1, prefill-1 → decode-1)"
+                "WRONG OUTPUT on every path into decode h1/decode-1 (h1/prefill-0 → h1/decode-1, h1/prefill-1 → h1/decode-1)"
             ),
             "{:?}",
             wrong.reasons
@@ -1368,7 +1368,7 @@ enabled = false
         assert!(
             pin.golden_paths
                 .iter()
-                .all(|p| p.held_to == HeldTo::Pinned && p.is_wrong_output() == (p.decode == "decode-1")),
+                .all(|p| p.held_to == HeldTo::Pinned && p.is_wrong_output() == (p.decode == "h1/decode-1")),
             "{:?}",
             pin.golden_paths
         );

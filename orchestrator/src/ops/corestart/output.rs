@@ -34,7 +34,7 @@ use pdwarden_model::status::OperationRecord;
 /// Tokens the greedy request asks for: a few dozen, enough that a
 /// corrupted KV path or other weights show (they differ within a few
 /// tokens) at the cost of one short request.
-pub(super) const GREEDY_TOKENS: u32 = 32;
+pub(crate) const GREEDY_TOKENS: u32 = 32;
 
 /// Operations of the pair searched, newest first, for a reference.
 pub(super) const REFERENCE_LOOKBACK: u32 = 50;
@@ -75,7 +75,7 @@ fn answer_of(
 }
 
 /// The greedy answer a probe result carries (`ProbeResult.answer`).
-pub(super) fn answer_from_wire(r: &pdwarden_proto::v1::ProbeResult) -> GreedyAnswer {
+pub(crate) fn answer_from_wire(r: &pdwarden_proto::v1::ProbeResult) -> GreedyAnswer {
     GreedyAnswer {
         tokens: r
             .answer
@@ -110,6 +110,17 @@ pub(super) fn reference_for(journal: &Journal, pair: &str, identity: &OutputIden
         let golden: GoldenRecord = serde_json::from_value(op.report?.get("golden")?.clone()).ok()?;
         golden.reference.filter(|r| &r.identity == identity)
     })
+}
+
+/// The reference the pair's answers are held to now: the model it serves,
+/// the fingerprint of its newest co-restart (issue 46: a repair's matrix
+/// holds every path's greedy answer to it).
+pub(crate) fn current_reference(journal: &Journal, pair: &crate::config::PairConfig) -> Option<Reference> {
+    let identity = OutputIdentity {
+        model: pair.probe.model.clone(),
+        fingerprint: running_fingerprint(journal, &pair.name),
+    };
+    reference_for(journal, &pair.name, &identity)
 }
 
 /// What the pair runs now, for a verification (which starts nothing): the
@@ -251,9 +262,11 @@ impl CoRestart<'_> {
                         ),
                     }),
                 };
+                // "host/unit": a unit of the same name on another host is
+                // another engine (issue 46, item 5).
                 out.push(PathAnswer {
-                    prefill: p.unit.clone(),
-                    decode: d.unit.clone(),
+                    prefill: p.to_string(),
+                    decode: d.to_string(),
                     answer,
                 });
             }

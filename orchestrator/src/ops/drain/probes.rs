@@ -273,6 +273,10 @@ pub enum ProbeError {
     /// The probe failed: the agent's error.
     #[error("{0}")]
     Failed(String),
+    /// The probe failed, and one side of the path ("prefill" or "decode")
+    /// did not accept its connection while the other did (issue 46).
+    #[error("{error}")]
+    Unreachable { side: String, error: String },
 }
 
 /// One probe over a prefill → decode path (`ProbeRequest.pd_path`), sent
@@ -284,18 +288,31 @@ pub async fn pd_probe(
     pair: &PairConfig,
     path: PdPath,
 ) -> Result<(), ProbeError> {
+    let chat = ChatProbe {
+        model: pair.probe.model.clone(),
+        prompt: pair.probe.prompt.clone(),
+        max_tokens: pair.probe.max_tokens,
+        greedy: false,
+    };
+    pd_probe_with(agents, via, pair, path, chat).await.map(|_| ())
+}
+
+/// [`pd_probe`] with the request `chat` (a greedy one, whose answer is
+/// held to the reference: issue 46), answering the agent's result.
+pub async fn pd_probe_with(
+    agents: &dyn AgentPort,
+    via: &UnitRef,
+    pair: &PairConfig,
+    path: PdPath,
+    chat: ChatProbe,
+) -> Result<pdwarden_proto::v1::ProbeResult, ProbeError> {
     let timeout_ms = pair.probe.probe_timeout_ms;
     let cmd = Command {
         fencing_token: 0,
         command_id: uuid::Uuid::new_v4().to_string(),
         action: Some(command::Action::Probe(ProbeRequest {
             unit: via.unit.clone(),
-            chat: Some(ChatProbe {
-                model: pair.probe.model.clone(),
-                prompt: pair.probe.prompt.clone(),
-                max_tokens: pair.probe.max_tokens,
-                greedy: false,
-            }),
+            chat: Some(chat),
             timeout_ms,
             seq: 0,
             pd_path: Some(path),
@@ -314,9 +331,14 @@ pub async fn pd_probe(
         )
         .await?;
     if answer.outcome == ProbeOutcome::Ok as i32 {
-        Ok(())
+        Ok(answer)
     } else if answer.error.is_empty() {
         Err(ProbeError::NoAnswer)
+    } else if !answer.unreachable.is_empty() {
+        Err(ProbeError::Unreachable {
+            side: answer.unreachable,
+            error: answer.error,
+        })
     } else {
         Err(ProbeError::Failed(answer.error))
     }

@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::{KvTransfer, PairConfig};
 use crate::ops::journal::JournalError;
 use crate::ops::machine::{Effect, Machine, Transition};
-use pdwarden_model::judge::paths::{Diagnosis, Epoch, Localisation};
+use pdwarden_model::judge::paths::{Diagnosis, Epoch, Localisation, PathOutcome};
 use pdwarden_model::judge::verdict::VerdictKind;
 use pdwarden_model::report::{ChildOperation, OperationReport};
 
@@ -221,43 +221,123 @@ impl Repairing<'_> {
                 so_far,
                 "the watch confirmed a wedge, yet every path answers: no engine is singled out".into(),
             ),
-            Localisation::Healthy if round == 0 => Self::conclude(
-                so_far,
-                VerdictKind::Healthy,
-                "every prefill → decode path answers: nothing was restarted".into(),
-            ),
+            // Every path answered (and, with a reference, answered right):
+            // still not healthy until the pair is verified through its
+            // router as a co-restart verifies it (issue 46, item 2).
+            Localisation::Healthy if round == 0 => {
+                let slow = d_slow(&so_far);
+                so_far.reasons.push(format!(
+                    "every prefill → decode path answers{slow}: nothing restarted; the pair is verified through its router before it is called healthy"
+                ));
+                Transition::then(Repair::VerifyingPair { so_far }, RepairEffect::RunChild(Child::Verify))
+            }
             Localisation::Healthy => Transition::then(Repair::Rejoining { so_far }, RepairEffect::Rejoin),
             Localisation::NotLocalised { why } => Self::fallback(so_far, format!("not localised ({why})")),
             Localisation::Engines { suspects } => {
                 let named: Vec<String> = suspects.into_iter().map(|s| s.unit).collect();
-                let units = self.closure(&named);
-                let everything = self.pair.prefill.len() + self.pair.decode.len();
-                if units.len() == everything {
-                    Self::fallback(
-                        so_far,
-                        format!(
-                            "{} named, but in an SGLang PD pool a decode restarted without the prefills that served it keeps a degraded bootstrap, and a decode keeps a restarted prefill's old identity (INCIDENTS row 1): restarting it takes every engine it paired with, and they with theirs, which here is the whole pool",
-                            named.join(", ")
-                        ),
-                    )
-                } else if let Some(again) = units.iter().find(|u| so_far.restarted.contains(u)) {
-                    Self::fallback(so_far, format!("{again} fails again after its own restart"))
-                } else if round >= MAX_ROUNDS {
-                    Self::fallback(so_far, format!("paths still fail after {MAX_ROUNDS} targeted rounds"))
-                } else {
-                    let child = Child::Restart {
-                        round,
-                        units: units.clone(),
-                    };
-                    Transition::then(
-                        Repair::Restarting { round, units, so_far },
-                        RepairEffect::RunChild(child),
-                    )
-                }
+                self.restart_named(round, so_far, named)
             }
         };
         t.effects.insert(0, record);
         t
+    }
+
+    /// Round `round` restarts `named` and what holds state about them —
+    /// keeping `[pair] repair_keeps_serving` engines of each side in the
+    /// router (issue 46, item 4) — or falls back to the whole co-restart.
+    fn restart_named(&self, round: usize, so_far: SoFar, named: Vec<String>) -> Transition<Repair, RepairEffect> {
+        let units = self.closure(&named);
+        let everything = self.pair.prefill.len() + self.pair.decode.len();
+        if units.len() == everything {
+            return Self::fallback(
+                so_far,
+                format!(
+                    "{} named, but in an SGLang PD pool a decode restarted without the prefills that served it keeps a degraded bootstrap, and a decode keeps a restarted prefill's old identity (INCIDENTS row 1): restarting it takes every engine it paired with, and they with theirs, which here is the whole pool",
+                    named.join(", ")
+                ),
+            );
+        }
+        if let Some(again) = units.iter().find(|u| so_far.restarted.contains(u)) {
+            let why = format!("{again} fails again after its own restart");
+            return Self::fallback(so_far, why);
+        }
+        if round >= MAX_ROUNDS {
+            return Self::fallback(so_far, format!("paths still fail after {MAX_ROUNDS} targeted rounds"));
+        }
+        let plan = self.capacity_plan(&units);
+        let Some((now, later, serving)) = plan else {
+            return Self::fallback(
+                so_far,
+                format!(
+                    "restarting {} would leave fewer than {} engine(s) of a side serving in the router ([pair] repair_keeps_serving)",
+                    units.join(", "),
+                    self.pair.repair_keeps_serving
+                ),
+            );
+        };
+        let mut so_far = so_far;
+        let mut plan_line = format!(
+            "round {}: restarts {}; keeps serving {}",
+            round + 1,
+            now.join(", "),
+            serving.join(", ")
+        );
+        if !later.is_empty() {
+            plan_line.push_str(&format!(
+                "; {} wait for the next round (each side keeps {} serving)",
+                later.join(", "),
+                self.pair.repair_keeps_serving
+            ));
+        }
+        so_far.reasons.push(plan_line);
+        let child = Child::Restart {
+            round,
+            units: now.clone(),
+        };
+        Transition::then(
+            Repair::Restarting {
+                round,
+                units: now,
+                so_far,
+            },
+            RepairEffect::RunChild(child),
+        )
+    }
+
+    /// `units` split into what restarts now and what waits, so that each
+    /// side keeps `repair_keeps_serving` engines serving; with what serves
+    /// meanwhile. `None`: a side would keep none of its engines restartable
+    /// (it has no more than the minimum).
+    fn capacity_plan(&self, units: &[String]) -> Option<(Vec<String>, Vec<String>, Vec<String>)> {
+        let keep = self.pair.repair_keeps_serving;
+        let (mut now, mut later) = (Vec::new(), Vec::new());
+        for side in [&self.pair.prefill, &self.pair.decode] {
+            let side: Vec<String> = side.iter().map(ToString::to_string).collect();
+            let named: Vec<&String> = side.iter().filter(|u| units.contains(u)).collect();
+            if named.is_empty() {
+                continue;
+            }
+            let room = side.len().saturating_sub(keep);
+            if room == 0 {
+                return None;
+            }
+            for (i, u) in named.into_iter().enumerate() {
+                if i < room {
+                    now.push(u.clone())
+                } else {
+                    later.push(u.clone())
+                }
+            }
+        }
+        let serving = self
+            .pair
+            .prefill
+            .iter()
+            .chain(&self.pair.decode)
+            .map(ToString::to_string)
+            .filter(|u| !now.contains(u))
+            .collect();
+        Some((now, later, serving))
     }
 
     /// What must restart with `named` (what holds state about a restarted
@@ -315,6 +395,26 @@ impl Repairing<'_> {
                 decodes_before: decodes_before.clone(),
             })
             .collect()
+    }
+}
+
+/// ", some slow (…)" when the last diagnosis had slow paths: said, and
+/// left to the verification's latency judgement.
+fn d_slow(so_far: &SoFar) -> String {
+    let Some(d) = so_far.diagnoses.last() else {
+        return String::new();
+    };
+    let slow = d
+        .matrix
+        .cells
+        .iter()
+        .flatten()
+        .filter(|c| **c == PathOutcome::Slow)
+        .count();
+    if slow == 0 {
+        String::new()
+    } else {
+        format!(" ({slow} of them slower than the warm budget)")
     }
 }
 
@@ -420,6 +520,28 @@ impl Machine for Repairing<'_> {
             (Repair::VerifyingPair { mut so_far }, RepairEvent::ChildConcluded { child, report }) => {
                 Self::record(&mut so_far, &child, &report);
                 let verdict = report.verdict;
+                // A failed verification whose matrix (with every path's
+                // output held to the reference) names engines: they are the
+                // next round's, not the end (issue 46: a decode corrupting
+                // its KV answers every probe, but wrong).
+                let named = report.diagnoses.last().and_then(|d| match &d.localisation {
+                    Localisation::Engines { suspects } => Some((d.clone(), suspects.clone())),
+                    _ => None,
+                });
+                if !verdict.is_healthy()
+                    && let Some((d, suspects)) = named
+                {
+                    let round = so_far.diagnoses.len();
+                    so_far.reasons.push(format!(
+                        "the whole pair through its router: {} (operation {}); its {}",
+                        verdict.as_str(),
+                        report.operation_id,
+                        d.summary()
+                    ));
+                    so_far.diagnoses.push(d);
+                    let named = suspects.into_iter().map(|s| s.unit).collect();
+                    return self.restart_named(round, so_far, named);
+                }
                 Self::conclude(
                     so_far,
                     verdict,
@@ -451,7 +573,7 @@ impl Machine for Repairing<'_> {
 mod tests {
     use super::*;
     use PathOutcome::{Error as E, Ok as O};
-    use pdwarden_model::judge::paths::{Matrix, PathOutcome, localise};
+    use pdwarden_model::judge::paths::{Matrix, localise};
 
     /// A NIXL pool: the named engines restart alone.
     fn pair() -> PairConfig {
@@ -510,13 +632,16 @@ mod tests {
             prefills: vec!["h1/prefill-0".into(), "h1/prefill-1".into()],
             decodes: vec!["h1/decode-0".into(), "h1/decode-1".into()],
             cells,
+            tries: Vec::new(),
         };
         Diagnosis {
             pair: "p".into(),
-            localisation: localise(&matrix, epochs),
+            localisation: localise(&matrix, epochs, &[]),
             matrix,
             failures: Vec::new(),
             took_ms: 1,
+            epochs: epochs.to_vec(),
+            blames: Vec::new(),
         }
     }
 
@@ -714,9 +839,11 @@ mod tests {
         assert_eq!(t.effects[1], RepairEffect::RunChild(Child::WholePair));
     }
 
-    /// Every path healthy at the start: nothing restarted, healthy.
+    /// Issue 46, finding 3: every path answering at the start no longer
+    /// ends the repair `healthy` with nothing verified: the pair is verified
+    /// through its router first; only its verdict concludes.
     #[test]
-    fn a_healthy_matrix_restarts_nothing() {
+    fn a_healthy_matrix_restarts_nothing_but_is_verified_through_the_router() {
         let pair = pair();
         let m = Repairing {
             pair: &pair,
@@ -724,12 +851,49 @@ mod tests {
         };
         let t = m.step(
             Repairing::start().next,
-            RepairEvent::Diagnosed(Box::new(diagnosis(vec![vec![O, O], vec![O, O]], &[]))),
+            RepairEvent::Diagnosed(Box::new(diagnosis(vec![vec![O, O], vec![O, PathOutcome::Slow]], &[]))),
             0,
         );
-        let Repair::Concluded { so_far } = t.next else { panic!() };
+        assert_eq!(t.effects[1], RepairEffect::RunChild(Child::Verify));
+        let Repair::VerifyingPair { so_far } = &t.next else {
+            panic!("{t:?}")
+        };
+        assert!(
+            so_far
+                .reasons
+                .last()
+                .unwrap()
+                .contains("1 of them slower than the warm budget"),
+            "{:?}",
+            so_far.reasons
+        );
+        // Slow through the router too: not healthy.
+        let t2 = m.step(
+            t.next.clone(),
+            RepairEvent::ChildConcluded {
+                child: Child::Verify,
+                report: report(VerdictKind::OverBudget),
+            },
+            0,
+        );
+        let Repair::Concluded { so_far } = t2.next else {
+            panic!()
+        };
+        assert_eq!(so_far.verdict, VerdictKind::OverBudget);
+        assert!(so_far.restarted.is_empty());
+        // Healthy through the router: healthy.
+        let t3 = m.step(
+            t.next,
+            RepairEvent::ChildConcluded {
+                child: Child::Verify,
+                report: report(VerdictKind::Healthy),
+            },
+            0,
+        );
+        let Repair::Concluded { so_far } = t3.next else {
+            panic!()
+        };
         assert_eq!(so_far.verdict, VerdictKind::Healthy);
-        assert!(so_far.children.is_empty());
         // A recovery of a confirmed wedge does not stop at a clean matrix.
         let m = Repairing {
             pair: &pair,
@@ -741,5 +905,92 @@ mod tests {
             0,
         );
         assert_eq!(t.effects[1], RepairEffect::RunChild(Child::WholePair));
+    }
+
+    /// A decode corrupting its KV answers every probe (no reference to hold
+    /// the matrix's answers to): the verification fails, its matrix with
+    /// the output folded in names decode-1, and that is the next round.
+    #[test]
+    fn a_failed_verification_naming_an_engine_restarts_it() {
+        let pair = pair();
+        let m = Repairing {
+            pair: &pair,
+            recovery: false,
+        };
+        let t = m.step(
+            Repairing::start().next,
+            RepairEvent::Diagnosed(Box::new(diagnosis(vec![vec![O, O], vec![O, O]], &[]))),
+            0,
+        );
+        let mut failed = report(VerdictKind::Failed);
+        failed.diagnoses = vec![diagnosis(
+            vec![vec![O, PathOutcome::WrongOutput], vec![O, PathOutcome::WrongOutput]],
+            &[],
+        )];
+        let t = m.step(
+            t.next,
+            RepairEvent::ChildConcluded {
+                child: Child::Verify,
+                report: failed,
+            },
+            0,
+        );
+        assert_eq!(
+            t.effects,
+            vec![RepairEffect::RunChild(Child::Restart {
+                round: 1,
+                units: vec!["h1/decode-1".into()]
+            })]
+        );
+    }
+
+    /// Issue 46, item 4: a round never takes every decode (or prefill) out
+    /// of the router: what it cannot restart and keep the minimum serving
+    /// waits for the next round; a side with no room: the whole co-restart.
+    #[test]
+    fn a_round_keeps_the_minimum_of_each_side_serving() {
+        let pair = pair();
+        let m = Repairing {
+            pair: &pair,
+            recovery: false,
+        };
+        let (now, later, serving) = m.capacity_plan(&["h1/decode-0".into(), "h1/decode-1".into()]).unwrap();
+        assert_eq!(now, ["h1/decode-0"]);
+        assert_eq!(later, ["h1/decode-1"]);
+        assert_eq!(serving, ["h1/prefill-0", "h1/prefill-1", "h1/decode-1"]);
+        let t = m.restart_named(0, SoFar::default(), vec!["h1/decode-0".into(), "h1/decode-1".into()]);
+        assert_eq!(
+            t.effects,
+            vec![RepairEffect::RunChild(Child::Restart {
+                round: 0,
+                units: vec!["h1/decode-0".into()]
+            })]
+        );
+        let Repair::Restarting { so_far, .. } = &t.next else {
+            panic!()
+        };
+        assert!(
+            so_far.reasons[0].contains("keeps serving h1/prefill-0, h1/prefill-1, h1/decode-1"),
+            "{:?}",
+            so_far.reasons
+        );
+        assert!(so_far.reasons[0].contains("h1/decode-1 wait for the next round"));
+        // Two decodes, both to keep serving: none can go.
+        let mut strict = pair.clone();
+        strict.repair_keeps_serving = 2;
+        let m = Repairing {
+            pair: &strict,
+            recovery: false,
+        };
+        let t = m.restart_named(0, SoFar::default(), vec!["h1/decode-0".into()]);
+        assert_eq!(t.effects, vec![RepairEffect::RunChild(Child::WholePair)]);
+        let Repair::CoRestartingPair { so_far } = &t.next else {
+            panic!()
+        };
+        assert!(
+            so_far.reasons[0].contains("repair_keeps_serving"),
+            "{:?}",
+            so_far.reasons
+        );
     }
 }

@@ -312,7 +312,11 @@ impl Repairer {
         match effect {
             RepairEffect::Diagnose { epochs } => {
                 let step = self.rec.step_started("diagnose", &self.pair.name);
-                let d = crate::ops::diagnose::diagnose(&*self.ctx.agents, &self.pair, &epochs).await;
+                // Every path's greedy answer held to the pair's reference
+                // (issue 46: a repair proves output, not only answers).
+                let reference = crate::ops::corestart::output::current_reference(&self.ctx.journal, &self.pair);
+                let d =
+                    crate::ops::diagnose::diagnose(&*self.ctx.agents, &self.pair, &epochs, reference.as_ref()).await;
                 match d {
                     Ok(d) => {
                         self.rec.step_ended(step, d.summary());
