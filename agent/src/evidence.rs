@@ -169,6 +169,22 @@ pub fn start_unix_ms(start_ticks: u64, ticks_per_second: u64, boot_unix_s: u64) 
         .saturating_add(u64::try_from(after_boot_ms).unwrap_or(u64::MAX))
 }
 
+/// When a process with `start_ticks` (its `stat` start time) started, in ms
+/// since the Unix epoch; None when the clock or the boot time is unreadable.
+fn started_unix_ms_of(start_ticks: u64) -> Option<u64> {
+    let ticks = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok()??;
+    let btime = parse_btime(&std::fs::read_to_string("/proc/stat").ok()?)?;
+    Some(start_unix_ms(start_ticks, u64::try_from(ticks).ok()?, btime))
+}
+
+/// When process `pid` started, in ms since the Unix epoch (issue 46: a
+/// unit's `process_started_unix_ms`, whoever started it); None when it is
+/// gone or /proc is unreadable.
+pub fn process_started_unix_ms(pid: u32) -> Option<u64> {
+    let stat = read_stat(&format!("/proc/{pid}/stat")).ok()?;
+    started_unix_ms_of(stat.start_ticks)
+}
+
 /// `root` and its descendants in `table` (pid, ppid), breadth-first and by
 /// pid among siblings, at most `max` of them; the second value is how many
 /// more there were.
@@ -603,11 +619,7 @@ fn read_tree(root: u32) -> Result<Tree, EvidenceError> {
             table.iter().find(|(pid, _)| *pid == p).map_or(0, |(_, pp)| *pp)
         }
     };
-    let started_unix_ms = (|| {
-        let ticks = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok()??;
-        let btime = parse_btime(&std::fs::read_to_string("/proc/stat").ok()?)?;
-        Some(start_unix_ms(root_stat.start_ticks, u64::try_from(ticks).ok()?, btime))
-    })();
+    let started_unix_ms = started_unix_ms_of(root_stat.start_ticks);
     Ok(Tree {
         processes: pids.iter().map(|&p| (p, ppid_of(p))).collect(),
         more,

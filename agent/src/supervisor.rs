@@ -301,6 +301,11 @@ impl Unit {
             } else {
                 String::new()
             },
+            process_started_unix_ms: st
+                .running
+                .as_ref()
+                .and_then(|r| crate::evidence::process_started_unix_ms(r.pid))
+                .unwrap_or(0),
         }
     }
 
@@ -316,6 +321,13 @@ impl Unit {
             command_id: ctx.map(|c| c.id.clone()).unwrap_or_default(),
             ms_since_command: ctx.map_or(0, |c| c.ms_at(now)),
             pid,
+            // Only where the process is new to the orchestrator: the spawn,
+            // or the phase changes that may follow an adoption.
+            process_started_unix_ms: match phase {
+                Phase::Exited | Phase::Stopped | Phase::Stopping => 0,
+                _ if pid != 0 => crate::evidence::process_started_unix_ms(pid).unwrap_or(0),
+                _ => 0,
+            },
             ..Default::default()
         }
     }

@@ -337,17 +337,29 @@ pub fn localise(m: &Matrix, epochs: &[Epoch], blames: &[Attribution]) -> Localis
                 .flat_map(|e| e.decodes_before.iter().map(String::as_str))
                 .collect();
             let works = working(&mut m.cells[p].iter().copied());
-            if works > 0 && failing_decodes.iter().all(|&d| stale.contains(&m.decodes[d].as_str())) {
-                // It works with the decodes that paired with its current
-                // process and fails with exactly those that paired with its
-                // previous one: they hold its old identity.
+            if failing_decodes.iter().all(|&d| stale.contains(&m.decodes[d].as_str())) {
+                // It fails with exactly the decodes that paired with its
+                // previous process: they hold its old identity. When it
+                // works with none (every decode is one of them), the same
+                // failures would show were it still bad itself: said, and
+                // the repair restarts them a few at a time, so the next
+                // matrix tells which (a decode restarted after it that
+                // still fails with it names it).
+                let also = if works > 0 {
+                    format!(", while {works} decode(s) that paired with its current process work with it")
+                } else {
+                    format!(
+                        "; every decode of it did, so {} being still bad would fail the same paths: restarting one of them tells which",
+                        m.prefills[p]
+                    )
+                };
                 let suspects = failing_decodes
                     .iter()
                     .map(|&d| Suspect {
                         unit: m.decodes[d].clone(),
                         role: "decode".into(),
                         why: format!(
-                            "it fails only with {} ({}), which it paired with before that prefill's current process started, while {works} decode(s) that paired with its current process work with it: it holds the old bootstrap identity",
+                            "it fails only with {} ({}), which it paired with before that prefill's current process started: it holds the old bootstrap identity{also}",
                             m.prefills[p],
                             tries(p, d)
                         ),
@@ -534,9 +546,10 @@ mod tests {
         assert_eq!(units(&localise(&m, &epochs, &[])), ["decode-0", "decode-1"]);
     }
 
-    /// Issue 46, finding 4: the restarted prefill itself still bad fails
-    /// with every decode, the fresh ones too: the prefill, never every
-    /// decode.
+    /// Issue 46, finding 4: a restarted prefill failing with a decode that
+    /// paired with its current process is itself bad: the prefill, never
+    /// every decode. Failing with exactly the stale ones (all of them), the
+    /// decodes are named and the why says the prefill would look the same.
     #[test]
     fn a_restarted_prefill_still_bad_is_named_not_every_decode() {
         let epochs = [Epoch {
@@ -544,7 +557,15 @@ mod tests {
             decodes_before: vec!["decode-0".into(), "decode-1".into()],
         }];
         let m = matrix(2, 2, vec![vec![E, E], vec![O, O]]);
-        assert_eq!(units(&localise(&m, &epochs, &[])), ["prefill-0"]);
+        let l = localise(&m, &epochs, &[]);
+        assert_eq!(units(&l), ["decode-0", "decode-1"]);
+        let Localisation::Engines { suspects } = &l else {
+            unreachable!()
+        };
+        assert!(
+            suspects[0].why.contains("restarting one of them tells which"),
+            "{suspects:?}"
+        );
         // A fresh decode failing with it too: the prefill.
         let m = matrix(2, 3, vec![vec![E, E, E], vec![O, O, O]]);
         assert_eq!(units(&localise(&m, &epochs, &[])), ["prefill-0"]);

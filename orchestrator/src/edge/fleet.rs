@@ -277,6 +277,12 @@ impl Fleet {
                         } else {
                             u.pid
                         };
+                        // The process's start, whoever started it (issue 46).
+                        if u.pid == 0 {
+                            u.process_started_unix_ms = 0;
+                        } else if ev.process_started_unix_ms != 0 {
+                            u.process_started_unix_ms = ev.process_started_unix_ms;
+                        }
                     }
                 }
                 let id = ev.command_id.clone();

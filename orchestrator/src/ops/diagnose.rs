@@ -86,6 +86,7 @@ pub async fn diagnose(
     reference: Option<&Reference>,
 ) -> Result<Diagnosis, DiagnoseError> {
     let started = tokio::time::Instant::now();
+    let epochs = &merged(epochs, epochs_from_facts(agents, pair));
     let workers = pair_workers(agents, pair)?;
     let prefills: Vec<&PairWorker> = workers.iter().filter(|w| w.worker_type == "prefill").collect();
     let decodes: Vec<&PairWorker> = workers.iter().filter(|w| w.worker_type == "decode").collect();
@@ -195,9 +196,56 @@ pub async fn diagnose(
         failures,
         localisation,
         took_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
-        epochs: epochs.to_vec(),
+        epochs: epochs.clone(),
         blames,
     })
+}
+
+/// The restart epochs the agents' facts show (issue 46, item 3): for each
+/// prefill, the decodes whose current process started before the
+/// prefill's current one — they paired with its previous process, whoever
+/// restarted it (pdwarden, systemd, its agent, an operator). An engine
+/// whose start is unknown (0: not running, or an agent that does not say)
+/// is in no epoch.
+pub fn epochs_from_facts(agents: &dyn AgentPort, pair: &PairConfig) -> Vec<Epoch> {
+    let started = |u: &crate::config::UnitRef| agents.unit(&u.host, &u.unit).map_or(0, |i| i.process_started_unix_ms);
+    pair.prefill
+        .iter()
+        .filter_map(|p| {
+            let since = started(p);
+            if since == 0 {
+                return None;
+            }
+            let decodes_before: Vec<String> = pair
+                .decode
+                .iter()
+                .filter(|d| (1..since).contains(&started(d)))
+                .map(ToString::to_string)
+                .collect();
+            (!decodes_before.is_empty()).then(|| Epoch {
+                prefill: p.to_string(),
+                decodes_before,
+            })
+        })
+        .collect()
+}
+
+/// `a` and `b` as one list, a prefill's decodes together.
+fn merged(a: &[Epoch], b: Vec<Epoch>) -> Vec<Epoch> {
+    let mut out = a.to_vec();
+    for e in b {
+        match out.iter_mut().find(|o| o.prefill == e.prefill) {
+            Some(o) => {
+                for d in e.decodes_before {
+                    if !o.decodes_before.contains(&d) {
+                        o.decodes_before.push(d);
+                    }
+                }
+            }
+            None => out.push(e),
+        }
+    }
+    out
 }
 
 /// Why a path's greedy answer is not the reference's, if it is not.
@@ -351,6 +399,34 @@ mod tests {
             "{d:#?}"
         );
         assert!(d.matrix.tries[0][1].sent > 1, "{d:#?}");
+    }
+
+    /// Issue 46, item 3: a prefill restarted outside pdwarden (systemd)
+    /// leaves the decode that paired with its old process stale: the agents'
+    /// process starts say so, and the decode is named, not the prefill.
+    #[tokio::test(start_paused = true)]
+    async fn a_prefill_restarted_outside_pdwarden_names_its_stale_decode_from_facts() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = crate::ops::fake_agent::rig::journal(&dir);
+        let agent = agent(1, 3);
+        let ctx = orchestrator(&journal, &agent).await;
+        let pair = xpyd_pair(1, 3);
+        assert!(epochs_from_facts(&*ctx.agents, &pair).is_empty(), "started in order");
+        agent.stale_identity_after_restart("prefill-0", &["decode-2"]);
+        agent.restart_outside("prefill-0");
+        let epochs = epochs_from_facts(&*ctx.agents, &pair);
+        assert_eq!(epochs.len(), 1);
+        assert_eq!(epochs[0].decodes_before, ["h1/decode-0", "h1/decode-1", "h1/decode-2"]);
+        let d = diagnose(&*ctx.agents, &pair, &[], None).await.unwrap();
+        let Localisation::Engines { suspects } = &d.localisation else {
+            panic!("not localised: {d:#?}");
+        };
+        assert_eq!(
+            suspects.iter().map(|s| s.unit.as_str()).collect::<Vec<_>>(),
+            ["h1/decode-2"],
+            "{d:#?}"
+        );
+        assert!(suspects[0].why.contains("old bootstrap identity"), "{suspects:?}");
     }
 
     /// Every path healthy: healthy, nothing named.

@@ -339,6 +339,11 @@ pub(crate) struct FakeAgent {
     state: Arc<Mutex<State>>,
 }
 
+/// The fake's process start clock: each new pid started later than the last.
+fn started_at(pid: u32) -> u64 {
+    1_800_000_000_000 + u64::from(pid) * 1_000
+}
+
 impl FakeAgent {
     /// An agent on `host` whose units run (generating, started by nobody in
     /// particular) before any operation.
@@ -363,6 +368,7 @@ impl FakeAgent {
                 base_url: format!("http://fake/{}", m.name),
                 phase: Phase::Generating as i32,
                 pid: st.next_pid,
+                process_started_unix_ms: started_at(st.next_pid),
                 ..Default::default()
             };
             st.units.insert(m.name.clone(), (m, info));
@@ -672,6 +678,9 @@ impl FakeAgent {
                 info.phase = ev.phase;
                 if ev.pid != 0 {
                     info.pid = ev.pid;
+                }
+                if ev.process_started_unix_ms != 0 {
+                    info.process_started_unix_ms = ev.process_started_unix_ms;
                 }
                 if !ev.command_id.is_empty() {
                     info.command_id = ev.command_id.clone();
@@ -1059,6 +1068,33 @@ impl FakeAgent {
         (result, Duration::from_micros(total_us))
     }
 
+    /// `unit` restarted by someone else (systemd, an operator): a new
+    /// process, started now, with no command of pdwarden's; its decodes
+    /// that [`Self::stale_identity_after_restart`] named keep its old
+    /// identity. Said as the agent says a spontaneous spawn.
+    pub(crate) fn restart_outside(&self, unit: &str) {
+        let pid = {
+            let mut st = self.lock();
+            if let Some(decodes) = st.stale_identity.remove(unit) {
+                for d in decodes {
+                    let (pf, du) = (format!("http://fake/{unit}"), format!("http://fake/{d}"));
+                    st.broken_until.push((pf, du, d));
+                }
+            }
+            st.next_pid += 1;
+            st.next_pid
+        };
+        for phase in [Phase::Spawned, Phase::Generating] {
+            self.say(Kind::UnitEvent(UnitEvent {
+                unit: unit.into(),
+                phase: phase as i32,
+                pid,
+                process_started_unix_ms: started_at(pid),
+                ..Default::default()
+            }));
+        }
+    }
+
     fn start(&self, id: String, unit: String) {
         let mut st = self.lock();
         let Some((model, info)) = st.units.get(&unit).cloned() else {
@@ -1122,6 +1158,7 @@ impl FakeAgent {
             let mut spawned = event(Phase::Spawned, pid, "");
             if let Kind::UnitEvent(ev) = &mut spawned {
                 ev.config_fingerprint = format!("{unit}-v{version}");
+                ev.process_started_unix_ms = started_at(pid);
             }
             agent.say(spawned);
             agent.reply(

@@ -42,6 +42,10 @@ pub struct SoFar {
     pub restarted: Vec<String>,
     /// Prefills restarted, and the decodes that paired with them before.
     pub epochs: Vec<Epoch>,
+    /// Rounds granted past [`MAX_ROUNDS`]: a round that restarted only part
+    /// of what was named, to keep engines serving, grants the next.
+    #[serde(default)]
+    pub deferred: usize,
 }
 
 impl Default for SoFar {
@@ -53,6 +57,7 @@ impl Default for SoFar {
             diagnoses: Vec::new(),
             restarted: Vec::new(),
             epochs: Vec::new(),
+            deferred: 0,
         }
     }
 }
@@ -261,8 +266,9 @@ impl Repairing<'_> {
             let why = format!("{again} fails again after its own restart");
             return Self::fallback(so_far, why);
         }
-        if round >= MAX_ROUNDS {
-            return Self::fallback(so_far, format!("paths still fail after {MAX_ROUNDS} targeted rounds"));
+        if round >= MAX_ROUNDS + so_far.deferred {
+            let rounds = MAX_ROUNDS + so_far.deferred;
+            return Self::fallback(so_far, format!("paths still fail after {rounds} targeted rounds"));
         }
         let plan = self.capacity_plan(&units);
         let Some((now, later, serving)) = plan else {
@@ -283,6 +289,7 @@ impl Repairing<'_> {
             serving.join(", ")
         );
         if !later.is_empty() {
+            so_far.deferred += 1;
             plan_line.push_str(&format!(
                 "; {} wait for the next round (each side keeps {} serving)",
                 later.join(", "),
@@ -466,6 +473,12 @@ impl Machine for Repairing<'_> {
                     report.verdict.as_str(),
                     report.operation_id
                 ));
+                // A decode restarted now paired afresh: no earlier epoch
+                // holds it (its own restart is the proof; issue 46).
+                for e in &mut so_far.epochs {
+                    e.decodes_before.retain(|d| !units.contains(d));
+                }
+                so_far.epochs.retain(|e| !e.decodes_before.is_empty());
                 let epochs = self.epochs_of(&units);
                 so_far.epochs.extend(epochs);
                 so_far.restarted.extend(units);
@@ -774,6 +787,41 @@ mod tests {
                 units: vec!["h1/decode-0".into()]
             })
         );
+    }
+
+    /// Issue 46, item 3: the epoch never outweighs a child's own proof: a
+    /// decode restarted in a round paired afresh, so the epoch of a prefill
+    /// restarted before no longer holds it.
+    #[test]
+    fn a_decode_restarted_in_a_round_leaves_the_earlier_epoch() {
+        let pair = pair();
+        let m = Repairing {
+            pair: &pair,
+            recovery: false,
+        };
+        let mut so_far = SoFar::default();
+        so_far.epochs.push(Epoch {
+            prefill: "h1/prefill-0".into(),
+            decodes_before: vec!["h1/decode-0".into(), "h1/decode-1".into()],
+        });
+        let units = vec!["h1/decode-0".to_string()];
+        let t = m.step(
+            Repair::Restarting {
+                round: 1,
+                units: units.clone(),
+                so_far,
+            },
+            RepairEvent::ChildConcluded {
+                child: Child::Restart { round: 1, units },
+                report: report(VerdictKind::Healthy),
+            },
+            0,
+        );
+        let RepairEffect::Diagnose { epochs } = &t.effects[0] else {
+            panic!("{t:?}")
+        };
+        assert_eq!(epochs.len(), 1);
+        assert_eq!(epochs[0].decodes_before, ["h1/decode-1"]);
     }
 
     /// Not localised, an engine named again after its own restart, rounds
