@@ -211,6 +211,7 @@ async fn session(
                     command_id: String::new(),
                     command_in_progress: false,
                     exit_detail: String::new(),
+                    process_started_unix_ms: 0,
                 })
                 .collect(),
             lost_leader_url: String::new(),

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::harness::{HeldDemo, at, demo, exclusive, must_at, pdwarden, sim_fault, step_names};
+use crate::harness::{HeldDemo, at, demo, exclusive, must_at, pdwarden, poll, sim_fault, step_names};
 
 const LIMIT: Duration = Duration::from_secs(120);
 
@@ -383,23 +383,31 @@ fn an_xpyd_pair_behind_cache_aware_proves_each_engine_the_router_did_not_reach()
     println!("{} {proven:#?}", r["verdict"]);
 }
 
-/// Issue 37, Done when: a 3P2D pd-sim pool with vLLM's NixlConnector
-/// semantics (`--kv-transfer nixl`: an engine restarts alone) behind the
-/// real sglang-router. A decode failing every KV transfer, then a prefill
-/// with stale transfer state: each localised, only it restarted (the
-/// others' pids unchanged), every path re-proven, the pair verified through
-/// the router, a client's traffic through the router counted meanwhile.
-/// Then two engines at once (a prefill and a decode: as many as a side):
-/// not localised, the whole ordered co-restart, said. One stack for all.
+/// Issue 37 and 46, Done when: a 2P3D pd-sim pool with vLLM's
+/// NixlConnector semantics (`--kv-transfer nixl`: an engine restarts
+/// alone) behind the real sglang-router, a client sending through the
+/// router all along. Each case named right, only it restarted (the others'
+/// pids unchanged), every path re-proven, the pair verified through the
+/// router:
+/// - a decode failing every KV transfer;
+/// - a decode corrupting the KV it receives: every path answers, but
+///   wrong; `--only-sick` holds each path's greedy answer to the reference
+///   (it used to conclude `healthy`, nothing restarted, in under a second);
+/// - an intermittent decode (every second transfer fails): never anything
+///   but that decode is named; named once probed again, or not localised;
+/// - a prefill with stale transfer state;
+/// - two engines at once (a prefill and a decode): their failing paths
+///   share no engine: not localised, the whole ordered co-restart, said.
+/// One stack for all.
 #[test]
-fn a_3p2d_nixl_pool_restarts_only_the_sick_engine_and_what_does_not_localise_whole() {
+fn a_2p3d_nixl_pool_restarts_only_the_sick_engine_and_what_does_not_localise_whole() {
     let _one = exclusive();
     let demo = HeldDemo::start(
         &[
             "--prefills",
-            "3",
-            "--decodes",
             "2",
+            "--decodes",
+            "3",
             "--kv-transfer",
             "nixl",
             "--no-auto-recover",
@@ -411,7 +419,7 @@ fn a_3p2d_nixl_pool_restarts_only_the_sick_engine_and_what_does_not_localise_who
         "{:#}",
         demo.report
     );
-    let units = ["prefill-0", "prefill-1", "prefill-2", "decode-0", "decode-1"];
+    let units = ["prefill-0", "prefill-1", "decode-0", "decode-1", "decode-2"];
     let repair = |what: &str| only_sick(&demo, &units, what);
     let named = |r: &Value| -> Vec<String> {
         r["diagnoses"][0]["localisation"]["suspects"]
@@ -440,7 +448,7 @@ fn a_3p2d_nixl_pool_restarts_only_the_sick_engine_and_what_does_not_localise_who
     assert_eq!(v.code, 2, "{vr:#}");
     assert_eq!(named(&vr), ["local/decode-1"], "{vr:#}");
     assert!(
-        crate::harness::reasons(&vr).contains("path matrix: 3 of 6 paths fail; they point to local/decode-1"),
+        crate::harness::reasons(&vr).contains("path matrix: 2 of 6 paths fail; they point to local/decode-1"),
         "{}",
         crate::harness::reasons(&vr)
     );
@@ -449,12 +457,56 @@ fn a_3p2d_nixl_pool_restarts_only_the_sick_engine_and_what_does_not_localise_who
     assert_eq!(restarted, ["decode-1"], "only the sick decode");
     proven(&r);
     assert!(traffic.sent > 0, "{traffic}");
+    // The plan said what kept serving.
+    assert!(
+        crate::harness::reasons(&r).contains(
+            "round 1: restarts local/decode-1; keeps serving local/prefill-0, local/prefill-1, local/decode-0, local/decode-2"
+        ),
+        "{}",
+        crate::harness::reasons(&r)
+    );
     // `history` shows the matrices and what they pointed to.
     let h = demo.cli(&["history", "demo"]).stdout;
     assert!(
         h.contains("local/decode-0  local/decode-1") && h.contains("the failures point to 1 engine(s):"),
         "{h}"
     );
+
+    // A decode corrupting the KV it receives: every path answers, two of
+    // them wrong. Held to the reference, the matrix names it.
+    sim_fault(&demo.unit_url("decode-2"), r#"{"kv_corruption": true}"#);
+    let (r, restarted, traffic) = repair("decode-2 corrupting its KV");
+    assert_eq!(named(&r), ["local/decode-2"], "{r:#}");
+    assert_eq!(
+        r["diagnoses"][0]["matrix"]["cells"],
+        serde_json::json!([["ok", "ok", "wrong_output"], ["ok", "ok", "wrong_output"]]),
+        "{r:#}"
+    );
+    assert_eq!(restarted, ["decode-2"], "only the corrupting decode");
+    proven(&r);
+    println!("clients while decode-2 was repaired: {traffic}");
+
+    // An intermittent decode: every second transfer into decode-0 fails,
+    // the client's included. Whatever the probes met, nothing but decode-0
+    // is ever named; the pool ends verified.
+    sim_fault(&demo.unit_url("decode-0"), r#"{"kv_fail_every": 2}"#);
+    let (r, restarted, traffic) = repair("decode-0 failing every second transfer");
+    let first = &r["diagnoses"][0]["localisation"];
+    match first["kind"].as_str() {
+        Some("engines") => {
+            assert_eq!(named(&r), ["local/decode-0"], "{r:#}");
+            assert_eq!(restarted, ["decode-0"], "{r:#}");
+        }
+        Some("not_localised") => assert_eq!(restarted, units, "the whole pool, in order: {r:#}"),
+        // Every probe happened to answer: verified through the router.
+        _ => assert_eq!(first["kind"], "healthy", "{r:#}"),
+    }
+    println!("intermittent decode-0: {first}; restarted {restarted:?}; clients {traffic}");
+    if !restarted.is_empty() {
+        assert!(r["verdict"].as_str().unwrap().starts_with("healthy"), "{r:#}");
+    } else {
+        sim_fault(&demo.unit_url("decode-0"), r#"{"kv_fail_every": 0}"#);
+    }
 
     // A prefill with stale transfer state (smg-project/smg#2382).
     sim_fault(&demo.unit_url("prefill-1"), r#"{"stale_transfer_state": true}"#);
@@ -463,15 +515,96 @@ fn a_3p2d_nixl_pool_restarts_only_the_sick_engine_and_what_does_not_localise_who
     assert_eq!(restarted, ["prefill-1"], "only the sick prefill");
     proven(&r);
 
-    // Two at once: a prefill's row and a decode's column, as many engines
-    // as the decode side: nothing is singled out.
-    sim_fault(&demo.unit_url("prefill-2"), r#"{"stale_transfer_state": true}"#);
+    // Two at once: a prefill's row and a decode's column share no engine:
+    // nothing is singled out.
+    sim_fault(&demo.unit_url("prefill-0"), r#"{"stale_transfer_state": true}"#);
     sim_fault(&demo.unit_url("decode-0"), r#"{"kv_fail_every": 1}"#);
-    let (r, restarted, _) = repair("prefill-2 and decode-0 at once");
+    let (r, restarted, _) = repair("prefill-0 and decode-0 at once");
     assert_eq!(r["diagnoses"][0]["localisation"]["kind"], "not_localised", "{r:#}");
     let human = crate::harness::reasons(&r);
+    assert!(human.contains("share no engine"), "{human}");
     assert!(human.contains("the whole pair's ordered co-restart instead"), "{human}");
     assert_eq!(restarted, units, "the whole pool, in order");
+    let v = demo.cli_within(&["diagnose", "demo", "--json"], Duration::from_secs(120));
+    assert_eq!(v.code, 0, "every path after the whole co-restart: {:#}", v.json());
+}
+
+/// Issue 46, 1PnD (the most common xPyD shape): one prefill, three
+/// decodes behind the real sglang-router, a client sending through it.
+/// A dead decode (SIGKILLed) fails its only path: the matrix alone cannot
+/// tell it from the prefill (the old smallest cover named the prefill by a
+/// tie), but the probe's connection to it was refused while the prefill
+/// accepted its own: the decode is named, restarted alone, the pool
+/// verified. A decode failing every transfer fails its only path too, with
+/// nothing to tell its ends apart: not localised (said), the whole ordered
+/// co-restart.
+#[test]
+fn a_1p3d_pool_names_a_dead_decode_by_proof_and_never_the_prefill_by_a_tie() {
+    let _one = exclusive();
+    let demo = HeldDemo::start(
+        &[
+            "--prefills",
+            "1",
+            "--decodes",
+            "3",
+            "--kv-transfer",
+            "nixl",
+            "--no-auto-recover",
+        ],
+        Duration::from_secs(180),
+    );
+    assert!(
+        demo.report["verdict"].as_str().unwrap().starts_with("healthy"),
+        "{:#}",
+        demo.report
+    );
+    let units = ["prefill-0", "decode-0", "decode-1", "decode-2"];
+    let before = pids(&demo, &units);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(before[2] as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("SIGKILL decode-1");
+    poll("decode-1 reported exited", Duration::from_secs(30), || {
+        let status = demo.status();
+        let unit = status["agents"][0]["units"]
+            .as_array()
+            .and_then(|u| u.iter().find(|u| u["name"] == "decode-1").cloned())?;
+        (unit["pid"].as_u64().unwrap_or(0) == 0).then_some(())
+    });
+    let (r, restarted, traffic) = only_sick_from(&demo, &units, before, "1P3D, decode-1 dead");
+    let first = &r["diagnoses"][0];
+    assert_eq!(first["localisation"]["suspects"][0]["unit"], "local/decode-1", "{r:#}");
+    assert_eq!(first["localisation"]["suspects"].as_array().unwrap().len(), 1, "{r:#}");
+    assert!(
+        first["localisation"]["suspects"][0]["why"]
+            .as_str()
+            .unwrap()
+            .contains("refused"),
+        "{r:#}"
+    );
+    assert_eq!(restarted, ["decode-1"], "only the dead decode");
+    assert!(r["verdict"].as_str().unwrap().starts_with("healthy"), "{r:#}");
+    assert!(traffic.sent > 0, "{traffic}");
+
+    // Every transfer into decode-2 fails: one failing path, both its ends
+    // answering: not localised, never the prefill.
+    sim_fault(&demo.unit_url("decode-2"), r#"{"kv_fail_every": 1}"#);
+    let v = demo.cli_within(&["diagnose", "demo", "--json"], Duration::from_secs(120));
+    let d = v.json();
+    assert_eq!(d["localisation"]["kind"], "not_localised", "{d:#}");
+    assert!(
+        d["localisation"]["why"]
+            .as_str()
+            .unwrap()
+            .contains("local/decode-2 has no other path"),
+        "{d:#}"
+    );
+    assert_eq!(d["matrix"]["tries"][0][2]["sent"], 3, "probed again: {d:#}");
+    let (r, restarted, _) = only_sick(&demo, &units, "1P3D, decode-2 failing every transfer");
+    assert_eq!(restarted, units, "the whole pool, in order: {r:#}");
+    // Its verdict is not asserted: a whole co-restart while clients send is
+    // still `failed` for the clients' router retries (issue 47, open).
     let v = demo.cli_within(&["diagnose", "demo", "--json"], Duration::from_secs(120));
     assert_eq!(v.code, 0, "every path after the whole co-restart: {:#}", v.json());
 }
@@ -514,11 +647,14 @@ fn an_address_keyed_pool_restarts_a_prefill_with_the_decodes_holding_its_identit
         ["prefill-0", "decode-0", "decode-1"],
         "prefill-1 keeps running"
     );
+    // The link's closure is prefill-0 and both decodes, but a round keeps
+    // a decode serving (issue 46, item 4): decode-1 waits for round 2.
     let subs = r["sub_operations"].as_array().unwrap();
     assert_eq!(
-        subs[0]["purpose"], "round 1: restart local/prefill-0, local/decode-0, local/decode-1",
+        subs[0]["purpose"], "round 1: restart local/prefill-0, local/decode-0",
         "{r:#}"
     );
+    assert_eq!(subs[1]["purpose"], "round 2: restart local/decode-1", "{r:#}");
     assert_eq!(
         r["diagnoses"].as_array().unwrap().last().unwrap()["localisation"]["kind"],
         "healthy",
@@ -613,6 +749,9 @@ fn a_decode_holding_a_restarted_prefills_old_identity_is_named_by_the_epoch() {
             .unwrap_or_default()
     };
     assert_eq!(named(0), ["local/prefill-0"], "{r:#}");
+    // Both decodes fail with it and both paired with its previous process:
+    // named, and restarted one at a time (issue 46, item 4: a round never
+    // takes every decode out of the router).
     assert_eq!(named(1), ["local/decode-0", "local/decode-1"], "{r:#}");
     assert!(
         r["diagnoses"][1]["localisation"]["suspects"][0]["why"]
@@ -626,7 +765,27 @@ fn a_decode_holding_a_restarted_prefills_old_identity_is_named_by_the_epoch() {
         ["prefill-0", "decode-0", "decode-1"],
         "prefill-1 keeps running"
     );
-    assert_eq!(r["diagnoses"][2]["localisation"]["kind"], "healthy", "{r:#}");
+    let purposes: Vec<&str> = r["sub_operations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["purpose"].as_str())
+        .collect();
+    assert_eq!(
+        purposes,
+        [
+            "round 1: restart local/prefill-0",
+            "round 2: restart local/decode-0",
+            "round 3: restart local/decode-1",
+            "verification"
+        ],
+        "{r:#}"
+    );
+    assert_eq!(
+        r["diagnoses"].as_array().unwrap().last().unwrap()["localisation"]["kind"],
+        "healthy",
+        "{r:#}"
+    );
     assert!(r["verdict"].as_str().unwrap().starts_with("healthy"), "{r:#}");
     assert!(traffic.sent > 0, "{traffic}");
 }
@@ -650,7 +809,16 @@ fn changed(demo: &HeldDemo, units: &[&'static str], before: &[u32]) -> Vec<&'sta
 /// through its router (issue 37): the report, the engines of `units` it
 /// restarted, and the client's traffic; printed under `what`.
 fn only_sick(demo: &HeldDemo, units: &[&'static str], what: &str) -> (Value, Vec<&'static str>, Traffic) {
-    let before = pids(demo, units);
+    only_sick_from(demo, units, pids(demo, units), what)
+}
+
+/// [`only_sick`] with the pids `before` it (a unit killed has none now).
+fn only_sick_from(
+    demo: &HeldDemo,
+    units: &[&'static str],
+    before: Vec<u32>,
+    what: &str,
+) -> (Value, Vec<&'static str>, Traffic) {
     let client = Client::start(&demo.unit_url("router-0"));
     let out = demo.cli_within(
         &["restart", "pd-pair", "demo", "--only-sick", "--json"],
