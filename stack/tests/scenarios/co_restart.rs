@@ -515,6 +515,46 @@ fn a_2p3d_nixl_pool_restarts_only_the_sick_engine_and_what_does_not_localise_who
     assert_eq!(restarted, ["prefill-1"], "only the sick prefill");
     proven(&r);
 
+    // Every path answers, but slowly (both prefills' first token at ~0.4 s,
+    // over the 0.2 s warm budget): `--only-sick` restarts nothing and is
+    // not healthy — the verification through the router judges the
+    // latency (it used to conclude `healthy`, nothing restarted).
+    for p in ["prefill-0", "prefill-1"] {
+        sim_fault(&demo.unit_url(p), r#"{"ttft_ms": 8000}"#);
+    }
+    let (r, restarted, _) = repair("every path slow");
+    assert_eq!(r["diagnoses"][0]["localisation"]["kind"], "healthy", "{r:#}");
+    assert!(
+        r["diagnoses"][0]["matrix"]["cells"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|row| row.as_array().unwrap())
+            .any(|c| c == "slow"),
+        "{r:#}"
+    );
+    assert!(restarted.is_empty(), "{restarted:?}");
+    assert!(!r["verdict"].as_str().unwrap().starts_with("healthy"), "{r:#}");
+    assert_eq!(r["sub_operations"][0]["kind"], "verify", "{r:#}");
+
+    // Every path answers, but wrong (both prefills compute with other
+    // weights, which their KV carries to every decode): every path fails
+    // its output check: not localised, never `healthy, nothing restarted`.
+    for p in ["prefill-0", "prefill-1"] {
+        sim_fault(&demo.unit_url(p), r#"{"ttft_ms": 0, "weights": "swapped"}"#);
+    }
+    let (r, restarted, _) = repair("every path wrong");
+    assert_eq!(r["diagnoses"][0]["localisation"]["kind"], "not_localised", "{r:#}");
+    assert_eq!(
+        r["diagnoses"][0]["matrix"]["cells"],
+        serde_json::json!([
+            ["wrong_output", "wrong_output", "wrong_output"],
+            ["wrong_output", "wrong_output", "wrong_output"]
+        ]),
+        "{r:#}"
+    );
+    assert_eq!(restarted, units, "the whole pool, in order");
+
     // Two at once: a prefill's row and a decode's column share no engine:
     // nothing is singled out.
     sim_fault(&demo.unit_url("prefill-0"), r#"{"stale_transfer_state": true}"#);
