@@ -21,6 +21,9 @@ use crate::process::{Owned, binary, spawn_logged};
 // goes.
 pub struct Stack {
     agent: Owned,
+    /// Engines restarted behind the agent's back and adopted by it
+    /// ([`Stack::restart_units_outside`]); stopped after the agent, by pid.
+    outside: Vec<Owned>,
     orchestrator: Owned,
     /// `--decode-proxy`: pd-faultproxy between the router and the decode.
     decode_proxy: Option<Owned>,
@@ -72,6 +75,7 @@ impl Stack {
             plan: configs.plan,
             orchestrator_config: configs.orchestrator_path,
             agent_config: configs.agent_path,
+            outside: Vec::new(),
         };
         stack
             .wait_for_agent(configs.agent.units.len(), Duration::from_secs(20))
@@ -143,6 +147,57 @@ impl Stack {
         Ok((old, new))
     }
 
+    /// Restarts `units` as someone other than pdwarden would (systemd, an
+    /// operator; issue 46): the agent SIGKILLed (its units keep running),
+    /// each unit's process stopped and started again from its configured
+    /// argv, in the order given, by this process, its pid file rewritten to
+    /// name the new process, then the agent started again, which adopts
+    /// them as it adopts any process it finds running. No command of
+    /// pdwarden's started them: only the agents' facts (each process's
+    /// start) tell.
+    pub async fn restart_units_outside(&mut self, units: &[&str]) -> anyhow::Result<()> {
+        let config = pdwarden_agent::AgentConfig::load(&self.agent_config)?;
+        let old = self.agent.pid();
+        let _ = kill(Pid::from_raw(old as i32), Signal::SIGKILL);
+        self.agent.stop(Duration::from_secs(5));
+        for name in units {
+            let unit = config
+                .units
+                .iter()
+                .find(|u| u.name == *name)
+                .ok_or_else(|| anyhow::anyhow!("no unit {name} in the agent's config"))?;
+            let pid_file = config.state_dir.join("run").join(format!("{name}.pid"));
+            let text = std::fs::read_to_string(&pid_file)?;
+            let pid: i32 = text.split_whitespace().next().unwrap_or_default().parse()?;
+            let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+            let gone = Instant::now();
+            while std::path::Path::new(&format!("/proc/{pid}")).exists() && gone.elapsed() < Duration::from_secs(10) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            let fresh = spawn_logged(
+                "restarted-outside",
+                std::path::Path::new(&unit.argv[0]),
+                &unit.argv[1..],
+                self.dir.path(),
+            )?;
+            let start = proc_start_ticks(fresh.pid())
+                .ok_or_else(|| anyhow::anyhow!("{name}'s new process {} has no /proc entry", fresh.pid()))?;
+            std::fs::write(&pid_file, format!("{} {start} command= version=0\n", fresh.pid()))?;
+            self.outside.push(fresh);
+            // Apart in time, as restarts one after another are: each
+            // process's start is its own.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.agent = spawn_logged(
+            "agent-restarted",
+            &binary("pdwarden-agent")?,
+            &["--config".into(), self.agent_config.display().to_string()],
+            self.dir.path(),
+        )?;
+        Ok(())
+    }
+
     /// The pids of the orchestrator and the agent now.
     pub fn pids(&self) -> (u32, u32) {
         (self.orchestrator.pid(), self.agent.pid())
@@ -153,6 +208,9 @@ impl Stack {
     /// which case it returns where it is.
     pub fn stop(mut self, keep: bool) -> Option<PathBuf> {
         self.agent.stop(Duration::from_secs(15));
+        for o in &mut self.outside {
+            o.stop(Duration::from_secs(5));
+        }
         self.orchestrator.stop(Duration::from_secs(5));
         if let Some(p) = self.decode_proxy.as_mut() {
             p.stop(Duration::from_secs(5));
@@ -177,4 +235,11 @@ pub(crate) fn demo_json(stack: &Stack) -> Value {
         // --decode-proxy: its control endpoint is URL/_faultproxy/faults.
         "decode_proxy": stack.plan.decode_proxy.as_ref().map(|p| p.url.clone()),
     })
+}
+
+/// The kernel start time of `pid` (`/proc/PID/stat` field 22), as the
+/// agent's pid files record it.
+fn proc_start_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 1..].split_whitespace().nth(19)?.parse().ok()
 }

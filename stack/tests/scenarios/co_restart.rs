@@ -758,7 +758,7 @@ fn the_watch_recovers_an_xpyd_pool_by_restarting_only_the_sick_engine() {
 #[test]
 fn a_decode_holding_a_restarted_prefills_old_identity_is_named_by_the_epoch() {
     let _one = exclusive();
-    let demo = HeldDemo::start(
+    let mut demo = HeldDemo::start(
         &[
             "--prefills",
             "2",
@@ -828,6 +828,42 @@ fn a_decode_holding_a_restarted_prefills_old_identity_is_named_by_the_epoch() {
     );
     assert!(r["verdict"].as_str().unwrap().starts_with("healthy"), "{r:#}");
     assert!(traffic.sent > 0, "{traffic}");
+
+    // Issue 46, item 3: prefill-0 restarted outside pdwarden (as systemd
+    // would: its agent adopts the new process), then decode-0: decode-1
+    // alone still holds prefill-0's old identity. Its one failing path
+    // cannot be split by the matrix; the agents' process starts can (it
+    // started before prefill-0's current process): decode-1 is named, not
+    // prefill-0, and restarts alone.
+    demo.restart_units_outside(&["prefill-0", "decode-0"]);
+    poll("the restarted engines generating", Duration::from_secs(60), || {
+        let status = demo.status();
+        let units = status["agents"][0]["units"].as_array()?.clone();
+        let ready = ["prefill-0", "decode-0"]
+            .iter()
+            .all(|n| units.iter().any(|u| u["name"] == *n && u["phase"] == "generating"));
+        ready.then_some(())
+    });
+    let (r, restarted, traffic) = only_sick(&demo, &units, "prefill-0 and decode-0 restarted outside pdwarden");
+    let first = &r["diagnoses"][0];
+    assert_eq!(
+        first["localisation"]["suspects"]
+            .as_array()
+            .map(|s| s.iter().filter_map(|x| x["unit"].as_str()).collect::<Vec<_>>()),
+        Some(vec!["local/decode-1"]),
+        "{r:#}"
+    );
+    assert!(
+        first["localisation"]["suspects"][0]["why"]
+            .as_str()
+            .unwrap()
+            .contains("before that prefill's current process started"),
+        "{r:#}"
+    );
+    assert_eq!(first["epochs"][0]["prefill"], "local/prefill-0", "{r:#}");
+    assert_eq!(restarted, ["decode-1"], "only the stale decode");
+    assert!(r["verdict"].as_str().unwrap().starts_with("healthy"), "{r:#}");
+    println!("clients meanwhile: {traffic}");
 }
 
 /// The processes of `units` as the agent reports them.

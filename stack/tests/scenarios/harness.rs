@@ -180,6 +180,14 @@ impl HeldDemo {
         }
     }
 
+    /// [`pdwarden_stack::Stack::restart_units_outside`] on the held stack.
+    pub fn restart_units_outside(&mut self, units: &[&str]) {
+        let stack = self.demo.as_mut().and_then(|d| d.stack.as_mut()).expect("a held stack");
+        self._rt
+            .block_on(stack.restart_units_outside(units))
+            .unwrap_or_else(|e| panic!("restarting {units:?} outside pdwarden: {e:#}"));
+    }
+
     /// `pdwarden --orchestrator URL ARGS` against the held stack.
     pub fn cli(&self, args: &[&str]) -> Output {
         self.cli_within(args, Duration::from_secs(60))
