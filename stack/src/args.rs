@@ -152,6 +152,12 @@ pub struct DemoArgs {
     /// (identities by address only: a prefill takes the decodes). Issue 37.
     #[arg(long, value_enum, default_value = "sglang")]
     pub kv_transfer: DemoKvTransfer,
+    /// The pair on two agents, hosts `local` and `remote`, one unit
+    /// template per host (issue 46): `local` runs `prefill-0`, `decode-0`
+    /// and `router-0`, `remote` a `prefill-0` and a `decode-0` of its own —
+    /// the same names, other engines. Needs `--prefills 2 --decodes 2`.
+    #[arg(long)]
+    pub two_hosts: bool,
 }
 
 /// `--kv-transfer`.

@@ -41,6 +41,8 @@ pub const PAIR: &str = "demo";
 pub const PAIR_B: &str = "demo-b";
 pub const SERVING_ROUTER: &str = "router-shared";
 pub const HOST: &str = "local";
+/// `--two-hosts`: the second agent's host.
+pub const REMOTE: &str = "remote";
 pub const MODEL: &str = "demo-model";
 
 /// Simulated start-up of one engine, in simulated ms (seed 004's shape).
@@ -94,6 +96,8 @@ pub struct Configs {
     /// What this process presents (none in plain text).
     pub credentials: Option<Credentials>,
     pub plan: StackPlan,
+    /// `--two-hosts`: the second agent's config and where it is.
+    pub remote_agent: Option<(AgentConfig, PathBuf)>,
 }
 
 /// Splits "--flag value --switch" into (flag, value) pairs; a token that
@@ -182,6 +186,11 @@ pub fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<Configs> {
         &extra,
         [prefill_argv.clone(), decode_argv.clone(), router_argv],
     )?;
+    let remote_agent = if args.two_hosts {
+        Some(remote_agent(&mut agent, dir, &url, tls.as_ref())?)
+    } else {
+        None
+    };
     let mut engines = vec![
         (PAIR.to_string(), "prefill-0".to_string(), loopback(ports.prefill)),
         (PAIR.to_string(), "decode-0".to_string(), loopback(ports.decode)),
@@ -213,6 +222,17 @@ pub fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<Configs> {
     orchestrator.pairs = demo_pairs(args, Scale(scale), policy, &prefill_argv, &decode_argv, vllm.is_some())?;
 
     let written = write_and_read_back(dir, &agent, &orchestrator)?;
+    let remote_agent = match remote_agent {
+        Some(remote) => {
+            let path = dir.join("agent-remote.toml");
+            std::fs::write(&path, remote.to_toml_string()?)?;
+            Some((
+                AgentConfig::load(&path).context("the stack's remote agent config")?,
+                path,
+            ))
+        }
+        None => None,
+    };
     Ok(Configs {
         orchestrator: written.orchestrator,
         agent: written.agent,
@@ -231,7 +251,33 @@ pub fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<Configs> {
             engines,
             decode_proxy,
         },
+        remote_agent,
     })
+}
+
+/// `--two-hosts`: the second agent (host [`REMOTE`]) takes `prefill-1` and
+/// `decode-1` from `agent`, named `prefill-0` and `decode-0` there: one
+/// unit template per host, the same names on both.
+fn remote_agent(agent: &mut AgentConfig, dir: &Path, url: &str, tls: Option<&StackTls>) -> anyhow::Result<AgentConfig> {
+    let mut remote = AgentConfig::new(REMOTE, url.to_string(), dir.join("agent-remote"));
+    remote.on_exit = OnExit::StopUnits;
+    remote.metrics_listen = Some(format!("127.0.0.1:{}", late_bind_port()?));
+    remote.py_spy = agent.py_spy.clone();
+    match tls.and_then(|t| t.remote_agent.clone()) {
+        Some(t) => remote.tls = Some(t),
+        None => remote.insecure_plaintext = true,
+    }
+    for (there, here) in [("prefill-1", "prefill-0"), ("decode-1", "decode-0")] {
+        let at = agent
+            .units
+            .iter()
+            .position(|u| u.name == there)
+            .with_context(|| format!("--two-hosts: no {there} to move"))?;
+        let mut unit = agent.units.remove(at);
+        unit.name = here.into();
+        remote.units.push(unit);
+    }
+    Ok(remote)
 }
 
 /// `http://127.0.0.1:PORT`: every process of the stack is on loopback.
@@ -309,6 +355,18 @@ fn check_stack_shape(args: &DemoArgs, xpyd: bool) -> anyhow::Result<()> {
             "--rolling: an xPyD pair of N prefills and N decodes (N >= 2, e.g. --prefills 2 --decodes 2), not with --shared-router or --incident; got --prefills {} --decodes {}",
             args.prefills,
             args.decodes
+        );
+    }
+    if args.two_hosts
+        && (args.prefills != 2
+            || args.decodes != 2
+            || args.engine != crate::args::DemoEngine::PdSim
+            || args.shared_router
+            || args.rolling
+            || args.decode_proxy.is_some())
+    {
+        bail!(
+            "--two-hosts: a pd-sim pair of 2 prefills and 2 decodes (--prefills 2 --decodes 2), one of each on each host, not with --shared-router, --rolling, --decode-proxy or --engine vllm"
         );
     }
     if args.rolling && args.kv_transfer != crate::args::DemoKvTransfer::Nixl {
@@ -699,8 +757,16 @@ fn demo_pairs(
     real_engine: bool,
 ) -> anyhow::Result<Vec<PairConfig>> {
     let probe_timeout = scale.ms(120_000);
-    let refs =
-        |role: &str, n: u16| -> Vec<UnitRef> { (0..n).map(|i| UnitRef::new(HOST, format!("{role}-{i}"))).collect() };
+    // `--two-hosts`: the second of each role is the remote host's own
+    // `prefill-0` / `decode-0`.
+    let refs = |role: &str, n: u16| -> Vec<UnitRef> {
+        (0..n)
+            .map(|i| match (args.two_hosts, i) {
+                (true, 1) => UnitRef::new(REMOTE, format!("{role}-0")),
+                _ => UnitRef::new(HOST, format!("{role}-{i}")),
+            })
+            .collect()
+    };
     let mut pair = PairConfig::new(
         PAIR,
         refs("prefill", args.prefills),
@@ -983,6 +1049,8 @@ fn real_time_budgets(pair: &mut PairConfig) {
 /// The TLS files and operator of a secure stack.
 struct StackTls {
     agent: TlsFiles,
+    /// `--two-hosts`: the remote agent's.
+    remote_agent: Option<TlsFiles>,
     orchestrator: TlsFiles,
     operator: OperatorConfig,
 }
@@ -999,10 +1067,16 @@ fn security(args: &DemoArgs, dir: &Path) -> anyhow::Result<(&'static str, Option
     let certs = CertDir(dir.join("pki"));
     certs.init(&["localhost".into(), "127.0.0.1".into()])?;
     let agent = certs.issue_agent(HOST)?;
+    let remote_agent = if args.two_hosts {
+        Some(certs.issue_agent(REMOTE)?)
+    } else {
+        None
+    };
     let token = new_token();
     std::fs::write(dir.join("pki/token"), &token)?;
     let tls = StackTls {
         agent,
+        remote_agent,
         orchestrator: certs.orchestrator(),
         operator: OperatorConfig {
             name: "demo".into(),
@@ -1030,11 +1104,12 @@ mod tests {
     /// floor, and the loader refuses the config.)
     #[test]
     fn the_demo_pairs_load_in_every_shape_and_at_every_scale() {
-        let shapes: [&[&str]; 4] = [
+        let shapes: [&[&str]; 5] = [
             &[],
             &["--prefills", "4", "--decodes", "4"],
             &["--shared-router"],
             &["--incident", "slot-leak"],
+            &["--prefills", "2", "--decodes", "2", "--two-hosts"],
         ];
         for flags in shapes {
             let args = DemoArgs::from_flags(flags).unwrap();
@@ -1064,8 +1139,15 @@ mod tests {
                 let c = OrchestratorConfig::from_toml_str(&c.to_toml_string().unwrap())
                     .unwrap_or_else(|e| panic!("{flags:?} at {scale}: {e}"));
                 assert_eq!(c.pairs.len(), if args.shared_router { 2 } else { 1 });
+                if args.two_hosts {
+                    let names: Vec<String> = c.pairs[0].decode.iter().map(ToString::to_string).collect();
+                    assert_eq!(names, ["local/decode-0", "remote/decode-0"]);
+                }
             }
         }
+        // --two-hosts needs its shape, said naming the flag.
+        let e = check_stack_shape(&DemoArgs::from_flags(&["--two-hosts"]).unwrap(), false).unwrap_err();
+        assert!(e.to_string().starts_with("--two-hosts: "), "{e}");
     }
 
     /// `--prefill-sim`/`--decode-sim` flags replace the demo's own, behind

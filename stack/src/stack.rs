@@ -21,6 +21,8 @@ use crate::process::{Owned, binary, spawn_logged};
 // goes.
 pub struct Stack {
     agent: Owned,
+    /// `--two-hosts`: the second agent (host `remote`).
+    remote_agent: Option<Owned>,
     /// Engines restarted behind the agent's back and adopted by it
     /// ([`Stack::restart_units_outside`]); stopped after the agent, by pid.
     outside: Vec<Owned>,
@@ -66,7 +68,18 @@ impl Stack {
             &["--config".into(), configs.agent_path.display().to_string()],
             dir.path(),
         )?;
+        let remote_agent = match &configs.remote_agent {
+            Some((_, path)) => Some(spawn_logged(
+                "agent-remote",
+                &binary("pdwarden-agent")?,
+                &["--config".into(), path.display().to_string()],
+                dir.path(),
+            )?),
+            None => None,
+        };
+        let units = configs.agent.units.len() + configs.remote_agent.as_ref().map_or(0, |(a, _)| a.units.len());
         let stack = Stack {
+            remote_agent,
             decode_proxy,
             dir,
             connection: Connection::new(configs.url, configs.credentials.unwrap_or(given)),
@@ -77,13 +90,11 @@ impl Stack {
             agent_config: configs.agent_path,
             outside: Vec::new(),
         };
-        stack
-            .wait_for_agent(configs.agent.units.len(), Duration::from_secs(20))
-            .await?;
+        stack.wait_for_agent(units, Duration::from_secs(20)).await?;
         Ok(stack)
     }
 
-    /// Polls `status` until the agent has registered its `units`.
+    /// Polls `status` until the agents have registered their `units`, in all.
     async fn wait_for_agent(&self, units: usize, limit: Duration) -> anyhow::Result<()> {
         let deadline = Instant::now() + limit;
         let mut last = String::from("orchestrator not reachable yet");
@@ -92,10 +103,14 @@ impl Stack {
                 Ok(mut c) => match c.status(pdwarden_proto::v1::StatusRequest::default()).await {
                     Ok(r) => {
                         let v: serde_json::Value = serde_json::from_str(&r.into_inner().json)?;
-                        let registered = v["agents"]
+                        let registered: usize = v["agents"]
                             .as_array()
-                            .and_then(|a| a.iter().find(|a| a["connected"] == true))
-                            .and_then(|a| a["units"].as_array().map(|u| u.len()))
+                            .map(|a| {
+                                a.iter()
+                                    .filter(|a| a["connected"] == true)
+                                    .filter_map(|a| a["units"].as_array().map(Vec::len))
+                                    .sum()
+                            })
                             .unwrap_or(0);
                         if registered == units {
                             return Ok(());
@@ -208,6 +223,9 @@ impl Stack {
     /// which case it returns where it is.
     pub fn stop(mut self, keep: bool) -> Option<PathBuf> {
         self.agent.stop(Duration::from_secs(15));
+        if let Some(a) = self.remote_agent.as_mut() {
+            a.stop(Duration::from_secs(15));
+        }
         for o in &mut self.outside {
             o.stop(Duration::from_secs(5));
         }

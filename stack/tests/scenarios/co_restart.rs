@@ -398,6 +398,7 @@ fn an_xpyd_pair_behind_cache_aware_proves_each_engine_the_router_did_not_reach()
 /// - a prefill with stale transfer state;
 /// - two engines at once (a prefill and a decode): their failing paths
 ///   share no engine: not localised, the whole ordered co-restart, said.
+///
 /// One stack for all.
 #[test]
 fn a_2p3d_nixl_pool_restarts_only_the_sick_engine_and_what_does_not_localise_whole() {
@@ -915,13 +916,13 @@ fn only_sick_from(
 /// A client sending chat requests through a router from its own thread
 /// until stopped, counting what answered and what failed (issue 37: client
 /// traffic during a repair is counted, not assumed).
-struct Client {
+pub(crate) struct Client {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     thread: std::thread::JoinHandle<Traffic>,
 }
 
 #[derive(Debug)]
-struct Traffic {
+pub(crate) struct Traffic {
     sent: u64,
     failed: u64,
     first_errors: Vec<String>,
@@ -938,7 +939,7 @@ impl std::fmt::Display for Traffic {
 }
 
 impl Client {
-    fn start(router: &str) -> Self {
+    pub(crate) fn start(router: &str) -> Self {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (flag, router) = (stop.clone(), router.to_string());
         let thread = std::thread::spawn(move || {
@@ -982,7 +983,7 @@ impl Client {
         Client { stop, thread }
     }
 
-    fn stop(self) -> Traffic {
+    pub(crate) fn stop(self) -> Traffic {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         self.thread.join().expect("the client thread")
     }

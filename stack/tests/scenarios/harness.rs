@@ -245,18 +245,26 @@ pub fn reasons(v: &Value) -> String {
 }
 
 impl HeldDemo {
-    /// The base URL of one of the held stack's units, from `status`.
+    /// The base URL of one of the held stack's units (`NAME` on the first
+    /// agent, or `HOST/NAME`), from `status`.
     pub fn unit_url(&self, unit: &str) -> String {
         let status = self.cli(&["status", "--json"]).json();
-        status["agents"][0]["units"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|u| u["name"] == unit)
+        unit_of(&status, unit)
             .and_then(|u| u["base_url"].as_str())
             .unwrap_or_else(|| panic!("no unit {unit} in {status:#}"))
             .to_string()
     }
+}
+
+/// `unit` in a `status`: `HOST/NAME` on that host's agent, a bare `NAME`
+/// on the first agent.
+fn unit_of<'a>(status: &'a Value, unit: &str) -> Option<&'a Value> {
+    let agents = status["agents"].as_array()?;
+    let (agent, name) = match unit.split_once('/') {
+        Some((host, name)) => (agents.iter().find(|a| a["host"] == host)?, name),
+        None => (agents.first()?, unit),
+    };
+    agent["units"].as_array()?.iter().find(|u| u["name"] == name)
 }
 
 /// Changes a running pd-sim's settings live (`POST /sim/fault`).
@@ -351,12 +359,11 @@ impl HeldDemo {
         out.json()
     }
 
-    /// The pid of `unit` as the agent reports it.
+    /// The pid of `unit` (`NAME`, or `HOST/NAME` with `--two-hosts`) as
+    /// its agent reports it.
     pub fn unit_pid(&self, unit: &str) -> u32 {
         let status = self.status();
-        status["agents"][0]["units"]
-            .as_array()
-            .and_then(|u| u.iter().find(|u| u["name"] == unit))
+        unit_of(&status, unit)
             .and_then(|u| u["pid"].as_u64())
             .unwrap_or_else(|| panic!("no pid for {unit}: {status:#}")) as u32
     }

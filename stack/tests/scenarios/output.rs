@@ -137,13 +137,32 @@ fn wrong_output_through_the_real_router_is_failed_naming_it() {
 
 /// Issue 34, item 3: an xPyD pair (2P2D) answers the greedy request along
 /// every prefill → decode path (one request straight along each, as well
-/// as the router's). KV corruption switched on in decode-1 only: `verify`
-/// is failed naming each path into decode-1 (and decode-1), whichever
-/// decode the router's own request met; off: healthy again.
+/// as the router's). KV corruption switched on in one decode only: `verify`
+/// is failed naming each path into it (and it), whichever decode the
+/// router's own request met; off: healthy again.
+///
+/// Issue 46, item 5: the pair on two agents, one unit template per host
+/// (`--two-hosts`: `local` and `remote` each run a `prefill-0` and a
+/// `decode-0`). The corrupting decode is `remote/decode-0`: every finding
+/// names it with its host (a finding used to land on the other host's
+/// `decode-0`, path answers carrying unit names only), and `--only-sick`
+/// restarts it alone while a client sends through the router.
 #[test]
 fn every_path_of_an_xpyd_pair_agrees_or_the_wrong_one_is_named() {
     let _one = exclusive();
-    let held = HeldDemo::start(&["--prefills", "2", "--decodes", "2"], LIMIT);
+    let held = HeldDemo::start(
+        &[
+            "--prefills",
+            "2",
+            "--decodes",
+            "2",
+            "--two-hosts",
+            "--kv-transfer",
+            "nixl",
+            "--no-auto-recover",
+        ],
+        LIMIT,
+    );
     let first = &held.report;
     assert!(
         first["verdict"].as_str().unwrap().starts_with("healthy"),
@@ -173,7 +192,8 @@ fn every_path_of_an_xpyd_pair_agrees_or_the_wrong_one_is_named() {
     let (code, healthy) = verify();
     assert_eq!(code, 0, "{}", reasons(&healthy));
 
-    let decode1 = held.unit_url("decode-1");
+    let decode1 = held.unit_url("remote/decode-0");
+    assert_ne!(decode1, held.unit_url("local/decode-0"), "two engines of one name");
     sim_fault(&decode1, r#"{"kv_corruption": true}"#);
     let (code, corrupt) = verify();
     assert_eq!(
@@ -189,14 +209,17 @@ fn every_path_of_an_xpyd_pair_agrees_or_the_wrong_one_is_named() {
         .collect();
     assert_eq!(
         wrong,
-        ["local/prefill-0 → local/decode-1", "local/prefill-1 → local/decode-1"],
+        [
+            "local/prefill-0 → remote/decode-0",
+            "remote/prefill-0 → remote/decode-0"
+        ],
         "{}",
         reasons(&corrupt)
     );
     // Issue 37: the failed verification's path matrix folds the wrong
     // answers in and names decode-1.
     let m = &corrupt["diagnoses"][0];
-    assert_eq!(m["localisation"]["suspects"][0]["unit"], "local/decode-1", "{m:#}");
+    assert_eq!(m["localisation"]["suspects"][0]["unit"], "remote/decode-0", "{m:#}");
     assert_eq!(
         m["matrix"]["cells"],
         serde_json::json!([["ok", "wrong_output"], ["ok", "wrong_output"]]),
@@ -209,10 +232,43 @@ fn every_path_of_an_xpyd_pair_agrees_or_the_wrong_one_is_named() {
             "{path} not named: {text}"
         );
     }
-    assert!(text.contains("every path into decode local/decode-1"), "{text}");
-    println!("2P2D, kv_corruption in decode-1: {text}");
+    assert!(text.contains("every path into decode remote/decode-0"), "{text}");
+    assert!(!text.contains("local/decode-0 answered"), "{text}");
+    println!("2P2D on two hosts, kv_corruption in remote/decode-0: {text}");
 
-    sim_fault(&decode1, r#"{"kv_corruption": false}"#);
+    // `--only-sick`: the matrix holds each path's greedy answer to the
+    // reference and names remote/decode-0; it alone restarts.
+    let units = [
+        "local/prefill-0",
+        "remote/prefill-0",
+        "local/decode-0",
+        "remote/decode-0",
+    ];
+    let before: Vec<u32> = units.iter().map(|u| held.unit_pid(u)).collect();
+    let client = crate::co_restart::Client::start(&held.unit_url("router-0"));
+    let out = held.cli_within(
+        &["restart", "pd-pair", "demo", "--only-sick", "--json"],
+        Duration::from_secs(300),
+    );
+    let traffic = client.stop();
+    let r = out.json();
+    println!(
+        "--only-sick on two hosts: {} in {} ms; clients meanwhile: {traffic}",
+        r["verdict"], r["total_ms"]
+    );
+    assert_eq!(
+        r["diagnoses"][0]["localisation"]["suspects"][0]["unit"], "remote/decode-0",
+        "{r:#}"
+    );
+    let restarted: Vec<&str> = units
+        .iter()
+        .zip(&before)
+        .filter(|(u, b)| held.unit_pid(u) != **b)
+        .map(|(u, _)| *u)
+        .collect();
+    assert_eq!(restarted, ["remote/decode-0"], "{r:#}");
+    assert!(r["verdict"].as_str().unwrap().starts_with("healthy"), "{r:#}");
+
     let (code, again) = verify();
     assert_eq!(code, 0, "{}", reasons(&again));
     assert!(paths(&again).iter().all(|(_, o)| o == "same" || o == "near_tie"));
