@@ -186,7 +186,7 @@ impl Stack {
             let pid: i32 = text.split_whitespace().next().unwrap_or_default().parse()?;
             let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
             let gone = Instant::now();
-            while std::path::Path::new(&format!("/proc/{pid}")).exists() && gone.elapsed() < Duration::from_secs(10) {
+            while alive(pid) && gone.elapsed() < Duration::from_secs(10) {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
@@ -253,6 +253,19 @@ pub(crate) fn demo_json(stack: &Stack) -> Value {
         // --decode-proxy: its control endpoint is URL/_faultproxy/faults.
         "decode_proxy": stack.plan.decode_proxy.as_ref().map(|p| p.url.clone()),
     })
+}
+
+/// Whether `pid` is a live process (not gone, not a zombie nobody reaped).
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            stat.rsplit(')')
+                .next()
+                .and_then(|t| t.split_whitespace().next())
+                .map(str::to_string)
+        })
+        .is_some_and(|state| state != "Z" && state != "X")
 }
 
 /// The kernel start time of `pid` (`/proc/PID/stat` field 22), as the

@@ -749,13 +749,14 @@ fn the_watch_recovers_an_xpyd_pool_by_restarting_only_the_sick_engine() {
     assert_eq!(watch["state"], "healthy", "{watch:#}");
 }
 
-/// Issue 37, restart epochs through the real sglang-router: a 2P2D pool
+/// Issue 37, restart epochs through the real sglang-router: a 2P3D pool
 /// declared `nixl` (engines restart alone) whose engines in fact cache each
 /// prefill's identity by address (pd-sim `--kv-transfer address`). A prefill
 /// with stale transfer state is named and restarted alone; the next matrix
-/// shows both decodes failing with it, and the epoch (prefill-0 restarted
+/// shows every decode failing with it, and the epoch (prefill-0 restarted
 /// after they had met it) names them as holding its old identity — not the
-/// prefill again; they restart; every path answers; the pair is verified.
+/// prefill again; they restart, two then one (issue 46: a round keeps a
+/// decode serving); every path answers; the pair is verified.
 #[test]
 fn a_decode_holding_a_restarted_prefills_old_identity_is_named_by_the_epoch() {
     let _one = exclusive();
@@ -764,7 +765,7 @@ fn a_decode_holding_a_restarted_prefills_old_identity_is_named_by_the_epoch() {
             "--prefills",
             "2",
             "--decodes",
-            "2",
+            "3",
             "--kv-transfer",
             "nixl",
             "--prefill-sim",
@@ -780,7 +781,7 @@ fn a_decode_holding_a_restarted_prefills_old_identity_is_named_by_the_epoch() {
         "{:#}",
         demo.report
     );
-    let units = ["prefill-0", "prefill-1", "decode-0", "decode-1"];
+    let units = ["prefill-0", "prefill-1", "decode-0", "decode-1", "decode-2"];
     sim_fault(&demo.unit_url("prefill-0"), r#"{"stale_transfer_state": true}"#);
     let (r, restarted, traffic) = only_sick(&demo, &units, "misdeclared link, prefill-0 stale");
     let named = |i: usize| -> Vec<String> {
@@ -790,10 +791,14 @@ fn a_decode_holding_a_restarted_prefills_old_identity_is_named_by_the_epoch() {
             .unwrap_or_default()
     };
     assert_eq!(named(0), ["local/prefill-0"], "{r:#}");
-    // Both decodes fail with it and both paired with its previous process:
-    // named, and restarted one at a time (issue 46, item 4: a round never
+    // Every decode fails with it and all paired with its previous process:
+    // named, and restarted a few at a time (issue 46, item 4: a round never
     // takes every decode out of the router).
-    assert_eq!(named(1), ["local/decode-0", "local/decode-1"], "{r:#}");
+    assert_eq!(
+        named(1),
+        ["local/decode-0", "local/decode-1", "local/decode-2"],
+        "{r:#}"
+    );
     assert!(
         r["diagnoses"][1]["localisation"]["suspects"][0]["why"]
             .as_str()
@@ -803,7 +808,7 @@ fn a_decode_holding_a_restarted_prefills_old_identity_is_named_by_the_epoch() {
     );
     assert_eq!(
         restarted,
-        ["prefill-0", "decode-0", "decode-1"],
+        ["prefill-0", "decode-0", "decode-1", "decode-2"],
         "prefill-1 keeps running"
     );
     let purposes: Vec<&str> = r["sub_operations"]
@@ -816,8 +821,8 @@ fn a_decode_holding_a_restarted_prefills_old_identity_is_named_by_the_epoch() {
         purposes,
         [
             "round 1: restart local/prefill-0",
-            "round 2: restart local/decode-0",
-            "round 3: restart local/decode-1",
+            "round 2: restart local/decode-0, local/decode-1",
+            "round 3: restart local/decode-2",
             "verification"
         ],
         "{r:#}"
@@ -831,27 +836,44 @@ fn a_decode_holding_a_restarted_prefills_old_identity_is_named_by_the_epoch() {
     assert!(traffic.sent > 0, "{traffic}");
 
     // Issue 46, item 3: prefill-0 restarted outside pdwarden (as systemd
-    // would: its agent adopts the new process), then decode-0: decode-1
-    // alone still holds prefill-0's old identity. Its one failing path
-    // cannot be split by the matrix; the agents' process starts can (it
-    // started before prefill-0's current process): decode-1 is named, not
-    // prefill-0, and restarts alone.
-    demo.restart_units_outside(&["prefill-0", "decode-0"]);
-    poll("the restarted engines generating", Duration::from_secs(60), || {
-        let status = demo.status();
-        let units = status["agents"][0]["units"].as_array()?.clone();
-        let ready = ["prefill-0", "decode-0"]
-            .iter()
-            .all(|n| units.iter().any(|u| u["name"] == *n && u["phase"] == "generating"));
-        ready.then_some(())
-    });
-    let (r, restarted, traffic) = only_sick(&demo, &units, "prefill-0 and decode-0 restarted outside pdwarden");
+    // would: its agent adopts the new process), then decode-0 and
+    // decode-1: decode-2 alone still holds prefill-0's old identity. Its one
+    // failing path cannot be split by the matrix; the agents' process
+    // starts can (it started before prefill-0's current process): decode-2
+    // is named, not prefill-0, and restarts alone.
+    let outside = ["prefill-0", "decode-0", "decode-1"];
+    let old: Vec<u32> = outside.iter().map(|u| demo.unit_pid(u)).collect();
+    demo.restart_units_outside(&outside);
+    // The new agent's facts: each a new process, generating.
+    poll(
+        "the restarted engines adopted and generating",
+        Duration::from_secs(60),
+        || {
+            let status = demo.status();
+            let agent = &status["agents"][0];
+            let units = agent["units"].as_array()?.clone();
+            let ready = agent["connected"] == true
+                && outside.iter().zip(&old).all(|(n, pid)| {
+                    units.iter().any(|u| {
+                        u["name"] == *n
+                            && u["phase"] == "generating"
+                            && u["pid"].as_u64().is_some_and(|p| p != u64::from(*pid))
+                    })
+                });
+            ready.then_some(())
+        },
+    );
+    let (r, restarted, traffic) = only_sick(
+        &demo,
+        &units,
+        "prefill-0, decode-0, decode-1 restarted outside pdwarden",
+    );
     let first = &r["diagnoses"][0];
     assert_eq!(
         first["localisation"]["suspects"]
             .as_array()
             .map(|s| s.iter().filter_map(|x| x["unit"].as_str()).collect::<Vec<_>>()),
-        Some(vec!["local/decode-1"]),
+        Some(vec!["local/decode-2"]),
         "{r:#}"
     );
     assert!(
@@ -862,7 +884,7 @@ fn a_decode_holding_a_restarted_prefills_old_identity_is_named_by_the_epoch() {
         "{r:#}"
     );
     assert_eq!(first["epochs"][0]["prefill"], "local/prefill-0", "{r:#}");
-    assert_eq!(restarted, ["decode-1"], "only the stale decode");
+    assert_eq!(restarted, ["decode-2"], "only the stale decode");
     assert!(r["verdict"].as_str().unwrap().starts_with("healthy"), "{r:#}");
     println!("clients meanwhile: {traffic}");
 }
