@@ -492,6 +492,14 @@ impl FakeAgent {
         self
     }
 
+    /// The serving router lists the worker at `url` healthy or not (its
+    /// own health checks' view).
+    pub(crate) fn set_router_worker_health(&self, url: &str, healthy: bool) {
+        for w in self.lock().router_workers.iter_mut().filter(|w| w.url == url) {
+            w.healthy = healthy;
+        }
+    }
+
     /// Transfers from the prefill at `prefill_url` to the decode at
     /// `decode_url` fail (a stale bootstrap identity).
     /// The path fails until `unit` (either end) restarts.

@@ -885,6 +885,14 @@ fn a_decode_holding_a_restarted_prefills_old_identity_is_named_by_the_epoch() {
     );
     assert_eq!(first["epochs"][0]["prefill"], "local/prefill-0", "{r:#}");
     assert_eq!(restarted, ["decode-2"], "only the stale decode");
+    let waited: Vec<&Value> = r["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["name"] == "await_serving")
+        .collect();
+    println!("the round's wait for the router to serve with what it keeps: {waited:?}");
+    assert_eq!(waited.len(), 1, "{r:#}");
     assert!(r["verdict"].as_str().unwrap().starts_with("healthy"), "{r:#}");
     println!("clients meanwhile: {traffic}");
 }

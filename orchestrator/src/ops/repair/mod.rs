@@ -50,6 +50,10 @@ use machine::{Child, Repair, RepairEffect, RepairEvent, Repairing, SoFar};
 pub const KIND: &str = "repair";
 /// The pair name a repair's children are journaled under (`PAIR#repair`).
 pub const CHILD_SUFFIX: &str = "#repair";
+/// How long a round waits for the router to list the engines it keeps as
+/// healthy before it takes the named ones out.
+pub const SERVING_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+const SERVING_POLL: std::time::Duration = std::time::Duration::from_millis(250);
 /// The entry naming each child before it runs.
 const CHILD_OPERATION: &str = "child_operation";
 
@@ -328,12 +332,17 @@ impl Repairer {
                     }
                 }
             }
-            RepairEffect::RunChild(child) => Some(match self.child(&child).await {
-                Ok(report) => RepairEvent::ChildConcluded {
-                    child,
-                    report: Box::new(report),
-                },
-                Err(e) => RepairEvent::ChildNotBegun { error: e.to_string() },
+            RepairEffect::RunChild(child) => Some({
+                if let Child::Restart { units, .. } = &child {
+                    self.await_serving(units).await;
+                }
+                match self.child(&child).await {
+                    Ok(report) => RepairEvent::ChildConcluded {
+                        child,
+                        report: Box::new(report),
+                    },
+                    Err(e) => RepairEvent::ChildNotBegun { error: e.to_string() },
+                }
             }),
             RepairEffect::Rejoin => {
                 let all: Vec<String> = self
@@ -357,6 +366,102 @@ impl Repairer {
     }
 
     /// Runs `child` on `PAIR#repair`, journaled (must-write) before it begins.
+    /// Before a round takes `units` out of the router (issue 46, item 4):
+    /// waits, at most [`SERVING_WAIT`], until the router lists as healthy
+    /// `[pair] repair_keeps_serving` of the engines of each side the round
+    /// keeps — engines restarted a moment ago (by an earlier round, by
+    /// systemd) may not be back in the router's health yet, and taking the
+    /// named ones out then leaves clients nothing (503). Said as a step;
+    /// past the wait the round goes on (the named engines fail their
+    /// requests anyway) and says so.
+    async fn await_serving(&self, units: &[String]) {
+        use crate::ops::drain::probes::{pair_workers, router_call};
+        use pdwarden_proto::v1::RouterWorkersOp;
+        let Some(router) = self.pair.router.first() else {
+            return;
+        };
+        let Ok(workers) = pair_workers(&*self.ctx.agents, &self.pair) else {
+            return;
+        };
+        let keep = self.pair.repair_keeps_serving;
+        // The sides the round touches, and what each keeps.
+        let touched: Vec<&str> = ["prefill", "decode"]
+            .into_iter()
+            .filter(|t| workers.iter().any(|w| w.worker_type == *t && units.contains(&w.unit)))
+            .collect();
+        let kept = |t: &str| -> Vec<&pdwarden_model::report::PairWorker> {
+            workers
+                .iter()
+                .filter(|w| w.worker_type == t && !units.contains(&w.unit))
+                .collect()
+        };
+        let step = self.rec.step_started("await_serving", &self.pair.name);
+        let started = tokio::time::Instant::now();
+        let mut short: String;
+        loop {
+            let listed = router_call(&*self.ctx.agents, router, RouterWorkersOp::List, &[]).await;
+            match &listed {
+                Ok(list) => {
+                    let missing: Vec<String> = touched
+                        .iter()
+                        .filter_map(|t| {
+                            let healthy: Vec<&str> = kept(t)
+                                .into_iter()
+                                .filter(|w| list.iter().any(|l| l.url == w.url && l.healthy))
+                                .map(|w| w.unit.as_str())
+                                .collect();
+                            (healthy.len() < keep).then(|| {
+                                format!(
+                                    "{} of the {} kept serving healthy in the router ({})",
+                                    healthy.len(),
+                                    t,
+                                    if healthy.is_empty() {
+                                        "none".into()
+                                    } else {
+                                        healthy.join(", ")
+                                    }
+                                )
+                            })
+                        })
+                        .collect();
+                    if missing.is_empty() {
+                        self.rec.step_ended(
+                            step,
+                            format!(
+                                "the router serves with the engines kept ({} ms) before {} go out",
+                                started.elapsed().as_millis(),
+                                units.join(", ")
+                            ),
+                        );
+                        return;
+                    }
+                    short = missing.join("; ");
+                }
+                // A router without a worker API pdwarden can read: nothing
+                // to wait for.
+                Err(e) => {
+                    self.rec.step_ended(
+                        step,
+                        format!("the router's workers could not be listed ({e}): not waited"),
+                    );
+                    return;
+                }
+            }
+            if started.elapsed() >= SERVING_WAIT {
+                break;
+            }
+            tokio::time::sleep(SERVING_POLL).await;
+        }
+        self.rec.step_ended(
+            step,
+            format!(
+                "fail: after {} s only {short}: {} go out of the router anyway (they fail their requests as they are)",
+                SERVING_WAIT.as_secs(),
+                units.join(", ")
+            ),
+        );
+    }
+
     async fn child(&self, child: &Child) -> Result<OperationReport, JournalError> {
         let kind = match child {
             Child::Restart { .. } | Child::WholePair => OperationKind::CoRestart,
@@ -490,6 +595,60 @@ mod tests {
             let text = pdwarden_model::report::render_summary(&r);
             assert!(text.contains("path matrix:"), "{text}");
         }
+    }
+
+    /// Issue 46, item 4: a round does not take a decode out of the router
+    /// while the router lists no other decode healthy (a decode restarted a
+    /// moment ago, not back in its health yet): it waits, bounded, said as
+    /// a step; once the other is healthy, the round goes on at once.
+    #[tokio::test(start_paused = true)]
+    async fn a_round_waits_for_the_router_to_serve_with_what_it_keeps() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = journal(&dir);
+        let agent = agent(2, 2);
+        let ctx = orchestrator(&journal, &agent).await;
+        for p in 0..2 {
+            agent.break_kv_path_until_restart(&url(&format!("prefill-{p}")), &url("decode-1"), "decode-1");
+        }
+        agent.set_router_worker_health(&url("decode-0"), false);
+        let healer = agent.clone();
+        let heal = tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+            healer.set_router_worker_health(&url("decode-0"), true);
+        });
+        let began = tokio::time::Instant::now();
+        let r = repair(ctx, nixl_pool(2, 2), false).await;
+        heal.await.unwrap();
+        assert_eq!(r.verdict, VerdictKind::Healthy, "{:#?}", r.reasons);
+        assert_eq!(started(&agent), ["decode-1"]);
+        let wait = r
+            .steps
+            .iter()
+            .find(|s| s.name == "await_serving")
+            .expect("the wait, as a step");
+        assert!(
+            wait.outcome.starts_with("the router serves with the engines kept"),
+            "{wait:?}"
+        );
+        assert!(began.elapsed() >= std::time::Duration::from_secs(5));
+
+        // Never healthy: after the bound, the round goes on, said.
+        let dir2 = tempfile::tempdir().unwrap();
+        let journal2 = self::journal(&dir2);
+        let agent = self::agent(2, 2);
+        let ctx = orchestrator(&journal2, &agent).await;
+        for p in 0..2 {
+            agent.break_kv_path_until_restart(&url(&format!("prefill-{p}")), &url("decode-1"), "decode-1");
+        }
+        agent.set_router_worker_health(&url("decode-0"), false);
+        let r = repair(ctx, nixl_pool(2, 2), false).await;
+        let wait = r.steps.iter().find(|s| s.name == "await_serving").expect("the wait");
+        assert!(
+            wait.outcome
+                .contains("only 0 of the decode kept serving healthy in the router (none)"),
+            "{wait:?}"
+        );
+        assert_eq!(started(&agent), ["decode-1"]);
     }
 
     /// A prefill with stale transfer state fails its row; it restarts, and
