@@ -188,6 +188,11 @@ pub async fn diagnose(
         todo = todo_all(np, nd)
             .filter(|&(p, d)| failing.iter().any(|&(fp, fd)| fp == p || fd == d))
             .collect();
+        // In the other order each round: a fault that fails every Nth
+        // transfer would otherwise meet the same paths every time.
+        if round % 2 == 0 {
+            todo.reverse();
+        }
     }
     let localisation = localise(&matrix, epochs, &blames);
     Ok(Diagnosis {
