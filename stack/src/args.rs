@@ -153,9 +153,10 @@ pub struct DemoArgs {
     #[arg(long, value_enum, default_value = "sglang")]
     pub kv_transfer: DemoKvTransfer,
     /// The pair on two agents, hosts `local` and `remote`, one unit
-    /// template per host (issue 46): `local` runs `prefill-0`, `decode-0`
-    /// and `router-0`, `remote` a `prefill-0` and a `decode-0` of its own —
-    /// the same names, other engines. Needs `--prefills 2 --decodes 2`.
+    /// template per host (issue 46): `local` runs the first half of each
+    /// role and `router-0`, `remote` the rest, named from 0 again — both
+    /// run a `prefill-0` and a `decode-0`, other engines. Needs at least 2
+    /// prefills and 2 decodes.
     #[arg(long)]
     pub two_hosts: bool,
 }

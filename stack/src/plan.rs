@@ -255,9 +255,10 @@ pub fn write_configs(args: &DemoArgs, dir: &Path) -> anyhow::Result<Configs> {
     })
 }
 
-/// `--two-hosts`: the second agent (host [`REMOTE`]) takes `prefill-1` and
-/// `decode-1` from `agent`, named `prefill-0` and `decode-0` there: one
-/// unit template per host, the same names on both.
+/// `--two-hosts`: the second agent (host [`REMOTE`]) takes the second half
+/// of each role from `agent` (of 2 prefills, `prefill-1`; of 3 decodes,
+/// `decode-2`), named from 0 there: one unit template per host, so both
+/// hosts run a `prefill-0` and a `decode-0`.
 fn remote_agent(agent: &mut AgentConfig, dir: &Path, url: &str, tls: Option<&StackTls>) -> anyhow::Result<AgentConfig> {
     let mut remote = AgentConfig::new(REMOTE, url.to_string(), dir.join("agent-remote"));
     remote.on_exit = OnExit::StopUnits;
@@ -267,15 +268,23 @@ fn remote_agent(agent: &mut AgentConfig, dir: &Path, url: &str, tls: Option<&Sta
         Some(t) => remote.tls = Some(t),
         None => remote.insecure_plaintext = true,
     }
-    for (there, here) in [("prefill-1", "prefill-0"), ("decode-1", "decode-0")] {
-        let at = agent
+    for role in ["prefill", "decode"] {
+        let n = agent
             .units
             .iter()
-            .position(|u| u.name == there)
-            .with_context(|| format!("--two-hosts: no {there} to move"))?;
-        let mut unit = agent.units.remove(at);
-        unit.name = here.into();
-        remote.units.push(unit);
+            .filter(|u| u.name.starts_with(&format!("{role}-")))
+            .count();
+        for (k, i) in (n.div_ceil(2)..n).enumerate() {
+            let there = format!("{role}-{i}");
+            let at = agent
+                .units
+                .iter()
+                .position(|u| u.name == there)
+                .with_context(|| format!("--two-hosts: no {there} to move"))?;
+            let mut unit = agent.units.remove(at);
+            unit.name = format!("{role}-{k}");
+            remote.units.push(unit);
+        }
     }
     Ok(remote)
 }
@@ -358,15 +367,15 @@ fn check_stack_shape(args: &DemoArgs, xpyd: bool) -> anyhow::Result<()> {
         );
     }
     if args.two_hosts
-        && (args.prefills != 2
-            || args.decodes != 2
+        && (args.prefills < 2
+            || args.decodes < 2
             || args.engine != crate::args::DemoEngine::PdSim
             || args.shared_router
             || args.rolling
             || args.decode_proxy.is_some())
     {
         bail!(
-            "--two-hosts: a pd-sim pair of 2 prefills and 2 decodes (--prefills 2 --decodes 2), one of each on each host, not with --shared-router, --rolling, --decode-proxy or --engine vllm"
+            "--two-hosts: a pd-sim pair of at least 2 prefills and 2 decodes (e.g. --prefills 2 --decodes 3), each role split between the hosts, not with --shared-router, --rolling, --decode-proxy or --engine vllm"
         );
     }
     if args.rolling && args.kv_transfer != crate::args::DemoKvTransfer::Nixl {
@@ -757,13 +766,14 @@ fn demo_pairs(
     real_engine: bool,
 ) -> anyhow::Result<Vec<PairConfig>> {
     let probe_timeout = scale.ms(120_000);
-    // `--two-hosts`: the second of each role is the remote host's own
-    // `prefill-0` / `decode-0`.
+    // `--two-hosts`: the second half of each role is the remote host's own
+    // `prefill-0`, `decode-0`, … (`remote_agent`).
     let refs = |role: &str, n: u16| -> Vec<UnitRef> {
+        let local = if args.two_hosts { n.div_ceil(2) } else { n };
         (0..n)
-            .map(|i| match (args.two_hosts, i) {
-                (true, 1) => UnitRef::new(REMOTE, format!("{role}-0")),
-                _ => UnitRef::new(HOST, format!("{role}-{i}")),
+            .map(|i| match i.checked_sub(local) {
+                Some(k) => UnitRef::new(REMOTE, format!("{role}-{k}")),
+                None => UnitRef::new(HOST, format!("{role}-{i}")),
             })
             .collect()
     };
@@ -1109,7 +1119,7 @@ mod tests {
             &["--prefills", "4", "--decodes", "4"],
             &["--shared-router"],
             &["--incident", "slot-leak"],
-            &["--prefills", "2", "--decodes", "2", "--two-hosts"],
+            &["--prefills", "2", "--decodes", "3", "--two-hosts"],
         ];
         for flags in shapes {
             let args = DemoArgs::from_flags(flags).unwrap();
@@ -1141,7 +1151,7 @@ mod tests {
                 assert_eq!(c.pairs.len(), if args.shared_router { 2 } else { 1 });
                 if args.two_hosts {
                     let names: Vec<String> = c.pairs[0].decode.iter().map(ToString::to_string).collect();
-                    assert_eq!(names, ["local/decode-0", "remote/decode-0"]);
+                    assert_eq!(names, ["local/decode-0", "local/decode-1", "remote/decode-0"]);
                 }
             }
         }

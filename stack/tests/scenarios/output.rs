@@ -135,15 +135,15 @@ fn wrong_output_through_the_real_router_is_failed_naming_it() {
     );
 }
 
-/// Issue 34, item 3: an xPyD pair (2P2D) answers the greedy request along
+/// Issue 34, item 3: an xPyD pair (here 2P3D) answers the greedy request along
 /// every prefill → decode path (one request straight along each, as well
 /// as the router's). KV corruption switched on in one decode only: `verify`
 /// is failed naming each path into it (and it), whichever decode the
 /// router's own request met; off: healthy again.
 ///
-/// Issue 46, item 5: the pair on two agents, one unit template per host
-/// (`--two-hosts`: `local` and `remote` each run a `prefill-0` and a
-/// `decode-0`). The corrupting decode is `remote/decode-0`: every finding
+/// Issue 46, item 5: a 2P3D pair on two agents, one unit template per
+/// host (`--two-hosts`: `local` runs `prefill-0`, `decode-0`, `decode-1`,
+/// `remote` its own `prefill-0` and `decode-0`). The corrupting decode is `remote/decode-0`: every finding
 /// names it with its host (a finding used to land on the other host's
 /// `decode-0`, path answers carrying unit names only), and `--only-sick`
 /// restarts it alone while a client sends through the router.
@@ -155,7 +155,7 @@ fn every_path_of_an_xpyd_pair_agrees_or_the_wrong_one_is_named() {
             "--prefills",
             "2",
             "--decodes",
-            "2",
+            "3",
             "--two-hosts",
             "--kv-transfer",
             "nixl",
@@ -183,7 +183,7 @@ fn every_path_of_an_xpyd_pair_agrees_or_the_wrong_one_is_named() {
             .collect()
     };
     let all = paths(first);
-    assert_eq!(all.len(), 4, "one greedy request per path (P×D): {all:?}");
+    assert_eq!(all.len(), 6, "one greedy request per path (P×D): {all:?}");
     assert!(all.iter().all(|(_, o)| o == "same" || o == "near_tie"), "{all:?}");
     let verify = || {
         let out = held.cli_within(&["verify", "demo", "--json"], LIMIT);
@@ -222,7 +222,7 @@ fn every_path_of_an_xpyd_pair_agrees_or_the_wrong_one_is_named() {
     assert_eq!(m["localisation"]["suspects"][0]["unit"], "remote/decode-0", "{m:#}");
     assert_eq!(
         m["matrix"]["cells"],
-        serde_json::json!([["ok", "wrong_output"], ["ok", "wrong_output"]]),
+        serde_json::json!([["ok", "ok", "wrong_output"], ["ok", "ok", "wrong_output"]]),
         "{m:#}"
     );
     let text = reasons(&corrupt);
@@ -234,7 +234,7 @@ fn every_path_of_an_xpyd_pair_agrees_or_the_wrong_one_is_named() {
     }
     assert!(text.contains("every path into decode remote/decode-0"), "{text}");
     assert!(!text.contains("local/decode-0 answered"), "{text}");
-    println!("2P2D on two hosts, kv_corruption in remote/decode-0: {text}");
+    println!("2P3D on two hosts, kv_corruption in remote/decode-0: {text}");
 
     // `--only-sick`: the matrix holds each path's greedy answer to the
     // reference and names remote/decode-0; it alone restarts.
