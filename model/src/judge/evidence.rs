@@ -97,6 +97,12 @@ pub struct RouterCounters {
     pub errors_metric: String,
     pub before: Option<Vec<RouterWorkerCount>>,
     pub after: Option<Vec<RouterWorkerCount>>,
+    /// A router this operation started (issue 47): what it counted from its
+    /// start until pdwarden's verification began — while it came up with
+    /// engines it had not yet health-checked, clients' requests meeting it
+    /// then. `before` is then this same scrape (the window is the
+    /// verification's); said, never counted against the pair.
+    pub starting: Option<Vec<RouterWorkerCount>>,
 }
 
 /// An xPyD engine the router never sent a request to, and the PD request
@@ -216,6 +222,8 @@ pub fn conclude(e: &Evidence, policy: &ProbePolicy) -> Verdict {
         v.kind = worst_of_error(v.kind);
         v.reasons.splice(0..0, hidden);
     }
+    v.reasons.extend(engine_notes(&e.engines));
+    v.reasons.extend(router_notes(&e.routers));
     // The agent layer.
     if !e.not_running.is_empty() {
         if v.kind.is_healthy() {
@@ -283,13 +291,23 @@ fn router_failures(routers: &[RouterCounters]) -> Vec<String> {
         let (Some(before), Some(after)) = (&r.before, &r.after) else {
             continue;
         };
-        let rise = |w: &RouterWorkerCount| {
+        // A counter below its value at the window's start belongs to a new
+        // router process (issue 47): it counts from 0.
+        let start_of = |w: &RouterWorkerCount| {
             let then = before
                 .iter()
                 .find(|b| b.worker == w.worker && b.worker_type == w.worker_type);
             let (retries0, errors0) = then.map_or((0.0, 0.0), |b| (b.retries, b.errors));
+            (
+                if w.retries < retries0 { 0.0 } else { retries0 },
+                if w.errors < errors0 { 0.0 } else { errors0 },
+            )
+        };
+        let rise = |w: &RouterWorkerCount| {
+            let (retries0, errors0) = start_of(w);
             (w.retries - retries0, w.errors - errors0)
         };
+
         let typed_only = |w: &RouterWorkerCount| w.worker.is_empty() || w.worker == w.worker_type;
         let decode_rise = after
             .iter()
@@ -301,10 +319,7 @@ fn router_failures(routers: &[RouterCounters]) -> Vec<String> {
                 mirrored = true;
                 continue;
             }
-            let then = before
-                .iter()
-                .find(|b| b.worker == w.worker && b.worker_type == w.worker_type);
-            let (retries0, errors0) = then.map_or((0.0, 0.0), |b| (b.retries, b.errors));
+            let (retries0, errors0) = start_of(w);
             let retried = w.retries - retries0;
             let errored = w.errors - errors0;
             if retried <= 0.0 && errored <= 0.0 {
@@ -348,8 +363,84 @@ fn router_failures(routers: &[RouterCounters]) -> Vec<String> {
     out
 }
 
+/// What the router layer says without counting it (issue 47): a counter
+/// that fell inside the window (a new router process: its counts are
+/// counted from 0), and what a router this operation started counted before
+/// pdwarden's verification began.
+fn router_notes(routers: &[RouterCounters]) -> Vec<String> {
+    let mut out = Vec::new();
+    for r in routers {
+        if let (Some(before), Some(after)) = (&r.before, &r.after) {
+            let fell: Vec<String> = after
+                .iter()
+                .filter_map(|w| {
+                    let b = before
+                        .iter()
+                        .find(|b| b.worker == w.worker && b.worker_type == w.worker_type)?;
+                    (w.retries < b.retries || w.errors < b.errors).then(|| {
+                        format!(
+                            "{} {} → {}, {} {} → {}",
+                            r.retries_metric, b.retries, w.retries, r.errors_metric, b.errors, w.errors
+                        )
+                    })
+                })
+                .collect();
+            if !fell.is_empty() {
+                out.push(format!(
+                    "router {}: its counters fell during the verification ({}): a new router process; counted from 0",
+                    r.unit,
+                    fell.join("; ")
+                ));
+            }
+        }
+        if let Some(starting) = &r.starting {
+            // sglang-router counts a failed PD request on both sides: the
+            // decode side's count, else the largest.
+            let side = |t: &str| {
+                starting
+                    .iter()
+                    .filter(|w| w.worker_type == t)
+                    .fold((0.0, 0.0), |a, w| (a.0 + w.retries, a.1 + w.errors))
+            };
+            let (retries, errors) = match side("decode") {
+                (0.0, 0.0) => side("prefill"),
+                d => d,
+            };
+            if retries > 0.0 || errors > 0.0 {
+                out.push(format!(
+                    "router {}: {retries} retries and {errors} backend errors while it was starting, before pdwarden's verification began (requests meeting a router whose engines were not yet in its rotation; clients' and its readiness check's alike): expected, said, not counted",
+                    r.unit
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// What the engine layer says without counting it: a failure counter that
+/// fell inside the window — the engine restarted (a new process) while
+/// pdwarden's requests ran; its new process's failures are counted from 0.
+fn engine_notes(engines: &[EngineCounters]) -> Vec<String> {
+    engines
+        .iter()
+        .filter_map(|e| {
+            let (before, after) = (e.before?, e.after?);
+            let fell = |t: Option<f64>, n: Option<f64>| matches!((t, n), (Some(t), Some(n)) if n < t);
+            (fell(before.transfer_failed, after.transfer_failed) || fell(before.bootstrap_failed, after.bootstrap_failed))
+                .then(|| {
+                    format!(
+                        "{} {}: its failure counters fell while pdwarden's requests ran: a new process (restarted inside the window); its failures are counted from 0",
+                        e.role, e.unit
+                    )
+                })
+        })
+        .collect()
+}
+
 /// Rule 1 for the engine layer: a failure counter that moved, or appeared
-/// (absent before: 0).
+/// (absent before: 0). A counter below its value at the window's start
+/// belongs to a new process (restarted inside the window, by systemd or its
+/// agent): it counts from 0 (issue 47).
 fn engine_failures(engines: &[EngineCounters]) -> Vec<String> {
     let mut out = Vec::new();
     for e in engines {
@@ -370,13 +461,15 @@ fn engine_failures(engines: &[EngineCounters]) -> Vec<String> {
                 after.bootstrap_failed,
             ),
         ] {
-            let then_n = then.unwrap_or(0.0);
+            let fell = matches!((then, now), (Some(t), Some(n)) if n < t);
+            let then_n = if fell { 0.0 } else { then.unwrap_or(0.0) };
             let Some(now) = now.filter(|now| *now > then_n) else {
                 continue;
             };
-            let was = match then {
-                Some(n) => format!("{n}"),
-                None => "absent (0)".into(),
+            let was = match (then, fell) {
+                (Some(n), true) => format!("{n}, then a new process from 0"),
+                (Some(n), false) => format!("{n}"),
+                (None, _) => "absent (0)".into(),
             };
             out.push(format!(
                 "{} {}: {} {what} failed while pdwarden's requests ran ({metric} {was} → {now}); a router that retries hides them from the client",
@@ -494,6 +587,7 @@ mod tests {
                 after: Some(EngineCounts::default()),
             }],
             routers: vec![RouterCounters {
+                starting: None,
                 unit: "router".into(),
                 retries_metric: "smg_worker_retries_total".into(),
                 errors_metric: "smg_worker_errors_total".into(),
@@ -507,6 +601,92 @@ mod tests {
     #[test]
     fn the_base_evidence_is_healthy() {
         let v = conclude(&healthy_evidence(), &policy(true));
+        assert_eq!(v.kind, VerdictKind::Healthy, "{:?}", v.reasons);
+    }
+
+    fn decode_count(retries: f64) -> RouterWorkerCount {
+        RouterWorkerCount {
+            worker: "decode".into(),
+            worker_type: "decode".into(),
+            retries,
+            errors: 0.0,
+        }
+    }
+
+    /// Issue 47: a co-restart under client traffic: the restarted router
+    /// retried clients' requests while it came up (before pdwarden's
+    /// verification began); the window is the verification's: said, not
+    /// counted. A retry inside the window still fails the pair.
+    #[test]
+    fn what_a_restarted_router_counted_while_starting_is_said_not_counted() {
+        let mut e = healthy_evidence();
+        e.routers[0].starting = Some(vec![decode_count(6.0)]);
+        e.routers[0].before = Some(vec![decode_count(6.0)]);
+        e.routers[0].after = Some(vec![decode_count(6.0)]);
+        let v = conclude(&e, &policy(true));
+        assert_eq!(v.kind, VerdictKind::Healthy, "{:?}", v.reasons);
+        assert!(
+            v.reasons
+                .iter()
+                .any(|r| r.starts_with("router router: 6 retries and 0 backend errors while it was starting")),
+            "{:?}",
+            v.reasons
+        );
+        e.routers[0].after = Some(vec![decode_count(7.0)]);
+        let v = conclude(&e, &policy(true));
+        assert_eq!(v.kind, VerdictKind::Failed, "{:?}", v.reasons);
+        assert!(v.reasons[0].contains("counted 1 retry"), "{:?}", v.reasons);
+    }
+
+    /// Issue 47: a counter that falls inside the window belongs to a new
+    /// process: counted from 0 (its failures are not hidden by a negative
+    /// difference), and said.
+    #[test]
+    fn a_counter_that_falls_is_a_new_process_counted_from_0() {
+        // The router: 10 retries before, its new process 2 since.
+        let mut e = healthy_evidence();
+        e.routers[0].before = Some(vec![decode_count(10.0)]);
+        e.routers[0].after = Some(vec![decode_count(2.0)]);
+        let v = conclude(&e, &policy(true));
+        assert_eq!(v.kind, VerdictKind::Failed, "{:?}", v.reasons);
+        assert!(v.reasons[0].contains("counted 2 retries"), "{:?}", v.reasons);
+        assert!(
+            v.reasons
+                .iter()
+                .any(|r| r.contains("its counters fell") && r.contains("a new router process")),
+            "{:?}",
+            v.reasons
+        );
+        // An engine: 5 transfer failures before, its new process 1 since.
+        let mut e = healthy_evidence();
+        e.engines[0].before = Some(EngineCounts {
+            transfer_failed: Some(5.0),
+            bootstrap_failed: Some(0.0),
+        });
+        e.engines[0].after = Some(EngineCounts {
+            transfer_failed: Some(1.0),
+            bootstrap_failed: Some(0.0),
+        });
+        let v = conclude(&e, &policy(true));
+        assert_eq!(v.kind, VerdictKind::Failed, "{:?}", v.reasons);
+        assert!(
+            v.reasons[0].contains("1 KV transfers failed") && v.reasons[0].contains("5, then a new process from 0"),
+            "{:?}",
+            v.reasons
+        );
+        assert!(
+            v.reasons
+                .iter()
+                .any(|r| r.contains("decode decode-0: its failure counters fell")),
+            "{:?}",
+            v.reasons
+        );
+        // Fell to 0 and stayed: said, nothing counted.
+        e.engines[0].after = Some(EngineCounts {
+            transfer_failed: Some(0.0),
+            bootstrap_failed: Some(0.0),
+        });
+        let v = conclude(&e, &policy(true));
         assert_eq!(v.kind, VerdictKind::Healthy, "{:?}", v.reasons);
     }
 

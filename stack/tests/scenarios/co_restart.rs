@@ -70,6 +70,9 @@ fn overlap_policy_overlaps_engine_loads_but_still_gates_the_router() {
 
 /// A decode-only restart is refused with the reason, and nothing restarts:
 /// the decode keeps its PID. History and status see the pair's operation.
+/// Then (issue 47) the pair restarted and verified five times each while
+/// three clients send through its router: all healthy; with a fault the
+/// router hides, every verification fails naming it.
 #[test]
 fn decode_only_restart_is_refused() {
     let _one = exclusive();
@@ -112,6 +115,64 @@ fn decode_only_restart_is_refused() {
     let out = demo.cli(&["restart", "pd-pair", "nope", "--json"]);
     assert_eq!(out.code, 1);
     assert!(out.json()["error"].as_str().unwrap().contains("unknown pair"));
+
+    // Issue 47: production is never quiet. Three clients keep sending
+    // through the router while the pair is restarted and verified, five
+    // times each: every verdict healthy (each restart used to be `failed`
+    // for the retries its new router counted for clients' requests while
+    // it came up: said now, and the window is pdwarden's verification).
+    let router = demo.unit_url("router-0");
+    let clients: Vec<Client> = (0..3).map(|_| Client::start(&router)).collect();
+    let mut verdicts = Vec::new();
+    for _ in 0..5 {
+        for what in [
+            &["restart", "pd-pair", "demo", "--json"][..],
+            &["verify", "demo", "--json"][..],
+        ] {
+            let out = demo.cli_within(what, Duration::from_secs(120));
+            let r = out.json();
+            println!(
+                "under traffic, {}: {} — {}",
+                what[0],
+                r["verdict"],
+                crate::harness::reasons(&r)
+                    .lines()
+                    .take(2)
+                    .collect::<Vec<_>>()
+                    .join(" | ")
+            );
+            verdicts.push((what[0], r["verdict"].as_str().unwrap_or("").to_string(), out.code));
+        }
+    }
+    assert!(
+        verdicts
+            .iter()
+            .all(|(_, v, code)| v.starts_with("healthy") && *code == 0),
+        "{verdicts:?}"
+    );
+    // A real fault the router hides, under the same traffic: the decode
+    // fails every fifth KV transfer (the router retries it; clients see a
+    // slower 200): every verification fails, naming it.
+    sim_fault(&demo.unit_url("decode-0"), r#"{"kv_fail_every": 5}"#);
+    for _ in 0..3 {
+        let out = demo.cli_within(&["verify", "demo", "--json"], Duration::from_secs(120));
+        let r = out.json();
+        let text = crate::harness::reasons(&r);
+        println!(
+            "under traffic, a decode failing 1 in 5 transfers: {} — {}",
+            r["verdict"],
+            text.lines().next().unwrap_or("")
+        );
+        assert_eq!((out.code, r["verdict"].as_str()), (2, Some("failed")), "{text}");
+        assert!(
+            text.contains("decode decode-0") && text.contains("KV transfers failed"),
+            "the fault not named: {text}"
+        );
+    }
+    sim_fault(&demo.unit_url("decode-0"), r#"{"kv_fail_every": 0}"#);
+    for c in clients {
+        println!("a client meanwhile: {}", c.stop());
+    }
 }
 
 /// INCIDENTS row 3: a decode that listens and answers `/v1/models` but never

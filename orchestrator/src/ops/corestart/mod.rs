@@ -222,6 +222,7 @@ pub async fn run_operation_from(
         fresh_engine_answers: Vec::new(),
         direct: None,
         capture_why: None,
+        routers_at_verification: None,
     };
     // The engines' PD failure counters before the requests: a unit this
     // operation starts counts from 0; a pair in service is scraped first.
@@ -527,6 +528,9 @@ struct CoRestart<'a> {
     direct: Option<PdPath>,
     /// Why the pair's evidence is captured first (issue 35), if it is.
     capture_why: Option<String>,
+    /// The routers' counters when pdwarden's verification of a restarted
+    /// pair began (issue 47): the window its router evidence counts from.
+    routers_at_verification: Option<BTreeMap<String, RouterScrape>>,
 }
 
 impl CoRestart<'_> {
@@ -643,7 +647,12 @@ impl CoRestart<'_> {
                     engine_counters = after.into_values().collect();
                     let routers_after = self.scrape_routers().await;
                     rec.journal_entry(rec.now_ms(), "router_counters", &routers_after);
-                    routers = router_evidence(&self.pair, routers_before, &routers_after);
+                    routers = router_evidence(
+                        &self.pair,
+                        routers_before,
+                        self.routers_at_verification.as_ref(),
+                        &routers_after,
+                    );
                 }
                 StageEvent::Counted {
                     engines,

@@ -44,10 +44,14 @@ pub(super) fn engine_evidence(
 
 /// The router layer's evidence: each router's counters per worker before
 /// (`None` in `before`: restarted by this operation, so from nothing) and
-/// after; a router whose scrape failed on a side says nothing.
+/// after; a router whose scrape failed on a side says nothing. `starting`:
+/// a restarted router's scrape when pdwarden's verification began (issue
+/// 47): the window starts there, and what it counted before is said as
+/// its start-up's.
 pub(super) fn router_evidence(
     pair: &PairConfig,
     before: Option<&BTreeMap<String, RouterScrape>>,
+    starting: Option<&BTreeMap<String, RouterScrape>>,
     after: &BTreeMap<String, RouterScrape>,
 ) -> Vec<RouterCounters> {
     pair.router
@@ -55,15 +59,21 @@ pub(super) fn router_evidence(
         .map(|u| {
             let now = after.get(&u.unit);
             let (retries_metric, errors_metric) = router_metric_names(now.map_or("", |s| s.kind.as_str()));
+            let started = match before {
+                None => starting.and_then(|s| s.get(&u.unit)).map(|s| s.workers.clone()),
+                Some(_) => None,
+            };
             RouterCounters {
                 unit: u.unit.clone(),
                 retries_metric: retries_metric.into(),
                 errors_metric: errors_metric.into(),
-                before: match before {
-                    None => Some(Vec::new()),
-                    Some(b) => b.get(&u.unit).map(|s| s.workers.clone()),
+                before: match (before, &started) {
+                    (None, Some(at_verification)) => Some(at_verification.clone()),
+                    (None, None) => Some(Vec::new()),
+                    (Some(b), _) => b.get(&u.unit).map(|s| s.workers.clone()),
                 },
                 after: now.map(|s| s.workers.clone()),
+                starting: started,
             }
         })
         .collect()

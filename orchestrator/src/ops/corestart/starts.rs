@@ -205,6 +205,12 @@ impl CoRestart<'_> {
                 self.starts.push(s);
             }
             if let machine::CoRestart::Probing { .. } = state {
+                // The router layer's window begins with pdwarden's own
+                // verification (issue 47): what a router restarted here
+                // counted while it came up is its start-up's, said apart.
+                if self.routers_at_verification.is_none() {
+                    self.routers_at_verification = Some(self.scrape_routers().await);
+                }
                 self.probe().await;
                 step = Step::Enter {
                     next: state.probed(),
