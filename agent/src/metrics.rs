@@ -66,6 +66,10 @@ pub struct EngineMetrics {
     /// in order of (worker, worker_type). Empty for an engine, and for a
     /// router that has counted nothing yet.
     pub router_workers: Vec<RouterWorkerCounters>,
+    /// A router's generation requests taken, and those it answered with an
+    /// error (issue 47; `pdwarden_engines::router_traffic`).
+    pub router_requests_total: Option<f64>,
+    pub router_failed_total: Option<f64>,
 }
 
 impl EngineMetrics {
@@ -146,6 +150,18 @@ pub fn parse(text: &str) -> EngineMetrics {
         };
         if !value.is_finite() {
             continue;
+        }
+        if name.starts_with("smg_router_request") || name.starts_with("vllm_router_request") {
+            let traffic = pdwarden_engines::router_traffic(name, &labels_of(line, name.len()));
+            let slot = match traffic {
+                Some(pdwarden_engines::RouterTraffic::Request) => Some(&mut m.router_requests_total),
+                Some(pdwarden_engines::RouterTraffic::Failed) => Some(&mut m.router_failed_total),
+                None => None,
+            };
+            if let Some(slot) = slot {
+                *slot = Some(slot.unwrap_or(0.0) + value);
+                continue;
+            }
         }
         if let Some((kind, metric)) = pdwarden_engines::router_metric_of(name) {
             m.engine.get_or_insert(kind);
@@ -390,6 +406,30 @@ garbage line
                 counters("prefill", "prefill", 4.0, 5.0)
             ]
         );
+    }
+
+    /// Issue 47: a router's own count of the generation requests it routed
+    /// and of those it failed (sglang-router 0.3.2 as scraped; vllm-router
+    /// by route, its health route not counted).
+    #[test]
+    fn a_routers_traffic_is_read_beside_its_retries() {
+        let smg = parse(
+            "smg_router_requests_total{router_type=\"http\",backend_type=\"pd\",connection_mode=\"http\",model=\"m\",endpoint=\"chat\",streaming=\"false\"} 20\n\
+             smg_router_requests_total{router_type=\"http\",backend_type=\"pd\",connection_mode=\"http\",model=\"m\",endpoint=\"chat\",streaming=\"true\"} 3\n\
+             smg_router_request_errors_total{router_type=\"http\",backend_type=\"pd\",model=\"m\",endpoint=\"chat\",error_type=\"backend_error\"} 2\n\
+             smg_http_requests_total{method=\"GET\",path=\"/readiness\"} 6\n\
+             smg_http_responses_total{status_code=\"503\",error_code=\"\"} 4\n",
+        );
+        assert_eq!(smg.router_requests_total, Some(23.0));
+        assert_eq!(smg.router_failed_total, Some(2.0));
+        let vllm = parse(
+            "vllm_router_requests_total{route=\"/v1/completions\"} 7\n\
+             vllm_router_requests_total{route=\"/health\"} 100\n\
+             vllm_router_request_errors_total{route=\"/v1/completions\",error_type=\"upstream\"} 1\n",
+        );
+        assert_eq!(vllm.router_requests_total, Some(7.0));
+        assert_eq!(vllm.router_failed_total, Some(1.0));
+        assert_eq!(parse("sglang:num_running_reqs 1\n").router_requests_total, None);
     }
 
     /// Property: errors are summed over every label but the worker's

@@ -139,6 +139,8 @@ pub(crate) async fn sample_one(
             s.decode_transfer_queue_reqs = m.decode_transfer_queue_reqs;
             s.engine_kind = m.engine.map(|e| e.as_str().to_string()).unwrap_or_default();
             s.router_workers = m.router_workers;
+            s.router_requests_total = m.router_requests_total;
+            s.router_failed_total = m.router_failed_total;
         }
         Err(e) => s.error = e.to_string(),
     }

@@ -657,6 +657,46 @@ pub const ROUTERS: [&Profile; 2] = [&SGLANG_ROUTER, &VLLM_ROUTER];
 /// a router unit's argv names no `--prometheus-port`.
 pub const ROUTER_PROMETHEUS_PORT: u16 = 29_000;
 
+/// A router's own count of the requests it took and of those it answered
+/// with an error (issue 47: the window's traffic, clients' and pdwarden's,
+/// beside its retries).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouterTraffic {
+    /// A generation request it took (chat, completion, generate).
+    Request,
+    /// A request it answered with an error status (4xx/5xx): what its
+    /// client saw.
+    Failed,
+}
+
+/// The routes of the generation requests a router takes (its health and
+/// metrics requests are not traffic).
+const GENERATION_PATHS: [&str; 3] = ["/v1/chat/completions", "/v1/completions", "/generate"];
+
+/// Which [`RouterTraffic`] a router sample `name{labels}` counts, if any.
+///
+/// - sglang-router 0.3.2 (sgl-model-gateway `src/observability/metrics.rs`;
+///   observed on a scrape of its `--prometheus-port`):
+///   `smg_router_requests_total{router_type,backend_type,model,endpoint,
+///   streaming}` per generation request it routed, and
+///   `smg_router_request_errors_total` per one it failed (its HTTP
+///   counters, `smg_http_*`, count its health and readiness requests too).
+/// - vllm-router 0.1.17 (the names in its `vllm_router_rs` library,
+///   `src/metrics.rs`): `vllm_router_requests_total{route}` and
+///   `vllm_router_request_errors_total{route,error_type}`, generation routes
+///   only.
+pub fn router_traffic(name: &str, labels: &[(String, String)]) -> Option<RouterTraffic> {
+    let route = labels.iter().find(|(l, _)| l == "route").map(|(_, v)| v.as_str());
+    let generation = route.is_none_or(|r| GENERATION_PATHS.contains(&r));
+    match name {
+        "smg_router_requests_total" => Some(RouterTraffic::Request),
+        "smg_router_request_errors_total" => Some(RouterTraffic::Failed),
+        "vllm_router_requests_total" => generation.then_some(RouterTraffic::Request),
+        "vllm_router_request_errors_total" => generation.then_some(RouterTraffic::Failed),
+        _ => None,
+    }
+}
+
 /// The router counter a metric name is (the `smg_`, `sgl_router_` and
 /// `vllm_router_` prefixes never collide), with the labels naming its worker.
 pub fn router_metric_of(name: &str) -> Option<(EngineKind, &'static Metric)> {

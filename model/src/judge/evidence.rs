@@ -103,6 +103,18 @@ pub struct RouterCounters {
     /// then. `before` is then this same scrape (the window is the
     /// verification's); said, never counted against the pair.
     pub starting: Option<Vec<RouterWorkerCount>>,
+    /// Its traffic at the window's start and end (issue 47), when it
+    /// exposes it: every generation request it took, clients' and
+    /// pdwarden's alike, and those it failed to their client.
+    pub traffic: Option<(RouterTraffic, RouterTraffic)>,
+}
+
+/// A router's own counts of the generation requests it took and of those
+/// it failed to their client (`pdwarden_engines::router_traffic`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct RouterTraffic {
+    pub requests: f64,
+    pub failed: f64,
 }
 
 /// An xPyD engine the router never sent a request to, and the PD request
@@ -224,6 +236,19 @@ pub fn conclude(e: &Evidence, policy: &ProbePolicy) -> Verdict {
     }
     v.reasons.extend(engine_notes(&e.engines));
     v.reasons.extend(router_notes(&e.routers));
+    // Whose traffic the window held (issue 47): clients' failures beyond
+    // the pair's own rate before are a finding; the rest is said.
+    let own = pdwardens_requests(e);
+    for r in &e.routers {
+        match traffic_of(r, own) {
+            Some((line, true)) => {
+                v.kind = worst_of_error(v.kind);
+                v.reasons.insert(0, line);
+            }
+            Some((line, false)) => v.reasons.push(line),
+            None => {}
+        }
+    }
     // The agent layer.
     if !e.not_running.is_empty() {
         if v.kind.is_healthy() {
@@ -417,6 +442,70 @@ fn router_notes(routers: &[RouterCounters]) -> Vec<String> {
     out
 }
 
+/// The requests pdwarden itself sent through the pair's router during the
+/// verification: its probes, the suite's requests and the greedy request.
+fn pdwardens_requests(e: &Evidence) -> f64 {
+    let suite: usize = e.suite.iter().map(|s| s.samples.len()).sum();
+    (e.probes.len() + suite + usize::from(e.output.is_some())) as f64
+}
+
+/// Exact one-sided test: are `failed` of `requests` more than a rate of
+/// `p0` gives, at [`CLIENT_FAILURE_ALPHA`]?
+fn beyond_rate(failed: f64, requests: f64, p0: f64) -> bool {
+    use statrs::distribution::{Binomial, DiscreteCDF};
+    let (k, n) = (failed.round() as u64, requests.round() as u64);
+    if k == 0 || n == 0 || k > n {
+        return false;
+    }
+    match Binomial::new(p0.clamp(1e-9, 1.0 - 1e-9), n) {
+        // P(X >= k) = 1 - P(X <= k - 1).
+        Ok(b) => 1.0 - b.cdf(k - 1) < CLIENT_FAILURE_ALPHA,
+        Err(_) => false,
+    }
+}
+
+/// How unlikely the window's client failures must be at the pair's own
+/// rate before the operation to count as a rise (one-sided, exact).
+pub const CLIENT_FAILURE_ALPHA: f64 = 0.001;
+
+/// One router's traffic in the window, in words, and whether its clients'
+/// failures rose beyond the pair's own rate before (a finding). `own`:
+/// pdwarden's requests through it. A router whose counters fell (a new
+/// process) counts from 0.
+fn traffic_of(r: &RouterCounters, own: f64) -> Option<(String, bool)> {
+    let (from, to) = r.traffic?;
+    let (requests0, failed0) = if to.requests < from.requests || to.failed < from.failed {
+        (0.0, 0.0)
+    } else {
+        (from.requests, from.failed)
+    };
+    let requests = to.requests - requests0;
+    let failed = to.failed - failed0;
+    let others = (requests - own).max(0.0);
+    let mut line = format!(
+        "router {} during pdwarden's verification: {requests} generation requests ({} of them pdwarden's, {others} others': clients'), {failed} failed to their client",
+        r.unit,
+        own.min(requests)
+    );
+    if others == 0.0 {
+        line.push_str("; no client traffic: every retry and error it counted is pdwarden's own");
+        return Some((line, false));
+    }
+    // The pair's own rate before (smoothed: a router that never failed a
+    // request still allows that one might).
+    let p0 = (failed0 + 1.0) / (requests0 + 2.0);
+    let rose = failed >= 2.0 && beyond_rate(failed, requests, p0);
+    line.push_str(&format!(
+        "; before: {failed0} of {requests0} failed — {}",
+        if rose {
+            "the clients' failures rose beyond the pair's own rate (exact test): a finding"
+        } else {
+            "within the pair's own rate"
+        }
+    ));
+    Some((line, rose))
+}
+
 /// What the engine layer says without counting it: a failure counter that
 /// fell inside the window — the engine restarted (a new process) while
 /// pdwarden's requests ran; its new process's failures are counted from 0.
@@ -588,6 +677,7 @@ mod tests {
             }],
             routers: vec![RouterCounters {
                 starting: None,
+                traffic: None,
                 unit: "router".into(),
                 retries_metric: "smg_worker_retries_total".into(),
                 errors_metric: "smg_worker_errors_total".into(),
@@ -636,6 +726,70 @@ mod tests {
         let v = conclude(&e, &policy(true));
         assert_eq!(v.kind, VerdictKind::Failed, "{:?}", v.reasons);
         assert!(v.reasons[0].contains("counted 1 retry"), "{:?}", v.reasons);
+    }
+
+    /// Issue 47: whose traffic the window held. Clients sending: their
+    /// failures at the pair's own rate are said; beyond it, a finding. No
+    /// client: every count is pdwarden's.
+    #[test]
+    fn the_windows_traffic_is_attributed_and_clients_failures_judged_against_the_pairs_rate() {
+        let traffic = |from: (f64, f64), to: (f64, f64)| {
+            Some((
+                RouterTraffic {
+                    requests: from.0,
+                    failed: from.1,
+                },
+                RouterTraffic {
+                    requests: to.0,
+                    failed: to.1,
+                },
+            ))
+        };
+        let mut e = healthy_evidence();
+        let own = pdwardens_requests(&e);
+        assert_eq!(own, 3.0 + 5.0, "3 probes and the suite's 5 requests");
+        // 300 requests in the window, 1 failed, at the pair's rate (2 of 1000).
+        e.routers[0].traffic = traffic((1_000.0, 2.0), (1_300.0, 3.0));
+        let v = conclude(&e, &policy(true));
+        assert_eq!(v.kind, VerdictKind::Healthy, "{:?}", v.reasons);
+        let line = v
+            .reasons
+            .iter()
+            .find(|r| r.contains("during pdwarden's verification"))
+            .unwrap();
+        assert!(
+            line.contains("300 generation requests (8 of them pdwarden's, 292 others': clients'), 1 failed"),
+            "{line}"
+        );
+        assert!(line.contains("within the pair's own rate"), "{line}");
+        // 30 of 300 failed, against 2 of 1000 before: a rise, a finding.
+        e.routers[0].traffic = traffic((1_000.0, 2.0), (1_300.0, 32.0));
+        let v = conclude(&e, &policy(true));
+        assert_eq!(v.kind, VerdictKind::Failed, "{:?}", v.reasons);
+        assert!(
+            v.reasons[0].contains("rose beyond the pair's own rate"),
+            "{:?}",
+            v.reasons
+        );
+        // The same failures where the pair always failed that often: said.
+        e.routers[0].traffic = traffic((1_000.0, 100.0), (1_300.0, 130.0));
+        assert_eq!(conclude(&e, &policy(true)).kind, VerdictKind::Healthy);
+        // Nobody but pdwarden: said so.
+        e.routers[0].traffic = traffic((0.0, 0.0), (8.0, 0.0));
+        let v = conclude(&e, &policy(true));
+        assert!(
+            v.reasons.iter().any(|r| r.contains("no client traffic")),
+            "{:?}",
+            v.reasons
+        );
+        // A router restarted inside the window: from 0.
+        e.routers[0].traffic = traffic((1_000.0, 2.0), (300.0, 0.0));
+        let v = conclude(&e, &policy(true));
+        assert!(
+            v.reasons.iter().any(|r| r.contains("300 generation requests")),
+            "{:?}",
+            v.reasons
+        );
     }
 
     /// Issue 47: a counter that falls inside the window belongs to a new

@@ -141,6 +141,13 @@ fn decode_only_restart_is_refused() {
                     .collect::<Vec<_>>()
                     .join(" | ")
             );
+            // The clients' traffic is in the report, told from pdwarden's.
+            let text = crate::harness::reasons(&r);
+            assert!(
+                text.contains("router router-0 during pdwarden's verification: ")
+                    && text.contains(" others': clients'"),
+                "{text}"
+            );
             verdicts.push((what[0], r["verdict"].as_str().unwrap_or("").to_string(), out.code));
         }
     }

@@ -44,7 +44,8 @@ use crate::config::{DecodeStartPolicy, PairConfig, UnitRef};
 use crate::ops::journal::{self, CommandAction, CommandEntry, Journal};
 use crate::ops::port::{AGENT_SLACK, AgentPort, AgentReport, phase_name};
 use pdwarden_model::judge::evidence::{
-    EngineCounters, EngineCounts, NotRunning, RouterCounters, RouterWorkerCount, UnreachedProof, conclude,
+    EngineCounters, EngineCounts, NotRunning, RouterCounters, RouterTraffic, RouterWorkerCount, UnreachedProof,
+    conclude,
 };
 use pdwarden_model::judge::stats::summarize;
 use pdwarden_model::judge::suite::SampleOutcome;

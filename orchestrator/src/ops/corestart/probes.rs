@@ -63,7 +63,17 @@ pub(super) fn router_evidence(
                 None => starting.and_then(|s| s.get(&u.unit)).map(|s| s.workers.clone()),
                 Some(_) => None,
             };
+            // The window's traffic: from the verification's start (or the
+            // operation's), or from 0 for a router started since.
+            let traffic_from = match before {
+                Some(b) => b.get(&u.unit).map(|s| s.traffic),
+                None => Some(starting.and_then(|s| s.get(&u.unit)).and_then(|s| s.traffic)),
+            };
             RouterCounters {
+                traffic: match (traffic_from, now.and_then(|s| s.traffic)) {
+                    (Some(from), Some(to)) => Some((from.unwrap_or_default(), to)),
+                    _ => None,
+                },
                 unit: u.unit.clone(),
                 retries_metric: retries_metric.into(),
                 errors_metric: errors_metric.into(),
@@ -84,6 +94,9 @@ pub(super) fn router_evidence(
 pub(super) struct RouterScrape {
     pub(super) kind: String,
     pub(super) workers: Vec<RouterWorkerCount>,
+    /// Its generation requests and those it failed to their client, when it
+    /// exposes them (issue 47).
+    pub(super) traffic: Option<RouterTraffic>,
 }
 
 /// The names a router gives its retry and error counters, for the reasons
@@ -421,6 +434,10 @@ impl CoRestart<'_> {
                     RouterScrape {
                         kind: s.engine_kind.clone(),
                         workers,
+                        traffic: s.router_requests_total.map(|requests| RouterTraffic {
+                            requests,
+                            failed: s.router_failed_total.unwrap_or(0.0),
+                        }),
                     },
                 ))
             })
