@@ -274,13 +274,32 @@ pub fn conclude(e: &Evidence, policy: &ProbePolicy) -> Verdict {
         v.reasons.splice(0..0, wrong_paths);
     }
     v.reasons.extend(fine_paths);
-    if let Some(check) = &e.output {
+    if let Some(check) = e.output.as_ref().filter(|c| !c.timed_out()) {
         if check.is_wrong_output() {
             v.kind = worst_of_error(v.kind);
             v.reasons.insert(0, check.line());
         } else {
             v.reasons.push(check.line());
         }
+    }
+    // A greedy request that timed out (issue 47): a stall after the pair
+    // answered, as a probe's timeout after answering is — never wrong
+    // output.
+    let timed_out: Vec<String> = e
+        .output
+        .iter()
+        .filter(|c| c.timed_out())
+        .map(OutputCheck::line)
+        .chain(e.paths.iter().filter(|p| p.check.timed_out()).map(PathCheck::line))
+        .collect();
+    if !timed_out.is_empty() {
+        if matches!(
+            v.kind,
+            VerdictKind::Healthy | VerdictKind::HealthyAfterColdStart | VerdictKind::OverBudget
+        ) {
+            v.kind = VerdictKind::Wedged;
+        }
+        v.reasons.splice(0..0, timed_out);
     }
     if e.drain.not_put_back && v.kind.is_healthy() {
         v.kind = VerdictKind::Failed;

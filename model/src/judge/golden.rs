@@ -139,6 +139,10 @@ pub enum OutputCheck {
     NoReference { tokens: usize },
     /// The greedy request itself failed (an error at the client layer).
     Unanswered { error: String },
+    /// The greedy request got no answer within its deadline (its tokens ×
+    /// the pair's TPOT budget plus the first-token budget; issue 47): a
+    /// timeout, judged by the timeout rules, never wrong output.
+    TimedOut { after_ms: u64 },
     /// The engine or router returned no logprobs: the tokens can be
     /// compared, but not whether a difference is noise (an engine without
     /// logprobs cannot be judged on its output: said so, not failed).
@@ -159,6 +163,12 @@ impl OutputCheck {
     /// Whether this finding makes the pair's verdict `failed`.
     pub fn is_wrong_output(&self) -> bool {
         matches!(self, OutputCheck::Diverged { .. } | OutputCheck::Unanswered { .. })
+    }
+
+    /// Whether the request timed out (issue 47): judged by the timeout
+    /// rules (a stall after answering: `wedged`), never wrong output.
+    pub fn timed_out(&self) -> bool {
+        matches!(self, OutputCheck::TimedOut { .. })
     }
 
     /// The report's line for it.
@@ -204,6 +214,10 @@ impl OutputCheck {
             OutputCheck::Unanswered { error } => {
                 format!("output: the greedy reference request through the pair failed: {error}")
             }
+            OutputCheck::TimedOut { after_ms } => format!(
+                "output: the greedy reference request got no answer within its deadline ({:.1} s: its tokens at the pair's TPOT budget after the first-token budget): a timeout — a stall, judged as a probe's timeout, not wrong output",
+                *after_ms as f64 / 1000.0
+            ),
             OutputCheck::NoLogprobs => "output: the answer carried no logprobs (an engine or router that does not return them): its tokens are not judged".to_string(),
             OutputCheck::Pinned { tokens, replaced } => {
                 let against = match replaced.as_deref() {
@@ -487,6 +501,10 @@ impl PathCheck {
             OutputCheck::Unanswered { error } => {
                 format!("output: the greedy request sent straight along {name} failed: {error}")
             }
+            OutputCheck::TimedOut { after_ms } => format!(
+                "output: the greedy request sent straight along {name} got no answer within its deadline ({:.1} s): a timeout — a stall, not wrong output",
+                *after_ms as f64 / 1000.0
+            ),
             OutputCheck::NoLogprobs => {
                 format!("output: {name} answered without logprobs: its tokens are not judged")
             }

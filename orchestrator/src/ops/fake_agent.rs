@@ -226,6 +226,8 @@ struct State {
     busy_until: HashMap<String, Instant>,
     /// KV paths (prefill url, decode url) whose transfers fail.
     broken_paths: Vec<(String, String)>,
+    /// Greedy probes take this long to answer (a starved host), if set.
+    greedy_ms: Option<u64>,
     /// Decodes (by URL) that refuse a path probe's connection while the
     /// prefill accepts it (a dead decode process: issue 46).
     refused_decodes: Vec<String>,
@@ -522,6 +524,12 @@ impl FakeAgent {
         self.lock().executed.iter().map(|e| e.unit.clone()).collect()
     }
 
+    /// Greedy probes answer after `ms` (issue 47: a starved host answering
+    /// 32 tokens with logprobs slower than an 8-token probe).
+    pub(crate) fn slow_greedy(&self, ms: u64) {
+        self.lock().greedy_ms = Some(ms);
+    }
+
     /// The decode at `decode_url` refuses every path probe's connection.
     pub(crate) fn refuse_decode(&self, decode_url: &str) {
         self.lock().refused_decodes.push(decode_url.into());
@@ -782,9 +790,30 @@ impl FakeAgent {
                         Some(w) => w.clone(),
                         None => st.answer_weights(),
                     };
-                    (dead, refused, (20.0 * st.slowdown()) as u64, weights)
+                    let latency = match (st.greedy_ms, p.chat.as_ref().is_some_and(|c| c.greedy)) {
+                        (Some(ms), true) => ms,
+                        _ => (20.0 * st.slowdown()) as u64,
+                    };
+                    (dead, refused, latency, weights)
                 };
                 tokio::spawn(async move {
+                    // Past the request's own timeout the agent answers a
+                    // timeout, as `checks::post_generation` does.
+                    if p.timeout_ms > 0 && latency_ms > p.timeout_ms {
+                        tokio::time::sleep(Duration::from_millis(p.timeout_ms)).await;
+                        return agent.reply(
+                            &id,
+                            Kind::ProbeResult(ProbeResult {
+                                command_id: id.clone(),
+                                unit: p.unit,
+                                seq: p.seq,
+                                outcome: ProbeOutcome::Timeout as i32,
+                                latency_ms: p.timeout_ms,
+                                error: format!("no tokens within {} ms", p.timeout_ms),
+                                ..Default::default()
+                            }),
+                        );
+                    }
                     tokio::time::sleep(Duration::from_millis(latency_ms)).await;
                     if dead {
                         return agent.reply(

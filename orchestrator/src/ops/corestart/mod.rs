@@ -1295,6 +1295,37 @@ enabled = false
         include_abort_storm: false,
     };
 
+    /// Issue 47: a greedy request (32 tokens with logprobs) on a starved
+    /// host, slower than the 8-token probe's timeout: its deadline is its
+    /// own (scaled to its tokens), so it answers and the pair is healthy (it
+    /// was `failed`, "wrong output"). One that never answers is a timeout,
+    /// judged as a probe's timeout after answering (a stall: wedged), never
+    /// wrong output.
+    #[tokio::test(start_paused = true)]
+    async fn a_starved_greedy_request_is_a_timeout_never_wrong_output() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = crate::ops::fake_agent::rig::journal(&dir);
+        let agent = xpyd_agent();
+        let ctx = crate::ops::fake_agent::rig::orchestrator(&journal, &agent).await;
+        let first = run_kind(&ctx, xpyd_pair(), begin(&journal), OperationKind::CoRestart).await;
+        assert!(first.verdict.is_healthy(), "{:?}", first.reasons);
+        let pair = xpyd_pair();
+        assert_eq!(
+            output::greedy_deadline_ms(&pair, None, output::GREEDY_TOKENS),
+            5_000 * 32 / u64::from(pair.probe.max_tokens),
+            "the probe timeout scaled to 32 tokens"
+        );
+        agent.slow_greedy(8_000);
+        let slow = run_kind(&ctx, xpyd_pair(), begin_verify(&journal, false), VERIFY).await;
+        assert!(slow.verdict.is_healthy(), "{:?}", slow.reasons);
+        agent.slow_greedy(3_600_000);
+        let stuck = run_kind(&ctx, xpyd_pair(), begin_verify(&journal, false), VERIFY).await;
+        assert_eq!(stuck.verdict, VerdictKind::Wedged, "{:?}", stuck.reasons);
+        let text = stuck.reasons.join("\n");
+        assert!(text.contains("a timeout"), "{text}");
+        assert!(!text.contains("WRONG OUTPUT"), "{text}");
+    }
+
     /// Issue 34, item 3: in a 2P2D pair the greedy request also goes
     /// straight along each of the four prefill → decode paths. All agree:
     /// healthy, said in one line, the router's answer recorded. decode-1

@@ -64,9 +64,9 @@ fn answer_of(
             Err(OutputCheck::NoLogprobs)
         }
         (ProbeObservation::Ok { .. }, Some(r)) => Ok(answer_from_wire(&r)),
-        (ProbeObservation::Timeout { after_ms }, _) => Err(OutputCheck::Unanswered {
-            error: format!("no answer within {after_ms} ms"),
-        }),
+        // A timeout is a timeout (issue 47): judged by the timeout rules,
+        // never wrong output.
+        (ProbeObservation::Timeout { after_ms }, _) => Err(OutputCheck::TimedOut { after_ms: *after_ms }),
         (ProbeObservation::Error { message }, _) => Err(OutputCheck::Unanswered { error: message.clone() }),
         (ProbeObservation::Ok { .. }, None) => Err(OutputCheck::Unanswered {
             error: "the agent's report carried no result".into(),
@@ -110,6 +110,27 @@ pub(super) fn reference_for(journal: &Journal, pair: &str, identity: &OutputIden
         let golden: GoldenRecord = serde_json::from_value(op.report?.get("golden")?.clone()).ok()?;
         golden.reference.filter(|r| &r.identity == identity)
     })
+}
+
+/// The deadline of a greedy request of `tokens` (issue 47): the pair's
+/// first-token budget plus its tokens at the TPOT budget, from the suite's
+/// budgets when derived; before them, the probe timeout scaled from the
+/// probe's own tokens to these. Never under the probe timeout: it asks for
+/// more than a probe, with logprobs.
+pub(crate) fn greedy_deadline_ms(
+    pair: &crate::config::PairConfig,
+    budgets: Option<&pdwarden_model::judge::suite::SuiteBudgets>,
+    tokens: u32,
+) -> u64 {
+    let probe = pair.probe.probe_timeout_ms;
+    let scaled = match budgets {
+        Some(b) => b
+            .ttft_ms
+            .saturating_add(b.tpot_us.saturating_mul(u64::from(tokens)) / 1_000)
+            .saturating_add(b.warm_budget_ms),
+        None => probe.saturating_mul(u64::from(tokens.max(1))) / u64::from(pair.probe.max_tokens.max(1)),
+    };
+    probe.max(scaled)
 }
 
 /// The reference the pair's answers are held to now: the model it serves,

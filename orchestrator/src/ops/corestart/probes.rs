@@ -481,7 +481,11 @@ impl CoRestart<'_> {
         chat: ChatProbe,
         pd_path: Option<PdPath>,
     ) -> (ProbeObservation, ProbeRecord, Option<pdwarden_proto::v1::ProbeResult>) {
-        let timeout_ms = self.pair.probe.probe_timeout_ms;
+        let timeout_ms = if chat.greedy {
+            output::greedy_deadline_ms(&self.pair, self.budgets.as_ref(), chat.max_tokens)
+        } else {
+            self.pair.probe.probe_timeout_ms
+        };
         let command_id = uuid::Uuid::new_v4().to_string();
         let cmd = Command {
             fencing_token: 0,

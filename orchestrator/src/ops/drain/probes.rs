@@ -306,7 +306,13 @@ pub async fn pd_probe_with(
     path: PdPath,
     chat: ChatProbe,
 ) -> Result<pdwarden_proto::v1::ProbeResult, ProbeError> {
-    let timeout_ms = pair.probe.probe_timeout_ms;
+    // A greedy request asks for more than a probe, with logprobs: its
+    // deadline is its own (issue 47).
+    let timeout_ms = if chat.greedy {
+        crate::ops::corestart::output::greedy_deadline_ms(pair, None, chat.max_tokens)
+    } else {
+        pair.probe.probe_timeout_ms
+    };
     let cmd = Command {
         fencing_token: 0,
         command_id: uuid::Uuid::new_v4().to_string(),
