@@ -193,6 +193,12 @@ pub struct OperationReport {
     /// one per round, in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub diagnoses: Vec<crate::judge::paths::Diagnosis>,
+    /// A co-restart whose fresh engines met others' requests (clients')
+    /// before pdwarden's first probe (issue 47): why its first answer does
+    /// not measure a cold start, and is left out of the pair's cold-start
+    /// history.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_answer_not_cold: Option<String>,
     pub total_ms: u64,
 }
 

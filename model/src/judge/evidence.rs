@@ -103,6 +103,11 @@ pub struct RouterCounters {
     /// then. `before` is then this same scrape (the window is the
     /// verification's); said, never counted against the pair.
     pub starting: Option<Vec<RouterWorkerCount>>,
+    /// pdwarden's own requests through it while it was starting (its
+    /// readiness generation checks): when its traffic shows no other
+    /// request then, what it counted while starting is pdwarden's and
+    /// counts.
+    pub starting_own: u32,
     /// Its traffic at the window's start and end (issue 47), when it
     /// exposes it: every generation request it took, clients' and
     /// pdwarden's alike, and those it failed to their client.
@@ -331,10 +336,14 @@ fn worst_of_error(kind: VerdictKind) -> VerdictKind {
 /// decode's is said so, not blamed on its own.
 fn router_failures(routers: &[RouterCounters]) -> Vec<String> {
     let mut out = Vec::new();
+    let from_start: Vec<RouterWorkerCount> = Vec::new();
     for r in routers {
         let (Some(before), Some(after)) = (&r.before, &r.after) else {
             continue;
         };
+        // Nobody but pdwarden sent while a restarted router came up: what it
+        // counted then is pdwarden's, and counts (from its start).
+        let before = if starting_is_pdwardens(r) { &from_start } else { before };
         // A counter below its value at the window's start belongs to a new
         // router process (issue 47): it counts from 0.
         let start_of = |w: &RouterWorkerCount| {
@@ -407,6 +416,18 @@ fn router_failures(routers: &[RouterCounters]) -> Vec<String> {
     out
 }
 
+/// Whether what a restarted router counted while it came up is pdwarden's
+/// own: its traffic then shows no request but pdwarden's readiness checks
+/// (or it exposes no traffic: nothing shows a client, and the count is not
+/// set aside on a guess).
+fn starting_is_pdwardens(r: &RouterCounters) -> bool {
+    r.starting.is_some()
+        && match r.traffic {
+            Some((at_verification, _)) => at_verification.requests <= f64::from(r.starting_own),
+            None => true,
+        }
+}
+
 /// What the router layer says without counting it (issue 47): a counter
 /// that fell inside the window (a new router process: its counts are
 /// counted from 0), and what a router this operation started counted before
@@ -437,7 +458,7 @@ fn router_notes(routers: &[RouterCounters]) -> Vec<String> {
                 ));
             }
         }
-        if let Some(starting) = &r.starting {
+        if let Some(starting) = r.starting.as_ref().filter(|_| !starting_is_pdwardens(r)) {
             // sglang-router counts a failed PD request on both sides: the
             // decode side's count, else the largest.
             let side = |t: &str| {
@@ -452,8 +473,10 @@ fn router_notes(routers: &[RouterCounters]) -> Vec<String> {
             };
             if retries > 0.0 || errors > 0.0 {
                 out.push(format!(
-                    "router {}: {retries} retries and {errors} backend errors while it was starting, before pdwarden's verification began (requests meeting a router whose engines were not yet in its rotation; clients' and its readiness check's alike): expected, said, not counted",
-                    r.unit
+                    "router {}: {retries} retries and {errors} backend errors while it was starting, before pdwarden's verification began, among {} requests of which {} were pdwarden's readiness checks (clients' requests meeting engines not yet in its rotation; not attributable to either): said, not counted — the verification's own requests are judged",
+                    r.unit,
+                    r.traffic.map_or(0.0, |t| t.0.requests),
+                    r.starting_own
                 ));
             }
         }
@@ -696,6 +719,7 @@ mod tests {
             }],
             routers: vec![RouterCounters {
                 starting: None,
+                starting_own: 0,
                 traffic: None,
                 unit: "router".into(),
                 retries_metric: "smg_worker_retries_total".into(),
@@ -723,21 +747,38 @@ mod tests {
     }
 
     /// Issue 47: a co-restart under client traffic: the restarted router
-    /// retried clients' requests while it came up (before pdwarden's
-    /// verification began); the window is the verification's: said, not
-    /// counted. A retry inside the window still fails the pair.
+    /// retried requests while it came up (before pdwarden's verification
+    /// began), clients' among them: not attributable, said, not counted; a
+    /// retry inside the window still fails the pair. With nobody but
+    /// pdwarden's readiness check sending then (issue 30's decode answering
+    /// 500 to its first generations), or no traffic shown, they are
+    /// pdwarden's own and count.
     #[test]
-    fn what_a_restarted_router_counted_while_starting_is_said_not_counted() {
+    fn what_a_restarted_router_counted_while_starting_counts_only_when_it_is_pdwardens() {
         let mut e = healthy_evidence();
+        let traffic = |at: f64, end: f64| {
+            Some((
+                RouterTraffic {
+                    requests: at,
+                    failed: 0.0,
+                },
+                RouterTraffic {
+                    requests: end,
+                    failed: 0.0,
+                },
+            ))
+        };
         e.routers[0].starting = Some(vec![decode_count(6.0)]);
+        e.routers[0].starting_own = 1;
         e.routers[0].before = Some(vec![decode_count(6.0)]);
         e.routers[0].after = Some(vec![decode_count(6.0)]);
+        e.routers[0].traffic = traffic(40.0, 70.0);
         let v = conclude(&e, &policy(true));
         assert_eq!(v.kind, VerdictKind::Healthy, "{:?}", v.reasons);
         assert!(
-            v.reasons
-                .iter()
-                .any(|r| r.starts_with("router router: 6 retries and 0 backend errors while it was starting")),
+            v.reasons.iter().any(|r| r.starts_with(
+                "router router: 6 retries and 0 backend errors while it was starting, before pdwarden's verification began, among 40 requests of which 1 were pdwarden's"
+            )),
             "{:?}",
             v.reasons
         );
@@ -745,6 +786,15 @@ mod tests {
         let v = conclude(&e, &policy(true));
         assert_eq!(v.kind, VerdictKind::Failed, "{:?}", v.reasons);
         assert!(v.reasons[0].contains("counted 1 retry"), "{:?}", v.reasons);
+        // Only pdwarden's readiness check while it came up: its own.
+        e.routers[0].after = Some(vec![decode_count(6.0)]);
+        e.routers[0].traffic = traffic(1.0, 9.0);
+        let v = conclude(&e, &policy(true));
+        assert_eq!(v.kind, VerdictKind::Failed, "{:?}", v.reasons);
+        assert!(v.reasons[0].contains("counted 6 retries"), "{:?}", v.reasons);
+        // No traffic shown: not set aside on a guess.
+        e.routers[0].traffic = None;
+        assert_eq!(conclude(&e, &policy(true)).kind, VerdictKind::Failed);
     }
 
     /// Issue 47: whose traffic the window held. Clients sending: their

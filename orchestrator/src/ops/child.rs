@@ -124,6 +124,7 @@ pub fn conclude_parent(parent: &Recorder, pair: &PairConfig, c: ParentConclusion
         golden_paths: Vec::new(),
         evidence: c.evidence,
         diagnoses: c.diagnoses,
+        first_answer_not_cold: None,
         total_ms: parent.now_ms(),
     };
     if let Err(e) = parent

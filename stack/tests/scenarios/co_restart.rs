@@ -1041,8 +1041,13 @@ impl std::fmt::Display for Traffic {
 
 impl Client {
     pub(crate) fn start(router: &str) -> Self {
+        Self::start_for(router, "demo-model")
+    }
+
+    /// A client asking for `model` (the real vLLM pair serves another).
+    pub(crate) fn start_for(router: &str, model: &str) -> Self {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (flag, router) = (stop.clone(), router.to_string());
+        let (flag, router, model) = (stop.clone(), router.to_string(), model.to_string());
         let thread = std::thread::spawn(move || {
             let rt = crate::harness::runtime();
             let http = reqwest::Client::new();
@@ -1054,7 +1059,7 @@ impl Client {
             // Bounded: at most 10,000 requests, 10 s each.
             while !flag.load(std::sync::atomic::Ordering::Relaxed) && t.sent < 10_000 {
                 let body = serde_json::json!({
-                    "model": "demo-model",
+                    "model": model,
                     "messages": [{"role": "user", "content": format!("client request {}", t.sent)}],
                     "max_tokens": 8,
                 });

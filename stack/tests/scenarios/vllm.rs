@@ -182,7 +182,18 @@ fn real_vllm_pair_restarts_in_order_gated_on_real_generation() {
         )
         .unwrap();
     }
+    // Issue 47: the restore restarts the pair while a client keeps sending
+    // through the real vllm-router: healthy, and the report says whose
+    // requests the window held (the client's counted apart from pdwarden's).
+    let client = crate::co_restart::Client::start_for(&held.unit_url("router-0"), pdwarden_stack::vllm::MODEL);
     let restored = restart(0);
+    let traffic = client.stop();
+    println!("real vLLM, a client through vllm-router during the restore: {traffic}");
+    let text = reasons(&restored);
+    assert!(
+        text.contains("router router-0 during pdwarden's verification: ") && text.contains(" others': clients'"),
+        "{text}"
+    );
     let outcome = restored["golden"]["check"]["outcome"].as_str().unwrap_or("");
     assert!(matches!(outcome, "same" | "near_tie"), "{:#}", restored["golden"]);
     println!(

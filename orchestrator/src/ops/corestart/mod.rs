@@ -395,8 +395,15 @@ pub async fn run_operation_from(
         golden_paths,
         evidence: so_far.capture.take(),
         diagnoses,
+        first_answer_not_cold: match kind {
+            OperationKind::CoRestart => run.first_answer_not_cold(),
+            OperationKind::Verify { .. } => None,
+        },
         total_ms: rec.now_ms(),
     };
+    if let Some(why) = report.first_answer_not_cold.clone() {
+        report.reasons.push(why);
+    }
     if let Err(e) = rec.journal.conclude(&operation_id, report.verdict.as_str(), &report) {
         tracing::error!(operation = %operation_id, error = %e, "could not journal the verdict");
         // The verdict stands (it is kept and written once the journal can
@@ -535,6 +542,29 @@ struct CoRestart<'a> {
 }
 
 impl CoRestart<'_> {
+    /// Why this restart's first answer is no cold start (issue 47): a
+    /// router it restarted took others' requests (clients') before
+    /// pdwarden's verification began, so they, not pdwarden's probe, met
+    /// the fresh engines first. `None`: nothing shows another request.
+    fn first_answer_not_cold(&self) -> Option<String> {
+        let at = self.routers_at_verification.as_ref()?;
+        self.pair.router.iter().find_map(|u| {
+            let requests = at.get(&u.unit)?.traffic?.requests;
+            let own: u32 = self
+                .starts
+                .iter()
+                .filter(|s| s.unit == *u)
+                .map(|s| s.generation_attempts.iter().map(|a| a.count.max(1)).sum::<u32>())
+                .sum();
+            (requests > f64::from(own)).then(|| {
+                format!(
+                    "router {} took {requests} requests before pdwarden's verification began, {own} of them pdwarden's: others' requests met the fresh engines first, so the first answer is not a cold-start measurement (left out of the cold-start history)",
+                    u.unit
+                )
+            })
+        })
+    }
+
     /// One fingerprint of everything this operation started (each unit's
     /// config version as its agent spawned it, and the version each engine
     /// reported); empty if an agent sent no config fingerprint.
@@ -648,10 +678,24 @@ impl CoRestart<'_> {
                     engine_counters = after.into_values().collect();
                     let routers_after = self.scrape_routers().await;
                     rec.journal_entry(rec.now_ms(), "router_counters", &routers_after);
+                    // pdwarden's own requests through each router while it
+                    // came up: its readiness generation checks.
+                    let starting_own: BTreeMap<String, u32> = self
+                        .starts
+                        .iter()
+                        .filter(|s| self.pair.router.contains(&s.unit))
+                        .map(|s| {
+                            (
+                                s.unit.unit.clone(),
+                                s.generation_attempts.iter().map(|a| a.count.max(1)).sum(),
+                            )
+                        })
+                        .collect();
                     routers = router_evidence(
                         &self.pair,
                         routers_before,
                         self.routers_at_verification.as_ref(),
+                        &starting_own,
                         &routers_after,
                     );
                 }

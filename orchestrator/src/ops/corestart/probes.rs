@@ -52,6 +52,7 @@ pub(super) fn router_evidence(
     pair: &PairConfig,
     before: Option<&BTreeMap<String, RouterScrape>>,
     starting: Option<&BTreeMap<String, RouterScrape>>,
+    starting_own: &BTreeMap<String, u32>,
     after: &BTreeMap<String, RouterScrape>,
 ) -> Vec<RouterCounters> {
     pair.router
@@ -84,6 +85,7 @@ pub(super) fn router_evidence(
                 },
                 after: now.map(|s| s.workers.clone()),
                 starting: started,
+                starting_own: starting_own.get(&u.unit).copied().unwrap_or(0),
             }
         })
         .collect()
