@@ -151,7 +151,7 @@ pub fn parse(text: &str) -> EngineMetrics {
         if !value.is_finite() {
             continue;
         }
-        if name.starts_with("smg_router_request") || name.starts_with("vllm_router_request") {
+        if name.starts_with("smg_router_request") || name.starts_with("vllm_router_") {
             let traffic = pdwarden_engines::router_traffic(name, &labels_of(line, name.len()));
             let slot = match traffic {
                 Some(pdwarden_engines::RouterTraffic::Request) => Some(&mut m.router_requests_total),
@@ -423,11 +423,12 @@ garbage line
         assert_eq!(smg.router_requests_total, Some(23.0));
         assert_eq!(smg.router_failed_total, Some(2.0));
         let vllm = parse(
-            "vllm_router_requests_total{route=\"/v1/completions\"} 7\n\
+            "vllm_router_pd_requests_total{route=\"/v1/chat/completions\"} 18\n\
+             vllm_router_requests_total{route=\"/v1/completions\"} 7\n\
              vllm_router_requests_total{route=\"/health\"} 100\n\
              vllm_router_request_errors_total{route=\"/v1/completions\",error_type=\"upstream\"} 1\n",
         );
-        assert_eq!(vllm.router_requests_total, Some(7.0));
+        assert_eq!(vllm.router_requests_total, Some(25.0));
         assert_eq!(vllm.router_failed_total, Some(1.0));
         assert_eq!(parse("sglang:num_running_reqs 1\n").router_requests_total, None);
     }

@@ -682,17 +682,23 @@ const GENERATION_PATHS: [&str; 3] = ["/v1/chat/completions", "/v1/completions", 
 ///   `smg_router_request_errors_total` per one it failed (its HTTP
 ///   counters, `smg_http_*`, count its health and readiness requests too).
 /// - vllm-router 0.1.17 (the names in its `vllm_router_rs` library,
-///   `src/metrics.rs`): `vllm_router_requests_total{route}` and
-///   `vllm_router_request_errors_total{route,error_type}`, generation routes
-///   only.
+///   `src/metrics.rs`): in PD mode `vllm_router_pd_requests_total{route}`
+///   per request (observed: `route="/v1/chat/completions"`) and
+///   `vllm_router_pd_errors_total`; otherwise `vllm_router_requests_total`
+///   and `vllm_router_request_errors_total`; generation routes only. A
+///   worker's error answer (a 404 from the prefill, observed) moves only
+///   its worker counter (`vllm_router_pd_prefill_errors_total`), read as
+///   the router's worker errors.
 pub fn router_traffic(name: &str, labels: &[(String, String)]) -> Option<RouterTraffic> {
     let route = labels.iter().find(|(l, _)| l == "route").map(|(_, v)| v.as_str());
     let generation = route.is_none_or(|r| GENERATION_PATHS.contains(&r));
     match name {
         "smg_router_requests_total" => Some(RouterTraffic::Request),
         "smg_router_request_errors_total" => Some(RouterTraffic::Failed),
-        "vllm_router_requests_total" => generation.then_some(RouterTraffic::Request),
-        "vllm_router_request_errors_total" => generation.then_some(RouterTraffic::Failed),
+        "vllm_router_requests_total" | "vllm_router_pd_requests_total" => generation.then_some(RouterTraffic::Request),
+        "vllm_router_request_errors_total" | "vllm_router_pd_errors_total" => {
+            generation.then_some(RouterTraffic::Failed)
+        }
         _ => None,
     }
 }
