@@ -193,6 +193,9 @@ struct Running {
     /// Which spawn this is (see `UnitState::runs`).
     run: u64,
     exited: watch::Receiver<Option<ExitInfo>>,
+    /// When its process started (ms since the Unix epoch; 0: unreadable),
+    /// read once from /proc (issue 46: `UnitInfo.process_started_unix_ms`).
+    started_unix_ms: u64,
 }
 
 #[derive(Debug)]
@@ -301,11 +304,7 @@ impl Unit {
             } else {
                 String::new()
             },
-            process_started_unix_ms: st
-                .running
-                .as_ref()
-                .and_then(|r| crate::evidence::process_started_unix_ms(r.pid))
-                .unwrap_or(0),
+            process_started_unix_ms: st.running.as_ref().map_or(0, |r| r.started_unix_ms),
         }
     }
 
@@ -323,9 +322,10 @@ impl Unit {
             pid,
             // Only where the process is new to the orchestrator: the spawn,
             // or the phase changes that may follow an adoption.
+            // Read once, on the spawn (the fleet keeps it until the pid
+            // changes), not on every check attempt.
             process_started_unix_ms: match phase {
-                Phase::Exited | Phase::Stopped | Phase::Stopping => 0,
-                _ if pid != 0 => crate::evidence::process_started_unix_ms(pid).unwrap_or(0),
+                Phase::Spawned if pid != 0 => crate::evidence::process_started_unix_ms(pid).unwrap_or(0),
                 _ => 0,
             },
             ..Default::default()
@@ -471,7 +471,13 @@ impl Unit {
         st.runs += 1;
         st.adopted_start = false;
         let run = st.runs;
-        st.running = Some(Running { pid, run, exited });
+        let started_unix_ms = crate::evidence::process_started_unix_ms(pid).unwrap_or(0);
+        st.running = Some(Running {
+            pid,
+            run,
+            exited,
+            started_unix_ms,
+        });
         st.spawned_version = None;
         st.phase = Phase::Spawned;
         st.attribution = Attribution::Starting(ctx.clone());
