@@ -506,6 +506,11 @@ fn beyond_rate(failed: f64, requests: f64, p0: f64) -> bool {
     }
 }
 
+/// Whether clients' failures beyond the pair's own rate fail the pair
+/// (issue 47): not until the routers' error counters are shown to count
+/// what clients saw (see `traffic_of`).
+const ROSE_IS_A_FINDING: bool = false;
+
 /// How unlikely the window's client failures must be at the pair's own
 /// rate before the operation to count as a rise (one-sided, exact).
 pub const CLIENT_FAILURE_ALPHA: f64 = 0.001;
@@ -537,15 +542,20 @@ fn traffic_of(r: &RouterCounters, own: f64) -> Option<(String, bool)> {
     // request still allows that one might).
     let p0 = (failed0 + 1.0) / (requests0 + 2.0);
     let rose = failed >= 2.0 && beyond_rate(failed, requests, p0);
+    // Said, not yet a finding: whether the router's error counter counts
+    // the failures its clients saw or also attempts it retried is not
+    // established (sglang-router 0.3.2 counted 40 errors in a window where
+    // the scenario's client saw 9 failures), and a wrong verdict is worse
+    // than none. `ROSE_IS_A_FINDING` makes it one once it is.
     line.push_str(&format!(
         "; before: {failed0} of {requests0} failed — {}",
         if rose {
-            "the clients' failures rose beyond the pair's own rate (exact test): a finding"
+            "the clients' failures rose beyond the pair's own rate (exact test): said, not yet counted against the pair"
         } else {
             "within the pair's own rate"
         }
     ));
-    Some((line, rose))
+    Some((line, rose && ROSE_IS_A_FINDING))
 }
 
 /// What the engine layer says without counting it: a failure counter that
@@ -831,15 +841,20 @@ mod tests {
             "{line}"
         );
         assert!(line.contains("within the pair's own rate"), "{line}");
-        // 30 of 300 failed, against 2 of 1000 before: a rise, a finding.
+        // 30 of 300 failed, against 2 of 1000 before: a rise, said (not
+        // yet counted: the counter's meaning is not established).
         e.routers[0].traffic = traffic((1_000.0, 2.0), (1_300.0, 32.0));
         let v = conclude(&e, &policy(true));
-        assert_eq!(v.kind, VerdictKind::Failed, "{:?}", v.reasons);
+        assert_eq!(v.kind, VerdictKind::Healthy, "{:?}", v.reasons);
         assert!(
-            v.reasons[0].contains("rose beyond the pair's own rate"),
+            v.reasons
+                .iter()
+                .any(|r| r.contains("rose beyond the pair's own rate (exact test): said")),
             "{:?}",
             v.reasons
         );
+        assert!(beyond_rate(30.0, 300.0, 3.0 / 1_002.0));
+        assert!(!beyond_rate(30.0, 300.0, 101.0 / 1_002.0));
         // The same failures where the pair always failed that often: said.
         e.routers[0].traffic = traffic((1_000.0, 100.0), (1_300.0, 130.0));
         assert_eq!(conclude(&e, &policy(true)).kind, VerdictKind::Healthy);

@@ -964,18 +964,12 @@ fn a_decode_holding_a_restarted_prefills_old_identity_is_named_by_the_epoch() {
         .collect();
     println!("the round's wait for the router to serve with what it keeps: {waited:?}");
     assert_eq!(waited.len(), 1, "{r:#}");
-    // After three engines restarted behind its back, sglang-router has
-    // failed many of the clients' requests (503) while pdwarden's own all
-    // answered (cause not established: see the issue 46 note); issue 47
-    // judges the clients' failures against the pair's own rate, so the
-    // verification may be `failed` for them — and for nothing else.
+    // After three engines restarted behind its back, sglang-router failed
+    // some of the clients' requests (503) while pdwarden's all answered
+    // (cause not established: see the issue 46 note); the verification
+    // says so in its traffic line.
     let verdict = r["verdict"].as_str().unwrap();
-    let text = crate::harness::reasons(&r);
-    assert!(
-        verdict.starts_with("healthy")
-            || (verdict == "failed" && text.contains("the clients' failures rose beyond the pair's own rate")),
-        "{text}"
-    );
+    assert!(verdict.starts_with("healthy"), "{r:#}");
     println!("clients meanwhile: {traffic}; verdict {verdict}");
 }
 
