@@ -588,6 +588,11 @@ mod tests {
     use PathOutcome::{Error as E, Ok as O};
     use pdwarden_model::judge::paths::{Matrix, localise};
 
+    /// An operator's repair (`--only-sick`) of `pair`.
+    fn operator(pair: &PairConfig) -> Repairing<'_> {
+        Repairing { pair, recovery: false }
+    }
+
     /// A NIXL pool: the named engines restart alone.
     fn pair() -> PairConfig {
         let mut p = crate::ops::fake_agent::rig::xpyd_pair(2, 2, "");
@@ -600,10 +605,7 @@ mod tests {
     #[test]
     fn in_an_sglang_pool_a_named_engine_takes_the_whole_pool_with_it() {
         let sglang = crate::ops::fake_agent::rig::xpyd_pair(2, 2, "");
-        let m = Repairing {
-            pair: &sglang,
-            recovery: false,
-        };
+        let m = operator(&sglang);
         assert_eq!(m.closure(&["h1/decode-1".into()]).len(), 4);
         let t = m.step(
             Repairing::start().next,
@@ -622,10 +624,7 @@ mod tests {
         // An address-keyed link: a prefill takes the decodes, a decode is alone.
         let mut address = pair();
         address.kv_transfer = KvTransfer::Address;
-        let m = Repairing {
-            pair: &address,
-            recovery: false,
-        };
+        let m = operator(&address);
         assert_eq!(
             m.closure(&["h1/prefill-1".into()]),
             ["h1/prefill-1", "h1/decode-0", "h1/decode-1"]
@@ -633,10 +632,7 @@ mod tests {
         assert_eq!(m.closure(&["h1/decode-0".into()]), ["h1/decode-0"]);
         // NIXL: the named decode alone.
         let nixl = pair();
-        let m = Repairing {
-            pair: &nixl,
-            recovery: false,
-        };
+        let m = operator(&nixl);
         assert_eq!(m.closure(&["h1/decode-1".into()]), ["h1/decode-1"]);
     }
 
@@ -676,10 +672,7 @@ mod tests {
     #[test]
     fn a_named_decode_restarts_alone_then_the_pair_is_rejoined_and_verified() {
         let pair = pair();
-        let m = Repairing {
-            pair: &pair,
-            recovery: false,
-        };
+        let m = operator(&pair);
         let t = Repairing::start();
         let t = m.step(
             t.next,
@@ -745,10 +738,7 @@ mod tests {
     #[test]
     fn a_restarted_prefill_leaves_an_epoch_that_names_the_stale_decode_next() {
         let pair = pair();
-        let m = Repairing {
-            pair: &pair,
-            recovery: false,
-        };
+        let m = operator(&pair);
         let t = m.step(
             Repairing::start().next,
             RepairEvent::Diagnosed(Box::new(diagnosis(vec![vec![E, E], vec![O, O]], &[]))),
@@ -795,10 +785,7 @@ mod tests {
     #[test]
     fn a_decode_restarted_in_a_round_leaves_the_earlier_epoch() {
         let pair = pair();
-        let m = Repairing {
-            pair: &pair,
-            recovery: false,
-        };
+        let m = operator(&pair);
         let mut so_far = SoFar::default();
         so_far.epochs.push(Epoch {
             prefill: "h1/prefill-0".into(),
@@ -829,10 +816,7 @@ mod tests {
     #[test]
     fn what_does_not_localise_falls_back_to_the_whole_co_restart() {
         let pair = pair();
-        let m = Repairing {
-            pair: &pair,
-            recovery: false,
-        };
+        let m = operator(&pair);
         let t = m.step(
             Repairing::start().next,
             RepairEvent::Diagnosed(Box::new(diagnosis(vec![vec![E, E], vec![E, E]], &[]))),
@@ -893,10 +877,7 @@ mod tests {
     #[test]
     fn a_healthy_matrix_restarts_nothing_but_is_verified_through_the_router() {
         let pair = pair();
-        let m = Repairing {
-            pair: &pair,
-            recovery: false,
-        };
+        let m = operator(&pair);
         let t = m.step(
             Repairing::start().next,
             RepairEvent::Diagnosed(Box::new(diagnosis(vec![vec![O, O], vec![O, PathOutcome::Slow]], &[]))),
@@ -961,10 +942,7 @@ mod tests {
     #[test]
     fn a_failed_verification_naming_an_engine_restarts_it() {
         let pair = pair();
-        let m = Repairing {
-            pair: &pair,
-            recovery: false,
-        };
+        let m = operator(&pair);
         let t = m.step(
             Repairing::start().next,
             RepairEvent::Diagnosed(Box::new(diagnosis(vec![vec![O, O], vec![O, O]], &[]))),
@@ -998,10 +976,7 @@ mod tests {
     #[test]
     fn a_round_keeps_the_minimum_of_each_side_serving() {
         let pair = pair();
-        let m = Repairing {
-            pair: &pair,
-            recovery: false,
-        };
+        let m = operator(&pair);
         let (now, later, serving) = m.capacity_plan(&["h1/decode-0".into(), "h1/decode-1".into()]).unwrap();
         assert_eq!(now, ["h1/decode-0"]);
         assert_eq!(later, ["h1/decode-1"]);
@@ -1026,10 +1001,7 @@ mod tests {
         // Two decodes, both to keep serving: none can go.
         let mut strict = pair.clone();
         strict.repair_keeps_serving = 2;
-        let m = Repairing {
-            pair: &strict,
-            recovery: false,
-        };
+        let m = operator(&strict);
         let t = m.restart_named(0, SoFar::default(), vec!["h1/decode-0".into()]);
         assert_eq!(t.effects, vec![RepairEffect::RunChild(Child::WholePair)]);
         let Repair::CoRestartingPair { so_far } = &t.next else {
