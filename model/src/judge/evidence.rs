@@ -360,7 +360,6 @@ fn router_failures(routers: &[RouterCounters]) -> Vec<String> {
             let (retries0, errors0) = start_of(w);
             (w.retries - retries0, w.errors - errors0)
         };
-
         let typed_only = |w: &RouterWorkerCount| w.worker.is_empty() || w.worker == w.worker_type;
         let decode_rise = after
             .iter()

@@ -799,33 +799,31 @@ impl FakeAgent {
                 tokio::spawn(async move {
                     // Past the request's own timeout the agent answers a
                     // timeout, as `checks::post_generation` does.
-                    if p.timeout_ms > 0 && latency_ms > p.timeout_ms {
+                    let failed = if p.timeout_ms > 0 && latency_ms > p.timeout_ms {
                         tokio::time::sleep(Duration::from_millis(p.timeout_ms)).await;
+                        Some(ProbeResult {
+                            outcome: ProbeOutcome::Timeout as i32,
+                            latency_ms: p.timeout_ms,
+                            error: format!("no tokens within {} ms", p.timeout_ms),
+                            ..Default::default()
+                        })
+                    } else {
+                        tokio::time::sleep(Duration::from_millis(latency_ms)).await;
+                        dead.then(|| ProbeResult {
+                            outcome: ProbeOutcome::Error as i32,
+                            error: "connection refused".into(),
+                            unreachable: if refused { "decode".into() } else { String::new() },
+                            ..Default::default()
+                        })
+                    };
+                    if let Some(r) = failed {
                         return agent.reply(
                             &id,
                             Kind::ProbeResult(ProbeResult {
                                 command_id: id.clone(),
                                 unit: p.unit,
                                 seq: p.seq,
-                                outcome: ProbeOutcome::Timeout as i32,
-                                latency_ms: p.timeout_ms,
-                                error: format!("no tokens within {} ms", p.timeout_ms),
-                                ..Default::default()
-                            }),
-                        );
-                    }
-                    tokio::time::sleep(Duration::from_millis(latency_ms)).await;
-                    if dead {
-                        return agent.reply(
-                            &id,
-                            Kind::ProbeResult(ProbeResult {
-                                command_id: id.clone(),
-                                unit: p.unit,
-                                seq: p.seq,
-                                outcome: ProbeOutcome::Error as i32,
-                                error: "connection refused".into(),
-                                unreachable: if refused { "decode".into() } else { String::new() },
-                                ..Default::default()
+                                ..r
                             }),
                         );
                     }

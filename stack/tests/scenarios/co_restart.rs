@@ -471,23 +471,7 @@ fn an_xpyd_pair_behind_cache_aware_proves_each_engine_the_router_did_not_reach()
 #[test]
 fn a_2p3d_nixl_pool_restarts_only_the_sick_engine_and_what_does_not_localise_whole() {
     let _one = exclusive();
-    let demo = HeldDemo::start(
-        &[
-            "--prefills",
-            "2",
-            "--decodes",
-            "3",
-            "--kv-transfer",
-            "nixl",
-            "--no-auto-recover",
-        ],
-        Duration::from_secs(180),
-    );
-    assert!(
-        demo.report["verdict"].as_str().unwrap().starts_with("healthy"),
-        "{:#}",
-        demo.report
-    );
+    let demo = held_nixl_pool("2", "3", &[]);
     let units = ["prefill-0", "prefill-1", "decode-0", "decode-1", "decode-2"];
     let repair = |what: &str| only_sick(&demo, &units, what);
     let named = |r: &Value| -> Vec<String> {
@@ -653,23 +637,7 @@ fn a_2p3d_nixl_pool_restarts_only_the_sick_engine_and_what_does_not_localise_who
 #[test]
 fn a_1p3d_pool_names_a_dead_decode_by_proof_and_never_the_prefill_by_a_tie() {
     let _one = exclusive();
-    let demo = HeldDemo::start(
-        &[
-            "--prefills",
-            "1",
-            "--decodes",
-            "3",
-            "--kv-transfer",
-            "nixl",
-            "--no-auto-recover",
-        ],
-        Duration::from_secs(180),
-    );
-    assert!(
-        demo.report["verdict"].as_str().unwrap().starts_with("healthy"),
-        "{:#}",
-        demo.report
-    );
+    let demo = held_nixl_pool("1", "3", &[]);
     let units = ["prefill-0", "decode-0", "decode-1", "decode-2"];
     let before = pids(&demo, &units);
     nix::sys::signal::kill(
@@ -831,26 +799,15 @@ fn the_watch_recovers_an_xpyd_pool_by_restarting_only_the_sick_engine() {
 #[test]
 fn a_decode_holding_a_restarted_prefills_old_identity_is_named_by_the_epoch() {
     let _one = exclusive();
-    let mut demo = HeldDemo::start(
+    let mut demo = held_nixl_pool(
+        "2",
+        "3",
         &[
-            "--prefills",
-            "2",
-            "--decodes",
-            "3",
-            "--kv-transfer",
-            "nixl",
             "--prefill-sim",
             "--kv-transfer address",
             "--decode-sim",
             "--kv-transfer address",
-            "--no-auto-recover",
         ],
-        Duration::from_secs(180),
-    );
-    assert!(
-        demo.report["verdict"].as_str().unwrap().starts_with("healthy"),
-        "{:#}",
-        demo.report
     );
     let units = ["prefill-0", "prefill-1", "decode-0", "decode-1", "decode-2"];
     sim_fault(&demo.unit_url("prefill-0"), r#"{"stale_transfer_state": true}"#);
@@ -971,6 +928,29 @@ fn a_decode_holding_a_restarted_prefills_old_identity_is_named_by_the_epoch() {
     let verdict = r["verdict"].as_str().unwrap();
     assert!(verdict.starts_with("healthy"), "{r:#}");
     println!("clients meanwhile: {traffic}; verdict {verdict}");
+}
+
+/// A held pd-sim pool of `prefills`P`decodes`D declared `nixl` (an engine
+/// restarts alone), the watch's recovery off, with `extra` demo flags;
+/// healthy after its first co-restart.
+fn held_nixl_pool(prefills: &str, decodes: &str, extra: &[&str]) -> HeldDemo {
+    let mut args = vec![
+        "--prefills",
+        prefills,
+        "--decodes",
+        decodes,
+        "--kv-transfer",
+        "nixl",
+        "--no-auto-recover",
+    ];
+    args.extend_from_slice(extra);
+    let demo = HeldDemo::start(&args, Duration::from_secs(180));
+    assert!(
+        demo.report["verdict"].as_str().unwrap().starts_with("healthy"),
+        "{:#}",
+        demo.report
+    );
+    demo
 }
 
 /// The processes of `units` as the agent reports them.
