@@ -21,6 +21,7 @@ use pdwarden_proto::v1::{
 use thiserror::Error;
 use tokio::sync::watch;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use crate::checks::{chat_probe, error_chain};
@@ -63,6 +64,9 @@ pub(crate) struct Dispatcher {
     gpu: watch::Receiver<Arc<Latest>>,
     /// The configured py-spy (`py_spy`); absent: `py-spy` on PATH.
     py_spy: Option<PathBuf>,
+    /// The suite steps running, by their command id: what `CutSuiteStep`
+    /// cancels (issue 47).
+    suite_steps: Arc<Mutex<HashMap<String, CancellationToken>>>,
 }
 
 impl Dispatcher {
@@ -81,6 +85,7 @@ impl Dispatcher {
             watch: crate::watch::Watch::default(),
             gpu,
             py_spy,
+            suite_steps: Arc::default(),
         }
     }
 
@@ -169,7 +174,16 @@ impl Dispatcher {
             Some(Action::SuiteStep(step)) => {
                 let base_url = self.supervisor.unit_config(&step.unit).map(|u| u.base_url.clone());
                 let http = self.http.clone();
+                let cut = CancellationToken::new();
+                let steps = Arc::clone(&self.suite_steps);
+                lock(&steps).insert(ctx.id.clone(), cut.clone());
                 Box::pin(async move {
+                    // Forgotten however the step ends (a cut that comes later
+                    // finds nothing to cut, and says so).
+                    let _running = RunningStep {
+                        steps: &steps,
+                        id: &ctx.id,
+                    };
                     let Some(base_url) = base_url else {
                         return Kind::SuiteStepResult(pdwarden_proto::v1::SuiteStepResult {
                             command_id: ctx.id.clone(),
@@ -183,7 +197,26 @@ impl Dispatcher {
                         });
                     };
                     info!(command_id = %ctx.id, unit = %step.unit, "suite step");
-                    Kind::SuiteStepResult(crate::suite::run_step(&http, &base_url, &ctx.id, step).await)
+                    Kind::SuiteStepResult(crate::suite::run_step(&http, &base_url, &ctx.id, step, &cut).await)
+                })
+            }
+            Some(Action::CutSuiteStep(cut)) => {
+                let token = lock(&self.suite_steps).get(&cut.command_id).cloned();
+                info!(command_id = %ctx.id, step = %cut.command_id, reason = %cut.reason, running = token.is_some(), "cut suite step");
+                let result = match token {
+                    Some(token) => {
+                        token.cancel();
+                        Ok(())
+                    }
+                    None => Err(format!("no suite step {:?} is running here", cut.command_id)),
+                };
+                Box::pin(async move {
+                    Kind::CommandResult(CommandResult {
+                        command_id: ctx.id.clone(),
+                        ok: result.is_ok(),
+                        error: result.err().unwrap_or_default(),
+                        ms_since_command: ctx_ms(&ctx),
+                    })
                 })
             }
             Some(Action::Watch(spec)) => {
@@ -286,6 +319,23 @@ impl Dispatcher {
             }),
         }
     }
+}
+
+/// A running suite step's entry in [`Dispatcher::suite_steps`], removed
+/// when the step's future ends or is dropped.
+struct RunningStep<'a> {
+    steps: &'a Mutex<HashMap<String, CancellationToken>>,
+    id: &'a str,
+}
+
+impl Drop for RunningStep<'_> {
+    fn drop(&mut self) {
+        lock(self.steps).remove(self.id);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Dispatcher {

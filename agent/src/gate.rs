@@ -249,7 +249,7 @@ async fn stream_one(
         timeout,
         silence: timeout,
     };
-    let read = crate::suite::read_stream(resp, started, limits, b.max_tokens, |now, _| {
+    let read = crate::suite::read_stream(resp, started, limits, b.max_tokens, None, |now, _| {
         let at = u64::try_from(now.saturating_duration_since(started).as_micros()).unwrap_or(u64::MAX);
         sample.tokens += 1;
         first.get_or_insert(at);

@@ -378,14 +378,15 @@ fn refusal(command: &Command, deposed: Deposed) -> Kind {
                 .collect(),
             ..Default::default()
         }),
-        Some(Action::Start(_) | Action::Stop(_) | Action::Watch(_) | Action::Preflight(_)) | None => {
-            Kind::CommandResult(CommandResult {
-                command_id,
-                ok: false,
-                error,
-                ms_since_command: 0,
-            })
-        }
+        Some(
+            Action::Start(_) | Action::Stop(_) | Action::Watch(_) | Action::Preflight(_) | Action::CutSuiteStep(_),
+        )
+        | None => Kind::CommandResult(CommandResult {
+            command_id,
+            ok: false,
+            error,
+            ms_since_command: 0,
+        }),
     }
 }
 

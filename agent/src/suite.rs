@@ -18,6 +18,7 @@ use pdwarden_proto::v1::{
 };
 use serde_json::{Value, json};
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use crate::checks::{
     PROBE_HEADER, REQUEST_ID_PREFIX, chat_probe, error_chain, error_message_of, finish_reason_of, is_failed_finish,
@@ -86,17 +87,22 @@ pub fn drain_sse_events(buf: &mut String) -> Vec<SseEvent> {
     out
 }
 
-/// Runs one suite step against `base_url` (the router) and returns its samples.
+/// Runs one suite step against `base_url` (the router) and returns its
+/// samples. `cut` ends its requests where they are (each cut request is a
+/// timeout, with what it got: the orchestrator proved that the engines do
+/// not progress, issue 47); the abort storm is not cut (its requests are
+/// abandoned on purpose).
 pub async fn run_step(
     http: &reqwest::Client,
     base_url: &str,
     command_id: &str,
     req: SuiteStepRequest,
+    cut: &CancellationToken,
 ) -> SuiteStepResult {
     let (step, samples) = match req.step {
-        Some(Step::LongGeneration(s)) => ("long_generation", vec![long_generation(http, base_url, &s).await]),
-        Some(Step::MultiTurn(s)) => ("multi_turn", multi_turn(http, base_url, &s).await),
-        Some(Step::Concurrency(s)) => ("concurrency", concurrency(http, base_url, &s).await),
+        Some(Step::LongGeneration(s)) => ("long_generation", vec![long_generation(http, base_url, &s, cut).await]),
+        Some(Step::MultiTurn(s)) => ("multi_turn", multi_turn(http, base_url, &s, cut).await),
+        Some(Step::Concurrency(s)) => ("concurrency", concurrency(http, base_url, &s, cut).await),
         Some(Step::AbortStorm(s)) => ("abort_storm", abort_storm(http, base_url, &s).await),
         None => ("none", vec![error_sample(0, "suite step request has no step".into())]),
     };
@@ -107,6 +113,9 @@ pub async fn run_step(
         samples,
     }
 }
+
+/// How a request cut by `CutSuiteStep` says so in its error.
+pub const CUT: &str = "cut by the orchestrator (no engine of the pair progressed)";
 
 fn error_sample(index: u32, error: String) -> SuiteRequestSample {
     SuiteRequestSample {
@@ -159,6 +168,7 @@ async fn stream_chat(
     messages: Value,
     limits: StreamLimits,
     index: u32,
+    cut: Option<&CancellationToken>,
 ) -> (SuiteRequestSample, String) {
     let request_id = format!("{REQUEST_ID_PREFIX}{}", uuid::Uuid::new_v4());
     let mut sample = SuiteRequestSample {
@@ -185,19 +195,34 @@ async fn stream_chat(
         .header(PROBE_HEADER, "1")
         .json(&body)
         .send();
-    let resp = match tokio::time::timeout_at(deadline, send).await {
-        Err(_) => {
+    let sent = async {
+        match cut {
+            Some(cut) => tokio::select! {
+                r = tokio::time::timeout_at(deadline, send) => Some(r),
+                () = cut.cancelled() => None,
+            },
+            None => Some(tokio::time::timeout_at(deadline, send).await),
+        }
+    };
+    let resp = match sent.await {
+        None => {
+            sample.outcome = ProbeOutcome::Timeout as i32;
+            sample.latency_ms = elapsed_ms();
+            sample.error = format!("{CUT} before any answer, after {} ms", sample.latency_ms);
+            return (sample, String::new());
+        }
+        Some(Err(_)) => {
             sample.outcome = ProbeOutcome::Timeout as i32;
             sample.latency_ms = elapsed_ms();
             sample.error = format!("no response within {} ms", timeout.as_millis());
             return (sample, String::new());
         }
-        Ok(Err(e)) => {
+        Some(Ok(Err(e))) => {
             sample.latency_ms = elapsed_ms();
             sample.error = error_chain(&e);
             return (sample, String::new());
         }
-        Ok(Ok(r)) => r,
+        Some(Ok(Ok(r))) => r,
     };
     sample.http_status = i32::from(resp.status().as_u16());
     if !resp.status().is_success() {
@@ -213,7 +238,7 @@ async fn stream_chat(
         return (sample, String::new());
     }
     let mut content = String::new();
-    let read = read_stream(resp, started, limits, chat.max_tokens, |now, piece| {
+    let read = read_stream(resp, started, limits, chat.max_tokens, cut, |now, piece| {
         sample
             .token_times_ms
             .push(duration_ms(now.saturating_duration_since(started)));
@@ -281,6 +306,7 @@ pub(crate) async fn read_stream(
     started: Instant,
     limits: StreamLimits,
     max_tokens: u32,
+    cut: Option<&CancellationToken>,
     mut on_token: impl FnMut(Instant, &str),
 ) -> StreamRead {
     let StreamLimits { timeout, silence } = limits;
@@ -302,8 +328,26 @@ pub(crate) async fn read_stream(
     let mut last_token: Option<(Instant, u64)> = None;
     'read: while !read.done {
         let wait_until = last_token.map_or(deadline, |(t, _)| (t + silence).min(deadline));
-        match tokio::time::timeout_at(wait_until, stream.next()).await {
-            Err(_) => {
+        let next = async {
+            match cut {
+                Some(cut) => tokio::select! {
+                    r = tokio::time::timeout_at(wait_until, stream.next()) => Some(r),
+                    () = cut.cancelled() => None,
+                },
+                None => Some(tokio::time::timeout_at(wait_until, stream.next()).await),
+            }
+        };
+        match next.await {
+            None => {
+                read.timed_out = true;
+                let last = last_token.map_or(0, |(_, ms)| ms);
+                read.error = format!(
+                    "{CUT}: stream silent for {} ms after token {tokens}",
+                    elapsed_ms().saturating_sub(last)
+                );
+                break;
+            }
+            Some(Err(_)) => {
                 read.timed_out = true;
                 read.error = if Instant::now() >= deadline {
                     format!(
@@ -324,15 +368,15 @@ pub(crate) async fn read_stream(
                 };
                 break;
             }
-            Ok(None) => {
+            Some(Ok(None)) => {
                 read.error = "stream ended without [DONE]".into();
                 break;
             }
-            Ok(Some(Err(e))) => {
+            Some(Ok(Some(Err(e)))) => {
                 read.error = error_chain(&e);
                 break;
             }
-            Ok(Some(Ok(bytes))) => {
+            Some(Ok(Some(Ok(bytes)))) => {
                 let now = Instant::now();
                 buf.push_str(&String::from_utf8_lossy(&bytes));
                 if buf.len() > MAX_SSE_EVENT_BYTES {
@@ -376,7 +420,12 @@ pub(crate) async fn read_stream(
     read
 }
 
-async fn long_generation(http: &reqwest::Client, base_url: &str, s: &SuiteLongGeneration) -> SuiteRequestSample {
+async fn long_generation(
+    http: &reqwest::Client,
+    base_url: &str,
+    s: &SuiteLongGeneration,
+    cut: &CancellationToken,
+) -> SuiteRequestSample {
     let chat = chat_or_default(s.chat.clone());
     let timeout = Duration::from_millis(s.timeout_ms.max(1));
     let silence = Duration::from_millis(if s.silence_timeout_ms == 0 {
@@ -385,12 +434,25 @@ async fn long_generation(http: &reqwest::Client, base_url: &str, s: &SuiteLongGe
         s.silence_timeout_ms
     });
     let messages = json!([{ "role": "user", "content": chat.prompt }]);
-    stream_chat(http, base_url, &chat, messages, StreamLimits { timeout, silence }, 0)
-        .await
-        .0
+    stream_chat(
+        http,
+        base_url,
+        &chat,
+        messages,
+        StreamLimits { timeout, silence },
+        0,
+        Some(cut),
+    )
+    .await
+    .0
 }
 
-async fn multi_turn(http: &reqwest::Client, base_url: &str, s: &SuiteMultiTurn) -> Vec<SuiteRequestSample> {
+async fn multi_turn(
+    http: &reqwest::Client,
+    base_url: &str,
+    s: &SuiteMultiTurn,
+    cut: &CancellationToken,
+) -> Vec<SuiteRequestSample> {
     let chat = chat_or_default(s.chat.clone());
     let timeout = Duration::from_millis(s.timeout_ms.max(1));
     let first_messages = json!([{ "role": "user", "content": chat.prompt }]);
@@ -398,7 +460,7 @@ async fn multi_turn(http: &reqwest::Client, base_url: &str, s: &SuiteMultiTurn) 
         timeout,
         silence: timeout,
     };
-    let (first, answer) = stream_chat(http, base_url, &chat, first_messages, limits, 0).await;
+    let (first, answer) = stream_chat(http, base_url, &chat, first_messages, limits, 0, Some(cut)).await;
     if first.outcome != ProbeOutcome::Ok as i32 {
         return vec![first, error_sample(1, "turn 2 not sent: turn 1 failed".into())];
     }
@@ -408,7 +470,7 @@ async fn multi_turn(http: &reqwest::Client, base_url: &str, s: &SuiteMultiTurn) 
         { "role": "assistant", "content": answer },
         { "role": "user", "content": s.second_prompt },
     ]);
-    let (second, _) = stream_chat(http, base_url, &chat, second_messages, limits, 1).await;
+    let (second, _) = stream_chat(http, base_url, &chat, second_messages, limits, 1, Some(cut)).await;
     vec![first, second]
 }
 
@@ -427,12 +489,33 @@ fn probe_sample(index: u32, r: crate::checks::ChatOutcome) -> SuiteRequestSample
     }
 }
 
-async fn concurrency(http: &reqwest::Client, base_url: &str, s: &SuiteConcurrency) -> Vec<SuiteRequestSample> {
+async fn concurrency(
+    http: &reqwest::Client,
+    base_url: &str,
+    s: &SuiteConcurrency,
+    cut: &CancellationToken,
+) -> Vec<SuiteRequestSample> {
     let chat = chat_or_default(s.chat.clone());
     let timeout = Duration::from_millis(s.timeout_ms.max(1));
+    let started = Instant::now();
     let all = (0..s.requests.max(1)).map(|i| {
         let chat = chat.clone();
-        async move { probe_sample(i, chat_probe(http, base_url, &chat, timeout).await) }
+        async move {
+            tokio::select! {
+                r = chat_probe(http, base_url, &chat, timeout) => probe_sample(i, r),
+                () = cut.cancelled() => {
+                    let latency_ms = duration_ms(started.elapsed());
+                    SuiteRequestSample {
+                        index: i,
+                        outcome: ProbeOutcome::Timeout as i32,
+                        latency_ms,
+                        error: format!("{CUT} after {latency_ms} ms unanswered"),
+                        tokens_asked: chat.max_tokens,
+                        ..Default::default()
+                    }
+                }
+            }
+        }
     });
     futures::future::join_all(all).await
 }
@@ -570,9 +653,37 @@ mod tests {
             ..chat_or_default(None)
         };
         let messages = json!([{ "role": "user", "content": "hi" }]);
-        stream_chat(&crate::checks::http_client(), url, &chat, messages, l, 0)
+        stream_chat(&crate::checks::http_client(), url, &chat, messages, l, 0, None)
             .await
             .0
+    }
+
+    /// Issue 47: a cut ends a stream that paused mid-way at once (not at
+    /// its silence limit or its timeout), as a timeout with the tokens it
+    /// got, saying it was cut.
+    #[tokio::test]
+    async fn a_cut_ends_a_paused_stream_with_what_it_got() {
+        let url = streaming(vec![(0, TOKEN), (0, TOKEN), (0, TOKEN), (60_000, TOKEN), (0, DONE)]).await;
+        let cut = CancellationToken::new();
+        let chat = ChatProbe {
+            max_tokens: 8,
+            ..chat_or_default(None)
+        };
+        let messages = json!([{ "role": "user", "content": "hi" }]);
+        let started = Instant::now();
+        let http = crate::checks::http_client();
+        let ((s, _), ()) = tokio::join!(
+            stream_chat(&http, &url, &chat, messages, limits(120_000, 120_000), 0, Some(&cut)),
+            async {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                cut.cancel();
+            }
+        );
+        assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
+        assert_eq!(s.outcome, ProbeOutcome::Timeout as i32, "{s:?}");
+        assert_eq!(s.tokens, 3);
+        assert!(s.error.starts_with(CUT), "{}", s.error);
+        assert!(s.error.contains("after token 3"), "{}", s.error);
     }
 
     /// Property (issue 30): an error event inside a 200 stream makes the

@@ -303,6 +303,18 @@ pub struct Args {
     /// answers 503 unless other requests produce output.
     #[arg(long, default_value_t = 0)]
     pub freeze_after_tokens: u64,
+    /// A streamed client generation pauses after this many output tokens for
+    /// --pause-ms, then resumes and finishes (0 = off): a request SGLang
+    /// retracts when its KV pool runs out (`ScheduleBatch.retract_decode`,
+    /// python/sglang/srt/managers/schedule_batch.py: the request goes back to
+    /// the waiting queue and is prefilled again) or vLLM preempts for
+    /// recompute (`Scheduler._preempt_request`, vllm/v1/core/sched/scheduler.py),
+    /// while the engine goes on with its other requests.
+    #[arg(long, default_value_t = 0)]
+    pub pause_after_tokens: u64,
+    /// See --pause-after-tokens: the pause, in wall-clock ms.
+    #[arg(long, default_value_t = 0.0)]
+    pub pause_ms: f64,
     /// At most this many client generations run at once; the rest queue (0 = no limit;
     /// --serial is the same as 1). `1` is the throughput collapse of a scheduler that stops
     /// batching (see --serial); start-only.
@@ -469,6 +481,9 @@ pub struct Settings {
     pub fault_health_hang: bool,
     /// See `--freeze-after-tokens`.
     pub freeze_after_tokens: u64,
+    /// See `--pause-after-tokens` and `--pause-ms`.
+    pub pause_after_tokens: u64,
+    pub pause_ms: f64,
     /// See `--relapse-after` (None = no relapse).
     pub relapse_after: Option<u64>,
     /// See `--relapse-slowdown` (1 when there is no relapse).
@@ -652,6 +667,8 @@ impl Config {
             host_load_file: args.host_load_file,
             fault_health_hang: args.fault_health_hang,
             freeze_after_tokens: args.freeze_after_tokens,
+            pause_after_tokens: args.pause_after_tokens,
+            pause_ms: args.pause_ms.max(0.0),
             relapse_after,
             relapse_slowdown,
             kv_fail_every: args.kv_fail_every,
@@ -807,6 +824,10 @@ pub struct FaultPatch {
     pub fault_health_hang: Option<bool>,
     #[serde(alias = "freeze-after-tokens")]
     pub freeze_after_tokens: Option<u64>,
+    #[serde(alias = "pause-after-tokens")]
+    pub pause_after_tokens: Option<u64>,
+    #[serde(alias = "pause-ms")]
+    pub pause_ms: Option<f64>,
     /// With `relapse_slowdown`, or alone to move an existing relapse's threshold.
     #[serde(alias = "relapse-after")]
     pub relapse_after: Option<u64>,
@@ -861,6 +882,12 @@ impl FaultPatch {
         }
         if let Some(v) = self.freeze_after_tokens {
             n.freeze_after_tokens = v;
+        }
+        if let Some(v) = self.pause_after_tokens {
+            n.pause_after_tokens = v;
+        }
+        if let Some(v) = self.pause_ms {
+            n.pause_ms = v.max(0.0);
         }
         if let Some(v) = self.leak_slot_on_disconnect {
             n.leak_slot_on_disconnect = v;

@@ -1184,6 +1184,12 @@ async fn serve_generation(sim: Arc<Sim>, req: GenRequest) -> Response {
             t0,
             per,
             freeze_after,
+            pause: (settings.pause_after_tokens > 0 && settings.pause_ms > 0.0).then(|| {
+                (
+                    settings.pause_after_tokens,
+                    Duration::from_secs_f64(settings.pause_ms / 1000.0),
+                )
+            }),
             decode_steps,
         };
         return stream_response(sim, out, inflight, timing, running_slot);
@@ -1417,6 +1423,8 @@ struct StreamTiming {
     per: Duration,
     /// `--freeze-after-tokens` (0 = off).
     freeze_after: u64,
+    /// `--pause-after-tokens`, `--pause-ms`: once, after that many tokens.
+    pause: Option<(u64, Duration)>,
     /// Tokens after the first are decode steps (false for a prefill part).
     decode_steps: bool,
 }
@@ -1459,6 +1467,13 @@ fn stream_response(
         }
         if st.next <= st.out.tokens {
             let i = st.next;
+            if let Some((after, pause)) = st.timing.pause
+                && i == after + 1
+            {
+                // Retracted: its later tokens come `pause` later.
+                tracing::info!(rid = %st.out.req.rid, after, pause_ms = pause.as_millis() as u64, "stream paused");
+                st.timing.t0 += pause;
+            }
             if i > 1 {
                 sleep_until(token_at(st.timing.t0, st.timing.per, i)).await;
                 st.inflight.tokens_done = i;

@@ -678,6 +678,37 @@ async fn knob_in_environment_slows_generation() {
     );
 }
 
+// `--pause-after-tokens` / `--pause-ms` (issue 47): a stream delivers N tokens,
+// is silent for the pause (a retracted request), then delivers the rest and
+// finishes.
+#[tokio::test]
+async fn a_paused_stream_resumes_and_finishes() {
+    let mut cfg = Config::for_test(Role::Decode);
+    cfg.settings.pause_after_tokens = 3;
+    cfg.settings.pause_ms = 600.0;
+    let (h, b) = start(cfg).await;
+    let c = client();
+    let mut body = chat("hi", 6);
+    body["stream"] = json!(true);
+    let mut resp = post(&c, b, "/v1/chat/completions", &body, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let started = tokio::time::Instant::now();
+    let (mut text, mut longest_gap, mut last) = (String::new(), Duration::ZERO, started);
+    while let Some(bytes) = tokio::time::timeout(Duration::from_secs(5), resp.chunk())
+        .await
+        .expect("the stream resumes")
+        .unwrap()
+    {
+        longest_gap = longest_gap.max(last.elapsed());
+        last = tokio::time::Instant::now();
+        text.push_str(&String::from_utf8_lossy(&bytes));
+    }
+    assert!(text.contains("[DONE]"), "{text}");
+    assert!(longest_gap >= Duration::from_millis(550), "{longest_gap:?}");
+    h.shutdown().await.unwrap();
+}
+
 // `--freeze-after-tokens`: a stream delivers exactly N tokens, then stays open
 // without another byte; a non-streamed request never answers; health stays 200.
 #[tokio::test]

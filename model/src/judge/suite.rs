@@ -420,6 +420,94 @@ impl StepReport {
     }
 }
 
+/// Whether the pair's engines made no progress for the whole `budget` while
+/// a suite request waited (issue 47: slow vs stuck by the engines' own
+/// progress): the sentence of the facts when they did not, `None` when any
+/// engine progressed or the evidence cannot say.
+///
+/// Progress is any of an engine's token counters rising, the suite's own
+/// request's tokens included, or a KV transfer landing
+/// ([`UnitTrack::last_moved`], [`UnitTrack::last_kv_landing`]). An engine
+/// proves nothing unless it was watched for the whole budget and either
+/// answered with a counter that rises during work (an engine whose counters
+/// move only when a request finishes could be working on a long one) or did
+/// not answer a scrape for the whole budget (a frozen process). `waiting_since`:
+/// when the step's first request was sent.
+pub fn engines_stalled(
+    tracks: &[crate::judge::wedge::UnitTrack],
+    waiting_since: tokio::time::Instant,
+    now: tokio::time::Instant,
+    budget: std::time::Duration,
+) -> Option<String> {
+    let from = now.checked_sub(budget)?;
+    if tracks.is_empty() || waiting_since > from {
+        return None;
+    }
+    let mut facts = Vec::new();
+    for t in tracks {
+        // Watched for the whole budget: a sample at or before its start.
+        if t.first_at.is_none_or(|first| first > from) || t.last.is_none() {
+            return None;
+        }
+        if t.last.as_ref().is_some_and(|s| s.metrics.is_none()) {
+            let since = t.scrape_bad_since?;
+            if since > from {
+                return None;
+            }
+            facts.push(format!(
+                "{}: no metrics answer for {}",
+                t.unit,
+                secs(now.saturating_duration_since(since).as_millis() as u64)
+            ));
+            continue;
+        }
+        if !t.has_work_signal {
+            return None;
+        }
+        if t.last_moved.is_some_and(|m| m > from) || t.last_kv_landing.is_some_and(|m| m > from) {
+            return None;
+        }
+        let flat_for = t.last_moved.map_or(now.saturating_duration_since(t.first_at?), |m| {
+            now.saturating_duration_since(m)
+        });
+        facts.push(format!(
+            "{}: token counters flat for {}",
+            t.unit,
+            secs(flat_for.as_millis() as u64)
+        ));
+    }
+    Some(format!(
+        "no engine of the pair progressed for {} while the request waited ({}): stuck, not slow",
+        secs(budget.as_millis() as u64),
+        facts.join("; ")
+    ))
+}
+
+/// A step cut because the engines stopped progressing ([`engines_stalled`]):
+/// `wedged`, whatever its cut requests alone would say (a request cut one
+/// stall budget after the engines stopped may not yet have been silent for
+/// the gap budget), with what the first cut request got and the proof.
+/// `report` is the step judged from its samples (none when the agent did
+/// not send them back).
+pub fn stalled(mut r: StepReport, why: String) -> StepReport {
+    let cut = r
+        .samples
+        .iter()
+        .find(|s| s.outcome != SampleOutcome::Ok)
+        .map(|s| match s.token_times_ms.last() {
+            Some(last) => format!(
+                "stream silent for {} after token {}; ",
+                secs(s.latency_ms.saturating_sub(*last)),
+                s.token_times_ms.len()
+            ),
+            None => format!("request {} unanswered after {}; ", s.index + 1, secs(s.latency_ms)),
+        });
+    r.status = StepStatus::Fail;
+    r.fails_as = Some(VerdictKind::Wedged);
+    r.reasons = vec![format!("{}: {}{why}", r.step.title(), cut.unwrap_or_default())];
+    r
+}
+
 /// Long generation: every gap between tokens (and the silence after the last
 /// one, if the stream did not finish) against the gap budget, then its first
 /// token, its time per output token and its total against the budgets.
@@ -882,6 +970,133 @@ mod tests {
             gap_override_ms: Some(gap_ms),
             ..inputs()
         })
+    }
+
+    /// One scrape of an SGLang engine: its realtime-tokens counter (rises
+    /// during work) at `tokens`, or no answer.
+    fn scrape(at: tokio::time::Instant, tokens: Option<f64>) -> crate::judge::wedge::Sample {
+        crate::judge::wedge::Sample {
+            at,
+            health_status: if tokens.is_some() { 200 } else { 0 },
+            metrics: tokens.map(|t| crate::judge::wedge::Metrics {
+                running: 1.0,
+                realtime_tokens: Some(t),
+                ..Default::default()
+            }),
+            error: String::new(),
+        }
+    }
+
+    /// Two engines scraped every 500 ms for `ms`; `tokens(unit, i)` is the
+    /// counter at scrape `i` (None: no answer).
+    fn watched(
+        start: tokio::time::Instant,
+        ms: u64,
+        tokens: impl Fn(usize, u64) -> Option<f64>,
+    ) -> Vec<crate::judge::wedge::UnitTrack> {
+        let mut tracks = vec![
+            crate::judge::wedge::UnitTrack::new("prefill-0", "prefill"),
+            crate::judge::wedge::UnitTrack::new("decode-0", "decode"),
+        ];
+        for i in 0..=ms / 500 {
+            let at = start + std::time::Duration::from_millis(i * 500);
+            for (u, t) in tracks.iter_mut().enumerate() {
+                t.observe(scrape(at, tokens(u, i)), pdwarden_engines::EngineKind::Sglang);
+            }
+        }
+        tracks
+    }
+
+    /// Issue 47 item 4: engines whose counters stopped at once are stuck
+    /// within the budget of the stop, not at the request's timeout; engines
+    /// that progress (the request's own tokens, or others') are slow at most.
+    #[test]
+    fn engines_flat_for_the_budget_are_stuck_and_progressing_ones_are_not() {
+        let t0 = tokio::time::Instant::now();
+        let budget = std::time::Duration::from_secs(2);
+        // Counters rise until 3 s, then flat: stuck once flat for 2 s.
+        let frozen = |_: usize, i: u64| Some(10.0 * i.min(6) as f64);
+        let at = |ms: u64| t0 + std::time::Duration::from_millis(ms);
+        assert_eq!(
+            engines_stalled(&watched(t0, 4_500, frozen), t0, at(4_500), budget),
+            None
+        );
+        let why = engines_stalled(&watched(t0, 5_000, frozen), t0, at(5_000), budget).expect("stuck");
+        assert_eq!(
+            why,
+            "no engine of the pair progressed for 2.00 s while the request waited (prefill-0: token counters \
+             flat for 2.00 s; decode-0: token counters flat for 2.00 s): stuck, not slow"
+        );
+        // One engine still moving (a retracted request's neighbours, the
+        // clients'): not stuck, however long the request waits.
+        let one_moves = |u: usize, i: u64| Some(if u == 1 { i as f64 } else { 5.0 });
+        assert_eq!(
+            engines_stalled(&watched(t0, 30_000, one_moves), t0, at(30_000), budget),
+            None
+        );
+        // A decode that answers nothing (a frozen process) beside a flat prefill.
+        let decode_frozen = |u: usize, i: u64| if u == 1 && i >= 2 { None } else { Some(5.0) };
+        let why = engines_stalled(&watched(t0, 3_500, decode_frozen), t0, at(3_500), budget).expect("stuck");
+        assert!(why.contains("decode-0: no metrics answer for 2.50 s"), "{why}");
+        // The request was sent less than a budget ago: nothing to say yet.
+        assert_eq!(
+            engines_stalled(&watched(t0, 5_000, frozen), at(3_500), at(5_000), budget),
+            None
+        );
+        // Watched for less than the budget: nothing to say.
+        assert_eq!(
+            engines_stalled(&watched(t0, 1_500, frozen), t0, at(1_500), budget),
+            None
+        );
+    }
+
+    /// A long generation cut 2.4 s after its 12th token, a moment before
+    /// the gap budget would call its silence anything: the engines' proof
+    /// makes it wedged, naming both facts (the request alone would read as
+    /// "still streaming", over budget).
+    #[test]
+    fn a_step_cut_for_the_engines_stall_is_wedged_with_both_facts() {
+        let times: Vec<u64> = (1..=12).map(|i| 100 + i * 20).collect();
+        let judged = judge_long_generation(vec![stream(&times, 340 + 2_400, "timeout")], &budgets(5_000));
+        assert_eq!(judged.fails_as, Some(VerdictKind::OverBudget), "{judged:?}");
+        let r = stalled(judged, "no engine of the pair progressed for 2.00 s".into());
+        assert_eq!(r.fails_as, Some(VerdictKind::Wedged));
+        assert_eq!(
+            r.reasons,
+            vec![
+                "long generation: stream silent for 2.40 s after token 12; no engine of the pair progressed for 2.00 s"
+            ]
+        );
+        assert_eq!(r.figures["tokens"], 12);
+    }
+
+    /// An engine whose counters move only when a request finishes (SGLang
+    /// without `--enable-metrics`' realtime tokens) cannot show a long
+    /// request's progress: its flat counters prove nothing.
+    #[test]
+    fn counters_that_move_only_at_finish_prove_no_stall() {
+        let t0 = tokio::time::Instant::now();
+        let mut tracks = vec![crate::judge::wedge::UnitTrack::new("decode-0", "decode")];
+        for i in 0..20u64 {
+            tracks[0].observe(
+                crate::judge::wedge::Sample {
+                    at: t0 + std::time::Duration::from_millis(i * 500),
+                    health_status: 200,
+                    metrics: Some(crate::judge::wedge::Metrics {
+                        running: 1.0,
+                        generation_tokens: Some(7.0),
+                        ..Default::default()
+                    }),
+                    error: String::new(),
+                },
+                pdwarden_engines::EngineKind::Sglang,
+            );
+        }
+        let now = t0 + std::time::Duration::from_millis(9_500);
+        assert_eq!(
+            engines_stalled(&tracks, t0, now, std::time::Duration::from_secs(2)),
+            None
+        );
     }
 
     /// A decode that freezes mid-stream after token 12: the silence until the

@@ -398,6 +398,33 @@ fn bounded_secs(secs: f64) -> Duration {
     }
 }
 
+/// One agent's engine sample as the wedge judges fold it, stamped `at`
+/// (the watch's and the verification suite's progress watch: issue 47).
+pub(crate) fn wedge_sample(s: EngineSample, gpu_util: Option<f64>, at: Instant) -> Sample {
+    let engine = EngineKind::from_name(&s.engine_kind);
+    let metrics = s.metrics_ok.then(|| Metrics {
+        running: s.running_reqs.unwrap_or(0.0),
+        queued: s.queued_reqs.unwrap_or(0.0),
+        generation_tokens: s.generation_tokens_total,
+        prompt_tokens: s.prompt_tokens_total,
+        realtime_tokens: s.realtime_tokens_total,
+        prefill_prealloc: s.prefill_prealloc_queue_reqs,
+        prefill_inflight: s.prefill_inflight_queue_reqs,
+        decode_prealloc: s.decode_prealloc_queue_reqs,
+        decode_transfer: s.decode_transfer_queue_reqs,
+        transfer_failed: s.transfer_failed_total,
+        bootstrap_failed: s.bootstrap_failed_total,
+        gpu_util,
+        engine,
+    });
+    Sample {
+        at,
+        health_status: u16::try_from(s.health_status).unwrap_or(0),
+        metrics,
+        error: s.error,
+    }
+}
+
 /// The pure policy of a pair's watch, from its config. It cannot panic,
 /// whatever the config: the config's validation bounds every number
 /// (`WatchConfig::validate`), and every conversion here saturates at the
@@ -653,32 +680,9 @@ impl PairWatcher {
                 GPU_REPORT_MAX_AGE_MS,
             )
         });
-        let engine = EngineKind::from_name(&s.engine_kind);
-        let metrics = s.metrics_ok.then(|| Metrics {
-            running: s.running_reqs.unwrap_or(0.0),
-            queued: s.queued_reqs.unwrap_or(0.0),
-            generation_tokens: s.generation_tokens_total,
-            prompt_tokens: s.prompt_tokens_total,
-            realtime_tokens: s.realtime_tokens_total,
-            prefill_prealloc: s.prefill_prealloc_queue_reqs,
-            prefill_inflight: s.prefill_inflight_queue_reqs,
-            decode_prealloc: s.decode_prealloc_queue_reqs,
-            decode_transfer: s.decode_transfer_queue_reqs,
-            transfer_failed: s.transfer_failed_total,
-            bootstrap_failed: s.bootstrap_failed_total,
-            gpu_util,
-            engine,
-        });
-        self.evidence.observe(
-            &s.unit,
-            Sample {
-                at: Instant::now(),
-                health_status: u16::try_from(s.health_status).unwrap_or(0),
-                metrics,
-                error: s.error,
-            },
-            self.policy.engine,
-        );
+        let (unit, engine) = (s.unit.clone(), self.policy.engine);
+        self.evidence
+            .observe(&unit, wedge_sample(s, gpu_util, Instant::now()), engine);
     }
 
     fn on_probe(&mut self, record: WatchProbe, done_at: Instant) {

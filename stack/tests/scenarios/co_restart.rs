@@ -177,6 +177,25 @@ fn decode_only_restart_is_refused() {
         );
     }
     sim_fault(&demo.unit_url("decode-0"), r#"{"kv_fail_every": 0}"#);
+    // Issue 47 item 4, slow vs stuck: the decode retracts a long stream
+    // for 5 s mid-way (SGLang's retract_decode when its KV pool runs out)
+    // while it goes on with the clients' requests. Its silence is over the
+    // gap budget and then it finishes: slow, not stuck — `over_budget`,
+    // never `wedged` (the stream used to be cut at twice the gap budget).
+    sim_fault(
+        &demo.unit_url("decode-0"),
+        r#"{"pause_after_tokens": 40, "pause_ms": 5000}"#,
+    );
+    let out = demo.cli_within(&["verify", "demo", "--json"], Duration::from_secs(120));
+    let r = out.json();
+    let text = crate::harness::reasons(&r);
+    println!("under traffic, a stream retracted for 5 s: {} — {text}", r["verdict"]);
+    assert_eq!(r["verdict"], "over_budget", "{text}");
+    assert!(
+        text.contains("a pause of") && text.contains("after token 40") && text.contains("slow, not stuck"),
+        "{text}"
+    );
+    sim_fault(&demo.unit_url("decode-0"), r#"{"pause_after_tokens": 0}"#);
     for c in clients {
         println!("a client meanwhile: {}", c.stop());
     }

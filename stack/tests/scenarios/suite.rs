@@ -46,6 +46,7 @@ fn mid_stream_freeze_fails_long_generation_only() {
         reasons(&r)
     );
     assert!(reasons(&r).contains("after token 12"), "{}", reasons(&r));
+    eprintln!("{}\n{:#}", reasons(&r), long["samples"][0]);
     // Issue 30: the suite stops at the step that proved the wedge (it used
     // to send nine more requests against it, minutes before the verdict).
     assert_eq!(r["suite"].as_array().unwrap().len(), 1, "{:#}", r["suite"]);

@@ -3,6 +3,12 @@
 //! steps' raw samples.
 
 use super::*;
+use pdwarden_model::judge::wedge::UnitTrack;
+use pdwarden_proto::v1::{CutSuiteStep, EngineSample};
+
+/// How long a cut step's agent has to acknowledge the cut, and then to
+/// send back the cut requests' samples.
+const CUT_ANSWER_WAIT: Duration = Duration::from_secs(5);
 
 pub(super) fn sample_from_wire(s: pdwarden_proto::v1::SuiteRequestSample) -> RequestSample {
     let outcome = match ProbeOutcome::try_from(s.outcome).unwrap_or(ProbeOutcome::Unspecified) {
@@ -115,9 +121,12 @@ impl CoRestart<'_> {
                             ..chat.clone()
                         }),
                         timeout_ms: cfg.long_generation.timeout_ms,
-                        // Stop listening a little after the budget is blown:
-                        // the evidence is in by then.
-                        silence_timeout_ms: budgets.max_token_gap_ms.saturating_mul(2),
+                        // A silence alone proves nothing (SGLang retracting
+                        // requests when its KV pool is full, vLLM's recompute
+                        // preemption: the stream pauses and resumes): the
+                        // engines' progress decides, and the step is cut
+                        // when they stop (issue 47, `suite_step_watched`).
+                        silence_timeout_ms: cfg.long_generation.timeout_ms,
                     }),
                     cfg.long_generation.timeout_ms,
                 ),
@@ -151,13 +160,22 @@ impl CoRestart<'_> {
             let step_idx = self
                 .rec
                 .step_started(&format!("verify-{}", step.as_str()), &router.unit);
-            let samples = self.suite_step(&router, request, timeout_ms).await;
+            let (samples, stalled) = if step == SuiteStep::AbortStorm {
+                // Its requests are abandoned on purpose; its own probe
+                // judges what they leave behind.
+                (self.suite_step(&router, request, timeout_ms).await, None)
+            } else {
+                self.suite_step_watched(&router, request, timeout_ms).await
+            };
             let mut report = match step {
                 SuiteStep::LongGeneration => suite::judge_long_generation(samples, &budgets),
                 SuiteStep::MultiTurn => suite::judge_multi_turn(samples, &budgets, cfg.multi_turn.ttft_budget_ms),
                 SuiteStep::Concurrency => suite::judge_concurrency(samples, &budgets),
                 SuiteStep::AbortStorm => suite::judge_abort_storm(samples, &budgets),
             };
+            if let Some(why) = stalled {
+                report = suite::stalled(report, why);
+            }
             let base = baseline
                 .as_ref()
                 .and_then(|(op, steps)| steps.iter().find(|s| s.step == step).map(|s| (op, s)))
@@ -192,6 +210,96 @@ impl CoRestart<'_> {
         Ok((steps, plan.collect()))
     }
 
+    /// Sends one suite step to the router's agent while the pair's engines
+    /// are scraped every quarter of the watch's stall budget (issue 47: slow
+    /// vs stuck by the engines' own progress). Engines that progress, the
+    /// clients' requests or the step's own, let the step wait as long as
+    /// its requests may; engines flat for the stall budget
+    /// ([`suite::engines_stalled`]) are stuck: the step is cut where it is
+    /// (`CutSuiteStep`) and its samples come back with the proof.
+    pub(super) async fn suite_step_watched(
+        &self,
+        router: &UnitRef,
+        step: suite_step_request::Step,
+        timeout_ms: u64,
+    ) -> (Vec<RequestSample>, Option<String>) {
+        let budget = Duration::from_millis(self.pair.watch.stall_budget_ms);
+        let every = (budget / 4).clamp(Duration::from_millis(250), Duration::from_secs(1));
+        let command_id = uuid::Uuid::new_v4().to_string();
+        let started = Instant::now();
+        let answer = self.suite_step_as(&command_id, router, step, timeout_ms);
+        tokio::pin!(answer);
+        let engines: Vec<&UnitRef> = self.pair.prefill.iter().chain(&self.pair.decode).collect();
+        let watch = async {
+            let mut tracks: Vec<UnitTrack> = engines
+                .iter()
+                .map(|u| {
+                    let role = if self.pair.prefill.contains(u) {
+                        "prefill"
+                    } else {
+                        "decode"
+                    };
+                    UnitTrack::new(u.unit.clone(), role)
+                })
+                .collect();
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let mut samples =
+                    crate::ops::drain::scrape_pair(&*self.ctx.agents, &self.pair, every.as_millis() as u64 * 2).await;
+                let at = Instant::now();
+                // An agent that did not answer says nothing of its engines:
+                // this round is not judged (its silence is not theirs).
+                let answered: Option<Vec<EngineSample>> = engines
+                    .iter()
+                    .map(|u| samples.remove(&u.to_string()).flatten())
+                    .collect();
+                let Some(answered) = answered else { continue };
+                for (track, sample) in tracks.iter_mut().zip(answered) {
+                    track.observe(
+                        crate::ops::watcher::wedge_sample(sample, None, at),
+                        self.pair.watch.engine,
+                    );
+                }
+                if let Some(why) = suite::engines_stalled(&tracks, started, at, budget) {
+                    return why;
+                }
+            }
+        };
+        let why = tokio::select! {
+            samples = &mut answer => return (samples, None),
+            why = watch => why,
+        };
+        let cut = Command {
+            fencing_token: 0,
+            command_id: uuid::Uuid::new_v4().to_string(),
+            action: Some(command::Action::CutSuiteStep(CutSuiteStep {
+                command_id: command_id.clone(),
+                reason: why.clone(),
+            })),
+        };
+        let cut_answer = self
+            .ctx
+            .agents
+            .ask(&router.host, &router.unit, cut, CUT_ANSWER_WAIT, |r| match r {
+                AgentReport::Result(r) => Some(r),
+                _ => None,
+            })
+            .await;
+        // The cut requests answer at once; an agent that could not cut
+        // (an older one, the step just ended) is not waited for long.
+        let samples = match cut_answer {
+            Ok(r) if r.ok => tokio::time::timeout(CUT_ANSWER_WAIT, &mut answer)
+                .await
+                .unwrap_or_default(),
+            _ => tokio::time::timeout(Duration::from_millis(200), &mut answer)
+                .await
+                .unwrap_or_default(),
+        };
+        (samples, Some(why))
+    }
+
     /// Sends one suite step to the router's agent and waits for its samples.
     pub(super) async fn suite_step(
         &self,
@@ -199,7 +307,18 @@ impl CoRestart<'_> {
         step: suite_step_request::Step,
         timeout_ms: u64,
     ) -> Vec<RequestSample> {
-        let command_id = uuid::Uuid::new_v4().to_string();
+        self.suite_step_as(&uuid::Uuid::new_v4().to_string(), router, step, timeout_ms)
+            .await
+    }
+
+    async fn suite_step_as(
+        &self,
+        command_id: &str,
+        router: &UnitRef,
+        step: suite_step_request::Step,
+        timeout_ms: u64,
+    ) -> Vec<RequestSample> {
+        let command_id = command_id.to_string();
         let cmd = Command {
             fencing_token: 0,
             command_id: command_id.clone(),
