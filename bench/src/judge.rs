@@ -42,6 +42,12 @@ pub enum Change {
     /// rollback measures `again` × its first baseline (a restarted engine
     /// not yet as warm as the one first measured: issue 15's real decode).
     ColdRollback { knob: f64, again: f64 },
+    /// No change, and one request of the first look after it fails (a
+    /// stream error under client traffic: issue 47).
+    OneTransientFailure,
+    /// Each request after the change fails with this probability; the
+    /// latencies are unchanged.
+    Failing(f64),
 }
 
 pub struct Scenario {
@@ -149,6 +155,18 @@ pub fn scenarios() -> Vec<Scenario> {
             cv: NOISY,
         },
         Scenario {
+            name: "no-op, one transient failure after the change, quiet pair (CV 5 %)",
+            change: OneTransientFailure,
+            target: RejectedAtMost(0.05),
+            cv: QUIET,
+        },
+        Scenario {
+            name: "1 in 10 requests fails after the change",
+            change: Failing(0.10),
+            target: KeptAtMost(0.05),
+            cv: NOISY,
+        },
+        Scenario {
             name: "2× slower, the rollback measured 25 % colder",
             change: ColdRollback { knob: 2.0, again: 1.25 },
             target: RejectedAtLeast(0.95),
@@ -245,9 +263,10 @@ fn measure(cfg: &GateConfig, change: Change, cv: f64, side: Side, rng: &mut Spli
                 let e2e = ttft + itl * f64::from(cell.output_tokens - 1);
                 slowest = slowest.max(e2e);
                 tokens += cell.output_tokens;
+                let ok = !matches!((change, side), (Change::Failing(p), Side::After) if rng.unit() < p);
                 requests.push(RequestFigures {
                     round,
-                    ok: true,
+                    ok,
                     ttft_ms: ttft,
                     e2e_ms: e2e,
                     itl_ms: Some(itl),
@@ -287,9 +306,20 @@ fn one_gate(cfg: &GateConfig, policy: JudgePolicy, change: Change, cv: f64, seed
         baseline.extend(measure(cfg, change, cv, Side::Baseline, &mut rng));
     }
     let mut after = measure(cfg, change, cv, Side::After, &mut rng);
+    if matches!(change, Change::OneTransientFailure)
+        && let Some(r) = after.cells.first_mut().and_then(|c| c.requests.first_mut())
+    {
+        r.ok = false;
+    }
     let mut look = 1;
     let report = loop {
-        let r = judge::judge(&metrics(&baseline, &after), 0, 0, policy, look);
+        let r = judge::judge(
+            &metrics(&baseline, &after),
+            baseline.tally(),
+            after.tally(),
+            policy,
+            look,
+        );
         if r.judgement != Judgement::Inconclusive || look >= looks {
             break r;
         }
@@ -308,7 +338,13 @@ fn one_gate(cfg: &GateConfig, policy: JudgePolicy, change: Change, cv: f64, seed
             let mut again = measure(cfg, change, cv, Side::BaselineAgain, &mut rng);
             let mut look = 1;
             let check = loop {
-                let c = BaselineCheck::of(&judge::judge(&metrics(&baseline, &again), 0, 0, rollback, look));
+                let c = BaselineCheck::of(&judge::judge(
+                    &metrics(&baseline, &again),
+                    baseline.tally(),
+                    again.tally(),
+                    rollback,
+                    look,
+                ));
                 if c != BaselineCheck::NotShown || look >= looks {
                     break c;
                 }
@@ -319,7 +355,7 @@ fn one_gate(cfg: &GateConfig, policy: JudgePolicy, change: Change, cv: f64, seed
             // A–B–A′: a moved baseline excuses only a change not shown
             // worse than the pair after the rollback as well.
             let worse_than_both = || {
-                let vs_again = judge::judge(&metrics(&again, &after), 0, 0, policy, 1);
+                let vs_again = judge::judge(&metrics(&again, &after), again.tally(), after.tally(), policy, 1);
                 judge::WorseThanBoth::of(&report, &vs_again).shown()
             };
             match (check, j) {

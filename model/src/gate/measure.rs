@@ -49,6 +49,12 @@ impl Measurement {
         self.cells.iter().flat_map(|c| &c.requests).filter(|r| !r.ok).count()
     }
 
+    /// The requests sent and those that failed, for the judge's rate test.
+    pub fn tally(&self) -> crate::judge::gate::Tally {
+        let sent = self.cells.iter().map(|c| c.requests.len()).sum();
+        crate::judge::gate::Tally::new(self.failures(), sent)
+    }
+
     /// The completed requests' values, grouped by round (rounds with none
     /// left out).
     fn ok_values(c: &CellMeasurement, f: impl Fn(&RequestFigures) -> Option<f64>) -> Vec<Vec<f64>> {

@@ -46,7 +46,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::judge::stats::{LatencySummary, summarize};
+pub use crate::judge::stats::Tally;
+use crate::judge::stats::{LatencySummary, failure_rate_rose_p, summarize};
 
 /// Which way is good.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -188,6 +189,16 @@ pub struct JudgeReport {
     pub comparisons: Vec<Comparison>,
     pub failures_before: usize,
     pub failures_after: usize,
+    /// The requests each side sent (0 in a report journaled before issue 47).
+    #[serde(default)]
+    pub requests_before: usize,
+    #[serde(default)]
+    pub requests_after: usize,
+    /// The failure rate after the change shown higher than before by the
+    /// one-sided exact test at this look's level (issue 47: rates, never
+    /// raw counts of samples of different sizes).
+    #[serde(default)]
+    pub failures_worse: bool,
     pub reasons: Vec<String>,
 }
 
@@ -504,13 +515,7 @@ pub fn imprecise_baseline(metrics: &[MetricSamples], policy: JudgePolicy) -> Vec
 
 /// Compares every metric at look `look` (1-based) and concludes.
 /// `failures_*` are the benchmark requests that did not complete.
-pub fn judge(
-    metrics: &[MetricSamples],
-    failures_before: usize,
-    failures_after: usize,
-    policy: JudgePolicy,
-    look: u32,
-) -> JudgeReport {
+pub fn judge(metrics: &[MetricSamples], before: Tally, after: Tally, policy: JudgePolicy, look: u32) -> JudgeReport {
     let alpha_keep = policy.alpha_look();
     let (planned, shapes) = plan(metrics);
     let alpha_strict = alpha_keep / planned.len().max(1) as f64;
@@ -584,10 +589,16 @@ pub fn judge(
         });
     }
     let count = |f: Finding| comparisons.iter().filter(|c| c.finding == f).count();
-    let failed_more = failures_after > failures_before;
+    // Failures, as rates: a rise the exact test shows at this look's level
+    // is a regression; one it does not show is looked at again while looks
+    // remain (more requests tell a transient from a change that fails
+    // some of them), and at the last look it is said and does not count.
+    let failures_p = failure_rate_rose_p(before, after);
+    let failed_more = failures_p <= alpha_keep;
+    let failures_unclear = !failed_more && after.failed > 0 && look < policy.max_looks;
     let judgement = if failed_more || count(Finding::Regression) > 0 {
         Judgement::Regressed
-    } else if comparisons.is_empty() || count(Finding::Inconclusive) > 0 {
+    } else if comparisons.is_empty() || count(Finding::Inconclusive) > 0 || failures_unclear {
         Judgement::Inconclusive
     } else if count(Finding::Better) > 0 {
         Judgement::Improved
@@ -595,9 +606,18 @@ pub fn judge(
         Judgement::NotWorse
     };
     let mut reasons = Vec::new();
+    let (failures_before, failures_after) = (before.failed, after.failed);
+    let rates = format!(
+        "{} of {} benchmark requests failed after the change, {} of {} before (one-sided exact test p = {failures_p:.3}, level {alpha_keep:.4})",
+        after.failed, after.requests, before.failed, before.requests
+    );
     if failed_more {
+        reasons.push(format!("{rates}: a higher failure rate"));
+    } else if failures_unclear {
+        reasons.push(format!("{rates}: not shown a higher rate yet; measured again"));
+    } else if after.failed > 0 {
         reasons.push(format!(
-            "{failures_after} benchmark requests failed after the change ({failures_before} before)"
+            "{rates}: not shown a higher failure rate by the last look, so not counted against the change (a transient)"
         ));
     }
     let n = comparisons.len();
@@ -621,6 +641,8 @@ pub fn judge(
         Judgement::Inconclusive if comparisons.is_empty() => {
             reasons.push("nothing to compare: no request completed on one side".into());
         }
+        // Only the failures are open: their line above says so.
+        Judgement::Inconclusive if count(Finding::Inconclusive) == 0 => {}
         Judgement::Inconclusive => {
             let open = count(Finding::Inconclusive);
             let (better, not_worse) = (count(Finding::Better), count(Finding::NotWorse));
@@ -657,6 +679,9 @@ pub fn judge(
         comparisons,
         failures_before,
         failures_after,
+        requests_before: before.requests,
+        requests_after: after.requests,
+        failures_worse: failed_more,
         reasons,
     }
 }
@@ -720,7 +745,7 @@ pub enum BaselineCheck {
 
 impl BaselineCheck {
     pub fn of(r: &JudgeReport) -> BaselineCheck {
-        let beyond = r.failures_after > r.failures_before
+        let beyond = r.failures_worse
             || r.comparisons
                 .iter()
                 .any(|c| matches!(c.finding, Finding::Regression | Finding::Better));
@@ -783,8 +808,7 @@ impl WorseThanBoth {
                 .filter(|c| c.finding == Finding::Regression && first.contains(&key(c)))
                 .cloned()
                 .collect(),
-            failures: vs_first.failures_after > vs_first.failures_before
-                && vs_again.failures_after > vs_again.failures_before,
+            failures: vs_first.failures_worse && vs_again.failures_worse,
         }
     }
 
@@ -840,6 +864,9 @@ pub fn describe(c: &Comparison) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// No request failed (and the count of requests does not matter).
+    const NONE: Tally = Tally { failed: 0, requests: 0 };
 
     const POLICY: JudgePolicy = JudgePolicy {
         tolerance_pct: 5.0,
@@ -936,7 +963,7 @@ mod tests {
     fn twenty_percent_slower_is_rejected() {
         let before = noisy(40.0, 24, 0);
         let after = scaled(&noisy(40.0, 24, 2), 1.2);
-        let r = judge(&[metric("e2e", Better::Lower, before, after)], 0, 0, POLICY, 1);
+        let r = judge(&[metric("e2e", Better::Lower, before, after)], NONE, NONE, POLICY, 1);
         assert_eq!(r.judgement, Judgement::Regressed, "{r:#?}");
         assert!(r.reasons[0].starts_with("e2e p50"), "{:?}", r.reasons);
         assert!(r.reasons[0].contains("regression beyond the margin"));
@@ -955,8 +982,8 @@ mod tests {
         tp.unit = "tok/s".into();
         let r = judge(
             &[metric("e2e", Better::Lower, lat_before, lat_after), tp],
-            0,
-            0,
+            NONE,
+            NONE,
             POLICY,
             1,
         );
@@ -976,7 +1003,7 @@ mod tests {
     fn tight_noise_is_not_worse_and_not_a_win() {
         let before = noisy(40.0, 20, 0);
         let after = scaled(&noisy(40.0, 20, 5), 0.99);
-        let r = judge(&[metric("e2e", Better::Lower, before, after)], 0, 0, POLICY, 1);
+        let r = judge(&[metric("e2e", Better::Lower, before, after)], NONE, NONE, POLICY, 1);
         assert_eq!(r.judgement, Judgement::NotWorse, "{r:#?}");
         assert!(r.comparisons[0].change_pct < 0.0, "looks better on its face");
         assert!(r.reasons[0].contains("kept, not a win"), "{:?}", r.reasons);
@@ -990,8 +1017,8 @@ mod tests {
     fn a_noisy_regression_is_never_kept() {
         let r = judge(
             &[metric("e2e", Better::Lower, wide(40.0, 0), wide(50.0, 3))],
-            0,
-            0,
+            NONE,
+            NONE,
             POLICY,
             1,
         );
@@ -1026,8 +1053,8 @@ mod tests {
                 faster("e2e"),
                 faster("tpot"),
             ],
-            0,
-            0,
+            NONE,
+            NONE,
             POLICY,
             1,
         );
@@ -1076,7 +1103,7 @@ mod tests {
             (0..8).map(|i| vec![10.0 + f64::from(i % 4) * 2.0]).collect(),
             (0..8).map(|i| vec![12.5 + f64::from(i % 4) * 2.5]).collect(),
         );
-        let r = judge(&[gain, unknown], 0, 0, POLICY, 1);
+        let r = judge(&[gain, unknown], NONE, NONE, POLICY, 1);
         assert_eq!(r.judgement, Judgement::Inconclusive, "{r:#?}");
     }
 
@@ -1089,7 +1116,7 @@ mod tests {
         for r in [3, 8, 13] {
             after[r][0] *= 3.0;
         }
-        let r = judge(&[metric("e2e", Better::Lower, before, after)], 0, 0, POLICY, 1);
+        let r = judge(&[metric("e2e", Better::Lower, before, after)], NONE, NONE, POLICY, 1);
         assert!(
             matches!(r.judgement, Judgement::Regressed | Judgement::Inconclusive),
             "{r:#?}"
@@ -1116,7 +1143,7 @@ mod tests {
             cell: "prompt 16 / output 24 / concurrency 4".into(),
             ..metric("ttft", Better::Lower, before.clone(), after.clone())
         };
-        let r = judge(std::slice::from_ref(&m), 0, 0, policy, 1);
+        let r = judge(std::slice::from_ref(&m), NONE, NONE, policy, 1);
         assert_ne!(r.judgement, Judgement::Regressed, "{r:#?}");
         // The same values as sixteen independent rounds look far more certain.
         let flat = |v: &[Vec<f64>]| v.iter().flatten().map(|&x| vec![x]).collect::<Vec<_>>();
@@ -1127,8 +1154,8 @@ mod tests {
                 after: flat(&after),
                 ..m
             }],
-            0,
-            0,
+            NONE,
+            NONE,
             policy,
             1,
         );
@@ -1143,7 +1170,13 @@ mod tests {
         before.extend(noisy(40.0, 20, 1));
         let mut after = noisy(10.0, 20, 2);
         after.extend(noisy(40.0, 20, 3));
-        let r = judge(&[metric("ttft", Better::Lower, before.clone(), after)], 0, 0, POLICY, 1);
+        let r = judge(
+            &[metric("ttft", Better::Lower, before.clone(), after)],
+            NONE,
+            NONE,
+            POLICY,
+            1,
+        );
         let c = &r.comparisons[0];
         assert_eq!(c.statistic, "mean");
         assert!(
@@ -1159,7 +1192,7 @@ mod tests {
         // More requests landing in the slow mode is a regression, by the mean.
         let mut worse = noisy(10.0, 8, 2);
         worse.extend(noisy(40.0, 32, 3));
-        let r = judge(&[metric("ttft", Better::Lower, before, worse)], 0, 0, POLICY, 1);
+        let r = judge(&[metric("ttft", Better::Lower, before, worse)], NONE, NONE, POLICY, 1);
         assert_eq!(r.judgement, Judgement::Regressed, "{r:#?}");
         assert!(r.reasons[0].contains("bimodal: no median"), "{:?}", r.reasons);
     }
@@ -1179,7 +1212,7 @@ mod tests {
         assert!((margin_pct(&p, "tok/s", 1.2) - 5.0).abs() < 1e-9, "not a latency");
         let before = noisy(1.2, 24, 0);
         let after = scaled(&noisy(1.2, 24, 1), 1.6);
-        let r = judge(&[metric("itl", Better::Lower, before, after)], 0, 0, p, 1);
+        let r = judge(&[metric("itl", Better::Lower, before, after)], NONE, NONE, p, 1);
         assert_eq!(r.judgement, Judgement::Regressed, "{r:#?}");
     }
 
@@ -1188,8 +1221,8 @@ mod tests {
     #[test]
     fn more_looks_mean_wider_intervals() {
         let m = [metric("e2e", Better::Lower, noisy(40.0, 16, 0), noisy(40.0, 16, 4))];
-        let one = judge(&m, 0, 0, POLICY, 1);
-        let four = judge(&m, 0, 0, JudgePolicy { max_looks: 4, ..POLICY }, 1);
+        let one = judge(&m, NONE, NONE, POLICY, 1);
+        let four = judge(&m, NONE, NONE, JudgePolicy { max_looks: 4, ..POLICY }, 1);
         let w = |r: &JudgeReport| r.comparisons[0].ci_high_pct - r.comparisons[0].ci_low_pct;
         assert!(w(&four) > w(&one), "{} vs {}", w(&four), w(&one));
         assert!(four.reasons[0].contains("look 1 of at most 4"), "{:?}", four.reasons);
@@ -1199,9 +1232,53 @@ mod tests {
     #[test]
     fn new_failures_reject() {
         let s = noisy(40.0, 10, 0);
-        let r = judge(&[metric("e2e", Better::Lower, s.clone(), s)], 0, 2, POLICY, 1);
+        // 12 of 40 after against none of 40 before: a rate the exact test shows.
+        let r = judge(
+            &[metric("e2e", Better::Lower, s.clone(), s.clone())],
+            Tally::new(0, 40),
+            Tally::new(12, 40),
+            POLICY,
+            1,
+        );
         assert_eq!(r.judgement, Judgement::Regressed);
-        assert!(r.reasons[0].contains("2 benchmark requests failed"));
+        assert!(r.failures_worse);
+        assert!(
+            r.reasons[0].starts_with("12 of 40 benchmark requests failed after the change, 0 of 40 before"),
+            "{:?}",
+            r.reasons
+        );
+        assert_eq!(BaselineCheck::of(&r), BaselineCheck::Moved);
+    }
+
+    /// Issue 47 item 5: raw counts of samples of different sizes are no
+    /// rule. 0 failures before and 1 after, and 1 in 64 before against 2
+    /// in 192 after (a lower rate), were both `Regressed`. A failure the
+    /// test cannot show is measured again while looks remain, and at the
+    /// last look it is said and not counted: a transient does not reject a
+    /// harmless change.
+    #[test]
+    fn failures_count_as_rates_and_a_transient_is_not_a_regression() {
+        const P3: JudgePolicy = JudgePolicy { max_looks: 3, ..POLICY };
+        let s = noisy(40.0, 10, 0);
+        let m = [metric("e2e", Better::Lower, s.clone(), s.clone())];
+        let first = judge(&m, Tally::new(0, 64), Tally::new(1, 64), P3, 1);
+        assert_eq!(first.judgement, Judgement::Inconclusive, "{:?}", first.reasons);
+        assert!(!first.failures_worse);
+        assert!(
+            first.reasons[0].contains("not shown a higher rate yet; measured again"),
+            "{:?}",
+            first.reasons
+        );
+        let last = judge(&m, Tally::new(0, 64), Tally::new(1, 192), P3, P3.max_looks);
+        assert_eq!(last.judgement, Judgement::NotWorse, "{:?}", last.reasons);
+        assert!(
+            last.reasons[0].contains("not counted against the change (a transient)"),
+            "{:?}",
+            last.reasons
+        );
+        let lower = judge(&m, Tally::new(1, 64), Tally::new(2, 192), P3, P3.max_looks);
+        assert_eq!(lower.judgement, Judgement::NotWorse, "{:?}", lower.reasons);
+        assert_ne!(BaselineCheck::of(&lower), BaselineCheck::Moved);
     }
 
     /// A loose baseline is measured again before anything is changed: a
@@ -1236,8 +1313,8 @@ mod tests {
         let check = |before: Vec<Vec<f64>>, again: Vec<Vec<f64>>| {
             BaselineCheck::of(&judge(
                 &[metric("e2e", Better::Lower, before, again)],
-                0,
-                0,
+                NONE,
+                NONE,
                 rollback,
                 1,
             ))
@@ -1256,8 +1333,8 @@ mod tests {
         assert_eq!(
             BaselineCheck::of(&judge(
                 &[metric("e2e", Better::Lower, noisy(40.0, 8, 0), noisy(40.0, 8, 0))],
-                0,
-                3,
+                Tally::new(0, 32),
+                Tally::new(10, 32),
                 rollback,
                 1
             )),
@@ -1273,7 +1350,7 @@ mod tests {
     /// on a statistic the first judgement did not reject is not counted.
     #[test]
     fn a_change_worse_than_both_baselines_is_blamed_despite_the_drift() {
-        let e2e = |before, after| judge(&[metric("e2e", Better::Lower, before, after)], 0, 0, POLICY, 1);
+        let e2e = |before, after| judge(&[metric("e2e", Better::Lower, before, after)], NONE, NONE, POLICY, 1);
         let a = noisy(40.0, 24, 0);
         let again = scaled(&noisy(40.0, 24, 3), 1.25);
         let change = scaled(&noisy(40.0, 24, 5), 4.0);
@@ -1301,18 +1378,18 @@ mod tests {
         };
         assert!(!WorseThanBoth::of(&unrelated, &e2e(again, scaled(&noisy(40.0, 24, 5), 4.0))).shown());
 
-        // Failures: more with the change than before and after.
+        // Failures: a higher rate with the change than before and after.
         let failing = |before, after| {
             judge(
                 &[metric("e2e", Better::Lower, noisy(40.0, 8, 0), noisy(40.0, 8, 1))],
-                before,
-                after,
+                Tally::new(before, 32),
+                Tally::new(after, 32),
                 POLICY,
                 1,
             )
         };
-        assert!(WorseThanBoth::of(&failing(0, 3), &failing(0, 3)).shown());
-        assert!(!WorseThanBoth::of(&failing(0, 3), &failing(3, 3)).shown());
+        assert!(WorseThanBoth::of(&failing(0, 10), &failing(0, 10)).shown());
+        assert!(!WorseThanBoth::of(&failing(0, 10), &failing(10, 10)).shown());
     }
 
     /// p99 is compared only once both sides have enough requests.
@@ -1320,16 +1397,16 @@ mod tests {
     fn p99_needs_enough_samples() {
         let few = judge(
             &[metric("e2e", Better::Lower, noisy(40.0, 64, 0), noisy(40.0, 64, 1))],
-            0,
-            0,
+            NONE,
+            NONE,
             POLICY,
             1,
         );
         assert!(!few.comparisons.iter().any(|c| c.statistic == "p99"));
         let many = judge(
             &[metric("e2e", Better::Lower, noisy(40.0, 100, 0), noisy(40.0, 100, 1))],
-            0,
-            0,
+            NONE,
+            NONE,
             POLICY,
             1,
         );

@@ -182,3 +182,56 @@ mod tests {
         assert!(matches!(summarize(&[5, 5_000]), LatencySummary::Unimodal { .. }));
     }
 }
+
+/// Requests sent and those that failed, on one side of a comparison.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tally {
+    pub failed: usize,
+    pub requests: usize,
+}
+
+impl Tally {
+    pub fn new(failed: usize, requests: usize) -> Tally {
+        Tally {
+            failed,
+            requests: requests.max(failed),
+        }
+    }
+}
+
+/// One-sided Fisher exact test (issue 47: failures compared as rates, not
+/// counts): the probability, were both sides' failures drawn from one rate,
+/// that `after` would hold at least as many of them as it does, given how
+/// many requests each side sent (the hypergeometric tail). 1 when `after`
+/// failed nothing. 0 failures of 64 before against 1 of 192 after is
+/// p = 0.75: no evidence; 0 of 64 against 8 of 64 is p < 0.005.
+pub fn failure_rate_rose_p(before: Tally, after: Tally) -> f64 {
+    use statrs::distribution::{DiscreteCDF, Hypergeometric};
+    if after.failed == 0 {
+        return 1.0;
+    }
+    let population = (before.requests + after.requests) as u64;
+    let failed = (before.failed + after.failed) as u64;
+    match Hypergeometric::new(population, failed, after.requests as u64) {
+        // P(X >= k) = 1 - P(X <= k - 1).
+        Ok(h) => h.sf(after.failed as u64 - 1),
+        Err(_) => 1.0,
+    }
+}
+
+#[cfg(test)]
+mod rate_tests {
+    use super::*;
+
+    #[test]
+    fn failure_rates_are_compared_by_the_exact_test() {
+        let p = |b: (usize, usize), a: (usize, usize)| failure_rate_rose_p(Tally::new(b.0, b.1), Tally::new(a.0, a.1));
+        // The issue's two cases: neither is a rise a test can show.
+        assert!((p((0, 64), (1, 192)) - 0.75).abs() < 1e-9, "{}", p((0, 64), (1, 192)));
+        assert!(p((1, 64), (2, 192)) > 0.5);
+        assert!(p((0, 64), (8, 64)) < 0.005, "{}", p((0, 64), (8, 64)));
+        assert_eq!(p((3, 64), (0, 64)), 1.0);
+        // Fewer failures after is never a rise.
+        assert!(p((8, 64), (1, 64)) > 0.99);
+    }
+}

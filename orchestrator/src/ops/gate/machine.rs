@@ -910,13 +910,8 @@ impl<'a> Gating<'a> {
                 // A–B–A′: the change against the pair after the rollback.
                 let both = match why {
                     Why::Judged { after, judgement, .. } => {
-                        let vs_again = judge::judge(
-                            &metrics(again, after),
-                            again.failures(),
-                            after.failures(),
-                            self.policy,
-                            1,
-                        );
+                        let vs_again =
+                            judge::judge(&metrics(again, after), again.tally(), after.tally(), self.policy, 1);
                         let both = judge::WorseThanBoth::of(judgement, &vs_again);
                         so_far.change_vs_rollback = Some(vs_again);
                         Some(both)
@@ -1214,8 +1209,8 @@ impl Machine for Gating<'_> {
                 let after = joined(after, more);
                 let report = judge::judge(
                     &metrics(&baseline, &after),
-                    baseline.failures(),
-                    after.failures(),
+                    baseline.tally(),
+                    after.tally(),
                     self.policy,
                     look,
                 );
@@ -1411,8 +1406,8 @@ impl Machine for Gating<'_> {
                 };
                 let report = judge::judge(
                     &metrics(&baseline, &again),
-                    baseline.failures(),
-                    again.failures(),
+                    baseline.tally(),
+                    again.tally(),
                     policy,
                     look,
                 );
@@ -2288,7 +2283,13 @@ mod tests {
         let baseline = steady("baseline", 100.0);
         let judged = |after_ms: f64| {
             let after = steady("after#1", after_ms);
-            let judgement = judge::judge(&metrics(&baseline, &after), 0, 0, g.policy, 1);
+            let judgement = judge::judge(
+                &metrics(&baseline, &after),
+                baseline.tally(),
+                after.tally(),
+                g.policy,
+                1,
+            );
             assert_eq!(judgement.judgement, Judgement::Regressed);
             Why::Judged {
                 verdict: GateVerdict::RejectedRolledBack,
@@ -2837,7 +2838,13 @@ mod tests {
             GateState::Judging {
                 so_far: so_far.clone(),
                 look: 1,
-                judgement: judge::judge(&metrics(&baseline, &baseline), 0, 0, fixture("").gate().policy, 1),
+                judgement: judge::judge(
+                    &metrics(&baseline, &baseline),
+                    baseline.tally(),
+                    baseline.tally(),
+                    fixture("").gate().policy,
+                    1,
+                ),
             },
             GateState::RollingBack {
                 so_far: so_far.clone(),
