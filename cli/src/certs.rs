@@ -40,8 +40,9 @@ enum CertsCmd {
     /// A new operator token: printed once, with the config lines holding its hash.
     Token {
         name: String,
-        /// `read` (status, history) or `operate` (everything).
-        #[arg(long, default_value = "operate", value_parser = ["read", "operate"])]
+        /// `read` (status, history), `forensics` (also evidence captures'
+        /// contents: `history --evidence`) or `operate` (everything).
+        #[arg(long, default_value = "operate", value_parser = ["read", "forensics", "operate"])]
         role: String,
     },
 }
@@ -108,11 +109,7 @@ pub fn run(args: CertsArgs) -> ExitCode {
             pdwarden_client::say!("token (shown once; give it to {name} as PDWARDEN_TOKEN): {token}");
             let operator = OperatorConfig {
                 name,
-                role: if role == "read" {
-                    OperatorRole::Read
-                } else {
-                    OperatorRole::Operate
-                },
+                role: OperatorRole::from_name(&role).unwrap_or(OperatorRole::Read),
                 token_sha256: hash_token(&token),
             };
             pdwarden_client::say!(
@@ -125,7 +122,7 @@ pub fn run(args: CertsArgs) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("pdwarden certs: {e:#}");
+            pdwarden_client::say_err!("pdwarden certs: {e:#}");
             ExitCode::from(1)
         }
     }

@@ -2,7 +2,6 @@
 //! reversible operation (the orchestrator's `gate` module does the work;
 //! this prints its progress and its report).
 
-use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Args;
@@ -105,11 +104,9 @@ fn request(args: &GateArgs) -> Result<GatePairRequest, String> {
 
 async fn follow(conn: &Connection, args: GateArgs) -> Result<GateReport, CouldNotRun> {
     let request = request(&args).map_err(CouldNotRun)?;
-    let mut out = std::io::stdout();
     conn.follow_gate(request, |line| {
         if !args.json {
-            let _ = writeln!(out, "{line}");
-            let _ = out.flush();
+            pdwarden_client::say!("{line}");
         }
     })
     .await

@@ -289,7 +289,7 @@ fn could_not_run(reason: &str, json: bool) -> ExitCode {
     if json {
         pdwarden_client::say!("{}", serde_json::json!({ "error": reason }));
     }
-    eprintln!("pdwarden: {reason}");
+    pdwarden_client::say_err!("pdwarden: {reason}");
     ExitCode::from(1)
 }
 
@@ -370,7 +370,7 @@ async fn restart_unit(conn: &Connection, name: &str, host: Option<String>, json:
                     serde_json::json!({ "refused": s.code() == tonic::Code::FailedPrecondition, "unit": name, "reason": reason })
                 );
             }
-            eprintln!("pdwarden: {reason}");
+            pdwarden_client::say_err!("pdwarden: {reason}");
             ExitCode::from(1)
         }
     }
@@ -604,8 +604,7 @@ async fn history(
             return Ok(());
         }
         let capture: pdwarden_model::forensics::Capture = serde_json::from_str(&text).context("unreadable evidence")?;
-        pdwarden_client::say!("evidence operation {op} of pair {pair} captured before it stopped anything:");
-        for line in capture.render(EVIDENCE_BODY_LINES) {
+        for line in evidence_lines(pair, &op, &capture) {
             pdwarden_client::say!("{line}");
         }
         return Ok(());
@@ -616,42 +615,62 @@ async fn history(
         return Ok(());
     }
     let ops: Vec<OperationRecord> = serde_json::from_str(&text).context("unreadable history")?;
-    for op in &ops {
+    for line in operation_lines(&ops) {
+        pdwarden_client::say!("{line}");
+    }
+    Ok(())
+}
+
+/// `history PAIR --evidence OP` as text.
+fn evidence_lines(pair: &str, op: &str, capture: &pdwarden_model::forensics::Capture) -> Vec<String> {
+    let mut out = vec![format!(
+        "evidence operation {op} of pair {pair} captured before it stopped anything:"
+    )];
+    out.extend(capture.render(EVIDENCE_BODY_LINES));
+    out
+}
+
+/// `history PAIR` as text: each operation, who asked, its reasons, and
+/// what it kept (a gate's measurements, path matrices, the reference, and
+/// the one line of its evidence capture: issue 48, a reader sees that it
+/// exists).
+fn operation_lines(ops: &[OperationRecord]) -> Vec<String> {
+    let mut out = Vec::new();
+    for op in ops {
         let by = op
             .actor
             .as_ref()
             .and_then(|a| a["name"].as_str())
             .unwrap_or(if op.trigger.is_none() { "?" } else { "the watch" });
-        pdwarden_client::say!(
+        out.push(format!(
             "{}  {}  {}  {}  by {by}",
             op.operation_id,
             op.kind,
             op.verdict.as_deref().unwrap_or("(running)"),
             op.state,
-        );
+        ));
         let Some(report) = op.stored_report() else {
             continue;
         };
-        for r in report.reasons() {
-            pdwarden_client::say!("    - {r}");
-        }
+        out.extend(report.reasons().iter().map(|r| format!("    - {r}")));
         if let StoredReport::Gate(g) = &report {
-            history_lines(g).iter().for_each(|l| pdwarden_client::say!("    {l}"));
+            out.extend(history_lines(g).iter().map(|l| format!("    {l}")));
         }
-        // Its path matrices (issue 37): the grid and what it pointed to.
         if let StoredReport::Operation(r) = &report {
+            // Its path matrices (issue 37): the grid and what it pointed to.
             for d in &r.diagnoses {
-                d.lines().iter().for_each(|l| pdwarden_client::say!("    {l}"));
+                out.extend(d.lines().iter().map(|l| format!("    {l}")));
+            }
+            // The reference it recorded or the operator pinned (issue 34).
+            if let Some(line) = r.golden.as_ref().and_then(|g| g.recorded_line(&r.operation_id)) {
+                out.push(format!("    {line}"));
+            }
+            if let Some(e) = &r.evidence {
+                out.push(format!("    {}", e.one_line(&op.pair, &op.operation_id)));
             }
         }
-        // The reference it recorded or the operator pinned (issue 34).
-        if let StoredReport::Operation(r) = &report
-            && let Some(line) = r.golden.as_ref().and_then(|g| g.recorded_line(&r.operation_id))
-        {
-            pdwarden_client::say!("    {line}");
-        }
     }
-    Ok(())
+    out
 }
 
 #[tokio::main]
@@ -771,6 +790,136 @@ async fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// OSC 52 (sets the clipboard), OSC 0 (retitles the window), `ESC [2J`
+    /// (clears the screen) and C1 controls (`U+009B` is CSI by itself).
+    const HOSTILE: &str = "\x1b]52;c;Y3VybCBldmlsIHwgc2g=\x07\x1b]0;owned\x07\x1b[2J\u{9b}2J\u{90}\u{9f}\r\x7f";
+
+    /// What the terminal receives for `lines` (as the CLI prints them).
+    fn printed(lines: &[String]) -> String {
+        let mut out = Vec::new();
+        for line in lines {
+            pdwarden_client::say_to(&mut out, format_args!("{line}"), true).unwrap();
+        }
+        String::from_utf8(out).unwrap()
+    }
+
+    fn inert(text: &str) -> bool {
+        !text.chars().any(|c| c.is_control() && c != '\n' && c != '\t')
+    }
+
+    /// Issue 48, item 4: `history --evidence` printed an engine log's raw
+    /// control bytes. Every field an engine, router or log fills (log
+    /// tail, documents, argv, thread names, frames, py-spy's error, what
+    /// was missing, the readings) reaches the terminal escaped, and so do
+    /// the history list's reasons and the watch's.
+    #[test]
+    fn engine_text_reaches_the_terminal_escaped() {
+        use pdwarden_model::forensics::{Capture, DocumentCapture, ProcessCapture, ThreadCapture, UnitCapture};
+        let h = |what: &str| format!("{what} {HOSTILE}");
+        let capture = Capture {
+            why: h("why"),
+            missing: vec![h("missing")],
+            units: vec![UnitCapture {
+                unit: "decode-0".into(),
+                log_tail: format!("{}\n{}", h("log 1"), h("log 2")),
+                documents: vec![DocumentCapture {
+                    name: "metrics".into(),
+                    url: h("http://h/metrics"),
+                    body: h("body"),
+                    error: h("error"),
+                    ..Default::default()
+                }],
+                processes: vec![ProcessCapture {
+                    command: h("python -m sglang"),
+                    py_spy_error: h("py-spy"),
+                    threads: vec![ThreadCapture {
+                        name: h("thread"),
+                        frames: vec![h("frame")],
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let text = printed(&evidence_lines("demo", "op-1", &capture));
+        assert!(inert(&text), "{text}");
+        assert!(text.contains("log 1 \\u001b]52;c;"), "{text}");
+        assert!(text.contains("\\u009b2J"), "{text}");
+        let ops: Vec<OperationRecord> = serde_json::from_value(serde_json::json!([{
+            "operation_id": "op-1", "kind": "co_restart", "pair": "demo", "state": "concluded",
+            "started_unix_ms": 1, "ended_unix_ms": 2, "verdict": "failed", "request_id": null,
+            "report": { "reasons": [h("decode-0 answered")] }, "actor": { "name": h("n"), "role": "operate" },
+        }]))
+        .unwrap();
+        let text = printed(&operation_lines(&ops));
+        assert!(inert(&text) && text.contains("decode-0 answered"), "{text}");
+        let watch: Vec<PairWatchView> = serde_json::from_value(serde_json::json!([{
+            "pair": "demo", "state": "wedged", "ready": false, "auto_recover": true,
+            "probes_sent": 1, "probes_deferred": 0, "recoveries_in_window": 0, "max_recoveries": 3,
+            "recovery_window_ms": 1, "held": h("held"), "reasons": [h("reason")],
+            "last_probe": null, "last_recovery": null, "units": [],
+        }]))
+        .unwrap();
+        let text = printed(&render_watch(&watch));
+        assert!(inert(&text) && text.contains("reason"), "{text}");
+    }
+
+    /// Issue 48, item 4: nothing the CLI prints bypasses
+    /// `pdwarden_client::say_to`, the one place control bytes are escaped
+    /// (completions and man pages, which hold no engine text, excepted).
+    #[test]
+    fn the_cli_prints_only_through_the_escaping_sink() {
+        for (file, source) in [
+            ("main.rs", include_str!("main.rs")),
+            ("gate.rs", include_str!("gate.rs")),
+            ("certs.rs", include_str!("certs.rs")),
+        ] {
+            let code = source.split("#[cfg(test)]").next().unwrap_or_default();
+            for banned in ["println!", "print!", "writeln!", "write!", "io::stderr", "io::Write"] {
+                assert!(
+                    !code.contains(banned),
+                    "{file} writes with {banned}, not through say!/say_err!"
+                );
+            }
+        }
+    }
+
+    /// Issue 48, item 3: a reader sees that an operation kept a capture,
+    /// and its one line, in the history list (its contents need the
+    /// `forensics` or `operate` role).
+    #[test]
+    fn the_history_list_says_a_capture_exists() {
+        let summary = pdwarden_model::forensics::CaptureSummary {
+            why: "automatic recovery: decode-0 wedged".into(),
+            took_ms: 47,
+            deadline_ms: 5000,
+            partial: true,
+            units: 3,
+            python_threads: 2,
+            ..Default::default()
+        };
+        let report = serde_json::json!({
+            "operation_id": "op-1", "pair": "demo", "kind": "co_restart", "decode_start_policy": "after_prefill_ready",
+            "verdict": "healthy", "reasons": [], "steps": [], "timeline": [], "probes": [],
+            "attempts": [], "probe_latency": pdwarden_model::judge::stats::summarize(&[]), "suite": [],
+            "warnings": [], "engine_counters": [], "router_counters": [], "warm_budget_ms": 1,
+            "cold_allowance": {"source": "configured", "ms": 1}, "fingerprint": "", "sub_operations": [],
+            "total_ms": 7, "evidence": summary,
+        });
+        let ops: Vec<OperationRecord> = serde_json::from_value(serde_json::json!([{
+            "operation_id": "op-1", "kind": "co_restart", "pair": "demo", "state": "concluded",
+            "started_unix_ms": 1, "ended_unix_ms": 2, "verdict": "healthy", "request_id": null,
+            "report": report,
+        }]))
+        .unwrap();
+        assert_eq!(
+            operation_lines(&ops)[1],
+            "    evidence: captured before the restart (automatic recovery: decode-0 wedged; 3 units, 2 Python threads, 47 ms, PARTIAL): pdwarden history demo --evidence op-1"
+        );
+    }
 
     /// Issue 18: the human `status` shows each pair's watch state and its
     /// evidence (it showed only the last verdict; the state was in `--json`).

@@ -369,13 +369,10 @@ impl Connection {
         asked: Asked,
         request_id: String,
     ) -> Result<OperationReport, CouldNotRun> {
-        use std::io::Write;
         let report = self
             .follow_asked(pair, asked, request_id, |line| {
                 if !quiet {
-                    let mut out = std::io::stdout();
-                    let _ = writeln!(out, "{line}");
-                    let _ = out.flush();
+                    crate::say!("{line}");
                 }
             })
             .await?;
@@ -421,27 +418,61 @@ pub fn new_request_id() -> String {
     uuid::Uuid::new_v4().to_string()
 }
 
-/// `--json` output: one object on one line.
+/// `--json` output: one object on one line (see [`json_to`]).
 pub fn print_json(value: &impl serde::Serialize) {
-    match serde_json::to_string(value) {
-        Ok(s) => crate::say!("{s}"),
-        Err(e) => eprintln!("pdwarden: cannot encode JSON output: {e}"),
+    if let Err(e) = json_to(&mut std::io::stdout().lock(), value)
+        && e.kind() == std::io::ErrorKind::InvalidData
+    {
+        say_err!("pdwarden: cannot encode JSON output: {e}");
     }
+}
+
+/// `value` as one line of JSON on `out`, through [`say_to`]: serde_json
+/// escapes the C0 controls in strings, and [`say_to`] the DEL and C1 ones
+/// serde_json leaves raw, in JSON's own `\u00XX` form, so the line is the
+/// same JSON and safe on a terminal. An encoding failure is `InvalidData`.
+pub fn json_to(out: &mut impl std::io::Write, value: &impl serde::Serialize) -> std::io::Result<()> {
+    let text = serde_json::to_string(value).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+    say_to(out, format_args!("{text}"), true)
 }
 
 /// Writes to stdout. A reader that went away (`pdwarden status | head -1`)
 /// is not an error: the rest is dropped and the command ends with the exit
 /// code its outcome gives (issue 16, finding 10: `println!` panicked on the
 /// broken pipe, exit 101, outside the documented codes). The CLI, the demo
-/// and the drills print only through [`say!`] and
-/// [`say_part!`].
+/// and the drills print only through [`say!`], [`say_part!`] and
+/// [`say_err!`], so everything they print passes [`say_to`].
 pub fn say(text: std::fmt::Arguments<'_>, newline: bool) {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    let _ = out
-        .write_fmt(text)
-        .and_then(|()| if newline { out.write_all(b"\n") } else { Ok(()) })
-        .and_then(|()| out.flush());
+    let _ = say_to(&mut std::io::stdout().lock(), text, newline);
+}
+
+/// [`say()`] to stderr (one-line reasons).
+pub fn say_stderr(text: std::fmt::Arguments<'_>, newline: bool) {
+    let _ = say_to(&mut std::io::stderr().lock(), text, newline);
+}
+
+/// The one way the CLI's text reaches a terminal (issue 48, item 4): what
+/// it prints comes in large part from engines, routers and their logs
+/// (log tails, documents, stack frames, argv, reasons quoting an engine's
+/// answer), and a raw control sequence there acted on the operator's
+/// terminal — OSC 52 wrote the clipboard, OSC 0 retitled the window,
+/// `ESC [2J` cleared the screen. Every renderer's text is written through
+/// here, and here every control character but newline and tab is shown
+/// escaped ([`pdwarden_model::render::terminal_safe`]); then flushed.
+pub fn say_to(out: &mut impl std::io::Write, text: std::fmt::Arguments<'_>, newline: bool) -> std::io::Result<()> {
+    let formatted;
+    let text = match text.as_str() {
+        Some(s) => s,
+        None => {
+            formatted = text.to_string();
+            &formatted
+        }
+    };
+    out.write_all(pdwarden_model::render::terminal_safe(text).as_bytes())?;
+    if newline {
+        out.write_all(b"\n")?;
+    }
+    out.flush()
 }
 
 /// `println!` that survives a closed stdout (see [`say()`]).
@@ -463,9 +494,57 @@ macro_rules! say_part {
     };
 }
 
+/// `eprintln!` through [`say_to`] (see [`say_stderr`]).
+#[macro_export]
+macro_rules! say_err {
+    ($($t:tt)*) => {
+        $crate::say_stderr(format_args!($($t)*), true)
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An engine's log line that acts on a terminal: OSC 52 (sets the
+    /// clipboard), OSC 0 (retitles the window), `ESC [2J` (clears the
+    /// screen), C1 controls (`U+009B` is CSI on its own), a carriage return
+    /// and a DEL; a tab and the newline are text.
+    pub(crate) const HOSTILE: &str =
+        "a\x1b]52;c;Y3VybCBldmlsIHwgc2g=\x07b\x1b]0;owned\x07c\x1b[2Jd\u{9b}2Je\u{90}f\u{9f}\rg\x7fh\ti\nj";
+
+    /// No character a terminal acts on: only newline and tab among the
+    /// controls (C0, DEL, C1).
+    pub(crate) fn inert(text: &str) -> bool {
+        !text.chars().any(|c| c.is_control() && c != '\n' && c != '\t')
+    }
+
+    /// Issue 48, item 4: `history --evidence` wrote an engine log's raw
+    /// control bytes to the operator's terminal. Text through `say_to` has
+    /// each control escaped (newline and tab kept); JSON through `json_to`
+    /// is the same JSON, with DEL and C1 escaped as JSON escapes them.
+    #[test]
+    fn control_bytes_reach_the_terminal_escaped() {
+        let mut out = Vec::new();
+        say_to(&mut out, format_args!("log | {HOSTILE}"), true).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(inert(&text), "{text:?}");
+        assert_eq!(
+            text,
+            "log | a\\u001b]52;c;Y3VybCBldmlsIHwgc2g=\\u0007b\\u001b]0;owned\\u0007c\\u001b[2Jd\\u009b2Je\\u0090f\\u009f\\u000dg\\u007fh\ti\nj\n"
+        );
+        let value = serde_json::json!({ "log_tail": HOSTILE, "argv": [HOSTILE] });
+        let mut out = Vec::new();
+        json_to(&mut out, &value).unwrap();
+        let json = String::from_utf8(out).unwrap();
+        assert!(inert(json.trim_end_matches('\n')) && !json.contains('\t'), "{json:?}");
+        assert_eq!(serde_json::from_str::<serde_json::Value>(&json).unwrap(), value);
+        // pdwarden's own emphasis is kept (status in red on a terminal).
+        let red = pdwarden_model::render::alert("foreign pid 9", true);
+        let mut out = Vec::new();
+        say_to(&mut out, format_args!("{red}"), false).unwrap();
+        assert_eq!(String::from_utf8(out).unwrap(), red);
+    }
 
     /// A frozen orchestrator over TLS (its kernel accepts from the backlog,
     /// the process never answers the ClientHello) is one line naming it

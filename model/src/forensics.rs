@@ -139,6 +139,20 @@ pub struct CaptureSummary {
 }
 
 impl CaptureSummary {
+    /// The one line `history` prints under an operation that kept a
+    /// capture: that it exists, why, how much, and how to read it (its
+    /// contents need the `forensics` or `operate` role: issue 48).
+    pub fn one_line(&self, pair: &str, operation_id: &str) -> String {
+        format!(
+            "evidence: captured before the restart ({}; {} units, {} Python threads, {} ms{}): pdwarden history {pair} --evidence {operation_id}",
+            self.why,
+            self.units,
+            self.python_threads,
+            self.took_ms,
+            if self.partial { ", PARTIAL" } else { "" }
+        )
+    }
+
     /// The report's lines: what was captured before the restart, each
     /// unit's reading, what is missing, where the whole capture is.
     pub fn lines(&self, pair: &str, operation_id: &str) -> Vec<String> {

@@ -22,14 +22,57 @@ pub fn memory_bar(used: u64, total: u64, width: usize) -> String {
     format!("[{}{}]", "#".repeat(filled), ".".repeat(width - filled))
 }
 
+/// Where [`alert`]'s emphasis begins: bold red.
+pub const ALERT_ON: &str = "\x1b[1;31m";
+/// Where it ends: back to normal.
+pub const ALERT_OFF: &str = "\x1b[0m";
+
 /// ANSI emphasis for what must not be missed (foreign processes, critical
 /// findings); plain text when `color` is off.
 pub fn alert(text: &str, color: bool) -> String {
     if color {
-        format!("\x1b[1;31m{text}\x1b[0m")
+        format!("{ALERT_ON}{text}{ALERT_OFF}")
     } else {
         text.to_owned()
     }
+}
+
+/// `text` as it may reach an operator's terminal (issue 48, item 4): much
+/// of what pdwarden prints is an engine's, a router's or a log's own text,
+/// and a control sequence in it acts on the terminal that shows it — OSC 52
+/// writes the clipboard, OSC 0 retitles the window, `ESC [2J` clears the
+/// screen, a carriage return overwrites the line, and a C1 control
+/// (`U+009B` is CSI by itself) does the same without an ESC.
+///
+/// Every control character — C0 but newline and tab, DEL, C1 — is written
+/// as `\u00XX`: readable, and in a JSON document's text the very escape
+/// JSON uses, so JSON stays the same JSON (serde_json escapes C0 and leaves
+/// DEL and C1 raw). The one exception is [`alert`]'s own emphasis,
+/// [`ALERT_ON`] and [`ALERT_OFF`] exactly: they only colour, so an engine
+/// that writes them turns text red, nothing more. Borrowed when nothing
+/// needs escaping.
+pub fn terminal_safe(text: &str) -> std::borrow::Cow<'_, str> {
+    use std::fmt::Write as _;
+    let needs = |c: char| c.is_control() && c != '\n' && c != '\t';
+    if !text.chars().any(needs) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    let mut rest = text;
+    while let Some(c) = rest.chars().next() {
+        if let Some(own) = [ALERT_ON, ALERT_OFF].into_iter().find(|s| rest.starts_with(s)) {
+            out.push_str(own);
+            rest = &rest[own.len()..];
+            continue;
+        }
+        if needs(c) {
+            let _ = write!(out, "\\u{:04x}", u32::from(c));
+        } else {
+            out.push(c);
+        }
+        rest = &rest[c.len_utf8()..];
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 fn opt<T: std::fmt::Display>(v: Option<T>, suffix: &str) -> String {
@@ -179,4 +222,23 @@ pub fn render_findings(findings: &[HostFinding], color: bool) -> Vec<String> {
         out.push(line);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 48, item 4: control characters are escaped as `\u00XX`
+    /// (newline and tab kept; `alert`'s own colour kept), clean text is
+    /// borrowed, and a multi-byte character next to a control is intact.
+    #[test]
+    fn terminal_safe_escapes_controls_only() {
+        assert!(matches!(terminal_safe("é ok\n\tx"), std::borrow::Cow::Borrowed(_)));
+        assert_eq!(
+            terminal_safe("\x1b]52;c;eA==\x07é\u{9b}2J\x1b[2J\r\x7f\0"),
+            "\\u001b]52;c;eA==\\u0007é\\u009b2J\\u001b[2J\\u000d\\u007f\\u0000"
+        );
+        let red = alert("pid 9", true);
+        assert_eq!(terminal_safe(&format!("{red}\x1b[8m")), format!("{red}\\u001b[8m"));
+    }
 }

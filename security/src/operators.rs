@@ -3,19 +3,26 @@
 //!
 //! Tokens are configured by their SHA-256 only (`[[operator]] token_sha256`),
 //! so the config file never holds a credential; `pdwarden certs token NAME`
-//! mints one ([`new_token`], [`hash_token`]). Two roles: `read` and
-//! `operate`. The orchestrator's request check (which method needs which
-//! role, and the gRPC middleware) is `pdwarden_orchestrator::edge::auth`.
+//! mints one ([`new_token`], [`hash_token`]). Three roles, each allowed
+//! what the one before it is: `read`, `forensics` (issue 48: also the
+//! contents of evidence captures, which hold engines' argv, log tails,
+//! metrics and stacks) and `operate`. The orchestrator's request check
+//! (which method needs which role, and the gRPC middleware) is
+//! `pdwarden_orchestrator::edge::auth`.
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-/// What an operator may do.
+/// What an operator may do. Ordered: each role may do what the roles
+/// before it may.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OperatorRole {
-    /// `status`, `history`.
+    /// `status`, `history` (an evidence capture's existence and summary).
     Read,
+    /// Also the contents of evidence captures (`history --evidence`),
+    /// nothing that changes the fleet.
+    Forensics,
     /// Also restart, verify, gate, restart unit.
     Operate,
 }
@@ -24,8 +31,16 @@ impl OperatorRole {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Read => "read",
+            Self::Forensics => "forensics",
             Self::Operate => "operate",
         }
+    }
+
+    /// The role named `name` ([`OperatorRole::as_str`]'s words).
+    pub fn from_name(name: &str) -> Option<Self> {
+        [Self::Read, Self::Forensics, Self::Operate]
+            .into_iter()
+            .find(|r| r.as_str() == name)
     }
 }
 
@@ -92,6 +107,22 @@ pub fn validate(operators: &[OperatorConfig]) -> Result<(), (String, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 48, item 3: reading a capture's contents is its own role,
+    /// between `read` and `operate`, configured by its name.
+    #[test]
+    fn forensics_is_a_role_between_read_and_operate() {
+        assert!(OperatorRole::Read < OperatorRole::Forensics && OperatorRole::Forensics < OperatorRole::Operate);
+        let op: OperatorConfig = serde_json::from_value(serde_json::json!({
+            "name": "fiona", "role": "forensics", "token_sha256": hash_token("t"),
+        }))
+        .unwrap();
+        assert_eq!(op.role, OperatorRole::Forensics);
+        for r in [OperatorRole::Read, OperatorRole::Forensics, OperatorRole::Operate] {
+            assert_eq!(OperatorRole::from_name(r.as_str()), Some(r));
+        }
+        assert_eq!(OperatorRole::from_name("insecure"), None);
+    }
 
     /// A plaintext token in the config is refused, naming the field.
     #[test]

@@ -3,9 +3,19 @@
 //! Every `Control` request carries `authorization: Bearer TOKEN`. Tokens are
 //! configured by their SHA-256 only (`[[operator]] token_sha256`), so the
 //! config file never holds a credential; `pdwarden certs token NAME` mints
-//! one. Two roles: `read` may call `Status` and `History`; `operate` may call
+//! one. Three roles: `read` may call `Status` and `History`; `forensics`
+//! may also read the contents of evidence captures; `operate` may call
 //! everything. A method not named as read-only needs `operate`, so an RPC added
-//! later is protected by default. The `[[operator]]` entries, their roles and
+//! later is protected by default.
+//!
+//! A capture's contents (`History` with `evidence` set: the engines' full
+//! argv, log tails, metrics documents and stacks) need [`CAPTURE_ROLE`]
+//! (issue 48: a read-only operator could print all of it). The method is
+//! the same as the history list's, so the path check cannot tell them
+//! apart: the handler asks [`Actor::may_read_captures`] once it has read
+//! the request, and refuses with [`capture_refused`]'s one line. A reader
+//! still sees that a capture exists and its summary, which ride on the
+//! operation's report in the list. The `[[operator]]` entries, their roles and
 //! tokens are [`pdwarden_security::operators`] (the CLI mints them too).
 //!
 //! The check is one tower service wrapped around the generated
@@ -29,8 +39,36 @@ use tonic::server::NamedService;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Actor {
     pub name: String,
-    /// `read`, `operate`, or `insecure` (no authentication configured).
+    /// `read`, `forensics`, `operate`, or `insecure` (no authentication
+    /// configured).
     pub role: &'static str,
+}
+
+/// The role that reads an evidence capture's contents (`operate` may too).
+pub const CAPTURE_ROLE: OperatorRole = OperatorRole::Forensics;
+
+impl Actor {
+    /// Whether this caller may read evidence captures' contents: one with
+    /// [`CAPTURE_ROLE`] or above, or anyone when no authentication is
+    /// configured.
+    pub fn may_read_captures(&self) -> bool {
+        self.role == "insecure" || OperatorRole::from_name(self.role).is_some_and(|r| r >= CAPTURE_ROLE)
+    }
+}
+
+/// The refusal of a capture's contents to `actor` (`None`: no caller
+/// known, which is refused too): `PERMISSION_DENIED`, one line naming the
+/// role needed.
+pub fn capture_refused(actor: Option<&Actor>) -> Status {
+    let who = actor.map_or_else(
+        || "an unknown caller".to_string(),
+        |a| format!("operator {} has role {}", a.name, a.role),
+    );
+    Status::permission_denied(format!(
+        "{who}; an evidence capture's contents (history --evidence) need role {} or {}",
+        CAPTURE_ROLE.as_str(),
+        OperatorRole::Operate.as_str()
+    ))
 }
 
 impl Actor {
@@ -278,6 +316,45 @@ mod tests {
         assert_eq!(
             required_role("/pdwarden.v1.Control/SomethingNew"),
             OperatorRole::Operate
+        );
+    }
+
+    /// Issue 48, item 3: a read-only operator could print an evidence
+    /// capture's contents. They need `forensics` or `operate` (or no
+    /// authentication at all); a forensics operator reads, but operates
+    /// nothing.
+    #[test]
+    fn capture_contents_need_forensics_or_operate() {
+        let actor = |role| Actor { name: "x".into(), role };
+        assert!(!actor("read").may_read_captures());
+        assert!(actor("forensics").may_read_captures());
+        assert!(actor("operate").may_read_captures());
+        assert!(actor("insecure").may_read_captures());
+        assert!(!actor("").may_read_captures());
+        let refusal = capture_refused(Some(&actor("read")));
+        assert_eq!(refusal.code(), tonic::Code::PermissionDenied);
+        assert_eq!(
+            refusal.message(),
+            "operator x has role read; an evidence capture's contents (history --evidence) need role forensics or operate"
+        );
+        assert_eq!(capture_refused(None).code(), tonic::Code::PermissionDenied);
+        assert!(!actor("forensics").sees_url_credentials());
+        let f = new_token();
+        let a = Authenticator::new(vec![OperatorConfig {
+            name: "fiona".into(),
+            role: OperatorRole::Forensics,
+            token_sha256: hash_token(&f),
+        }]);
+        let bearer = format!("Bearer {f}");
+        assert_eq!(
+            a.authorize("/pdwarden.v1.Control/History", Some(&bearer)).unwrap().role,
+            "forensics"
+        );
+        assert_eq!(
+            a.authorize("/pdwarden.v1.Control/RestartPair", Some(&bearer))
+                .unwrap_err()
+                .code(),
+            tonic::Code::PermissionDenied
         );
     }
 

@@ -170,7 +170,7 @@ impl ControlService {
     /// The leader's published summary, if fresh, with this follower's role.
     fn published_status(&self) -> Option<String> {
         let (text, age_ms) = self.ctx.journal.published(STATUS_PUBLISHED).ok().flatten()?;
-        if age_ms > PUBLISHED_STATUS_FRESH_MS {
+        if !published_is_fresh(age_ms) {
             return None;
         }
         let mut v: serde_json::Value = serde_json::from_str(&text).ok()?;
@@ -559,7 +559,13 @@ impl Control for ControlService {
     }
 
     async fn history(&self, request: Request<HistoryRequest>) -> Result<Response<JsonReply>, Status> {
+        let caller = actor(&request);
         let req = request.into_inner();
+        // A capture's contents are for forensics and operate (issue 48):
+        // refused before anything about the operation is said.
+        if !req.evidence.is_empty() && !caller.as_ref().is_some_and(crate::edge::auth::Actor::may_read_captures) {
+            return Err(crate::edge::auth::capture_refused(caller.as_ref()));
+        }
         check_pair(&req.pair)?;
         if self.config.pair(&req.pair).is_none() {
             return Err(Status::not_found(format!("unknown pair {:?}", req.pair)));
@@ -892,6 +898,16 @@ const STATUS_PUBLISHED: &str = "status";
 const PUBLISH_STATUS_EVERY: Duration = Duration::from_secs(2);
 const PUBLISHED_STATUS_FRESH_MS: i64 = 10_000;
 
+/// Whether a published view `age_ms` old (the follower's clock less the
+/// leader's stamp) is fresh enough to answer with. A negative age is a
+/// stamp from the future — the leader's clock ahead of this one, or a
+/// forged entry — and is stale (issue 48, item 6): counted as fresh, it
+/// stayed so for as long as the stamp lasted, so a follower could answer
+/// `status` and `/ready` with a view minutes or days old.
+fn published_is_fresh(age_ms: i64) -> bool {
+    (0..=PUBLISHED_STATUS_FRESH_MS).contains(&age_ms)
+}
+
 /// While this orchestrator leads on etcd, its whole-fleet status summary is
 /// published to the shared store every 2 s for the followers to answer
 /// `status` with (issue 36). A publish that fails is tried at the next tick.
@@ -936,7 +952,7 @@ fn spawn_follower_mirror(control: ControlService) -> tokio::task::JoinHandle<()>
             let c = control.clone();
             let views = tokio::task::spawn_blocking(move || {
                 let (text, age_ms) = c.ctx.journal.published(STATUS_PUBLISHED).ok().flatten()?;
-                (age_ms <= PUBLISHED_STATUS_FRESH_MS).then(|| published_watch(&text))
+                published_is_fresh(age_ms).then(|| published_watch(&text))
             })
             .await
             .ok()
@@ -1566,6 +1582,95 @@ enabled = false
     /// the agent's stream, which never ends on its own. Now the agents are
     /// released at the signal: the stream ends and the server returns well
     /// within the grace.
+    /// Issue 48, item 3: a read-only operator printed an evidence capture
+    /// whole (argv, log tails, metrics, stacks). Now a reader lists the
+    /// operations (and so sees that a capture exists, and its summary) but
+    /// is refused the contents in one line naming the role needed;
+    /// `forensics` and `operate` read them.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_reader_is_refused_a_captures_contents() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let j = Journal::open(&dir.path().join("journal.sqlite")).unwrap();
+            j.begin("op-1", "co_restart", "p", None).unwrap();
+            let capture = pdwarden_model::forensics::Capture {
+                why: "automatic recovery".into(),
+                units: vec![pdwarden_model::forensics::UnitCapture {
+                    unit: "decode-0".into(),
+                    log_tail: "the engine's log".into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            };
+            j.append("op-1", 1, crate::ops::forensics::ENTRY, &capture).unwrap();
+            j.conclude(
+                "op-1",
+                "healthy",
+                &serde_json::json!({ "verdict": "healthy", "reasons": [] }),
+            )
+            .unwrap();
+        }
+        let tokens: Vec<(&str, String)> = ["read", "forensics", "operate"]
+            .into_iter()
+            .map(|r| (r, pdwarden_security::operators::new_token()))
+            .collect();
+        let operators: String = tokens
+            .iter()
+            .map(|(role, t)| {
+                format!(
+                    "[[operator]]\nname = \"{role}-op\"\nrole = \"{role}\"\ntoken_sha256 = \"{}\"\n",
+                    pdwarden_security::operators::hash_token(t)
+                )
+            })
+            .collect();
+        let (addr, _stop) = start(
+            &config(dir.path(), "insecure_plaintext = true", &operators),
+            ConnectionLimits::default(),
+        )
+        .await;
+        let mut c = plain_client(addr).await;
+        let ask = |token: &str, evidence: &str| {
+            let mut r = Request::new(HistoryRequest {
+                pair: "p".into(),
+                limit: 5,
+                evidence: evidence.into(),
+            });
+            r.metadata_mut()
+                .insert("authorization", format!("Bearer {token}").parse().unwrap());
+            r
+        };
+        let (reader, forensics, operate) = (&tokens[0].1, &tokens[1].1, &tokens[2].1);
+        let list = c.history(ask(reader, "")).await.unwrap().into_inner().json;
+        assert!(list.contains("op-1"), "{list}");
+        let (code, line) = refusal(c.history(ask(reader, "op-1")).await);
+        assert_eq!(code, tonic::Code::PermissionDenied, "{line}");
+        assert_eq!(
+            line,
+            "operator read-op has role read; an evidence capture's contents (history --evidence) need role forensics or operate"
+        );
+        // Refused whatever the operation: nothing is said about it.
+        let (code, _) = refusal(c.history(ask(reader, "no-such-op")).await);
+        assert_eq!(code, tonic::Code::PermissionDenied);
+        for token in [forensics, operate] {
+            let json = c.history(ask(token, "op-1")).await.unwrap().into_inner().json;
+            assert!(json.contains("the engine's log"), "{json}");
+        }
+        let (code, line) = refusal(c.restart_pair(ask_restart(forensics)).await);
+        assert_eq!(code, tonic::Code::PermissionDenied, "{line}");
+    }
+
+    fn ask_restart(token: &str) -> Request<RestartPairRequest> {
+        let mut r = Request::new(RestartPairRequest {
+            pair: "p".into(),
+            request_id: "r-1".into(),
+            rolling: false,
+            only_sick: false,
+        });
+        r.metadata_mut()
+            .insert("authorization", format!("Bearer {token}").parse().unwrap());
+        r
+    }
+
     /// Issue 36: a follower's readiness answers with the leader's views as
     /// published; an unreadable publication is no view (not ready).
     #[test]
@@ -1584,6 +1689,20 @@ enabled = false
         board.mirror(published_watch("not json"));
         assert_eq!(crate::edge::ready::route("/ready/pair/p", &board).0, 404);
         assert_eq!(crate::edge::ready::route("/ready", &board).0, 503);
+    }
+
+    /// Issue 48, item 6: a published view stamped in the future has a
+    /// negative age, and counted as fresh for as long as the stamp lasted.
+    /// Stale now, however far ahead; a view of the present or the fresh
+    /// past is still used, one past the bound is not.
+    #[test]
+    fn a_published_view_stamped_in_the_future_is_stale() {
+        for age_ms in [-1, -5_000, -PUBLISHED_STATUS_FRESH_MS, i64::MIN] {
+            assert!(!published_is_fresh(age_ms), "{age_ms} ms");
+        }
+        assert!(published_is_fresh(0));
+        assert!(published_is_fresh(PUBLISHED_STATUS_FRESH_MS));
+        assert!(!published_is_fresh(PUBLISHED_STATUS_FRESH_MS + 1));
     }
 
     /// Issue 35: an operator's co-restart captures first only when the
