@@ -18,8 +18,25 @@
 //! killed) is named in the unit's `missing`, never silently absent. py-spy
 //! always runs with `--nonblocking`: measured with py-spy 0.4.3, its default
 //! mode fails on a SIGSTOPped process ("Failed to suspend process") and
-//! would pause a healthy engine, while `--nonblocking` reads both. What
-//! leaves the host is redacted as the unit's log tail is.
+//! would pause a healthy engine, while `--nonblocking` reads both.
+//!
+//! The capture is bounded in size at the source (issue 48), because the
+//! answer travels on the agent's one link: a Python engine of 7 processes ×
+//! 41 threads with deep stacks once made a 5.6 MB py-spy dump and a 14 MB
+//! answer, the orchestrator's gRPC decoder refused it (its limit is 4 MiB),
+//! the link broke, the capture was lost and the co-restart waiting on it
+//! failed with "agent local is not connected". So every part has its bound
+//! (py-spy's output read, threads per process, frames per thread, bytes per
+//! frame, per document, per log tail, per note) and the whole answer has
+//! [`MAX_ANSWER_BYTES`], checked with prost's `encoded_len` and met by
+//! cutting the least telling parts first ([`bound_answer`]). Every cut is
+//! named in the unit's `missing`: a capture can be partial, never the
+//! reason a recovery stops.
+//!
+//! Every text field of a unit's evidence leaves the host through one
+//! function, [`seal_unit`]: redacted as the unit's log tail is (its secret
+//! values, then secrets by shape: `pdwarden_security::shapes`), and only
+//! then cut, so a cut never leaves half a secret.
 //!
 //! The deadline arithmetic, /proc `stat` parsing, the descendants walk, the
 //! py-spy merge, document selection and GPU selection are pure functions;
@@ -64,6 +81,26 @@ pub const MAX_FRAMES: usize = 48;
 pub const MAX_COMMAND_CHARS: usize = 300;
 /// Bytes of a document's body.
 pub const MAX_DOCUMENT_BYTES: usize = 64 << 10;
+/// Bytes of one Python frame ("function (file:line)").
+pub const MAX_FRAME_BYTES: usize = 400;
+/// Bytes of a thread's name or wait channel.
+pub const MAX_NAME_BYTES: usize = 128;
+/// Bytes of a unit's log tail (its end is kept).
+pub const MAX_LOG_TAIL_BYTES: usize = 32 << 10;
+/// Bytes of one note: a `missing` entry, an error, a URL, a GPU detail.
+pub const MAX_NOTE_BYTES: usize = 1024;
+/// `missing` entries per unit (the rest are counted in one more).
+pub const MAX_MISSING: usize = 64;
+/// Bytes of one py-spy's output read (a real 7 × 41-thread engine's dump
+/// was 5.6 MB); past it py-spy is killed and the threads read whole before
+/// the cut are kept.
+pub const MAX_PY_SPY_OUTPUT_BYTES: usize = 8 << 20;
+/// Bytes of py-spy's stderr kept (the rest is read and dropped).
+const MAX_PY_SPY_STDERR_BYTES: usize = 64 << 10;
+/// The whole `EvidenceResult`, protobuf-encoded: a quarter of the 4 MiB a
+/// gRPC peer decodes by default (tonic's `max_decoding_message_size`), so
+/// the answer can never cost the agent its link.
+pub const MAX_ANSWER_BYTES: usize = 1 << 20;
 /// Read past the cut and redacted with it, so a secret that straddles the
 /// cut is hidden whole rather than leaving its first half.
 const REDACTION_OVERLAP_BYTES: usize = 4 << 10;
@@ -97,6 +134,8 @@ pub enum EvidenceError {
     PySpyFailed(String),
     #[error("py-spy's output is not its JSON dump")]
     PySpyOutput(#[source] serde_json::Error),
+    #[error("py-spy's output passed {max} bytes before its first whole thread")]
+    PySpyTooBig { max: usize },
     #[error("GET {url}")]
     Http {
         url: String,
@@ -214,15 +253,17 @@ pub fn descendants(root: u32, table: &[(u32, u32)], max: usize) -> (Vec<u32>, us
     (all, more)
 }
 
-/// A `/proc/PID/cmdline` as one line: NULs as spaces, cut to
-/// [`MAX_COMMAND_CHARS`].
+/// Bytes of a command line read before it is redacted and cut to
+/// [`MAX_COMMAND_CHARS`]: enough past the cut that a secret straddling it
+/// is seen whole by the redaction.
+const RAW_COMMAND_BYTES: usize = MAX_COMMAND_CHARS * 4 + REDACTION_OVERLAP_BYTES;
+
+/// A `/proc/PID/cmdline` as one line: NULs as spaces, its first
+/// [`RAW_COMMAND_BYTES`] only. Not yet cut to [`MAX_COMMAND_CHARS`]:
+/// [`seal_unit`] redacts it first, then cuts it.
 pub fn command_line(raw: &[u8]) -> String {
-    String::from_utf8_lossy(raw)
-        .replace('\0', " ")
-        .trim_end()
-        .chars()
-        .take(MAX_COMMAND_CHARS)
-        .collect()
+    let raw = &raw[..raw.len().min(RAW_COMMAND_BYTES)];
+    String::from_utf8_lossy(raw).replace('\0', " ").trim_end().to_owned()
 }
 
 /// One thread of py-spy's `dump --json`.
@@ -265,15 +306,45 @@ impl PySpyFrame {
     }
 }
 
+/// What [`merge_py_spy`] merged, and what it cut.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Merged {
+    /// Some frame came back.
+    pub any_frames: bool,
+    /// Threads whose stack was cut to its [`MAX_FRAMES`] innermost.
+    pub deep_threads: usize,
+    /// py-spy's threads left out: the thread list was full.
+    pub dropped_threads: usize,
+}
+
+impl Merged {
+    /// What was cut, as `missing` names it.
+    pub fn cuts(&self, pid: u32) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.deep_threads > 0 {
+            out.push(format!(
+                "frames of pid {pid}: {} threads cut to their {MAX_FRAMES} innermost",
+                self.deep_threads
+            ));
+        }
+        if self.dropped_threads > 0 {
+            out.push(format!(
+                "py-spy threads of pid {pid}: {} more not captured (at most {MAX_THREADS})",
+                self.dropped_threads
+            ));
+        }
+        out
+    }
+}
+
 /// Merges py-spy's threads into the /proc ones by OS thread id: frames (at
 /// most [`MAX_FRAMES`]), `active`, `owns_gil`, and py-spy's thread name
 /// over `comm`. A thread /proc did not list is added while there is room.
-/// Returns whether any frame came back.
-pub fn merge_py_spy(threads: &mut Vec<ThreadStack>, dump: Vec<PySpyThread>) -> bool {
-    let mut any_frames = false;
+pub fn merge_py_spy(threads: &mut Vec<ThreadStack>, dump: Vec<PySpyThread>) -> Merged {
+    let mut merged = Merged::default();
     for t in dump {
         let frames: Vec<String> = t.frames.iter().take(MAX_FRAMES).map(PySpyFrame::text).collect();
-        any_frames |= !frames.is_empty();
+        merged.any_frames |= !frames.is_empty();
         let tid = t.os_thread_id.and_then(|id| u32::try_from(id).ok());
         let at = match tid.and_then(|tid| threads.iter().position(|x| x.tid == tid)) {
             Some(i) => i,
@@ -284,8 +355,14 @@ pub fn merge_py_spy(threads: &mut Vec<ThreadStack>, dump: Vec<PySpyThread>) -> b
                 });
                 threads.len() - 1
             }
-            None => continue,
+            None => {
+                merged.dropped_threads += 1;
+                continue;
+            }
         };
+        if t.frames.len() > MAX_FRAMES {
+            merged.deep_threads += 1;
+        }
         let slot = &mut threads[at];
         slot.frames = frames;
         slot.active = t.active;
@@ -294,7 +371,57 @@ pub fn merge_py_spy(threads: &mut Vec<ThreadStack>, dump: Vec<PySpyThread>) -> b
             slot.name = name;
         }
     }
-    any_frames
+    merged
+}
+
+/// py-spy's threads read from its output, cut or not.
+#[derive(Debug, Default)]
+pub struct PySpyDump {
+    pub threads: Vec<PySpyThread>,
+    /// The output went on past [`MAX_PY_SPY_OUTPUT_BYTES`]: `threads` are
+    /// those read whole before the cut.
+    pub cut: bool,
+}
+
+/// Collects a JSON array's elements as they are read, so those before an
+/// error (an output cut mid-array) are kept.
+struct Collect<'a>(&'a mut Vec<PySpyThread>);
+
+impl<'de> serde::de::DeserializeSeed<'de> for Collect<'_> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Collect<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("py-spy's array of threads")
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while let Some(t) = seq.next_element::<PySpyThread>()? {
+            self.0.push(t);
+        }
+        Ok(())
+    }
+}
+
+/// py-spy's `dump --json` output; `cut`: it was cut at
+/// [`MAX_PY_SPY_OUTPUT_BYTES`], and the threads read whole before the cut
+/// are kept (an error only when there is none).
+pub fn parse_py_spy(out: &[u8], cut: bool) -> Result<PySpyDump, EvidenceError> {
+    use serde::de::DeserializeSeed as _;
+    let mut threads = Vec::new();
+    let read = Collect(&mut threads).deserialize(&mut serde_json::Deserializer::from_slice(out));
+    match read {
+        Ok(()) => Ok(PySpyDump { threads, cut: false }),
+        Err(_) if cut && !threads.is_empty() => Ok(PySpyDump { threads, cut: true }),
+        Err(_) if cut => Err(EvidenceError::PySpyTooBig {
+            max: MAX_PY_SPY_OUTPUT_BYTES,
+        }),
+        Err(e) => Err(EvidenceError::PySpyOutput(e)),
+    }
 }
 
 /// Why py-spy failed, in one line: its first `Error:` line, else its first
@@ -413,6 +540,210 @@ pub fn find_py_spy(configured: Option<&Path>, path_var: Option<&OsStr>) -> Optio
         .find(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0))
 }
 
+/// Cuts `s` to at most `max` bytes, keeping its start (`keep_end`: its
+/// end), at a character boundary; true if it cut.
+fn cut_bytes(s: &mut String, max: usize, keep_end: bool) -> bool {
+    if s.len() <= max {
+        return false;
+    }
+    if keep_end {
+        let mut start = s.len() - max;
+        while !s.is_char_boundary(start) {
+            start += 1;
+        }
+        s.drain(..start);
+    } else {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
+    true
+}
+
+/// `s` redacted, then cut to `max` bytes; true if it was cut. What is
+/// redacted is first cut to `max` and [`REDACTION_OVERLAP_BYTES`] past it
+/// (a secret straddling the cut is seen whole, and the redaction's work is
+/// bounded whatever a hostile engine sends).
+fn seal(s: &mut String, max: usize, keep_end: bool, redact: &dyn Fn(&str) -> String) -> bool {
+    if s.is_empty() {
+        return false;
+    }
+    let precut = cut_bytes(s, max.saturating_add(REDACTION_OVERLAP_BYTES), keep_end);
+    *s = redact(s);
+    cut_bytes(s, max, keep_end) || precut
+}
+
+/// Every text field of a unit's evidence as it may leave the host:
+/// redacted by `redact` (the unit's: its secret values, then secrets by
+/// shape), THEN cut to its bound, so a cut never leaves half a secret. The
+/// one function every field of a capture goes through (issue 48): the
+/// unit's name, each process's command line and py-spy error, each
+/// thread's name, wait channel and frames, each document's URL, body and
+/// error, the log tail (its end kept), the GPUs' and GPU events' texts,
+/// the foreign processes' command lines and users, and `missing`. What it
+/// cut past the fixed bounds is added to `missing`.
+pub fn seal_unit(ev: &mut UnitEvidence, redact: &dyn Fn(&str) -> String) {
+    let note = |s: &mut String| {
+        seal(s, MAX_NOTE_BYTES, false, redact);
+    };
+    let name = |s: &mut String| {
+        seal(s, MAX_NAME_BYTES, false, redact);
+    };
+    let mut cut = Vec::new();
+    name(&mut ev.unit);
+    for p in &mut ev.processes {
+        if seal(&mut p.command, RAW_COMMAND_BYTES, false, redact) || p.command.chars().count() > MAX_COMMAND_CHARS {
+            p.command = p.command.chars().take(MAX_COMMAND_CHARS).collect();
+        }
+        note(&mut p.py_spy_error);
+        note(&mut p.method);
+        let mut long_frames = 0;
+        for th in &mut p.threads {
+            name(&mut th.name);
+            name(&mut th.state);
+            name(&mut th.wchan);
+            for f in &mut th.frames {
+                long_frames += usize::from(seal(f, MAX_FRAME_BYTES, false, redact));
+            }
+        }
+        if long_frames > 0 {
+            cut.push(format!(
+                "frames of pid {}: {long_frames} cut to {MAX_FRAME_BYTES} bytes",
+                p.pid
+            ));
+        }
+    }
+    for d in &mut ev.documents {
+        name(&mut d.name);
+        note(&mut d.url);
+        note(&mut d.error);
+        d.truncated |= seal(&mut d.body, MAX_DOCUMENT_BYTES, false, redact);
+    }
+    if seal(&mut ev.log_tail, MAX_LOG_TAIL_BYTES, true, redact) {
+        cut.push(format!("log tail: cut to its last {MAX_LOG_TAIL_BYTES} bytes"));
+    }
+    for g in &mut ev.gpus {
+        name(&mut g.uuid);
+        name(&mut g.name);
+        g.throttle_reasons.iter_mut().for_each(name);
+        g.read_errors.iter_mut().for_each(note);
+        for gp in &mut g.processes {
+            note(&mut gp.command_line);
+            name(&mut gp.user);
+            name(&mut gp.kind);
+            name(&mut gp.unit);
+        }
+    }
+    for e in &mut ev.gpu_events {
+        name(&mut e.gpu_uuid);
+        name(&mut e.kind);
+        note(&mut e.detail);
+    }
+    for gp in &mut ev.foreign_processes {
+        note(&mut gp.command_line);
+        name(&mut gp.user);
+        name(&mut gp.kind);
+        name(&mut gp.unit);
+    }
+    name(&mut ev.gpu_source);
+    note(&mut ev.gpu_unavailable);
+    ev.missing.iter_mut().for_each(note);
+    ev.missing.extend(cut);
+    if ev.missing.len() > MAX_MISSING {
+        let more = ev.missing.len() - (MAX_MISSING - 1);
+        ev.missing.truncate(MAX_MISSING - 1);
+        ev.missing.push(format!("{more} more things not captured, not listed"));
+    }
+}
+
+/// One cut of [`bound_answer`]: what it does, as `missing` names it.
+type AnswerCut = (&'static str, fn(&mut UnitEvidence));
+
+/// The cuts [`bound_answer`] makes, in order, until the answer fits: the
+/// least telling first (documents and log tails are read again by people;
+/// the innermost frames and each thread's state say where it waits).
+const ANSWER_CUTS: [AnswerCut; 11] = [
+    ("document bodies cut to 4 KiB", |u| {
+        for d in &mut u.documents {
+            d.truncated |= cut_bytes(&mut d.body, 4 << 10, false);
+        }
+    }),
+    ("log tail cut to its last 4 KiB", |u| {
+        cut_bytes(&mut u.log_tail, 4 << 10, true);
+    }),
+    ("frames cut to each thread's 12 innermost", |u| frames_to(u, 12)),
+    ("document bodies dropped", |u| {
+        for d in &mut u.documents {
+            d.truncated |= !d.body.is_empty();
+            d.body.clear();
+        }
+    }),
+    ("log tail dropped", |u| u.log_tail.clear()),
+    ("GPU events cut to the 16 latest", |u| {
+        let more = u.gpu_events.len().saturating_sub(16);
+        u.gpu_events.drain(..more);
+    }),
+    ("frames cut to each thread's 3 innermost", |u| frames_to(u, 3)),
+    ("threads cut to 64 per process", |u| {
+        u.processes.iter_mut().for_each(|p| p.threads.truncate(64));
+    }),
+    ("processes cut to the unit's 4 first", |u| u.processes.truncate(4)),
+    ("threads cut to 8 per process", |u| {
+        u.processes.iter_mut().for_each(|p| p.threads.truncate(8));
+    }),
+    ("processes, GPUs and documents dropped", |u| {
+        u.processes.clear();
+        u.gpus.clear();
+        u.foreign_processes.clear();
+        u.documents.clear();
+        u.gpu_events.clear();
+    }),
+];
+
+fn frames_to(u: &mut UnitEvidence, n: usize) {
+    for t in u.processes.iter_mut().flat_map(|p| &mut p.threads) {
+        t.frames.truncate(n);
+    }
+}
+
+/// Cuts `r` until it encodes in at most `max` bytes ([`ANSWER_CUTS`], in
+/// order, each to every unit), naming each cut in the `missing` of each
+/// unit it changed. Units that still do not fit are dropped from the end,
+/// and the first unit says how many. Pure.
+pub fn bound_answer(r: &mut EvidenceResult, max: usize) {
+    use prost::Message as _;
+    for (what, cut) in ANSWER_CUTS {
+        if r.encoded_len() <= max {
+            return;
+        }
+        for u in &mut r.units {
+            let before = u.encoded_len();
+            cut(u);
+            if u.encoded_len() != before {
+                u.missing
+                    .push(format!("cut to keep the agent's answer within {max} bytes: {what}"));
+            }
+        }
+    }
+    let mut dropped = 0;
+    while r.encoded_len() > max && r.units.len() > 1 {
+        r.units.pop();
+        dropped += 1;
+    }
+    if dropped > 0 {
+        r.units[0].missing.push(format!(
+            "{dropped} more units not sent: the agent's answer is at most {max} bytes"
+        ));
+    }
+    // A last unit alone too big: only its notes are left; the oldest go
+    // first, so the note of the drop stays.
+    while r.encoded_len() > max && r.units.first().is_some_and(|u| u.missing.len() > 1) {
+        r.units[0].missing.remove(0);
+    }
+}
+
 // ------------------------------------------------------------------ edges
 
 /// What a capture reads from: the units, the HTTP client, the GPU
@@ -473,17 +804,20 @@ pub(crate) async fn capture(
         sources,
     };
     let units = futures::future::join_all(cmd.units.iter().map(|u| capture_unit(&c, u))).await;
-    EvidenceResult {
+    let mut result = EvidenceResult {
         command_id,
         units,
-        took_ms: ms(started.elapsed()),
+        took_ms: 0,
         py_spy: py_spy.as_deref().map(|p| p.display().to_string()).unwrap_or_default(),
         py_spy_missing: if py_spy.is_some() {
             String::new()
         } else {
             PY_SPY_MISSING.to_owned()
         },
-    }
+    };
+    bound_answer(&mut result, MAX_ANSWER_BYTES);
+    result.took_ms = ms(started.elapsed());
+    result
 }
 
 fn ms(d: Duration) -> u64 {
@@ -497,6 +831,8 @@ async fn capture_unit(c: &Capture, name: &str) -> UnitEvidence {
     };
     let Some(config) = c.sources.supervisor.unit_config(name) else {
         ev.missing.push(format!("unknown unit {name:?}"));
+        // No unit's secrets to know; the shapes still apply.
+        seal_unit(&mut ev, &|t| pdwarden_security::shapes::by_shape(t).into_owned());
         return ev;
     };
     let pid = c.sources.supervisor.running_process(name).map(|(pid, _)| pid);
@@ -507,7 +843,7 @@ async fn capture_unit(c: &Capture, name: &str) -> UnitEvidence {
             .map(|(doc, url)| fetch_document(c, name, doc, url)),
     );
     let ((processes, started, mut missing), documents, log_tail) =
-        tokio::join!(processes(c, name, pid), documents, log_tail(c, name));
+        tokio::join!(processes(c, pid), documents, log_tail(c, name));
     for (doc, cut) in documents {
         missing.extend(cut);
         ev.documents.push(doc);
@@ -526,6 +862,10 @@ async fn capture_unit(c: &Capture, name: &str) -> UnitEvidence {
     ev.gpu_source = gpu.source;
     ev.gpu_unavailable = gpu.unavailable;
     ev.missing = missing;
+    let supervisor = &c.sources.supervisor;
+    seal_unit(&mut ev, &|t| {
+        supervisor.redact_for(name, t).unwrap_or_else(|| t.to_owned())
+    });
     ev
 }
 
@@ -551,7 +891,7 @@ async fn log_tail(c: &Capture, name: &str) -> Result<Option<String>, EvidenceErr
 
 /// The unit's processes, its process's start (ms since the epoch), and what
 /// is missing.
-async fn processes(c: &Capture, unit: &str, pid: Option<u32>) -> (Vec<ProcessStacks>, Option<u64>, Vec<String>) {
+async fn processes(c: &Capture, pid: Option<u32>) -> (Vec<ProcessStacks>, Option<u64>, Vec<String>) {
     let Some(pid) = pid else {
         return (Vec::new(), None, vec!["processes: the unit is not running".into()]);
     };
@@ -572,7 +912,7 @@ async fn processes(c: &Capture, unit: &str, pid: Option<u32>) -> (Vec<ProcessSta
             tree.more
         ));
     }
-    let stacks = futures::future::join_all(tree.processes.iter().map(|&(p, ppid)| process(c, unit, p, ppid))).await;
+    let stacks = futures::future::join_all(tree.processes.iter().map(|&(p, ppid)| process(c, p, ppid))).await;
     let processes = stacks
         .into_iter()
         .map(|(stack, cut)| {
@@ -677,32 +1017,79 @@ fn read_command(pid: u32) -> Result<String, EvidenceError> {
     }
 }
 
-/// Runs `py-spy dump --nonblocking --json` on `pid`; the child is killed
-/// if the capture is cut first.
-async fn run_py_spy(py_spy: &Path, pid: u32) -> Result<Vec<PySpyThread>, EvidenceError> {
-    let out = tokio::process::Command::new(py_spy)
+/// Reads `from` to its end, keeping its first `max` bytes; with `stop`,
+/// stops reading once past `max` instead (the writer is then killed).
+/// Returns the bytes kept and whether there were more.
+async fn read_capped(
+    mut from: impl tokio::io::AsyncRead + Unpin,
+    max: usize,
+    stop: bool,
+) -> std::io::Result<(Vec<u8>, bool)> {
+    use tokio::io::AsyncReadExt as _;
+    let mut kept = Vec::new();
+    let mut chunk = vec![0u8; 64 << 10];
+    let mut more = false;
+    loop {
+        let n = from.read(&mut chunk).await?;
+        if n == 0 {
+            return Ok((kept, more));
+        }
+        let room = max - kept.len();
+        kept.extend_from_slice(&chunk[..n.min(room)]);
+        if n > room {
+            more = true;
+            if stop {
+                return Ok((kept, more));
+            }
+        }
+    }
+}
+
+/// Runs `py-spy dump --nonblocking --json` on `pid`, reading at most
+/// [`MAX_PY_SPY_OUTPUT_BYTES`] of its output (past it, py-spy is killed);
+/// the child is killed if the capture is cut first.
+async fn run_py_spy(py_spy: &Path, pid: u32) -> Result<PySpyDump, EvidenceError> {
+    let spawn_error = |source| EvidenceError::PySpySpawn {
+        program: py_spy.display().to_string(),
+        source,
+    };
+    let mut child = tokio::process::Command::new(py_spy)
         .args(["dump", "--pid", &pid.to_string(), "--nonblocking", "--json"])
         .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)
-        .output()
-        .await
-        .map_err(|source| EvidenceError::PySpySpawn {
-            program: py_spy.display().to_string(),
-            source,
-        })?;
-    if !out.status.success() {
-        let stderr = String::from_utf8_lossy(&out.stderr);
+        .spawn()
+        .map_err(spawn_error)?;
+    let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
+        unreachable!("both are piped");
+    };
+    let (out, err) = tokio::join!(
+        async {
+            let read = read_capped(stdout, MAX_PY_SPY_OUTPUT_BYTES, true).await;
+            if matches!(read, Ok((_, true))) {
+                // Its stderr ends when it does.
+                let _ = child.start_kill();
+            }
+            read
+        },
+        read_capped(stderr, MAX_PY_SPY_STDERR_BYTES, false)
+    );
+    let status = child.wait().await.map_err(spawn_error)?;
+    let (out, cut) = out.map_err(spawn_error)?;
+    if !cut && !status.success() {
+        let stderr = err.map(|(e, _)| e).unwrap_or_default();
         return Err(EvidenceError::PySpyFailed(py_spy_failure(
-            &stderr,
-            &format!("py-spy {}", out.status),
+            &String::from_utf8_lossy(&stderr),
+            &format!("py-spy {status}"),
         )));
     }
-    serde_json::from_slice(&out.stdout).map_err(EvidenceError::PySpyOutput)
+    parse_py_spy(&out, cut)
 }
 
 /// One process: /proc threads and py-spy's stacks, read in parallel; what
 /// is missing.
-async fn process(c: &Capture, unit: &str, pid: u32, ppid: u32) -> (ProcessStacks, Vec<String>) {
+async fn process(c: &Capture, pid: u32, ppid: u32) -> (ProcessStacks, Vec<String>) {
     let started = Instant::now();
     let mut missing = Vec::new();
     let spy = async {
@@ -726,8 +1113,9 @@ async fn process(c: &Capture, unit: &str, pid: u32, ppid: u32) -> (ProcessStacks
         ..Default::default()
     };
     match command {
-        // The unit's own secrets may sit in its argv.
-        Ok(command) => stack.command = c.sources.supervisor.redact_for(unit, &command).unwrap_or(command),
+        // Redacted (the unit's own secrets may sit in its argv, and
+        // anyone's URL credentials), then cut, by `seal_unit`.
+        Ok(command) => stack.command = command,
         Err(e) => missing.push(format!("command line of pid {pid}: {}", error_chain(&e))),
     }
     match threads {
@@ -745,7 +1133,16 @@ async fn process(c: &Capture, unit: &str, pid: u32, ppid: u32) -> (ProcessStacks
     match spy {
         None => {}
         Some(Ok(dump)) => {
-            if merge_py_spy(&mut stack.threads, dump) {
+            if dump.cut {
+                missing.push(format!(
+                    "py-spy of pid {pid}: its output passed {MAX_PY_SPY_OUTPUT_BYTES} bytes; \
+                     the {} threads read whole before the cut are kept",
+                    dump.threads.len()
+                ));
+            }
+            let merged = merge_py_spy(&mut stack.threads, dump.threads);
+            missing.extend(merged.cuts(pid));
+            if merged.any_frames {
                 stack.method = "py-spy".into();
             } else {
                 stack.py_spy_error = "py-spy returned no Python frames".into();
@@ -895,15 +1292,256 @@ mod tests {
         assert_eq!(descendants(5, &[(5, 6), (6, 5)], 16), (vec![5, 6], 0));
     }
 
-    // Property: a command line reads as one line, cut to its limit.
+    // Property: a command line reads as one line, its raw read bounded;
+    // sealed, it is cut to its limit after its redaction, so a secret
+    // that straddles the cut is hidden whole.
     #[test]
     fn command_lines_are_one_line_and_bounded() {
         assert_eq!(
             command_line(b"python3\0-m\0sglang.launch_server\0"),
             "python3 -m sglang.launch_server"
         );
-        assert_eq!(command_line(&[b'x'; 1000]).len(), MAX_COMMAND_CHARS);
+        assert_eq!(command_line(&[b'x'; 1 << 20]).len(), RAW_COMMAND_BYTES);
         assert_eq!(command_line(b""), "");
+        let mut raw = vec![b'x'; MAX_COMMAND_CHARS - 20];
+        raw.extend_from_slice(b"\0--router\0http://user:Straddl3dPassw0rd@router:8080/\0");
+        let mut ev = UnitEvidence {
+            processes: vec![ProcessStacks {
+                command: command_line(&raw),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        seal_unit(&mut ev, &shapes);
+        let command = &ev.processes[0].command;
+        assert_eq!(command.chars().count(), MAX_COMMAND_CHARS);
+        assert!(!command.contains("Straddl"), "{command}");
+    }
+
+    /// The redaction by shape alone (a unit with no secret values).
+    fn shapes(t: &str) -> String {
+        pdwarden_security::shapes::by_shape(t).into_owned()
+    }
+
+    /// A hostile engine's capture, far past every bound: 7 processes of 41
+    /// threads, each with 48 frames of 600 bytes, a 1 MiB log tail, three
+    /// 1 MiB documents: about 11 MB encoded.
+    fn hostile_unit(name: &str) -> UnitEvidence {
+        let frame = format!("deep_{} (engine.py:1)", "x".repeat(580));
+        UnitEvidence {
+            unit: name.into(),
+            pid: 10,
+            processes: (0..7)
+                .map(|p| ProcessStacks {
+                    pid: 10 + p,
+                    method: "py-spy".into(),
+                    threads: (0..41)
+                        .map(|t| ThreadStack {
+                            tid: 100 + t,
+                            name: format!("worker-{t}"),
+                            state: "S".into(),
+                            frames: vec![frame.clone(); MAX_FRAMES],
+                            ..Default::default()
+                        })
+                        .collect(),
+                    ..Default::default()
+                })
+                .collect(),
+            documents: ["metrics", "server_info", "workers"]
+                .map(|d| EvidenceDocument {
+                    name: d.into(),
+                    body: "m 1\n".repeat(1 << 18),
+                    status: 200,
+                    ..Default::default()
+                })
+                .into(),
+            log_tail: "a log line | ".repeat(1 << 16),
+            ..Default::default()
+        }
+    }
+
+    // Property (issue 48: a 14 MB answer broke the agent's link): an answer
+    // far past the wire's limit leaves the agent within its bound, each
+    // part sealed to its own bound first; every cut is named in the unit's
+    // `missing`; the innermost frame of every thread survives.
+    #[test]
+    fn an_answer_far_past_the_wire_limit_is_cut_to_its_bound_and_names_the_cuts() {
+        use prost::Message as _;
+        let mut units: Vec<UnitEvidence> = ["prefill-0", "decode-0"].map(hostile_unit).into();
+        for u in &mut units {
+            seal_unit(u, &shapes);
+        }
+        let mut r = EvidenceResult {
+            units,
+            ..Default::default()
+        };
+        assert!(r.encoded_len() > 4 << 20, "the test's answer is past the wire's limit");
+        bound_answer(&mut r, MAX_ANSWER_BYTES);
+        assert!(r.encoded_len() <= MAX_ANSWER_BYTES, "{} bytes", r.encoded_len());
+        for u in &r.units {
+            let said = |what: &str| u.missing.iter().any(|m| m.contains(what));
+            assert!(said("frames of pid 10: 1968 cut to 400 bytes"), "{:#?}", u.missing);
+            assert!(said("log tail: cut to its last"), "{:#?}", u.missing);
+            assert!(
+                said("within 1048576 bytes: document bodies cut to 4 KiB"),
+                "{:#?}",
+                u.missing
+            );
+            assert!(said("within 1048576 bytes: frames cut to"), "{:#?}", u.missing);
+            assert!(u.documents.iter().all(|d| d.truncated), "{:#?}", u.documents);
+            let threads = u.processes.iter().flat_map(|p| &p.threads);
+            assert!(threads.clone().count() > 0);
+            assert!(
+                threads
+                    .clone()
+                    .all(|t| t.frames.first().is_some_and(|f| f.starts_with("deep_x")))
+            );
+        }
+        // Bounded whatever the number of units: those that cannot fit go,
+        // and the first says how many.
+        let noisy = |i: usize| {
+            let mut u = UnitEvidence {
+                unit: format!("u{i}"),
+                missing: vec!["m".repeat(5000); 100],
+                ..Default::default()
+            };
+            seal_unit(&mut u, &shapes);
+            u
+        };
+        let mut many = EvidenceResult {
+            units: (0..100).map(noisy).collect(),
+            ..Default::default()
+        };
+        bound_answer(&mut many, MAX_ANSWER_BYTES);
+        assert!(many.encoded_len() <= MAX_ANSWER_BYTES, "{} bytes", many.encoded_len());
+        let last = many.units[0].missing.last().unwrap();
+        assert!(
+            last.ends_with("more units not sent: the agent's answer is at most 1048576 bytes"),
+            "{last}"
+        );
+        let small = EvidenceResult {
+            units: vec![UnitEvidence {
+                unit: "u".into(),
+                log_tail: "ok".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let mut same = small.clone();
+        bound_answer(&mut same, MAX_ANSWER_BYTES);
+        assert_eq!(same, small, "a small answer is left whole");
+    }
+
+    // Property: py-spy's output cut mid-array keeps the threads read whole
+    // before the cut; cut before any, or not JSON, it is an error.
+    #[test]
+    fn a_py_spy_output_cut_mid_array_keeps_its_whole_threads() {
+        let cut = &DUMP.as_bytes()[..DUMP.find("\"MainThread\"").unwrap()];
+        let dump = parse_py_spy(cut, true).unwrap();
+        assert!(dump.cut);
+        assert_eq!(dump.threads.len(), 1);
+        assert_eq!(dump.threads[0].thread_name.as_deref(), Some("kv-transfer"));
+        let whole = parse_py_spy(DUMP.as_bytes(), false).unwrap();
+        assert_eq!((whole.threads.len(), whole.cut), (3, false));
+        assert!(matches!(
+            parse_py_spy(b"[{\"os_thr", true),
+            Err(EvidenceError::PySpyTooBig { .. })
+        ));
+        assert!(matches!(
+            parse_py_spy(b"Error", false),
+            Err(EvidenceError::PySpyOutput(_))
+        ));
+    }
+
+    /// Every listed shape with `s` as its secret part.
+    fn shaped(shape: usize, s: &str) -> String {
+        match shape {
+            0 => format!("server_args=ServerArgs(model_path='/m', api_key='{s}', port=1)"),
+            1 => format!("ServerArgs(hf_token='hf_{s}')"),
+            2 => format!("{{\"api_key\": \"{s}\"}}"),
+            3 => format!("Authorization: Bearer {s}"),
+            4 => format!("postgres://app:{s}@db:5432/x"),
+            5 => format!("--router http://user:{s}@router:8080/"),
+            6 => format!("password: {s}"),
+            7 => format!("client_secret={s}"),
+            8 => format!("using sk-{s} now"),
+            _ => format!("token \"hf_{s}\" read"),
+        }
+    }
+
+    /// A unit's evidence with `text` in every text field.
+    fn everywhere(text: &str) -> UnitEvidence {
+        let s = || text.to_owned();
+        let gpu_process = || GpuProcess {
+            command_line: s(),
+            user: s(),
+            kind: s(),
+            unit: s(),
+            ..Default::default()
+        };
+        UnitEvidence {
+            unit: s(),
+            processes: vec![ProcessStacks {
+                command: s(),
+                method: s(),
+                py_spy_error: s(),
+                threads: vec![ThreadStack {
+                    name: s(),
+                    state: s(),
+                    wchan: s(),
+                    frames: vec![s(), s()],
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+            documents: vec![EvidenceDocument {
+                name: s(),
+                url: s(),
+                body: s(),
+                error: s(),
+                ..Default::default()
+            }],
+            log_tail: s(),
+            gpus: vec![GpuDevice {
+                uuid: s(),
+                name: s(),
+                throttle_reasons: vec![s()],
+                read_errors: vec![s()],
+                processes: vec![gpu_process()],
+                ..Default::default()
+            }],
+            gpu_events: vec![GpuEvent {
+                gpu_uuid: s(),
+                kind: s(),
+                detail: s(),
+                ..Default::default()
+            }],
+            foreign_processes: vec![gpu_process()],
+            missing: vec![s()],
+            gpu_source: s(),
+            gpu_unavailable: s(),
+            ..Default::default()
+        }
+    }
+
+    proptest::proptest! {
+        // Property (issue 48): no secret of any listed shape survives any
+        // field of a sealed capture, whatever surrounds it, however long
+        // the text (cut after its redaction).
+        #[test]
+        fn no_listed_secret_survives_any_capture_field(
+            s in "[A-Za-z0-9]{16,32}",
+            shape in 0usize..10,
+            before in "[ -~]{0,40}",
+            pad in 0usize..1200,
+            after in proptest::sample::select(vec!["", " ", ", x=1", ")", "\n", " | next"]),
+        ) {
+            let text = format!("{before}{} {}{after}", "y".repeat(pad), shaped(shape, &s));
+            let mut ev = everywhere(&text);
+            seal_unit(&mut ev, &shapes);
+            let all = format!("{ev:?}");
+            proptest::prop_assert!(!all.contains(&s), "{text:?} -> {all}");
+        }
     }
 
     /// py-spy 0.4.3's `dump --json` of a thread blocked in a KV transfer
@@ -942,7 +1580,7 @@ mod tests {
     fn py_spy_merges_into_proc_threads_by_os_thread_id() {
         let dump: Vec<PySpyThread> = serde_json::from_str(DUMP).unwrap();
         let mut threads = vec![proc_thread(20985, "python3"), proc_thread(21027, "python3")];
-        assert!(merge_py_spy(&mut threads, dump));
+        assert!(merge_py_spy(&mut threads, dump).any_frames);
         assert_eq!(threads[1].name, "kv-transfer");
         assert_eq!(
             threads[1].frames,
@@ -967,11 +1605,26 @@ mod tests {
         let deep = serde_json::json!([{"os_thread_id": 1, "frames": vec![frame; 100]}, {"os_thread_id": 99999}]);
         let dump: Vec<PySpyThread> = serde_json::from_value(deep).unwrap();
         let mut threads: Vec<ThreadStack> = (1..=MAX_THREADS as u32).map(|t| proc_thread(t, "w")).collect();
-        assert!(merge_py_spy(&mut threads, dump));
+        let merged = merge_py_spy(&mut threads, dump);
+        assert_eq!(
+            merged,
+            Merged {
+                any_frames: true,
+                deep_threads: 1,
+                dropped_threads: 1
+            }
+        );
+        assert_eq!(
+            merged.cuts(7),
+            [
+                format!("frames of pid 7: 1 threads cut to their {MAX_FRAMES} innermost"),
+                format!("py-spy threads of pid 7: 1 more not captured (at most {MAX_THREADS})")
+            ]
+        );
         assert_eq!(threads[0].frames.len(), MAX_FRAMES);
         assert_eq!(threads.len(), MAX_THREADS);
         let idle: Vec<PySpyThread> = serde_json::from_str(r#"[{"os_thread_id": 1, "frames": []}]"#).unwrap();
-        assert!(!merge_py_spy(&mut vec![proc_thread(1, "w")], idle));
+        assert!(!merge_py_spy(&mut vec![proc_thread(1, "w")], idle).any_frames);
     }
 
     // Property: a py-spy failure is its first "Error:" line (py-spy prints

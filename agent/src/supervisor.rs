@@ -687,10 +687,16 @@ impl Unit {
     /// hidden whole, whatever they contain, wherever they appear (an engine
     /// that prints "using token hf_…" names no variable), then `NAME=VALUE`
     /// of secret names (issue 32: the other way round, a value holding a
-    /// separator leaked its tail).
+    /// separator leaked its tail), then every secret by its shape (issue
+    /// 48: SGLang's own `ServerArgs(api_key='…')`, a JSON `"api_key"`, a
+    /// bearer header, URL credentials; `pdwarden_security::shapes`).
     fn redact_log(&self, text: &str) -> String {
         let env = self.config.env.iter().map(|(k, v)| (k.as_str(), v.as_str()));
-        self.redactor.text_with_env(text, env)
+        let by_value = self.redactor.text_with_env(text, env);
+        match pdwarden_security::shapes::by_shape(&by_value) {
+            std::borrow::Cow::Borrowed(_) => by_value,
+            std::borrow::Cow::Owned(s) => s,
+        }
     }
 
     /// Called by the reaper when spawn `run` exits.
@@ -800,9 +806,17 @@ fn log_tail(path: &std::path::Path, lines: usize) -> Option<String> {
     use std::io::{Read, Seek, SeekFrom};
     let mut f = std::fs::File::open(path).ok()?;
     let len = f.metadata().ok()?.len();
-    f.seek(SeekFrom::Start(len.saturating_sub(LOG_TAIL_BYTES))).ok()?;
+    let from = len.saturating_sub(LOG_TAIL_BYTES);
+    f.seek(SeekFrom::Start(from)).ok()?;
     let mut buf = Vec::new();
     f.read_to_end(&mut buf).ok()?;
+    // Read from the middle of a line, its start is not there: the line is
+    // left out whole, as its redaction could not see a secret it began
+    // before the read (issue 48: "…ss@db/app" of a URL's password).
+    if from > 0 {
+        let line_end = buf.iter().position(|&b| b == b'\n').map_or(buf.len(), |i| i + 1);
+        buf.drain(..line_end);
+    }
     tail_lines(&String::from_utf8_lossy(&buf), lines)
 }
 
@@ -1310,6 +1324,76 @@ MODEL = 'not secret, shown'
         for (text, want) in cases {
             assert_eq!(unit.redact_log(text), want, "{text}");
         }
+    }
+
+    /// `text` as unit `u` (no secret values configured) lets it leave the host.
+    fn redacted(text: &str) -> String {
+        let f = Fixture::new(&[("u", &["true"])]);
+        f.sup.redact_for("u", text).unwrap()
+    }
+
+    // Issue 48 (red team): SGLang's own server_args line reached a capture
+    // verbatim: lower-case keys in a Python repr name no variable.
+    #[tokio::test]
+    async fn sglangs_server_args_line_is_redacted() {
+        assert_eq!(
+            redacted(
+                "server_args=ServerArgs(model_path='/m', api_key='k-31337-abcdef', hf_token='hf_AbCdEfGhIjKlMnOpQr', port=30000)"
+            ),
+            "server_args=ServerArgs(model_path='/m', api_key='[redacted]', hf_token='[redacted]', port=30000)"
+        );
+    }
+
+    // Issue 48 (red team): a JSON "api_key" in a log tail.
+    #[tokio::test]
+    async fn a_json_api_key_is_redacted() {
+        assert_eq!(
+            redacted(r#"config {"model": "m", "api_key": "plain-v4lue-x"}"#),
+            r#"config {"model": "m", "api_key": "[redacted]"}"#
+        );
+    }
+
+    // Issue 48 (red team): an Authorization header's bearer token.
+    #[tokio::test]
+    async fn a_bearer_header_is_redacted() {
+        assert_eq!(
+            redacted("request headers: Authorization: Bearer abc.DEF_ghi-123 accept: */*"),
+            "request headers: Authorization: Bearer [redacted] accept: */*"
+        );
+    }
+
+    // Issue 48 (red team): a database URL's password in a log tail.
+    #[tokio::test]
+    async fn a_postgres_url_password_is_redacted() {
+        assert_eq!(
+            redacted("connecting to postgres://app:S3cretPass@db.internal:5432/meta"),
+            "connecting to postgres://app:[redacted]@db.internal:5432/meta"
+        );
+    }
+
+    // Issue 48 (red team): URL credentials in a command line (the unit's
+    // and its children's go through the same redaction).
+    #[tokio::test]
+    async fn url_credentials_in_a_command_line_are_redacted() {
+        assert_eq!(
+            redacted(
+                "python3 -m sglang_router.launch_router --prefill http://user:Pa55word@10.0.0.1:30000 --port 8080"
+            ),
+            "python3 -m sglang_router.launch_router --prefill http://user:[redacted]@10.0.0.1:30000 --port 8080"
+        );
+    }
+
+    // Issue 48: a log read from the middle of a line leaves that line out:
+    // its start (a URL's scheme and user) is not there for the redaction
+    // to see, and its rest would be the password's tail.
+    #[test]
+    fn a_log_tail_read_mid_line_leaves_that_line_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("u.log");
+        // The read starts inside the password.
+        let password = "P".repeat(LOG_TAIL_BYTES as usize - 8);
+        std::fs::write(&log, format!("postgres://app:{password}@db/x\nlast line\n")).unwrap();
+        assert_eq!(log_tail(&log, 5).as_deref(), Some("last line"));
     }
 
     // Property: the readiness watch's check attempts reach the stream as

@@ -17,4 +17,5 @@
 pub mod certs;
 pub mod operators;
 pub mod redact;
+pub mod shapes;
 pub mod tls;
