@@ -286,6 +286,7 @@ fn measure(cfg: &GateConfig, change: Change, cv: f64, side: Side, rng: &mut Spli
         label: String::new(),
         cells,
         total_ms: 0,
+        ..Measurement::default()
     }
 }
 

@@ -171,6 +171,11 @@ pub struct Faults {
     /// The next K faulted requests are answered 500 without being forwarded.
     #[serde(alias = "http-500")]
     pub http_500: Option<u64>,
+    /// Every Nth faulted request is answered 500 without being forwarded, for
+    /// as long as the set stands: a fraction 1/N of the traffic (issue 47:
+    /// clients keep sending, so a count of K would be spent on theirs).
+    #[serde(alias = "http-500-every")]
+    pub http_500_every: Option<u64>,
     /// Hold the first content event (or a whole non-streamed answer) this long.
     #[serde(alias = "first-token-delay-ms")]
     pub first_token_delay_ms: Option<u64>,
@@ -189,6 +194,11 @@ pub struct Faults {
     /// Which generation requests match.
     #[serde(rename = "match")]
     pub match_rule: MatchRule,
+    /// Only requests whose body contains this text match as well (a
+    /// scenario aims at one kind of request by its prompt: the gate's
+    /// benchmark, say, and not the verification around it).
+    #[serde(alias = "match-body")]
+    pub match_body: Option<String>,
 }
 
 impl Faults {
@@ -197,6 +207,7 @@ impl Faults {
         self.error_event_after.is_some()
             || self.short_stream_after.is_some()
             || self.http_500.is_some()
+            || self.http_500_every.is_some()
             || self.first_token_delay_ms.is_some()
             || self.stall_after.is_some()
             || self.alter_tokens
@@ -209,6 +220,18 @@ impl Faults {
             return Err(FaultError::Invalid {
                 flag: "--times",
                 why: "must be at least 1 (leave it out for every matching request)".into(),
+            });
+        }
+        if self.match_body.as_deref() == Some("") {
+            return Err(FaultError::Invalid {
+                flag: "--match-body",
+                why: "must not be empty (leave it out to match any body)".into(),
+            });
+        }
+        if self.http_500_every == Some(0) {
+            return Err(FaultError::Invalid {
+                flag: "--http-500-every",
+                why: "must be at least 1 (leave it out for none)".into(),
             });
         }
         if self.http_500 == Some(0) {
@@ -274,6 +297,9 @@ pub struct Args {
     /// InternalServerError body) without forwarding them; later ones pass.
     #[arg(long = "http-500", value_name = "K", allow_negative_numbers = true)]
     pub http_500: Option<u64>,
+    /// Answer every Nth faulted generation request with HTTP 500 (a fraction 1/N).
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub http_500_every: Option<u64>,
     /// Hold the first content event of a stream (or a whole non-streamed answer) D ms.
     #[arg(long, value_name = "D", allow_negative_numbers = true)]
     pub first_token_delay_ms: Option<u64>,
@@ -295,6 +321,9 @@ pub struct Args {
     /// beginning `pdwarden-probe-`).
     #[arg(long = "match", value_enum, default_value_t = MatchRule::All)]
     pub match_rule: MatchRule,
+    /// Only requests whose body contains this text match as well.
+    #[arg(long, value_name = "TEXT")]
+    pub match_body: Option<String>,
 }
 
 /// Validated flags.
@@ -319,12 +348,14 @@ impl Args {
             error_event_after: self.error_event_after,
             short_stream_after: self.short_stream_after,
             http_500: self.http_500,
+            http_500_every: self.http_500_every,
             first_token_delay_ms: self.first_token_delay_ms,
             stall_after: self.stall_after,
             alter_tokens: self.alter_tokens,
             alter_token_at: self.alter_token_at,
             times: self.times,
             match_rule: self.match_rule,
+            match_body: self.match_body,
         };
         faults.validate()?;
         Ok(ProxyConfig {
@@ -500,6 +531,8 @@ struct ProxyState {
     faults: Faults,
     remaining: Remaining,
     counters: Counters,
+    /// Faulted requests since the set was replaced (`http_500_every`).
+    faulted_in_set: u64,
 }
 
 struct Proxy {
@@ -528,6 +561,7 @@ impl Proxy {
             times: faults.times,
             http_500: faults.http_500.unwrap_or(0),
         };
+        s.faulted_in_set = 0;
         s.faults = faults;
     }
 
@@ -553,7 +587,11 @@ impl Proxy {
             MatchRule::All => true,
             MatchRule::Probe => probe,
             MatchRule::Stream => streamed(),
-        };
+        } && s
+            .faults
+            .match_body
+            .as_deref()
+            .is_none_or(|text| body.windows(text.len().max(1)).any(|w| w == text.as_bytes()));
         if !s.faults.any() || !matched {
             return None;
         }
@@ -564,9 +602,16 @@ impl Proxy {
             None => {}
         }
         s.counters.faulted_requests += 1;
-        let http_500 = s.remaining.http_500 > 0;
-        if http_500 {
+        s.faulted_in_set += 1;
+        let every = s
+            .faults
+            .http_500_every
+            .is_some_and(|n| s.faulted_in_set % n.max(1) == 0);
+        let http_500 = s.remaining.http_500 > 0 || every;
+        if s.remaining.http_500 > 0 {
             s.remaining.http_500 -= 1;
+        }
+        if http_500 {
             s.counters.injected.http_500 += 1;
         }
         let f = &s.faults;
@@ -610,6 +655,7 @@ pub async fn serve(
             faults: Faults::default(),
             remaining: Remaining::default(),
             counters: Counters::default(),
+            faulted_in_set: 0,
         }),
     });
     proxy.replace(faults);
@@ -1915,6 +1961,44 @@ mod tests {
         );
         rig.stop().await;
         rig2.stop().await;
+    }
+
+    // --http-500-every 3 (issue 47): one generation request in three is answered 500,
+    // for as long as the set stands; the rest pass. With --match-body, only requests
+    // whose body holds the text are counted and faulted.
+    #[tokio::test]
+    async fn http_500_every_nth_and_match_body() {
+        let rig = start_rig(Faults {
+            http_500_every: Some(3),
+            ..Faults::default()
+        })
+        .await;
+        let mut statuses = Vec::new();
+        for _ in 0..9 {
+            statuses.push(
+                send(rig.url("/v1/chat/completions"), chat(false), None)
+                    .await
+                    .status()
+                    .as_u16(),
+            );
+        }
+        assert_eq!(statuses, [200, 200, 500, 200, 200, 500, 200, 200, 500]);
+        assert_eq!(rig.control().await.counters.injected.http_500, 3);
+        rig.stop().await;
+        let rig = start_rig(Faults {
+            http_500_every: Some(1),
+            match_body: Some("needle".into()),
+            ..Faults::default()
+        })
+        .await;
+        assert_eq!(
+            send(rig.url("/v1/chat/completions"), chat(false), None).await.status(),
+            200
+        );
+        let mut asks = chat(false);
+        asks["messages"][0]["content"] = json!("a needle in it");
+        assert_eq!(send(rig.url("/v1/chat/completions"), asks, None).await.status(), 500);
+        rig.stop().await;
     }
 
     // --first-token-delay-ms 200: the first content event of a stream comes no sooner than

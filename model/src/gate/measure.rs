@@ -42,16 +42,52 @@ pub struct Measurement {
     pub label: String,
     pub cells: Vec<CellMeasurement>,
     pub total_ms: u64,
+    /// The discarded warm-up before it (absent from a measurement journaled
+    /// before issue 47).
+    #[serde(default, skip_serializing_if = "WarmUp::is_empty")]
+    pub warmup: WarmUp,
+}
+
+/// The warm-up the gate runs before every look and whose timings it
+/// discards (the pair just restarted is not yet warm; the pair in service
+/// is). A request that failed there still failed: it counts in the look's
+/// failures (issue 47: the warm-up threw its failures away with its
+/// timings, so a transient, or a change that fails its first requests,
+/// never reached the judge).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct WarmUp {
+    pub requests: usize,
+    pub failed: usize,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub first_error: String,
+}
+
+impl WarmUp {
+    /// The warm-up of `cells` as measured.
+    pub fn of(cells: &[CellMeasurement]) -> WarmUp {
+        let all = || cells.iter().flat_map(|c| &c.requests);
+        WarmUp {
+            requests: all().count(),
+            failed: all().filter(|r| !r.ok).count(),
+            first_error: all().find(|r| !r.ok).map(|r| r.error.clone()).unwrap_or_default(),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.requests == 0 && self.failed == 0
+    }
 }
 
 impl Measurement {
+    /// The requests that failed, the warm-up's included.
     pub fn failures(&self) -> usize {
-        self.cells.iter().flat_map(|c| &c.requests).filter(|r| !r.ok).count()
+        self.cells.iter().flat_map(|c| &c.requests).filter(|r| !r.ok).count() + self.warmup.failed
     }
 
-    /// The requests sent and those that failed, for the judge's rate test.
+    /// The requests sent and those that failed, the warm-up's included,
+    /// for the judge's rate test.
     pub fn tally(&self) -> crate::judge::gate::Tally {
-        let sent = self.cells.iter().map(|c| c.requests.len()).sum();
+        let sent = self.cells.iter().map(|c| c.requests.len()).sum::<usize>() + self.warmup.requests;
         crate::judge::gate::Tally::new(self.failures(), sent)
     }
 
@@ -84,6 +120,11 @@ impl Measurement {
             }
         }
         self.total_ms += more.total_ms;
+        self.warmup.requests += more.warmup.requests;
+        self.warmup.failed += more.warmup.failed;
+        if self.warmup.first_error.is_empty() {
+            self.warmup.first_error = more.warmup.first_error;
+        }
     }
 }
 
@@ -146,7 +187,7 @@ pub fn first_error(m: &Measurement) -> String {
         .flat_map(|c| &c.requests)
         .find(|r| !r.ok)
         .map(|r| r.error.clone())
-        .unwrap_or_default()
+        .unwrap_or_else(|| m.warmup.first_error.clone())
 }
 
 impl CellMeasurement {
@@ -205,5 +246,60 @@ impl CellMeasurement {
             }],
             throughput: Vec::new(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(ok: bool, error: &str) -> RequestFigures {
+        RequestFigures {
+            round: 0,
+            ok,
+            ttft_ms: 10.0,
+            e2e_ms: 20.0,
+            itl_ms: Some(1.0),
+            tokens: 8,
+            error: error.into(),
+        }
+    }
+
+    /// Issue 47: the warm-up's timings are discarded, its failures are not.
+    /// The gate's first request after a change is a warm-up request; a
+    /// stream error there (a client's transient, or a change that fails its
+    /// first requests) used to vanish with the warm-up's timings.
+    #[test]
+    fn a_failure_in_the_warm_up_counts() {
+        let cell = Cell {
+            prompt_tokens: 16,
+            output_tokens: 24,
+            concurrency: 1,
+            rounds: 2,
+        };
+        let warmed = [CellMeasurement {
+            cell,
+            requests: vec![
+                request(false, "error event in the stream after 2 tokens"),
+                request(true, ""),
+            ],
+            throughput: Vec::new(),
+        }];
+        let mut m = Measurement {
+            label: "after#1".into(),
+            cells: vec![CellMeasurement {
+                cell,
+                requests: vec![request(true, ""); 16],
+                throughput: Vec::new(),
+            }],
+            total_ms: 1,
+            warmup: WarmUp::of(&warmed),
+        };
+        assert_eq!(m.failures(), 1);
+        assert_eq!(m.tally(), crate::judge::gate::Tally::new(1, 18));
+        assert_eq!(first_error(&m), "error event in the stream after 2 tokens");
+        let again = m.clone();
+        m.extend(again);
+        assert_eq!(m.tally(), crate::judge::gate::Tally::new(2, 36));
     }
 }

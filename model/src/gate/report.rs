@@ -253,7 +253,7 @@ impl MeasurementSummary {
     pub fn of(m: &Measurement) -> MeasurementSummary {
         MeasurementSummary {
             label: m.label.clone(),
-            requests: m.cells.iter().map(|c| c.requests.len()).sum(),
+            requests: m.tally().requests,
             failures: m.failures(),
             total_ms: m.total_ms,
         }

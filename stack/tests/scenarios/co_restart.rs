@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::harness::{HeldDemo, at, demo, exclusive, must_at, pdwarden, poll, sim_fault, step_names};
+use crate::harness::{HeldDemo, at, demo, exclusive, must_at, pdwarden, poll, set_faults, sim_fault, step_names};
 
 const LIMIT: Duration = Duration::from_secs(120);
 
@@ -76,7 +76,9 @@ fn overlap_policy_overlaps_engine_loads_but_still_gates_the_router() {
 #[test]
 fn decode_only_restart_is_refused() {
     let _one = exclusive();
-    let demo = HeldDemo::start(&[], LIMIT);
+    // pd-faultproxy between the router and the decode, no faults yet (the
+    // HTTP 500 fraction below).
+    let demo = HeldDemo::start(&["--decode-proxy", ""], LIMIT);
     assert!(matches!(
         demo.report["verdict"].as_str(),
         Some("healthy" | "healthy_after_cold_start")
@@ -196,6 +198,28 @@ fn decode_only_restart_is_refused() {
         "{text}"
     );
     sim_fault(&demo.unit_url("decode-0"), r#"{"pause_after_tokens": 0}"#);
+    // And HTTP 500 on one generation request in five at the decode, under
+    // the same clients: the router retries each into a success (its
+    // clients see 200s), and only its own counters show it. Every
+    // verification is `failed`, naming the router's retries.
+    let proxy = demo.report["demo"]["decode_proxy"].as_str().expect("demo.decode_proxy");
+    set_faults(proxy, r#"{"http_500_every": 5}"#);
+    for _ in 0..3 {
+        let out = demo.cli_within(&["verify", "demo", "--json"], Duration::from_secs(120));
+        let r = out.json();
+        let text = crate::harness::reasons(&r);
+        println!(
+            "under traffic, the decode answering 1 in 5 with HTTP 500: {} — {}",
+            r["verdict"],
+            text.lines().next().unwrap_or("")
+        );
+        assert_eq!((out.code, r["verdict"].as_str()), (2, Some("failed")), "{text}");
+        assert!(
+            text.contains("router router-0: counted") && text.contains("from its decode workers"),
+            "the fault not named: {text}"
+        );
+    }
+    set_faults(proxy, "{}");
     for c in clients {
         println!("a client meanwhile: {}", c.stop());
     }

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::harness::{HeldDemo, Output, exclusive, reasons, step_names};
+use crate::harness::{HeldDemo, Output, exclusive, reasons, set_faults, step_names};
 
 const LIMIT: Duration = Duration::from_secs(180);
 
@@ -244,11 +244,66 @@ fn knob_the_process_never_received_fails_verification() {
 /// now the sampling unit. A later CI run measured ttft p90 at concurrency 4
 /// 18.3 ms → 25.5 ms after the change and 31.5 ms after the rollback, the
 /// knob off: a host slowing down, which the gate named as such.)
+///
+/// Issue 47 item 5: production is never quiet, and a client's stream can
+/// fail once while the gate measures. The first benchmark request after the
+/// change (pd-faultproxy in front of the decode, aimed at the benchmark's
+/// prompt once the knob is live) ends with an error event: one failure of
+/// the after-measurement's requests against none before. The judge compared
+/// raw counts (0 < 1: `Regressed`); as rates the test cannot show a rise,
+/// the gate measures again and, not shown by its last look, says it and does
+/// not count it. The no-op is still never rejected.
 #[test]
 fn change_inside_the_noise_is_never_rejected() {
     let _one = exclusive();
-    let demo = stack("1.0", &[]);
+    let demo = stack("1.0", &["--decode-proxy", ""]);
+    let proxy = demo.report["demo"]["decode_proxy"]
+        .as_str()
+        .expect("demo.decode_proxy")
+        .to_string();
+    let decode = demo.unit_url("decode-0");
+    // Armed once the decode runs with the knob: the next benchmark request
+    // is the after-measurement's (the verification around the change asks
+    // with other prompts).
+    let armed = std::thread::spawn(move || {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let client = reqwest::Client::new();
+        let live = || {
+            rt.block_on(async {
+                let r = client.get(format!("{decode}/sim/stats")).send().await.ok()?;
+                r.json::<Value>().await.ok()
+            })
+            .is_some_and(|v| v["settings"]["knob_live"] == true)
+        };
+        for _ in 0..3_000 {
+            if live() {
+                set_faults(
+                    &proxy,
+                    r#"{"error_event_after": 2, "times": 1, "match_body": "measure the pair"}"#,
+                );
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    });
     let (out, v) = gate(&demo);
+    assert!(armed.join().unwrap(), "the knob never went live: {v:#}");
+    let j = &v["judgement"];
+    println!(
+        "a no-op with one transient failure after it: {} — failures {} of {} after, {} of {} before",
+        v["verdict"], j["failures_after"], j["requests_after"], j["failures_before"], j["requests_before"]
+    );
+    assert_eq!(
+        j["failures_after"], 1,
+        "the transient landed in the after-measurement: {v:#}"
+    );
+    assert_eq!(j["failures_worse"], false, "{v:#}");
+    assert!(
+        reasons(&v).contains("not counted against the change (a transient)"),
+        "{}",
+        reasons(&v)
+    );
     assert_output_unchanged(&v);
     let j = &v["judgement"];
     let comparisons = j["comparisons"].as_array().unwrap();
@@ -279,9 +334,8 @@ fn change_inside_the_noise_is_never_rejected() {
             let r = reasons(&v);
             assert!(r.starts_with("BASELINE MOVED"), "{r}");
             let rj = &v["rollback_judgement"];
-            let failed_more = rj["failures_after"].as_u64() > rj["failures_before"].as_u64();
             assert!(
-                failed_more
+                rj["failures_worse"] == true
                     || rj["comparisons"]
                         .as_array()
                         .unwrap()

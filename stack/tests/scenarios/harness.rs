@@ -280,6 +280,23 @@ pub fn sim_fault(url: &str, body: &'static str) {
     assert!(answered.as_ref().is_ok_and(|s| s.is_success()), "{answered:?}");
 }
 
+/// Replaces the fault proxy's faults (`POST /_faultproxy/faults`).
+pub fn set_faults(proxy: &str, body: &str) {
+    let answered = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .unwrap()
+            .post(format!("{proxy}/_faultproxy/faults"))
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .map(|r| r.status())
+    });
+    assert!(answered.as_ref().is_ok_and(|s| s.is_success()), "{answered:?}");
+}
+
 /// One suite step of a report, by name.
 pub fn step<'a>(report: &'a Value, name: &str) -> &'a Value {
     report["suite"]

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::harness::{HeldDemo, Stopped, at, exclusive, must_at, poll, reasons, step};
+use crate::harness::{HeldDemo, Stopped, at, exclusive, must_at, poll, reasons, set_faults, step};
 
 const LIMIT: Duration = Duration::from_secs(400);
 
@@ -220,23 +220,6 @@ fn replace_weights(dir: &std::path::Path) {
         .output()
         .expect("the vLLM venv's python");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-}
-
-/// Replaces the fault proxy's faults (`POST /_faultproxy/faults`).
-fn set_faults(proxy: &str, body: &'static str) {
-    let answered = tokio::runtime::Runtime::new().unwrap().block_on(async {
-        reqwest::Client::builder()
-            .no_proxy()
-            .build()
-            .unwrap()
-            .post(format!("{proxy}/_faultproxy/faults"))
-            .header("content-type", "application/json")
-            .body(body)
-            .send()
-            .await
-            .map(|r| r.status())
-    });
-    assert!(answered.as_ref().is_ok_and(|s| s.is_success()), "{answered:?}");
 }
 
 /// ms on CLOCK_MONOTONIC, the clock the orchestrator's triggers record on.

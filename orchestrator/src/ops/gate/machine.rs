@@ -1532,6 +1532,7 @@ mod tests {
                 throughput: ms.iter().map(|ms| 24_000.0 / ms).collect(),
             }],
             total_ms: 1,
+            warmup: Default::default(),
         }
     }
 

@@ -83,7 +83,7 @@ pub use machine::GateStep;
 use machine::{ChildPurpose, GateEffect, GateEvent, GateState, Gating, SoFar, Why};
 use pdwarden_model::gate::change::ChangeSpec;
 use pdwarden_model::gate::config::Cell;
-use pdwarden_model::gate::measure::{CellMeasurement, Measurement};
+use pdwarden_model::gate::measure::{CellMeasurement, Measurement, WarmUp};
 use pdwarden_model::gate::report::{GateReport, GateVerdict, MeasurementSummary, VersionRecord};
 use pdwarden_model::judge::golden::GoldenRecord;
 use pdwarden_model::judge::verdict::VerdictKind;
@@ -923,17 +923,19 @@ impl Gate {
         out
     }
 
-    /// Runs the benchmark through the pair's first router: a discarded
-    /// warm-up (two rounds of every cell: the pair in service is warm, the
-    /// one just restarted is not, and the same warm-up before every look
-    /// puts both in the same state), then every configured cell.
+    /// Runs the benchmark through the pair's first router: a warm-up whose
+    /// timings are discarded (two rounds of every cell: the pair in service
+    /// is warm, the one just restarted is not, and the same warm-up before
+    /// every look puts both in the same state) but whose failures count
+    /// ([`WarmUp`]), then every configured cell.
     async fn measure(&self, label: &str) -> Measurement {
         let started = Instant::now();
         let router = &self.pair.router[0];
         let cells = self.pair.gate.cells();
+        let mut warmed = Vec::new();
         for &cell in &cells {
             let warmup = Cell { rounds: 2, ..cell };
-            let _ = self.bench_cell(router, warmup).await;
+            warmed.push(self.bench_cell(router, warmup).await);
         }
         let mut measured = Vec::new();
         for &cell in &cells {
@@ -943,6 +945,7 @@ impl Gate {
             label: label.into(),
             cells: measured,
             total_ms: started.elapsed().as_millis() as u64,
+            warmup: WarmUp::of(&warmed),
         };
         self.rec.journal(entry::MEASUREMENT, &m);
         m
@@ -1106,6 +1109,7 @@ mod tests {
                 },
             ],
             total_ms: 1,
+            warmup: Default::default(),
         };
         let before = mk(1.0);
         let mut after = mk(1.2);
@@ -1140,6 +1144,7 @@ mod tests {
                 throughput: vec![1800.0; 2],
             }],
             total_ms: 5,
+            warmup: Default::default(),
         };
         let mut a = mk();
         a.extend(mk());
