@@ -55,6 +55,8 @@ pub mod checks;
 mod commands;
 pub mod config;
 mod evidence;
+/// The most bytes an evidence answer encodes to (issue 48).
+pub use evidence::MAX_ANSWER_BYTES;
 mod exporter;
 pub mod gate;
 pub mod gpu;

@@ -493,3 +493,141 @@ async fn the_units_secret_is_nowhere_in_its_evidence() {
     rig.finish().await;
     served.abort();
 }
+
+/// A py-spy stand-in for an engine far past every bound: whatever pid it is
+/// given, 41 threads of 120 frames of 3 KB each, about 15 MB of JSON (a real
+/// 7-process engine's dump was 5.6 MB).
+const HOSTILE_PY_SPY: &str = r#"#!/usr/bin/env python3
+import json, sys
+name = "deep_" + "x" * 3000
+threads = [{"os_thread_id": 900000 + t, "thread_name": "worker-%d" % t, "active": False,
+            "owns_gil": False,
+            "frames": [{"name": "%s_%d" % (name, f), "short_filename": "engine.py", "line": f}
+                       for f in range(120)]}
+           for t in range(41)]
+sys.stdout.write(json.dumps(threads))
+"#;
+
+// Property (issue 48: a 14 MB answer broke the agent's link and the
+// co-restart waiting on it): a capture of an engine far past every bound
+// (four processes each with a 15 MB py-spy dump, 1 MB log lines, a 20 MB
+// metrics page) reaches the orchestrator within the agent's bound, says
+// what it cut, keeps each thread's innermost frames, and the link goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_capture_far_past_the_wire_limit_is_cut_at_the_agent_and_says_so() {
+    use axum::routing::get;
+    use prost::Message as _;
+    use std::os::unix::fs::PermissionsExt as _;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = axum::Router::new().route("/metrics", get(|| async { "m 1\n".repeat(5 << 20) }));
+    let served = tokio::spawn(async move { axum::serve(listener, app).await });
+    let bin = tempfile::tempdir().unwrap();
+    let py_spy = bin.path().join("py-spy");
+    std::fs::write(&py_spy, HOSTILE_PY_SPY).unwrap();
+    std::fs::set_permissions(&py_spy, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let unit = format!(
+        "[[unit]]\nname = \"huge\"\nrole = \"prefill\"\nbase_url = \"http://{addr}\"\n\
+         argv = [\"sh\", \"-c\", \"i=0; while [ $i -lt 40 ]; do printf '%025000d\\\\n' $i; i=$((i+1)); done; \
+         echo big log done; sleep 600 & sleep 600 & sleep 600 & wait\"]\n"
+    );
+    let mut rig = Rig::start(&unit, Some(&py_spy)).await;
+    let pid = rig.start_unit("huge").await;
+    rig.wait_log("huge", "big log done").await;
+    wait_until("the shell's three children", || children_of(pid).len() == 3).await;
+
+    let r = rig.capture("ev-1", &["huge"], 20_000).await;
+    assert!(
+        r.encoded_len() <= pdwarden_agent::MAX_ANSWER_BYTES,
+        "{} bytes",
+        r.encoded_len()
+    );
+    let u = &r.units[0];
+    assert_eq!(u.processes.len(), 4, "{:#?}", u.missing);
+    let said = |what: &str| u.missing.iter().any(|m| m.contains(what));
+    assert!(
+        said(&format!("py-spy of pid {pid}: its output passed")),
+        "{:#?}",
+        u.missing
+    );
+    assert!(said("innermost"), "{:#?}", u.missing);
+    assert!(said("cut to 400 bytes"), "{:#?}", u.missing);
+    assert!(said("cut to keep the agent's answer within"), "{:#?}", u.missing);
+    for p in &u.processes {
+        assert_eq!(p.method, "py-spy", "{}", p.py_spy_error);
+        let deep: Vec<_> = p.threads.iter().filter(|t| !t.frames.is_empty()).collect();
+        assert!(!deep.is_empty());
+        assert!(deep.iter().all(|t| t.frames[0].starts_with("deep_xxx")), "{deep:#?}");
+    }
+    let metrics = u.documents.iter().find(|d| d.name == "metrics").unwrap();
+    assert!(metrics.truncated && metrics.status == 200, "{metrics:#?}");
+
+    // The link is whole: the next command is answered.
+    let again = rig.capture("ev-2", &["nope"], 1000).await;
+    assert_eq!(again.units[0].missing, ["unknown unit \"nope\""]);
+    rig.finish().await;
+    served.abort();
+}
+
+// Property (issue 48, red team): secrets of every leaked shape, none of
+// them a value the unit was given, are nowhere in a capture: SGLang's
+// server_args line, a JSON api_key, a bearer header and a database URL in
+// the log tail; URL credentials in the argv of the unit and of its child;
+// a key and a bearer token in its documents.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_by_shape_are_nowhere_in_a_capture() {
+    use axum::routing::get;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = axum::Router::new()
+        .route("/metrics", get(|| async { "up{auth=\"Bearer DocBearer0001\"} 1\n" }))
+        .route(
+            "/get_server_info",
+            get(|| async { "{\"api_key\": \"DocApiKey0001\", \"hf_token\": \"hf_DocHfToken0001abc\"}" }),
+        );
+    let served = tokio::spawn(async move { axum::serve(listener, app).await });
+    let script = "echo \\\"server_args=ServerArgs(model_path='/m', api_key='LogApiKey0001', hf_token='hf_LogHfToken0001abc')\\\"; \
+                  echo '{\\\"api_key\\\": \\\"LogJsonKey0001\\\"}'; \
+                  echo 'Authorization: Bearer LogBearer0001'; \
+                  echo 'db postgres://app:LogDbPass0001@db:5432/x'; echo logged; \
+                  python3 -c 'import time; time.sleep(600)' http://child:ChildPass0001@router:8080/ & wait";
+    let unit = format!(
+        "[[unit]]\nname = \"leaky\"\nrole = \"prefill\"\nbase_url = \"http://{addr}\"\n\
+         argv = [\"sh\", \"-c\", \"{script}\", \"http://unit:UnitPass0001@router:8080/\"]\n"
+    );
+    let mut rig = Rig::start(&unit, None).await;
+    let pid = rig.start_unit("leaky").await;
+    rig.wait_log("leaky", "logged").await;
+    wait_until("the python child", || children_of(pid).len() == 1).await;
+
+    let r = rig.capture("ev-1", &["leaky"], 5000).await;
+    let all = format!("{r:?}");
+    for secret in [
+        "LogApiKey0001",
+        "LogHfToken0001",
+        "LogJsonKey0001",
+        "LogBearer0001",
+        "LogDbPass0001",
+        "ChildPass0001",
+        "UnitPass0001",
+        "DocBearer0001",
+        "DocApiKey0001",
+        "DocHfToken0001",
+    ] {
+        assert!(!all.contains(secret), "{secret} in {r:#?}");
+    }
+    let u = &r.units[0];
+    assert!(u.log_tail.contains("api_key='[redacted]'"), "{}", u.log_tail);
+    assert_eq!(u.processes.len(), 2, "{u:#?}");
+    // The unit's own command line is cut at 300 characters, past the
+    // child's URL's host.
+    assert!(
+        u.processes
+            .iter()
+            .all(|p| p.command.contains("http://child:[redacted]@")),
+        "{:#?}",
+        u.processes
+    );
+    rig.finish().await;
+    served.abort();
+}
