@@ -261,6 +261,21 @@ pub struct UnitConfig {
     /// metrics path the orchestrator asks for (`/metrics`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics_url: Option<String>,
+    /// The account it runs as, a name or a uid of the host's user database
+    /// (issue 48: an engine that runs someone's code, `trust_remote_code`,
+    /// must not run it as root). Absent: the agent's own user. Resolved
+    /// when the agent loads its config and at every spawn; the child gets
+    /// the account's uid, `group`'s gid (else the account's primary group),
+    /// no supplementary groups and no capabilities, and the account's
+    /// `HOME`, `USER` and `LOGNAME` unless `env` sets them. Only a root
+    /// agent switches users: a non-root one refuses the config (see
+    /// [`crate::runas`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// The unit's group, a name or a gid; needs `user`. Absent: the user's
+    /// primary group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
 }
 
 fn default_shutdown_grace_ms() -> u64 {
@@ -324,14 +339,38 @@ impl AgentConfig {
         Ok(config)
     }
 
-    /// Reads, parses and validates the config file at `path`.
+    /// Reads, parses and validates the config file at `path`, and checks
+    /// that this agent can run each unit as its `user`
+    /// ([`AgentConfig::check_unit_users`]).
     pub fn load(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
         let path = path.as_ref();
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.to_owned(),
             source,
         })?;
-        Self::from_toml_str(&text)
+        let config = Self::from_toml_str(&text)?;
+        config.check_unit_users()?;
+        Ok(config)
+    }
+
+    /// Every unit's `user` and `group` exist on this host and this agent
+    /// process can start the unit as them (run by `load` and by `run`;
+    /// not by `from_toml_str`, which reads a config written for another
+    /// host as well). One line naming the field at fault.
+    pub fn check_unit_users(&self) -> Result<(), ConfigError> {
+        self.check_unit_users_as(&crate::runas::Privilege::of_this_process())
+    }
+
+    /// [`AgentConfig::check_unit_users`] for an agent of privilege `agent`.
+    pub fn check_unit_users_as(&self, agent: &crate::runas::Privilege) -> Result<(), ConfigError> {
+        for (i, unit) in self.units.iter().enumerate() {
+            if let Some(run_as) = unit.run_as_at(i)? {
+                agent
+                    .may_run_as(&run_as)
+                    .map_err(|why| invalid(format!("unit[{i}].user"), format!("unit {:?}: {why}", unit.name)))?;
+            }
+        }
+        Ok(())
     }
 
     /// The parsed `gpu_source` (`auto` if it does not parse: `validate`
@@ -443,6 +482,8 @@ impl UnitConfig {
             bootstrap_port: None,
             autostart: false,
             metrics_url: None,
+            user: None,
+            group: None,
         }
     }
 
@@ -514,6 +555,22 @@ impl UnitConfig {
             metrics_path
         };
         format!("{}{path}", self.base_url.trim_end_matches('/'))
+    }
+
+    /// The account it runs as, looked up now (`None`: the agent's own).
+    /// The error names the unit and the field (`user` or `group`).
+    pub fn run_as(&self) -> Result<Option<crate::runas::RunAs>, String> {
+        crate::runas::resolve(self.user.as_deref(), self.group.as_deref())
+            .map_err(|(field, why)| format!("{}: {why}", field.as_str()))
+    }
+
+    fn run_as_at(&self, index: usize) -> Result<Option<crate::runas::RunAs>, ConfigError> {
+        crate::runas::resolve(self.user.as_deref(), self.group.as_deref()).map_err(|(field, why)| {
+            invalid(
+                format!("unit[{index}].{}", field.as_str()),
+                format!("unit {:?}: {why}", self.name),
+            )
+        })
     }
 
     /// The kind of server, explicit or implied by the role.
@@ -614,6 +671,25 @@ impl UnitConfig {
                     format!("unit {:?}: contains a NUL byte", self.name),
                 ));
             }
+        }
+        for (f, value) in [("user", &self.user), ("group", &self.group)] {
+            if let Some(value) = value
+                && (value.trim().is_empty() || value.contains('\0') || value.contains(char::is_whitespace))
+            {
+                return Err(invalid(
+                    field(f),
+                    format!("unit {:?}: {value:?} is not a user or group name or number", self.name),
+                ));
+            }
+        }
+        if self.group.is_some() && self.user.is_none() {
+            return Err(invalid(
+                field("group"),
+                format!(
+                    "unit {:?}: group needs user (a group alone would keep the agent's own user)",
+                    self.name
+                ),
+            ));
         }
         check_http_url(&field("base_url"), &self.base_url)?;
         for (f, path) in [
@@ -1108,6 +1184,89 @@ mod tests {
             assert!(e.contains(want), "want {want:?} in: {e}");
             assert!(!e.contains('\n'), "one line: {e}");
         }
+    }
+
+    /// Issue 48, item 5: a unit has no `user` and every engine ran as the
+    /// agent's user, root. `user` and `group` parse, round-trip and are
+    /// left out when absent; written wrong they are refused by
+    /// `from_toml_str` naming the field; a name the host lacks is refused
+    /// by `load` (and `check_unit_users`), in one line naming the field,
+    /// while `from_toml_str` still reads a config written for another host.
+    #[test]
+    fn a_units_user_and_group_are_checked_at_load() {
+        let c = AgentConfig::from_toml_str(&format!("{HEAD}{UNIT}user='nobody'\ngroup='0'\n")).unwrap();
+        assert_eq!(c.units[0].user.as_deref(), Some("nobody"));
+        assert_eq!(c.units[0].group.as_deref(), Some("0"));
+        assert_eq!(AgentConfig::from_toml_str(&c.to_toml_string().unwrap()).unwrap(), c);
+        let plain = AgentConfig::from_toml_str(&format!("{HEAD}{UNIT}")).unwrap();
+        assert_eq!(
+            (plain.units[0].user.as_deref(), plain.units[0].run_as()),
+            (None, Ok(None))
+        );
+        let written = plain.to_toml_string().unwrap();
+        assert!(!written.contains("user") && !written.contains("group"), "{written}");
+        let root = crate::runas::Privilege {
+            uid: 0,
+            gid: 0,
+            setid_capable: true,
+        };
+        assert!(c.check_unit_users_as(&root).is_ok());
+
+        for (text, says) in [
+            (
+                format!("{UNIT}user=''\n"),
+                "field `unit[0].user`: unit \"u\": \"\" is not a user",
+            ),
+            (format!("{UNIT}user='a b'\n"), "field `unit[0].user`"),
+            (format!("{UNIT}user=3\n"), "field unit.user: invalid type"),
+            (
+                format!("{UNIT}group='video'\n"),
+                "field `unit[0].group`: unit \"u\": group needs user",
+            ),
+            (format!("{UNIT}user='nobody'\ngroup=' '\n"), "field `unit[0].group`"),
+        ] {
+            let e = err(&format!("{HEAD}{text}"));
+            assert!(e.contains(says), "want {says:?} in: {e}");
+            assert!(!e.contains('\n'), "one line: {e}");
+        }
+
+        let dir = tempfile::tempdir().unwrap();
+        for (text, says) in [
+            (
+                format!("{UNIT}user='pdwarden-no-such-user'\n"),
+                "agent config: field `unit[0].user`: unit \"u\": no such user \"pdwarden-no-such-user\" on this host",
+            ),
+            (
+                format!("{UNIT}user='nobody'\ngroup='pdwarden-no-such-group'\n"),
+                "agent config: field `unit[0].group`: unit \"u\": no such group \"pdwarden-no-such-group\" on this host",
+            ),
+        ] {
+            let text = format!("{HEAD}{text}");
+            AgentConfig::from_toml_str(&text).expect("parsing alone does not look users up");
+            let path = dir.path().join("agent.toml");
+            std::fs::write(&path, &text).unwrap();
+            assert_eq!(AgentConfig::load(&path).unwrap_err().to_string(), says);
+            assert_eq!(
+                AgentConfig::from_toml_str(&text)
+                    .unwrap()
+                    .check_unit_users_as(&root)
+                    .unwrap_err()
+                    .to_string(),
+                says
+            );
+        }
+
+        // An agent that is not root refuses a unit of another user.
+        let unprivileged = crate::runas::Privilege {
+            uid: 1000,
+            gid: 1000,
+            setid_capable: false,
+        };
+        let e = c.check_unit_users_as(&unprivileged).unwrap_err().to_string();
+        assert!(
+            e.starts_with("agent config: field `unit[0].user`: unit \"u\": the agent runs as uid 1000, not root"),
+            "{e}"
+        );
     }
 
     // Property: load() reports the path of a missing file.

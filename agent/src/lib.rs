@@ -67,6 +67,7 @@ mod outbox;
 pub mod preflight;
 pub mod readiness;
 pub mod router_api;
+pub mod runas;
 pub use pdwarden_security::redact;
 pub mod service;
 mod service_manager;
@@ -129,6 +130,7 @@ pub enum AgentError {
 /// running. Errors only for a bad config or an unusable state directory (or fencing token file).
 pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Result<(), AgentError> {
     config.validate()?;
+    config.check_unit_users()?;
     let log_dir = config.state_dir.join("logs");
     std::fs::create_dir_all(&log_dir).map_err(|source| AgentError::StateDir {
         path: log_dir.clone(),

@@ -11,7 +11,8 @@
 //! It checks what would make the start fail before the engine's own code
 //! runs: the program (`argv[0]`, on the unit's `PATH` or the agent's, as
 //! the spawn resolves it) present and executable, the working directory
-//! present, and — for a unit not running now — its ports not already
+//! present, its `user` on this host and one the agent can switch to, and —
+//! for a unit not running now — its ports not already
 //! accepting connections (another process holds them: the new one would
 //! fail to bind, or worse, the probes would reach the other one).
 
@@ -30,6 +31,17 @@ const CONNECT_TIMEOUT: Duration = Duration::from_millis(200);
 /// `running`: the unit's own process runs (its ports are its own).
 pub fn problems(unit: &UnitConfig, spec: &LaunchSpec, running: bool) -> Vec<String> {
     let mut out = Vec::new();
+    // Its `user` still on this host and one this agent can switch to
+    // (issue 48): checked at load, but an account can go since.
+    match unit.run_as() {
+        Err(why) => out.push(format!("{}: {why}", unit.name)),
+        Ok(Some(to)) => {
+            if let Err(why) = crate::runas::Privilege::of_this_process().may_run_as(&to) {
+                out.push(format!("{}: user: {why}", unit.name));
+            }
+        }
+        Ok(None) => {}
+    }
     if let Some(cwd) = &unit.cwd
         && !cwd.is_dir()
     {
@@ -168,6 +180,13 @@ mod tests {
         let (mut u, s) = unit(&["sleep", "1"], "http://127.0.0.1:1");
         u.cwd = Some("/nope/dir".into());
         assert_eq!(problems(&u, &s, true), ["decode-0: cwd /nope/dir is not a directory"]);
+        // Issue 48: a user the host no longer has.
+        let (mut u, s) = unit(&["sleep", "1"], "http://127.0.0.1:1");
+        u.user = Some("pdwarden-no-such-user".into());
+        assert_eq!(
+            problems(&u, &s, true),
+            ["decode-0: user: no such user \"pdwarden-no-such-user\" on this host"]
+        );
     }
 
     /// A port that already answers while the unit is stopped is held by

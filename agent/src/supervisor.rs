@@ -67,6 +67,10 @@ pub enum SupervisorError {
         #[source]
         source: std::io::Error,
     },
+    /// Its `user` or `group` cannot be resolved now, or the agent cannot
+    /// switch to it (issue 48): never run as the agent's own user instead.
+    #[error("cannot spawn unit {unit:?}: {reason}")]
+    RunAs { unit: String, reason: String },
     #[error("cannot signal unit {unit:?} (process group {pid})")]
     Signal {
         unit: String,
@@ -408,6 +412,18 @@ impl Unit {
             let v = self.versions();
             (v.current, v.current_spec().clone())
         };
+        // Looked up again at each spawn: an account removed or changed
+        // since load is refused here, never replaced by the agent's own.
+        let run_as_err = |reason| SupervisorError::RunAs {
+            unit: cfg.name.clone(),
+            reason,
+        };
+        let run_as = cfg.run_as().map_err(run_as_err)?;
+        if let Some(to) = &run_as {
+            crate::runas::Privilege::of_this_process()
+                .may_run_as(to)
+                .map_err(run_as_err)?;
+        }
         let log = self.open_log(&ctx, version, &spec.argv)?;
         let log_err = log.try_clone().map_err(|source| SupervisorError::OpenLog {
             path: self.log_path.clone(),
@@ -419,6 +435,16 @@ impl Unit {
         // for it, and under NotifyAccess=all be believed).
         for k in SERVICE_MANAGER_ENV {
             cmd.env_remove(k);
+        }
+        if let Some(to) = &run_as {
+            // The account's own, unless the unit's env (set below) says
+            // otherwise; the gid before the uid, and the supplementary
+            // groups emptied (std does so when the uid is set).
+            cmd.env("HOME", &to.home)
+                .env("USER", &to.user)
+                .env("LOGNAME", &to.user)
+                .gid(to.gid)
+                .uid(to.uid);
         }
         for k in &spec.unset_env {
             cmd.env_remove(k);
@@ -1462,6 +1488,98 @@ MODEL = 'not secret, shown'
         assert_eq!(exited.ms_since_command, 0);
         assert_eq!(exited.exit_code, None);
         assert_eq!(exited.detail, "killed by signal 9 (SIGKILL)");
+    }
+
+    /// Issue 48, item 5: every engine ran as the agent's user, root. A
+    /// unit with `user = "nobody"` runs as nobody: its uid and gid (real,
+    /// effective, saved, file system), no supplementary group, no
+    /// capability, nobody's HOME, USER and LOGNAME; the agent still stops
+    /// it (CAP_KILL). Only a root agent with CAP_SETUID and CAP_SETGID
+    /// switches users: any other refuses the config at load, which is what
+    /// this test asserts where it does not run as such.
+    #[tokio::test]
+    async fn a_unit_with_a_user_runs_as_that_user_with_no_privilege() {
+        let units = "[[unit]]\nname='e'\nrole='prefill'\n\
+                     argv=['sh','-c','echo \"as $HOME $USER $LOGNAME\"; exec sleep 30']\n\
+                     base_url='http://127.0.0.1:1'\nuser='nobody'\n";
+        let nobody = crate::runas::resolve(Some("nobody"), None).unwrap().unwrap();
+        let agent = crate::runas::Privilege::of_this_process();
+        if agent.may_run_as(&nobody).is_err() {
+            let config = AgentConfig::from_toml_str(&format!(
+                "host='t'\norchestrator='http://127.0.0.1:1'\nstate_dir='/tmp'\n{units}"
+            ))
+            .unwrap();
+            let e = config.check_unit_users().unwrap_err().to_string();
+            assert!(
+                e.starts_with("agent config: field `unit[0].user`: unit \"e\": the agent "),
+                "a non-root agent refuses at load: {e}"
+            );
+            return;
+        }
+        let mut f = Fixture::from_units_toml(units);
+        let pid = f.start("e", "c1").await;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let field = |key: &str| -> Vec<String> {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(key))
+                .unwrap_or_else(|| panic!("no {key} in {status}"))
+                .split_whitespace()
+                .map(str::to_owned)
+                .collect()
+        };
+        assert_eq!(field("Uid:"), vec![nobody.uid.to_string(); 4], "{status}");
+        assert_eq!(field("Gid:"), vec![nobody.gid.to_string(); 4], "{status}");
+        assert_eq!(
+            field("Groups:"),
+            Vec::<String>::new(),
+            "no supplementary group: {status}"
+        );
+        for caps in ["CapPrm:", "CapEff:", "CapAmb:"] {
+            assert_eq!(field(caps), ["0000000000000000"], "{caps} {status}");
+        }
+        let want = format!("as {} nobody nobody", nobody.home.display());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !f.sup.log_tail("e", 5).unwrap_or_default().contains(&want) {
+            assert!(
+                Instant::now() < deadline,
+                "{want:?} not in {:?}",
+                f.sup.log_tail("e", 5)
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let out = f
+            .sup
+            .stop("e", CommandContext::new("c2", Instant::now()), Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(matches!(out, StopOutcome::Stopped { graceful: true, .. }), "{out:?}");
+    }
+
+    /// A unit whose user is gone by the time it starts is refused, never
+    /// run as the agent's own user.
+    #[tokio::test]
+    async fn a_unit_whose_user_is_gone_is_not_started() {
+        let f = Fixture::from_units_toml(
+            "[[unit]]\nname='e'\nrole='prefill'\nargv=['sleep','30']\n\
+             base_url='http://127.0.0.1:1'\nuser='pdwarden-no-such-user'\n",
+        );
+        let e = f
+            .sup
+            .start(
+                "e",
+                CommandContext::new("c1", Instant::now()),
+                false,
+                Duration::from_secs(5),
+                ReadinessParams::default(),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "cannot spawn unit \"e\": user: no such user \"pdwarden-no-such-user\" on this host"
+        );
+        assert_eq!(f.sup.unit_infos()[0].pid, 0);
     }
 
     // Property: stop sends SIGTERM to the group; a process that exits on it
