@@ -252,19 +252,34 @@ fn deb_installs_into_a_throwaway_root_with_owners_and_modes_and_starts_nothing()
     assert_eq!(user[5], "/var/lib/pdwarden", "home");
     assert_eq!(user[6], "/usr/sbin/nologin", "no login shell");
     assert_eq!(accounts.groups[&user[3].parse::<u32>().unwrap()], "pdwarden");
+    // Issue 48: the engines' own unprivileged user (the examples' `user`).
+    let engine = &accounts.passwd["pdwarden-engine"];
+    let engine_uid: u32 = engine[2].parse().unwrap();
+    assert!(
+        engine_uid < 1000 && engine_uid != uid,
+        "a system user of its own: uid {engine_uid}"
+    );
+    assert_eq!(engine[5], "/var/lib/pdwarden-engine", "home");
+    assert_eq!(engine[6], "/usr/sbin/nologin", "no login shell");
+    assert_eq!(accounts.groups[&engine[3].parse::<u32>().unwrap()], "pdwarden-engine");
     for (path, want) in [
         ("/etc/pdwarden", "0750 root:pdwarden"),
         ("/etc/pdwarden/tls", "0700 pdwarden:pdwarden"),
+        // Issue 48: the agent's key is the agent's (root's) alone, never
+        // in the orchestrator's directory.
+        ("/etc/pdwarden/agent-tls", "0700 root:root"),
         ("/var/lib/pdwarden", "0700 pdwarden:pdwarden"),
         ("/var/lib/pdwarden-agent", "0700 root:root"),
+        ("/var/lib/pdwarden-engine", "0700 pdwarden-engine:pdwarden-engine"),
     ] {
         assert_eq!(accounts.describe(&root.path, path), want, "{path}");
     }
-    let etc: Vec<_> = std::fs::read_dir(root.path.join("etc/pdwarden"))
+    let mut etc: Vec<_> = std::fs::read_dir(root.path.join("etc/pdwarden"))
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
         .collect();
-    assert_eq!(etc, ["tls"], "no config installed live");
+    etc.sort();
+    assert_eq!(etc, ["agent-tls", "tls"], "no config installed live");
 
     // Nothing started, enabled or restarted: only the unit files were read.
     assert_eq!(root.daemon_calls(), ["systemctl daemon-reload"]);
@@ -337,10 +352,13 @@ fn deb_installs_into_a_throwaway_root_with_owners_and_modes_and_starts_nothing()
         root.path.join("etc/pdwarden/tls/orchestrator-key.pem").is_file(),
         "the keys survive a purge"
     );
-    assert!(
-        !root.path.join("var/lib/pdwarden-agent").exists(),
-        "an empty state directory goes"
-    );
+    for empty in [
+        "var/lib/pdwarden-agent",
+        "var/lib/pdwarden-engine",
+        "etc/pdwarden/agent-tls",
+    ] {
+        assert!(!root.path.join(empty).exists(), "an empty directory goes: /{empty}");
+    }
     assert!(
         root.daemon_calls().iter().all(|c| c == "systemctl daemon-reload"),
         "{:?}",
