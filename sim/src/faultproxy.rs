@@ -606,7 +606,7 @@ impl Proxy {
         let every = s
             .faults
             .http_500_every
-            .is_some_and(|n| s.faulted_in_set % n.max(1) == 0);
+            .is_some_and(|n| s.faulted_in_set.is_multiple_of(n.max(1)));
         let http_500 = s.remaining.http_500 > 0 || every;
         if s.remaining.http_500 > 0 {
             s.remaining.http_500 -= 1;

@@ -139,10 +139,19 @@ pub enum OutputCheck {
     NoReference { tokens: usize },
     /// The greedy request itself failed (an error at the client layer).
     Unanswered { error: String },
-    /// The greedy request got no answer within its deadline (its tokens ×
-    /// the pair's TPOT budget plus the first-token budget; issue 47): a
-    /// timeout, judged by the timeout rules, never wrong output.
-    TimedOut { after_ms: u64 },
+    /// The greedy request got no answer (issue 47): through the router it
+    /// waits while the pair's engines progress, up to a long generation's
+    /// timeout, and ends when they are proven stuck; along a KV path, at
+    /// its deadline (its tokens × the pair's TPOT budget plus the
+    /// first-token budget). A timeout, judged by the timeout rules, never
+    /// wrong output.
+    TimedOut {
+        after_ms: u64,
+        /// Why it ended: the engines' stall proof ("no engine of the pair
+        /// progressed for …"), or empty when its wait ran out.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        why: String,
+    },
     /// The engine or router returned no logprobs: the tokens can be
     /// compared, but not whether a difference is noise (an engine without
     /// logprobs cannot be judged on its output: said so, not failed).
@@ -214,9 +223,10 @@ impl OutputCheck {
             OutputCheck::Unanswered { error } => {
                 format!("output: the greedy reference request through the pair failed: {error}")
             }
-            OutputCheck::TimedOut { after_ms } => format!(
-                "output: the greedy reference request got no answer within its deadline ({:.1} s: its tokens at the pair's TPOT budget after the first-token budget): a timeout — a stall, judged as a probe's timeout, not wrong output",
-                *after_ms as f64 / 1000.0
+            OutputCheck::TimedOut { after_ms, why } => format!(
+                "output: the greedy reference request got no answer in {:.1} s ({}): a timeout — a stall, judged as a probe's timeout, not wrong output",
+                *after_ms as f64 / 1000.0,
+                if why.is_empty() { "its wait ran out" } else { why.as_str() }
             ),
             OutputCheck::NoLogprobs => "output: the answer carried no logprobs (an engine or router that does not return them): its tokens are not judged".to_string(),
             OutputCheck::Pinned { tokens, replaced } => {
@@ -501,9 +511,14 @@ impl PathCheck {
             OutputCheck::Unanswered { error } => {
                 format!("output: the greedy request sent straight along {name} failed: {error}")
             }
-            OutputCheck::TimedOut { after_ms } => format!(
-                "output: the greedy request sent straight along {name} got no answer within its deadline ({:.1} s): a timeout — a stall, not wrong output",
-                *after_ms as f64 / 1000.0
+            OutputCheck::TimedOut { after_ms, why } => format!(
+                "output: the greedy request sent straight along {name} got no answer in {:.1} s ({}): a timeout — a stall, not wrong output",
+                *after_ms as f64 / 1000.0,
+                if why.is_empty() {
+                    "its wait ran out"
+                } else {
+                    why.as_str()
+                }
             ),
             OutputCheck::NoLogprobs => {
                 format!("output: {name} answered without logprobs: its tokens are not judged")

@@ -228,6 +228,12 @@ struct State {
     broken_paths: Vec<(String, String)>,
     /// Greedy probes take this long to answer (a starved host), if set.
     greedy_ms: Option<u64>,
+    /// The engines' during-work counter in scrapes (SGLang's realtime
+    /// tokens): absent (None), rising by 10 a scrape (Some(true): engines
+    /// that progress), or flat (Some(false): engines that stopped).
+    progress: Option<bool>,
+    /// The counter's last value.
+    progress_tokens: f64,
     /// Decodes (by URL) that refuse a path probe's connection while the
     /// prefill accepts it (a dead decode process: issue 46).
     refused_decodes: Vec<String>,
@@ -528,6 +534,12 @@ impl FakeAgent {
     /// 32 tokens with logprobs slower than an 8-token probe).
     pub(crate) fn slow_greedy(&self, ms: u64) {
         self.lock().greedy_ms = Some(ms);
+    }
+
+    /// The engines' scrapes carry a during-work counter that rises
+    /// (`true`) or stays flat (`false`) from now on (issue 47).
+    pub(crate) fn engines_progress(&self, rising: bool) {
+        self.lock().progress = Some(rising);
     }
 
     /// The decode at `decode_url` refuses every path probe's connection.
@@ -905,6 +917,13 @@ impl FakeAgent {
             Some(Action::Scrape(s)) => {
                 let now = Instant::now();
                 let busy = self.lock().busy_until.clone();
+                let realtime = {
+                    let mut st = self.lock();
+                    if st.progress == Some(true) {
+                        st.progress_tokens += 10.0;
+                    }
+                    st.progress.map(|_| st.progress_tokens)
+                };
                 let samples = s
                     .targets
                     .into_iter()
@@ -922,6 +941,7 @@ impl FakeAgent {
                         transfer_failed_total: Some(0.0),
                         bootstrap_failed_total: Some(0.0),
                         engine_kind: "sglang".into(),
+                        realtime_tokens_total: realtime,
                         ..Default::default()
                     })
                     .collect();

@@ -117,7 +117,11 @@ impl<'p> dyn AgentPort + 'p {
         let deadline = far_deadline(started, timeout + AGENT_SLACK);
         let id = command.command_id.clone();
         let mut rx = self.send(host, unit, command).await?;
-        let answer = loop {
+        // Forgotten however the wait ends: an answer, a timeout, or the
+        // caller dropping it (a suite step cut, a greedy request whose
+        // engines were proven stuck: issue 47).
+        let _forget = ForgetOnDrop { port: self, id: &id };
+        loop {
             match tokio::time::timeout_at(deadline, rx.recv()).await {
                 Ok(Some(AgentReport::Disconnected) | None) => break Err(AskError::Disconnected { host: host.into() }),
                 Ok(Some(report)) => {
@@ -132,9 +136,19 @@ impl<'p> dyn AgentPort + 'p {
                     });
                 }
             }
-        };
-        self.forget(&id);
-        answer
+        }
+    }
+}
+
+/// Forgets a command's route when dropped.
+struct ForgetOnDrop<'a, 'p> {
+    port: &'a (dyn AgentPort + 'p),
+    id: &'a str,
+}
+
+impl Drop for ForgetOnDrop<'_, '_> {
+    fn drop(&mut self) {
+        self.port.forget(self.id);
     }
 }
 

@@ -1368,6 +1368,27 @@ enabled = false
         let text = stuck.reasons.join("\n");
         assert!(text.contains("a timeout"), "{text}");
         assert!(!text.contains("WRONG OUTPUT"), "{text}");
+        // Slower than its own deadline, while the engines progress (their
+        // realtime tokens rise): waited for, healthy — the real vLLM CPU
+        // pair's first greedy request on a starved host took longer than
+        // its 15 s deadline and a healthy pair was called stalled.
+        agent.engines_progress(true);
+        agent.slow_greedy(3 * output::greedy_deadline_ms(&pair, None, output::GREEDY_TOKENS));
+        let slow = run_kind(&ctx, xpyd_pair(), begin_verify(&journal, false), VERIFY).await;
+        assert!(slow.verdict.is_healthy(), "{:?}", slow.reasons);
+        // The engines stopped: each of the five greedy requests (the
+        // router's, then one along each of the four KV paths) is proven
+        // stuck within one and a half stall budgets, not at the long
+        // generation's timeout (120 s each).
+        agent.engines_progress(false);
+        agent.slow_greedy(3_600_000);
+        let t0 = tokio::time::Instant::now();
+        let stuck = run_kind(&ctx, xpyd_pair(), begin_verify(&journal, false), VERIFY).await;
+        assert_eq!(stuck.verdict, VerdictKind::Wedged, "{:?}", stuck.reasons);
+        let text = stuck.reasons.join("\n");
+        assert!(text.contains("no engine of the pair progressed for"), "{text}");
+        let budget = Duration::from_millis(pair.watch.stall_budget_ms);
+        assert!(t0.elapsed() < 5 * (budget + budget / 2), "{:?}", t0.elapsed());
     }
 
     /// Issue 34, item 3: in a 2P2D pair the greedy request also goes

@@ -57,6 +57,7 @@ pub(super) fn pin_requested(journal: &Journal, operation_id: &str) -> bool {
 /// The answer a greedy probe got, or the finding for one it did not get.
 fn answer_of(
     obs: &ProbeObservation,
+    record: &ProbeRecord,
     result: Option<pdwarden_proto::v1::ProbeResult>,
 ) -> Result<GreedyAnswer, OutputCheck> {
     match (obs, result) {
@@ -66,7 +67,16 @@ fn answer_of(
         (ProbeObservation::Ok { .. }, Some(r)) => Ok(answer_from_wire(&r)),
         // A timeout is a timeout (issue 47): judged by the timeout rules,
         // never wrong output.
-        (ProbeObservation::Timeout { after_ms }, _) => Err(OutputCheck::TimedOut { after_ms: *after_ms }),
+        (ProbeObservation::Timeout { after_ms }, result) => Err(OutputCheck::TimedOut {
+            after_ms: *after_ms,
+            // No agent result: the orchestrator ended the wait, and the
+            // record says why (the engines' stall proof).
+            why: if result.is_none() {
+                record.error.clone()
+            } else {
+                String::new()
+            },
+        }),
         (ProbeObservation::Error { message }, _) => Err(OutputCheck::Unanswered { error: message.clone() }),
         (ProbeObservation::Ok { .. }, None) => Err(OutputCheck::Unanswered {
             error: "the agent's report carried no result".into(),
@@ -194,11 +204,11 @@ impl CoRestart<'_> {
         };
         let identity = self.output_identity(kind, self.fingerprint());
         let seq = self.probes.len() as u32 + 1;
-        let (obs, _record, result) = self
+        let (obs, record, result) = self
             .probe_once_with(&via.host, &via.unit, &target, seq, self.greedy_probe())
             .await;
         let reference = reference_for(&self.ctx.journal, &self.pair.name, &identity);
-        let got = answer_of(&obs, result);
+        let got = answer_of(&obs, &record, result);
         let check = match (&got, &reference) {
             (Err(finding), _) => finding.clone(),
             (Ok(got), reference) if pin => OutputCheck::Pinned {
@@ -270,11 +280,11 @@ impl CoRestart<'_> {
                             prefill_url,
                         };
                         let target = format!("kv:{} -> {}", path.prefill_url, path.decode_url);
-                        let (obs, _record, result) = self
+                        let (obs, record, result) = self
                             .probe_along(&p.host, &p.unit, &target, seq, self.greedy_probe(), Some(path))
                             .await;
                         seq += 1;
-                        answer_of(&obs, result)
+                        answer_of(&obs, &record, result)
                     }
                     _ => Err(OutputCheck::Unanswered {
                         error: format!(

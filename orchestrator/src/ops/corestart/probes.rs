@@ -483,8 +483,15 @@ impl CoRestart<'_> {
         chat: ChatProbe,
         pd_path: Option<PdPath>,
     ) -> (ProbeObservation, ProbeRecord, Option<pdwarden_proto::v1::ProbeResult>) {
+        // A greedy request (through the router or along a KV path) waits as
+        // long as the engines progress (issue 47: on a starved host its
+        // deadline passed while the engines worked, and a healthy pair was
+        // called stalled), up to a long generation's timeout; engines proven
+        // stuck end it at once.
+        let watched = chat.greedy;
         let timeout_ms = if chat.greedy {
             output::greedy_deadline_ms(&self.pair, self.budgets.as_ref(), chat.max_tokens)
+                .max(self.pair.suite.long_generation.timeout_ms)
         } else {
             self.pair.probe.probe_timeout_ms
         };
@@ -509,15 +516,28 @@ impl CoRestart<'_> {
             error: String::new(),
             request_id: String::new(),
         };
-        let result = self
+        let started = Instant::now();
+        let ask = self
             .ctx
             .agents
             .ask(host, unit, cmd, Duration::from_millis(timeout_ms), |r| match r {
                 AgentReport::Probe(r) => Some(r),
                 _ => None,
-            })
-            .await
-            .map_err(|e| e.to_string());
+            });
+        let result = if watched {
+            tokio::select! {
+                r = ask => r.map_err(|e| e.to_string()),
+                why = self.engines_stall(started) => {
+                    let after_ms = started.elapsed().as_millis() as u64;
+                    record.outcome = "timeout".into();
+                    record.error = why;
+                    record.latency_ms = Some(after_ms);
+                    return (ProbeObservation::Timeout { after_ms }, record, None);
+                }
+            }
+        } else {
+            ask.await.map_err(|e| e.to_string())
+        };
         let mut answered = None;
         let obs = match result {
             Err(message) => {

@@ -210,6 +210,54 @@ impl CoRestart<'_> {
         Ok((steps, plan.collect()))
     }
 
+    /// Resolves only when the pair's engines are proven stuck since
+    /// `started` (issue 47: slow vs stuck by the engines' own progress):
+    /// scrapes every engine every quarter of the watch's stall budget and
+    /// folds the samples as the wedge watch does; the sentence of
+    /// [`suite::engines_stalled`] once it has one. Pending for ever while
+    /// any engine progresses or the evidence cannot say; the caller races
+    /// it against what it waits for.
+    pub(super) async fn engines_stall(&self, started: Instant) -> String {
+        let budget = Duration::from_millis(self.pair.watch.stall_budget_ms);
+        let every = (budget / 4).clamp(Duration::from_millis(250), Duration::from_secs(1));
+        let engines: Vec<&UnitRef> = self.pair.prefill.iter().chain(&self.pair.decode).collect();
+        let mut tracks: Vec<UnitTrack> = engines
+            .iter()
+            .map(|u| {
+                let role = if self.pair.prefill.contains(u) {
+                    "prefill"
+                } else {
+                    "decode"
+                };
+                UnitTrack::new(u.unit.clone(), role)
+            })
+            .collect();
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let mut samples =
+                crate::ops::drain::scrape_pair(&*self.ctx.agents, &self.pair, every.as_millis() as u64 * 2).await;
+            let at = Instant::now();
+            // An agent that did not answer says nothing of its engines:
+            // this round is not judged (its silence is not theirs).
+            let answered: Option<Vec<EngineSample>> = engines
+                .iter()
+                .map(|u| samples.remove(&u.to_string()).flatten())
+                .collect();
+            let Some(answered) = answered else { continue };
+            for (track, sample) in tracks.iter_mut().zip(answered) {
+                track.observe(
+                    crate::ops::watcher::wedge_sample(sample, None, at),
+                    self.pair.watch.engine,
+                );
+            }
+            if let Some(why) = suite::engines_stalled(&tracks, started, at, budget) {
+                return why;
+            }
+        }
+    }
+
     /// Sends one suite step to the router's agent while the pair's engines
     /// are scraped every quarter of the watch's stall budget (issue 47: slow
     /// vs stuck by the engines' own progress). Engines that progress, the
@@ -223,50 +271,11 @@ impl CoRestart<'_> {
         step: suite_step_request::Step,
         timeout_ms: u64,
     ) -> (Vec<RequestSample>, Option<String>) {
-        let budget = Duration::from_millis(self.pair.watch.stall_budget_ms);
-        let every = (budget / 4).clamp(Duration::from_millis(250), Duration::from_secs(1));
         let command_id = uuid::Uuid::new_v4().to_string();
         let started = Instant::now();
         let answer = self.suite_step_as(&command_id, router, step, timeout_ms);
         tokio::pin!(answer);
-        let engines: Vec<&UnitRef> = self.pair.prefill.iter().chain(&self.pair.decode).collect();
-        let watch = async {
-            let mut tracks: Vec<UnitTrack> = engines
-                .iter()
-                .map(|u| {
-                    let role = if self.pair.prefill.contains(u) {
-                        "prefill"
-                    } else {
-                        "decode"
-                    };
-                    UnitTrack::new(u.unit.clone(), role)
-                })
-                .collect();
-            let mut tick = tokio::time::interval(every);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                let mut samples =
-                    crate::ops::drain::scrape_pair(&*self.ctx.agents, &self.pair, every.as_millis() as u64 * 2).await;
-                let at = Instant::now();
-                // An agent that did not answer says nothing of its engines:
-                // this round is not judged (its silence is not theirs).
-                let answered: Option<Vec<EngineSample>> = engines
-                    .iter()
-                    .map(|u| samples.remove(&u.to_string()).flatten())
-                    .collect();
-                let Some(answered) = answered else { continue };
-                for (track, sample) in tracks.iter_mut().zip(answered) {
-                    track.observe(
-                        crate::ops::watcher::wedge_sample(sample, None, at),
-                        self.pair.watch.engine,
-                    );
-                }
-                if let Some(why) = suite::engines_stalled(&tracks, started, at, budget) {
-                    return why;
-                }
-            }
-        };
+        let watch = self.engines_stall(started);
         let why = tokio::select! {
             samples = &mut answer => return (samples, None),
             why = watch => why,
