@@ -225,6 +225,12 @@ impl Dispatcher {
             }
             Some(Action::Scrape(spec)) => {
                 let resolved = self.resolve_targets(&spec.targets);
+                // The units' pids, for their process trees' CPU time.
+                let pids: Vec<(String, u32)> = spec
+                    .targets
+                    .iter()
+                    .filter_map(|t| Some((t.unit.clone(), self.supervisor.unit_pid(&t.unit)?)))
+                    .collect();
                 let http = self.http.clone();
                 let timeout = Duration::from_millis(if spec.scrape_timeout_ms == 0 {
                     crate::watch::DEFAULT_SCRAPE_TIMEOUT_MS
@@ -239,16 +245,29 @@ impl Dispatcher {
                             samples: Vec::new(),
                             error: format!("scrape: {error}"),
                         },
-                        Ok(targets) => pdwarden_proto::v1::ScrapeResult {
-                            samples: futures::future::join_all(
-                                targets
+                        Ok(targets) => {
+                            let roots: Vec<u32> = pids.iter().map(|(_, pid)| *pid).collect();
+                            let (mut samples, cpu) = tokio::join!(
+                                futures::future::join_all(
+                                    targets
+                                        .iter()
+                                        .map(|t| crate::watch::sample_one(&http, t, timeout, &id, 1)),
+                                ),
+                                tokio::task::spawn_blocking(move || crate::evidence::tree_cpu_seconds(&roots)),
+                            );
+                            let cpu = cpu.unwrap_or_default();
+                            for s in &mut samples {
+                                s.process_cpu_seconds = pids
                                     .iter()
-                                    .map(|t| crate::watch::sample_one(&http, t, timeout, &id, 1)),
-                            )
-                            .await,
-                            command_id: id,
-                            error: String::new(),
-                        },
+                                    .find(|(unit, _)| *unit == s.unit)
+                                    .and_then(|(_, pid)| cpu.get(pid).copied());
+                            }
+                            pdwarden_proto::v1::ScrapeResult {
+                                samples,
+                                command_id: id,
+                                error: String::new(),
+                            }
+                        }
                     };
                     Kind::ScrapeResult(result)
                 })

@@ -992,6 +992,11 @@ impl Supervisor {
         self.units.get(name).map(|h| &h.unit.config)
     }
 
+    /// The pid of `name`'s running process (one it started or adopted).
+    pub fn unit_pid(&self, name: &str) -> Option<u32> {
+        self.units.get(name).and_then(|h| h.unit.running_pid())
+    }
+
     /// Applies a config change (a new version, or a restored one) to `name`
     /// and saves the versions; the running process is untouched until its
     /// next start. Returns (previous, current, current spec).

@@ -420,6 +420,15 @@ impl StepReport {
     }
 }
 
+/// The share of one CPU an engine's process tree must use over the stall
+/// budget to count as working while its token counters are flat. An idle
+/// vLLM or pd-sim engine uses a few hundredths (its metrics endpoint and
+/// health answers); a JIT compile or a long kernel on the CPU uses one or
+/// more. An engine that busy-polls while idle (SGLang without
+/// `--sleep-on-idle`) is never proven stuck this way: its requests are
+/// judged by their own timeouts.
+pub const BUSY_CORES: f64 = 0.25;
+
 /// Whether the pair's engines made no progress for the whole `budget` while
 /// a suite request waited (issue 47: slow vs stuck by the engines' own
 /// progress): the sentence of the facts when they did not, `None` when any
@@ -433,6 +442,16 @@ impl StepReport {
 /// move only when a request finishes could be working on a long one) or did
 /// not answer a scrape for the whole budget (a frozen process). `waiting_since`:
 /// when the step's first request was sent.
+///
+/// An engine whose process tree kept a CPU busy over the budget
+/// ([`BUSY_CORES`], its agent's reading of /proc) is working, whatever its
+/// counters say: the real vLLM CPU engine compiles a sampler kernel with
+/// torch inductor (a C++ build, 10 s and more on two cores) at the first
+/// request that asks for logprobs after a start, and its token counters stay
+/// flat meanwhile (found in CI: a healthy pair called stuck after 8 s). Such
+/// a request is judged by its own timeout, never proven stuck. An engine
+/// without a CPU reading (an agent that does not send one, a unit it did not
+/// start) is judged on its counters alone, and the proof says so.
 pub fn engines_stalled(
     tracks: &[crate::judge::wedge::UnitTrack],
     waiting_since: tokio::time::Instant,
@@ -449,13 +468,20 @@ pub fn engines_stalled(
         if t.first_at.is_none_or(|first| first > from) || t.last.is_none() {
             return None;
         }
+        // The engine's CPU over the budget: busy is working (a compile, a
+        // long kernel), whatever its counters say.
+        let cpu = match t.cores_since(from) {
+            Some(cores) if cores >= BUSY_CORES => return None,
+            Some(cores) => format!("its processes used {cores:.2} of a CPU"),
+            None => "no CPU reading from its agent".to_string(),
+        };
         if t.last.as_ref().is_some_and(|s| s.metrics.is_none()) {
             let since = t.scrape_bad_since?;
             if since > from {
                 return None;
             }
             facts.push(format!(
-                "{}: no metrics answer for {}",
+                "{}: no metrics answer for {}, {cpu}",
                 t.unit,
                 secs(now.saturating_duration_since(since).as_millis() as u64)
             ));
@@ -471,7 +497,7 @@ pub fn engines_stalled(
             now.saturating_duration_since(m)
         });
         facts.push(format!(
-            "{}: token counters flat for {}",
+            "{}: token counters flat for {}, {cpu}",
             t.unit,
             secs(flat_for.as_millis() as u64)
         ));
@@ -1025,7 +1051,8 @@ mod tests {
         assert_eq!(
             why,
             "no engine of the pair progressed for 2.00 s while the request waited (prefill-0: token counters \
-             flat for 2.00 s; decode-0: token counters flat for 2.00 s): stuck, not slow"
+             flat for 2.00 s, no CPU reading from its agent; decode-0: token counters flat for 2.00 s, no CPU \
+             reading from its agent): stuck, not slow"
         );
         // One engine still moving (a retracted request's neighbours, the
         // clients'): not stuck, however long the request waits.
@@ -1047,6 +1074,54 @@ mod tests {
         assert_eq!(
             engines_stalled(&watched(t0, 1_500, frozen), t0, at(1_500), budget),
             None
+        );
+    }
+
+    /// Found in CI (stop 55): the real vLLM CPU engine compiles a sampler
+    /// kernel at the first logprobs request after a start, 10 s and more
+    /// with its token counters flat. An engine whose processes keep a CPU
+    /// busy is working, not stuck; an idle one with flat counters is stuck,
+    /// and the proof names its CPU.
+    #[test]
+    fn flat_counters_on_a_busy_cpu_are_work_and_on_an_idle_one_a_stall() {
+        let t0 = tokio::time::Instant::now();
+        let budget = std::time::Duration::from_secs(2);
+        let at = |ms: u64| t0 + std::time::Duration::from_millis(ms);
+        let flat = |_: usize, _: u64| Some(5.0);
+        // The prefill compiles (0.9 of a CPU), the decode idles (0.02).
+        let with_cpu = |prefill_cores: f64| {
+            let mut tracks = watched(t0, 10_000, flat);
+            for i in 0..=20u64 {
+                let secs = i as f64 * 0.5;
+                tracks[0].observe_cpu(at(i * 500), 3.0 + prefill_cores * secs);
+                tracks[1].observe_cpu(at(i * 500), 7.0 + 0.02 * secs);
+            }
+            tracks
+        };
+        assert_eq!(engines_stalled(&with_cpu(0.9), t0, at(10_000), budget), None);
+        let why = engines_stalled(&with_cpu(0.01), t0, at(10_000), budget).expect("stuck");
+        assert!(
+            why.contains("prefill-0: token counters flat for 10.0 s, its processes used 0.01 of a CPU")
+                && why.contains("decode-0: token counters flat for 10.0 s, its processes used 0.02 of a CPU"),
+            "{why}"
+        );
+        // A compile that ended a moment ago still counts over the budget:
+        // 1.5 s of the last 2 s at one CPU is 0.75.
+        let mut tracks = watched(t0, 10_000, flat);
+        for i in 0..=20u64 {
+            let cpu = if i <= 19 { i as f64 * 0.5 } else { 9.5 };
+            tracks[0].observe_cpu(at(i * 500), cpu);
+            tracks[1].observe_cpu(at(i * 500), 1.0);
+        }
+        assert_eq!(engines_stalled(&tracks, t0, at(10_000), budget), None);
+        // A restarted process (its CPU time starts over) has no reading as
+        // old as the budget: its counters alone, said so.
+        let mut tracks = with_cpu(0.01);
+        tracks[0].observe_cpu(at(10_000), 0.1);
+        let why = engines_stalled(&tracks, t0, at(10_000), budget).expect("stuck");
+        assert!(
+            why.contains("prefill-0: token counters flat for 10.0 s, no CPU reading"),
+            "{why}"
         );
     }
 

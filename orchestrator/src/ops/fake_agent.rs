@@ -234,6 +234,9 @@ struct State {
     progress: Option<bool>,
     /// The counter's last value.
     progress_tokens: f64,
+    /// The engines' processes use this share of a CPU (their scrapes carry
+    /// `process_cpu_seconds`), from when it was set; absent: no reading.
+    cpu: Option<(f64, Instant)>,
     /// Decodes (by URL) that refuse a path probe's connection while the
     /// prefill accepts it (a dead decode process: issue 46).
     refused_decodes: Vec<String>,
@@ -540,6 +543,12 @@ impl FakeAgent {
     /// (`true`) or stays flat (`false`) from now on (issue 47).
     pub(crate) fn engines_progress(&self, rising: bool) {
         self.lock().progress = Some(rising);
+    }
+
+    /// The engines' processes use `cores` of a CPU from now on (a JIT
+    /// compile: 1.0; idle: a few hundredths); `None`: scrapes carry no CPU.
+    pub(crate) fn engines_cpu(&self, cores: Option<f64>) {
+        self.lock().cpu = cores.map(|c| (c, Instant::now()));
     }
 
     /// The decode at `decode_url` refuses every path probe's connection.
@@ -924,6 +933,10 @@ impl FakeAgent {
                     }
                     st.progress.map(|_| st.progress_tokens)
                 };
+                let cpu = self
+                    .lock()
+                    .cpu
+                    .map(|(cores, since)| 100.0 + cores * now.saturating_duration_since(since).as_secs_f64());
                 let samples = s
                     .targets
                     .into_iter()
@@ -942,6 +955,7 @@ impl FakeAgent {
                         bootstrap_failed_total: Some(0.0),
                         engine_kind: "sglang".into(),
                         realtime_tokens_total: realtime,
+                        process_cpu_seconds: cpu,
                         ..Default::default()
                     })
                     .collect();

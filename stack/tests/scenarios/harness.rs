@@ -244,6 +244,21 @@ pub fn reasons(v: &Value) -> String {
         .join("\n")
 }
 
+/// Panics unless `report`'s verdict is healthy, its verdict and reasons
+/// first: CI shows a failing test's output cut in the middle, and the
+/// reasons are what says why.
+pub fn assert_healthy(report: &Value) {
+    let verdict = report["verdict"].as_str().unwrap_or("(no verdict)");
+    assert!(
+        verdict.starts_with("healthy"),
+        "verdict {verdict}; reasons:\n{}\n\nthe report: {report:#}",
+        report["reasons"]
+            .as_array()
+            .map(|r| r.iter().filter_map(Value::as_str).collect::<Vec<_>>().join("\n"))
+            .unwrap_or_default()
+    );
+}
+
 impl HeldDemo {
     /// The base URL of one of the held stack's units (`NAME` on the first
     /// agent, or `HOST/NAME`), from `status`.

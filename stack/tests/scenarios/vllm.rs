@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::harness::{HeldDemo, Stopped, at, exclusive, must_at, poll, reasons, set_faults, step};
+use crate::harness::{HeldDemo, Stopped, assert_healthy, at, exclusive, must_at, poll, reasons, set_faults, step};
 
 const LIMIT: Duration = Duration::from_secs(400);
 
@@ -25,7 +25,7 @@ fn real_vllm_pair_restarts_in_order_gated_on_real_generation() {
     let _one = exclusive();
     let held = HeldDemo::start(&["--engine", "vllm", "--no-auto-recover", "--decode-proxy", ""], LIMIT);
     let r = held.report.clone();
-    assert!(r["verdict"].as_str().unwrap().starts_with("healthy"), "{r:#}");
+    assert_healthy(&r);
     let prefill_gen = must_at(&r, "prefill-0", "generating");
     let decode_spawned = must_at(&r, "decode-0", "spawned");
     let decode_gen = must_at(&r, "decode-0", "generating");
@@ -291,11 +291,7 @@ fn a_real_engine_core_stopped_under_health_200_is_confirmed_and_recovered() {
     // The README's default watch (issue 31: blind for minutes right after
     // a restart), and the engine core frozen at once after the co-restart.
     let demo = HeldDemo::start(&["--engine", "vllm", "--watch-defaults"], LIMIT);
-    assert!(
-        demo.report["verdict"].as_str().unwrap().starts_with("healthy"),
-        "{:#}",
-        demo.report
-    );
+    assert_healthy(&demo.report);
     let api = demo.unit_pid("decode-0");
     let core = child_named(api, "VLLM::EngineCor").unwrap_or_else(|| panic!("no engine core under pid {api}"));
     let decode_url = demo.unit_url("decode-0");
@@ -427,21 +423,13 @@ fn a_real_decode_answering_nothing_is_recovered_like_pd_sims_and_real_traffic_is
     let _one = exclusive();
     let sim = {
         let demo = HeldDemo::start(&[], Duration::from_secs(180));
-        assert!(
-            demo.report["verdict"].as_str().unwrap().starts_with("healthy"),
-            "{:#}",
-            demo.report
-        );
+        assert_healthy(&demo.report);
         demo.stop_unit_and_await_recovery("decode-0", Duration::from_secs(150))
     };
     crate::watch::assert_stopped_decode_recovered(&sim);
 
     let demo = HeldDemo::start(&["--engine", "vllm"], LIMIT);
-    assert!(
-        demo.report["verdict"].as_str().unwrap().starts_with("healthy"),
-        "{:#}",
-        demo.report
-    );
+    assert_healthy(&demo.report);
     poll("watch healthy after the restart", Duration::from_secs(60), || {
         (demo.watch()["state"] == "healthy").then_some(())
     });
@@ -531,11 +519,7 @@ fn a_real_knob_is_measured_rejected_and_rolled_back() {
     let (sim_code, sim) = crate::gate::batching_cap_on_the_decode();
     crate::gate::assert_batching_cap_rejected(sim_code, &sim, "--max-running");
     let demo = HeldDemo::start(&["--engine", "vllm"], LIMIT);
-    assert!(
-        demo.report["verdict"].as_str().unwrap().starts_with("healthy"),
-        "{:#}",
-        demo.report
-    );
+    assert_healthy(&demo.report);
     let started = Instant::now();
     let out = demo.cli_within(
         &[

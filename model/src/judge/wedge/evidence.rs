@@ -144,7 +144,15 @@ pub struct UnitTrack {
     credit_expires: Option<Instant>,
     /// The last sample carried a counter that rises during work.
     pub has_work_signal: bool,
+    /// The CPU time of the unit's process tree as its agent read it from
+    /// /proc (`EngineSample.process_cpu_seconds`), stamped on arrival: the
+    /// last [`CPU_READINGS`] of them, oldest first. Restarts with the process.
+    cpu: std::collections::VecDeque<(Instant, f64)>,
 }
+
+/// CPU readings a track keeps: the suite's progress watch scrapes four
+/// times per stall budget, so this spans several budgets.
+const CPU_READINGS: usize = 32;
 
 impl UnitTrack {
     pub fn new(unit: impl Into<String>, role: impl Into<String>) -> Self {
@@ -168,7 +176,34 @@ impl UnitTrack {
             credit: (0.0, 0.0),
             credit_expires: None,
             has_work_signal: false,
+            cpu: std::collections::VecDeque::new(),
         }
+    }
+
+    /// Folds in the CPU time (seconds) the unit's process tree had used at
+    /// `at`, as its agent read it. A reading below the last one is a new
+    /// process: the history starts over.
+    pub fn observe_cpu(&mut self, at: Instant, seconds: f64) {
+        if !seconds.is_finite() || seconds < 0.0 {
+            return;
+        }
+        if self.cpu.back().is_some_and(|&(_, last)| seconds < last) {
+            self.cpu.clear();
+        }
+        self.cpu.push_back((at, seconds));
+        while self.cpu.len() > CPU_READINGS {
+            self.cpu.pop_front();
+        }
+    }
+
+    /// The cores the unit's process tree used on average from `from` to its
+    /// last CPU reading: measured from the last reading at or before `from`.
+    /// `None` without a reading that old (no agent reading, a new process).
+    pub fn cores_since(&self, from: Instant) -> Option<f64> {
+        let &(t0, c0) = self.cpu.iter().rev().find(|(at, _)| *at <= from)?;
+        let &(t1, c1) = self.cpu.back()?;
+        let secs = t1.saturating_duration_since(t0).as_secs_f64();
+        (secs > 0.0).then(|| (c1 - c0).max(0.0) / secs)
     }
 
     /// Whether the engine has a counter that rises during work: what its

@@ -1389,6 +1389,21 @@ enabled = false
         assert!(text.contains("no engine of the pair progressed for"), "{text}");
         let budget = Duration::from_millis(pair.watch.stall_budget_ms);
         assert!(t0.elapsed() < 5 * (budget + budget / 2), "{:?}", t0.elapsed());
+        assert!(text.contains("no CPU reading from its agent"), "{text}");
+        // Found in CI: counters flat while the engines' processes keep a CPU
+        // busy (the real vLLM CPU engine compiles a sampler kernel at its
+        // first logprobs request, 10 s and more): working, waited for.
+        agent.engines_cpu(Some(1.0));
+        agent.slow_greedy(3 * output::greedy_deadline_ms(&pair, None, output::GREEDY_TOKENS));
+        let compiling = run_kind(&ctx, xpyd_pair(), begin_verify(&journal, false), VERIFY).await;
+        assert!(compiling.verdict.is_healthy(), "{:?}", compiling.reasons);
+        // Counters flat and the processes idle: stuck, the proof names the CPU.
+        agent.engines_cpu(Some(0.01));
+        agent.slow_greedy(3_600_000);
+        let stuck = run_kind(&ctx, xpyd_pair(), begin_verify(&journal, false), VERIFY).await;
+        assert_eq!(stuck.verdict, VerdictKind::Wedged, "{:?}", stuck.reasons);
+        let text = stuck.reasons.join("\n");
+        assert!(text.contains("its processes used 0.01 of a CPU"), "{text}");
     }
 
     /// Issue 34, item 3: in a 2P2D pair the greedy request also goes

@@ -247,6 +247,11 @@ impl CoRestart<'_> {
                 .collect();
             let Some(answered) = answered else { continue };
             for (track, sample) in tracks.iter_mut().zip(answered) {
+                // Its processes' CPU: a busy engine is working (a JIT
+                // compile), whatever its counters say.
+                if let Some(cpu) = sample.process_cpu_seconds {
+                    track.observe_cpu(at, cpu);
+                }
                 track.observe(
                     crate::ops::watcher::wedge_sample(sample, None, at),
                     self.pair.watch.engine,
