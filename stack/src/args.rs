@@ -91,6 +91,12 @@ pub struct DemoArgs {
     /// Split on whitespace.
     #[arg(long, allow_hyphen_values = true, default_value = "")]
     pub engine_wrapper: String,
+    /// The agent's py-spy for its evidence captures (issue 35); default:
+    /// `.venv/bin/py-spy` of the checkout, else none (the agent then looks
+    /// on its `PATH`). A stand-in that prints a hostile dump tests the
+    /// agent's bounds on a whole stack (issue 48).
+    #[arg(long)]
+    pub py_spy: Option<PathBuf>,
     /// The agent reads its GPUs from this fake GPU file (`gpu_source =
     /// "fake:PATH"`, see docs/configuration.md, GPU), sampled every 250 ms; default: none.
     #[arg(long)]

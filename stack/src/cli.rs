@@ -60,7 +60,7 @@ pub fn could_not_run(reason: &str, json: bool) -> ExitCode {
     if json {
         pdwarden_client::say!("{}", serde_json::json!({ "error": reason }));
     }
-    eprintln!("pdwarden: {reason}");
+    pdwarden_client::say_err!("pdwarden: {reason}");
     ExitCode::from(1)
 }
 

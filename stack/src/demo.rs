@@ -32,7 +32,7 @@ impl Demo {
     pub fn stop(self, keep: bool, quiet: bool) {
         if let Some(stack) = self.stack {
             if let Some(kept) = stack.stop(keep) {
-                eprintln!("demo: kept {}", kept.display());
+                pdwarden_client::say_err!("demo: kept {}", kept.display());
             }
             if !quiet {
                 pdwarden_client::say!(

@@ -592,7 +592,7 @@ fn agent_config(args: &DemoArgs, dir: &Path, url: &str, agent_metrics: u16, tls:
     let mut agent = AgentConfig::new(HOST, url.to_string(), dir.join("agent"));
     agent.on_exit = OnExit::StopUnits;
     agent.metrics_listen = Some(format!("127.0.0.1:{agent_metrics}"));
-    agent.py_spy = crate::process::find_py_spy();
+    agent.py_spy = args.py_spy.clone().or_else(crate::process::find_py_spy);
     if let Some(path) = &args.gpu_fake {
         agent.gpu_source = format!("fake:{}", path.display());
         agent.gpu_sample_interval_ms = 250;

@@ -97,7 +97,7 @@ impl Owned {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        eprintln!("demo: {} did not stop within {grace:?}; killing it", self.name);
+        pdwarden_client::say_err!("demo: {} did not stop within {grace:?}; killing it", self.name);
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

@@ -183,6 +183,13 @@ pub(crate) struct Executed {
     pub command_id: String,
 }
 
+/// Secrets of the shapes issue 48's red team found in log tails, none of
+/// them a value the agent was given.
+pub(crate) const OLD_AGENT_SECRETS: &str = "server_args=ServerArgs(api_key='sk-live-0123456789abcdef', hf_token='hf_AbCdEfGhIjKlMnOpQrStUvWxYz012345')\n\
+{\"api_key\": \"json-secret-value-42\"}\n\
+Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.bearer-secret\n\
+db=postgres://pdw:PgPass99@db.internal:5432/x";
+
 #[derive(Default)]
 struct State {
     /// The routes of the orchestrator this agent is attached to.
@@ -262,6 +269,9 @@ struct State {
     decode_weights: HashMap<String, String>,
     /// How long a capture of evidence takes here (issue 35; 0: at once).
     capture_takes: Duration,
+    /// Captures carry secrets as an agent older than issue 48's redaction
+    /// by shape sent them.
+    unredacted_captures: bool,
     /// Each capture asked for: its units, and how many starts had been
     /// executed when it was.
     captures: Vec<(Vec<String>, usize)>,
@@ -586,6 +596,12 @@ impl FakeAgent {
         self.lock().capture_takes = d;
     }
 
+    /// Captures carry secrets of every leaked shape, unredacted, as an
+    /// older agent sent them (issue 48).
+    pub(crate) fn unredacted_captures(&self) {
+        self.lock().unredacted_captures = true;
+    }
+
     /// The captures asked for: (units, starts executed before it).
     pub(crate) fn captures(&self) -> Vec<(Vec<String>, usize)> {
         self.lock().captures.clone()
@@ -884,6 +900,12 @@ impl FakeAgent {
                                 pid,
                                 processes: vec![pdwarden_proto::v1::ProcessStacks {
                                     pid,
+                                    command: if st.unredacted_captures {
+                                        "python -m sglang.launch_server --kv-url http://kv:S3cretKvPass@10.0.0.2:9000"
+                                            .into()
+                                    } else {
+                                        String::new()
+                                    },
                                     method: "py-spy".into(),
                                     threads: vec![pdwarden_proto::v1::ThreadStack {
                                         tid: pid,
@@ -897,7 +919,20 @@ impl FakeAgent {
                                     }],
                                     ..Default::default()
                                 }],
-                                log_tail: format!("{u}: last words"),
+                                log_tail: if st.unredacted_captures {
+                                    format!("{u}: last words\n{OLD_AGENT_SECRETS}")
+                                } else {
+                                    format!("{u}: last words")
+                                },
+                                documents: if st.unredacted_captures {
+                                    vec![pdwarden_proto::v1::EvidenceDocument {
+                                        name: "server_info".into(),
+                                        body: OLD_AGENT_SECRETS.into(),
+                                        ..Default::default()
+                                    }]
+                                } else {
+                                    Vec::new()
+                                },
                                 ..Default::default()
                             }
                         })

@@ -93,7 +93,8 @@ pub async fn capture(agents: &dyn AgentPort, pair: &PairConfig, why: String, dea
                 if !result.py_spy_missing.is_empty() {
                     capture.missing.push(format!("{host}: {}", result.py_spy_missing));
                 }
-                for e in result.units {
+                for mut e in result.units {
+                    redact_by_shape(&mut e);
                     let role = roles
                         .iter()
                         .find(|(u, _)| u.host == host && u.unit == e.unit)
@@ -116,6 +117,37 @@ pub async fn capture(agents: &dyn AgentPort, pair: &PairConfig, why: String, dea
     capture.took_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     capture.bound(MAX_CAPTURE_BYTES);
     capture
+}
+
+/// Every secret of a listed shape in a unit's capture replaced, on arrival
+/// (issue 48): an agent redacts before it answers, but an older one does
+/// not, and a capture is journaled and readable for 30 days. Command lines
+/// (the unit's, its children's, foreign GPU processes'), frames, documents,
+/// the log tail and the notes.
+fn redact_by_shape(e: &mut pdwarden_proto::v1::UnitEvidence) {
+    use pdwarden_security::shapes::by_shape;
+    let fix = |s: &mut String| {
+        if let std::borrow::Cow::Owned(clean) = by_shape(s) {
+            *s = clean;
+        }
+    };
+    for p in &mut e.processes {
+        fix(&mut p.command);
+        fix(&mut p.py_spy_error);
+        for t in &mut p.threads {
+            t.frames.iter_mut().for_each(fix);
+        }
+    }
+    for d in &mut e.documents {
+        fix(&mut d.url);
+        fix(&mut d.body);
+        fix(&mut d.error);
+    }
+    fix(&mut e.log_tail);
+    e.missing.iter_mut().for_each(fix);
+    for g in &mut e.foreign_processes {
+        fix(&mut g.command_line);
+    }
 }
 
 /// Journals `capture` with operation `operation_id` and forgets the

@@ -40,13 +40,35 @@ fn run(name: &str) {
     case_outcome(name);
 }
 
+/// Issue 48's stand-in py-spy: whatever it is asked, a dump of 41 threads
+/// of 120 frames each with 3000-byte names (15 MB a process; the red team's
+/// 7 × 41-thread engine answered 14 MB and broke the agent's link).
+const HOSTILE_PY_SPY: &str = r#"#!/usr/bin/env python3
+import json, sys
+name = "deep_" + "x" * 3000
+threads = [{"os_thread_id": 900000 + t, "thread_name": "worker-%d" % t, "active": False,
+            "owns_gil": False,
+            "frames": [{"name": "%s_%d" % (name, f), "short_filename": "engine.py", "line": f}
+                       for f in range(120)]}
+           for t in range(41)]
+sys.stdout.write(json.dumps(threads))
+"#;
+
 /// Runs one case on a fresh pd-sim stack and checks its outcome; returns
 /// the wedge kind the watch confirmed (`None` for legitimate work). The
 /// caller holds [`exclusive`] (the real-engine tier runs a case to compare
 /// its verdict with the real engine's).
 pub fn case_outcome(name: &str) -> Option<String> {
+    case_outcome_with(name, &[])
+}
+
+/// [`case_outcome`] with `extra` demo flags. With `--py-spy` (a hostile
+/// stand-in), the capture before the kill is partial, says what it cut,
+/// and the recovery goes on.
+fn case_outcome_with(name: &str, extra: &[&str]) -> Option<String> {
     let case = watch_cases::case(name);
-    let demo = HeldDemo::start(case.demo_args, Duration::from_secs(180));
+    let args: Vec<&str> = case.demo_args.iter().chain(extra).copied().collect();
+    let demo = HeldDemo::start(&args, Duration::from_secs(180));
     assert!(
         demo.report["verdict"].as_str().unwrap().starts_with("healthy"),
         "{:#}",
@@ -130,7 +152,12 @@ pub fn case_outcome(name: &str) -> Option<String> {
             println!("  reasons: {}", op["trigger"]["reasons"]);
             println!("  ruled out: {}", wedge["ruled_out"]);
             assert_eq!(auto.len(), 1, "one recovery for one wedge: {auto:#?}");
-            assert_capture_before_the_kill(&demo, op["operation_id"].as_str().unwrap_or_default(), name);
+            let operation_id = op["operation_id"].as_str().unwrap_or_default();
+            if extra.contains(&"--py-spy") {
+                assert_partial_capture_kept_the_recovery(&demo, operation_id);
+            } else {
+                assert_capture_before_the_kill(&demo, operation_id, name);
+            }
             // The clients of a wedged pair fail (their requests die with it).
             drop(rt);
             Some(kind.to_string())
@@ -223,9 +250,60 @@ fn burst_that_fills_the_queue_is_never_recovered() {
     run("burst_fills_the_queue");
 }
 
+/// Also issue 48's finding on a whole stack: the agent's py-spy answers
+/// 15 MB for every process (a large Python engine's honest dump), far past
+/// the wire's 4 MiB. The capture before the kill is cut at the agent and
+/// says so, and the recovery goes on to a healthy pair (it was "agent local
+/// is not connected", three restarts in a row).
 #[test]
 fn slot_leak_is_confirmed_and_recovered() {
-    run("slot_leak");
+    use std::os::unix::fs::PermissionsExt as _;
+    let _one = exclusive();
+    let bin = tempfile::tempdir().unwrap();
+    let py_spy = bin.path().join("py-spy");
+    std::fs::write(&py_spy, HOSTILE_PY_SPY).unwrap();
+    std::fs::set_permissions(&py_spy, std::fs::Permissions::from_mode(0o755)).unwrap();
+    case_outcome_with("slot_leak", &["--py-spy", py_spy.to_str().unwrap()]);
+}
+
+/// The capture of a recovery whose agent's py-spy answered far past every
+/// bound: kept, partial, naming what was cut, each unit's processes still
+/// listed; the recovery after it concluded (its caller asserts healthy).
+fn assert_partial_capture_kept_the_recovery(demo: &HeldDemo, operation_id: &str) {
+    let e = demo.evidence(operation_id);
+    let units = e["units"].as_array().unwrap_or_else(|| panic!("no units: {e:#}"));
+    let names: Vec<&str> = units.iter().filter_map(|u| u["unit"].as_str()).collect();
+    assert_eq!(names, ["prefill-0", "decode-0", "router-0"], "{e:#}");
+    assert_eq!(e["partial"], true, "{e:#}");
+    // What was cut, said per unit (and for the whole capture).
+    let missing: Vec<String> = std::iter::once(&e)
+        .chain(units)
+        .flat_map(|u| u["missing"].as_array().cloned().unwrap_or_default())
+        .filter_map(|m| m.as_str().map(str::to_string))
+        .collect();
+    assert!(
+        missing
+            .iter()
+            .any(|m| m.contains("its output passed") || m.contains("cut to keep the agent's answer within")),
+        "the capture does not say what it cut: {missing:#?} in {}",
+        e.to_string().chars().take(3000).collect::<String>()
+    );
+    for u in units {
+        assert!(
+            u["processes"].as_array().is_some_and(|p| !p.is_empty()),
+            "{}: no processes: {u:#}",
+            u["unit"]
+        );
+    }
+    let text = demo.cli(&["history", "demo", "--evidence", operation_id]);
+    assert!(text.stdout.contains("PARTIAL"), "{}", text.stdout);
+    println!(
+        "  evidence before the kill, partial (hostile py-spy), captured in {} ms:",
+        e["took_ms"]
+    );
+    for m in missing.iter().take(6) {
+        println!("    missing: {}", m.chars().take(200).collect::<String>());
+    }
 }
 
 #[test]

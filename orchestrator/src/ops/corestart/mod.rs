@@ -1092,6 +1092,37 @@ mod driver_tests {
     /// Issue 35: an automatic recovery captures every unit of the pair
     /// before it starts (stops) anything, journals the whole capture with
     /// the operation and says in its report where each unit waited.
+    /// Issue 48: a capture from an agent older than redaction by shape
+    /// carries secrets in its log tail, documents and argv; none reaches
+    /// the journal, and what was around them stays.
+    #[tokio::test(start_paused = true)]
+    async fn an_older_agents_secrets_are_redacted_on_arrival() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = journal(&dir);
+        let agent = agent();
+        agent.unredacted_captures();
+        let ctx = orchestrator(&journal, &agent).await;
+        let id = begin_recovery(&journal);
+        let report = run_co_restart(&ctx, id.clone()).await;
+        assert!(report.verdict.is_healthy(), "{:?}", report.reasons);
+        let kept: Vec<serde_json::Value> = journal.read(&id, "evidence").unwrap();
+        let text = kept[0].to_string();
+        for secret in [
+            "sk-live-0123456789abcdef",
+            "hf_AbCdEfGhIjKlMnOpQrStUvWxYz012345",
+            "json-secret-value-42",
+            "bearer-secret",
+            "PgPass99",
+            "S3cretKvPass",
+        ] {
+            assert!(!text.contains(secret), "{secret} reached the journal: {text}");
+        }
+        assert!(
+            text.contains("decode-0: last words") && text.contains("db.internal:5432"),
+            "{text}"
+        );
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_recovery_keeps_the_evidence_before_it_stops_anything() {
         let dir = tempfile::tempdir().unwrap();
