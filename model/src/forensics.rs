@@ -52,6 +52,19 @@ pub struct Capture {
     /// Parts were cut to keep the capture within [`MAX_CAPTURE_BYTES`].
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cut: Vec<String>,
+    /// Units of the pair its agent reports not running (never started, or
+    /// stopped on command): nothing of them to capture, and not missing
+    /// (issue 49: the demo's first restart, of units never started, opened
+    /// with nine "not captured" lines and PARTIAL).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_running: Vec<String>,
+}
+
+impl Capture {
+    /// Whether no unit of the pair was running: nothing was asked for.
+    pub fn nothing_to_capture(&self) -> bool {
+        self.units.is_empty() && !self.not_running.is_empty()
+    }
 }
 
 /// One unit's part of a capture.
@@ -136,6 +149,10 @@ pub struct CaptureSummary {
     /// Captured units, and how many threads carried Python frames.
     pub units: usize,
     pub python_threads: usize,
+    /// Units not running by their agents' report, nothing to capture of
+    /// them ([`Capture::not_running`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_running: Vec<String>,
 }
 
 impl CaptureSummary {
@@ -143,6 +160,9 @@ impl CaptureSummary {
     /// capture: that it exists, why, how much, and how to read it (its
     /// contents need the `forensics` or `operate` role: issue 48).
     pub fn one_line(&self, pair: &str, operation_id: &str) -> String {
+        if self.units == 0 && !self.not_running.is_empty() {
+            return self.nothing_line();
+        }
         format!(
             "evidence: captured before the restart ({}; {} units, {} Python threads, {} ms{}): pdwarden history {pair} --evidence {operation_id}",
             self.why,
@@ -156,6 +176,9 @@ impl CaptureSummary {
     /// The report's lines: what was captured before the restart, each
     /// unit's reading, what is missing, where the whole capture is.
     pub fn lines(&self, pair: &str, operation_id: &str) -> Vec<String> {
+        if self.units == 0 && !self.not_running.is_empty() {
+            return vec![format!("\n{}", self.nothing_line())];
+        }
         let mut out = vec![format!(
             "\nevidence before the restart ({}; captured in {} ms of {} ms{}):",
             self.why,
@@ -165,10 +188,26 @@ impl CaptureSummary {
         )];
         out.extend(self.readings.iter().map(|r| format!("  {}", r.line)));
         out.extend(self.missing.iter().map(|m| format!("  not captured: {m}")));
+        out.extend(
+            self.not_running
+                .iter()
+                .map(|u| format!("  nothing to capture: {u} is not running (its agent's report)")),
+        );
         out.push(format!(
             "  the whole capture: pdwarden history {pair} --evidence {operation_id}"
         ));
         out
+    }
+}
+
+impl CaptureSummary {
+    /// The one line of a capture that asked for nothing: no unit ran.
+    fn nothing_line(&self) -> String {
+        format!(
+            "evidence: nothing captured before the restart ({}): no unit of the pair was running ({}: never started, or stopped on command, by their agents' report)",
+            self.why,
+            self.not_running.join(", ")
+        )
     }
 }
 
@@ -269,6 +308,7 @@ impl Capture {
             missing: self.all_missing(),
             readings: self.readings.clone(),
             units: self.units.len(),
+            not_running: self.not_running.clone(),
             python_threads: self
                 .units
                 .iter()

@@ -466,6 +466,20 @@ impl FakeAgent {
         self.lock().start_problems.insert(unit.into(), problem.into());
     }
 
+    /// `unit` was never started (or was stopped on command): its phase
+    /// is `Stopped`, no process (issue 49: the demo's first restart).
+    pub(crate) fn never_started(&self, unit: &str) {
+        self.say(Kind::UnitEvent(UnitEvent {
+            unit: unit.into(),
+            phase: Phase::Stopped as i32,
+            ..Default::default()
+        }));
+        let mut st = self.lock();
+        let (_, info) = st.units.get_mut(unit).expect("a unit of this agent");
+        info.phase = Phase::Stopped as i32;
+        info.pid = 0;
+    }
+
     /// `unit`'s phase as this agent knows it.
     pub(crate) fn unit_phase(&self, unit: &str) -> Phase {
         Phase::try_from(self.lock().units[unit].1.phase).unwrap_or(Phase::Unspecified)

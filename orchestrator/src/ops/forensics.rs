@@ -53,6 +53,24 @@ pub async fn capture(agents: &dyn AgentPort, pair: &PairConfig, why: String, dea
     .into_iter()
     .flat_map(|(role, units)| units.iter().map(move |u| (u, role)))
     .collect();
+    // Units their agents report not running (never started, or stopped on
+    // command): nothing to capture, and not missing (issue 49). A unit
+    // that exited on its own is asked for (its log tail says why).
+    let (roles, stopped): (Vec<_>, Vec<_>) = roles.into_iter().partition(|(u, _)| {
+        !(agents.is_connected(&u.host)
+            && agents.unit(&u.host, &u.unit).is_some_and(|i| {
+                pdwarden_proto::v1::Phase::try_from(i.phase) == Ok(pdwarden_proto::v1::Phase::Stopped)
+            }))
+    });
+    let not_running: Vec<String> = stopped.iter().map(|(u, role)| format!("{role} {}", u.unit)).collect();
+    if roles.is_empty() {
+        return Capture {
+            why,
+            deadline_ms,
+            not_running,
+            ..Default::default()
+        };
+    }
     let mut by_host: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     for (u, _) in &roles {
         by_host.entry(u.host.as_str()).or_default().push(u.unit.as_str());
@@ -84,6 +102,7 @@ pub async fn capture(agents: &dyn AgentPort, pair: &PairConfig, why: String, dea
     let mut capture = Capture {
         why,
         deadline_ms,
+        not_running,
         ..Default::default()
     };
     let mut found: BTreeMap<(String, String), UnitCapture> = BTreeMap::new();
@@ -155,6 +174,9 @@ fn redact_by_shape(e: &mut pdwarden_proto::v1::UnitEvidence) {
 /// a failed write named: the recovery goes on without its record).
 pub fn keep(journal: &Journal, pair: &str, operation_id: &str, at_ms: u64, capture: &Capture) -> CaptureSummary {
     let mut summary = capture.summary();
+    if capture.nothing_to_capture() {
+        return summary;
+    }
     if let Err(e) = journal.append(operation_id, at_ms, ENTRY, capture) {
         tracing::error!(operation = %operation_id, error = %e, "cannot journal the evidence captured before the restart");
         summary.missing.push(format!("the capture could not be journaled: {e}"));

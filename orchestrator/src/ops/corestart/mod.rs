@@ -1092,6 +1092,38 @@ mod driver_tests {
     /// Issue 35: an automatic recovery captures every unit of the pair
     /// before it starts (stops) anything, journals the whole capture with
     /// the operation and says in its report where each unit waited.
+    /// Issue 49: a pair none of whose units runs (the demo's first
+    /// restart: never started) has nothing to capture: the capture asks no
+    /// agent, is not PARTIAL, journals nothing, and says so in one line;
+    /// the restart goes on.
+    #[tokio::test(start_paused = true)]
+    async fn a_pair_that_never_ran_has_nothing_to_capture() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = journal(&dir);
+        let agent = agent();
+        let ctx = orchestrator(&journal, &agent).await;
+        for unit in UNITS {
+            agent.never_started(unit);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let id = begin_recovery(&journal);
+        let report = run_co_restart(&ctx, id.clone()).await;
+        assert!(report.verdict.is_healthy(), "{:?}", report.reasons);
+        assert!(agent.captures().is_empty(), "no agent is asked");
+        let e = report.evidence.clone().expect("the report says what it captured");
+        assert!(!e.partial && e.missing.is_empty(), "{e:?}");
+        let kept: Vec<serde_json::Value> = journal.read(&id, "evidence").unwrap();
+        assert!(kept.is_empty(), "nothing journaled: {kept:?}");
+        let text = pdwarden_model::report::render_summary(&report);
+        let lines: Vec<&str> = text.lines().filter(|l| l.contains("evidence")).collect();
+        assert_eq!(lines.len(), 1, "{text}");
+        assert!(
+            lines[0].contains("nothing captured before the restart")
+                && lines[0].contains("prefill prefill-0, decode decode-0, router router-0: never started"),
+            "{text}"
+        );
+    }
+
     /// Issue 48: a capture from an agent older than redaction by shape
     /// carries secrets in its log tail, documents and argv; none reaches
     /// the journal, and what was around them stays.
