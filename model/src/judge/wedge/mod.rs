@@ -221,8 +221,15 @@ pub enum UnitState {
     /// Work present without progress past the stall budget.
     Stalled,
     Wedged,
-    /// Neither metrics nor health answer.
+    /// Not running, by its agent's report (never started, stopped on
+    /// command, or exited): the only unit that is ever `down` (issue 49).
     Down,
+    /// Answers neither /metrics nor health from the watch's first missed
+    /// scrape, and its agent does not say it is not running: a process
+    /// that runs and answers nothing (SIGSTOP, a GIL deadlock, a D-state
+    /// hang) is probed at once and recovered once a probe sent after it
+    /// went silent fails — never left `down` (issue 49).
+    Unresponsive,
     /// No recent sample: passive evidence is missing.
     Unknown,
 }
@@ -307,7 +314,8 @@ pub enum PairState {
     Suspect,
     /// Confirmed: recovery is warranted.
     Wedged,
-    /// A unit does not answer at all (not a wedge; not recovered here).
+    /// A unit is not running by its agent's report (never started, or
+    /// stopped on command): reported, never probed or started by the watch.
     Down,
 }
 
@@ -365,7 +373,17 @@ pub fn judge(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Assessment {
     let units: Vec<UnitAssessment> = e
         .units
         .iter()
-        .map(|u| assess_unit(u, p, now, e.last_probe_ok))
+        .map(|u| {
+            let mut a = assess_unit(u, p, now, e.last_probe_ok);
+            // `down` is the agent's fact, and only its (issue 49).
+            if let Some(f) = e.lives.iter().find(|f| f.unit == u.unit)
+                && matches!(f.life, Life::Stopped | Life::Exited { .. })
+            {
+                a.state = UnitState::Down;
+                a.reasons = vec![format!("{}: not running (its agent's report)", u.unit)];
+            }
+            a
+        })
         .collect();
     let j = Judging::new(e, p, now, &units);
     if let Some(stopped) = j.stopped_on_purpose() {
@@ -384,7 +402,7 @@ pub fn judge(e: &PairEvidence, p: &WatchPolicy, now: Instant) -> Assessment {
         .or_else(|| j.kv_transfer())
         .or_else(|| j.silent_generation())
         .or_else(|| j.unresponsive())
-        .or_else(|| j.down())
+        .or_else(|| j.unanswering())
         .or_else(|| j.probe_failed())
         .or_else(|| j.serves_others())
         .or_else(|| j.suspicious_units())
@@ -658,7 +676,8 @@ impl<'a> Judging<'a> {
             // A prefill holding KV for a partner that answers nothing is a
             // consequence: the unresponsive rule names the cause.
             .filter(|u| {
-                !(self.any(UnitState::Down) && u.wedge.as_ref().is_some_and(|w| w.kind == WedgeKind::KvTransfer))
+                !(self.any(UnitState::Unresponsive)
+                    && u.wedge.as_ref().is_some_and(|w| w.kind == WedgeKind::KvTransfer))
             })
             .filter_map(|u| u.wedge.clone())
             .min_by_key(|w| w.onset)?;
@@ -747,9 +766,11 @@ impl<'a> Judging<'a> {
             .filter(|(t, a)| {
                 // Sent after it went silent; or still unanswered, past its
                 // allowance counted from when the silence began.
-                a.state == UnitState::Down
+                a.state == UnitState::Unresponsive
                     && t.scrape_bad_since.is_some_and(|b| {
-                        b <= r.sent_at || (r.request_id == OVERDUE && now.saturating_duration_since(b) >= r.timeout)
+                        now.saturating_duration_since(b) >= p.stall_budget
+                            && (b <= r.sent_at
+                                || (r.request_id == OVERDUE && now.saturating_duration_since(b) >= r.timeout))
                     })
             })
             .min_by_key(|(t, _)| t.scrape_bad_since)?;
@@ -795,11 +816,13 @@ impl<'a> Judging<'a> {
         Some(Ruling::wedged(reasons, evidence))
     }
 
-    /// A unit answers neither /metrics nor health, with no failed probe to
-    /// show the pair stuck: down, not a wedge, and not recovered here.
-    fn down(&self) -> Option<Ruling> {
-        self.any(UnitState::Down)
-            .then(|| Ruling::new(PairState::Down, self.unit_reasons(&[UnitState::Down])))
+    /// A running unit answers neither /metrics nor health, with no failed
+    /// probe sent after it went silent yet: suspect, and probed at once
+    /// (issue 49: it used to be `down`, a state for units that do not run,
+    /// and a decode frozen right after a restart stayed so for minutes).
+    fn unanswering(&self) -> Option<Ruling> {
+        self.any(UnitState::Unresponsive)
+            .then(|| Ruling::new(PairState::Suspect, self.unit_reasons(&[UnitState::Unresponsive])))
     }
 
     /// A failed probe stands while not every engine has progressed since:
@@ -1515,6 +1538,20 @@ mod tests {
         secs: u64,
         decode: impl Fn(Instant) -> Sample,
     ) -> Option<(u64, Assessment)> {
+        frozen_after_restart_at(p, secs, 0, |_, at| decode(at), &mut Vec::new())
+    }
+
+    /// [`frozen_after_restart`] with the decode's sample a function of the
+    /// seconds since the restart too, and probes sent up to `ok_until`
+    /// seconds after it answered in a second (the pair worked until then);
+    /// every state judged goes to `states`.
+    fn frozen_after_restart_at(
+        p: &WatchPolicy,
+        secs: u64,
+        ok_until: u64,
+        decode: impl Fn(u64, Instant) -> Sample,
+        states: &mut Vec<PairState>,
+    ) -> Option<(u64, Assessment)> {
         let t0 = Instant::now();
         let mut e = pair();
         e.reset(Some((t0, "operation op-1 concluded healthy".into())));
@@ -1522,7 +1559,14 @@ mod tests {
         for t in 1..=secs {
             let now = t0 + Duration::from_secs(t);
             e.observe("prefill-0", vllm_idle(now, 40.0), EngineKind::Vllm);
-            e.observe("decode-0", decode(now), EngineKind::Vllm);
+            e.observe("decode-0", decode(t, now), EngineKind::Vllm);
+            if let Some((sent, timeout, ahead)) = pending
+                && sent <= t0 + Duration::from_secs(ok_until)
+                && now >= sent + Duration::from_secs(1)
+            {
+                e.probe_done(ok_probe(sent, timeout, ahead), now);
+                pending = None;
+            }
             if let Some((sent, timeout, ahead)) = pending
                 && now >= sent + timeout
             {
@@ -1540,6 +1584,7 @@ mod tests {
                 pending = None;
             }
             let a = judge(&e, p, now);
+            states.push(a.state);
             if a.state == PairState::Wedged {
                 return Some((t, a));
             }
@@ -1580,6 +1625,53 @@ mod tests {
             "{:?}",
             a.reasons
         );
+    }
+
+    /// Issue 49's matrix for the whole decode process (SIGSTOP: neither
+    /// /metrics nor health answers) at the README's defaults: frozen at
+    /// once, 10 s, 45 s and an hour after a healthy restart, it is never
+    /// `down` (its agent says it runs) and is confirmed `unresponsive`
+    /// within 30 s of the freeze, whatever the moment.
+    #[test]
+    fn a_frozen_decode_is_never_down_and_confirmed_within_30_s_at_any_moment() {
+        // docs/deploying.md's example probe: a 120 s timeout, a 2 s warm budget.
+        let deploying = WatchPolicy {
+            probe_timeout: Duration::from_secs(120),
+            ..readme_vllm_policy()
+        };
+        for (p, freeze) in [0, 10, 45, 3_600]
+            .into_iter()
+            .flat_map(|f| [(readme_vllm_policy(), f), (deploying.clone(), f)])
+        {
+            let mut states = Vec::new();
+            let decode = |t: u64, at: Instant| {
+                if t > freeze {
+                    Sample {
+                        at,
+                        health_status: 0,
+                        metrics: None,
+                        error: "no answer within 2 s".into(),
+                    }
+                } else {
+                    vllm_idle(at, 40.0)
+                }
+            };
+            let (t, a) = frozen_after_restart_at(&p, freeze + 240, freeze, decode, &mut states)
+                .unwrap_or_else(|| panic!("frozen at {freeze} s: never confirmed"));
+            assert!(
+                t - freeze <= 30,
+                "frozen at {freeze} s: confirmed {} s after: {:?}",
+                t - freeze,
+                a.reasons
+            );
+            assert_eq!(
+                a.wedge.as_ref().unwrap().kind,
+                WedgeKind::Unresponsive,
+                "{:?}",
+                a.reasons
+            );
+            assert!(!states.contains(&PairState::Down), "frozen at {freeze} s: {states:?}");
+        }
     }
 
     /// Issue 31, finding 1: only the decode's engine core frozen at once
@@ -1788,10 +1880,12 @@ mod tests {
 
     /// Issue 15: a decode that answers nothing at all while its PID lives
     /// (a real single-process vLLM under SIGSTOP) was shown `down` for
-    /// ever and never recovered. Down, it is probed; a probe sent after it
-    /// went silent that fails makes it a wedge (`unresponsive`), recovered
-    /// through the breaker. A probe that succeeds, or one that failed before
-    /// the unit went silent, is no such evidence: down, not recovered.
+    /// ever and never recovered. Unresponsive (issue 49: never `down`, the
+    /// agent's word for a unit that does not run), it is probed; a probe
+    /// sent after it went silent that fails makes it a wedge
+    /// (`unresponsive`), recovered through the breaker. A probe that
+    /// succeeds, or one that failed before the unit went silent, is no such
+    /// evidence: suspect, not recovered.
     #[test]
     fn a_unit_that_answers_nothing_is_a_wedge_once_a_probe_fails() {
         let p = policy();
@@ -1816,9 +1910,12 @@ mod tests {
         let at = t0 + Duration::from_secs(10);
         let mut e = setup();
         let a = judge(&e, &p, at);
-        assert_eq!(a.state, PairState::Down, "{:?}", a.reasons);
+        // Issue 49: suspect and unresponsive, never `down` (its agent has
+        // not said it is not running).
+        assert_eq!(a.state, PairState::Suspect, "{:?}", a.reasons);
+        assert_eq!(a.units[1].state, UnitState::Unresponsive, "{:?}", a.units[1]);
         let ProbeDecision::Send { timeout, .. } = a.probe else {
-            panic!("a down pair is probed: {:?}", a.probe)
+            panic!("a unit that answers nothing is probed: {:?}", a.probe)
         };
         e.probe_sent(at, p.probe_tokens);
         let done = at + timeout;
@@ -1850,13 +1947,14 @@ mod tests {
             a.reasons
         );
 
-        // The probe succeeded: the unit is down, the pair is not wedged.
+        // The probe succeeded: the unit is unresponsive, the pair suspect,
+        // not wedged.
         let mut e = setup();
         e.probe_sent(at, p.probe_tokens);
         e.probe_done(ok_probe(at, timeout, 0), at + Duration::from_secs(1));
         observe(&mut e, "decode-0", silent(at + Duration::from_secs(1)));
         let a = judge(&e, &p, at + Duration::from_secs(1));
-        assert_eq!(a.state, PairState::Down, "{:?}", a.reasons);
+        assert_eq!(a.state, PairState::Suspect, "{:?}", a.reasons);
 
         // A probe that failed before the unit went silent is not evidence
         // of it.
@@ -1883,7 +1981,7 @@ mod tests {
             observe(&mut e, "decode-0", silent(at));
         }
         let a = judge(&e, &p, at);
-        assert_eq!(a.state, PairState::Down, "{:?}", a.reasons);
+        assert_eq!(a.state, PairState::Suspect, "{:?}", a.reasons);
     }
 
     /// Found on the real stack (a burst queued on a decode running 2 at a

@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Metrics, PairEvidence, PairState, ProbeObservation, UnitAssessment, WatchPolicy, WatchProbe, ms, s};
+use super::{
+    Metrics, PairEvidence, PairState, ProbeObservation, UnitAssessment, UnitState, WatchPolicy, WatchProbe, ms, s,
+};
 
 /// What the watch does about probing a pair now.
 #[derive(Debug, Clone, PartialEq)]
@@ -116,11 +118,12 @@ pub(super) fn decide_probe(
         return ProbeDecision::None;
     }
     let since_last = e.last_probe_sent.map(|t| now.saturating_duration_since(t));
+    let unanswering = units.iter().any(|u| u.state == UnitState::Unresponsive);
     let why = match state {
         // A unit answers nothing: does the pair still generate? Asked at
         // the minimum gap, and not again soon after a failed probe (its
         // failure is the evidence the wedge is judged on).
-        PairState::Down => {
+        PairState::Suspect if unanswering => {
             let since_done = e.last_probe_done.map(|t| now.saturating_duration_since(t));
             let failed_last = e
                 .last_probe

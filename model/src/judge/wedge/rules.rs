@@ -166,18 +166,19 @@ fn fresh_scrape<'a>(u: &'a UnitTrack, p: &WatchPolicy, now: Instant) -> Result<S
     })
 }
 
-/// A failed scrape: the unit is down once neither /metrics nor health has
-/// answered for the stall budget; until then, or while health answers, its
-/// evidence is merely missing.
-fn scrape_failed(u: &UnitTrack, last: &Sample, p: &WatchPolicy, now: Instant) -> Finding {
+/// A failed scrape: the unit is unresponsive from the first scrape that
+/// neither /metrics nor health answered (issue 49: whether or not it was
+/// ever scraped before); while health answers, its evidence is merely
+/// missing. Whether it runs is its agent's to say ([`super::judge`]).
+fn scrape_failed(u: &UnitTrack, last: &Sample, _p: &WatchPolicy, now: Instant) -> Finding {
     let bad_for = u
         .scrape_bad_since
         .map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
-    if last.health_status == 0 && bad_for >= p.stall_budget {
+    if last.health_status == 0 {
         Finding::new(
-            UnitState::Down,
+            UnitState::Unresponsive,
             format!(
-                "{}: neither /metrics nor health answer for {} ({})",
+                "{}: neither /metrics nor health answer for {} ({}; the watch's scrapes)",
                 u.unit,
                 s(bad_for),
                 last.error
