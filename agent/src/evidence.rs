@@ -65,7 +65,11 @@ use crate::supervisor::Supervisor;
 
 /// The whole capture's deadline when the command leaves it 0.
 pub const DEFAULT_DEADLINE_MS: u64 = 5_000;
-/// Kept from the deadline for the answer to reach the orchestrator.
+/// Kept from the deadline for the redaction, the answer's bound and its
+/// trip to the orchestrator: this, or a tenth of the deadline if more
+/// (issue 48's second red-team pass: on a loaded 2-core host a capture of
+/// hostile dumps answered 1.4 s after a 5 s deadline, and the orchestrator
+/// had stopped waiting: the whole capture was lost).
 pub const ANSWER_MARGIN: Duration = Duration::from_millis(300);
 /// The least time a capture gets, however short the deadline.
 pub const MIN_CAPTURE: Duration = Duration::from_millis(200);
@@ -157,8 +161,9 @@ pub fn effective_deadline_ms(asked: u64) -> u64 {
 /// How long the capture may run: the deadline less [`ANSWER_MARGIN`], at
 /// least [`MIN_CAPTURE`].
 pub fn capture_budget(deadline_ms: u64) -> Duration {
-    Duration::from_millis(deadline_ms)
-        .saturating_sub(ANSWER_MARGIN)
+    let deadline = Duration::from_millis(deadline_ms);
+    deadline
+        .saturating_sub(ANSWER_MARGIN.max(deadline / 10))
         .max(MIN_CAPTURE)
 }
 
@@ -905,11 +910,30 @@ async fn capture_unit(c: &Capture, name: &str) -> UnitEvidence {
     ev.gpu_source = gpu.source;
     ev.gpu_unavailable = gpu.unavailable;
     ev.missing = missing;
-    let supervisor = &c.sources.supervisor;
-    seal_unit(&mut ev, &|t| {
-        supervisor.redact_for(name, t).unwrap_or_else(|| t.to_owned())
+    // Redacted and bounded on a blocking thread, by a hard deadline: a
+    // third of the answer's margin past the capture's. A unit not sealed
+    // by then is left out whole (nothing unredacted leaves the host), and
+    // the capture says so; the answer still goes out in time.
+    let supervisor = Arc::clone(&c.sources.supervisor);
+    let unit = name.to_owned();
+    let sealing = tokio::task::spawn_blocking(move || {
+        seal_unit(&mut ev, &|t| {
+            supervisor.redact_for(&unit, t).unwrap_or_else(|| t.to_owned())
+        });
+        ev
     });
-    ev
+    match tokio::time::timeout_at(c.until + ANSWER_MARGIN / 3, sealing).await {
+        Ok(Ok(ev)) => ev,
+        _ => UnitEvidence {
+            unit: name.to_owned(),
+            pid: pid.unwrap_or(0),
+            missing: vec![format!(
+                "the whole capture of this unit: not redacted by the {} ms deadline, so left out (nothing unredacted leaves the host)",
+                c.deadline_ms
+            )],
+            ..Default::default()
+        },
+    }
 }
 
 /// Runs a blocking read on a blocking thread, cut at the deadline (the
@@ -1127,7 +1151,11 @@ async fn run_py_spy(py_spy: &Path, pid: u32) -> Result<PySpyDump, EvidenceError>
             &format!("py-spy {status}"),
         )));
     }
-    parse_py_spy(&out, cut)
+    // Parsed on a blocking thread: a hostile dump's megabytes of JSON
+    // must not hold the runtime past the capture's deadline.
+    tokio::task::spawn_blocking(move || parse_py_spy(&out, cut))
+        .await
+        .unwrap_or_else(|e| Err(EvidenceError::PySpyFailed(format!("reading its dump failed: {e}"))))
 }
 
 /// One process: /proc threads and py-spy's stacks, read in parallel; what
@@ -1276,7 +1304,7 @@ mod tests {
     fn budget_keeps_the_margin() {
         assert_eq!(effective_deadline_ms(0), 5_000);
         assert_eq!(effective_deadline_ms(1_000), 1_000);
-        assert_eq!(capture_budget(5_000), Duration::from_millis(4_700));
+        assert_eq!(capture_budget(5_000), Duration::from_millis(4_500));
         assert_eq!(capture_budget(1_000), Duration::from_millis(700));
         assert_eq!(capture_budget(400), MIN_CAPTURE);
         assert_eq!(capture_budget(1), MIN_CAPTURE);

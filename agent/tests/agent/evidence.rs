@@ -562,6 +562,21 @@ async fn a_capture_far_past_the_wire_limit_is_cut_at_the_agent_and_says_so() {
     let metrics = u.documents.iter().find(|d| d.name == "metrics").unwrap();
     assert!(metrics.truncated && metrics.status == 200, "{metrics:#?}");
 
+    // Issue 48's second red-team pass: on a loaded 2-core host the same
+    // capture answered 1.4 s past a 5 s deadline and was lost whole. With
+    // a deadline shorter than the dumps take, the answer still comes within
+    // it, with what was done by then and what was not.
+    let asked = tokio::time::Instant::now();
+    let r = rig.capture("ev-short", &["huge"], 1_000).await;
+    let waited = asked.elapsed();
+    assert!(
+        waited <= std::time::Duration::from_millis(1_000),
+        "answered after {waited:?}"
+    );
+    assert!(r.encoded_len() <= pdwarden_agent::MAX_ANSWER_BYTES);
+    assert_eq!(r.units[0].unit, "huge");
+    assert!(!r.units[0].missing.is_empty(), "a cut capture says so");
+
     // The link is whole: the next command is answered.
     let again = rig.capture("ev-2", &["nope"], 1000).await;
     assert_eq!(again.units[0].missing, ["unknown unit \"nope\""]);

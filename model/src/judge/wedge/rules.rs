@@ -125,13 +125,23 @@ pub(super) fn assess_unit(
 /// ([`scrape_failed`]). Otherwise the fresh scrape the rules read.
 fn fresh_scrape<'a>(u: &'a UnitTrack, p: &WatchPolicy, now: Instant) -> Result<Scrape<'a>, Finding> {
     let Some(last) = &u.last else {
-        return Err(Finding::new(UnitState::Unknown, format!("{}: no sample yet", u.unit)));
+        return Err(Finding::new(
+            UnitState::Unknown,
+            format!(
+                "{}: no sample yet (the watch's scrapes; its agent says it runs, or is not connected)",
+                u.unit
+            ),
+        ));
     };
     let age = now.saturating_duration_since(last.at);
     if age > p.stale_after {
         return Err(Finding::new(
             UnitState::Unknown,
-            format!("{}: no sample for {} (passive evidence missing)", u.unit, s(age)),
+            format!(
+                "{}: no sample for {} (passive evidence missing: the watch's scrapes)",
+                u.unit,
+                s(age)
+            ),
         ));
     }
     let Some(m) = last.metrics else {
