@@ -18,4 +18,5 @@ pub mod certs;
 pub mod operators;
 pub mod redact;
 pub mod shapes;
+pub mod terminal;
 pub mod tls;

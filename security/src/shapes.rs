@@ -20,7 +20,10 @@
 //! - tokens whose own prefix says what they are (`hf_…`, `sk-…`, `ghp_…`,
 //!   `github_pat_…`, `xox?-…`, `glpat-…`, AWS `AKIA…`, JWTs);
 //! - URL userinfo: `scheme://user:PASS@host` keeps the user, hides the
-//!   password;
+//!   password; `scheme://TOKEN@host` (a user or token alone) is hidden whole;
+//! - a flag naming a secret and its value after a space (`--db-pass V`);
+//! - a value or bearer token on the line after its key (a folded header,
+//!   `api_key=` then the value) — the second red-team pass;
 //! - PEM private key blocks.
 //!
 //! It is deliberately broad: a capture read by people after a wedge loses
@@ -64,11 +67,11 @@ static KEY_VALUE: LazyLock<Regex> = LazyLock::new(|| {
             (?: api[_-]?key | apikey | access[_-]?key | secret[_-]?key | private[_-]?key
               | client[_-]?secret | auth[_-]?key | encryption[_-]?key | signing[_-]?key
               | token | secret | password | passwd | passphrase | credentials? | authorization
-              | cookie )
+              | cookie | pass | pwd )
           )
           (?:\\?["'])?
-          [\ \t]*[:=][\ \t]*
-          (?i:(?:bearer|basic|token)[\ \t]+)?
+          [\ \t]*[:=][\ \t]*(?:\r?\n[\ \t]*)?
+          (?i:(?:bearer|basic|token)(?:[\ \t]+|[\ \t]*\r?\n[\ \t]*))?
         )
         (?P<val>
             \\"(?:[^"\\]|\\[^"])*\\"
@@ -80,9 +83,39 @@ static KEY_VALUE: LazyLock<Regex> = LazyLock::new(|| {
     .expect("key-value pattern")
 });
 
-/// A bearer token on its own (a header quoted without its name).
-static BEARER: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"(?P<pre>\b(?i:bearer)[ \t]+)[A-Za-z0-9._~+/-]{6,}=*").expect("bearer pattern"));
+/// A bearer token on its own (a header quoted without its name), on the
+/// same line or the next (a header folded across lines).
+static BEARER: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"(?P<pre>\b(?i:bearer)(?:[ \t]+|[ \t]*\r?\n[ \t]*))[A-Za-z0-9._~+/-]{6,}=*").expect("bearer pattern")
+});
+
+/// A command-line flag naming a secret and its value after a space
+/// (`--db-pass VALUE`, `--api-key VALUE`); a value never starts with `-`
+/// (the next flag) or `[` (already redacted).
+static FLAG: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(
+        r#"(?x)
+        (?P<pre>
+          (?:^|\s)--?
+          (?i:
+            (?:[a-z0-9]+[_-])*
+            (?: api[_-]?key | apikey | access[_-]?key | secret[_-]?key | private[_-]?key
+              | client[_-]?secret | auth[_-]?key | token | secret | password | passwd
+              | passphrase | credentials? | pass | pwd )
+          )
+          [\ \t]+
+        )
+        (?P<val> '[^']*' | "[^"]*" | [^\s\-\['"][^\s]* )"#,
+    )
+    .expect("flag pattern")
+});
+
+/// A URL whose userinfo is a user (or token) alone: `https://TOKEN@host`
+/// (git over HTTPS with a token). Hidden whole: a user name alone is rarely
+/// worth the risk.
+static USER_ONLY: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r#"(?P<pre>\b[A-Za-z][A-Za-z0-9+.-]*://)[^\s/?#@:'"\[]+@"#).expect("user-only userinfo pattern")
+});
 
 /// Tokens whose prefix says what they are.
 static PREFIXED: LazyLock<Regex> = LazyLock::new(|| {
@@ -130,6 +163,8 @@ pub fn by_shape(text: &str) -> Cow<'_, str> {
     };
     apply(&PEM, &|_| REDACTED.to_owned());
     apply(&USERINFO, &|c| format!("{}{REDACTED}@", &c["pre"]));
+    apply(&USER_ONLY, &|c| format!("{}{REDACTED}@", &c["pre"]));
+    apply(&FLAG, &|c| format!("{}{}", &c["pre"], redact_value(&c["val"])));
     apply(&KEY_VALUE, &|c| {
         let val = &c["val"];
         if is_empty_value(val) {
@@ -172,6 +207,29 @@ mod tests {
             (
                 "--router http://user:p@ss@router:8080/v1 --x",
                 "--router http://user:[redacted]@router:8080/v1 --x",
+            ),
+            // The second red-team pass: split across lines, a token-only
+            // URL, `pwd=`, `DB_PASS=`, `--db-pass VALUE`.
+            (
+                "> Authorization: Bearer\nSPLITTOK_line2 sent",
+                "> Authorization: Bearer\n[redacted] sent",
+            ),
+            ("api_key=\n'SPLITKEY2_s2'", "api_key=\n'[redacted]'"),
+            (
+                "clone https://USERONLYTOKEN_z1@git.example.com/repo done",
+                "clone https://[redacted]@git.example.com/repo done",
+            ),
+            (
+                "pwd=PWDVAL_p2 DB_PASS=DBPASSVAL_p3",
+                "pwd=[redacted] DB_PASS=[redacted]",
+            ),
+            (
+                "serve --db-pass DBPASSFLAG_p4 --port 1 --api-key 'k k'",
+                "serve --db-pass [redacted] --port 1 --api-key '[redacted]'",
+            ),
+            (
+                "--bypass-cache 1 --password-file /x",
+                "--bypass-cache 1 --password-file /x",
             ),
         ];
         for (text, want) in cases {

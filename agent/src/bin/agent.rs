@@ -76,12 +76,11 @@ async fn agent() -> anyhow::Result<()> {
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
-        .with_writer(std::io::stderr);
+        // Log lines quote engines (stack readings, log tails, errors): every
+        // control byte is shown escaped, so no colour either (issue 48).
+        .with_writer(|| pdwarden_security::terminal::Escaping(std::io::stderr()));
     match args.log_format {
-        // Colour only on a terminal: logs under systemd or in files stay plain text.
-        LogFormat::Human => logs
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .init(),
+        LogFormat::Human => logs.with_ansi(false).init(),
         LogFormat::Json => logs.json().init(),
     }
     if let Some(source) = &args.gpu_report {

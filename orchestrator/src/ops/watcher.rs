@@ -477,7 +477,7 @@ struct PairWatcher {
     breaker: Breaker,
     hosts: BTreeMap<String, HostWatch>,
     samples_tx: mpsc::UnboundedSender<EngineSample>,
-    probes_tx: mpsc::UnboundedSender<(WatchProbe, Instant)>,
+    probes_tx: mpsc::UnboundedSender<ProbeEnd>,
     probes_sent: u64,
     /// The preflight's refusals of an automatic recovery (each logged once).
     refusal_log: LogGate,
@@ -582,7 +582,10 @@ pub async fn run(
         tokio::select! {
             _ = shutdown.changed() => break,
             Some(s) = samples_rx.recv() => w.on_sample(s),
-            Some((record, done_at)) = probes_rx.recv() => w.on_probe(record, done_at),
+            Some(end) = probes_rx.recv() => match end {
+                ProbeEnd::Answered(record, done_at) => w.on_probe(record, done_at),
+                ProbeEnd::Lost { why, at } => w.on_probe_lost(&why, at),
+            },
             _ = tick.tick() => {
                 let stop = w.on_tick(&mut samples_rx, &mut shutdown).await;
                 if stop {
@@ -683,6 +686,15 @@ impl PairWatcher {
         let (unit, engine) = (s.unit.clone(), self.policy.engine);
         self.evidence
             .observe(&unit, wedge_sample(s, gpu_util, Instant::now()), engine);
+    }
+
+    /// A probe its agent never ran or never answered: nothing of the pair
+    /// (see [`PairEvidence::probe_lost`]); said in the log, shown as the
+    /// last probe, and the next one goes at the usual gap.
+    fn on_probe_lost(&mut self, why: &str, at: Instant) {
+        tracing::info!(pair = %self.pair.name, %why, "watch probe lost: it says nothing of the pair");
+        self.last_probe_view = Some(json!({ "lost": why }));
+        self.evidence.probe_lost(at);
     }
 
     fn on_probe(&mut self, record: WatchProbe, done_at: Instant) {
@@ -1127,6 +1139,18 @@ impl PairWatcher {
     }
 }
 
+/// How a watch probe ended: answered by the agent (its outcome is the
+/// pair's), or lost on the way (it says nothing of the pair).
+enum ProbeEnd {
+    Answered(WatchProbe, Instant),
+    Lost { why: String, at: Instant },
+}
+
+/// The agent's own probe result arrives within the probe's timeout; the
+/// orchestrator waits this much longer for it before it calls the probe
+/// lost (the agent, not the pair, did not answer).
+const PROBE_ANSWER_GRACE: Duration = Duration::from_secs(2);
+
 /// One probe through `router`, reported on `done`.
 async fn probe(
     agents: Arc<dyn crate::ops::port::AgentPort>,
@@ -1135,7 +1159,7 @@ async fn probe(
     timeout: Duration,
     work_ahead: u32,
     seq: u32,
-    done: mpsc::UnboundedSender<(WatchProbe, Instant)>,
+    done: mpsc::UnboundedSender<ProbeEnd>,
 ) {
     let sent_at = Instant::now();
     let cmd = Command {
@@ -1149,19 +1173,29 @@ async fn probe(
             pd_path: None,
         })),
     };
-    let mut request_id = String::new();
     let answer = agents
-        .ask(&router.host, &router.unit, cmd, timeout, |r| match r {
-            AgentReport::Probe(r) => Some(r),
-            _ => None,
-        })
+        .ask(
+            &router.host,
+            &router.unit,
+            cmd,
+            timeout + PROBE_ANSWER_GRACE,
+            |r| match r {
+                AgentReport::Probe(r) => Some(r),
+                _ => None,
+            },
+        )
         .await;
-    let outcome = match answer {
-        Err(e) => ProbeObservation::Error { message: e.to_string() },
-        Ok(r) => {
-            request_id = r.request_id.clone();
-            ProbeObservation::from_wire(&r)
+    let (outcome, request_id) = match answer {
+        // Not sent, or no answer from the agent: the agent's link, not the
+        // pair's (the agent reports its own timeouts and errors).
+        Err(e) => {
+            let _ = done.send(ProbeEnd::Lost {
+                why: format!("probe through {}: {e}", router.unit),
+                at: Instant::now(),
+            });
+            return;
         }
+        Ok(r) => (ProbeObservation::from_wire(&r), r.request_id.clone()),
     };
     let record = WatchProbe {
         target: format!("router:{}", router.unit),
@@ -1171,7 +1205,7 @@ async fn probe(
         outcome,
         request_id,
     };
-    let _ = done.send((record, Instant::now()));
+    let _ = done.send(ProbeEnd::Answered(record, Instant::now()));
 }
 
 #[cfg(test)]
@@ -1196,6 +1230,54 @@ mod supervision_tests {
     }
 
     const HOUR_OF_TICKS: u32 = 2 * 3_600;
+
+    /// Issue 48's second red-team pass: after an orchestrator restart, two
+    /// probes that never reached an agent ("agent local is not connected")
+    /// made a healthy pair `failing`, and the watch co-restarted it. A probe
+    /// its agent never ran is lost: it says nothing of the pair.
+    #[tokio::test(start_paused = true)]
+    async fn a_probe_its_agent_never_ran_is_lost_not_a_failure() {
+        let port: Arc<dyn crate::ops::port::AgentPort> = Arc::new(crate::ops::fake_agent::FakePort::default());
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let router = crate::config::UnitRef {
+            host: "local".into(),
+            unit: "router-0".into(),
+        };
+        super::probe(port, router, Default::default(), Duration::from_secs(5), 0, 1, tx).await;
+        match rx.recv().await.expect("the probe ends") {
+            super::ProbeEnd::Lost { why, .. } => {
+                assert_eq!(why, "probe through router-0: agent local is not connected")
+            }
+            super::ProbeEnd::Answered(r, _) => panic!("counted as the pair's: {r:?}"),
+        }
+        // Lost twice, where two errors in a row are `failing`: no finding.
+        let p = pdwarden_model::judge::wedge::WatchPolicy {
+            min_probe_interval: Duration::from_secs(1),
+            ..policy(&rig::xpyd_pair(1, 1, ""))
+        };
+        let t0 = Instant::now();
+        let mut e = PairEvidence::new(
+            vec![
+                UnitTrack::new("prefill-0", "prefill"),
+                UnitTrack::new("decode-0", "decode"),
+            ],
+            Duration::from_secs(1),
+        );
+        for i in 0..2u64 {
+            let at = t0 + Duration::from_secs(5 * i);
+            e.probe_sent_to(at, 10.0, "router:router-0".into(), Duration::from_secs(5), 0);
+            e.probe_lost(at);
+        }
+        assert_eq!(e.failed_in_row, 0);
+        assert!(!e.probe_in_flight);
+        let a = judge(&e, &p, t0 + Duration::from_secs(11));
+        assert_ne!(
+            a.state,
+            pdwarden_model::judge::wedge::PairState::Wedged,
+            "{:?}",
+            a.reasons
+        );
+    }
 
     /// Issue 31, item 5: a healthy idle pair judged every tick for an
     /// hour is one INFO line (it logged two lines a second).

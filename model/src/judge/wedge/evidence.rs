@@ -511,6 +511,23 @@ impl PairEvidence {
         }
     }
 
+    /// A probe that never reached the pair, or whose answer never came
+    /// back (its agent was not connected, or dropped the link): it says
+    /// nothing of the pair, so it is neither a failure nor a proof
+    /// (issue 48's second red-team pass: after an orchestrator restart,
+    /// two "agent local is not connected" errors made a healthy pair
+    /// `failing`, and the watch co-restarted it). The next probe goes at
+    /// the usual gap.
+    pub fn probe_lost(&mut self, done_at: Instant) {
+        self.probe_in_flight = false;
+        self.in_flight = None;
+        for u in &mut self.units {
+            if u.credit != (0.0, 0.0) {
+                u.credit_expires = Some(done_at + self.scrape_interval * CREDIT_GRACE_SCRAPES);
+            }
+        }
+    }
+
     pub fn probe_done(&mut self, record: WatchProbe, done_at: Instant) {
         self.probe_in_flight = false;
         self.in_flight = None;
