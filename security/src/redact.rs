@@ -247,7 +247,11 @@ impl Redactor {
                 i = j;
                 continue;
             };
-            if ve > vs {
+            // A value already redacted (a second pass: the orchestrator's
+            // view of a capture the agent redacted) is left as it is; the
+            // bare value stops at `]`, and `[redacted` was redacted again
+            // to `[redacted]]` (issue 48, second red-team pass).
+            if ve > vs && !s[vs..].starts_with(REDACTED) {
                 spans.push(vs..ve);
             }
             i = ve.max(j);
@@ -537,6 +541,23 @@ impl serde_json::ser::Formatter for RedactingFormatter<'_> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// Issue 48's second red-team pass: text an agent already redacted,
+    /// redacted again on its way out, read `[redacted]]` (and `]]]` a pass
+    /// later): a bare value stopped at `]`. A second pass changes nothing.
+    #[test]
+    fn redacting_twice_changes_nothing() {
+        let r = Redactor::default();
+        for t in [
+            "--api-key [redacted] http://cu:[redacted]@child.local/x",
+            "HF_TOKEN=[redacted] API_KEY: [redacted], x",
+            "--api-key hf_secret_value_1 DB_PASSWORD=p4ss",
+        ] {
+            let once = r.text(t);
+            assert_eq!(r.text(&once), once, "{t}");
+            assert!(!once.contains("]]"), "{once}");
+        }
+    }
 
     /// The streaming serialiser redacts exactly as the `Value` walk does:
     /// secrets in free text (also where serde_json splits the string at an
