@@ -70,23 +70,25 @@ static KEY_VALUE: LazyLock<Regex> = LazyLock::new(|| {
               | cookie | pass | pwd )
           )
           (?:\\?["'])?
-          [\ \t]*[:=][\ \t]*(?:\r?\n[\ \t]*)?
-          (?i:(?:bearer|basic|token)(?:[\ \t]+|[\ \t]*\r?\n[\ \t]*))?
+          [\ \t]*[:=](?:[\ \t]*(?:\r?\n|\|)[\ \t]*|[\ \t]*)
+          (?i:(?:bearer|basic|token)(?:[\ \t]*(?:\r?\n|\|)[\ \t]*|[\ \t]+))?
         )
         (?P<val>
             \\"(?:[^"\\]|\\[^"])*\\"
           | "(?:[^"\\]|\\.)*"
           | '(?:[^'\\]|\\.)*'
-          | [^\s,;&)\]}'"\[{][^\s,;&)\]}'"]*
+          | [^\s,;&)\]}'"\[{|][^\s,;&)\]}'"]*
         )"#,
     )
     .expect("key-value pattern")
 });
 
 /// A bearer token on its own (a header quoted without its name), on the
-/// same line or the next (a header folded across lines).
+/// same line or the next (a header folded across lines; in a unit's log
+/// tail the agent joins lines with " | ", which counts as a line break).
 static BEARER: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"(?P<pre>\b(?i:bearer)(?:[ \t]+|[ \t]*\r?\n[ \t]*))[A-Za-z0-9._~+/-]{6,}=*").expect("bearer pattern")
+    Regex::new(r"(?P<pre>\b(?i:bearer)(?:[ \t]*(?:\r?\n|\|)[ \t]*|[ \t]+))[A-Za-z0-9._~+/-]{6,}=*")
+        .expect("bearer pattern")
 });
 
 /// A command-line flag naming a secret and its value after a space
@@ -215,6 +217,11 @@ mod tests {
                 "> Authorization: Bearer\n[redacted] sent",
             ),
             ("api_key=\n'SPLITKEY2_s2'", "api_key=\n'[redacted]'"),
+            // The same in a log tail as the agent joins it (lines with " | ").
+            (
+                "> Authorization: Bearer | SPLITTOK_line2 | api_key= | 'SPLITKEY2_s2' | next",
+                "> Authorization: Bearer | [redacted] | api_key= | '[redacted]' | next",
+            ),
             (
                 "clone https://USERONLYTOKEN_z1@git.example.com/repo done",
                 "clone https://[redacted]@git.example.com/repo done",
