@@ -1290,6 +1290,18 @@ mod tests {
         assert_eq!(tail_lines("--- pdwarden-agent: starting unit x\n\n", 5), None);
     }
 
+    // Issue 48's third pass: a secret on the line after its key, in the
+    // log tail as the agent joins it (" | "), through the tail's redaction
+    // by shape: hidden, its neighbours kept.
+    #[test]
+    fn a_secret_on_the_next_line_of_a_log_tail_is_hidden() {
+        let log = "> Authorization: Bearer\nSPLITTOK_line2\napi_key=\n'SPLITKEY2_s2'\nserving on 30000\n";
+        let tail = tail_lines(log, 10).unwrap();
+        let out = pdwarden_security::shapes::by_shape(&tail);
+        assert!(!out.contains("SPLITTOK") && !out.contains("SPLITKEY2"), "{out}");
+        assert!(out.contains("serving on 30000"), "{out}");
+    }
+
     // Property: a crash's log tail leaves the host without the unit's
     // secrets, named or not; other values stay.
     #[tokio::test]
