@@ -497,16 +497,7 @@ async fn the_units_secret_is_nowhere_in_its_evidence() {
 /// A py-spy stand-in for an engine far past every bound: whatever pid it is
 /// given, 41 threads of 120 frames of 3 KB each, about 15 MB of JSON (a real
 /// 7-process engine's dump was 5.6 MB).
-const HOSTILE_PY_SPY: &str = r#"#!/usr/bin/env python3
-import json, sys
-name = "deep_" + "x" * 3000
-threads = [{"os_thread_id": 900000 + t, "thread_name": "worker-%d" % t, "active": False,
-            "owns_gil": False,
-            "frames": [{"name": "%s_%d" % (name, f), "short_filename": "engine.py", "line": f}
-                       for f in range(120)]}
-           for t in range(41)]
-sys.stdout.write(json.dumps(threads))
-"#;
+const HOSTILE_PY_SPY: &str = include_str!("../../../scripts/hostile-py-spy.py");
 
 // Property (issue 48: a 14 MB answer broke the agent's link and the
 // co-restart waiting on it): a capture of an engine far past every bound

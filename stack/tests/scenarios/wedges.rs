@@ -43,16 +43,7 @@ fn run(name: &str) {
 /// Issue 48's stand-in py-spy: whatever it is asked, a dump of 41 threads
 /// of 120 frames each with 3000-byte names (15 MB a process; the red team's
 /// 7 × 41-thread engine answered 14 MB and broke the agent's link).
-const HOSTILE_PY_SPY: &str = r#"#!/usr/bin/env python3
-import json, sys
-name = "deep_" + "x" * 3000
-threads = [{"os_thread_id": 900000 + t, "thread_name": "worker-%d" % t, "active": False,
-            "owns_gil": False,
-            "frames": [{"name": "%s_%d" % (name, f), "short_filename": "engine.py", "line": f}
-                       for f in range(120)]}
-           for t in range(41)]
-sys.stdout.write(json.dumps(threads))
-"#;
+const HOSTILE_PY_SPY: &str = include_str!("../../../scripts/hostile-py-spy.py");
 
 /// Runs one case on a fresh pd-sim stack and checks its outcome; returns
 /// the wedge kind the watch confirmed (`None` for legitimate work). The
