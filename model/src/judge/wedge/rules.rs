@@ -145,7 +145,7 @@ fn fresh_scrape<'a>(u: &'a UnitTrack, p: &WatchPolicy, now: Instant) -> Result<S
         ));
     }
     let Some(m) = last.metrics else {
-        return Err(scrape_failed(u, last, p, now));
+        return Err(scrape_failed(u, last, now));
     };
     let engine = u.engine(p);
     let profile = engine.profile();
@@ -180,7 +180,7 @@ fn fresh_scrape<'a>(u: &'a UnitTrack, p: &WatchPolicy, now: Instant) -> Result<S
 /// neither /metrics nor health answered (issue 49: whether or not it was
 /// ever scraped before); while health answers, its evidence is merely
 /// missing. Whether it runs is its agent's to say ([`super::judge`]).
-fn scrape_failed(u: &UnitTrack, last: &Sample, _p: &WatchPolicy, now: Instant) -> Finding {
+fn scrape_failed(u: &UnitTrack, last: &Sample, now: Instant) -> Finding {
     let bad_for = u
         .scrape_bad_since
         .map_or(Duration::ZERO, |t| now.saturating_duration_since(t));

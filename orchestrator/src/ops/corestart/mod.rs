@@ -1105,7 +1105,18 @@ mod driver_tests {
         for unit in UNITS {
             agent.never_started(unit);
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        // Until the orchestrator has the agent's word for every unit.
+        for _ in 0..1_000 {
+            let stopped = |u: &str| {
+                ctx.agents
+                    .unit("h1", u)
+                    .is_some_and(|i| i.phase == pdwarden_proto::v1::Phase::Stopped as i32)
+            };
+            if UNITS.iter().all(|u| stopped(u)) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
         let id = begin_recovery(&journal);
         let report = run_co_restart(&ctx, id.clone()).await;
         assert!(report.verdict.is_healthy(), "{:?}", report.reasons);
